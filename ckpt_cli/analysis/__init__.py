@@ -1,0 +1,97 @@
+"""Analysis of a training graph: phases, sizes, costs, stashed activations and memory."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..graph import ABSENT, Graph
+from . import schedules
+from .cost import NodeCost, graph_costs
+from .memory import MemoryProfile, buffer_roots, simulate
+from .phases import Phases, classify
+from .scopes import node_scopes
+from .shapes import TensorInfo, infer_tensors, symbolic_dims
+
+
+@dataclass(frozen=True)
+class Stashed:
+    """A forward tensor that the backward pass reads: kept alive across the two."""
+
+    tensor: str
+    buffer: str  # the tensor that owns the memory (differs for views)
+    producer: int
+    consumers: tuple[int, ...]  # backward consumers
+
+
+@dataclass(frozen=True)
+class Analysis:
+    graph: Graph
+    tensors: dict[str, TensorInfo]
+    phases: Phases
+    costs: list[NodeCost]
+    roots: dict[str, str]
+    scopes: list[str]
+    stashed: tuple[Stashed, ...]
+    priority: MemoryProfile  # ORT PRIORITY_BASED order (the file order when sorted)
+    default: MemoryProfile  # ORT DEFAULT order
+
+    @property
+    def stashed_bytes(self) -> int:
+        return buffer_bytes({s.buffer for s in self.stashed}, self.tensors)
+
+    @property
+    def forward_flops(self) -> int:
+        return sum(c.flops for c, f in zip(self.costs, self.phases.is_forward) if f)
+
+    @property
+    def backward_flops(self) -> int:
+        return sum(c.flops for c, f in zip(self.costs, self.phases.is_forward) if not f)
+
+    def unsized(self) -> dict[str, tuple[str, ...]]:
+        """Tensors produced by nodes whose size is unknown, with the missing dimensions."""
+        return {t: self.tensors[t].missing if t in self.tensors else ("?",)
+                for n in self.graph.nodes for t in n.outputs
+                if t != ABSENT and (t not in self.tensors or self.tensors[t].nbytes is None)}
+
+
+def buffer_bytes(buffers, tensors: dict[str, TensorInfo]) -> int:
+    return sum((tensors[b].nbytes or 0) for b in buffers if b in tensors)
+
+
+def find_stashed(graph: Graph, phases: Phases, roots: dict[str, str]) -> tuple[Stashed, ...]:
+    resident = set(graph.resident)
+    out: list[Stashed] = []
+    for node in graph.nodes:
+        if not phases.is_forward[node.index]:
+            continue
+        for t in node.outputs:
+            if t == ABSENT or roots.get(t, t) in resident:
+                continue
+            users = tuple(c for c in graph.consumers.get(t, ()) if not phases.is_forward[c])
+            if users:
+                out.append(Stashed(t, roots.get(t, t), node.index, users))
+    return tuple(out)
+
+
+def analyse(graph: Graph, dims: dict[str, int] | None = None, loss: str | None = None,
+            grad_outputs: list[str] | None = None, tensors: dict[str, TensorInfo] | None = None) -> Analysis:
+    """Run every analysis on ``graph``. ``tensors`` may be passed to skip shape inference."""
+    if tensors is None:
+        tensors = infer_tensors(graph, dims)
+    phases = classify(graph, loss, grad_outputs)
+    roots = buffer_roots(graph)
+    return Analysis(
+        graph=graph,
+        tensors=tensors,
+        phases=phases,
+        costs=graph_costs(graph, tensors),
+        roots=roots,
+        scopes=node_scopes(graph),
+        stashed=find_stashed(graph, phases, roots),
+        priority=simulate(graph, schedules.priority_based(graph), tensors, roots),
+        default=simulate(graph, schedules.ort_default(graph), tensors, roots),
+    )
+
+
+__all__ = ["Analysis", "Stashed", "analyse", "MemoryProfile", "Phases", "TensorInfo", "symbolic_dims",
+           "simulate", "schedules"]

@@ -1,0 +1,109 @@
+"""A FLOP and memory-traffic cost model per node.
+
+FLOPs count a multiply-add as two. Ops whose size is unknown cost 0 and are
+counted in ``NodeCosts.unknown`` so reports can say how much was not priced.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..graph import ABSENT, Graph, Node
+from .shapes import TensorInfo
+
+# Elementwise-style ops: FLOPs per output element.
+_PER_OUTPUT = {
+    "Add": 1, "Sub": 1, "Mul": 1, "Div": 1, "Pow": 1, "Max": 1, "Min": 1, "Mod": 1,
+    "Relu": 1, "LeakyRelu": 2, "Elu": 3, "Selu": 3, "Celu": 3, "PRelu": 2, "Sigmoid": 4,
+    "HardSigmoid": 3, "HardSwish": 4, "Tanh": 4, "Exp": 4, "Log": 4, "Sqrt": 2, "Reciprocal": 1,
+    "Neg": 1, "Abs": 1, "Erf": 8, "Gelu": 10, "FastGelu": 10, "Softplus": 6, "Mish": 10,
+    "Where": 1, "Equal": 1, "Less": 1, "Greater": 1, "LessOrEqual": 1, "GreaterOrEqual": 1,
+    "Not": 1, "And": 1, "Or": 1, "Xor": 1, "Sign": 1, "Clip": 2, "Floor": 1, "Ceil": 1,
+    "Round": 1, "Cast": 1, "Sin": 4, "Cos": 4, "IsNaN": 1, "IsInf": 1, "BitShift": 1,
+    "Sum": 1, "Mean": 1, "Scale": 1, "ReluGrad": 1, "GeluGrad": 12, "FastGeluGrad": 12,
+    "SigmoidGrad": 3, "TanhGrad": 3, "Dropout": 2, "BiasGelu": 11, "QuickGelu": 5,
+}
+# Ops that read their whole input once: FLOPs per input element.
+_PER_INPUT = {
+    "ReduceSum": 1, "ReduceMean": 1, "ReduceMax": 1, "ReduceMin": 1, "ReduceProd": 1,
+    "ReduceL1": 2, "ReduceL2": 2, "ReduceSumSquare": 2, "ReduceLogSumExp": 5, "ReduceLogSum": 2,
+    "ArgMax": 1, "ArgMin": 1, "Softmax": 5, "LogSoftmax": 5, "SoftmaxGrad": 3,
+    "LayerNormalization": 8, "SimplifiedLayerNormalization": 6, "BatchNormalization": 5,
+    "BatchNormInternal": 7, "InstanceNormalization": 8, "GroupNormalization": 8,
+    "LpNormalization": 3, "MeanVarianceNormalization": 8, "LayerNormalizationGrad": 12,
+    "BatchNormalizationGrad": 10, "SoftmaxCrossEntropyLoss": 6, "NegativeLogLikelihoodLoss": 1,
+    "SoftmaxCrossEntropyLossInternal": 6, "SoftmaxCrossEntropyLossGrad": 3,
+    "SoftmaxCrossEntropyLossInternalGrad": 3, "MaxPool": 1, "AveragePool": 1,
+    "GlobalAveragePool": 1, "GlobalMaxPool": 1, "MaxPoolGrad": 1, "TopK": 2,
+    "CumSum": 1, "InPlaceAccumulatorV2": 1,
+}
+
+
+@dataclass(frozen=True)
+class NodeCost:
+    flops: int
+    bytes_read: int
+    bytes_written: int
+    known: bool
+
+
+def _elems(info: TensorInfo | None) -> int | None:
+    if info is None or info.shape is None or not all(isinstance(d, int) for d in info.shape):
+        return None
+    return math.prod(info.shape)
+
+
+def _shape(info: TensorInfo | None) -> tuple[int, ...] | None:
+    if info is None or info.shape is None or not all(isinstance(d, int) for d in info.shape):
+        return None
+    return info.shape  # type: ignore[return-value]
+
+
+def node_flops(node: Node, tensors: dict[str, TensorInfo]) -> int | None:
+    """FLOPs of one node, or None when the shapes it needs are unknown."""
+    op = node.op_type
+    get = tensors.get
+    out = get(node.outputs[0]) if node.outputs and node.outputs[0] != ABSENT else None
+    if op in ("MatMul", "FusedMatMul", "MatMulInteger"):
+        a, y = _shape(get(node.inputs[0])), _elems(out)
+        if a is None or y is None:
+            return None
+        return 2 * y * a[-1]
+    if op == "Gemm":
+        a, y = _shape(get(node.inputs[0])), _elems(out)
+        if a is None or y is None:
+            return None
+        k = a[0] if node.attr("transA", 0) else a[-1]
+        return 2 * y * k + (y if len(node.inputs) > 2 else 0)
+    if op in ("Conv", "ConvGrad"):
+        w, y = _shape(get(node.inputs[1])), _elems(out if op == "Conv" else get(node.inputs[0]))
+        if w is None or y is None:
+            return None
+        per_output = 2 * math.prod(w[1:])  # C_in/group * kernel
+        return y * per_output * (1 if op == "Conv" else 2)
+    if op == "ConvTranspose":
+        x, w = _elems(get(node.inputs[0])), _shape(get(node.inputs[1]))
+        if x is None or w is None:
+            return None
+        group = node.attr("group", 1)
+        return 2 * x * (w[1] * math.prod(w[2:])) // max(group, 1) * group
+    if op in _PER_OUTPUT:
+        y = _elems(out)
+        return None if y is None else _PER_OUTPUT[op] * y
+    if op in _PER_INPUT:
+        x = _elems(get(node.inputs[0]))
+        return None if x is None else _PER_INPUT[op] * x
+    return 0  # data movement: Reshape, Transpose, Gather, Concat, Slice, Shape, ...
+
+
+def node_cost(node: Node, tensors: dict[str, TensorInfo]) -> NodeCost:
+    flops = node_flops(node, tensors)
+    read = sum((tensors[t].nbytes or 0) for t in node.inputs if t in tensors)
+    written = sum((tensors[t].nbytes or 0) for t in node.outputs if t in tensors)
+    return NodeCost(flops or 0, read, written, flops is not None)
+
+
+def graph_costs(graph: Graph, tensors: dict[str, TensorInfo]) -> list[NodeCost]:
+    """Cost of every node, indexed like ``graph.nodes``."""
+    return [node_cost(n, tensors) for n in graph.nodes]

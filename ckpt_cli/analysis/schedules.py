@@ -1,0 +1,77 @@
+"""The node orders ONNX Runtime executes, reproduced from its graph viewer.
+
+A schedule is a list of node indices. ORT numbers nodes by file position, so both
+orders below are functions of the file alone (without graph optimizations that add
+nodes).
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from ..graph import Graph
+
+# Under PRIORITY_BASED these ops run as soon as they are ready, before anything else.
+_HIGH_PRIORITY_OPS = frozenset({"Shape", "Size"})
+
+
+def priority_based(graph: Graph) -> list[int]:
+    """``ExecutionOrder.PRIORITY_BASED``: Kahn's algorithm; among ready nodes Shape and
+    Size first, then the lowest file index. For a topologically sorted file this is
+    the file order, apart from Shape/Size nodes moving up to where they become ready."""
+    nodes = graph.nodes
+    indegree = [len(graph.predecessors(n)) for n in nodes]
+    ready = [(0 if n.op_type in _HIGH_PRIORITY_OPS else 1, n.index) for n in nodes if indegree[n.index] == 0]
+    heapq.heapify(ready)
+    order: list[int] = []
+    while ready:
+        _, i = heapq.heappop(ready)
+        order.append(i)
+        for j in graph.successors(nodes[i]):  # one entry per edge, as ORT counts them
+            indegree[j] -= 1
+            if indegree[j] == 0:
+                heapq.heappush(ready, (0 if nodes[j].op_type in _HIGH_PRIORITY_OPS else 1, j))
+    return order
+
+
+def ort_default(graph: Graph) -> list[int]:
+    """``ExecutionOrder.DEFAULT``: ORT's reverse depth-first walk.
+
+    Start from the leaf nodes (no consumer node), highest index first; at each node
+    visit its producers lowest index first; emit a node when all its producers have
+    been emitted (post-order). This is ``Graph::ReverseDFSFrom`` with ``NodeCompare``.
+    """
+    nodes = graph.nodes
+    has_consumer = [False] * len(nodes)
+    for n in nodes:
+        for p in graph.predecessors(n):
+            has_consumer[p] = True
+    stack: list[tuple[int, bool]] = [(n.index, False) for n in nodes if not has_consumer[n.index]]
+    visited = [False] * len(nodes)
+    order: list[int] = []
+    while stack:
+        i, leaving = stack.pop()
+        if leaving:
+            order.append(i)
+            continue
+        if visited[i]:
+            continue
+        visited[i] = True
+        stack.append((i, True))
+        # ORT sorts producers by index descending and pushes them in that order, so the
+        # lowest index ends on top of the stack and is walked first.
+        for p in sorted(graph.predecessors(nodes[i]), reverse=True):
+            if not visited[p]:
+                stack.append((p, False))
+    return order
+
+
+def file_order(graph: Graph) -> list[int]:
+    return [n.index for n in graph.nodes]
+
+
+def is_topological(graph: Graph, order: list[int]) -> bool:
+    position = {i: k for k, i in enumerate(order)}
+    if len(position) != len(graph.nodes):
+        return False
+    return all(position[p] < position[n.index] for n in graph.nodes for p in graph.predecessors(n))

@@ -1,0 +1,161 @@
+"""Tensor shapes, dtypes and byte sizes, from ONNX shape inference.
+
+Symbolic dimensions are bound from ``--dim NAME=VALUE`` before inference. Shape
+inference runs on a light copy of the model in which large initializers become typed
+graph inputs, so it never serialises weights (and works with external data).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+from ..graph import ABSENT, Graph
+
+_INLINE_INITIALIZER_BYTES = 4096  # small ones may hold shapes that inference must read
+_DIM_UNKNOWN = "?"
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """What is known of one tensor. ``nbytes`` is None when a dimension is unknown."""
+
+    dtype: int
+    shape: tuple[int | str, ...] | None
+    nbytes: int | None
+
+    @property
+    def missing(self) -> tuple[str, ...]:
+        if self.shape is None:
+            return (_DIM_UNKNOWN,)
+        return tuple(d for d in self.shape if isinstance(d, str))
+
+    @property
+    def dtype_name(self) -> str:
+        return onnx.TensorProto.DataType.Name(self.dtype).lower() if self.dtype else "?"
+
+
+def itemsize(elem_type: int) -> int:
+    if elem_type in (onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED):
+        return 0
+    if elem_type in (onnx.TensorProto.FLOAT4E2M1, onnx.TensorProto.INT4, onnx.TensorProto.UINT4):
+        return 1
+    return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type)).itemsize
+
+
+def _info(elem_type: int, shape: tuple | None) -> TensorInfo:
+    nbytes = None
+    if shape is not None and all(isinstance(d, int) for d in shape):
+        nbytes = int(np.prod(shape, dtype=np.int64)) * itemsize(elem_type)
+    return TensorInfo(elem_type, shape, nbytes)
+
+
+def _shape_of(type_proto: onnx.TypeProto) -> tuple[int, tuple | None]:
+    if not type_proto.HasField("tensor_type"):
+        return 0, None
+    tt = type_proto.tensor_type
+    if not tt.HasField("shape"):
+        return tt.elem_type, None
+    dims: list[int | str] = []
+    for d in tt.shape.dim:
+        if d.HasField("dim_value"):
+            dims.append(d.dim_value)
+        else:
+            dims.append(d.dim_param or _DIM_UNKNOWN)
+    return tt.elem_type, tuple(dims)
+
+
+def _bind(value: onnx.ValueInfoProto, dims: dict[str, int]) -> onnx.ValueInfoProto:
+    v = onnx.ValueInfoProto()
+    v.CopyFrom(value)
+    if v.type.HasField("tensor_type"):
+        for d in v.type.tensor_type.shape.dim:
+            if d.HasField("dim_param") and d.dim_param in dims:
+                d.dim_value = dims[d.dim_param]
+    return v
+
+
+def symbolic_dims(graph: Graph) -> set[str]:
+    """Names of symbolic dimensions on the graph's inputs and outputs."""
+    names: set[str] = set()
+    for v in list(graph.model.graph.input) + list(graph.model.graph.output):
+        _, shape = _shape_of(v.type)
+        names.update(d for d in shape or () if isinstance(d, str) and d != _DIM_UNKNOWN)
+    return names
+
+
+def infer_tensors(graph: Graph, dims: dict[str, int] | None = None) -> dict[str, TensorInfo]:
+    """Shape, dtype and bytes of every tensor in the graph that inference can reach."""
+    dims = dims or {}
+    src = graph.model.graph
+    light = onnx.GraphProto(name=src.name)
+    light.node.extend(n.proto for n in graph.nodes)
+    light.input.extend(_bind(v, dims) for v in src.input)
+    known_inputs = {v.name for v in src.input}
+    for t in src.initializer:
+        raw = t.raw_data if t.HasField("raw_data") else None
+        small = t.data_location != onnx.TensorProto.EXTERNAL and (
+            raw is None or len(raw) <= _INLINE_INITIALIZER_BYTES)
+        if small:
+            light.initializer.append(t)
+        elif t.name not in known_inputs:
+            light.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+    light.output.extend(src.output)
+    light.value_info.extend(src.value_info)
+    model = onnx.ModelProto(ir_version=graph.model.ir_version, graph=light)
+    model.opset_import.extend(graph.model.opset_import)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True).graph
+    except Exception:  # inference is best effort: fall back to what the file declares
+        inferred = light
+
+    tensors: dict[str, TensorInfo] = {}
+    for v in list(inferred.value_info) + list(inferred.input) + list(inferred.output):
+        elem, shape = _shape_of(v.type)
+        if v.name not in tensors or tensors[v.name].nbytes is None:
+            tensors[v.name] = _info(elem, shape)
+    for t in src.initializer:
+        tensors[t.name] = _info(t.data_type, tuple(t.dims))
+    _fill_custom_op_shapes(graph, tensors)
+    return tensors
+
+
+# Ops outside the ONNX domain (ORT training artifacts) that onnx cannot infer:
+# output position -> input position whose shape and dtype it takes.
+_SAME_AS_INPUT: dict[str, dict[int, int]] = {
+    "SoftmaxCrossEntropyLossGrad": {0: 1},
+    "SoftmaxCrossEntropyLossInternalGrad": {0: 1},
+    "BatchNormInternal": {0: 0, 1: 3, 2: 4, 3: 3, 4: 4},
+    "BatchNormalizationGrad": {0: 1, 1: 2, 2: 2},
+    "InPlaceAccumulatorV2": {1: 0},
+    "SoftmaxCrossEntropyLossInternal": {1: 0},
+    "ConvGrad": {0: 1, 1: 2},
+    "GatherGrad": {0: 0},
+    "MaxPoolGrad": {0: 1},
+    "LayerNormalizationGrad": {0: 1, 1: 2, 2: 2},
+    "SimplifiedLayerNormalizationGrad": {0: 1, 1: 2},
+}
+
+
+def _fill_custom_op_shapes(graph: Graph, tensors: dict[str, TensorInfo]) -> None:
+    for i in graph.topological_order():
+        node = graph.nodes[i]
+        if node.domain in ("", "ai.onnx"):
+            continue
+        rule = _SAME_AS_INPUT.get(node.op_type)
+        if rule is None:
+            # Elementwise gradient ops (ReluGrad, GeluGrad, ...) and Scale keep input 0's shape.
+            rule = {0: 0} if node.op_type.endswith("Grad") or node.op_type in ("Scale", "Gelu", "FastGelu") else {}
+        for out_pos, in_pos in rule.items():
+            if out_pos >= len(node.outputs) or in_pos >= len(node.inputs):
+                continue
+            out, src = node.outputs[out_pos], node.inputs[in_pos]
+            if out == ABSENT or src not in tensors:
+                continue
+            if out not in tensors or tensors[out].nbytes is None:
+                known = tensors[src]
+                prior = tensors.get(out)
+                dtype = prior.dtype if prior is not None and prior.dtype else known.dtype
+                tensors[out] = _info(dtype, known.shape)

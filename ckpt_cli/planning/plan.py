@@ -1,0 +1,74 @@
+"""Checkpoint regions and plans, and the JSON plan file format.
+
+A region is a set of forward nodes whose internal activations are not kept for the
+backward pass; ``keep`` lists tensors inside it that are kept anyway (for example an
+expensive MatMul output). A plan is a list of regions plus how it was chosen.
+
+Plan file (``ckpt plan -o plan.json``, ``ckpt rewrite --plan plan.json``)::
+
+    {
+      "ckpt_plan": 1,
+      "strategy": "layers",                 # informative
+      "regions": [
+        {"name": "blocks.0",
+         "nodes": ["node_view_3", ...],     # forward node names, or:
+         "match": "re:^/blocks\\.0/",       # a glob or re: pattern over node names
+         "keep": ["node_mm_7_out"]}         # optional: tensors kept inside the region
+      ]
+    }
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import UsageError
+
+PLAN_FORMAT = 1
+
+
+@dataclass
+class Region:
+    name: str
+    nodes: set[int]  # forward node indices
+    keep: set[str] = field(default_factory=set)
+
+
+@dataclass
+class Plan:
+    regions: list[Region]
+    strategy: str
+    notes: list[str] = field(default_factory=list)  # what was decided and why, for the report
+
+    def to_json(self, node_names: list[str]) -> dict:
+        return {
+            "ckpt_plan": PLAN_FORMAT,
+            "strategy": self.strategy,
+            "regions": [{"name": r.name, "nodes": sorted((node_names[i] for i in r.nodes), key=_natural),
+                         "keep": sorted(r.keep)} for r in self.regions],
+        }
+
+
+def _natural(s: str):
+    import re
+    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", s)]
+
+
+def read_plan_file(path: Path) -> dict:
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise UsageError(f"{path}: no such plan file") from None
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("regions"), list):
+        raise UsageError(f"{path}: a plan is an object with a 'regions' list (see ckpt rewrite --help)")
+    version = data.get("ckpt_plan", PLAN_FORMAT)
+    if version != PLAN_FORMAT:
+        raise UsageError(f"{path}: plan format {version} is not supported (this ckpt reads {PLAN_FORMAT})")
+    for k, r in enumerate(data["regions"]):
+        if not isinstance(r, dict) or not ("nodes" in r or "match" in r):
+            raise UsageError(f"{path}: region {k} needs 'nodes' (a list of node names) or 'match' (a pattern)")
+    return data

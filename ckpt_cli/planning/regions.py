@@ -1,0 +1,191 @@
+"""Ways to mark checkpoint regions: each is a function ``Analysis -> Plan``.
+
+Regions only ever hold forward nodes; recompute copies made by an earlier rewrite
+are backward nodes, so rewriting a rewritten graph never nests copies.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+import re
+from collections import defaultdict
+
+from ..analysis import Analysis
+from ..analysis.scopes import layer_of
+from ..errors import UsageError
+from .plan import Plan, Region
+
+
+def _matcher(pattern: str):
+    if pattern.startswith("re:"):
+        try:
+            rx = re.compile(pattern[3:])
+        except re.error as e:
+            raise UsageError(f"bad regular expression '{pattern}': {e}") from None
+        return lambda s: rx.search(s) is not None
+    return lambda s: fnmatch.fnmatchcase(s, pattern)
+
+
+def _forward(a: Analysis) -> list[int]:
+    return [i for i in a.priority.order if a.phases.is_forward[i]]
+
+
+def regions_from_patterns(a: Analysis, patterns: list[str]) -> Plan:
+    """One region per pattern: forward nodes whose name matches a glob or ``re:`` regex."""
+    regions = []
+    for p in patterns:
+        match = _matcher(p)
+        nodes = {i for i in _forward(a) if match(a.graph.nodes[i].name)}
+        if not nodes:
+            raise UsageError(f"--region '{p}' matches no forward node")
+        regions.append(Region(p, nodes))
+    return Plan(regions, "patterns")
+
+
+def regions_by_scope(a: Analysis, regex: str) -> Plan:
+    """One region per distinct first capture group of ``regex`` over node names (or, for
+    nodes whose names carry no scope, over their module path with dots)."""
+    try:
+        rx = re.compile(regex)
+    except re.error as e:
+        raise UsageError(f"bad --regions-by-scope expression '{regex}': {e}") from None
+    if rx.groups < 1:
+        raise UsageError(f"--regions-by-scope '{regex}' needs a capture group, e.g. 'layers\\.(\\d+)'")
+    groups: dict[str, set[int]] = defaultdict(set)
+    labels: dict[str, str] = {}
+    for i in _forward(a):
+        name = a.graph.nodes[i].name
+        m = rx.search(name) or rx.search(a.scopes[i].replace("/", "."))
+        if m and m.group(1) is not None:
+            groups[m.group(1)].add(i)
+            labels.setdefault(m.group(1), m.group(0).strip("/."))
+    if not groups:
+        raise UsageError(f"--regions-by-scope '{regex}' matches no forward node")
+    return Plan([Region(labels[k], v) for k, v in groups.items()], "scope")
+
+
+def region_from_boundary(a: Analysis, spec: str) -> Plan:
+    """``IN1,IN2:OUT1,OUT2``: the forward nodes that depend on an input tensor and that an
+    output tensor depends on (libnnc-style checkpoints)."""
+    left, sep, right = spec.partition(":")
+    if not sep:
+        raise UsageError(f"--boundary expects INPUTS:OUTPUTS (comma-separated tensor names), got '{spec}'")
+    ins = [t for t in left.split(",") if t]
+    outs = [t for t in right.split(",") if t]
+    g = a.graph
+    for t in ins + outs:
+        if t not in g.producer and t not in g.consumers and t not in g.resident:
+            raise UsageError(f"--boundary: no tensor named '{t}' in the graph")
+    down: set[int] = set()
+    stack = [c for t in ins for c in g.consumers.get(t, ()) if a.phases.is_forward[c]]
+    while stack:
+        i = stack.pop()
+        if i in down:
+            continue
+        down.add(i)
+        stack.extend(c for c in g.successors(g.nodes[i]) if a.phases.is_forward[c] and c not in down)
+    up: set[int] = set()
+    stack = [g.producer[t] for t in outs if t in g.producer]
+    while stack:
+        i = stack.pop()
+        if i in up or i not in down:
+            continue
+        up.add(i)
+        stack.extend(p for p in g.predecessors(g.nodes[i]) if p not in up)
+    if not up:
+        raise UsageError(f"--boundary '{spec}' encloses no forward node")
+    return Plan([Region(spec, up)], "boundary")
+
+
+def layer_regions(a: Analysis) -> Plan | None:
+    """One region per detected repeated layer (``blocks.3``, ``layers.0``...), or None."""
+    groups: dict[str, set[int]] = defaultdict(set)
+    for i in _forward(a):
+        layer = layer_of(a.scopes[i])
+        if layer:
+            groups[layer].add(i)
+    if len(groups) < 2:
+        return None
+    plan = Plan([Region(k.replace("/", "."), v) for k, v in groups.items()], "layers")
+    plan.notes.append(f"{len(groups)} repeated layers detected from name scopes and parameter names")
+    return plan
+
+
+def sqrt_regions(a: Analysis, segments: int | None = None) -> Plan:
+    """About sqrt(n) segments of the forward pass, cut where few bytes cross (Chen et al. 2016)."""
+    fwd = _forward(a)
+    n = len(fwd)
+    k = segments or max(1, round(math.sqrt(n)))
+    crossing = _crossing_bytes(a, fwd)
+    cuts: list[int] = []
+    window = max(1, n // (4 * k))
+    for s in range(1, k):
+        ideal = s * n // k
+        lo, hi = max(cuts[-1] + 1 if cuts else 1, ideal - window), min(n - 1, ideal + window)
+        if lo > hi:
+            continue
+        cuts.append(min(range(lo, hi + 1), key=lambda p: (crossing[p], abs(p - ideal))))
+    bounds = [0] + cuts + [n]
+    regions = [Region(f"segment.{s}", set(fwd[bounds[s]:bounds[s + 1]]))
+               for s in range(len(bounds) - 1) if bounds[s + 1] > bounds[s]]
+    plan = Plan(regions, "sqrt")
+    plan.notes.append(f"{len(regions)} segments of ~{n // max(1, len(regions))} forward nodes, "
+                      "cut where the fewest activation bytes cross")
+    return plan
+
+
+def _crossing_bytes(a: Analysis, fwd: list[int]) -> list[int]:
+    """crossing[p]: bytes of forward tensors made before position p and read at or after it."""
+    pos = {i: p for p, i in enumerate(fwd)}
+    delta = [0] * (len(fwd) + 1)
+    for i in fwd:
+        for t in a.graph.nodes[i].outputs:
+            readers = [pos[c] for c in a.graph.consumers.get(t, ()) if c in pos]
+            info = a.tensors.get(t)
+            if readers and info is not None and info.nbytes:
+                delta[pos[i] + 1] += info.nbytes
+                delta[max(readers) + 1] -= info.nbytes
+    out, run = [], 0
+    for d in delta:
+        run += d
+        out.append(run)
+    return out
+
+
+def default_regions(a: Analysis) -> Plan:
+    """One region per repeated layer if the graph has any, else sqrt(n) segments."""
+    plan = layer_regions(a)
+    if plan is not None:
+        return plan
+    plan = sqrt_regions(a)
+    plan.notes.insert(0, "no repeated layers detected")
+    return plan
+
+
+def regions_from_plan(a: Analysis, data: dict) -> Plan:
+    names = {a.graph.nodes[i].name: i for i in _forward(a)}
+    all_names = {n.name for n in a.graph.nodes}
+    regions = []
+    for k, r in enumerate(data["regions"]):
+        name = str(r.get("name", f"region.{k}"))
+        nodes: set[int] = set()
+        for node_name in r.get("nodes", []):
+            if node_name not in names:
+                why = "is a backward node" if node_name in all_names else "is not in the graph"
+                raise UsageError(f"plan region '{name}': node '{node_name}' {why}")
+            nodes.add(names[node_name])
+        if "match" in r:
+            match = _matcher(r["match"])
+            found = {i for n, i in names.items() if match(n)}
+            if not found:
+                raise UsageError(f"plan region '{name}': pattern '{r['match']}' matches no forward node")
+            nodes |= found
+        keep = set(r.get("keep", []))
+        for t in keep:
+            if t not in a.graph.producer:
+                raise UsageError(f"plan region '{name}': keep '{t}' is not a tensor made by a node")
+        if not nodes:
+            raise UsageError(f"plan region '{name}' has no nodes")
+        regions.append(Region(name, nodes, keep))
+    return Plan(regions, str(data.get("strategy", "plan file")))

@@ -1,0 +1,61 @@
+"""Memory-over-schedule charts as plain text lines (80 columns by default).
+
+Several timelines can be overlaid (original vs rewritten); each keeps its own glyph.
+Timelines of different lengths are stretched to the same width, so the x axis is the
+fraction of the schedule done.
+"""
+
+from __future__ import annotations
+
+from .units import human_bytes
+
+_GLYPHS_UNICODE = ("█", "▒", "░", "▓")
+_GLYPHS_ASCII = ("#", "o", "+", "*")
+_LABEL_WIDTH = 11  # "123.4 MiB |"
+
+
+def _buckets(timeline: list[int] | tuple[int, ...], width: int) -> list[int]:
+    n = len(timeline)
+    if n == 0:
+        return [0] * width
+    out = []
+    for c in range(width):
+        lo = c * n // width
+        hi = max(lo + 1, (c + 1) * n // width)
+        out.append(max(timeline[lo:hi]))
+    return out
+
+
+def memory_chart(series: list[tuple[str, list[int]]], width: int = 80, height: int = 10,
+                 boundaries: list[int | None] | None = None, ascii_only: bool = False) -> list[str]:
+    """Render timelines (bytes after each step) as text; ``boundaries`` marks the step
+    where the backward pass starts in each series (drawn as ``|`` on the axis)."""
+    plot_width = max(10, width - _LABEL_WIDTH)
+    glyphs = _GLYPHS_ASCII if ascii_only else _GLYPHS_UNICODE
+    columns = [_buckets(t, plot_width) for _, t in series]
+    top = max((max(c) for c in columns if c), default=0) or 1
+    rows: list[str] = []
+    for r in range(height, 0, -1):
+        threshold = top * (r - 0.5) / height
+        line = []
+        for x in range(plot_width):
+            ch = " "
+            for s, col in enumerate(columns):  # first series drawn on top
+                if col[x] >= threshold:
+                    ch = glyphs[s % len(glyphs)]
+                    break
+            line.append(ch)
+        label = human_bytes(top * r / height) if r in (height, (height + 1) // 2) else ""
+        rows.append(f"{label:>9} |" + "".join(line).rstrip())
+    axis = ["-"] * plot_width
+    for s, b in enumerate(boundaries or []):
+        n = len(series[s][1])
+        if b is not None and n:
+            axis[min(plot_width - 1, b * plot_width // n)] = "|"
+    for s, col in enumerate(columns):
+        peak_x = col.index(max(col)) if col else 0
+        axis[peak_x] = "^"
+    rows.append(f"{'0':>9} +" + "".join(axis))
+    legend = "   ".join(f"{glyphs[s % len(glyphs)]} {name}" for s, (name, _) in enumerate(series))
+    rows.append(" " * _LABEL_WIDTH + f"{legend}   | backward starts   ^ peak")
+    return rows

@@ -1,0 +1,112 @@
+"""Report data: plain JSON-ready dicts, the source of truth for every rendering."""
+
+from __future__ import annotations
+
+import hashlib
+import platform
+from collections import defaultdict
+from pathlib import Path
+
+from .. import __version__
+from ..analysis import Analysis, buffer_bytes
+from ..analysis.scopes import UNSCOPED, top_scope
+
+SCHEMA_VERSION = 1
+TOP_STASHED = 15
+
+
+def file_sha256(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def envelope(command: str, model: str | Path | None, options: dict) -> dict:
+    """The fields every report starts with."""
+    import onnxruntime
+
+    head = {
+        "schema_version": SCHEMA_VERSION,
+        "command": command,
+        "ckpt_version": __version__,
+        "ort_version": onnxruntime.__version__,
+        "python": platform.python_version(),
+        "options": options,
+    }
+    if model is not None:
+        head["model"] = str(model)
+        head["model_sha256"] = file_sha256(model)
+    return head
+
+
+def stashed_rows(a: Analysis, limit: int | None = TOP_STASHED) -> list[dict]:
+    """Stashed activations, one row per buffer, largest first."""
+    seen: dict[str, dict] = {}
+    for s in a.stashed:
+        row = seen.get(s.buffer)
+        if row is not None:
+            continue
+        owner = a.graph.nodes[a.graph.producer[s.buffer]] if s.buffer in a.graph.producer else None
+        info = a.tensors.get(s.buffer)
+        seen[s.buffer] = {
+            "name": s.buffer,
+            "shape": list(info.shape) if info is not None and info.shape is not None else None,
+            "dtype": info.dtype_name if info is not None else "?",
+            "bytes": info.nbytes if info is not None else None,
+            "producer": owner.name if owner else None,
+            "producer_op": owner.op_type if owner else None,
+            "scope": a.scopes[owner.index] if owner else UNSCOPED,
+        }
+    rows = sorted(seen.values(), key=lambda r: (-(r["bytes"] or 0), r["name"]))
+    return rows if limit is None else rows[:limit]
+
+
+def scope_rows(a: Analysis) -> list[dict]:
+    """Stashed activation bytes grouped by layer-level scope, in forward order."""
+    groups: dict[str, set[str]] = defaultdict(set)
+    first: dict[str, int] = {}
+    for s in a.stashed:
+        scope = top_scope(a.scopes[s.producer]) or "(no scope)"
+        groups[scope].add(s.buffer)
+        first.setdefault(scope, s.producer)
+    return [{"scope": k, "stashed_bytes": buffer_bytes(v, a.tensors), "tensors": len(v)}
+            for k, v in sorted(groups.items(), key=lambda kv: first[kv[0]])]
+
+
+def boundary_step(a: Analysis, order: tuple[int, ...]) -> int | None:
+    """Position in ``order`` of the first backward node."""
+    return next((k for k, i in enumerate(order) if not a.phases.is_forward[i]), None)
+
+
+def inspect_report(a: Analysis, options: dict) -> dict:
+    g = a.graph
+    param_bytes = buffer_bytes(g.resident, a.tensors)
+    unsized = a.unsized()
+    return {
+        **envelope("inspect", g.path, options),
+        "nodes": len(g.nodes),
+        "forward_nodes": a.phases.forward_count,
+        "backward_nodes": a.phases.backward_count,
+        "loss": a.phases.loss,
+        "forward_outputs": list(a.phases.forward_outputs),
+        "gradient_outputs": len(a.phases.grad_outputs),
+        "phases": {n.name: a.phases.phase(n.index) for n in g.nodes},
+        "resident_bytes": param_bytes,
+        "stashed_bytes": a.stashed_bytes,
+        "stashed_tensors": len({s.buffer for s in a.stashed}),
+        "peak_bytes": a.priority.peak_bytes,
+        "peak_node": g.nodes[a.priority.order[a.priority.peak_step]].name,
+        "peak_bytes_ort_default": a.default.peak_bytes,
+        "forward_flops": a.forward_flops,
+        "backward_flops": a.backward_flops,
+        "top_stashed": stashed_rows(a),
+        "scopes": scope_rows(a),
+        "unsized": [{"tensor": t, "missing_dims": list(m)} for t, m in sorted(unsized.items())],
+        "timeline": {
+            "priority_based": list(a.priority.timeline),
+            "ort_default": list(a.default.timeline),
+            "backward_starts_at": boundary_step(a, a.priority.order),
+        },
+    }

@@ -1,0 +1,77 @@
+"""Terminal renderings of report dicts with rich; plain text when not on a terminal."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from .charts import memory_chart
+from .units import human_bytes, human_flops, percent
+
+
+def make_console(quiet: bool = False, file=None) -> Console:
+    file = file or sys.stdout
+    plain = not file.isatty() or bool(os.environ.get("NO_COLOR"))
+    return Console(file=file, no_color=plain, highlight=False, width=None if not plain else 100,
+                   soft_wrap=False, quiet=quiet, emoji=False)
+
+
+def _table(title: str, console: Console, *columns: tuple[str, str]) -> Table:
+    plain = console.no_color
+    t = Table(title=title, box=box.ASCII2 if plain else box.SIMPLE_HEAVY, title_justify="left",
+              show_edge=not plain, pad_edge=False)
+    for name, justify in columns:
+        t.add_column(name, justify=justify)  # type: ignore[arg-type]
+    return t
+
+
+def chart_lines(console: Console, series, boundaries, width: int = 80) -> list[str]:
+    return memory_chart(series, width=min(width, console.width or width), boundaries=boundaries,
+                        ascii_only=console.no_color)
+
+
+def render_inspect(r: dict, console: Console) -> None:
+    console.print(f"[bold]{r['model']}[/bold]  {r['nodes']} nodes: "
+                  f"{r['forward_nodes']} forward, {r['backward_nodes']} backward; "
+                  f"loss '{r['loss']}', {r['gradient_outputs']} gradient outputs")
+    t = _table("Memory (predicted)", console, ("", "left"), ("bytes", "right"), ("", "left"))
+    t.add_row("parameters + inputs (resident)", human_bytes(r["resident_bytes"]), "")
+    t.add_row("stashed activations", human_bytes(r["stashed_bytes"]),
+              f"{r['stashed_tensors']} tensors kept from forward to backward")
+    t.add_row("peak, PRIORITY_BASED (file order)", human_bytes(r["peak_bytes"]), f"at {r['peak_node']}")
+    t.add_row("peak, ORT DEFAULT order", human_bytes(r["peak_bytes_ort_default"]), "")
+    t.add_row("FLOPs forward / backward", f"{human_flops(r['forward_flops'])}",
+              f"/ {human_flops(r['backward_flops'])}")
+    console.print(t)
+
+    t = _table(f"Top stashed activations ({len(r['top_stashed'])} of {r['stashed_tensors']})", console,
+               ("tensor", "left"), ("shape", "left"), ("dtype", "left"), ("bytes", "right"),
+               ("producer", "left"), ("scope", "left"))
+    for row in r["top_stashed"]:
+        t.add_row(row["name"], "x".join(map(str, row["shape"])) if row["shape"] is not None else "?",
+                  row["dtype"], human_bytes(row["bytes"]), row["producer_op"] or "", row["scope"] or "")
+    console.print(t)
+
+    if r["scopes"]:
+        t = _table("Stashed bytes by scope", console, ("scope", "left"), ("bytes", "right"),
+                   ("share", "right"), ("tensors", "right"))
+        for row in r["scopes"]:
+            t.add_row(row["scope"], human_bytes(row["stashed_bytes"]),
+                      percent(row["stashed_bytes"], r["stashed_bytes"]), str(row["tensors"]))
+        console.print(t)
+
+    tl = r["timeline"]
+    console.print("Memory over the PRIORITY_BASED schedule")
+    for line in chart_lines(console, [("predicted bytes in use", tl["priority_based"])],
+                            [tl["backward_starts_at"]]):
+        console.print(line, markup=False)
+
+    if r["unsized"]:
+        missing = sorted({d for u in r["unsized"] for d in u["missing_dims"]})
+        names = ", ".join(u["tensor"] for u in r["unsized"][:5])
+        console.print(f"[yellow]{len(r['unsized'])} tensors have unknown size[/yellow] (e.g. {names}); "
+                      f"missing dimensions: {', '.join(missing)}. Pass --dim NAME=VALUE for each.")

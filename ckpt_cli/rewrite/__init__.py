@@ -1,0 +1,61 @@
+"""The rewrite stage: ``Analysis + Plan -> RewriteResult`` (a new graph in its executed order)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..analysis import Analysis, analyse
+from ..graph import Graph
+from ..planning.plan import Plan
+from .order import executed_order, interleave, prune_dead
+from .recompute import (CSE_GUARD_ATTR, RANDOM_OPS, REGION_META, SUFFIX, RegionResult,
+                        drop_unused_optional_outputs, plan_recompute, rewire_backward)
+
+
+@dataclass
+class RewriteResult:
+    graph: Graph  # nodes in the written (= executed) order
+    after: Analysis
+    regions: list[RegionResult]
+    recompute_nodes: int
+    recompute_flops: int
+
+
+def rewrite(a: Analysis, plan: Plan | None) -> RewriteResult:
+    """Apply ``plan`` to the analysed graph; ``plan=None`` only reorders (``--no-recompute``)."""
+    g = a.graph
+    order = a.priority.order
+    if plan is None or not plan.regions:
+        protos = [g.nodes[i].proto for i in order]
+        regions: list[RegionResult] = []
+        tensors = a.tensors
+        copy_names: set[str] = set()
+    else:
+        rec = plan_recompute(a, plan)
+        rewired = rewire_backward(a, rec.renamed)
+        position = {i: k for k, i in enumerate(i for i in order if not a.phases.is_forward[i])}
+        forward = [rewired[i] for i in order if a.phases.is_forward[i]]
+        backward = [rewired[i] for i in order if not a.phases.is_forward[i]]
+        blocks = []
+        for r, block in enumerate(rec.blocks):
+            recomputed = {rec.renamed[t] for t in rec.regions[r].recomputed}
+            readers = [position[c] for t in rec.regions[r].recomputed for c in g.consumers.get(t, ())
+                       if c in position and recomputed.intersection(rewired[c].input)]
+            if block and readers:
+                first = min(readers)
+                blocks.append((first, [rec.copies[i] for i in block]))
+                rec.regions[r].placed_before = backward[first].name
+        protos = interleave(forward, backward, blocks)
+        regions, tensors = rec.regions, rec.tensors
+        copy_names = {p.name for p in rec.copies.values()}
+
+    protos = prune_dead(protos, set(g.outputs))
+    new = g.with_nodes(protos)
+    drop_unused_optional_outputs(new, copy_names)
+    new = executed_order(g.with_nodes([n.proto for n in new.nodes]))
+    after = analyse(new, loss=a.phases.loss, grad_outputs=list(a.phases.grad_outputs), tensors=tensors)
+    copies = [n for n in new.nodes if n.name in copy_names]
+    return RewriteResult(new, after, regions, len(copies), sum(after.costs[n.index].flops for n in copies))
+
+
+__all__ = ["rewrite", "RewriteResult", "RegionResult", "CSE_GUARD_ATTR", "RANDOM_OPS", "REGION_META", "SUFFIX"]

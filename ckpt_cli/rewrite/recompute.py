@@ -1,0 +1,194 @@
+"""The recompute rewrite: region activations are recomputed before the backward needs them.
+
+For every region, the forward tensors it produces that backward nodes read are
+recomputed by copies of the region nodes, starting from tensors that are kept (the
+region's inputs, tensors the plan keeps, outputs of random ops). The copies form one
+block placed right before the first backward node that reads any of them; backward
+readers are rewired to the copies, so the originals die at their last forward use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import onnx
+
+from ..analysis import Analysis
+from ..analysis.shapes import TensorInfo
+from ..graph import ABSENT, Graph, Node
+from ..planning.plan import Plan
+
+RANDOM_OPS = frozenset({"Dropout", "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
+                        "Bernoulli", "Multinomial"})
+# Reading only a tensor's shape does not need its data: such readers stay on the original,
+# and ORT's PRIORITY_BASED order runs them as soon as the original exists.
+SHAPE_ONLY_OPS = frozenset({"Shape", "Size"})
+SUFFIX = "_recompute"
+REGION_META = "ckpt.region"
+SOURCE_META = "ckpt.recompute_of"
+# An attribute ONNX's checker ignores (leading "__"); it makes each copy differ from its
+# original for ORT's common-subexpression elimination, which would merge them back.
+CSE_GUARD_ATTR = "__ckpt_recompute"
+
+
+@dataclass
+class RegionResult:
+    name: str
+    nodes: int
+    copies: list[str] = field(default_factory=list)  # original node names that were copied
+    recomputed: list[str] = field(default_factory=list)  # tensors the backward now reads from copies
+    kept_random: list[str] = field(default_factory=list)
+    kept_subgraph: list[str] = field(default_factory=list)
+    placed_before: str | None = None
+
+
+@dataclass
+class Recompute:
+    """The copies to make, before any ordering."""
+
+    copies: dict[int, onnx.NodeProto]  # original node index -> copy
+    renamed: dict[str, str]  # original tensor -> recomputed tensor, for backward readers
+    blocks: list[list[int]]  # per region: original indices of its copies, in base order
+    regions: list[RegionResult]
+    tensors: dict[str, TensorInfo]
+
+
+def is_recomputable(node: Node) -> bool:
+    return node.op_type not in RANDOM_OPS and not node.has_subgraph and node.domain in ("", "ai.onnx")
+
+
+def _unique(name: str, taken: set[str]) -> str:
+    out, k = name, 2
+    while out in taken:
+        out, k = f"{name}_{k}", k + 1
+    taken.add(out)
+    return out
+
+
+def _data_readers(a: Analysis, tensor: str) -> list[int]:
+    g = a.graph
+    return [c for c in g.consumers.get(tensor, ())
+            if not a.phases.is_forward[c] and g.nodes[c].op_type not in SHAPE_ONLY_OPS]
+
+
+def plan_recompute(a: Analysis, plan: Plan) -> Recompute:
+    """Decide which nodes each region recomputes and build the copies."""
+    g = a.graph
+    owner: dict[int, int] = {}
+    for r, region in enumerate(plan.regions):
+        for i in region.nodes:
+            if a.phases.is_forward[i]:
+                owner.setdefault(i, r)
+
+    kept: set[str] = set().union(*(region.keep for region in plan.regions)) if plan.regions else set()
+    for i, r in owner.items():
+        node = g.nodes[i]
+        if not is_recomputable(node):
+            kept.update(t for t in node.outputs if t != ABSENT)
+        for t in node.inputs:  # a region's inputs from another region are its checkpoints
+            p = g.producer.get(t)
+            if p is not None and owner.get(p, r) != r:
+                kept.add(t)
+
+    results = [RegionResult(region.name, sum(1 for i in region.nodes if owner.get(i) == r))
+               for r, region in enumerate(plan.regions)]
+    for i, r in owner.items():
+        node = g.nodes[i]
+        if node.op_type in RANDOM_OPS:
+            results[r].kept_random.append(node.name)
+        elif node.has_subgraph:
+            results[r].kept_subgraph.append(node.name)
+
+    def in_region(t: str, r: int) -> bool:
+        p = g.producer.get(t)
+        return p is not None and owner.get(p) == r and t not in kept and is_recomputable(g.nodes[p])
+
+    copy_sets: list[set[int]] = [set() for _ in plan.regions]
+    needed: list[list[str]] = [[] for _ in plan.regions]
+    for i, r in owner.items():
+        for t in g.nodes[i].outputs:
+            if t != ABSENT and in_region(t, r) and _data_readers(a, t):
+                needed[r].append(t)
+    for r, tensors in enumerate(needed):
+        stack = [g.producer[t] for t in tensors]
+        while stack:
+            i = stack.pop()
+            if i in copy_sets[r]:
+                continue
+            copy_sets[r].add(i)
+            stack.extend(g.producer[t] for t in g.nodes[i].inputs if in_region(t, r))
+
+    taken_nodes = {n.name for n in g.nodes}
+    taken_tensors = set(g.producer) | set(g.resident)
+    rank = {i: k for k, i in enumerate(a.priority.order)}
+    copies: dict[int, onnx.NodeProto] = {}
+    renamed: dict[str, str] = {}
+    info = dict(a.tensors)
+    blocks: list[list[int]] = []
+    for r, members in enumerate(copy_sets):
+        block = sorted(members, key=rank.__getitem__)
+        blocks.append(block)
+        local: dict[str, str] = {}
+        for i in block:
+            node = g.nodes[i]
+            for t in node.outputs:
+                if t != ABSENT:
+                    local[t] = _unique(t + SUFFIX, taken_tensors)
+                    if t in info:
+                        info[local[t]] = info[t]
+            copies[i] = _copy_node(node, local, _unique(node.name + SUFFIX, taken_nodes), plan.regions[r].name)
+            results[r].copies.append(node.name)
+        for t in needed[r]:
+            renamed[t] = local[t]
+        results[r].recomputed = sorted(needed[r])
+    return Recompute(copies, renamed, blocks, results, info)
+
+
+def _copy_node(node: Node, local: dict[str, str], name: str, region: str) -> onnx.NodeProto:
+    p = onnx.NodeProto()
+    p.CopyFrom(node.proto)
+    p.name = name
+    del p.input[:]
+    p.input.extend(local.get(t, t) for t in node.inputs)
+    del p.output[:]
+    p.output.extend(local.get(t, t) if t != ABSENT else ABSENT for t in node.outputs)
+    p.attribute.append(onnx.helper.make_attribute(CSE_GUARD_ATTR, region))
+    for k, v in ((REGION_META, region), (SOURCE_META, node.name)):
+        entry = p.metadata_props.add()
+        entry.key, entry.value = k, v
+    return p
+
+
+def rewire_backward(a: Analysis, renamed: dict[str, str]) -> list[onnx.NodeProto]:
+    """Protos of the original nodes with backward data readers moved to the copies.
+    Nodes that change are copied; the input graph is left untouched."""
+    out = []
+    for node in a.graph.nodes:
+        if (a.phases.is_forward[node.index] or node.op_type in SHAPE_ONLY_OPS
+                or not any(t in renamed for t in node.inputs)):
+            out.append(node.proto)
+            continue
+        p = onnx.NodeProto()
+        p.CopyFrom(node.proto)
+        del p.input[:]
+        p.input.extend(renamed.get(t, t) for t in node.inputs)
+        out.append(p)
+    return out
+
+
+def drop_unused_optional_outputs(graph: Graph, copy_names: set[str]) -> None:
+    """Blank optional outputs of copies that nothing reads (e.g. BatchNorm running stats)."""
+    outputs = set(graph.outputs)
+    for node in graph.nodes:
+        if node.name not in copy_names or len(node.outputs) < 2:
+            continue
+        try:
+            schema = onnx.defs.get_schema(node.op_type, graph.opset(node.domain) or 1, node.domain)
+        except Exception:
+            continue
+        formal = schema.outputs
+        for k, t in enumerate(node.outputs):
+            if k == 0 or t == ABSENT or t in outputs or graph.consumers.get(t):
+                continue
+            if k < len(formal) and formal[k].option == onnx.defs.OpSchema.FormalParameterOption.Optional:
+                node.proto.output[k] = ABSENT
