@@ -145,5 +145,67 @@ def inspect(model: Path, dims, loss, grad_outputs, as_json, report_path, quiet) 
     emit(inspect_report(a, options), render_inspect, as_json, report_path, quiet)
 
 
+def default_output(model: Path) -> Path:
+    return model.with_name(model.name[:-5] + ".ckpt.onnx" if model.name.endswith(".onnx") else model.name + ".ckpt.onnx")
+
+
+@main.command()
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
+              help="Where to write the rewritten model (default: <model>.ckpt.onnx beside it).")
+@click.option("--force", is_flag=True, help="Overwrite the output if it exists.")
+@click.option("--region", "patterns", multiple=True, metavar="PATTERN",
+              help="A region: forward nodes whose name matches a glob, or a regex with re: (repeatable).")
+@click.option("--regions-by-scope", "scope", metavar="REGEX",
+              help="One region per distinct first capture group over node names, e.g. 'layers\\.(\\d+)'.")
+@click.option("--boundary", "boundaries", multiple=True, metavar="INPUTS:OUTPUTS",
+              help="A region: forward nodes between these tensors (comma-separated names; repeatable).")
+@click.option("--plan", "plan_file", type=click.Path(dir_okay=False, path_type=Path),
+              help="A JSON plan file (from ckpt plan, or written by hand; see README).")
+@click.option("--no-recompute", is_flag=True, help="Only write the memory-efficient order, no recompute.")
+@analysis_options
+@report_options
+def rewrite(model: Path, output, force, patterns, scope, boundaries, plan_file, no_recompute, dims, loss,
+            grad_outputs, as_json, report_path, quiet) -> None:
+    """Rewrite a training graph to recompute activations instead of stashing them.
+
+    Marked regions of the forward pass keep only their inputs for the backward pass;
+    the backward recomputes the rest right before it needs it. The graph is written
+    in the order ONNX Runtime must execute it (run it with ExecutionOrder.PRIORITY_BASED
+    and the session settings the report prints). With no region option, ckpt uses one
+    region per repeated layer, or sqrt(n) segments when it finds no layers.
+
+    \b
+    Examples:
+      ckpt rewrite sample_models/gpt.onnx -o gpt.ckpt.onnx
+      ckpt rewrite model.onnx --regions-by-scope 'layers\\.(\\d+)' --json
+      ckpt rewrite model.onnx --boundary 'x:h3' --force
+      ckpt rewrite model.onnx --plan plan.json
+    """
+    from .planning import choose_plan
+    from .report.model import rewrite_report
+    from .report.render import render_rewrite
+    from .rewrite import rewrite as do_rewrite
+    from .runtime.worker import settings_snippet
+    from .save import build_model, check_output_path, save_model
+
+    output = output or default_output(model)
+    a = _load_and_analyse(model, dims, loss, grad_outputs)
+    check_output_path(output, model, force)
+    if no_recompute and (patterns or scope or boundaries or plan_file):
+        raise UsageError("--no-recompute takes no region options")
+    plan = None if no_recompute else choose_plan(a, list(patterns), scope, list(boundaries), plan_file)
+    result = do_rewrite(a, plan)
+    written = save_model(build_model(result.graph, [n.proto for n in result.graph.nodes]), output,
+                         source_dir=model.parent)
+    options = {"regions": list(patterns), "regions_by_scope": scope, "boundaries": list(boundaries),
+               "plan": str(plan_file) if plan_file else None, "no_recompute": no_recompute,
+               "dims": list(dims), "loss": loss, "grad_outputs": list(grad_outputs)}
+    report = rewrite_report(a, result, str(written[0]),
+                            plan.to_json([n.name for n in a.graph.nodes]) if plan else None,
+                            plan.notes if plan else [], settings_snippet("cpu"), options)
+    emit(report, render_rewrite, as_json, report_path, quiet)
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

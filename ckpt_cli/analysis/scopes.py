@@ -13,7 +13,7 @@ import re
 
 from ..graph import Graph
 
-_SCOPE_META_KEYS = ("pkg.torch.onnx.name_scopes", "namespace", "scope")
+_SCOPE_META_KEYS = ("pkg.torch.onnx.name_scopes", "namespace")
 _PARAM_SUFFIX = re.compile(r"\.(weight|bias|running_mean|running_var|num_batches_tracked|[A-Za-z_]+)$")
 _LAYER = re.compile(r"^(.*?[A-Za-z_]+[./_]?\d+)(?=$|[./])")
 UNSCOPED = ""
@@ -26,9 +26,14 @@ def _scope_from_name(name: str) -> str:
     return UNSCOPED
 
 
-def _scope_from_meta(value: str) -> str:
-    # Dynamo exports store a list such as "['', 'blocks.0', 'blocks.0.attn']"; take the last.
-    parts = re.findall(r"'([^']*)'", value) or [value]
+def _scope_from_meta(key: str, value: str) -> str:
+    # Dynamo exports record the module path; the last entry is the op itself:
+    #   name_scopes: "['', 'blocks.2', 'blocks.2.attn', 'where_2']"
+    #   namespace:   ": __main__.GPT/blocks.2: __main__.Block/where_2: aten.where.self"
+    if key == "namespace":
+        parts = [p.split(":")[0].strip() for p in value.split("/")][:-1]
+    else:
+        parts = (re.findall(r"'([^']*)'", value) or [value])[:-1]
     parts = [p for p in parts if p]
     return parts[-1].replace(".", "/") if parts else UNSCOPED
 
@@ -49,7 +54,7 @@ def node_scopes(graph: Graph) -> list[str]:
             for key in _SCOPE_META_KEYS:
                 value = node.meta(key)
                 if value:
-                    scope = _scope_from_meta(value)
+                    scope = _scope_from_meta(key, value)
                     if scope:
                         break
         if not scope:

@@ -39,12 +39,9 @@ def memory_chart(series: list[tuple[str, list[int]]], width: int = 80, height: i
         threshold = top * (r - 0.5) / height
         line = []
         for x in range(plot_width):
-            ch = " "
-            for s, col in enumerate(columns):  # first series drawn on top
-                if col[x] >= threshold:
-                    ch = glyphs[s % len(glyphs)]
-                    break
-            line.append(ch)
+            # The lowest series that reaches this cell is drawn in front of the taller ones.
+            filled = [(col[x], s) for s, col in enumerate(columns) if col[x] >= threshold]
+            line.append(glyphs[min(filled)[1] % len(glyphs)] if filled else " ")
         label = human_bytes(top * r / height) if r in (height, (height + 1) // 2) else ""
         rows.append(f"{label:>9} |" + "".join(line).rstrip())
     axis = ["-"] * plot_width

@@ -57,7 +57,7 @@ def stashed_rows(a: Analysis, limit: int | None = TOP_STASHED) -> list[dict]:
             "bytes": info.nbytes if info is not None else None,
             "producer": owner.name if owner else None,
             "producer_op": owner.op_type if owner else None,
-            "scope": a.scopes[owner.index] if owner else UNSCOPED,
+            "scope": a.scopes[owner.index].replace("/", ".") if owner else UNSCOPED,
         }
     rows = sorted(seen.values(), key=lambda r: (-(r["bytes"] or 0), r["name"]))
     return rows if limit is None else rows[:limit]
@@ -68,7 +68,7 @@ def scope_rows(a: Analysis) -> list[dict]:
     groups: dict[str, set[str]] = defaultdict(set)
     first: dict[str, int] = {}
     for s in a.stashed:
-        scope = top_scope(a.scopes[s.producer]) or "(no scope)"
+        scope = top_scope(a.scopes[s.producer]).replace("/", ".") or "(no scope)"
         groups[scope].add(s.buffer)
         first.setdefault(scope, s.producer)
     return [{"scope": k, "stashed_bytes": buffer_bytes(v, a.tensors), "tensors": len(v)}
@@ -109,4 +109,67 @@ def inspect_report(a: Analysis, options: dict) -> dict:
             "ort_default": list(a.default.timeline),
             "backward_starts_at": boundary_step(a, a.priority.order),
         },
+    }
+
+
+def _region_rows(before: Analysis, result) -> list[dict]:
+    from ..rewrite import REGION_META
+
+    after = result.after
+    stashed_before = {s.buffer: s.producer for s in before.stashed}
+    still = {s.buffer for s in after.stashed}
+    name_to_index = {n.name: n.index for n in before.graph.nodes}
+    flops: dict[str, int] = defaultdict(int)
+    for n in after.graph.nodes:
+        region = n.meta(REGION_META)
+        if region is not None:
+            flops[region] += after.costs[n.index].flops
+    rows = []
+    for r in result.regions:
+        members = {name_to_index[c] for c in r.copies}
+        freed = {b for b, p in stashed_before.items() if p in members and b not in still}
+        rows.append({
+            "name": r.name,
+            "nodes": r.nodes,
+            "recompute_nodes": len(r.copies),
+            "freed_bytes": buffer_bytes(freed, before.tensors),
+            "recompute_flops": flops.get(r.name, 0),
+            "placed_before": r.placed_before,
+            "kept_random": r.kept_random,
+            "kept_subgraph": r.kept_subgraph,
+        })
+    return rows
+
+
+def _side(a: Analysis) -> dict:
+    return {
+        "peak_bytes": a.priority.peak_bytes,
+        "stashed_bytes": a.stashed_bytes,
+        "nodes": len(a.graph.nodes),
+        "forward_nodes": a.phases.forward_count,
+        "backward_nodes": a.phases.backward_count,
+        "timeline": list(a.priority.timeline),
+        "backward_starts_at": boundary_step(a, a.priority.order),
+    }
+
+
+def rewrite_report(before: Analysis, result, output: str | None, plan_json: dict | None,
+                   plan_notes: list[str], settings_snippet: str, options: dict) -> dict:
+    step_flops = before.forward_flops + before.backward_flops
+    return {
+        **envelope("rewrite", before.graph.path, options),
+        "output": output,
+        "strategy": plan_json["strategy"] if plan_json else "reorder only",
+        "plan_notes": plan_notes,
+        "regions": _region_rows(before, result),
+        "before": _side(before),
+        "after": _side(result.after),
+        "recompute_nodes": result.recompute_nodes,
+        "recompute_flops": result.recompute_flops,
+        "forward_flops": before.forward_flops,
+        "step_flops": step_flops,
+        "recompute_share_of_forward": result.recompute_flops / before.forward_flops if before.forward_flops else 0.0,
+        "recompute_share_of_step": result.recompute_flops / step_flops if step_flops else 0.0,
+        "session_settings": settings_snippet,
+        "plan": plan_json,
     }

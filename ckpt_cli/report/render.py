@@ -75,3 +75,39 @@ def render_inspect(r: dict, console: Console) -> None:
         names = ", ".join(u["tensor"] for u in r["unsized"][:5])
         console.print(f"[yellow]{len(r['unsized'])} tensors have unknown size[/yellow] (e.g. {names}); "
                       f"missing dimensions: {', '.join(missing)}. Pass --dim NAME=VALUE for each.")
+
+
+def render_rewrite(r: dict, console: Console) -> None:
+    b, a = r["before"], r["after"]
+    console.print(f"[bold]{r['model']}[/bold] -> [bold]{r['output']}[/bold]  ({r['strategy']})")
+    for note in r["plan_notes"]:
+        console.print(f"  {note}")
+    t = _table("Before / after (predicted, PRIORITY_BASED order)", console, ("", "left"), ("before", "right"),
+               ("after", "right"), ("change", "right"))
+    for label, key, fmt in (("peak memory", "peak_bytes", human_bytes), ("stashed activations", "stashed_bytes",
+                                                                         human_bytes), ("nodes", "nodes", str)):
+        change = percent(a[key] - b[key], b[key]) if b[key] else "n/a"
+        t.add_row(label, fmt(b[key]), fmt(a[key]), change if change.startswith("-") else "+" + change)
+    t.add_row("recompute FLOPs", "", human_flops(r["recompute_flops"]),
+              f"{percent(r['recompute_flops'], r['forward_flops'])} of fwd, "
+              f"{percent(r['recompute_flops'], r['step_flops'])} of step")
+    console.print(t)
+    if r["regions"]:
+        t = _table(f"Regions ({len(r['regions'])})", console, ("region", "left"), ("nodes", "right"),
+                   ("recomputed", "right"), ("no longer stashed", "right"), ("recompute FLOPs", "right"),
+                   ("notes", "left"))
+        for row in r["regions"]:
+            notes = []
+            if row["kept_random"]:
+                notes.append(f"kept random: {', '.join(row['kept_random'][:3])}")
+            if row["kept_subgraph"]:
+                notes.append(f"kept subgraph: {', '.join(row['kept_subgraph'][:3])}")
+            t.add_row(row["name"], str(row["nodes"]), str(row["recompute_nodes"]), human_bytes(row["freed_bytes"]),
+                      human_flops(row["recompute_flops"]), "; ".join(notes))
+        console.print(t)
+    console.print("Memory over the schedule (before vs after)")
+    for line in chart_lines(console, [("before", b["timeline"]), ("after", a["timeline"])],
+                            [b["backward_starts_at"], a["backward_starts_at"]]):
+        console.print(line, markup=False)
+    console.print("The saving is real only under these ONNX Runtime session settings:")
+    console.print(r["session_settings"], markup=False)

@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..analysis import Analysis, analyse
+from ..analysis.memory import buffer_roots
 from ..graph import Graph
 from ..planning.plan import Plan
-from .order import executed_order, interleave, prune_dead
+from .order import executed_order, interleave, memory_aware, prune_dead
 from .recompute import (CSE_GUARD_ATTR, RANDOM_OPS, REGION_META, SUFFIX, RegionResult,
                         drop_unused_optional_outputs, plan_recompute, rewire_backward)
 
@@ -52,7 +53,11 @@ def rewrite(a: Analysis, plan: Plan | None) -> RewriteResult:
     protos = prune_dead(protos, set(g.outputs))
     new = g.with_nodes(protos)
     drop_unused_optional_outputs(new, copy_names)
-    new = executed_order(g.with_nodes([n.proto for n in new.nodes]))
+    new = g.with_nodes([n.proto for n in new.nodes])
+    forward_names = {n.name for n in g.nodes if a.phases.is_forward[n.index]}
+    sizes = {t: info.nbytes for t, info in tensors.items() if info.nbytes}
+    order = memory_aware(new, sizes, buffer_roots(new), [n.name not in forward_names for n in new.nodes])
+    new = executed_order(g.with_nodes([new.nodes[i].proto for i in order]))
     after = analyse(new, loss=a.phases.loss, grad_outputs=list(a.phases.grad_outputs), tensors=tensors)
     copies = [n for n in new.nodes if n.name in copy_names]
     return RewriteResult(new, after, regions, len(copies), sum(after.costs[n.index].flops for n in copies))

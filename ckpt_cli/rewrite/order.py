@@ -8,6 +8,8 @@ exactly the executed order (Shape/Size readers included).
 
 from __future__ import annotations
 
+import heapq
+
 import onnx
 
 from ..analysis import schedules
@@ -48,3 +50,59 @@ def executed_order(graph: Graph) -> Graph:
     if order == list(range(len(graph.nodes))):
         return graph
     return graph.with_nodes([graph.nodes[i].proto for i in order])
+
+
+def memory_aware(graph: Graph, sizes: dict[str, int], roots: dict[str, str], movable: list[bool]) -> list[int]:
+    """A topological order that runs movable nodes as soon as running them frees memory.
+
+    Fixed nodes keep their relative file order. Among ready nodes, one whose run frees
+    at least as many bytes as it allocates (it is the last reader of stashed
+    activations or gradients) goes first; otherwise the lowest file index goes. A
+    node's net allocation only falls as other readers of its inputs run, so a lazy
+    heap with two classes keeps this O(n log n).
+    """
+    nodes = graph.nodes
+    keep_alive = set(graph.outputs) | set(graph.resident)
+    readers: dict[str, set[int]] = {}
+    for n in nodes:
+        for t in n.inputs:
+            if t != ABSENT:
+                readers.setdefault(roots.get(t, t), set()).add(n.index)
+    remaining = {b: len(r) for b, r in readers.items()}
+    protected = {roots.get(t, t) for t in keep_alive}
+
+    def alloc(n) -> int:
+        return sum(sizes.get(t, 0) for t in n.outputs if t != ABSENT and roots.get(t, t) == t)
+
+    def frees(n) -> int:
+        bufs = {roots.get(t, t) for t in n.inputs if t != ABSENT}
+        return sum(sizes.get(b, 0) for b in bufs if b not in protected and remaining.get(b) == 1)
+
+    def klass(n) -> int:
+        return 0 if movable[n.index] and frees(n) >= alloc(n) else 1
+
+    indegree = [len(graph.predecessors(n)) for n in nodes]
+    heap = [(klass(n), n.index) for n in nodes if indegree[n.index] == 0]
+    heapq.heapify(heap)
+    done = [False] * len(nodes)
+    order: list[int] = []
+    while heap:
+        k, i = heapq.heappop(heap)
+        if done[i] or k != klass(nodes[i]):
+            continue
+        done[i] = True
+        order.append(i)
+        node = nodes[i]
+        touched: set[int] = set()
+        for b in {roots.get(t, t) for t in node.inputs if t != ABSENT}:
+            remaining[b] -= 1
+            if remaining[b] == 1:
+                touched.update(j for j in readers[b] if not done[j])
+        for j in graph.successors(node):
+            indegree[j] -= 1
+            if indegree[j] == 0:
+                touched.add(j)
+        for j in touched:
+            if indegree[j] == 0 and not done[j]:
+                heapq.heappush(heap, (klass(nodes[j]), j))
+    return order

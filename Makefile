@@ -1,0 +1,42 @@
+# ckpt — two commands on a fresh machine: `make demo` and `make test`.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+OUT    := out
+
+.PHONY: demo test test-fast samples bench bench-quick gpu-check test-ort-training clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $@
+
+## demo: install ckpt and rewrite the GPT sample, checked on ONNX Runtime
+demo: $(STAMP)
+	mkdir -p $(OUT)
+	$(BIN)/ckpt inspect sample_models/gpt.onnx
+	$(BIN)/ckpt rewrite sample_models/gpt.onnx -o $(OUT)/gpt.ckpt.onnx --force --check
+
+## test: the whole suite (CPU; CUDA tests skip without a GPU)
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+## samples: regenerate sample_models/ from PyTorch (needs torch 2.13 CPU from local disk)
+samples:
+	bash sample_models/make_samples.sh
+
+## bench: speed and memory benchmarks, written to bench/RESULTS.md
+bench: $(STAMP)
+	$(BIN)/python -m bench.run
+
+bench-quick: $(STAMP)
+	$(BIN)/python -m bench.run --quick
+
+## gpu-check: rewrite every sample and check it on the CUDA provider (needs a GPU)
+gpu-check: $(STAMP)
+	bash bench/gpu_check.sh
+
+clean:
+	rm -rf $(OUT) .pytest_cache
