@@ -1,8 +1,9 @@
 """Forward / backward classification of a training graph's nodes.
 
 Forward is every ancestor of a forward output (the loss, and other non-gradient
-outputs such as BatchNorm running statistics); backward is everything else. This
-needs no marker in the file, which PyTorch joint graphs exported to ONNX lack.
+outputs such as BatchNorm running statistics), plus forward-only computations that
+the exporter wrote inside the forward pass; backward is everything else. This needs
+no marker in the file, which PyTorch joint graphs exported to ONNX lack.
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ BACKWARD = "backward"
 # PyTorch exports: "<param>_grad"; ORT artifacts: "<param>_grad.accumulation.out".
 _GRAD_NAME = re.compile(r"(^|[._/:\-])grad(s|ient|ients)?($|[._/:\-\d])|_grad", re.IGNORECASE)
 _LOSS_NAME = re.compile(r"loss", re.IGNORECASE)
+_ORT_BACKWARD_DOC = "Backward pass"
+# Recompute copies made by ckpt carry their source's metadata but are backward nodes.
+RECOMPUTE_META = "ckpt.recompute_of"
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,7 @@ def classify(graph: Graph, loss: str | None = None, grad_outputs: list[str] | No
         is_forward[i] = True
         stack.extend(j for j in graph.predecessors(graph.nodes[i]) if not is_forward[j])
 
+    _forward_section_nodes(graph, is_forward)
     phases = Phases(tuple(is_forward), loss, tuple(forward_outputs), tuple(grads))
     if phases.backward_count == 0:
         raise ModelError("the graph has no backward part: every node feeds the forward outputs "
@@ -83,3 +88,28 @@ def classify(graph: Graph, loss: str | None = None, grad_outputs: list[str] | No
     if phases.forward_count == 0:
         raise ModelError(f"no node computes the forward outputs ({', '.join(forward_outputs[:4])})")
     return phases
+
+
+def _forward_section_nodes(graph: Graph, is_forward: list[bool]) -> None:
+    """Mark forward the nodes an exporter wrote among the forward pass: before the first
+    node that depends on a backward-only graph input (the loss-gradient seed), reading
+    only forward tensors. PyTorch tags such nodes forward (BatchNorm statistics
+    squeezes, max-pool index arithmetic): forward ops whose results only the backward
+    reads. Nodes an ORT artifact marks "Backward pass" are never moved."""
+    forward_reads = {t for n in graph.nodes if is_forward[n.index] for t in n.inputs}
+    seeds = {t for t in graph.inputs if t not in forward_reads}
+    depends = [False] * len(graph.nodes)
+    cut = len(graph.nodes)
+    for i in graph.topological_order():
+        node = graph.nodes[i]
+        if is_forward[i]:
+            continue
+        depends[i] = any(t in seeds for t in node.inputs) or any(depends[p] for p in graph.predecessors(node))
+        if depends[i]:
+            cut = min(cut, i)
+    for i in graph.topological_order():
+        node = graph.nodes[i]
+        if is_forward[i] or i >= cut or node.meta(RECOMPUTE_META) or node.proto.doc_string == _ORT_BACKWARD_DOC:
+            continue
+        if all(is_forward[p] for p in graph.predecessors(node)):
+            is_forward[i] = True

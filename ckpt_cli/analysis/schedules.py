@@ -38,8 +38,9 @@ def ort_default(graph: Graph) -> list[int]:
     """``ExecutionOrder.DEFAULT``: ORT's reverse depth-first walk.
 
     Start from the leaf nodes (no consumer node), highest index first; at each node
-    visit its producers lowest index first; emit a node when all its producers have
-    been emitted (post-order). This is ``Graph::ReverseDFSFrom`` with ``NodeCompare``.
+    visit its producers highest index first; emit a node when all its producers have
+    been emitted (post-order). This is ``Graph::ReverseDFSFrom`` with ``NodeCompare``,
+    checked against the order ORT's profiler reports.
     """
     nodes = graph.nodes
     has_consumer = [False] * len(nodes)
@@ -58,9 +59,9 @@ def ort_default(graph: Graph) -> list[int]:
             continue
         visited[i] = True
         stack.append((i, True))
-        # ORT sorts producers by index descending and pushes them in that order, so the
-        # lowest index ends on top of the stack and is walked first.
-        for p in sorted(graph.predecessors(nodes[i]), reverse=True):
+        # ORT sorts producers by ascending index and pushes them in that order, so the
+        # highest index ends on top of the stack and is walked first.
+        for p in sorted(graph.predecessors(nodes[i])):
             if not visited[p]:
                 stack.append((p, False))
     return order

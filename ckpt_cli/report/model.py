@@ -173,3 +173,10 @@ def rewrite_report(before: Analysis, result, output: str | None, plan_json: dict
         "session_settings": settings_snippet,
         "plan": plan_json,
     }
+
+
+def check_report(original: Analysis, rewritten: Analysis, figures: dict, options: dict) -> dict:
+    head = envelope("check", original.graph.path, options)
+    head["rewritten_model"] = str(rewritten.graph.path)
+    head["rewritten_sha256"] = file_sha256(rewritten.graph.path)
+    return {**head, **figures}

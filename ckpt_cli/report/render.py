@@ -111,3 +111,32 @@ def render_rewrite(r: dict, console: Console) -> None:
         console.print(line, markup=False)
     console.print("The saving is real only under these ONNX Runtime session settings:")
     console.print(r["session_settings"], markup=False)
+
+
+def render_check(r: dict, console: Console) -> None:
+    o, w, d = r["original"], r["rewritten"], r["original_ort_default"]
+    console.print(f"[bold]{r['model']}[/bold] vs [bold]{r['rewritten_model']}[/bold] on {r['provider']} "
+                  f"(ONNX Runtime {r['ort_version']})")
+    t = _table("Measured (median of runs)", console, ("", "left"), ("peak in use", "right"),
+               ("tensor bytes", "right"), ("predicted", "right"), ("step time", "right"))
+    if d is not None:
+        t.add_row("original, ORT default settings", human_bytes(d["peak_bytes"]), "", "", f"{d['time_s'] * 1e3:.1f} ms")
+    for label, side, key in (("original, ckpt settings", o, "original"), ("rewritten, ckpt settings", w, "rewritten")):
+        t.add_row(label, human_bytes(side["peak_bytes"]), human_bytes(side["peak_requested_bytes"]),
+                  human_bytes(r["predicted"][key]), f"{side['time_s'] * 1e3:.1f} ms")
+    console.print(t)
+    n = len(r["outputs"])
+    same = sum(1 for e in r["outputs"].values() if e["bit_identical"])
+    verdict = "[green]PASS[/green]" if r["passed"] else "[red]FAIL[/red]"
+    console.print(f"outputs bit-identical: {same}/{n}; max |diff| {r['max_abs_diff']}; "
+                  f"executed order matches file: {'yes' if r['order_matches'] else 'NO'}")
+    if o["peak_bytes"] and w["peak_bytes"]:
+        console.print(f"peak memory: {human_bytes(o['peak_bytes'])} -> {human_bytes(w['peak_bytes'])} "
+                      f"({percent(w['peak_bytes'] - o['peak_bytes'], o['peak_bytes'])})")
+    errs = [f"{k} {v * 100:+.1f}%" for k, v in r["prediction_error"].items() if v is not None]
+    if errs:
+        console.print(f"prediction vs measured tensor bytes: {', '.join(errs)}")
+    bad = [name for name, e in r["outputs"].items() if not e["bit_identical"]][:5]
+    if bad:
+        console.print(f"outputs that differ: {', '.join(bad)}")
+    console.print(f"verdict: {verdict}")

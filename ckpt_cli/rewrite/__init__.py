@@ -56,7 +56,8 @@ def rewrite(a: Analysis, plan: Plan | None) -> RewriteResult:
     new = g.with_nodes([n.proto for n in new.nodes])
     forward_names = {n.name for n in g.nodes if a.phases.is_forward[n.index]}
     sizes = {t: info.nbytes for t, info in tensors.items() if info.nbytes}
-    order = memory_aware(new, sizes, buffer_roots(new), [n.name not in forward_names for n in new.nodes])
+    order = memory_aware(new, sizes, buffer_roots(new), [n.name not in forward_names for n in new.nodes],
+                         [n.name in copy_names for n in new.nodes])
     new = executed_order(g.with_nodes([new.nodes[i].proto for i in order]))
     after = analyse(new, loss=a.phases.loss, grad_outputs=list(a.phases.grad_outputs), tensors=tensors)
     copies = [n for n in new.nodes if n.name in copy_names]

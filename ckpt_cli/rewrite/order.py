@@ -52,16 +52,25 @@ def executed_order(graph: Graph) -> Graph:
     return graph.with_nodes([graph.nodes[i].proto for i in order])
 
 
-def memory_aware(graph: Graph, sizes: dict[str, int], roots: dict[str, str], movable: list[bool]) -> list[int]:
+def memory_aware(graph: Graph, sizes: dict[str, int], roots: dict[str, str], movable: list[bool],
+                 lazy: list[bool] | None = None) -> list[int]:
     """A topological order that runs movable nodes as soon as running them frees memory.
 
     Fixed nodes keep their relative file order. Among ready nodes, one whose run frees
     at least as many bytes as it allocates (it is the last reader of stashed
-    activations or gradients) goes first; otherwise the lowest file index goes. A
-    node's net allocation only falls as other readers of its inputs run, so a lazy
-    heap with two classes keeps this O(n log n).
+    activations or gradients) goes first; otherwise the lowest file index goes, where
+    a ``lazy`` node (a recompute copy) counts with the index of the first non-lazy
+    node that needs it, so it runs just in time. A node's net allocation only falls
+    as other readers of its inputs run, so a lazy heap with two classes keeps this
+    O(n log n).
     """
     nodes = graph.nodes
+    key = [n.index for n in nodes]
+    if lazy is not None:
+        for i in range(len(nodes) - 1, -1, -1):  # reverse topological: readers first
+            if lazy[i]:
+                needs = [key[j] for j in graph.successors(nodes[i])]
+                key[i] = min(needs) if needs else i
     keep_alive = set(graph.outputs) | set(graph.resident)
     readers: dict[str, set[int]] = {}
     for n in nodes:
@@ -79,15 +88,18 @@ def memory_aware(graph: Graph, sizes: dict[str, int], roots: dict[str, str], mov
         return sum(sizes.get(b, 0) for b in bufs if b not in protected and remaining.get(b) == 1)
 
     def klass(n) -> int:
-        return 0 if movable[n.index] and frees(n) >= alloc(n) else 1
+        if not movable[n.index]:
+            return 1
+        gain = frees(n) - alloc(n)
+        return 0 if gain > 0 or (gain == 0 and not (lazy and lazy[n.index])) else 1
 
     indegree = [len(graph.predecessors(n)) for n in nodes]
-    heap = [(klass(n), n.index) for n in nodes if indegree[n.index] == 0]
+    heap = [(klass(n), key[n.index], n.index) for n in nodes if indegree[n.index] == 0]
     heapq.heapify(heap)
     done = [False] * len(nodes)
     order: list[int] = []
     while heap:
-        k, i = heapq.heappop(heap)
+        k, _, i = heapq.heappop(heap)
         if done[i] or k != klass(nodes[i]):
             continue
         done[i] = True
@@ -104,5 +116,5 @@ def memory_aware(graph: Graph, sizes: dict[str, int], roots: dict[str, str], mov
                 touched.add(j)
         for j in touched:
             if indegree[j] == 0 and not done[j]:
-                heapq.heappush(heap, (klass(nodes[j]), j))
+                heapq.heappush(heap, (klass(nodes[j]), key[j], j))
     return order

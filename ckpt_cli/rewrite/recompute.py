@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import onnx
 
 from ..analysis import Analysis
+from ..analysis.phases import RECOMPUTE_META
 from ..analysis.shapes import TensorInfo
 from ..graph import ABSENT, Graph, Node
 from ..planning.plan import Plan
@@ -25,7 +26,7 @@ RANDOM_OPS = frozenset({"Dropout", "RandomNormal", "RandomUniform", "RandomNorma
 SHAPE_ONLY_OPS = frozenset({"Shape", "Size"})
 SUFFIX = "_recompute"
 REGION_META = "ckpt.region"
-SOURCE_META = "ckpt.recompute_of"
+SOURCE_META = RECOMPUTE_META
 # An attribute ONNX's checker ignores (leading "__"); it makes each copy differ from its
 # original for ORT's common-subexpression elimination, which would merge them back.
 CSE_GUARD_ATTR = "__ckpt_recompute"

@@ -1,0 +1,727 @@
+"""Run one ONNX graph on ONNX Runtime and measure it.  STANDALONE SCRIPT.
+
+This file imports only the standard library, numpy and onnxruntime (the last two
+lazily, inside the functions that need them), never ``onnx`` and never another
+ckpt module: ``ckpt`` runs it as ``python worker.py SPEC.json`` in a fresh child
+process, possibly under another interpreter with another onnxruntime build (for
+example onnxruntime-training-cpu 1.19.2 with numpy<2).  The parent
+(``ckpt_cli.runtime.check``) imports it only for the plain-data helpers
+``ckpt_session_settings``/``ort_default_session_settings``/``settings_snippet``.
+
+SPEC.json::
+
+    {"model": "m.onnx", "feeds": "feeds.npz",
+     "provider": "cpu" | "cuda",
+     "settings": "ckpt" | "ort_default",
+     "runs": 3,                  # measured runs; one extra warm-up run comes first
+     "outputs": "out.npz" | null,  # outputs of the LAST measured run
+     "profile_dir": "/tmp/x",    # where ORT writes its profile (file removed after)
+     "intra_op_threads": 1,
+     "memory_method": "auto" | "profiler" | "process_peak",   # optional, default auto
+     "extra_outputs": ["timeline"]}                        # optional, see below
+
+Result (one JSON object on stdout; everything else goes to stderr)::
+
+    {"ok": true, "provider": "CPUExecutionProvider", "ort_version": "1.31.1",
+     "settings": "ckpt", "method": "profiler" | "process_peak" | "none",
+     "runs": [{"peak_bytes": int|null, "time_s": float}, ...],
+     "peak_bytes": median, "time_s": median,
+     "baseline_bytes": int|null, "peak_above_baseline_bytes": int|null,
+     "peak_requested_bytes": int|null,
+     "executed_order": [node names, last measured run],
+     "session_settings": {...}, "warnings": [...]}
+    {"ok": false, "kind": "provider_unavailable" | "load_failed" | "run_failed"
+                          | "bad_feeds" | "bad_spec", "message": "one line"}
+
+Exit code 0 on success, non-zero on failure (see ``EXIT_CODES``).
+
+What the numbers mean (measured on ORT 1.31.1 CPU, see ORT_FACTS.md and the
+runtime section of the notes):
+
+* method "profiler": ``enable_profiling`` with the CPU arena on.  Every profiler
+  event with ``cat == "Node"`` and a name ``<node name>_kernel_time`` carries
+  ``args.mem_bytes_in_use`` = arena bytes in use right after that node's kernel
+  (its outputs allocated, its dying inputs not yet released) and
+  ``args.mem_in_use_delta`` = change during the kernel.  ``peak_bytes`` of one run
+  is the max of ``mem_bytes_in_use`` over the node events inside that run's
+  ``model_run`` event.  It is *absolute* arena bytes in use: it includes the
+  session-lifetime ``baseline_bytes`` (= first node's in-use minus its delta:
+  pre-packed weights and initializers smaller than 128 bytes; big initializers
+  are not in the arena), and arena chunks are rounded up to 256 bytes.
+  ``peak_requested_bytes`` is the same max over ``mem_bytes_requested_in_use``
+  (exact, unrounded).  Graph inputs (feeds) are never counted; graph outputs are.
+* method "process_peak" (ORT builds whose profiler has no ``mem_*`` fields, such
+  as 1.19.2): a second session with the CPU arena OFF; before each run write 5 to
+  /proc/self/clear_refs (resets VmHWM), read VmRSS, run, read VmHWM;
+  ``peak_bytes`` = VmHWM - VmRSS(before) = bytes above the pre-run state, i.e.
+  comparable to ``peak_above_baseline_bytes`` of the profiler method (page
+  granular, includes small malloc noise).  Needs MALLOC_MMAP_THRESHOLD_=65536 in
+  the environment *at process start* (the parent sets it); without it a warning
+  is added and later runs under-read.
+* CUDA (NOT verified, no GPU was available when this was written): memory is read
+  from the same profiler fields on node events whose ``args.provider`` is
+  ``CUDAExecutionProvider`` (ORT reports the stats of the allocator the kernel
+  uses); if no CUDA node event has them, method is "none" and peak_bytes null.
+  VmHWM says nothing about device memory, so there is no process_peak fallback
+  on CUDA.
+* What ORT 1.31 CPU counts (measured with ORT_DISABLE_ALL + PRIORITY_BASED):
+  allocation planner per value, in executed order: graph outputs get a fresh
+  buffer; alias kernels (Reshape, Identity, Flatten, Squeeze, Unsqueeze) share
+  their input's buffer; "MayInplace" kernels (Relu, LeakyRelu, Elu, Selu, Celu,
+  Sigmoid, HardSigmoid, Tanh, Softplus, Softsign, Clip, Shrink, ThresholdedRelu,
+  Softmax, LogSoftmax, Cast to the same type) write into their input when that
+  input has no other consumer, is not a graph input and has the same shape;
+  otherwise an output takes the most recently freed dead buffer with the same
+  element size and the same static shape (rank >= 1), else a new allocation.
+  A buffer is released after the last consumer of every value that shares it,
+  so a dead buffer kept for a later same-shape output stays counted in between.
+  Not in place: Neg, Exp, Log, Abs, Sqrt, Erf, Gelu, Dropout, Transpose, Expand,
+  and all binary ops (Add, Sub, Mul, Div, Pow, Max, Where, Sum).
+* ``time_s``: wall time of ``session.run`` (profiling on in both settings, so
+  both carry the same small per-node profiling overhead).
+* ``extra_outputs``: optional list of extra result sections: "timeline" adds
+  ``timeline`` = [[node name, op type, bytes in use before, after], ...] for the
+  last measured run (profiler method only).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+KERNEL_SUFFIX = "_kernel_time"
+
+EXIT_CODES = {
+    "provider_unavailable": 3,
+    "load_failed": 4,
+    "run_failed": 5,
+    "bad_feeds": 6,
+    "bad_spec": 7,
+}
+
+_PROVIDER_NAMES = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+
+# CUDA provider options used for the "ckpt" settings.  kSameAsRequested makes the
+# arena grow by exactly what is requested (no power-of-two over-reservation),
+# HEURISTIC avoids cuDNN's exhaustive search that allocates big workspaces.
+CKPT_CUDA_PROVIDER_OPTIONS = {
+    "arena_extend_strategy": "kSameAsRequested",
+    "cudnn_conv_algo_search": "HEURISTIC",
+}
+
+
+class WorkerError(Exception):
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+
+# --------------------------------------------------------------------------- settings
+
+
+def ckpt_session_settings(provider: str = "cpu") -> dict:
+    """The session settings a ckpt-rewritten graph needs, as plain data.
+
+    Chosen by measurement on ORT 1.31.1 CPU: ``ORT_DISABLE_ALL``.  Keeping level
+    BASIC but disabling ``CommonSubexpressionElimination;ConstantFolding`` is not
+    enough: BASIC still runs MatMulAddFusion (and other node-creating rewrites),
+    whose new nodes get high indices and run as late as possible under
+    PRIORITY_BASED.  On a 6-layer MLP training graph (batch 512, width 512) that
+    moved the executed order off the file order and raised the peak from 20.0 MiB
+    (DISABLE_ALL, order = file order) to 26.0 MiB, with no speed gain on CPU.
+    """
+    if provider not in _PROVIDER_NAMES:
+        raise ValueError(f"unknown provider {provider!r} (expected 'cpu' or 'cuda')")
+    return {
+        "settings": "ckpt",
+        "provider": _PROVIDER_NAMES[provider],
+        "provider_options": dict(CKPT_CUDA_PROVIDER_OPTIONS) if provider == "cuda" else {},
+        "execution_order": "PRIORITY_BASED",
+        "graph_optimization_level": "ORT_DISABLE_ALL",
+        "enable_mem_pattern": False,
+        "enable_cpu_mem_arena": True,
+        "config_entries": {},
+        # Only for measuring; not part of what a user must set.
+        "measurement_only": {"intra_op_num_threads": 1, "enable_profiling": True},
+    }
+
+
+def ort_default_session_settings(provider: str = "cpu") -> dict:
+    """ORT's defaults as a user gets them, plus what measuring needs.
+
+    Compromise (documented): profiling is switched on (the memory numbers come
+    from it, and it adds the same small per-node overhead as in "ckpt" runs) and
+    intra_op_num_threads is 1 (determinism, ORT_FACTS §7); everything else is
+    ORT's default: DEFAULT execution order, ORT_ENABLE_ALL, memory pattern ON
+    (its pre-allocated block shows up from the second run on, which is what a
+    user pays), CPU arena on, default CUDA provider options.
+    """
+    if provider not in _PROVIDER_NAMES:
+        raise ValueError(f"unknown provider {provider!r} (expected 'cpu' or 'cuda')")
+    return {
+        "settings": "ort_default",
+        "provider": _PROVIDER_NAMES[provider],
+        "provider_options": {},
+        "execution_order": "DEFAULT",
+        "graph_optimization_level": "ORT_ENABLE_ALL",
+        "enable_mem_pattern": True,
+        "enable_cpu_mem_arena": True,
+        "config_entries": {},
+        "measurement_only": {"intra_op_num_threads": 1, "enable_profiling": True},
+    }
+
+
+def settings_snippet(provider: str = "cpu") -> str:
+    """A copy-pasteable Python snippet that builds the "ckpt" session."""
+    s = ckpt_session_settings(provider)
+    lines = [
+        "import onnxruntime as ort",
+        "",
+        "so = ort.SessionOptions()",
+        "# Run nodes in the order they are written in the file (ckpt wrote the",
+        "# recompute copies exactly where they must run).",
+        f"so.execution_order = ort.ExecutionOrder.{s['execution_order']}",
+        "# Graph optimizations would merge recompute copies back (CSE) or add fused",
+        "# nodes that PRIORITY_BASED runs last; keep the graph as written.",
+        f"so.graph_optimization_level = ort.GraphOptimizationLevel.{s['graph_optimization_level']}",
+        f"so.enable_mem_pattern = {s['enable_mem_pattern']}",
+        f"so.enable_cpu_mem_arena = {s['enable_cpu_mem_arena']}",
+    ]
+    for k, v in s["config_entries"].items():
+        lines.append(f"so.add_session_config_entry({k!r}, {v!r})")
+    lines.append("# so.intra_op_num_threads = 1  # only for bit-identical comparisons")
+    if provider == "cuda":
+        lines.append(
+            f"providers = [({s['provider']!r}, {s['provider_options']!r}), 'CPUExecutionProvider']"
+        )
+    else:
+        lines.append("providers = ['CPUExecutionProvider']")
+    lines += [
+        'session = ort.InferenceSession("model.ckpt.onnx", so, providers=providers)',
+        f"assert session.get_providers()[0] == {s['provider']!r}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _settings_for(name: str, provider: str) -> dict:
+    if name == "ckpt":
+        return ckpt_session_settings(provider)
+    if name == "ort_default":
+        return ort_default_session_settings(provider)
+    if name == "ckpt_default_order":
+        # The "ckpt" settings with ORT's DEFAULT order: measures what ckpt predicts
+        # for that order (optimizations off, so the graph runs as written).
+        return dict(ckpt_session_settings(provider), settings=name, execution_order="DEFAULT")
+    raise WorkerError("bad_spec", f"unknown settings {name!r} (expected 'ckpt', 'ckpt_default_order' "
+                                  "or 'ort_default')")
+
+
+def _session_options(ort, settings: dict, *, threads: int, profile_prefix: str | None,
+                     arena: bool | None = None):
+    so = ort.SessionOptions()
+    so.execution_order = getattr(ort.ExecutionOrder, settings["execution_order"])
+    so.graph_optimization_level = getattr(ort.GraphOptimizationLevel,
+                                          settings["graph_optimization_level"])
+    so.enable_mem_pattern = bool(settings["enable_mem_pattern"])
+    so.enable_cpu_mem_arena = bool(settings["enable_cpu_mem_arena"] if arena is None else arena)
+    so.intra_op_num_threads = int(threads)
+    for k, v in settings["config_entries"].items():
+        so.add_session_config_entry(k, v)
+    if profile_prefix is not None:
+        so.enable_profiling = True
+        so.profile_file_prefix = profile_prefix
+    so.log_severity_level = 3  # errors only; warnings about e.g. unused initializers are noise
+    return so
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _one_line(text: object, limit: int = 600) -> str:
+    s = " ".join(str(text).split())
+    return s if len(s) <= limit else s[: limit - 3] + "..."
+
+
+@contextlib.contextmanager
+def _capture_fd2():
+    """Capture what native code writes to fd 2 (ORT's logger); replay it after."""
+    buf = {"text": ""}
+    try:
+        saved = os.dup(2)
+    except OSError:
+        yield buf
+        return
+    with tempfile.TemporaryFile(mode="w+b") as tmp:
+        sys.stderr.flush()
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield buf
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            data = tmp.read().decode("utf-8", "replace")
+            buf["text"] = data
+            if data:
+                sys.stderr.write(data)
+                sys.stderr.flush()
+
+
+def _cuda_failure_reason(log: str) -> str:
+    """Pick the most telling line of ORT's log about why CUDA did not load."""
+    import re
+
+    clean = re.sub(r"\x1b\[[0-9;]*m", "", log)
+    lines = [l.strip() for l in clean.splitlines() if l.strip()]
+    for key in ("with error:", "no CUDA-capable device", "CUDA driver version",
+                "CUDA failure", "cudaErrorNoDevice", "Failed to create CUDAExecutionProvider"):
+        for l in lines:
+            if key in l:
+                i = l.find("with error:")
+                if i >= 0:
+                    return l[i:]
+                return l.split("]", 1)[1].strip() if "]" in l else l
+    for l in lines:
+        if "cuda" in l.lower():
+            return l
+    return "no reason logged (no usable GPU, or CUDA/cuDNN libraries missing)"
+
+
+_ORT_TO_NUMPY = {
+    "tensor(float)": "float32", "tensor(double)": "float64", "tensor(float16)": "float16",
+    "tensor(int8)": "int8", "tensor(int16)": "int16", "tensor(int32)": "int32",
+    "tensor(int64)": "int64", "tensor(uint8)": "uint8", "tensor(uint16)": "uint16",
+    "tensor(uint32)": "uint32", "tensor(uint64)": "uint64", "tensor(bool)": "bool",
+}
+
+
+def _load_feeds(np, path: str, session) -> dict:
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            feeds = {k: z[k] for k in z.files}
+    except Exception as e:  # noqa: BLE001
+        raise WorkerError("bad_feeds", f"cannot read feeds {path}: {_one_line(e)}") from None
+    inputs = session.get_inputs()
+    names = [i.name for i in inputs]
+    extra = sorted(set(feeds) - set(names))
+    if extra:
+        raise WorkerError("bad_feeds", f"feed {extra[0]!r} is not an input of the model "
+                                       f"(inputs: {', '.join(names[:8])})")
+    for inp in inputs:
+        if inp.name not in feeds:
+            raise WorkerError("bad_feeds", f"missing feed for input {inp.name!r} "
+                                           f"({inp.type} {list(inp.shape)})")
+        arr = feeds[inp.name]
+        want = _ORT_TO_NUMPY.get(inp.type)
+        if want is not None and str(arr.dtype) != want:
+            raise WorkerError("bad_feeds", f"input {inp.name!r}: dtype {arr.dtype}, "
+                                           f"model wants {inp.type}")
+        shape = list(inp.shape)
+        if len(shape) != arr.ndim or any(isinstance(d, int) and d != a
+                                         for d, a in zip(shape, arr.shape)):
+            raise WorkerError("bad_feeds", f"input {inp.name!r}: shape {list(arr.shape)}, "
+                                           f"model wants {shape}")
+    return feeds
+
+
+def _read_profile(path: str) -> list:
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        # A profile cut short (crash) lacks the closing bracket.
+        return json.loads(text.rstrip().rstrip(",") + "]")
+
+
+def _split_runs(events: list) -> list:
+    """[(model_run event, [kernel node events inside it in execution order]), ...]"""
+    runs = sorted((e for e in events if e.get("name") == "model_run"), key=lambda e: e["ts"])
+    nodes = sorted((e for e in events if e.get("cat") == "Node"
+                    and str(e.get("name", "")).endswith(KERNEL_SUFFIX)),
+                   key=lambda e: e["ts"])
+    out = []
+    j = 0
+    for r in runs:
+        lo, hi = r["ts"], r["ts"] + r.get("dur", 0)
+        inside = []
+        while j < len(nodes) and nodes[j]["ts"] < lo:
+            j += 1
+        while j < len(nodes) and nodes[j]["ts"] <= hi:
+            inside.append(nodes[j])
+            j += 1
+        out.append((r, inside))
+    return out
+
+
+def _mem_of_run(node_events: list, provider_name: str):
+    """(peak, peak_requested, baseline, timeline) from one run's node events."""
+    peak = peak_req = baseline = None
+    timeline = []
+    for e in node_events:
+        a = e.get("args", {})
+        if a.get("provider", provider_name) != provider_name or "mem_bytes_in_use" not in a:
+            continue
+        in_use = int(a["mem_bytes_in_use"])
+        delta = int(a.get("mem_in_use_delta", 0))
+        if baseline is None:
+            baseline = in_use - delta
+        peak = in_use if peak is None else max(peak, in_use)
+        if "mem_bytes_requested_in_use" in a:
+            r = int(a["mem_bytes_requested_in_use"])
+            peak_req = r if peak_req is None else max(peak_req, r)
+        timeline.append([e["name"][: -len(KERNEL_SUFFIX)], a.get("op_name", ""),
+                         in_use - delta, in_use])
+    return peak, peak_req, baseline, timeline
+
+
+def _proc_status() -> dict:
+    d = {}
+    with open("/proc/self/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith(("VmHWM:", "VmRSS:")):
+                k, v = line.split(":", 1)
+                d[k] = int(v.split()[0]) * 1024
+    return d
+
+
+def _median(values):
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return None
+    m = statistics.median(vals)
+    return int(m) if all(isinstance(v, int) for v in vals) else m
+
+
+# --------------------------------------------------------------------------- main work
+
+
+def _make_session(ort, model: str, so, provider: str, settings: dict):
+    prov_name = _PROVIDER_NAMES[provider]
+    if provider == "cuda":
+        avail = ort.get_available_providers()
+        if prov_name not in avail:
+            raise WorkerError("provider_unavailable",
+                              f"this onnxruntime build ({ort.__version__}) has no "
+                              f"CUDAExecutionProvider (available: {', '.join(avail)}); "
+                              "install onnxruntime-gpu")
+        preload = getattr(ort, "preload_dlls", None)
+        if preload is not None:  # finds CUDA/cuDNN from pip nvidia-* wheels if present
+            with contextlib.suppress(Exception), _capture_fd2():
+                preload()
+        providers = [(prov_name, dict(settings["provider_options"])), "CPUExecutionProvider"]
+    else:
+        providers = ["CPUExecutionProvider"]
+    with _capture_fd2() as log:
+        try:
+            sess = ort.InferenceSession(model, so, providers=providers)
+        except Exception as e:  # noqa: BLE001
+            err = e
+        else:
+            err = None
+    if err is not None:
+        raise WorkerError("load_failed", f"cannot create session for {model}: {_one_line(err)}")
+    got = sess.get_providers()[0]
+    if got != prov_name:
+        if so.enable_profiling:
+            with contextlib.suppress(Exception):
+                os.remove(sess.end_profiling())
+        raise WorkerError("provider_unavailable",
+                          f"{prov_name} did not load (session runs on {got}): "
+                          + _one_line(_cuda_failure_reason(log["text"])))
+    return sess
+
+
+def _run_once(sess, feeds):
+    t0 = time.perf_counter()
+    out = sess.run(None, feeds)
+    return out, time.perf_counter() - t0
+
+
+def _measure_profiler(ort, np, spec, settings, feeds_path, warnings):
+    """Warm-up + N runs with profiling; returns partial result + last outputs."""
+    provider = spec["provider"]
+    prefix = os.path.join(spec["profile_dir"], f"ckpt_worker_{os.getpid()}")
+    so = _session_options(ort, settings, threads=spec["intra_op_threads"], profile_prefix=prefix)
+    sess = _make_session(ort, spec["model"], so, provider, settings)
+    feeds = _load_feeds(np, feeds_path, sess)
+    times = []
+    out = None
+    try:
+        for i in range(spec["runs"] + 1):
+            out = None  # outputs of the previous run live in the arena: drop them first
+            gc.collect()
+            out, dt = _run_once(sess, feeds)
+            if i > 0:
+                times.append(dt)
+    except Exception as e:  # noqa: BLE001
+        raise WorkerError("run_failed", _one_line(e)) from None
+    names = [o.name for o in sess.get_outputs()]
+    profile = sess.end_profiling()
+    try:
+        events = _read_profile(profile)
+    finally:
+        with contextlib.suppress(OSError):
+            os.remove(profile)
+    all_runs = _split_runs(events)
+    runs = all_runs[1:]  # drop the warm-up
+    prov_name = _PROVIDER_NAMES[provider]
+    per_run = []
+    for (r, nodes), dt in zip(runs, times):
+        peak, peak_req, base, timeline = _mem_of_run(nodes, prov_name)
+        per_run.append({"peak_bytes": peak, "time_s": dt, "peak_requested_bytes": peak_req,
+                        "baseline_bytes": base, "_timeline": timeline})
+    # ORT's profiler stops recording after a fixed number of events (1e6 in recent
+    # versions); then the last runs are cut short.  The order is static, so fall
+    # back to the fullest run and say so.
+    order_src = runs[-1][1] if runs else []
+    fullest = max((r[1] for r in all_runs), key=len, default=[])
+    if len(order_src) < len(fullest):
+        warnings.append(f"profiler recorded {len(order_src)} of {len(fullest)} node events in "
+                        "the last run (event limit?); executed_order taken from a fuller run, "
+                        "memory numbers of cut runs are incomplete")
+        order_src = fullest
+    executed = [e["name"][: -len(KERNEL_SUFFIX)] for e in order_src]
+    has_mem = bool(per_run) and all(r["peak_bytes"] is not None for r in per_run)
+    outputs = dict(zip(names, out))
+    del sess
+    return per_run, times, executed, has_mem, outputs
+
+
+def _measure_process_peak(ort, np, spec, settings, feeds_path, warnings):
+    """Arena off, VmHWM - VmRSS per run (CPU only)."""
+    if os.environ.get("MALLOC_MMAP_THRESHOLD_") != "65536":
+        warnings.append("MALLOC_MMAP_THRESHOLD_=65536 was not set at process start; "
+                        "process_peak may under-read after the first run")
+    so = _session_options(ort, settings, threads=spec["intra_op_threads"], profile_prefix=None,
+                          arena=False)
+    sess = _make_session(ort, spec["model"], so, spec["provider"], settings)
+    feeds = _load_feeds(np, feeds_path, sess)
+    per_run = []
+    out = None
+    try:
+        for i in range(spec["runs"] + 1):
+            out = None
+            gc.collect()
+            try:
+                with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+                    f.write("5")
+                before = _proc_status()["VmRSS"]
+                ok = True
+            except OSError as e:
+                if i == 0:
+                    warnings.append(f"cannot reset VmHWM ({_one_line(e)}); no memory numbers")
+                ok = False
+            out, dt = _run_once(sess, feeds)
+            if i > 0:
+                peak = _proc_status()["VmHWM"] - before if ok else None
+                per_run.append({"peak_bytes": peak, "time_s": dt})
+    except WorkerError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        raise WorkerError("run_failed", _one_line(e)) from None
+    names = [o.name for o in sess.get_outputs()]
+    return per_run, dict(zip(names, out))
+
+
+def _process_peak_in_child(spec: dict) -> dict:
+    import subprocess
+
+    path = os.path.join(spec["profile_dir"], f"ckpt_worker_pp_{os.getpid()}.json")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(spec, f)
+    try:
+        proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--process-peak", path],
+                              stdout=subprocess.PIPE, stderr=None, text=True, check=False)
+    finally:
+        with contextlib.suppress(OSError):
+            os.remove(path)
+    try:
+        res = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        raise WorkerError("run_failed", f"process_peak child died (exit code "
+                                        f"{proc.returncode})") from None
+    if not res.get("ok"):
+        raise WorkerError(res.get("kind", "run_failed"), res.get("message", "?"))
+    return res
+
+
+def _process_peak_main(spec: dict) -> dict:
+    spec = _parse_spec(spec)
+    settings = _settings_for(spec["settings"], spec["provider"])
+    import numpy as np
+    import onnxruntime as ort
+
+    warnings: list = []
+    runs, outputs = _measure_process_peak(ort, np, spec, settings, spec["feeds"], warnings)
+    if spec.get("outputs"):
+        np.savez(spec["outputs"], **{k: np.asarray(v) for k, v in outputs.items()})
+    return {"ok": True, "runs": runs, "warnings": warnings}
+
+
+def _parse_spec(spec: dict) -> dict:
+    try:
+        s = dict(spec)
+        for key in ("model", "feeds"):
+            if not isinstance(s.get(key), str):
+                raise ValueError(f"spec needs a string {key!r}")
+        s["provider"] = s.get("provider", "cpu")
+        if s["provider"] not in _PROVIDER_NAMES:
+            raise ValueError(f"provider must be 'cpu' or 'cuda', not {s['provider']!r}")
+        s["settings"] = s.get("settings", "ckpt")
+        s["runs"] = int(s.get("runs", 3))
+        if s["runs"] < 1:
+            raise ValueError("runs must be >= 1")
+        s["intra_op_threads"] = int(s.get("intra_op_threads") or 1)
+        s["memory_method"] = s.get("memory_method") or "auto"
+        if s["memory_method"] not in ("auto", "profiler", "process_peak"):
+            raise ValueError(f"bad memory_method {s['memory_method']!r}")
+        s["extra_outputs"] = list(s.get("extra_outputs") or [])
+        if not s.get("profile_dir"):
+            s["profile_dir"] = tempfile.gettempdir()
+        return s
+    except (TypeError, ValueError) as e:
+        raise WorkerError("bad_spec", _one_line(e)) from None
+
+
+def run_spec(spec: dict) -> dict:
+    spec = _parse_spec(spec)
+    settings = _settings_for(spec["settings"], spec["provider"])
+    try:
+        import numpy as np
+        import onnxruntime as ort
+    except Exception as e:  # noqa: BLE001
+        raise WorkerError("load_failed", f"cannot import numpy/onnxruntime under "
+                                         f"{sys.executable}: {_one_line(e)}") from None
+    if not os.path.exists(spec["model"]):
+        raise WorkerError("load_failed", f"model file not found: {spec['model']}")
+    warnings: list = []
+    method = spec["memory_method"]
+
+    per_run, times, executed, has_mem, outputs = _measure_profiler(
+        ort, np, spec, settings, spec["feeds"], warnings)
+    timeline = per_run[-1]["_timeline"] if per_run else []
+    for r in per_run:
+        r.pop("_timeline", None)
+    baseline = per_run[-1]["baseline_bytes"] if per_run and has_mem else None
+    peak_req = _median([r["peak_requested_bytes"] for r in per_run]) if has_mem else None
+
+    use_profiler = has_mem and method in ("auto", "profiler")
+    if method == "profiler" and not has_mem:
+        warnings.append(f"profiler of onnxruntime {ort.__version__} reports no mem_* fields")
+    if use_profiler:
+        used = "profiler"
+        runs = [{"peak_bytes": r["peak_bytes"], "time_s": r["time_s"]} for r in per_run]
+    elif spec["provider"] == "cpu" and method in ("auto", "process_peak"):
+        used = "process_peak"
+        # A fresh process: after an arena session has run in this process, ORT 1.19.2
+        # arena-off runs read 0 (memory stays resident); a new process reads right.
+        pp = _process_peak_in_child(spec)
+        warnings += pp.get("warnings", [])
+        pp_runs = pp["runs"]
+        if spec.get("outputs"):
+            outputs = None  # the child wrote them
+        # Time from the profiled runs, so both methods time the same kind of session.
+        runs = [{"peak_bytes": p["peak_bytes"], "time_s": t}
+                for p, t in zip(pp_runs, times)]
+        baseline = None
+        peak_req = None
+    else:
+        used = "none"
+        runs = [{"peak_bytes": None, "time_s": t} for t in times]
+        if spec["provider"] == "cuda":
+            warnings.append("no mem_* fields on CUDA node events; device peak not measured")
+
+    peak = _median([r["peak_bytes"] for r in runs])
+    result = {
+        "ok": True,
+        "provider": _PROVIDER_NAMES[spec["provider"]],
+        "ort_version": ort.__version__,
+        "settings": spec["settings"],
+        "method": used,
+        "runs": runs,
+        "peak_bytes": peak,
+        "time_s": _median([r["time_s"] for r in runs]),
+        "baseline_bytes": baseline,
+        "peak_above_baseline_bytes": (
+            (peak - baseline) if (peak is not None and baseline is not None)
+            else (peak if used == "process_peak" else None)),
+        "peak_requested_bytes": peak_req,
+        "executed_order": executed,
+        "session_settings": settings,
+        "warnings": warnings,
+    }
+    if "timeline" in spec["extra_outputs"]:
+        result["timeline"] = timeline if used == "profiler" else []
+    if spec.get("outputs") and outputs is not None:
+        try:
+            np.savez(spec["outputs"], **{k: np.asarray(v) for k, v in outputs.items()})
+        except Exception as e:  # noqa: BLE001
+            raise WorkerError("run_failed", f"cannot write outputs: {_one_line(e)}") from None
+    return result
+
+
+def probe(provider: str, model: str) -> dict:
+    """Can `provider` really run `model` here?  (used by check.resolve_provider)"""
+    try:
+        import onnxruntime as ort
+    except Exception as e:  # noqa: BLE001
+        return {"ok": False, "kind": "load_failed", "message": _one_line(e)}
+    settings = ckpt_session_settings(provider)
+    so = _session_options(ort, settings, threads=1, profile_prefix=None)
+    try:
+        sess = _make_session(ort, model, so, provider, settings)
+    except WorkerError as e:
+        return {"ok": False, "kind": e.kind, "message": e.message}
+    return {"ok": True, "provider": sess.get_providers()[0], "ort_version": ort.__version__}
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Native libraries and Python warnings must not pollute the JSON on stdout.
+    real_stdout = os.fdopen(os.dup(1), "w")
+    sys.stdout.flush()
+    os.dup2(2, 1)
+    try:
+        if len(argv) == 3 and argv[0] == "--probe":
+            result = probe(argv[1], argv[2])
+        elif len(argv) == 2 and argv[0] == "--process-peak":
+            try:
+                with open(argv[1], encoding="utf-8") as f:
+                    result = _process_peak_main(json.load(f))
+            except WorkerError as e:
+                result = {"ok": False, "kind": e.kind, "message": _one_line(e.message)}
+        elif len(argv) == 1:
+            try:
+                with open(argv[0], encoding="utf-8") as f:
+                    spec = json.load(f)
+                result = run_spec(spec)
+            except WorkerError as e:
+                result = {"ok": False, "kind": e.kind, "message": _one_line(e.message)}
+            except (OSError, json.JSONDecodeError) as e:
+                result = {"ok": False, "kind": "bad_spec", "message": _one_line(e)}
+            except MemoryError as e:
+                result = {"ok": False, "kind": "run_failed", "message": f"out of memory: {e}"}
+        else:
+            result = {"ok": False, "kind": "bad_spec",
+                      "message": "usage: worker.py SPEC.json | worker.py --probe PROVIDER MODEL"}
+    except Exception as e:  # noqa: BLE001 - last resort: still answer in JSON
+        result = {"ok": False, "kind": "run_failed",
+                  "message": _one_line(f"{type(e).__name__}: {e}")}
+    real_stdout.write(json.dumps(result) + "\n")
+    real_stdout.flush()
+    if result.get("ok"):
+        return 0
+    return EXIT_CODES.get(result.get("kind", ""), 1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
