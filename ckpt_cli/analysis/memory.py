@@ -116,11 +116,12 @@ def simulate(graph: Graph, order: list[int] | tuple[int, ...], tensors: dict[str
                 continue
             src = node.inputs[0] if node.inputs else ABSENT
             src_buf = buffer_of.get(src)
-            if t in outputs or src_buf is None:
+            if t in outputs or t not in last_read:  # measured: unread outputs never reuse a buffer
                 b = new_buffer(t, k)
-            elif pos == 0 and node.op_type in VIEW_OPS:
+            elif pos == 0 and node.op_type in VIEW_OPS and src_buf is not None:
                 b = src_buf
-            elif (pos == 0 and node.op_type in IN_PLACE_OPS and readers.get(src) == 1 and pending[src_buf] == 1
+            elif (pos == 0 and node.op_type in IN_PLACE_OPS and src_buf is not None and readers.get(src) == 1
+                  and pending[src_buf] == 1
                   and last_read.get(src) == k and _reuse_key(tensors.get(src)) == _reuse_key(tensors.get(t))
                   and _reuse_key(tensors.get(t)) is not None and tensors[src].dtype == tensors[t].dtype):
                 b = src_buf

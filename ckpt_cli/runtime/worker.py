@@ -80,7 +80,8 @@ runtime section of the notes):
 * ``time_s``: wall time of ``session.run`` (profiling on in both settings, so
   both carry the same small per-node profiling overhead).
 * ``extra_outputs``: optional list of extra result sections: "timeline" adds
-  ``timeline`` = [[node name, op type, bytes in use before, after], ...] for the
+  ``timeline`` = [[node name, op type, bytes in use before, after, requested
+  bytes in use after (or null)], ...] for the
   last measured run (profiler method only).
 """
 
@@ -379,7 +380,8 @@ def _mem_of_run(node_events: list, provider_name: str):
             r = int(a["mem_bytes_requested_in_use"])
             peak_req = r if peak_req is None else max(peak_req, r)
         timeline.append([e["name"][: -len(KERNEL_SUFFIX)], a.get("op_name", ""),
-                         in_use - delta, in_use])
+                         in_use - delta, in_use, int(a["mem_bytes_requested_in_use"])
+                         if "mem_bytes_requested_in_use" in a else None])
     return peak, peak_req, baseline, timeline
 
 
