@@ -196,7 +196,7 @@ def default_output(model: Path) -> Path:
 @click.option("--boundary", "boundaries", multiple=True, metavar="INPUTS:OUTPUTS",
               help="A region: forward nodes between these tensors (comma-separated names; repeatable).")
 @click.option("--plan", "plan_file", type=click.Path(dir_okay=False, path_type=Path),
-              help="A JSON plan file (from ckpt plan, or written by hand; see README).")
+              help="A JSON plan file (the 'plan' of a rewrite --json report, or written by hand; see README).")
 @click.option("--no-recompute", is_flag=True, help="Only write the memory-efficient order, no recompute.")
 @click.option("--check", "run_the_check", is_flag=True,
               help="Then run `ckpt check` on the result (exit 1 if it fails).")

@@ -4,7 +4,7 @@ A region is a set of forward nodes whose internal activations are not kept for t
 backward pass; ``keep`` lists tensors inside it that are kept anyway (for example an
 expensive MatMul output). A plan is a list of regions plus how it was chosen.
 
-Plan file (``ckpt plan -o plan.json``, ``ckpt rewrite --plan plan.json``)::
+Plan file (the ``plan`` field of ``ckpt rewrite --json``; read by ``ckpt rewrite --plan plan.json``)::
 
     {
       "ckpt_plan": 1,
