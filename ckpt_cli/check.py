@@ -15,6 +15,9 @@ from .runtime import check as rt
 from .runtime.feeds import FeedError, load_feeds, make_feeds, save_feeds
 
 
+PROCESS_PEAK_NOISE_BYTES = 256 * 1024
+
+
 class RunFailed(CkptError):
     exit_code = EXIT_FAILED
 
@@ -25,6 +28,15 @@ def prepare_feeds(model, out_path: Path, seed: int, dims: dict[str, int], feeds_
     except FeedError as e:
         raise UsageError(str(e)) from None
     save_feeds(out_path, feeds)
+
+
+def _noise(measured: dict, reference: int) -> int:
+    """Bytes below which a rise is measurement noise. The profiler's arena figures are
+    exact; the process-peak fallback (ORT builds without profiler memory fields) reads
+    page-granular RSS with allocator noise of a few pages."""
+    if measured.get("method") != "process_peak":
+        return 0
+    return max(PROCESS_PEAK_NOISE_BYTES, int(0.02 * reference))
 
 
 def _relative_error(predicted: int, measured: int | None) -> float | None:
@@ -83,7 +95,7 @@ def run_check(original: Analysis, rewritten: Analysis, *, provider: str = "auto"
         measured_tensor_bytes[side] = (req - base) if req is not None else s.get("peak_above_baseline_bytes")
     outputs_ok = result["outputs_within_tolerance"] if tolerant else result["outputs_equal"]
     o_peak, r_peak = result["original"]["peak_bytes"], result["rewritten"]["peak_bytes"]
-    memory_ok = o_peak is None or r_peak is None or r_peak <= o_peak
+    memory_ok = o_peak is None or r_peak is None or r_peak <= o_peak + _noise(result["rewritten"], o_peak)
     return {
         "provider": result["provider"],
         "ort_version": result["rewritten"].get("ort_version"),

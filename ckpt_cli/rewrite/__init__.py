@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import onnx
+
 from ..analysis import Analysis, analyse
 from ..analysis.memory import buffer_roots
+from ..analysis.phases import BACKWARD, PHASE_META
 from ..graph import Graph
 from ..planning.plan import Plan
 from .order import executed_order, interleave, memory_aware, prune_dead
@@ -59,9 +62,28 @@ def rewrite(a: Analysis, plan: Plan | None) -> RewriteResult:
     order = memory_aware(new, sizes, buffer_roots(new), [n.name not in forward_names for n in new.nodes],
                          [n.name in copy_names for n in new.nodes])
     new = executed_order(g.with_nodes([new.nodes[i].proto for i in order]))
+    new = _mark_early_backward(new, forward_names)
     after = analyse(new, loss=a.phases.loss, grad_outputs=list(a.phases.grad_outputs), tensors=tensors)
     copies = [n for n in new.nodes if n.name in copy_names]
     return RewriteResult(new, after, regions, len(copies), sum(after.costs[n.index].flops for n in copies))
+
+
+def _mark_early_backward(graph: Graph, forward_names: set[str]) -> Graph:
+    """Tag backward nodes written before the last forward node (the memory-aware order
+    runs some early), so that analysing the written file classifies them the same."""
+    last_forward = max((n.index for n in graph.nodes if n.name in forward_names), default=-1)
+    protos = []
+    changed = False
+    for n in graph.nodes:
+        p = n.proto
+        if n.index < last_forward and n.name not in forward_names and n.meta(PHASE_META) != BACKWARD:
+            p = onnx.NodeProto()
+            p.CopyFrom(n.proto)  # the input graph's protos are never modified
+            entry = p.metadata_props.add()
+            entry.key, entry.value = PHASE_META, BACKWARD
+            changed = True
+        protos.append(p)
+    return graph.with_nodes(protos) if changed else graph
 
 
 __all__ = ["rewrite", "RewriteResult", "RegionResult", "CSE_GUARD_ATTR", "RANDOM_OPS", "REGION_META", "SUFFIX"]
