@@ -35,7 +35,8 @@ def chain_model(layers: int = 4, batch: int = 256, width: int = 256, scoped: boo
     dh = "dh_out"
     for i in reversed(range(layers)):
         if dropout_layer == i:
-            nodes.append(helper.make_node("Cast", [f"m{i}"], [f"mf{i}"], to=TensorProto.FLOAT, name=name(i, "Cast_grad")))
+            nodes.append(helper.make_node("Cast", [f"m{i}"], [f"mf{i}"], to=TensorProto.FLOAT,
+                                          name=name(i, "Cast_dropgrad")))
             nodes.append(helper.make_node("Mul", [dh, f"mf{i}"], [f"dd{i}"], name=name(i, "Mul_dropgrad")))
             nodes.append(helper.make_node("Div", [f"dd{i}", "keep"], [f"da{i}"], name=name(i, "Div_dropgrad")))
             dh = f"da{i}"

@@ -1,0 +1,92 @@
+"""Analysis details: overrides, symbolic dimensions, IR versions ORT refuses, random ops."""
+
+import json
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from click.testing import CliRunner
+
+from chain import chain_feeds, chain_model
+from ckpt_cli.analysis import analyse
+from ckpt_cli.cli import main
+from ckpt_cli.load import load_graph
+from ckpt_cli.planning import layer_regions
+from ckpt_cli.rewrite import rewrite
+from ckpt_cli.save import build_model
+
+
+def run(*args):
+    r = CliRunner().invoke(main, [str(a) for a in args])
+    return r.exit_code, r.output
+
+
+def test_loss_and_grad_output_overrides(chain_path):
+    grads = [a for i in range(4) for a in ("--grad-output", f"layers.{i}.weight_grad")]
+    code, out = run("inspect", chain_path, "--json", "--loss", "loss", *grads)
+    assert code == 0, out
+    explicit = json.loads(out)
+    auto = json.loads(run("inspect", chain_path, "--json")[1])
+    assert explicit["phases"] == auto["phases"] and explicit["gradient_outputs"] == 4
+    # Naming only one gradient makes the others forward outputs: then nothing is backward.
+    code, out = run("inspect", chain_path, "--grad-output", "layers.0.weight_grad")
+    assert code == 2 and "no backward part" in out
+    code, out = run("inspect", chain_path, "--loss", "nosuch")
+    assert code == 2 and "not an output" in out
+
+
+def test_symbolic_batch_needs_dim(tmp_path):
+    model = chain_model(layers=2, batch=8, width=16)
+    for v in list(model.graph.input)[:1]:
+        v.type.tensor_type.shape.dim[0].dim_param = "batch"
+    path = tmp_path / "sym.onnx"
+    onnx.save(model, path)
+    code, out = run("inspect", path, "--json")
+    r = json.loads(out)
+    assert code == 0 and r["unsized"] and all("batch" in u["missing_dims"] for u in r["unsized"])
+    code, text = run("inspect", path)
+    assert "--dim" in text and "batch" in text
+    code, out = run("inspect", path, "--json", "--dim", "batch=8")
+    bound = json.loads(out)
+    assert not bound["unsized"] and bound["peak_bytes"] > r["peak_bytes"]
+
+
+def test_ir_version_ort_refuses_is_analysed_and_written_loadable(tmp_path):
+    model = chain_model(layers=2, batch=8, width=16)
+    model.ir_version = 14
+    path = tmp_path / "ir14.onnx"
+    onnx.save(model, path)
+    out = tmp_path / "ir14.ckpt.onnx"
+    code, text = run("rewrite", path, "-o", out, "-q")
+    assert code == 0, text
+    written = onnx.load(out)
+    assert written.ir_version <= 10
+    ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+
+
+def test_random_ops_are_kept_not_recomputed():
+    model = chain_model(layers=3, batch=16, width=32, dropout_layer=1)
+    a = analyse(load_graph_from(model))
+    result = rewrite(a, layer_regions(a))
+    region = next(r for r in result.regions if r.name == "layers.1")
+    assert region.kept_random == ["/layers.1/Dropout"]
+    assert not any(n.op_type == "Dropout" and n.name.endswith("_recompute") for n in result.graph.nodes)
+    written = build_model(result.graph, [n.proto for n in result.graph.nodes])
+    feeds = chain_feeds(model)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.execution_order = ort.ExecutionOrder.PRIORITY_BASED
+    so.intra_op_num_threads = 1
+    run_a = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
+    run_b = ort.InferenceSession(written.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
+    for x, y in zip(run_a, run_b):
+        assert np.array_equal(x, y)
+
+
+def load_graph_from(model):
+    import tempfile
+    from pathlib import Path
+
+    d = tempfile.mkdtemp()
+    onnx.save(model, Path(d) / "m.onnx")
+    return load_graph(Path(d) / "m.onnx")
