@@ -112,7 +112,11 @@ class Graph:
         return [c for t in node.outputs for c in self.consumers.get(t, ())]
 
     def topological_order(self) -> list[int]:
-        """Kahn's algorithm, lowest file index first; raises ModelError on a cycle."""
+        """Kahn's algorithm, lowest file index first; raises ModelError on a cycle.
+        Computed once per graph (a Graph is not changed after it is built)."""
+        cached = self.__dict__.get("_topological")
+        if cached is not None:
+            return cached
         indegree = [0] * len(self.nodes)
         for node in self.nodes:
             indegree[node.index] = len(set(self.predecessors(node)))
@@ -129,6 +133,7 @@ class Graph:
         if len(order) != len(self.nodes):
             stuck = next(n for n in self.nodes if indegree[n.index] > 0)
             raise ModelError(f"the graph has a cycle through node '{stuck.name}' ({stuck.op_type})")
+        self.__dict__["_topological"] = order
         return order
 
     def opset(self, domain: str = "") -> int | None:

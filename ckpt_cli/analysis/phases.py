@@ -58,15 +58,18 @@ def classify(graph: Graph, loss: str | None = None, grad_outputs: list[str] | No
     ``loss`` and ``grad_outputs`` override the name-based detection. Raises
     :class:`ModelError` when the graph has no backward part.
     """
+    outputs = set(graph.outputs)
     for name in ([loss] if loss else []) + list(grad_outputs or []):
-        if name not in graph.outputs:
+        if name not in outputs:
             raise UsageError(f"'{name}' is not an output of the graph "
                              f"(outputs: {', '.join(graph.outputs[:6])}{', ...' if len(graph.outputs) > 6 else ''})")
     if grad_outputs:
-        grads = [o for o in graph.outputs if o in set(grad_outputs)]
+        named = set(grad_outputs)
+        grads = [o for o in graph.outputs if o in named]
     else:
         grads = [o for o in graph.outputs if is_gradient_name(o) and o != loss]
-    forward_outputs = [o for o in graph.outputs if o not in set(grads)]
+    grad_set = set(grads)
+    forward_outputs = [o for o in graph.outputs if o not in grad_set]
     if not forward_outputs:
         raise ModelError("every graph output looks like a gradient, so the loss is unknown; "
                          "name it with --loss")

@@ -341,7 +341,8 @@ def load_feeds(path, model) -> dict:
     for name in names:
         if name not in data:
             raise FeedError(f"missing feed for input {name!r} in {path}")
-    extra = [k for k in data if k not in set(names)]
+    known = set(names)
+    extra = [k for k in data if k not in known]
     if extra:
         raise FeedError(f"feed {extra[0]!r} in {path} is not an input of the model")
     sym: dict = {}
