@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import onnx
 
 from ..analysis import Analysis, analyse
-from ..analysis.memory import buffer_roots
+from ..analysis.memory import buffer_roots, simulate
 from ..analysis.phases import BACKWARD, PHASE_META
 from ..graph import Graph
 from ..planning.plan import Plan
@@ -61,7 +61,10 @@ def rewrite(a: Analysis, plan: Plan | None) -> RewriteResult:
     sizes = {t: info.nbytes for t, info in tensors.items() if info.nbytes}
     order = memory_aware(new, sizes, buffer_roots(new), [n.name not in forward_names for n in new.nodes],
                          [n.name in copy_names for n in new.nodes])
-    new = executed_order(g.with_nodes([new.nodes[i].proto for i in order]))
+    # The memory-aware order is a heuristic: keep it only when the simulation says it
+    # beats the plain order (forward, then backward with the blocks in place).
+    candidates = [executed_order(g.with_nodes([new.nodes[i].proto for i in order])), executed_order(new)]
+    new = min(candidates, key=lambda c: simulate(c, list(range(len(c.nodes))), tensors).peak_bytes)
     new = _mark_early_backward(new, forward_names)
     after = analyse(new, loss=a.phases.loss, grad_outputs=list(a.phases.grad_outputs), tensors=tensors)
     copies = [n for n in new.nodes if n.name in copy_names]

@@ -1,0 +1,1 @@
+"""ckpt benchmarks (``python -m bench.run``; see bench/run.py)."""
