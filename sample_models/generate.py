@@ -4,7 +4,7 @@ Run in an environment with torch 2.13 (CPU), onnx 1.23, onnxscript and onnxrunti
 
     python sample_models/generate.py [--out-dir sample_models] [--only mlp,gpt,cnn]
 
-Recipe (see /work/shared/notes/ORT_FACTS.md, section 6):
+Recipe (see the shared notes ORT_FACTS.md, section 6):
   1. ``aot_export_joint_with_descriptors`` on a module whose forward returns the loss, with the
      core ATen decompositions (+ two small decompositions of our own, for
      ``aten.convolution_backward`` and ``aten.max_pool2d_with_indices_backward``, which have no

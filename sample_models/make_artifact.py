@@ -11,7 +11,7 @@ whose parameters are initializers named like PyTorch module paths (``fc1.weight`
 cross-entropy loss, builds the gradient graph and writes training/eval/optimizer models and a
 checkpoint. Only ``training_model.onnx`` is kept: it uses com.microsoft ops (e.g.
 SoftmaxCrossEntropyLossGrad, BatchNormInternal, InPlaceAccumulatorV2) that only a training build
-of ORT can run. See /work/shared/notes/ORT_FACTS.md, section 5, for its conventions.
+of ORT can run. See the shared notes ORT_FACTS.md, section 5, for its conventions.
 
 The script checks that the kept file loads and runs in a plain InferenceSession of the training
 build (parameters, gradient-accumulation buffers and ``lazy_reset_grad`` fed by hand).
