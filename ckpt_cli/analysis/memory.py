@@ -36,6 +36,11 @@ class MemoryProfile:
     timeline: tuple[int, ...]  # bytes in use after each step, resident included
     live_at_peak: tuple[str, ...]  # tensors holding the buffers live at the peak, largest first
     unsized: tuple[str, ...]  # tensors of unknown size, counted as 0
+    # One entry per buffer: (size, first step, last step). A buffer is allocated when the
+    # node at its first step runs and released after the node at its last step (``len(order)``
+    # for graph outputs). Buffer ids (positions) follow allocation order. This is the
+    # request sequence an allocator sees, for models of the arena on top of it.
+    buffers: tuple[tuple[int, int, int], ...] = ()
 
     @property
     def activation_peak_bytes(self) -> int:
@@ -163,4 +168,6 @@ def simulate(graph: Graph, order: list[int] | tuple[int, ...], tensors: dict[str
 
     at_peak = sorted((b for b in range(len(owner)) if born[b] <= peak_step <= dies[b]), key=lambda b: -size[b])
     current = [next(t for k, t in reversed(holders[b]) if k <= peak_step) for b in at_peak]
-    return MemoryProfile(tuple(order), peak, peak_step, base, tuple(timeline), tuple(current), tuple(unsized))
+    buffers = tuple(zip(size, born, (min(d, steps) for d in dies)))
+    return MemoryProfile(tuple(order), peak, peak_step, base, tuple(timeline), tuple(current), tuple(unsized),
+                         buffers)
