@@ -87,6 +87,15 @@ def check_options(f):
     return f
 
 
+def auto_options(f):
+    f = click.option("--auto", type=click.Choice(["layers", "sqrt", "balanced", "budget"]),
+                     help="Choose regions automatically: per layer, sqrt(n) segments, balanced (recompute only "
+                          "cheap ops), or budget (least recompute under --budget).")(f)
+    f = click.option("--budget", metavar="SIZE|PCT",
+                     help="Peak-memory budget for the predicted peak: 2GiB, 512MiB, or 40% of the original.")(f)
+    return f
+
+
 def _busy(message: str, quiet: bool):
     """A spinner on a terminal; nothing in JSON mode or when output is not a TTY."""
     import contextlib
@@ -198,14 +207,15 @@ def default_output(model: Path) -> Path:
 @click.option("--plan", "plan_file", type=click.Path(dir_okay=False, path_type=Path),
               help="A JSON plan file (the 'plan' of a rewrite --json report, or written by hand; see README).")
 @click.option("--no-recompute", is_flag=True, help="Only write the memory-efficient order, no recompute.")
+@auto_options
 @click.option("--check", "run_the_check", is_flag=True,
               help="Then run `ckpt check` on the result (exit 1 if it fails).")
 @check_options
 @analysis_options
 @report_options
-def rewrite(model: Path, output, force, patterns, scope, boundaries, plan_file, no_recompute, run_the_check,
-            provider, runs, seed, feeds_file, python, rtol, atol, dims, loss, grad_outputs, as_json, report_path,
-            quiet) -> None:
+def rewrite(model: Path, output, force, patterns, scope, boundaries, plan_file, no_recompute, auto, budget,
+            run_the_check, provider, runs, seed, feeds_file, python, rtol, atol, dims, loss, grad_outputs, as_json,
+            report_path, quiet) -> None:
     """Rewrite a training graph to recompute activations instead of stashing them.
 
     Marked regions of the forward pass keep only their inputs for the backward pass;
@@ -221,8 +231,9 @@ def rewrite(model: Path, output, force, patterns, scope, boundaries, plan_file, 
       ckpt rewrite model.onnx --boundary 'x:h3' --force
       ckpt rewrite model.onnx --plan plan.json
     """
-    from .planning import choose_plan
+    from .pipeline import make_plan, plan_rows
     from .report.model import rewrite_report
+    from .report.plan_view import planning_section, render_explanations
     from .report.render import render_rewrite
     from .rewrite import rewrite as do_rewrite
     from .runtime.worker import settings_snippet
@@ -231,20 +242,31 @@ def rewrite(model: Path, output, force, patterns, scope, boundaries, plan_file, 
     output = output or default_output(model)
     a = _load_and_analyse(model, dims, loss, grad_outputs)
     check_output_path(output, model, force)
-    if no_recompute and (patterns or scope or boundaries or plan_file):
+    if no_recompute and (patterns or scope or boundaries or plan_file or auto or budget):
         raise UsageError("--no-recompute takes no region options")
-    plan = None if no_recompute else choose_plan(a, list(patterns), scope, list(boundaries), plan_file)
+    with _busy("planning", quiet or as_json or not (auto or budget)):
+        planned = None if no_recompute else make_plan(a, auto, budget, list(patterns), scope, list(boundaries),
+                                                       plan_file)
+    plan = planned.plan if planned else None
     result = do_rewrite(a, plan)
     written = save_model(build_model(result.graph, [n.proto for n in result.graph.nodes]), output,
                          source_dir=model.parent)
     options = {"regions": list(patterns), "regions_by_scope": scope, "boundaries": list(boundaries),
-               "plan": str(plan_file) if plan_file else None, "no_recompute": no_recompute,
-               "dims": list(dims), "loss": loss, "grad_outputs": list(grad_outputs)}
+               "plan": str(plan_file) if plan_file else None, "no_recompute": no_recompute, "auto": auto,
+               "budget": budget, "dims": list(dims), "loss": loss, "grad_outputs": list(grad_outputs)}
     report = rewrite_report(a, result, str(written[0]),
                             plan.to_json([n.name for n in a.graph.nodes]) if plan else None,
                             plan.notes if plan else [], settings_snippet("cpu"), options)
+    if planned is not None:
+        report["planning"] = planning_section(a, planned, result, plan_rows(a, planned, result))
+
+    def render_rewrite_and_plan(r, console):
+        render_rewrite(r, console)
+        if "planning" in r and (r["options"]["auto"] or r["options"]["budget"]):
+            render_explanations(r["planning"]["explanations"], console)
+
     if not run_the_check:
-        emit(report, render_rewrite, as_json, report_path, quiet)
+        emit(report, render_rewrite_and_plan, as_json, report_path, quiet)
         return
     from .load import load_graph
     from .report.render import render_check
@@ -255,12 +277,54 @@ def rewrite(model: Path, output, force, patterns, scope, boundaries, plan_file, 
     report["check"] = figures
 
     def render_both(r, console):
-        render_rewrite(r, console)
+        render_rewrite_and_plan(r, console)
         render_check({**r["check"], "model": r["model"], "rewritten_model": r["output"]}, console)
 
     emit(report, render_both, as_json, report_path, quiet)
     if not figures["passed"]:
         sys.exit(1)
+
+
+@main.command()
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the plan (JSON, editable) here; read it back with `ckpt rewrite --plan`.")
+@click.option("--force", is_flag=True, help="Overwrite the output if it exists.")
+@auto_options
+@analysis_options
+@report_options
+def plan(model: Path, output, force, auto, budget, dims, loss, grad_outputs, as_json, report_path, quiet) -> None:
+    """Choose checkpoint regions automatically and explain the choice, without rewriting.
+
+    Strategies: layers (one region per repeated layer), sqrt (about sqrt(n) segments cut
+    at small tensors), balanced (recompute only cheap memory-bound ops, keep MatMul/Conv
+    outputs), budget (the least recompute FLOPs whose predicted peak fits --budget).
+    For every stashed activation the report says whether it is kept or recomputed and
+    why. An unreachable budget exits with code 3 and says what dominates the peak.
+
+    \b
+    Examples:
+      ckpt plan sample_models/gpt.onnx --budget 40% -o plan.json
+      ckpt rewrite sample_models/gpt.onnx --plan plan.json -o gpt.ckpt.onnx
+      ckpt plan model.onnx --auto balanced --json | jq '.explanations[:5]'
+    """
+    from .pipeline import make_plan, plan_rows
+    from .report.plan_view import plan_report, render_plan
+    from .rewrite import rewrite as do_rewrite
+    from .save import check_output_path, write_text_atomic
+
+    a = _load_and_analyse(model, dims, loss, grad_outputs)
+    if output is not None:
+        check_output_path(output, model, force)
+    with _busy("planning", quiet or as_json):
+        planned = make_plan(a, auto, budget)
+        result = do_rewrite(a, planned.plan)
+    report = plan_report(a, planned, result, plan_rows(a, planned, result), str(output) if output else None,
+                         {"auto": auto, "budget": budget, "dims": list(dims), "loss": loss,
+                          "grad_outputs": list(grad_outputs)})
+    if output is not None:
+        write_text_atomic(output, json.dumps(report["plan"], indent=2) + "\n")
+    emit(report, render_plan, as_json, report_path, quiet)
 
 
 def analyse_written(graph, analysed):

@@ -1,0 +1,65 @@
+"""Why each stashed activation of the original is kept or recomputed under a plan."""
+
+from __future__ import annotations
+
+from ..analysis import Analysis
+from .plan import Plan
+from .strategies import EXPENSIVE_OPS
+
+RANDOM_OPS = frozenset({"Dropout", "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
+                        "Bernoulli", "Multinomial"})
+
+
+def explain(a: Analysis, plan: Plan, recomputed: set[str]) -> list[dict]:
+    """One row per stashed buffer of the original, largest first: ``kept`` or
+    ``recomputed``, its bytes, what recomputing it costs, and why.
+
+    ``recomputed`` is the set of tensors the rewrite really recomputes under ``plan``.
+    """
+    g = a.graph
+    region_of = {i: r for r in plan.regions for i in r.nodes}
+    region_inputs = {t for r in plan.regions for i in r.nodes for t in g.nodes[i].inputs
+                     if t in g.producer and region_of.get(g.producer[t]) is not r}
+    rows: dict[str, dict] = {}
+    for s in a.stashed:
+        if s.buffer in rows:
+            continue
+        node = g.nodes[s.producer]
+        info = a.tensors.get(s.buffer)
+        nbytes = info.nbytes if info is not None else None
+        flops = a.costs[g.producer[s.buffer]].flops if s.buffer in g.producer else 0
+        region = region_of.get(s.producer)
+        done = s.buffer in recomputed
+        if done:
+            why = "recomputed from the region's kept inputs"
+        elif not plan.regions:
+            why = "no recompute needed: the original already fits"
+        elif region is None:
+            why = "outside every region"
+        elif node.op_type in RANDOM_OPS:
+            why = "random op: a recompute would draw different numbers"
+        elif node.has_subgraph:
+            why = "node with a subgraph (If/Loop/Scan) is never recomputed"
+        elif node.domain not in ("", "ai.onnx"):
+            why = f"{node.domain} op is never recomputed"
+        elif s.buffer in region_inputs:
+            why = "region boundary: another region recomputes from it (checkpoint)"
+        elif s.buffer in region.keep and plan.strategy == "balanced" and node.op_type in EXPENSIVE_OPS:
+            why = "compute-bound output (balanced policy keeps these)"
+        elif s.buffer in region.keep and plan.strategy == "budget":
+            why = (f"too expensive: {flops / nbytes:.1f} FLOP per byte to recompute, and the budget allows keeping it"
+                   if nbytes else "kept within the budget")
+        elif s.buffer in region.keep:
+            why = "kept by the plan"
+        else:
+            why = "not needed by the backward after the rewrite"
+        rows[s.buffer] = {
+            "tensor": s.buffer,
+            "status": "recomputed" if done else "kept",
+            "bytes": nbytes,
+            "recompute_flops": flops,
+            "producer_op": node.op_type,
+            "region": region.name if region is not None else None,
+            "why": why,
+        }
+    return sorted(rows.values(), key=lambda r: (-(r["bytes"] or 0), r["tensor"]))

@@ -1,0 +1,196 @@
+"""Automatic planning strategies: each is a function ``Analysis -> Plan``, like JAX's
+remat policies, so they can be swapped and compared (``ckpt plan --auto NAME``).
+
+``budget`` is different: it searches, and needs to know what a plan costs. That cost
+model (rewrite the graph, simulate its memory) is passed in as ``evaluate``, so the
+search stays independent of how plans are applied (as PyTorch's partitioners keep the
+cost model apart from the cut).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from ..analysis import Analysis
+from ..analysis.memory import VIEW_OPS
+from ..errors import BudgetUnreachable, UsageError
+from .plan import Plan, Region
+from .regions import default_regions, layer_regions, sqrt_regions
+
+# Outputs of these ops are never recomputed by ``balanced`` (compute-bound ops).
+EXPENSIVE_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "FusedMatMul", "Attention",
+                           "MultiHeadAttention", "MatMulInteger", "QLinearMatMul", "QLinearConv"})
+
+
+def _structure(a: Analysis) -> Plan:
+    """Region structure the automatic strategies refine: layers if any, else segments."""
+    return default_regions(a)
+
+
+def structures(a: Analysis) -> list[Plan]:
+    """Region structures the budget search tries: per layer (if any), then sqrt(n)
+    segments and twice as many, which recompute smaller pieces at a time."""
+    import math
+
+    found = [p for p in (layer_regions(a),) if p is not None]
+    n = sum(a.phases.is_forward)
+    k = max(1, round(math.sqrt(n)))
+    found += [sqrt_regions(a, k), sqrt_regions(a, 2 * k)]
+    return found
+
+
+def balanced(a: Analysis) -> Plan:
+    """Recompute only cheap, memory-bound ops (elementwise, activations, normalisations,
+    reshapes, softmax); keep every MatMul/Gemm/Conv output. The default policy of Burn
+    and PyTorch's selective checkpointing, as a baseline."""
+    base = _structure(a)
+    g = a.graph
+    regions = []
+    for r in base.regions:
+        keep = {t for i in r.nodes if g.nodes[i].op_type in EXPENSIVE_OPS for t in g.nodes[i].outputs if t}
+        regions.append(Region(r.name, set(r.nodes), keep | set(r.keep)))
+    plan = Plan(regions, "balanced", list(base.notes))
+    plan.notes.append("compute-bound outputs (MatMul, Gemm, Conv) are kept; cheap ops are recomputed")
+    return plan
+
+
+STRATEGIES: dict[str, Callable[[Analysis], Plan | None]] = {
+    "layers": layer_regions,
+    "sqrt": sqrt_regions,
+    "balanced": balanced,
+}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A stashed activation the budget search may keep instead of recomputing."""
+
+    tensor: str
+    nbytes: int
+    flops: int  # what recomputing it costs (its producer)
+
+    @property
+    def flops_per_byte(self) -> float:
+        return self.flops / self.nbytes if self.nbytes else float("inf")
+
+
+def candidates(a: Analysis, plan: Plan) -> list[Candidate]:
+    """Stashed activations made inside the plan's regions, most worth keeping first
+    (most recompute FLOPs per byte saved)."""
+    inside = {i for r in plan.regions for i in r.nodes}
+    seen: set[str] = set()
+    out = []
+    for s in a.stashed:
+        producer = a.graph.producer.get(s.buffer)  # the buffer's owner, also for stashed views
+        if s.buffer in seen or producer is None or producer not in inside:
+            continue
+        info = a.tensors.get(s.buffer)
+        if info is None or not info.nbytes or a.graph.nodes[producer].op_type in VIEW_OPS:
+            continue
+        seen.add(s.buffer)
+        out.append(Candidate(s.buffer, info.nbytes, a.costs[a.graph.producer[s.buffer]].flops))
+    return sorted(out, key=lambda c: (-c.flops_per_byte, c.nbytes, c.tensor))
+
+
+@dataclass(frozen=True)
+class PlanCost:
+    """What the cost model says of a plan."""
+
+    peak_bytes: int
+    recompute_flops: int
+    live_at_peak: tuple[str, ...] = ()
+
+
+Evaluate = Callable[[Plan], PlanCost]
+
+
+@dataclass
+class BudgetResult:
+    plan: Plan
+    peak_bytes: int
+    recompute_flops: int
+    kept: list[Candidate]
+    recomputed: list[Candidate]
+    evaluations: int
+
+
+def parse_budget(text: str, reference_peak: int) -> int:
+    """'2GiB', '512MiB', '1e9' or '40%' (of the original predicted peak) -> bytes."""
+    from ..report.units import parse_bytes
+
+    text = text.strip()
+    try:
+        if text.endswith("%"):
+            share = float(text[:-1]) / 100
+            if not 0 < share:
+                raise ValueError
+            return int(reference_peak * share)
+        return parse_bytes(text)
+    except ValueError:
+        raise UsageError(f"--budget '{text}' is not a size (2GiB, 512MiB) or a share of the peak (40%)") from None
+
+
+def with_keep(plan: Plan, keep: set[str], strategy: str) -> Plan:
+    regions = [Region(r.name, set(r.nodes), set(r.keep) | keep) for r in plan.regions]
+    return Plan(regions, strategy, list(plan.notes))
+
+
+def budget_plan(a: Analysis, budget: int, evaluate: Evaluate, options: list[Plan] | None = None) -> BudgetResult:
+    """The plan with the least recompute FLOPs whose predicted peak fits ``budget``.
+
+    For each region structure (per layer, segments), start with every stashed
+    activation recomputed (the lowest peak that structure reaches), then keep the
+    activations most expensive to recompute per byte for as long as the budget holds:
+    a binary search over that ranking, so O(log n) evaluations per structure. The
+    cheapest fitting plan wins. A looser budget keeps a superset, so a tighter budget
+    never gives a higher peak. Raises BudgetUnreachable when nothing fits.
+    """
+    base = a.priority.peak_bytes
+    if base <= budget:
+        plan = Plan([], "budget", [f"the original already fits the budget ({base} <= {budget} bytes)"])
+        return BudgetResult(plan, base, 0, [], [], 0)
+    best: BudgetResult | None = None
+    lowest: PlanCost | None = None
+    evaluations = 0
+    for structure in options or structures(a):
+        ranked = candidates(a, structure)
+
+        def cost(k: int) -> PlanCost:
+            nonlocal evaluations
+            evaluations += 1
+            return evaluate(with_keep(structure, {c.tensor for c in ranked[:k]}, "budget"))
+
+        floor = cost(0)
+        if lowest is None or floor.peak_bytes < lowest.peak_bytes:
+            lowest = floor
+        if floor.peak_bytes > budget:
+            continue
+        lo, hi, fit = 0, len(ranked), floor  # invariant: prefix lo fits
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            found = cost(mid)
+            if found.peak_bytes <= budget:
+                lo, fit = mid, found
+            else:
+                hi = mid - 1
+        if best is None or fit.recompute_flops < best.recompute_flops:
+            plan = with_keep(structure, {c.tensor for c in ranked[:lo]}, "budget")
+            plan.notes.append(f"{structure.strategy} structure; kept {lo} of {len(ranked)} stashed activations "
+                              f"that are most expensive to recompute per byte")
+            best = BudgetResult(plan, fit.peak_bytes, fit.recompute_flops, ranked[:lo], ranked[lo:], 0)
+    if best is None:
+        raise BudgetUnreachable(_unreachable_message(a, budget, lowest))
+    best.evaluations = evaluations
+    best.plan.notes.append(f"predicted peak {best.peak_bytes} <= budget {budget} bytes ({evaluations} evaluations)")
+    return best
+
+
+def _unreachable_message(a: Analysis, budget: int, floor: PlanCost) -> str:
+    from ..report.units import human_bytes
+
+    resident = a.priority.resident_bytes
+    live = ", ".join(floor.live_at_peak[:3])
+    return (f"budget {human_bytes(budget)} is unreachable: the lowest predicted peak is "
+            f"{human_bytes(floor.peak_bytes)}; parameters and inputs take {human_bytes(resident)} of it, "
+            f"which no recompute removes, and the largest tensors live at that peak are {live or 'none'}")
