@@ -88,9 +88,10 @@ def check_options(f):
 
 
 def auto_options(f):
-    f = click.option("--auto", type=click.Choice(["layers", "sqrt", "balanced", "budget"]),
+    f = click.option("--auto", type=click.Choice(["layers", "sqrt", "balanced", "budget", "optimal"]),
                      help="Choose regions automatically: per layer, sqrt(n) segments, balanced (recompute only "
-                          "cheap ops), or budget (least recompute under --budget).")(f)
+                          "cheap ops), budget (least recompute under --budget), or optimal (an exact MILP of "
+                          "the budget problem, for graphs of a few hundred nodes).")(f)
     f = click.option("--budget", metavar="SIZE|PCT",
                      help="Peak-memory budget for the predicted peak: 2GiB, 512MiB, or 40% of the original.")(f)
     return f

@@ -10,15 +10,38 @@ from .analysis.memory import VIEW_OPS
 from .errors import UsageError
 from .planning import Plan, choose_plan
 from .planning.explain import explain
+from .analysis.phases import RECOMPUTE_META
+from .planning.solver import Intervals, optimal_plan
 from .planning.strategies import STRATEGIES, BudgetResult, PlanCost, budget_plan, parse_budget
 from .rewrite import RewriteResult, rewrite
 
-AUTO_NAMES = ("layers", "sqrt", "balanced", "budget")
+AUTO_NAMES = ("layers", "sqrt", "balanced", "budget", "optimal")
 
 
 def plan_cost(a: Analysis, plan: Plan) -> PlanCost:
     result = rewrite(a, plan)
     return PlanCost(result.after.priority.peak_bytes, result.recompute_flops, result.after.priority.live_at_peak)
+
+
+def keep_intervals(a: Analysis, plan: Plan) -> Intervals:
+    """For the exact solver: on the schedule of ``plan`` rewritten, the steps where keeping
+    each recomputed activation would add its bytes (after its last forward use, before
+    its copy is born)."""
+    result = rewrite(a, plan)
+    g = result.graph
+    by_name = {n.name: n for n in a.graph.nodes}
+    spans: dict[str, tuple[int, int]] = {}
+    for node in g.nodes:
+        source = node.meta(RECOMPUTE_META)
+        if source is None or by_name[source].op_type in VIEW_OPS:
+            continue
+        for t in by_name[source].outputs:
+            if not t or t not in g.producer:
+                continue
+            last = max([g.producer[t]] + list(g.consumers.get(t, ())))
+            if last + 1 <= node.index - 1:
+                spans[t] = (last + 1, node.index - 1)
+    return Intervals(tuple(result.after.priority.timeline), spans)
 
 
 @dataclass
@@ -32,16 +55,19 @@ def make_plan(a: Analysis, auto: str | None = None, budget: str | None = None, p
               boundaries=None, plan_file=None) -> Planned:
     """The plan for these options: user-marked regions, a named strategy, or a budget."""
     manual = bool(patterns or scope or boundaries or plan_file)
-    if budget is not None and auto not in (None, "budget"):
-        raise UsageError(f"--budget goes with --auto budget (the default with --budget), not --auto {auto}")
+    if budget is not None and auto not in (None, "budget", "optimal"):
+        raise UsageError(f"--budget goes with --auto budget (the default) or optimal, not --auto {auto}")
     if (auto or budget) and manual:
         raise UsageError("--auto/--budget choose regions themselves; drop --region/--regions-by-scope/"
                          "--boundary/--plan")
-    if budget is not None or auto == "budget":
+    if budget is not None or auto in ("budget", "optimal"):
         if budget is None:
-            raise UsageError("--auto budget needs --budget (e.g. --budget 2GiB or --budget 40%)")
+            raise UsageError(f"--auto {auto} needs --budget (e.g. --budget 2GiB or --budget 40%)")
         limit = parse_budget(budget, a.priority.peak_bytes)
-        search = budget_plan(a, limit, lambda p: plan_cost(a, p))
+        if auto == "optimal":
+            search = optimal_plan(a, limit, lambda p: plan_cost(a, p), lambda p: keep_intervals(a, p))
+        else:
+            search = budget_plan(a, limit, lambda p: plan_cost(a, p), lambda p: keep_intervals(a, p))
         return Planned(search.plan, limit, search)
     if auto is not None:
         if auto not in STRATEGIES:

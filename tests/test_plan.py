@@ -13,7 +13,7 @@ from ckpt_cli.analysis import analyse
 from ckpt_cli.cli import main
 from ckpt_cli.errors import BudgetUnreachable
 from ckpt_cli.load import load_graph
-from ckpt_cli.pipeline import plan_cost
+from ckpt_cli.pipeline import keep_intervals, plan_cost
 from ckpt_cli.planning.strategies import budget_plan
 
 
@@ -69,7 +69,7 @@ def test_tighter_budget_never_gives_higher_peak(gpt):
     base = gpt.priority.peak_bytes
     peaks, flops = [], []
     for share in (1.0, 0.9, 0.8, 0.75, 0.72, 0.7):
-        result = budget_plan(gpt, int(base * share), lambda p: plan_cost(gpt, p))
+        result = budget_plan(gpt, int(base * share), lambda p: plan_cost(gpt, p), lambda p: keep_intervals(gpt, p))
         assert result.peak_bytes <= int(base * share)
         peaks.append(result.peak_bytes)
         flops.append(result.recompute_flops)
@@ -80,7 +80,7 @@ def test_tighter_budget_never_gives_higher_peak(gpt):
 
 def test_unreachable_budget_exits_3_and_says_why(gpt):
     with pytest.raises(BudgetUnreachable, match="lowest predicted peak"):
-        budget_plan(gpt, gpt.priority.resident_bytes, lambda p: plan_cost(gpt, p))
+        budget_plan(gpt, gpt.priority.resident_bytes, lambda p: plan_cost(gpt, p), lambda p: keep_intervals(gpt, p))
     code, out = run("plan", SAMPLES / "gpt.onnx", "--budget", "1MiB")
     assert code == 3
     line = out.strip().splitlines()
@@ -94,3 +94,16 @@ def test_budget_usage_errors():
     assert code == 2 and "--budget" in out
     code, out = run("rewrite", SAMPLES / "gpt.onnx", "--budget", "80%", "--region", "x*")
     assert code == 2
+
+
+def test_budget_heuristic_is_within_3_percent_of_the_exact_solver(gpt):
+    from ckpt_cli.planning.solver import optimal_plan
+
+    base = gpt.priority.peak_bytes
+    for share in (0.9, 0.8, 0.75):
+        limit = int(base * share)
+        heuristic = budget_plan(gpt, limit, lambda p: plan_cost(gpt, p), lambda p: keep_intervals(gpt, p))
+        exact = optimal_plan(gpt, limit, lambda p: plan_cost(gpt, p), lambda p: keep_intervals(gpt, p))
+        assert exact.peak_bytes <= limit and heuristic.peak_bytes <= limit
+        assert heuristic.recompute_flops <= 1.03 * exact.recompute_flops, (share, heuristic.recompute_flops,
+                                                                            exact.recompute_flops)

@@ -46,7 +46,7 @@ def explain(a: Analysis, plan: Plan, recomputed: set[str]) -> list[dict]:
             why = "region boundary: another region recomputes from it (checkpoint)"
         elif s.buffer in region.keep and plan.strategy == "balanced" and node.op_type in EXPENSIVE_OPS:
             why = "compute-bound output (balanced policy keeps these)"
-        elif s.buffer in region.keep and plan.strategy == "budget":
+        elif s.buffer in region.keep and plan.strategy in ("budget", "optimal"):
             why = (f"too expensive: {flops / nbytes:.1f} FLOP per byte to recompute, and the budget allows keeping it"
                    if nbytes else "kept within the budget")
         elif s.buffer in region.keep:

@@ -136,15 +136,70 @@ def with_keep(plan: Plan, keep: set[str], strategy: str) -> Plan:
     return Plan(regions, strategy, list(plan.notes))
 
 
-def budget_plan(a: Analysis, budget: int, evaluate: Evaluate, options: list[Plan] | None = None) -> BudgetResult:
+class _RangeMax:
+    """Range add / range max over steps (a lazy segment tree)."""
+
+    def __init__(self, values) -> None:
+        n = 1
+        while n < max(1, len(values)):
+            n *= 2
+        self.n = n
+        self.top = [float("-inf")] * (2 * n)
+        self.lazy = [0.0] * (2 * n)
+        self.top[n:n + len(values)] = [float(v) for v in values]
+        for i in range(n - 1, 0, -1):
+            self.top[i] = max(self.top[2 * i], self.top[2 * i + 1])
+
+    def _apply(self, node: int, lo: int, hi: int, a: int, b: int, add: float) -> float:
+        if b < lo or hi < a:
+            return float("-inf")
+        if a <= lo and hi <= b:
+            self.top[node] += add
+            self.lazy[node] += add
+            return self.top[node]
+        mid = (lo + hi) // 2
+        left = self._apply(2 * node, lo, mid, a, b, add)
+        right = self._apply(2 * node + 1, mid + 1, hi, a, b, add)
+        self.top[node] = max(self.top[2 * node], self.top[2 * node + 1]) + self.lazy[node]
+        return max(left, right) + self.lazy[node]
+
+    def add(self, a: int, b: int, value: float) -> None:
+        self._apply(1, 0, self.n - 1, a, b, value)
+
+    def max(self, a: int, b: int) -> float:
+        return self._apply(1, 0, self.n - 1, a, b, 0.0)
+
+
+def fill_greedily(ranked: list[Candidate], timeline: tuple[int, ...], spans: dict[str, tuple[int, int]],
+                  limit: int) -> set[str]:
+    """Keep candidates, most FLOPs per byte first, whenever the linear memory model says
+    every step of their span stays under ``limit``."""
+    steps = _RangeMax(timeline)
+    kept: set[str] = set()
+    for c in ranked:
+        span = spans.get(c.tensor)
+        if span is None:
+            continue
+        lo, hi = span
+        if steps.max(lo, hi) + c.nbytes <= limit:
+            steps.add(lo, hi, c.nbytes)
+            kept.add(c.tensor)
+    return kept
+
+
+def budget_plan(a: Analysis, budget: int, evaluate: Evaluate, intervals_of, options: list[Plan] | None = None
+                ) -> BudgetResult:
     """The plan with the least recompute FLOPs whose predicted peak fits ``budget``.
 
-    For each region structure (per layer, segments), start with every stashed
-    activation recomputed (the lowest peak that structure reaches), then keep the
-    activations most expensive to recompute per byte for as long as the budget holds:
-    a binary search over that ranking, so O(log n) evaluations per structure. The
-    cheapest fitting plan wins. A looser budget keeps a superset, so a tighter budget
-    never gives a higher peak. Raises BudgetUnreachable when nothing fits.
+    For each region structure (per layer, sqrt(n) and 2*sqrt(n) segments), start from
+    every stashed activation recomputed (the lowest peak that structure reaches; its
+    memory over the schedule is known). Keeping an activation instead costs its bytes
+    between its last forward use and its recompute, and saves its producer's FLOPs:
+    keep activations, most FLOPs per byte first, wherever every step stays under the
+    budget (a range-max tree makes this O(n log n)). The linear model ignores copy
+    chains and buffer reuse, so the result is checked with ``evaluate`` and the limit
+    tightened by any overshoot. The cheapest fitting structure wins. Raises
+    BudgetUnreachable when even the floors do not fit.
     """
     base = a.priority.peak_bytes
     if base <= budget:
@@ -155,32 +210,31 @@ def budget_plan(a: Analysis, budget: int, evaluate: Evaluate, options: list[Plan
     evaluations = 0
     for structure in options or structures(a):
         ranked = candidates(a, structure)
-
-        def cost(k: int) -> PlanCost:
-            nonlocal evaluations
+        floor_info = intervals_of(structure)
+        floor_peak = max(floor_info.timeline, default=0)
+        evaluations += 1
+        if lowest is None or floor_peak < lowest.peak_bytes:
+            lowest = evaluate(structure)
             evaluations += 1
-            return evaluate(with_keep(structure, {c.tensor for c in ranked[:k]}, "budget"))
-
-        floor = cost(0)
-        if lowest is None or floor.peak_bytes < lowest.peak_bytes:
-            lowest = floor
-        if floor.peak_bytes > budget:
+        if floor_peak > budget:
             continue
-        lo, hi, fit = 0, len(ranked), floor  # invariant: prefix lo fits
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            found = cost(mid)
-            if found.peak_bytes <= budget:
-                lo, fit = mid, found
-            else:
-                hi = mid - 1
-        if best is None or fit.recompute_flops < best.recompute_flops:
-            plan = with_keep(structure, {c.tensor for c in ranked[:lo]}, "budget")
-            plan.notes.append(f"{structure.strategy} structure; kept {lo} of {len(ranked)} stashed activations "
-                              f"that are most expensive to recompute per byte")
-            best = BudgetResult(plan, fit.peak_bytes, fit.recompute_flops, ranked[:lo], ranked[lo:], 0)
+        limit = budget
+        for _ in range(8):
+            keep = fill_greedily(ranked, floor_info.timeline, floor_info.spans, limit)
+            plan = with_keep(structure, keep, "budget")
+            cost = evaluate(plan)
+            evaluations += 1
+            if cost.peak_bytes <= budget:
+                if best is None or cost.recompute_flops < best.recompute_flops:
+                    kept = [c for c in ranked if c.tensor in keep]
+                    plan.notes.append(f"{structure.strategy} structure; kept {len(kept)} of {len(ranked)} stashed "
+                                      "activations, most expensive to recompute per byte first")
+                    best = BudgetResult(plan, cost.peak_bytes, cost.recompute_flops, kept,
+                                        [c for c in ranked if c.tensor not in keep], 0)
+                break
+            limit -= cost.peak_bytes - budget  # the linear model was optimistic: tighten
     if best is None:
-        raise BudgetUnreachable(_unreachable_message(a, budget, lowest))
+        raise BudgetUnreachable(_unreachable_message(a, budget, lowest or PlanCost(base, 0)))
     best.evaluations = evaluations
     best.plan.notes.append(f"predicted peak {best.peak_bytes} <= budget {budget} bytes ({evaluations} evaluations)")
     return best

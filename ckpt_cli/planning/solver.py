@@ -1,0 +1,106 @@
+"""``optimal``: the budget problem as a mixed-integer program (scipy's HiGHS), to measure
+how far the ``budget`` heuristic is from the best keep set.
+
+Model: start from a region structure with every stashed activation recomputed (the
+floor plan, whose memory over the schedule is known). Keeping activation t instead
+costs its bytes on the steps between its last forward use and the point where its
+recompute copy would be born, and saves its producer's FLOPs. Choose the kept set
+that saves the most FLOPs while every step stays under the budget. The model is
+linear (it ignores chains of copies and buffer reuse), so the chosen set is checked
+with the real cost model and the budget tightened by the overshoot until it holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from ..analysis import Analysis
+from ..errors import BudgetUnreachable
+from .plan import Plan
+from .strategies import BudgetResult, Candidate, Evaluate, PlanCost, candidates, structures, with_keep
+
+MAX_CANDIDATES = 2000  # beyond this the MILP is slow; optimal is for graphs of a few hundred nodes
+
+
+@dataclass(frozen=True)
+class Intervals:
+    """What keeping each activation costs, on the schedule of the floor plan."""
+
+    timeline: tuple[int, ...]  # predicted bytes after each step of the floor plan
+    spans: dict[str, tuple[int, int]]  # tensor -> (first, last) step where keeping it adds its bytes
+
+
+IntervalsOf = Callable[[Plan], Intervals]
+
+
+def _solve(ranked: list[Candidate], spans: dict[str, tuple[int, int]], timeline: tuple[int, ...],
+           limit: int) -> set[str] | None:
+    from scipy.optimize import Bounds, LinearConstraint, milp
+    from scipy.sparse import coo_matrix
+
+    usable = [c for c in ranked if c.tensor in spans]
+    if not usable:
+        return set()
+    rows, cols, vals = [], [], []
+    for j, c in enumerate(usable):
+        lo, hi = spans[c.tensor]
+        for k in range(lo, hi + 1):
+            rows.append(k)
+            cols.append(j)
+            vals.append(float(c.nbytes))
+    steps = len(timeline)
+    matrix = coo_matrix((vals, (rows, cols)), shape=(steps, len(usable))).tocsr()
+    room = limit - np.asarray(timeline, dtype=float)
+    if (room < 0).any():
+        return None
+    result = milp(c=-np.array([float(c.flops) for c in usable]), integrality=np.ones(len(usable)),
+                  bounds=Bounds(0, 1), constraints=LinearConstraint(matrix, -np.inf, room),
+                  options={"time_limit": 60})
+    if result.x is None:
+        return None
+    return {c.tensor for c, x in zip(usable, result.x) if x > 0.5}
+
+
+def optimal_plan(a: Analysis, budget: int, evaluate: Evaluate, intervals_of: IntervalsOf,
+                 options: list[Plan] | None = None) -> BudgetResult:
+    """The keep set with the most recompute FLOPs saved under ``budget`` (exact for the
+    linear model above, verified with ``evaluate``), over the same structures as ``budget``."""
+    base = a.priority.peak_bytes
+    if base <= budget:
+        return BudgetResult(Plan([], "optimal", ["the original already fits the budget"]), base, 0, [], [], 0)
+    best: BudgetResult | None = None
+    lowest: PlanCost | None = None
+    evaluations = 0
+    for structure in options or structures(a):
+        ranked = candidates(a, structure)[:MAX_CANDIDATES]
+        floor_info = intervals_of(structure)
+        evaluations += 1
+        limit = budget
+        for _ in range(8):
+            keep = _solve(ranked, floor_info.spans, floor_info.timeline, limit)
+            if keep is None:
+                break
+            plan = with_keep(structure, keep, "optimal")
+            cost = evaluate(plan)
+            evaluations += 1
+            if lowest is None or cost.peak_bytes < lowest.peak_bytes:
+                lowest = cost
+            if cost.peak_bytes <= budget:
+                if best is None or cost.recompute_flops < best.recompute_flops:
+                    kept = [c for c in ranked if c.tensor in keep]
+                    plan.notes.append(f"{structure.strategy} structure; MILP keeps {len(kept)} of {len(ranked)} "
+                                      "stashed activations")
+                    best = BudgetResult(plan, cost.peak_bytes, cost.recompute_flops, kept,
+                                        [c for c in ranked if c.tensor not in keep], 0)
+                break
+            limit -= cost.peak_bytes - budget  # the linear model was optimistic: tighten
+    if best is None:
+        from .strategies import _unreachable_message
+
+        floor = lowest or PlanCost(base, 0)
+        raise BudgetUnreachable(_unreachable_message(a, budget, floor))
+    best.evaluations = evaluations
+    return best
