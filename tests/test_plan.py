@@ -107,3 +107,16 @@ def test_budget_heuristic_is_within_3_percent_of_the_exact_solver(gpt):
         assert exact.peak_bytes <= limit and heuristic.peak_bytes <= limit
         assert heuristic.recompute_flops <= 1.03 * exact.recompute_flops, (share, heuristic.recompute_flops,
                                                                             exact.recompute_flops)
+
+
+def test_layers_found_from_structure_when_names_say_nothing(gpt):
+    import dataclasses
+
+    from ckpt_cli.planning import layer_regions
+    from ckpt_cli.rewrite import rewrite
+
+    anonymous = dataclasses.replace(gpt, scopes=[""] * len(gpt.scopes))
+    plan = layer_regions(anonymous)
+    assert plan is not None and len(plan.regions) == 4, plan and plan.notes
+    assert len({len(r.nodes) for r in plan.regions}) == 1 and "structure" in plan.notes[0]
+    assert rewrite(anonymous, plan).after.priority.peak_bytes < gpt.priority.peak_bytes

@@ -105,10 +105,50 @@ def layer_regions(a: Analysis) -> Plan | None:
         layer = layer_of(a.scopes[i])
         if layer:
             groups[layer].add(i)
-    if len(groups) < 2:
+    if len(groups) >= 2:
+        plan = Plan([Region(k.replace("/", "."), v) for k, v in groups.items()], "layers")
+        plan.notes.append(f"{len(groups)} repeated layers detected from name scopes and parameter names")
+        return plan
+    return repeated_structure_layers(a)
+
+
+MIN_LAYER_NODES = 4
+MAX_LAYER_NODES = 2000
+
+
+def repeated_structure_layers(a: Analysis) -> Plan | None:
+    """Layers found from the graph's shape alone, for graphs whose names say nothing: the
+    forward op sequence's shortest period P that repeats over the longest stretch; each
+    period of that stretch becomes a region. numpy compares the sequence with itself
+    shifted by P, for every P up to MAX_LAYER_NODES."""
+    import numpy as np
+
+    fwd = _forward(a)
+    n = len(fwd)
+    if n < 2 * MIN_LAYER_NODES:
         return None
-    plan = Plan([Region(k.replace("/", "."), v) for k, v in groups.items()], "layers")
-    plan.notes.append(f"{len(groups)} repeated layers detected from name scopes and parameter names")
+    kinds: dict[tuple, int] = {}
+    codes = np.array([kinds.setdefault((a.graph.nodes[i].op_type, len(a.graph.nodes[i].inputs)), len(kinds))
+                      for i in fwd])
+    runs: list[tuple[int, int, int]] = []  # (run length, period, start)
+    for period in range(MIN_LAYER_NODES, min(MAX_LAYER_NODES, n // 2) + 1):
+        same = np.concatenate(([0], (codes[:-period] == codes[period:]).astype(np.int8), [0]))
+        edges = np.flatnonzero(np.diff(same))
+        if len(edges) < 2:
+            continue
+        lengths = edges[1::2] - edges[::2]
+        k = int(np.argmax(lengths))
+        if lengths[k] >= period:  # at least two whole repeats
+            runs.append((int(lengths[k]), period, int(edges[2 * k])))
+    if not runs:
+        return None
+    longest = max(length + period for length, period, _ in runs)
+    length, period, start = min((r for r in runs if r[0] + r[1] >= 0.9 * longest), key=lambda r: r[1])
+    count = (length + period) // period
+    regions = [Region(f"layer.{k}", set(fwd[start + k * period:start + (k + 1) * period])) for k in range(count)]
+    plan = Plan(regions, "layers")
+    plan.notes.append(f"{count} repeated layers of {period} forward nodes detected from the graph's structure "
+                      "(no layer names in the graph)")
     return plan
 
 
