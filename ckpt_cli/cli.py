@@ -158,9 +158,10 @@ def main(ctx: click.Context, debug: bool) -> None:
       ckpt inspect model.onnx                  # where does the memory go?
       ckpt rewrite model.onnx -o model.ckpt.onnx --check
       ckpt check model.onnx model.ckpt.onnx --json
+      ckpt compare model.onnx rewrite.json --fail-if 'peak_bytes>2GiB'
 
-    Exit codes: 0 ok, 1 check failed, 2 bad input or usage, 3 budget unreachable,
-    4 runtime unavailable, 70 internal error.
+    Exit codes: 0 ok, 1 check failed or a --fail-if condition held, 2 bad input or
+    usage, 3 budget unreachable, 4 runtime unavailable, 70 internal error.
     """
     ctx.ensure_object(dict)
     ctx.obj["debug"] = debug
@@ -375,6 +376,10 @@ def check(original: Path, rewritten: Path, provider, runs, seed, feeds_file, pyt
     if not figures["passed"]:
         sys.exit(1)
 
+
+from .compare_cli import compare  # noqa: E402  (a command module of its own)
+
+main.add_command(compare)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -9,9 +9,37 @@ from __future__ import annotations
 
 from .units import human_bytes
 
-_GLYPHS_UNICODE = ("█", "▒", "░", "▓")
-_GLYPHS_ASCII = ("#", "o", "+", "*")
+_GLYPHS_UNICODE = ("█", "▒", "░", "▓", "▞", "▚")
+_GLYPHS_ASCII = ("#", "o", "+", "*", "=", "%")
 _LABEL_WIDTH = 11  # "123.4 MiB |"
+
+
+def _axis_label(n: float) -> str:
+    """A y-axis label of at most 9 characters ("1000.0 MiB" becomes "1000 MiB")."""
+    text = human_bytes(n)
+    if len(text) > 9:
+        value, unit = text.split(" ")
+        text = f"{float(value):.0f} {unit}"
+    return text
+
+
+def _legend_lines(items: list[str], width: int, ascii_only: bool) -> list[str]:
+    """Legend entries joined by three spaces, wrapped so that no line exceeds ``width``."""
+    room = max(10, width - _LABEL_WIDTH)
+    ellipsis = "..." if ascii_only else "…"
+    lines: list[str] = []
+    current = ""
+    for item in items:
+        if len(item) > room:
+            item = item[:room - len(ellipsis)] + ellipsis
+        if current and len(current) + 3 + len(item) > room:
+            lines.append(current)
+            current = item
+        else:
+            current = f"{current}   {item}" if current else item
+    if current:
+        lines.append(current)
+    return [" " * _LABEL_WIDTH + line for line in lines]
 
 
 def _buckets(timeline: list[int] | tuple[int, ...], width: int) -> list[int]:
@@ -42,7 +70,7 @@ def memory_chart(series: list[tuple[str, list[int]]], width: int = 80, height: i
             # The lowest series that reaches this cell is drawn in front of the taller ones.
             filled = [(col[x], s) for s, col in enumerate(columns) if col[x] >= threshold]
             line.append(glyphs[min(filled)[1] % len(glyphs)] if filled else " ")
-        label = human_bytes(top * r / height) if r in (height, (height + 1) // 2) else ""
+        label = _axis_label(top * r / height) if r in (height, (height + 1) // 2) else ""
         rows.append(f"{label:>9} |" + "".join(line).rstrip())
     axis = ["-"] * plot_width
     for s, b in enumerate(boundaries or []):
@@ -53,6 +81,6 @@ def memory_chart(series: list[tuple[str, list[int]]], width: int = 80, height: i
         peak_x = col.index(max(col)) if col else 0
         axis[peak_x] = "^"
     rows.append(f"{'0':>9} +" + "".join(axis))
-    legend = "   ".join(f"{glyphs[s % len(glyphs)]} {name}" for s, (name, _) in enumerate(series))
-    rows.append(" " * _LABEL_WIDTH + f"{legend}   | backward starts   ^ peak")
+    legend = [f"{glyphs[s % len(glyphs)]} {name}" for s, (name, _) in enumerate(series)]
+    rows.extend(_legend_lines(legend + ["| backward starts", "^ peak"], width, ascii_only))
     return rows

@@ -150,6 +150,7 @@ def _side(a: Analysis) -> dict:
         "backward_nodes": a.phases.backward_count,
         "timeline": list(a.priority.timeline),
         "backward_starts_at": boundary_step(a, a.priority.order),
+        "scopes": scope_rows(a),
     }
 
 

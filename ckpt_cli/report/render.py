@@ -7,6 +7,7 @@ import sys
 
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from .charts import memory_chart
@@ -140,3 +141,111 @@ def render_check(r: dict, console: Console) -> None:
     if bad:
         console.print(f"outputs that differ: {', '.join(bad)}")
     console.print(f"verdict: {verdict}")
+
+
+# ------------------------------------------------------------------------------ ckpt compare
+
+def _figure_text(value, kind: str) -> str:
+    if value is None:
+        return "-"
+    if kind == "bytes":
+        return human_bytes(value)
+    if kind == "share":
+        return f"{100.0 * value:.1f}%"
+    if kind == "seconds":
+        return f"{value * 1e3:.1f} ms"
+    if kind == "bool":
+        return "yes" if value else "NO"
+    return str(value)
+
+
+def _change_text(ch: dict | None, kind: str) -> str:
+    """The second line of a cell: difference and ratio to the first column, coloured
+    green when lower (every numeric figure compared is lower-is-better), red when higher."""
+    if ch is None:
+        return ""
+    diff, ratio = ch["diff"], ch["ratio"]
+    if kind == "bytes":
+        text = ("+" if diff >= 0 else "-") + human_bytes(abs(diff))
+    elif kind == "share":
+        text = f"{100.0 * diff:+.1f} pp"
+    elif kind == "seconds":
+        text = f"{diff * 1e3:+.1f} ms"
+    else:
+        text = f"{diff:+d}" if isinstance(diff, int) else f"{diff:+g}"
+    if ratio is not None and kind != "share":
+        text += f" x{ratio:.2f}"
+    colour = "green" if diff < 0 else "red" if diff > 0 else "dim"
+    return f"[{colour}]{text}[/{colour}]"
+
+
+def render_compare(r: dict, console: Console) -> None:
+    from .compare import FIGURES
+
+    cols = r["inputs"]
+    console.print(f"[bold]Comparing {len(cols)} inputs[/bold] (second lines: change vs {escape(cols[0]['label'])}; "
+                  "lower is green)")
+    for k, c in enumerate(cols, 1):
+        console.print(f"  {k}. {c['label']}: {c['description']}", markup=False)
+
+    t = _table("Figures", console, ("", "left"), *((escape(c["label"]), "right") for c in cols))
+    for key, label, kind in FIGURES:
+        values = [c["figures"][key] for c in cols]
+        if all(v is None for v in values):
+            continue
+        cells = []
+        for k, (c, v) in enumerate(zip(cols, values)):
+            text = _figure_text(v, kind)
+            if kind == "bool" and v is not None:
+                text = f"[green]{text}[/green]" if v else f"[red]{text}[/red]"
+            second = _change_text(c["vs_first"][key], kind) if k else ""
+            cells.append(f"{text}\n{second}" if second else text)
+        t.add_row(label, *cells)
+    console.print(t)
+
+    scoped = [k for k, c in enumerate(cols) if any(row["stashed_bytes"][k] is not None for row in r["scopes"])]
+    if r["scopes"] and len(scoped) >= 2:
+        base = scoped[0]
+        t = _table("Stashed bytes by scope, largest changes", console, ("scope", "left"),
+                   *((escape(cols[k]["label"]), "right") for k in scoped))
+        for row in r["scopes"]:
+            vals = row["stashed_bytes"]
+            cells = []
+            for k in scoped:
+                text = human_bytes(vals[k])
+                if k != base:
+                    d = vals[k] - vals[base]
+                    colour = "green" if d < 0 else "red" if d > 0 else "dim"
+                    text += f" [{colour}]{'+' if d >= 0 else '-'}{human_bytes(abs(d))}[/{colour}]"
+                cells.append(text)
+            t.add_row(escape(row["scope"]), *cells)
+        console.print(t)
+
+    for c in cols:
+        if c["regions"]:
+            t = _table(f"{escape(c['label'])}: regions that free the most", console, ("region", "left"),
+                       ("no longer stashed", "right"), ("recompute FLOPs", "right"))
+            for g in c["regions"][:5]:
+                t.add_row(escape(g["name"]), human_bytes(g["freed_bytes"]), human_flops(g["recompute_flops"]))
+            console.print(t)
+
+    charted = [c for c in cols if c["timeline"]]
+    if charted:
+        console.print("Memory over the schedule (predicted; x: fraction of each schedule)")
+        for line in chart_lines(console, [(c["label"], c["timeline"]) for c in charted],
+                                [c["backward_starts_at"] for c in charted]):
+            console.print(line, markup=False)
+
+    for o in r["conditions"]:
+        verdict = "[red]holds: FAIL[/red]" if o["held"] else "[green]ok[/green]"
+        console.print(f"--fail-if {escape(o['condition'])}: "
+                      f"{condition_value_text(o['operand'], o['actual'])} -> {verdict}")
+
+
+def condition_value_text(operand: str, value: float) -> str:
+    """A condition's left-hand value for people: ratios as percentages, bytes in units."""
+    if operand.startswith("ratio("):
+        return f"{value:.3f} ({100.0 * value:.1f}%)"
+    if operand.endswith("bytes") and value == int(value):
+        return f"{int(value)} ({human_bytes(value)})"
+    return f"{value:g}"

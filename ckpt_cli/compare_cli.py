@@ -1,0 +1,102 @@
+"""``ckpt compare``: reports and models side by side, and a memory gate for CI.
+
+Registered on the ``ckpt`` group with ``main.add_command(compare)``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from .errors import UsageError
+
+
+def _parse_dims(values: tuple[str, ...]) -> dict[str, int]:
+    dims: dict[str, int] = {}
+    for v in values:
+        name, sep, num = v.partition("=")
+        if not sep or not name.strip() or not num.strip().isdigit():
+            raise UsageError(f"--dim expects NAME=VALUE with a positive integer, got '{v}'")
+        dims[name.strip()] = int(num)
+    return dims
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.argument("inputs", nargs=-1, required=True, metavar="INPUT...")
+@click.option("--fail-if", "conditions", multiple=True, metavar="EXPR",
+              help="Exit 1 when this condition holds on the last input (repeatable), e.g. "
+                   "'measured_peak_bytes>2GiB' or 'ratio(peak_bytes)>90%'.")
+@click.option("--svg", "svg_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write the memory chart as a self-contained SVG file.")
+@click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE",
+              help="Bind a symbolic dimension of the ONNX inputs (repeatable), e.g. --dim batch=8.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
+@click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write the JSON report to this file.")
+@click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors (exit code tells).")
+def compare(inputs, conditions, svg_path, dims, as_json, report_path, quiet) -> None:
+    """Compare reports and models side by side; with --fail-if, a CI memory gate.
+
+    Each INPUT is a JSON report of `ckpt inspect`, `ckpt rewrite` (its rewritten
+    model, with measured figures when written with --check) or `ckpt check` (the
+    rewritten model it measured), or an ONNX model, analysed now. Prints predicted
+    and measured peak, stashed bytes, recompute share, step time and output equality
+    per input, with the change against the FIRST input (lower memory in green), the
+    per-scope stashed bytes that changed most, and the memory timelines overlaid.
+
+    \b
+    --fail-if grammar:  FIELD OP VALUE  or  ratio(FIELD) OP VALUE
+      FIELD  a figure: peak_bytes, measured_peak_bytes, stashed_bytes,
+             recompute_share, step_time_s, outputs_equal, nodes;
+             else a dotted path into the LAST input's JSON (check.rewritten.time_s)
+      ratio(FIELD)  last input / first input
+      OP     < <= > >= == !=
+      VALUE  number, optionally with KiB MiB GiB TiB (binary), or %; true/false
+    A condition that holds exits 1; one naming a missing field exits 2.
+
+    \b
+    Examples:
+      ckpt compare model.onnx model.ckpt.onnx
+      ckpt compare before.json after.json --svg memory.svg
+      ckpt compare model.onnx rewrite.json --fail-if 'measured_peak_bytes>2GiB'
+      ckpt compare base.json new.json --fail-if 'ratio(peak_bytes)>105%' --json
+    """
+    from .report.compare import compare_report, evaluate, load_inputs
+    from .report.conditions import parse_condition
+    from .report.render import condition_value_text, make_console, render_compare
+    from .report.svg import memory_chart_svg
+    from .save import write_text_atomic
+
+    parsed = [parse_condition(c) for c in conditions]
+    loaded = load_inputs(list(inputs), _parse_dims(dims))
+    charted = [i for i in loaded if i.series]
+    if svg_path is not None and not charted:
+        raise UsageError("--svg: no input has a memory timeline (check reports carry none; "
+                         "add the model or a rewrite report)")
+    outcomes = evaluate(parsed, loaded)
+    options = {"inputs": list(inputs), "fail_if": list(conditions), "dims": list(dims),
+               "svg": str(svg_path) if svg_path else None}
+    report = compare_report(loaded, outcomes, options)
+
+    text = json.dumps(report, indent=2)
+    if report_path is not None:
+        write_text_atomic(report_path, text + "\n")
+    if svg_path is not None:
+        title = "Memory over the schedule: " + " vs ".join(i.label for i in charted)
+        write_text_atomic(svg_path, memory_chart_svg([(i.label, i.series) for i in charted],
+                                                     [i.backward_starts_at for i in charted], title))
+    if as_json:
+        if not quiet:
+            click.echo(text)
+    else:
+        render_compare(report, make_console(quiet=quiet))
+
+    held = [o for o in outcomes if o.held]
+    for o in held:
+        click.echo(f"ckpt: --fail-if '{o.condition.text}' holds on {loaded[-1].label} "
+                   f"({o.condition.operand} = {condition_value_text(o.condition.operand, o.actual)})", err=True)
+    if held:
+        sys.exit(1)
