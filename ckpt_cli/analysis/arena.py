@@ -1,0 +1,490 @@
+"""A model of ONNX Runtime's CPU arena (a BFC allocator) on top of the liveness simulation.
+
+``memory.simulate`` reproduces ORT's allocation planner: what it predicts matches the
+profiler's ``mem_bytes_requested_in_use``.  What the arena really has in use
+(``mem_bytes_in_use``, and what the process holds) is higher: requests are rounded up,
+a chunk that is too small to split is handed out whole, and free memory is fragmented
+over regions.  This module replays the planner's request sequence (``MemoryProfile.buffers``)
+through a pure-python copy of ORT's ``BFCArena`` (onnxruntime/core/framework/bfc_arena.cc
+and bfc_arena.h) with the defaults of the CPU arena:
+
+- ``RoundedBytes``: a request of n > 0 bytes takes ``256 * ceil(n / 256)`` bytes
+  (``kMinAllocationSize = 1 << 8``); n == 0 allocates nothing.
+- Free chunks sit in 21 bins (bin b holds sizes in [256 << b, 256 << (b+1)), the last
+  bin everything larger), each ordered by (size, address).  ``FindChunkPtr`` scans from
+  the request's bin upwards and takes the first chunk with size >= rounded.  Because the
+  bins partition the sizes in increasing order, that is exactly the smallest free chunk
+  that fits, the lowest address among equal sizes: one sorted list models all bins.
+- Split rule (``SplitFreeChunkFromBin``): the chunk is split only if
+  ``size >= 2 * rounded`` or ``size - rounded >= max_dead_bytes_per_chunk`` (128 MiB);
+  the request keeps the front, the rest goes back as a free chunk.  Otherwise the WHOLE
+  chunk is in use (``stats_.bytes_in_use += chunk->size``).
+- ``Free`` / ``Coalesce``: a freed chunk merges with its next and then its previous
+  neighbour when they are free; neighbours only exist inside one region (regions are
+  never merged).
+- ``Extend`` (kNextPowerOfTwo): ``curr_region_allocation_bytes`` starts at the initial
+  chunk size (1 MiB); while the request is larger it doubles; the new region has
+  ``curr`` bytes; if no doubling was needed, ``curr`` doubles for next time (capped at
+  ``max_power_of_two_extend_bytes``, 1 GiB).  A new region is one free chunk.
+- Regions are never returned during a session (no shrinkage by default), so a second run
+  starts from the first run's regions, each one free chunk once the outputs are dropped.
+  ckpt's worker measures after one warm-up run: ``runs=2`` (the default) replays that.
+
+The session-lifetime bytes ORT puts in the arena before the first run (initializers
+smaller than 128 bytes, ``baseline_bytes`` in measurements) are taken with ``Reserve``
+(exact size, outside the chunks; seen in ORT's verbose log): they only add a constant
+(``small_initializer_bytes``).  Big initializers are not in the arena.
+
+Allocation order within a step is buffer id order (the order kernels create outputs).
+The release order does not matter (coalescing gives the same free chunks in any order).
+Some kernels take temporaries from the arena; where they are taken BEFORE the outputs
+they move where the outputs land.  ``kernel_plans`` models the ones measured on the
+samples (Where, Conv, ConvTranspose).
+
+Validated on ORT 1.31.1 CPU (ckpt's measurement settings: ORT_DISABLE_ALL, mem pattern
+off, arena on, one thread): given the request sequence ORT's planner really makes, the
+predicted ``mem_bytes_in_use`` equals the profiler's at every node of mlp/gpt/cnn, both
+orders, original and rewritten, and ``held_bytes`` / ``max_in_use_bytes`` equal
+``mem_arena_held`` / ``mem_in_use_peak`` (tests/test_arena.py).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+MIN_ALLOCATION_BYTES = 256  # kMinAllocationSize
+NUM_BINS = 21  # kNumBins
+DEFAULT_INITIAL_CHUNK_SIZE_BYTES = 1 << 20  # BFCArena::DEFAULT_INITIAL_CHUNK_SIZE_BYTES
+DEFAULT_MAX_DEAD_BYTES_PER_CHUNK = 128 << 20
+DEFAULT_MAX_POWER_OF_TWO_EXTEND_BYTES = 1 << 30
+
+_ADDRESS_TOP = 1 << 60  # synthetic addresses; only their order matters
+
+
+def rounded_bytes(n: int) -> int:
+    """``BFCArena::RoundedBytes``: multiples of 256 bytes."""
+    return MIN_ALLOCATION_BYTES * ((n + MIN_ALLOCATION_BYTES - 1) // MIN_ALLOCATION_BYTES)
+
+
+def bin_num_for_size(n: int) -> int:
+    """``BFCArena::BinNumForSize`` (kept for reference and tests)."""
+    v = max(n, 256) >> 8
+    return min(NUM_BINS - 1, v.bit_length() - 1)
+
+
+class BFCArena:
+    """Best-fit with coalescing, as ORT's ``BFCArena`` with ``kNextPowerOfTwo`` growth.
+
+    ``alloc(n)`` returns a chunk address (or None for n == 0); ``free(addr)`` releases it.
+    ``in_use`` / ``requested_in_use`` / ``held`` mirror ``stats_.bytes_in_use``, the sum of
+    requested sizes and ``stats_.total_allocated_bytes``.
+
+    ``region_order``: where a new region lies relative to the earlier ones, which only
+    decides ties between equal-size free chunks.  "down" (default) is what glibc's mmap
+    does (ckpt's worker sets MALLOC_MMAP_THRESHOLD_=65536, so every region is mmapped and
+    new mappings go below the old ones); "up" for a heap that grows upwards.
+    ``extend_strategy``: "next_power_of_two" (ORT's default, kNextPowerOfTwo) or
+    "same_as_requested" (kSameAsRequested: a new region of exactly the rounded request;
+    what ckpt asks of the CUDA arena; not measured here).
+    """
+
+    def __init__(self, initial_chunk_size_bytes: int = DEFAULT_INITIAL_CHUNK_SIZE_BYTES,
+                 max_dead_bytes_per_chunk: int = DEFAULT_MAX_DEAD_BYTES_PER_CHUNK,
+                 max_power_of_two_extend_bytes: int = DEFAULT_MAX_POWER_OF_TWO_EXTEND_BYTES,
+                 region_order: str = "down", extend_strategy: str = "next_power_of_two"):
+        if region_order not in ("down", "up"):
+            raise ValueError(f"region_order must be 'down' or 'up', not {region_order!r}")
+        if extend_strategy not in ("next_power_of_two", "same_as_requested"):
+            raise ValueError(f"unknown extend_strategy {extend_strategy!r}")
+        self.extend_strategy = extend_strategy
+        self.curr_region_allocation_bytes = rounded_bytes(initial_chunk_size_bytes)
+        self.max_dead_bytes_per_chunk = max_dead_bytes_per_chunk
+        self.max_power_of_two_extend_bytes = max_power_of_two_extend_bytes
+        self.region_order = region_order
+        self.regions: list[tuple[int, int]] = []  # (base address, size) in creation order
+        self._low = _ADDRESS_TOP  # lowest address used ("down")
+        self._high = 0  # highest address used ("up")
+        # chunk state, keyed by address
+        self.size: dict[int, int] = {}
+        self.prev: dict[int, int | None] = {}
+        self.next: dict[int, int | None] = {}
+        self.requested: dict[int, int] = {}  # in-use chunks only
+        self.free_chunks: list[tuple[int, int]] = []  # (size, address), sorted: all bins
+        self.in_use = 0
+        self.requested_in_use = 0
+        self.held = 0
+        self.max_in_use = 0
+
+    # -- growth -----------------------------------------------------------------------
+    def _extend(self, rounded: int) -> None:
+        if self.extend_strategy == "same_as_requested":  # kSameAsRequested (ckpt's CUDA setting)
+            self._add_region(rounded)
+            return
+        increased = False
+        while rounded > self.curr_region_allocation_bytes:
+            self.curr_region_allocation_bytes *= 2
+            increased = True
+        nbytes = self.curr_region_allocation_bytes
+        if not increased:
+            cap = self.max_power_of_two_extend_bytes
+            if self.curr_region_allocation_bytes < cap // 2:
+                self.curr_region_allocation_bytes *= 2
+            else:
+                self.curr_region_allocation_bytes = cap
+        self._add_region(nbytes)
+
+    def _add_region(self, nbytes: int) -> None:
+        if self.region_order == "down":
+            self._low -= nbytes
+            base = self._low
+        else:
+            base = self._high
+            self._high += nbytes
+        self.regions.append((base, nbytes))
+        self.held += nbytes
+        self.size[base] = nbytes
+        self.prev[base] = None
+        self.next[base] = None
+        insort(self.free_chunks, (nbytes, base))
+
+    # -- allocation -------------------------------------------------------------------
+    def alloc(self, num_bytes: int) -> int | None:
+        if num_bytes <= 0:
+            return None
+        rounded = rounded_bytes(num_bytes)
+        i = bisect_left(self.free_chunks, (rounded,))
+        if i == len(self.free_chunks):
+            self._extend(rounded)
+            i = bisect_left(self.free_chunks, (rounded,))
+        csize, ptr = self.free_chunks.pop(i)
+        if csize >= 2 * rounded or csize - rounded >= self.max_dead_bytes_per_chunk:
+            new = ptr + rounded
+            nxt = self.next[ptr]
+            self.size[new] = csize - rounded
+            self.prev[new] = ptr
+            self.next[new] = nxt
+            if nxt is not None:
+                self.prev[nxt] = new
+            self.next[ptr] = new
+            self.size[ptr] = csize = rounded
+            insort(self.free_chunks, (self.size[new], new))
+        self.requested[ptr] = num_bytes
+        self.in_use += csize
+        self.requested_in_use += num_bytes
+        if self.in_use > self.max_in_use:
+            self.max_in_use = self.in_use
+        return ptr
+
+    def _remove_free(self, ptr: int) -> None:
+        key = (self.size[ptr], ptr)
+        i = bisect_left(self.free_chunks, key)
+        assert self.free_chunks[i] == key
+        del self.free_chunks[i]
+
+    def free(self, ptr: int | None) -> None:
+        if ptr is None:
+            return
+        self.requested_in_use -= self.requested.pop(ptr)
+        self.in_use -= self.size[ptr]
+        nxt = self.next[ptr]
+        if nxt is not None and nxt not in self.requested:  # merge next into this one
+            self._remove_free(nxt)
+            self._merge(ptr, nxt)
+        prv = self.prev[ptr]
+        if prv is not None and prv not in self.requested:  # merge this one into prev
+            self._remove_free(prv)
+            self._merge(prv, ptr)
+            ptr = prv
+        insort(self.free_chunks, (self.size[ptr], ptr))
+
+    def _merge(self, a: int, b: int) -> None:
+        nb = self.next[b]
+        self.next[a] = nb
+        if nb is not None:
+            self.prev[nb] = a
+        self.size[a] += self.size[b]
+        del self.size[b], self.prev[b], self.next[b]
+
+    # -- inspection -------------------------------------------------------------------
+    def chunks(self) -> list[tuple[int, int, bool]]:
+        """(address, size, in use) of every chunk, region by region in creation order."""
+        out = []
+        for base, _ in self.regions:
+            p: int | None = base
+            while p is not None:
+                out.append((p, self.size[p], p in self.requested))
+                p = self.next[p]
+        return out
+
+
+@dataclass(frozen=True)
+class ArenaResult:
+    peak_in_use_bytes: int  # max of timeline_in_use: what ORT's profiler reports as the peak
+    peak_step: int  # position in the order
+    timeline_in_use: tuple[int, ...]  # per step: after the node's allocations, before its frees
+    timeline_requested: tuple[int, ...]  # same, exact requested bytes (mem_bytes_requested_in_use)
+    timeline_kernel_peak: tuple[int, ...]  # per step: highest in-use while the node ran (temporaries)
+    held_bytes: int  # bytes of all regions the arena reserved (+ reserved bytes): what it holds
+    max_in_use_bytes: int  # lifetime maximum over all runs, temporaries included (mem_in_use_peak)
+    regions: tuple[int, ...]  # region sizes in creation order
+    first_run_peak_in_use_bytes: int  # peak of the first run (a fresh session)
+
+    @property
+    def peak_requested_bytes(self) -> int:
+        return max(self.timeline_requested, default=0)
+
+    @property
+    def peak_kernel_bytes(self) -> int:
+        """The real in-use peak of the measured run, kernel temporaries included."""
+        return max(self.timeline_kernel_peak, default=0)
+
+
+# A kernel plan lists what one node does with the arena, in order:
+#   ("out",)      allocate the node's new output buffers (all of them, in buffer id order)
+#   ("tmp", n)    allocate a kernel-internal temporary of n bytes
+#   ("free_tmp",) release the temporaries allocated so far
+# Outputs not allocated by the plan are allocated at its end; temporaries still held are
+# released when the kernel returns, before the profiler reads in-use.  Without a plan a
+# node allocates its outputs and nothing else.
+KernelPlan = Sequence[tuple]
+
+
+@dataclass
+class RunTrace:
+    in_use: list[int]
+    requested: list[int]
+    kernel_peak: list[int]
+
+
+def replay(buffers: Sequence[tuple[int, int, int]], steps: int, *, runs: int = 2,
+           small_initializer_bytes: int = 0, plans: dict[int, KernelPlan] | None = None,
+           arena: BFCArena | None = None) -> tuple[list[RunTrace], BFCArena]:
+    """Replay the request sequence ``runs`` times through one arena.
+
+    Within a step the node's new buffers are allocated in buffer id order (the order the
+    kernel creates its outputs), then the buffers whose last step it is are released.
+    The release order does not matter: BFC coalescing gives the same free chunks in any
+    order.  Buffers that live to the end (``last_step >= steps``: graph outputs, and in
+    ORT outputs nobody reads) are released between runs, as when the caller drops a run's
+    outputs.  ``plans`` maps a step to its ``KernelPlan``.
+    """
+    arena = arena if arena is not None else BFCArena()
+    alloc_at: list[list[int]] = [[] for _ in range(steps + 1)]
+    free_at: list[list[int]] = [[] for _ in range(steps + 1)]
+    for b, (size, first, last) in enumerate(buffers):
+        if size <= 0:
+            continue
+        first = min(max(first, 0), steps)
+        last = min(max(last, first), steps)
+        alloc_at[first].append(b)
+        free_at[last].append(b)
+    plans = plans or {}
+    traces: list[RunTrace] = []
+    ptr: dict[int, int | None] = {}
+    alloc, free = arena.alloc, arena.free
+    base = small_initializer_bytes
+    for _ in range(max(1, runs)):
+        tr = RunTrace([], [], [])
+        for k in range(steps):
+            plan = plans.get(k)
+            if plan:
+                high = arena.in_use
+                outs_done = False
+                tmps: list[int | None] = []
+                for ev in plan:
+                    if ev[0] == "out":
+                        if not outs_done:
+                            for b in alloc_at[k]:
+                                ptr[b] = alloc(buffers[b][0])
+                            outs_done = True
+                    elif ev[0] == "tmp":
+                        tmps.append(alloc(ev[1]))
+                    elif ev[0] == "free_tmp":
+                        high = max(high, arena.in_use)
+                        for p in tmps:
+                            free(p)
+                        tmps = []
+                    else:
+                        raise ValueError(f"unknown kernel plan event {ev!r}")
+                if not outs_done:
+                    for b in alloc_at[k]:
+                        ptr[b] = alloc(buffers[b][0])
+                high = max(high, arena.in_use)
+                for p in tmps:
+                    free(p)
+                tr.kernel_peak.append(high + base)
+            else:
+                for b in alloc_at[k]:
+                    ptr[b] = alloc(buffers[b][0])
+                tr.kernel_peak.append(arena.in_use + base)
+            tr.in_use.append(arena.in_use + base)
+            tr.requested.append(arena.requested_in_use + base)
+            for b in free_at[k]:
+                free(ptr.pop(b))
+        for b in alloc_at[steps]:  # allocated "after the last node": nothing in practice
+            ptr[b] = alloc(buffers[b][0])
+        for b in free_at[steps]:  # graph outputs, dropped by the caller between runs
+            free(ptr.pop(b))
+        traces.append(tr)
+    return traces, arena
+
+
+def arena_peak(profile, small_initializer_bytes: int = 0, *, runs: int = 2,
+               plans: dict[int, KernelPlan] | None = None, arena: BFCArena | None = None) -> ArenaResult:
+    """Predict ORT's arena numbers for a ``MemoryProfile`` (see the module doc).
+
+    ``runs=2`` models ckpt's measurement (one warm-up run, then the measured run, in one
+    session); ``runs=1`` a fresh session's first run.  ``small_initializer_bytes`` (ORT's
+    ``baseline_bytes``) is added to every step.  ``plans``: kernel temporaries, from
+    ``kernel_plans`` (without them Where nodes, for one, land their outputs elsewhere).
+    """
+    steps = len(profile.order)
+    traces, arena = replay(profile.buffers, steps, runs=runs, small_initializer_bytes=small_initializer_bytes,
+                           plans=plans, arena=arena)
+    last = traces[-1]
+    tl = last.in_use
+    if tl:
+        peak = max(tl)
+        peak_step = tl.index(peak)
+    else:
+        peak, peak_step = small_initializer_bytes, 0
+    return ArenaResult(peak_in_use_bytes=peak, peak_step=peak_step,
+                       timeline_in_use=tuple(tl), timeline_requested=tuple(last.requested),
+                       timeline_kernel_peak=tuple(last.kernel_peak),
+                       held_bytes=arena.held + small_initializer_bytes,
+                       max_in_use_bytes=arena.max_in_use + small_initializer_bytes,
+                       regions=tuple(s for _, s in arena.regions),
+                       first_run_peak_in_use_bytes=max(traces[0].in_use, default=small_initializer_bytes))
+
+
+def requests_replay(requests: Iterable[tuple[str, int]], arena: BFCArena | None = None) -> BFCArena:
+    """Helper for tests: ("a", n) allocates (names by position), ("f", i) frees request i."""
+    arena = arena if arena is not None else BFCArena()
+    ptrs: list[int | None] = []
+    for op, v in requests:
+        if op == "a":
+            ptrs.append(arena.alloc(v))
+        else:
+            arena.free(ptrs[v])
+    return arena
+
+
+# --------------------------------------------------------------------------- kernel plans
+
+MLAS_CONV_WORKING_BUFFER_SIZE_PER_THREAD = 16384  # floats (mlas/lib/mlasi.h)
+MLAS_SGEMM_THREAD_COMPLEXITY = 64 * 1024
+
+
+def _static(shape) -> tuple[int, ...] | None:
+    if shape is None or not all(isinstance(d, int) for d in shape):
+        return None
+    return tuple(shape)
+
+
+def _broadcast(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+    n = max(len(a), len(b))
+    a = (1,) * (n - len(a)) + a
+    b = (1,) * (n - len(b)) + b
+    return tuple(x if y == 1 else y for x, y in zip(a, b))
+
+
+def _prod(xs) -> int:
+    out = 1
+    for x in xs:
+        out *= x
+    return out
+
+
+def _conv_geometry(node, x: tuple[int, ...], w: tuple[int, ...], y: tuple[int, ...]):
+    kernel = tuple(node.attr("kernel_shape") or w[2:])
+    rank = len(kernel)
+    pads = tuple(node.attr("pads") or (0,) * (2 * rank))
+    strides = tuple(node.attr("strides") or (1,) * rank)
+    dilations = tuple(node.attr("dilations") or (1,) * rank)
+    group = int(node.attr("group") or 1)
+    return kernel, pads, strides, dilations, group
+
+
+def conv_working_bytes(node, x, w, y, threads: int = 1) -> int:
+    """Bytes of the working buffer ORT's float Conv takes from the arena
+    (``MlasConvPrepare`` in onnxruntime/core/mlas/lib/convolve.cpp, kernel rank 1-3)."""
+    kernel, pads, strides, dilations, group = _conv_geometry(node, x, w, y)
+    rank = len(kernel)
+    if not 1 <= rank <= 3:  # generic im2col path: col buffer of kernel_dim * output size
+        return 4 * (x[1] // group) * _prod(kernel) * _prod(y[2:])
+    cin = x[1] // group
+    filters = w[0] // group
+    out_size = _prod(y[2:])
+    k = cin * _prod(kernel)
+    if all(s == 1 for s in strides) and all(p == 0 for p in pads):
+        if k == cin:
+            return 0  # pointwise: GEMM on the input directly
+        if rank in (1, 2) and all(d == 1 for d in dilations) and cin == 1:
+            in2 = x[2:] if rank == 2 else (1,) + tuple(x[2:])
+            k2 = kernel if rank == 2 else (1,) + kernel
+            if k2[1] == in2[1] or (k2[0] == in2[0] and k2[1] == 1):
+                return 0
+    if filters > out_size:
+        return 4 * out_size * k
+    # ExpandThenGemmSegmented: one working block per thread.  (Newer MLAS sources size it
+    # by batch * group when either is > 1; ORT 1.31.1 measured 16384 floats for batch 8.)
+    threads = max(1, threads)
+    complexity = filters * out_size * k
+    target = int(complexity / MLAS_SGEMM_THREAD_COMPLEXITY) + 1 if complexity < MLAS_SGEMM_THREAD_COMPLEXITY * 64 else 64
+    return 4 * min(target, threads) * MLAS_CONV_WORKING_BUFFER_SIZE_PER_THREAD
+
+
+def kernel_plans(graph, order, tensors, threads: int = 1) -> dict[int, KernelPlan]:
+    """Kernel plans (see ``replay``) for the nodes of ``order`` whose ORT CPU kernels take
+    temporaries from the arena, where the shapes are known:
+
+    - Where (tensor/where_op.cc): X_selection = broadcast(cond, X) and Y_selection =
+      broadcast(cond, Y) are allocated BEFORE the output and released after it, so they
+      move where the output lands.
+    - Conv (nn/conv.cc, float): output first, then the MLAS working buffer.
+    - ConvTranspose (nn/conv_transpose.cc): output first, then the col buffer
+      (C_out/group * kernel size * input image size floats).
+    Temporaries taken after the outputs leave the free lists as they were; they only
+    count when they force the arena to grow.
+    """
+    plans: dict[int, KernelPlan] = {}
+
+    def shape(t):
+        info = tensors.get(t)
+        return _static(info.shape) if info is not None else None
+
+    def elem(t):
+        info = tensors.get(t)
+        if info is None or info.nbytes is None or info.shape is None:
+            return None
+        n = _prod(info.shape)
+        return info.nbytes // n if n else None
+
+    for k, i in enumerate(order):
+        node = graph.nodes[i]
+        op = node.op_type
+        if node.domain not in ("", "ai.onnx"):
+            continue
+        ins = node.inputs
+        if op == "Where" and len(ins) == 3:
+            c, x, y = (shape(t) for t in ins)
+            ex, ey = elem(ins[1]), elem(ins[2])
+            if None in (c, x, y, ex, ey):
+                continue
+            plans[k] = (("tmp", ex * _prod(_broadcast(c, x))), ("tmp", ey * _prod(_broadcast(c, y))),
+                        ("out",), ("free_tmp",))
+        elif op in ("Conv", "ConvTranspose") and len(ins) >= 2 and node.outputs:
+            x, w, y = shape(ins[0]), shape(ins[1]), shape(node.outputs[0])
+            if None in (x, w, y) or len(x) < 3 or elem(ins[0]) != 4:
+                continue
+            if op == "Conv":
+                n = conv_working_bytes(node, x, w, y, threads)
+            else:
+                kernel, _, _, _, group = _conv_geometry(node, x, w, y)
+                cout = w[1] * group  # ConvTranspose weights are [C_in, C_out/group, k...]
+                n = 4 * (cout // group) * _prod(kernel) * _prod(x[2:])
+            if n:
+                plans[k] = (("out",), ("tmp", n))
+    return plans
