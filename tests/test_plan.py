@@ -120,3 +120,19 @@ def test_layers_found_from_structure_when_names_say_nothing(gpt):
     assert plan is not None and len(plan.regions) == 4, plan and plan.notes
     assert len({len(r.nodes) for r in plan.regions}) == 1 and "structure" in plan.notes[0]
     assert rewrite(anonymous, plan).after.priority.peak_bytes < gpt.priority.peak_bytes
+
+
+@pytest.mark.parametrize("model", ["mlp", "gpt", "cnn"])
+def test_budget_and_optimal_meet_a_reachable_budget_on_every_sample(model):
+    from ckpt_cli.planning.solver import optimal_plan
+    from ckpt_cli.planning.strategies import structures
+
+    a = analyse(load_graph(SAMPLES / f"{model}.onnx"))
+    floor = min(plan_cost(a, s).peak_bytes for s in structures(a))
+    base = a.priority.peak_bytes
+    if floor >= base:
+        pytest.skip(f"{model}: no region structure lowers the predicted peak")
+    limit = (floor + base) // 2
+    for solve in (budget_plan, optimal_plan):
+        result = solve(a, limit, lambda p: plan_cost(a, p), lambda p: keep_intervals(a, p))
+        assert result.peak_bytes <= limit and plan_cost(a, result.plan).peak_bytes == result.peak_bytes
