@@ -14,8 +14,14 @@ Writes ``bench/RESULTS.md`` (tables) and ``bench/results.json`` (every raw figur
    rotating order, repeat after repeat; the median is reported.
 2. Memory: ``ckpt rewrite SAMPLE --check --json --runs 5`` per strategy; the check runs the
    original (ckpt settings and ORT default settings) and the rewritten graph on ORT CPU in
-   child processes and reads the peaks from ORT's profiler.
-3. Plan quality: placeholder until the exact solver exists.
+   child processes and reads the peaks from ORT's profiler. Budget rows (``--budget 75%/50%/30%``)
+   and ``--auto balanced`` too; an unreachable budget (exit 3) records ckpt's one-line error.
+   Section 1 also times ``ckpt plan F --budget 50% --json`` (and a reachable 75 %) against the
+   issue targets (< 2 s at 10k nodes, < 20 s at 100k), stopped after 300 s.
+3. Plan quality: in process, a sweep of budgets per sample, the ``budget`` heuristic against the
+   ``optimal`` MILP (exact for the linear memory model, verified with the real cost model).
+4. GPT targets: from the gpt sweep, the lowest reachable peak and its recompute share, and what
+   the bytes live at the floor's peak are.
 """
 
 from __future__ import annotations
@@ -45,6 +51,13 @@ QUICK_SIZES = ("1k", "10k")
 SLOW_REPEAT_S = 60.0  # 50k/100k: one repeat only when the first repeat takes longer than this
 PROFILE_THRESHOLD_S = 120.0
 COMMAND_TIMEOUT_S = 600.0
+PLAN_TIMEOUT_S = 300.0  # `ckpt plan` is stopped after this and recorded as timed out
+PLAN_ONE_REPEAT = ("50k", "100k")  # `ckpt plan` runs once at these sizes (it is the slow command)
+PLAN_OK_RCS = (0, 3)  # exit 3 = budget unreachable: a completed planning run
+# Issue targets for planning time (nodes label -> seconds)
+PLAN_TARGETS_S = {"10k": 2.0, "100k": 20.0}
+SPEED_PLAN_BUDGET = "50%"
+SPEED_PLAN_REACHABLE = "75%"  # reachable on the synthetic graphs: times the full search, not only the floors
 FLOOR_SNIPPET = "import sys, onnx; onnx.save(onnx.load(sys.argv[1]), sys.argv[2])"
 
 
@@ -317,27 +330,37 @@ def bench_speed(sizes: list[tuple[str, int]], repeats: int, work: Path, profile:
             "inspect": [*ckpt, "inspect", str(src), "--json"],
             "rewrite": [*ckpt, "rewrite", str(src), "-o", str(work / f"synthetic_L{layers}.ckpt.onnx"),
                         "--force", "--json"],
+            "plan": [*ckpt, "plan", str(src), "--budget", SPEED_PLAN_BUDGET, "--json"],
+            "plan_reachable": [*ckpt, "plan", str(src), "--budget", SPEED_PLAN_REACHABLE, "--json"],
         }
-        ckpt_args[label] = {"inspect": cmds["inspect"][len(ckpt):], "rewrite": cmds["rewrite"][len(ckpt):]}
+        plan_names = ("plan", "plan_reachable")
+        ckpt_args[label] = {k: v[len(ckpt):] for k, v in cmds.items() if k != "floor"}
         runs: dict[str, list[dict]] = {k: [] for k in cmds}
         rewrite_json = None
+        plan_json: dict[str, dict] = {}
         n_rep = repeats
         rep = 0
         while rep < n_rep:
-            names = list(cmds)
+            names = [k for k in cmds if k not in plan_names or rep == 0 or label not in PLAN_ONE_REPEAT]
             names = names[rep % len(names):] + names[:rep % len(names)]  # rotate the order
             for name in names:
-                out = work / f"{name}.stdout" if name == "rewrite" else None
-                r = run_measured(cmds[name], stdout_path=out)
+                out = work / f"{name}.stdout" if name in ("rewrite", *plan_names) else None
+                timeout = PLAN_TIMEOUT_S if name in plan_names else COMMAND_TIMEOUT_S
+                r = run_measured(cmds[name], stdout_path=out, timeout=timeout)
                 runs[name].append(r)
                 if name == "rewrite" and r["rc"] == 0 and rewrite_json is None:
                     try:
                         rewrite_json = json.loads(out.read_text())
                     except (OSError, json.JSONDecodeError):
                         pass
-                if r["rc"] != 0:
+                if name in plan_names and name not in plan_json and not r["timed_out"] and r["rc"] in PLAN_OK_RCS:
+                    plan_json[name] = _plan_summary(out, r)
+                if r["timed_out"]:
+                    log(f"  {name} timed out after {r['wall_s']:.0f} s")
+                elif r["rc"] != 0 and not (name in plan_names and r["rc"] in PLAN_OK_RCS):
                     log(f"  {name} failed (exit {r['rc']}): {r['stderr_tail'][-300:]}")
-            first = sum(runs[k][-1]["wall_s"] for k in cmds)
+            # the slow-size rule looks at the original three commands (plan runs once there anyway)
+            first = sum(runs[k][-1]["wall_s"] for k in ("floor", "inspect", "rewrite"))
             if rep == 0 and label in ("50k", "100k") and first > SLOW_REPEAT_S:
                 n_rep = 1
                 log(f"  first repeat took {first:.0f} s > {SLOW_REPEAT_S:.0f} s: one repeat at this size")
@@ -346,15 +369,29 @@ def bench_speed(sizes: list[tuple[str, int]], repeats: int, work: Path, profile:
                "file_bytes": info["bytes"], "generate_s": gen_s, "repeats": n_rep, "commands": {}}
         floor = median(r["wall_s"] for r in runs["floor"])
         for name, rs in runs.items():
-            ok = [r for r in rs if r["rc"] == 0]
+            oks = PLAN_OK_RCS if name in plan_names else (0,)
+            ok = [r for r in rs if r["rc"] in oks and not r["timed_out"]]
             wall = median(r["wall_s"] for r in ok)
             row["commands"][name] = {
                 "wall_s": wall,
                 "wall_s_runs": [r["wall_s"] for r in rs],
                 "max_rss_bytes": median(r["max_rss_bytes"] for r in ok),
                 "ratio_to_floor": (wall / floor) if (wall is not None and floor) else None,
-                "failures": [{"rc": r["rc"], "stderr": r["stderr_tail"]} for r in rs if r["rc"] != 0],
+                "failures": [{"rc": r["rc"], "stderr": r["stderr_tail"]} for r in rs
+                             if r["rc"] not in oks and not r["timed_out"]],
             }
+            if name in plan_names:
+                target = PLAN_TARGETS_S.get(label)
+                row["commands"][name].update({
+                    "repeats": len(rs),
+                    "exit_codes": [r["rc"] for r in rs],
+                    "timed_out": any(r["timed_out"] for r in rs),
+                    "timed_out_after_s": max((r["wall_s"] for r in rs if r["timed_out"]), default=None),
+                    "target_s": target,
+                    "target_met": (None if target is None else
+                                   (wall is not None and wall < target and not any(r["timed_out"] for r in rs))),
+                    "result": plan_json.get(name),
+                })
         if rewrite_json:
             row["rewrite"] = {
                 "strategy": rewrite_json.get("strategy"),
@@ -369,10 +406,12 @@ def bench_speed(sizes: list[tuple[str, int]], repeats: int, work: Path, profile:
         c = row["commands"]
         log(f"  floor {secs(c['floor']['wall_s'])}, inspect {secs(c['inspect']['wall_s'])} "
             f"({ratio(c['inspect']['ratio_to_floor'])}), rewrite {secs(c['rewrite']['wall_s'])} "
-            f"({ratio(c['rewrite']['ratio_to_floor'])})")
+            f"({ratio(c['rewrite']['ratio_to_floor'])}), plan {_plan_wall(c['plan'])} "
+            f"({ratio(c['plan']['ratio_to_floor'])}), plan {SPEED_PLAN_REACHABLE} {_plan_wall(c['plan_reachable'])}")
     prof = None
+    # plan_reachable is left out of profiling: it is the slowest by far and would double the bench
     ckpt_walls = [(c["wall_s"], r["size"], name) for r in results for name, c in r["commands"].items()
-                  if name != "floor" and c["wall_s"] is not None]
+                  if name not in ("floor", "plan_reachable") and c["wall_s"] is not None]
     over = [w for w in ckpt_walls if w[0] > PROFILE_THRESHOLD_S]
     if results and profile != "never" and (over or profile == "always"):
         last = results[-1]["size"]
@@ -383,6 +422,34 @@ def bench_speed(sizes: list[tuple[str, int]], repeats: int, work: Path, profile:
     return {"startup": startup, "sizes": results, "profile": prof,
             "method": "fresh subprocess per command; wall clock; median over repeats; commands of one size "
                       "interleaved in rotating order", "rss_method": RSS_METHOD}
+
+
+def _plan_summary(out: Path, r: dict) -> dict:
+    """What one `ckpt plan --json` run said: its JSON figures (exit 0) or its error line (exit 3)."""
+    if r["rc"] == 3:
+        return {"rc": 3, "unreachable": _error_line(r["stderr_tail"])}
+    try:
+        d = json.loads(out.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {"rc": r["rc"], "error": "no JSON report"}
+    keys = ("strategy", "budget_bytes", "peak_bytes_before", "peak_bytes_after", "recompute_flops",
+            "recompute_share_of_step", "evaluations")
+    return {"rc": r["rc"], **{k: d.get(k) for k in keys}}
+
+
+def _error_line(stderr: str) -> str:
+    """The one-line `ckpt: error: ...` message of a failed command, without its prefix."""
+    lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if ln.startswith("ckpt: error: "):
+            return ln[len("ckpt: error: "):]
+    return lines[-1] if lines else ""
+
+
+def _plan_wall(c: dict) -> str:
+    if c.get("timed_out") and c.get("wall_s") is None:
+        return f"timed out after {c['timed_out_after_s']:.0f} s"
+    return secs(c.get("wall_s"))
 
 
 # --------------------------------------------------------------------------- 2. memory
@@ -412,6 +479,16 @@ def _sample_analysis(path: Path, work: Path) -> dict:
     }
 
 
+MEMORY_BUDGETS = (75, 50, 30)  # % of the original predicted peak (parameters and feeds included)
+
+
+def _budget_of(key: str, info: dict) -> int | None:
+    """The byte budget ckpt derives from ``--budget N%`` (int(peak * share), as parse_budget does)."""
+    if not key.startswith("budget"):
+        return None
+    return int(info["predicted_file_order_peak"] * int(key[len("budget"):]) / 100)
+
+
 def bench_memory(repeats: int, runs: int, work: Path) -> dict:
     ckpt = ckpt_cmd()
     out: dict = {"runs_per_check": runs, "repeats": repeats, "samples": {}}
@@ -425,10 +502,15 @@ def bench_memory(repeats: int, runs: int, work: Path) -> dict:
             ("no_recompute", "reorder only (`--no-recompute`)", ["--no-recompute"]),
             ("per_layer", f"per layer (default; {info['layer_regions']} regions)", []),
             ("sqrt", f"sqrt(n) segments ({info['sqrt_segments']}, `--plan`)", ["--plan", info["sqrt_plan"]]),
+            ("balanced", "balanced (`--auto balanced`)", ["--auto", "balanced"]),
+            *[(f"budget{b}", f"budget {b} % of original peak (`--budget {b}%`)", ["--budget", f"{b}%"])
+              for b in MEMORY_BUDGETS],
         ]
         raw: dict[str, list[dict]] = {k: [] for k, _, _ in variants}
         for rep in range(repeats):
             for key, _, extra in variants:
+                if raw[key] and raw[key][-1]["rc"] == 3:
+                    continue  # an unreachable budget stays unreachable: planning is deterministic
                 rout = work / f"{s}.{key}.ckpt.onnx"
                 stdout = work / f"{s}.{key}.json"
                 cmd = [*ckpt, "rewrite", str(path), "-o", str(rout), "--force", *extra, "--check", "--json",
@@ -440,7 +522,9 @@ def bench_memory(repeats: int, runs: int, work: Path) -> dict:
                     rep_json = None
                 raw[key].append({"wall_s": r["wall_s"], "rc": r["rc"], "report": rep_json,
                                  "stderr": r["stderr_tail"]})
-                if rep_json is None or "check" not in rep_json:
+                if r["rc"] == 3:
+                    log(f"  {s} {key}: budget unreachable")
+                elif rep_json is None or "check" not in rep_json:
                     log(f"  {s} {key}: no check report (exit {r['rc']}): {r['stderr_tail'][-300:]}")
                 elif r["rc"] != 0:
                     log(f"  {s} {key}: exit {r['rc']} (check failed: outputs_equal="
@@ -480,6 +564,10 @@ def bench_memory(repeats: int, runs: int, work: Path) -> dict:
         for key, title, _ in variants:
             reps = [x["report"] for x in raw[key] if x["report"] and "check" in x["report"]]
             cs = [r["check"] for r in reps]
+            if raw[key] and raw[key][-1]["rc"] == 3:
+                rows.append({"row": title, "unreachable": _error_line(raw[key][-1]["stderr"]),
+                             "budget_bytes": _budget_of(key, info), "exit_codes": [x["rc"] for x in raw[key]]})
+                continue
             if not cs:
                 rows.append({"row": title, "error": (raw[key][-1]["stderr"] or "no report")[-500:]})
                 continue
@@ -505,14 +593,195 @@ def bench_memory(repeats: int, runs: int, work: Path) -> dict:
                 "exit_codes": [x["rc"] for x in raw[key]],
                 "rewrite_check_wall_s": median(x["wall_s"] for x in raw[key]),
             })
-        for pct_budget in (50, 30):
-            rows.append({"row": f"budget {pct_budget} % of original peak", "not_implemented": True})
+            planning = [r.get("planning") or {} for r in reps]
+            if key.startswith("budget"):
+                # resident (parameters + feeds) = predicted peak with resident - predicted tensor peak
+                resident = median(r["after"]["peak_bytes"] - r["check"]["predicted"]["rewritten"] for r in reps)
+                budget = median(p.get("budget_bytes") for p in planning)
+                measured = rows[-1]["measured_requested"]
+                rows[-1].update({
+                    "budget_bytes": budget, "resident_bytes": resident,
+                    "predicted_peak_within_budget": all(p.get("budget_met") for p in planning),
+                    "measured_plus_resident": (measured + resident) if measured is not None else None,
+                    "measured_within_budget": (measured + resident <= budget
+                                               if None not in (measured, resident, budget) else None),
+                    "planning_evaluations": median(p.get("evaluations") for p in planning),
+                })
         out["samples"][s] = {"info": info, "rows": rows,
                              "provider": all_checks[0]["provider"] if all_checks else None}
     return out
 
 
+# --------------------------------------------------------------------------- 3. plan quality
+
+SWEEP_PCTS = (100, 95, 90, 85, 80, 75, 72, 70, 65, 60)  # % of the original predicted peak
+GAP_TARGET = 0.03  # issue target: the budget heuristic within 3 % of the optimum's recompute FLOPs
+GPT_TARGETS = ((0.70, 0.10), (0.85, 0.35))  # (peak reduction at least, recompute share of step at most)
+
+
+def _run_planner(fn, a, limit: int, cost, intervals) -> dict:
+    from ckpt_cli.errors import BudgetUnreachable
+
+    t0 = time.perf_counter()
+    try:
+        r = fn(a, limit, cost, intervals)
+    except BudgetUnreachable as e:
+        return {"unreachable": str(e), "time_s": time.perf_counter() - t0}
+    except Exception as e:  # noqa: BLE001 - record a planner bug and go on
+        return {"error": f"{type(e).__name__}: {e}", "time_s": time.perf_counter() - t0}
+    return {"peak_bytes": r.peak_bytes, "recompute_flops": r.recompute_flops, "evaluations": r.evaluations,
+            "kept": len(r.kept), "recomputed": len(r.recomputed), "fits": r.peak_bytes <= limit,
+            "time_s": time.perf_counter() - t0}
+
+
+def _floor_breakdown(a, structure) -> dict:
+    """Rewrite with every stashed activation of ``structure`` recomputed (its floor) and
+    sort the bytes live at the predicted peak into categories."""
+    from ckpt_cli.rewrite import rewrite
+    from ckpt_cli.rewrite.recompute import SUFFIX
+
+    r = rewrite(a, structure)
+    pr = r.after.priority
+    g = r.after.graph
+    outputs = set(g.outputs)
+    cats = {"parameters + inputs": pr.resident_bytes, "gradient outputs": 0, "recompute copies": 0,
+            "kept forward tensors": 0, "backward temporaries": 0}
+    largest: dict[str, list] = {k: [] for k in cats}
+    for t in pr.live_at_peak:
+        info = r.after.tensors.get(t)
+        nb = (info.nbytes or 0) if info is not None else 0
+        if t in outputs:
+            k = "gradient outputs"
+        elif t.endswith(SUFFIX):
+            k = "recompute copies"
+        elif t in g.producer and r.after.phases.is_forward[g.producer[t]]:
+            k = "kept forward tensors"
+        else:
+            k = "backward temporaries"
+        cats[k] += nb
+        largest[k].append((nb, t))
+    return {"structure": structure.strategy, "regions": len(structure.regions), "peak_bytes": pr.peak_bytes,
+            "recompute_flops": r.recompute_flops, "categories": cats, "live_tensors": len(pr.live_at_peak),
+            "categorised_bytes": sum(cats.values()),
+            "largest": {k: [t for _, t in sorted(v, reverse=True)[:3]] for k, v in largest.items() if v}}
+
+
+def bench_plan_quality() -> dict:
+    """Sweep budgets on each sample; budget heuristic vs the exact (for the linear model) MILP."""
+    from ckpt_cli.analysis import analyse
+    from ckpt_cli.load import load_graph
+    from ckpt_cli.pipeline import keep_intervals, plan_cost
+    from ckpt_cli.planning.solver import optimal_plan
+    from ckpt_cli.planning.strategies import budget_plan, structures
+
+    out: dict = {"sweep_pcts": list(SWEEP_PCTS), "gap_target": GAP_TARGET, "samples": {}}
+    for s in SAMPLES:
+        path = REPO / "sample_models" / f"{s}.onnx"
+        if not path.exists():
+            out["samples"][s] = {"error": f"{path} missing"}
+            continue
+        a = analyse(load_graph(path))
+        base = a.priority.peak_bytes
+        step = a.forward_flops + a.backward_flops
+
+        def cost(p, a=a):
+            return plan_cost(a, p)
+
+        def intervals(p, a=a):
+            return keep_intervals(a, p)
+
+        t0 = time.perf_counter()
+        floors = [_floor_breakdown(a, st) for st in structures(a)]
+        floor_s = time.perf_counter() - t0
+        best = min(floors, key=lambda f: (f["peak_bytes"], f["recompute_flops"]))
+        budgets = [(f"{p} %", int(base * p / 100)) for p in SWEEP_PCTS]
+        budgets.append((f"floor ({sig(100 * best['peak_bytes'] / base)} %)", best["peak_bytes"]))
+        budgets.sort(key=lambda b: -b[1])
+        rows = []
+        for label, limit in budgets:
+            h = _run_planner(budget_plan, a, limit, cost, intervals)
+            o = _run_planner(optimal_plan, a, limit, cost, intervals)
+            for x in (h, o):
+                if "recompute_flops" in x:
+                    x["share_of_step"] = x["recompute_flops"] / step if step else None
+            gap = None
+            if "recompute_flops" in h and "recompute_flops" in o and o["recompute_flops"] > 0:
+                gap = h["recompute_flops"] / o["recompute_flops"] - 1
+            rows.append({"budget": label, "budget_bytes": limit, "budget_share": limit / base,
+                         "heuristic": h, "optimal": o, "gap": gap})
+        gaps = [r["gap"] for r in rows if r["gap"] is not None]
+        reached = [r for r in rows if "peak_bytes" in r["heuristic"]]
+        out["samples"][s] = {
+            "nodes": len(a.graph.nodes), "original_peak_bytes": base, "resident_bytes": a.priority.resident_bytes,
+            "step_flops": step, "rows": rows, "floors": floors, "floors_s": floor_s,
+            "best_floor": best,
+            "max_gap": max(gaps) if gaps else None, "min_gap": min(gaps) if gaps else None,
+            "gap_rows": len(gaps),
+            "both_reachable": sum(1 for r in rows if "peak_bytes" in r["heuristic"] and "peak_bytes" in r["optimal"]),
+            "only_heuristic": [r["budget"] for r in rows if "peak_bytes" in r["heuristic"]
+                               and "peak_bytes" not in r["optimal"]],
+            "only_optimal": [r["budget"] for r in rows if "peak_bytes" in r["optimal"]
+                             and "peak_bytes" not in r["heuristic"]],
+            "lowest_reached": min(reached, key=lambda r: r["heuristic"]["peak_bytes"])["budget"] if reached else None,
+        }
+        log(f"plan quality {s}: {len(rows)} budgets, max gap {pct(out['samples'][s]['max_gap'])}, "
+            f"floor {nbytes(best['peak_bytes'])} of {nbytes(base)}")
+    out["gpt_targets"] = _gpt_targets(out["samples"].get("gpt"))
+    return out
+
+
+def _gpt_targets(d: dict | None) -> dict | None:
+    """Lowest predicted peak the gpt sweep reaches, and the best reduction within each FLOPs limit."""
+    if not d or "error" in d:
+        return None
+    base, resident = d["original_peak_bytes"], d["resident_bytes"]
+    points = []
+    for r in d["rows"]:
+        for who in ("heuristic", "optimal"):
+            x = r[who]
+            if "peak_bytes" in x:
+                points.append({"budget": r["budget"], "planner": who, "peak_bytes": x["peak_bytes"],
+                               "reduction": 1 - x["peak_bytes"] / base,
+                               "activation_reduction": 1 - (x["peak_bytes"] - resident) / (base - resident),
+                               "share_of_step": x["share_of_step"]})
+    if not points:
+        return {"points": 0}
+    lowest = min(points, key=lambda p: (p["peak_bytes"], p["share_of_step"]))
+    targets = []
+    for want, limit in GPT_TARGETS:
+        within = [p for p in points if p["share_of_step"] is not None and p["share_of_step"] <= limit]
+        top = max(within, key=lambda p: p["reduction"]) if within else None
+        targets.append({"reduction_at_least": want, "share_at_most": limit, "best": top,
+                        "met": bool(top and top["reduction"] >= want)})
+    return {"original_peak_bytes": base, "resident_bytes": resident, "lowest": lowest, "targets": targets,
+            "floor": d["best_floor"], "max_possible_reduction_without_resident": 1 - resident / base}
+
+
 # --------------------------------------------------------------------------- report
+
+
+def _plan_cell(c: dict) -> str:
+    if not c:
+        return "n/a"
+    if c.get("wall_s") is None and c.get("timed_out"):
+        return f"timed out after {c['timed_out_after_s']:.0f} s"
+    return secs(c.get("wall_s")) + (f" ({c['repeats']} run{'s' if c['repeats'] != 1 else ''})"
+                                    if c.get("repeats") else "")
+
+
+def _exit_codes(c: dict) -> str:
+    codes = c.get("exit_codes") or []
+    if not codes:
+        return "n/a"
+    shown = sorted(set(codes))
+    return "/".join(("timeout" if x in (-9, 137) and c.get("timed_out") else str(x)) for x in shown)
+
+
+def _target_cell(c: dict) -> str:
+    t = c.get("target_s")
+    if t is None:
+        return ""
+    return f"< {t:g} s: " + ("met" if c.get("target_met") else "**missed**")
 
 
 def render_md(res: dict) -> str:
@@ -548,27 +817,57 @@ def render_md(res: dict) -> str:
             "142·L+48 nodes, no embedded weights). Each command is a fresh subprocess; wall time, "
             "median of the repeats; commands of one size run interleaved. **floor** = "
             "`python -c 'onnx.save(onnx.load(F), OUT)'`; **inspect** = `ckpt inspect F --json > /dev/null`; "
-            "**rewrite** = `ckpt rewrite F -o OUT --force --json` (default regions: one per layer). "
+            "**rewrite** = `ckpt rewrite F -o OUT --force --json` (default regions: one per layer); "
+            f"**plan** = `ckpt plan F --budget {SPEED_PLAN_BUDGET} --json` (exit 0 = planned, exit 3 = budget "
+            "unreachable; both are completed runs, the exit code is shown). "
+            f"`ckpt plan` runs once at {', '.join(PLAN_ONE_REPEAT)} nodes and is stopped after "
+            f"{PLAN_TIMEOUT_S:.0f} s. Issue targets: planning under "
+            + " and under ".join(f"{t:g} s at {k} nodes" for k, t in PLAN_TARGETS_S.items()) + ". "
             f"Memory: {sp.get('rss_method', RSS_METHOD)}.")
         add("")
         add("| size | layers | nodes | file | repeats | floor | inspect | × floor | rewrite | × floor "
-            "| `ckpt plan` |")
-        add("|---|---|---|---|---|---|---|---|---|---|---|")
+            f"| plan {SPEED_PLAN_BUDGET} | × floor | exit | target |")
+        add("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for r in sp["sizes"]:
             c = r["commands"]
+            pl = c.get("plan") or {}
             add(f"| {r['size']} | {r['layers']} | {r['nodes']:,} | {nbytes(r['file_bytes'])} | {r['repeats']} "
                 f"| {secs(c['floor']['wall_s'])} | {secs(c['inspect']['wall_s'])} "
                 f"| {ratio(c['inspect']['ratio_to_floor'])} | {secs(c['rewrite']['wall_s'])} "
-                f"| {ratio(c['rewrite']['ratio_to_floor'])} | not implemented yet |")
+                f"| {ratio(c['rewrite']['ratio_to_floor'])} | {_plan_cell(pl)} | {ratio(pl.get('ratio_to_floor'))} "
+                f"| {_exit_codes(pl)} | {_target_cell(pl)} |")
         add("")
         add("Peak RSS of each command:")
         add("")
-        add("| size | floor | inspect | rewrite | `ckpt plan` |")
-        add("|---|---|---|---|---|")
+        add(f"| size | floor | inspect | rewrite | plan {SPEED_PLAN_BUDGET} | plan {SPEED_PLAN_REACHABLE} |")
+        add("|---|---|---|---|---|---|")
         for r in sp["sizes"]:
             c = r["commands"]
             add(f"| {r['size']} | {nbytes(c['floor']['max_rss_bytes'])} | {nbytes(c['inspect']['max_rss_bytes'])} "
-                f"| {nbytes(c['rewrite']['max_rss_bytes'])} | not implemented yet |")
+                f"| {nbytes(c['rewrite']['max_rss_bytes'])} | {nbytes((c.get('plan') or {}).get('max_rss_bytes'))} "
+                f"| {nbytes((c.get('plan_reachable') or {}).get('max_rss_bytes'))} |")
+        add("")
+        add(f"What `ckpt plan` did. At {SPEED_PLAN_BUDGET} the synthetic graphs' budget is unreachable, so the "
+            "search stops after evaluating each structure's floor; "
+            f"`ckpt plan F --budget {SPEED_PLAN_REACHABLE} --json` (reachable) times the whole search "
+            "(same repeats and timeout):")
+        add("")
+        add(f"| size | plan {SPEED_PLAN_BUDGET}: result | plan {SPEED_PLAN_REACHABLE} | × floor | exit | target "
+            "| predicted peak before → after | recompute share of step | evaluations |")
+        add("|---|---|---|---|---|---|---|---|---|")
+        for r in sp["sizes"]:
+            c = r["commands"]
+            pl, pr = c.get("plan") or {}, c.get("plan_reachable") or {}
+            res50 = pl.get("result") or {}
+            first = (f"unreachable: {res50['unreachable']}" if "unreachable" in res50 else
+                     f"{nbytes(res50.get('peak_bytes_after'))} ({res50.get('evaluations')} evaluations)"
+                     if res50.get("rc") == 0 else ("timed out" if pl.get("timed_out") else "n/a"))
+            rr = pr.get("result") or {}
+            after = (f"{nbytes(rr.get('peak_bytes_before'))} → {nbytes(rr.get('peak_bytes_after'))}"
+                     if rr.get("rc") == 0 else (f"unreachable: {rr['unreachable']}" if "unreachable" in rr else "n/a"))
+            add(f"| {r['size']} | {first} | {_plan_cell(pr)} | {ratio(pr.get('ratio_to_floor'))} | {_exit_codes(pr)} "
+                f"| {_target_cell(pr)} | {after} | {pct(rr.get('recompute_share_of_step'))} "
+                f"| {rr.get('evaluations', 'n/a')} |")
         add("")
         st = sp["startup"]
         add("Fixed start-up cost (median of 3): " + "; ".join(
@@ -645,6 +944,10 @@ def render_md(res: dict) -> str:
             "median. **recompute share**: recomputed FLOPs / (forward + backward FLOPs) of the original.")
         add("- **outputs identical**: loss and every gradient bit-identical to the original's; **check**: "
             "outputs identical and measured in-use peak not above the original's (ckpt settings).")
+        add("- **budget** rows: `--budget N%` is N % of the original's predicted peak *including* parameters and "
+            "feeds (resident bytes). **fits budget**: measured tensors + resident ≤ budget, where resident = "
+            "the report's `after.peak_bytes` − `check.predicted.rewritten`. An unreachable budget (exit 3) shows "
+            "ckpt's one-line error, which names the lowest reachable predicted peak.")
         add("")
         for s, d in mem["samples"].items():
             if "error" in d:
@@ -655,15 +958,24 @@ def render_md(res: dict) -> str:
                 f"provider {d['provider']})")
             add("")
             add("| row | predicted | measured in use | above baseline | measured tensors | step time "
-                "| × ORT default | × original | recompute share | outputs identical | check |")
-            add("|---|---|---|---|---|---|---|---|---|---|---|")
+                "| × ORT default | × original | recompute share | outputs identical | check | budget "
+                "| fits budget (tensors + resident) |")
+            add("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
             for r in d["rows"]:
                 if r.get("not_implemented"):
-                    add(f"| {r['row']} | not implemented yet | | | | | | | | | |")
+                    add(f"| {r['row']} | not implemented yet | | | | | | | | | | | |")
+                    continue
+                if "unreachable" in r:
+                    add(f"| {r['row']} | unreachable: {r['unreachable']} | | | | | | | | | "
+                        f"| {nbytes(r.get('budget_bytes'))} | n/a |")
                     continue
                 if "error" in r:
-                    add(f"| {r['row']} | failed: `{r['error'][-200:]}` | | | | | | | | | |")
+                    add(f"| {r['row']} | failed: `{r['error'][-200:]}` | | | | | | | | | | | |")
                     continue
+                fits = ""
+                if r.get("budget_bytes") is not None:
+                    fits = (f"{yes_no(r.get('measured_within_budget'))} "
+                            f"({nbytes(r.get('measured_plus_resident'))})")
                 passed = r.get("check_passed")
                 check = "n/a" if passed is None else ("pass" if passed else
                                                       f"**FAIL** (exit {max(r.get('exit_codes') or [0])}"
@@ -672,16 +984,12 @@ def render_md(res: dict) -> str:
                 add(f"| {r['row']} | {nbytes(r['predicted_peak'])} | {nbytes(r['measured_peak'])} "
                     f"| {nbytes(r['measured_above_baseline'])} | {nbytes(r['measured_requested'])} "
                     f"| {ms(r['time_s'])} | {ratio(r['time_vs_ort_default'])} | {ratio(r['time_vs_original'])} "
-                    f"| {pct(r['recompute_share_of_step'])} | {yes_no(r['outputs_identical'])} | {check} |")
+                    f"| {pct(r['recompute_share_of_step'])} | {yes_no(r['outputs_identical'])} | {check} "
+                    f"| {nbytes(r.get('budget_bytes')) if r.get('budget_bytes') is not None else ''} | {fits} |")
             add("")
 
     # 3 ------------------------------------------------------------------------------
-    add("## 3. Plan quality")
-    add("")
-    add("Not implemented yet: this section will compare the plans of `ckpt plan` (per-layer, sqrt(n), "
-        "budget heuristics) with the exact solver's optimum (peak memory vs recompute FLOPs) once the "
-        "solver exists.")
-    add("")
+    _render_plan_quality(res.get("plan_quality"), add)
     if res.get("notes"):
         add("## Notes")
         add("")
@@ -689,6 +997,151 @@ def render_md(res: dict) -> str:
             add(f"- {n}")
         add("")
     return "\n".join(L)
+
+
+def _flops(x: int | None) -> str:
+    if x is None:
+        return "n/a"
+    for unit, scale in (("GFLOP", 1e9), ("MFLOP", 1e6), ("kFLOP", 1e3)):
+        if abs(x) >= scale:
+            return f"{sig(x / scale)} {unit}"
+    return f"{int(x)} FLOP"
+
+
+def _planner_cells(x: dict) -> str:
+    if "unreachable" in x:
+        return f"unreachable | | | {ms(x['time_s'])}"
+    if "error" in x:
+        return f"failed: `{x['error'][-120:]}` | | | {ms(x['time_s'])}"
+    return (f"{nbytes(x['peak_bytes'])} | {_flops(x['recompute_flops'])} | {pct(x['share_of_step'])} "
+            f"| {ms(x['time_s'])}")
+
+
+def _gap(x: float | None) -> str:
+    return "n/a" if x is None else f"{'+' if x > 0 else ''}{sig(100 * x, 2)} %"
+
+
+def _render_plan_quality(pq: dict | None, add) -> None:
+    add("## 3. Plan quality")
+    add("")
+    if pq is None:
+        add("Skipped.")
+        add("")
+        return
+    if "error" in pq:
+        add(f"Failed: `{pq['error']}`")
+        add("")
+        return
+    add("In process, on each sample: `budget_plan` (the `budget` heuristic behind `ckpt plan --budget`) and "
+        "`optimal_plan` (`--auto optimal`, a mixed-integer program solved by scipy's HiGHS) over the same "
+        "region structures (per layer, sqrt(n) and 2·sqrt(n) segments), both given the real cost model "
+        "(`pipeline.plan_cost`: rewrite + liveness simulation) and `pipeline.keep_intervals`. Budgets are "
+        "shares of the original predicted peak (parameters and feeds included), plus the **floor**: the "
+        "lowest predicted peak any structure reaches with every stashed activation recomputed.")
+    add("")
+    add("`optimal` is exact only for a *linear* memory model (keeping an activation adds its bytes over a "
+        "fixed span of the floor plan's schedule; copy chains and buffer reuse are ignored). Its choice is "
+        "then verified with the real cost model and the budget tightened by any overshoot "
+        "(`ckpt_cli/planning/solver.py`), so it is not guaranteed optimal under the real model and the "
+        "heuristic can beat it (a negative gap). All peaks below are the real cost model's predictions. "
+        "**gap** = heuristic recompute FLOPs / optimal recompute FLOPs − 1 (n/a when optimal recomputes "
+        "nothing or either planner finds the budget unreachable). **share** = recompute FLOPs / (forward + "
+        f"backward FLOPs). Issue target: the heuristic within {100 * pq['gap_target']:g} % of the optimum.")
+    add("")
+    add("| sample | nodes | original peak | floor (structure) | budgets with a gap | max gap | min gap "
+        f"| max gap ≤ {100 * pq['gap_target']:g} % | reachable by one planner only |")
+    add("|---|---|---|---|---|---|---|---|---|")
+    for s, d in pq["samples"].items():
+        if "error" in d:
+            add(f"| {s} | {d['error']} | | | | | | | |")
+            continue
+        f = d["best_floor"]
+        only = "; ".join(x for x in (
+            ("heuristic: " + ", ".join(d["only_heuristic"])) if d["only_heuristic"] else "",
+            ("optimal: " + ", ".join(d["only_optimal"])) if d["only_optimal"] else "") if x) or "none"
+        within = "n/a (no reachable budget below 100 %)" if d["max_gap"] is None else \
+            yes_no(d["max_gap"] <= pq["gap_target"])
+        add(f"| {s} | {d['nodes']} | {nbytes(d['original_peak_bytes'])} | {nbytes(f['peak_bytes'])} "
+            f"({pct(f['peak_bytes'] / d['original_peak_bytes'])}; {f['structure']}, {f['regions']} regions) "
+            f"| {d['gap_rows']} of {len(d['rows'])} | {_gap(d['max_gap'])} | {_gap(d['min_gap'])} | {within} "
+            f"| {only} |")
+    add("")
+    for s, d in pq["samples"].items():
+        if "error" in d:
+            continue
+        add(f"### {s}.onnx (original predicted peak {nbytes(d['original_peak_bytes'])}, of which parameters + "
+            f"feeds {nbytes(d['resident_bytes'])}; step {_flops(d['step_flops'])})")
+        add("")
+        add("| budget | bytes | heuristic peak | heuristic FLOPs | share | time | optimal peak | optimal FLOPs "
+            "| share | time | gap |")
+        add("|---|---|---|---|---|---|---|---|---|---|---|")
+        for r in d["rows"]:
+            add(f"| {r['budget']} | {nbytes(r['budget_bytes'])} | {_planner_cells(r['heuristic'])} "
+                f"| {_planner_cells(r['optimal'])} | {_gap(r['gap'])} |")
+        add("")
+        unreach = next((r["heuristic"]["unreachable"] for r in d["rows"] if "unreachable" in r["heuristic"]), None)
+        if unreach:
+            add(f"First unreachable budget, heuristic's message: `{unreach}`")
+            add("")
+    _render_gpt_targets(pq, add)
+
+
+def _render_gpt_targets(pq: dict, add) -> None:
+    t = pq.get("gpt_targets")
+    add("## 4. GPT targets")
+    add("")
+    if not t or not t.get("lowest"):
+        add("No gpt sweep figures.")
+        add("")
+        return
+    low = t["lowest"]
+    base = t["original_peak_bytes"]
+    add(f"From section 3's gpt sweep (original predicted peak {nbytes(base)}, parameters + feeds "
+        f"{nbytes(t['resident_bytes'])} of it). Lowest predicted peak reached: **{nbytes(low['peak_bytes'])}**, "
+        f"**{pct(low['reduction'])} lower** than the original ({pct(low['activation_reduction'])} lower counting "
+        f"only bytes above the resident parameters and feeds), at budget {low['budget']} by the {low['planner']} "
+        f"planner, recomputing **{pct(low['share_of_step'])}** of the step's FLOPs. Even removing every "
+        f"non-resident byte would give at most {pct(t['max_possible_reduction_without_resident'])}.")
+    add("")
+    add("| issue target | best reached within the FLOPs limit | met |")
+    add("|---|---|---|")
+    for x in t["targets"]:
+        b = x["best"]
+        got = "nothing reachable" if b is None else (
+            f"{pct(b['reduction'])} lower ({nbytes(b['peak_bytes'])}) at {pct(b['share_of_step'])} "
+            f"({b['planner']}, budget {b['budget']})")
+        add(f"| ≥ {pct(x['reduction_at_least'])} lower at ≤ {pct(x['share_at_most'])} extra step FLOPs "
+            f"| {got} | {yes_no(x['met'])} |")
+    add("")
+    f = t["floor"]
+    add(f"What dominates the floor: the best structure (`{f['structure']}`, {f['regions']} regions) rewritten with "
+        "every stashed activation recomputed (`ckpt_cli.rewrite.rewrite(a, s)` for each s of "
+        f"`planning.strategies.structures(a)`), peak {nbytes(f['peak_bytes'])}. The "
+        f"{f['live_tensors']} tensors holding buffers live at that peak (`after.priority.live_at_peak`), by "
+        "category: parameters + inputs = `after.priority.resident_bytes`; gradient outputs = graph outputs; "
+        "recompute copies = names ending in `_recompute`; kept forward tensors = produced by a forward node; "
+        "backward temporaries = the rest.")
+    add("")
+    add("| category | bytes | share of peak | largest tensors |")
+    add("|---|---|---|---|")
+    for k, v in f["categories"].items():
+        big = ", ".join(f"`{x}`" for x in f["largest"].get(k, []))
+        add(f"| {k} | {nbytes(v)} | {pct(v / f['peak_bytes'] if f['peak_bytes'] else None)} | {big} |")
+    add(f"| total | {nbytes(f['categorised_bytes'])} | {pct(f['categorised_bytes'] / f['peak_bytes'])} | |")
+    add("")
+    floors = (pq["samples"].get("gpt") or {}).get("floors") or []
+    if len(floors) > 1:
+        add("Floors of every structure (same categories):")
+        add("")
+        cats = list(f["categories"])
+        add("| structure | regions | peak | recompute share | " + " | ".join(cats) + " |")
+        add("|---|---|---|---|" + "---|" * len(cats))
+        step = pq["samples"]["gpt"]["step_flops"]
+        for x in floors:
+            add(f"| {x['structure']} | {x['regions']} | {nbytes(x['peak_bytes'])} "
+                f"| {pct(x['recompute_flops'] / step if step else None)} | "
+                + " | ".join(nbytes(x["categories"][c]) for c in cats) + " |")
+        add("")
 
 
 def _notes(res: dict) -> list[str]:
@@ -700,9 +1153,12 @@ def _notes(res: dict) -> list[str]:
         default = rows.get("original, ORT default settings")
         orig = rows.get("original, ckpt settings (file order)")
         for r in d.get("rows", []):
-            if r.get("not_implemented") or "error" in r or r is default or r is orig:
+            if r.get("not_implemented") or "error" in r or "unreachable" in r or r is default or r is orig:
                 continue
             r = dict(r, row=r["row"].replace("`", ""))
+            if r.get("measured_within_budget") is False:
+                notes.append(f"{s}: `{r['row']}` measured tensors + resident ({nbytes(r['measured_plus_resident'])}) "
+                             f"exceed the budget ({nbytes(r['budget_bytes'])}) although the predicted peak fits.")
             if r.get("check_passed") is False:
                 notes.append(f"{s}: `{r['row']}` fails the check (exit codes {r.get('exit_codes')}): measured "
                              f"in-use peak {nbytes(r['measured_peak'])} vs original {nbytes(orig['measured_peak'])}"
@@ -734,6 +1190,7 @@ def main(argv=None) -> int:
     prof.add_argument("--no-profile", dest="profile", action="store_const", const="never")
     ap.add_argument("--skip-speed", action="store_true")
     ap.add_argument("--skip-memory", action="store_true")
+    ap.add_argument("--skip-plan-quality", action="store_true")
     ap.add_argument("--out-dir", type=Path, default=BENCH, help="where RESULTS.md and results.json go")
     ap.add_argument("--keep", action="store_true", help="keep the scratch directory")
     a = ap.parse_args(argv)
@@ -774,19 +1231,26 @@ def main(argv=None) -> int:
 
                 traceback.print_exc()
                 res["memory"] = {"error": f"{type(e).__name__}: {e}"}
+        if not a.skip_plan_quality:
+            try:
+                res["plan_quality"] = bench_plan_quality()
+            except Exception as e:  # noqa: BLE001
+                import traceback
+
+                traceback.print_exc()
+                res["plan_quality"] = {"error": f"{type(e).__name__}: {e}"}
     finally:
         if a.keep:
             log(f"kept {work}")
         else:
             shutil.rmtree(work, ignore_errors=True)
-    res["plan_quality"] = {"not_implemented": True}
     res["total_s"] = time.perf_counter() - t0
     res["notes"] = _notes(res)
     a.out_dir.mkdir(parents=True, exist_ok=True)
     (a.out_dir / "results.json").write_text(json.dumps(res, indent=1, default=str) + "\n")
     (a.out_dir / "RESULTS.md").write_text(render_md(res) + "\n")
     log(f"wrote {a.out_dir / 'RESULTS.md'} and results.json in {res['total_s']:.0f} s")
-    failed = [k for k in ("speed", "memory") if isinstance(res.get(k), dict) and "error" in res[k]]
+    failed = [k for k in ("speed", "memory", "plan_quality") if isinstance(res.get(k), dict) and "error" in res[k]]
     return 1 if failed else 0
 
 

@@ -41,7 +41,9 @@ def keep_intervals(a: Analysis, plan: Plan) -> Intervals:
             last = max([g.producer[t]] + list(g.consumers.get(t, ())))
             if last + 1 <= node.index - 1:
                 spans[t] = (last + 1, node.index - 1)
-    return Intervals(tuple(result.after.priority.timeline), spans)
+    profile = result.after.priority
+    return Intervals(tuple(profile.timeline), spans,
+                     PlanCost(profile.peak_bytes, result.recompute_flops, profile.live_at_peak))
 
 
 @dataclass

@@ -31,6 +31,7 @@ class Intervals:
 
     timeline: tuple[int, ...]  # predicted bytes after each step of the floor plan
     spans: dict[str, tuple[int, int]]  # tensor -> (first, last) step where keeping it adds its bytes
+    cost: PlanCost  # the floor plan's own cost
 
 
 IntervalsOf = Callable[[Plan], Intervals]
@@ -78,6 +79,8 @@ def optimal_plan(a: Analysis, budget: int, evaluate: Evaluate, intervals_of: Int
         ranked = candidates(a, structure)[:MAX_CANDIDATES]
         floor_info = intervals_of(structure)
         evaluations += 1
+        if lowest is None or floor_info.cost.peak_bytes < lowest.peak_bytes:
+            lowest = floor_info.cost
         limit = budget
         for _ in range(8):
             keep = _solve(ranked, floor_info.spans, floor_info.timeline, limit)

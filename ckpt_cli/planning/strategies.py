@@ -211,12 +211,10 @@ def budget_plan(a: Analysis, budget: int, evaluate: Evaluate, intervals_of, opti
     for structure in options or structures(a):
         ranked = candidates(a, structure)
         floor_info = intervals_of(structure)
-        floor_peak = max(floor_info.timeline, default=0)
         evaluations += 1
-        if lowest is None or floor_peak < lowest.peak_bytes:
-            lowest = evaluate(structure)
-            evaluations += 1
-        if floor_peak > budget:
+        if lowest is None or floor_info.cost.peak_bytes < lowest.peak_bytes:
+            lowest = floor_info.cost
+        if floor_info.cost.peak_bytes > budget:
             continue
         limit = budget
         for _ in range(8):
