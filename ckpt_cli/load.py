@@ -12,11 +12,12 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from .errors import ModelError
-from .graph import Graph
+from .graph import Graph, gc_paused
 
 _PROTOBUF_LIMIT = 2**31 - 1
 
 
+@gc_paused
 def load_graph(path: str | Path) -> Graph:
     """Load an ONNX model file (with or without external data) and index it.
 

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import os
 import tempfile
+from itertools import chain
 from pathlib import Path
 
 import onnx
 
 from .errors import UsageError
-from .graph import Graph
+from .graph import Graph, Node, gc_paused
 
 # ORT 1.31 refuses IR 14, which onnx 1.23 writes by default (see ORT_FACTS.md §1).
 _PREFERRED_IR = 10
@@ -58,11 +59,16 @@ def output_ir_version(model: onnx.ModelProto) -> int:
     return min(model.ir_version, max(_PREFERRED_IR, needed), _MAX_ORT_IR)
 
 
+@gc_paused
 def build_model(graph: Graph, nodes: list[onnx.NodeProto]) -> onnx.ModelProto:
     """A new ModelProto with ``nodes`` in this order; unused initializers and value_info dropped."""
     src = graph.model
-    used = {t for n in nodes for t in n.input} | set(graph.outputs)
-    produced = {t for n in nodes for t in n.output}
+    if len(nodes) == len(graph.nodes) and all(p is n.proto for p, n in zip(nodes, graph.nodes)):
+        indexed = graph.nodes  # the graph's own nodes: their names are known without reading protos
+    else:
+        indexed = [Node.from_proto(k, p) for k, p in enumerate(nodes)]
+    used = set(chain.from_iterable(n.inputs for n in indexed)) | set(graph.outputs)
+    produced = set(chain.from_iterable(n.outputs for n in indexed))
     g = onnx.GraphProto(name=src.graph.name, doc_string=src.graph.doc_string)
     g.node.extend(nodes)
     g.input.extend(v for v in src.graph.input if v.name in used or v.name not in graph.initializers)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
-from ..graph import ABSENT, Graph
+from ..graph import ABSENT, Graph, gc_paused
 from . import schedules
 from .cost import NodeCost, graph_costs
 from .memory import MemoryProfile, buffer_roots, simulate
@@ -33,7 +34,12 @@ class Analysis:
     scopes: list[str]
     stashed: tuple[Stashed, ...]
     priority: MemoryProfile  # ORT PRIORITY_BASED order (the file order when sorted)
-    default: MemoryProfile  # ORT DEFAULT order
+
+    @cached_property
+    @gc_paused
+    def default(self) -> MemoryProfile:
+        """ORT DEFAULT order; simulated on first use (a rewrite never needs it)."""
+        return simulate(self.graph, schedules.ort_default(self.graph), self.tensors, self.roots)
 
     @property
     def stashed_bytes(self) -> int:
@@ -73,13 +79,18 @@ def find_stashed(graph: Graph, phases: Phases, roots: dict[str, str]) -> tuple[S
     return tuple(out)
 
 
+@gc_paused
 def analyse(graph: Graph, dims: dict[str, int] | None = None, loss: str | None = None,
-            grad_outputs: list[str] | None = None, tensors: dict[str, TensorInfo] | None = None) -> Analysis:
-    """Run every analysis on ``graph``. ``tensors`` may be passed to skip shape inference."""
+            grad_outputs: list[str] | None = None, tensors: dict[str, TensorInfo] | None = None, *,
+            priority: MemoryProfile | None = None) -> Analysis:
+    """Run every analysis on ``graph``. ``tensors`` may be passed to skip shape inference, and
+    ``priority`` (the simulation of ``schedules.priority_based(graph)`` with them) to skip it."""
     if tensors is None:
         tensors = infer_tensors(graph, dims)
     phases = classify(graph, loss, grad_outputs)
     roots = buffer_roots(graph)
+    if priority is None:
+        priority = simulate(graph, schedules.priority_based(graph), tensors, roots)
     return Analysis(
         graph=graph,
         tensors=tensors,
@@ -88,8 +99,7 @@ def analyse(graph: Graph, dims: dict[str, int] | None = None, loss: str | None =
         roots=roots,
         scopes=node_scopes(graph),
         stashed=find_stashed(graph, phases, roots),
-        priority=simulate(graph, schedules.priority_based(graph), tensors, roots),
-        default=simulate(graph, schedules.ort_default(graph), tensors, roots),
+        priority=priority,
     )
 
 

@@ -488,3 +488,20 @@ def kernel_plans(graph, order, tensors, threads: int = 1) -> dict[int, KernelPla
             if n:
                 plans[k] = (("out",), ("tmp", n))
     return plans
+
+
+SMALL_INITIALIZER_BYTES = 128  # ORT keeps initializers below this size in the arena
+
+
+def small_initializer_bytes(graph, tensors) -> int:
+    """Bytes of the initializers ORT places in the arena for the whole session."""
+    return sum(info.nbytes for t in graph.initializers
+               if (info := tensors.get(t)) is not None and info.nbytes is not None
+               and info.nbytes < SMALL_INITIALIZER_BYTES)
+
+
+def predict_in_use(graph, profile, tensors) -> ArenaResult:
+    """ORT's arena figures (bytes in use, held) for one simulated order of ``graph``,
+    as ckpt's check measures them (after one warm-up run)."""
+    return arena_peak(profile, small_initializer_bytes(graph, tensors),
+                      plans=kernel_plans(graph, profile.order, tensors))

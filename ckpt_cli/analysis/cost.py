@@ -99,8 +99,9 @@ def node_flops(node: Node, tensors: dict[str, TensorInfo]) -> int | None:
 
 def node_cost(node: Node, tensors: dict[str, TensorInfo]) -> NodeCost:
     flops = node_flops(node, tensors)
-    read = sum((tensors[t].nbytes or 0) for t in node.inputs if t in tensors)
-    written = sum((tensors[t].nbytes or 0) for t in node.outputs if t in tensors)
+    get = tensors.get
+    read = sum(info.nbytes or 0 for info in map(get, node.inputs) if info is not None)
+    written = sum(info.nbytes or 0 for info in map(get, node.outputs) if info is not None)
     return NodeCost(flops or 0, read, written, flops is not None)
 
 

@@ -78,36 +78,59 @@ def simulate(graph: Graph, order: list[int] | tuple[int, ...], tensors: dict[str
              roots: dict[str, str] | None = None) -> MemoryProfile:
     """Predict the bytes in use after each node of ``order`` and the peak."""
     del roots  # buffer sharing depends on the order here; kept for API compatibility
-    resident = set(graph.resident)
-    outputs = set(graph.outputs)
+    ids = graph.ids
+    names, node_inputs, node_outputs = ids.names, ids.inputs, ids.outputs
+    count = len(names)
     steps = len(order)
+    # Per tensor id: what is known of it, its size (0 if unknown) and its reuse class
+    # (buffers are reused within a class; -1: never reused).
+    infos = [tensors.get(t) for t in names]
+    nbytes = [info.nbytes if info is not None and info.nbytes is not None else 0 for info in infos]
+    classes: dict[tuple, int] = {}  # reuse key -> class
+    class_of: dict[tuple | None, int] = {}  # (shape, dtype) -> class
+    reuse: list[int] = []
+    for info in infos:
+        kind = None if info is None else (info.shape, info.dtype)
+        if kind not in class_of:
+            key = _reuse_key(info)
+            class_of[kind] = -1 if key is None else classes.setdefault(key, len(classes))
+        reuse.append(class_of[kind])
+    resident = [False] * count
+    for t in graph.resident:
+        resident[ids.of[t]] = True
 
-    last_read: dict[str, int] = {}
-    readers: dict[str, int] = {}
+    last_read = [-1] * count  # -1: never read
+    readers = [0] * count
     for k, i in enumerate(order):
-        for t in graph.nodes[i].inputs:
-            if t != ABSENT:
+        for t in node_inputs[i]:
+            if t >= 0:
                 last_read[t] = k
-                readers[t] = readers.get(t, 0) + 1
-    for t in outputs:
-        last_read[t] = steps
+                readers[t] += 1
+    is_output = [False] * count
+    for t in graph.outputs:
+        if t != ABSENT:
+            last_read[ids.of[t]] = steps
+            is_output[ids.of[t]] = True
+    last_reads: list[list[int]] = [[] for _ in range(steps)]  # step -> tensors read for the last time
+    for t, k in enumerate(last_read):
+        if 0 <= k < steps:
+            last_reads[k].append(t)
 
-    buffer_of: dict[str, int] = {}  # tensor -> buffer id
-    owner: list[str] = []  # buffer id -> first tensor that owned it
+    buffer_of = [-1] * count  # tensor id -> buffer id
+    owner: list[int] = []  # buffer id -> first tensor that owned it
     size: list[int] = []
     born: list[int] = []
     dies: list[int] = []  # step after which the buffer is released
     pending: list[int] = []  # values in the buffer not yet dead
-    free_lists: dict[tuple, list[int]] = {}
-    holders: list[list[tuple[int, str]]] = []  # buffer id -> (step, tensor) assignments
+    free_lists: list[list[int]] = [[] for _ in classes]
+    holders: list[list[tuple[int, int]]] = []  # buffer id -> (step, tensor) assignments
     unsized: list[str] = []
 
-    def new_buffer(t: str, k: int) -> int:
-        info = tensors.get(t)
-        if info is None or info.nbytes is None:
-            unsized.append(t)
+    def new_buffer(t: int, k: int) -> int:
+        if infos[t] is None or infos[t].nbytes is None:
+            unsized.append(names[t])
         owner.append(t)
-        size.append(info.nbytes if info is not None and info.nbytes is not None else 0)
+        size.append(nbytes[t])
         born.append(k)
         dies.append(k)
         pending.append(0)
@@ -115,39 +138,39 @@ def simulate(graph: Graph, order: list[int] | tuple[int, ...], tensors: dict[str
         return len(owner) - 1
 
     for k, i in enumerate(order):
-        node = graph.nodes[i]
-        for pos, t in enumerate(node.outputs):
-            if t == ABSENT:
+        op = graph.nodes[i].op_type
+        inputs, outputs = node_inputs[i], node_outputs[i]
+        src = inputs[0] if inputs else -1
+        for pos, t in enumerate(outputs):
+            if t < 0:
                 continue
-            src = node.inputs[0] if node.inputs else ABSENT
-            src_buf = buffer_of.get(src)
-            if t in outputs or t not in last_read:  # measured: unread outputs never reuse a buffer
+            src_buf = buffer_of[src] if src >= 0 else -1
+            if is_output[t] or last_read[t] < 0:  # measured: unread outputs never reuse a buffer
                 b = new_buffer(t, k)
-            elif pos == 0 and node.op_type in VIEW_OPS and src_buf is not None:
+            elif pos == 0 and op in VIEW_OPS and src_buf >= 0:
                 b = src_buf
-            elif (pos == 0 and node.op_type in IN_PLACE_OPS and src_buf is not None and readers.get(src) == 1
-                  and pending[src_buf] == 1
-                  and last_read.get(src) == k and _reuse_key(tensors.get(src)) == _reuse_key(tensors.get(t))
-                  and _reuse_key(tensors.get(t)) is not None and tensors[src].dtype == tensors[t].dtype):
+            elif (pos == 0 and op in IN_PLACE_OPS and src_buf >= 0 and readers[src] == 1 and pending[src_buf] == 1
+                  and last_read[src] == k and reuse[src] == reuse[t] >= 0 and infos[src].dtype == infos[t].dtype):
                 b = src_buf
             else:
-                key = _reuse_key(tensors.get(t))
-                stack = free_lists.get(key) if key is not None else None
+                stack = free_lists[reuse[t]] if reuse[t] >= 0 else None
                 b = stack.pop() if stack else new_buffer(t, k)
             buffer_of[t] = b
             holders[b].append((k, t))
             pending[b] += 1
-            dies[b] = max(dies[b], last_read.get(t, k))
-        released = {buffer_of[t] for t in node.inputs if t in buffer_of and last_read.get(t) == k}
-        released |= {buffer_of[t] for t in node.outputs if t in buffer_of and t not in last_read}
-        for t in set(node.inputs) | set(node.outputs):
-            if t in buffer_of and last_read.get(t, k) == k and t not in resident:
+            if last_read[t] > dies[b]:
+                dies[b] = last_read[t]
+        # Values that die here: inputs last read here, outputs nobody reads.
+        dead = [t for t in last_reads[k] if buffer_of[t] >= 0]
+        dead += [t for t in outputs if t >= 0 and last_read[t] < 0]
+        if not dead:
+            continue
+        for t in dead:
+            if not resident[t]:
                 pending[buffer_of[t]] -= 1
-        for b in sorted(released):
-            if pending[b] == 0:
-                key = _reuse_key(tensors.get(owner[b]))
-                if key is not None:
-                    free_lists.setdefault(key, []).append(b)
+        for b in sorted({buffer_of[t] for t in dead}):
+            if pending[b] == 0 and reuse[owner[b]] >= 0:
+                free_lists[reuse[owner[b]]].append(b)
 
     alloc = [0] * (steps + 1)
     free = [0] * (steps + 1)
@@ -167,7 +190,7 @@ def simulate(graph: Graph, order: list[int] | tuple[int, ...], tensors: dict[str
         live -= free[k]
 
     at_peak = sorted((b for b in range(len(owner)) if born[b] <= peak_step <= dies[b]), key=lambda b: -size[b])
-    current = [next(t for k, t in reversed(holders[b]) if k <= peak_step) for b in at_peak]
+    current = [names[next(t for k, t in reversed(holders[b]) if k <= peak_step)] for b in at_peak]
     buffers = tuple(zip(size, born, (min(d, steps) for d in dies)))
     return MemoryProfile(tuple(order), peak, peak_step, base, tuple(timeline), tuple(current), tuple(unsized),
                          buffers)

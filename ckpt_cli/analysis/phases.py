@@ -77,13 +77,14 @@ def classify(graph: Graph, loss: str | None = None, grad_outputs: list[str] | No
         loss = next((o for o in forward_outputs if _LOSS_NAME.search(o)), forward_outputs[0])
 
     is_forward = [False] * len(graph.nodes)
+    preds = graph.preds
     stack = [graph.producer[o] for o in forward_outputs if o in graph.producer]
     while stack:
         i = stack.pop()
         if is_forward[i]:
             continue
         is_forward[i] = True
-        stack.extend(j for j in graph.predecessors(graph.nodes[i]) if not is_forward[j])
+        stack.extend(j for j in preds[i] if not is_forward[j])
 
     _forward_section_nodes(graph, is_forward)
     phases = Phases(tuple(is_forward), loss, tuple(forward_outputs), tuple(grads))
@@ -105,11 +106,12 @@ def _forward_section_nodes(graph: Graph, is_forward: list[bool]) -> None:
     seeds = {t for t in graph.inputs if t not in forward_reads}
     depends = [False] * len(graph.nodes)
     cut = len(graph.nodes)
+    preds = graph.preds
     for i in graph.topological_order():
         node = graph.nodes[i]
         if is_forward[i]:
             continue
-        depends[i] = any(t in seeds for t in node.inputs) or any(depends[p] for p in graph.predecessors(node))
+        depends[i] = any(t in seeds for t in node.inputs) or any(depends[p] for p in preds[i])
         if depends[i]:
             cut = min(cut, i)
     for i in graph.topological_order():
@@ -117,5 +119,5 @@ def _forward_section_nodes(graph: Graph, is_forward: list[bool]) -> None:
         if (is_forward[i] or i >= cut or node.meta(RECOMPUTE_META) or node.meta(PHASE_META) == BACKWARD
                 or node.proto.doc_string == _ORT_BACKWARD_DOC):
             continue
-        if all(is_forward[p] for p in graph.predecessors(node)):
+        if all(is_forward[p] for p in preds[i]):
             is_forward[i] = True

@@ -15,22 +15,30 @@ from ..graph import Graph
 _HIGH_PRIORITY_OPS = frozenset({"Shape", "Size"})
 
 
-def priority_based(graph: Graph) -> list[int]:
+def priority_based(graph: Graph, file_order: list[int] | None = None) -> list[int]:
     """``ExecutionOrder.PRIORITY_BASED``: Kahn's algorithm; among ready nodes Shape and
     Size first, then the lowest file index. For a topologically sorted file this is
-    the file order, apart from Shape/Size nodes moving up to where they become ready."""
-    nodes = graph.nodes
-    indegree = [len(graph.predecessors(n)) for n in nodes]
-    ready = [(0 if n.op_type in _HIGH_PRIORITY_OPS else 1, n.index) for n in nodes if indegree[n.index] == 0]
+    the file order, apart from Shape/Size nodes moving up to where they become ready.
+
+    With ``file_order``, the order for the graph written with its nodes in that order
+    (still as indices into ``graph.nodes``)."""
+    at = list(range(len(graph.nodes))) if file_order is None else list(file_order)  # file position -> node
+    position = [0] * len(at)
+    for p, i in enumerate(at):
+        position[i] = p
+    rank = [0 if n.op_type in _HIGH_PRIORITY_OPS else 1 for n in graph.nodes]
+    indegree = [len(p) for p in graph.preds]
+    ready = [(rank[i], position[i]) for i, d in enumerate(indegree) if d == 0]
     heapq.heapify(ready)
     order: list[int] = []
+    succs = graph.succs
     while ready:
-        _, i = heapq.heappop(ready)
+        i = at[heapq.heappop(ready)[1]]
         order.append(i)
-        for j in graph.successors(nodes[i]):  # one entry per edge, as ORT counts them
+        for j in succs[i]:  # one entry per edge, as ORT counts them
             indegree[j] -= 1
             if indegree[j] == 0:
-                heapq.heappush(ready, (0 if nodes[j].op_type in _HIGH_PRIORITY_OPS else 1, j))
+                heapq.heappush(ready, (rank[j], position[j]))
     return order
 
 
@@ -42,13 +50,13 @@ def ort_default(graph: Graph) -> list[int]:
     been emitted (post-order). This is ``Graph::ReverseDFSFrom`` with ``NodeCompare``,
     checked against the order ORT's profiler reports.
     """
-    nodes = graph.nodes
-    has_consumer = [False] * len(nodes)
-    for n in nodes:
-        for p in graph.predecessors(n):
+    preds = graph.preds
+    has_consumer = [False] * len(preds)
+    for ps in preds:
+        for p in ps:
             has_consumer[p] = True
-    stack: list[tuple[int, bool]] = [(n.index, False) for n in nodes if not has_consumer[n.index]]
-    visited = [False] * len(nodes)
+    stack: list[tuple[int, bool]] = [(i, False) for i, c in enumerate(has_consumer) if not c]
+    visited = [False] * len(preds)
     order: list[int] = []
     while stack:
         i, leaving = stack.pop()
@@ -61,7 +69,7 @@ def ort_default(graph: Graph) -> list[int]:
         stack.append((i, True))
         # ORT sorts producers by ascending index and pushes them in that order, so the
         # highest index ends on top of the stack and is walked first.
-        for p in sorted(graph.predecessors(nodes[i])):
+        for p in sorted(preds[i]):
             if not visited[p]:
                 stack.append((p, False))
     return order
@@ -75,4 +83,4 @@ def is_topological(graph: Graph, order: list[int]) -> bool:
     position = {i: k for k, i in enumerate(order)}
     if len(position) != len(graph.nodes):
         return False
-    return all(position[p] < position[n.index] for n in graph.nodes for p in graph.predecessors(n))
+    return all(position[p] < position[i] for i, ps in enumerate(graph.preds) for p in ps)

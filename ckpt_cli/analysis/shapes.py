@@ -7,7 +7,10 @@ graph inputs, so it never serialises weights (and works with external data).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from functools import cache
+from itertools import chain
 
 import numpy as np
 import onnx
@@ -37,6 +40,7 @@ class TensorInfo:
         return onnx.TensorProto.DataType.Name(self.dtype).lower() if self.dtype else "?"
 
 
+@cache
 def itemsize(elem_type: int) -> int:
     if elem_type in (onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED):
         return 0
@@ -48,7 +52,7 @@ def itemsize(elem_type: int) -> int:
 def _info(elem_type: int, shape: tuple | None) -> TensorInfo:
     nbytes = None
     if shape is not None and all(isinstance(d, int) for d in shape):
-        nbytes = int(np.prod(shape, dtype=np.int64)) * itemsize(elem_type)
+        nbytes = math.prod(shape) * itemsize(elem_type)
     return TensorInfo(elem_type, shape, nbytes)
 
 
@@ -112,10 +116,15 @@ def infer_tensors(graph: Graph, dims: dict[str, int] | None = None) -> dict[str,
         inferred = light
 
     tensors: dict[str, TensorInfo] = {}
-    for v in list(inferred.value_info) + list(inferred.input) + list(inferred.output):
-        elem, shape = _shape_of(v.type)
-        if v.name not in tensors or tensors[v.name].nbytes is None:
-            tensors[v.name] = _info(elem, shape)
+    by_type: dict[bytes, TensorInfo] = {}  # a graph has few distinct tensor types
+    for v in chain(inferred.value_info, inferred.input, inferred.output):
+        key = v.type.SerializeToString()
+        info = by_type.get(key)
+        if info is None:
+            info = by_type[key] = _info(*_shape_of(v.type))
+        name = v.name
+        if name not in tensors or tensors[name].nbytes is None:
+            tensors[name] = info
     for t in src.initializer:
         tensors[t.name] = _info(t.data_type, tuple(t.dims))
     _fill_custom_op_shapes(graph, tensors)

@@ -10,6 +10,7 @@ from pathlib import Path
 from .. import __version__
 from ..analysis import Analysis, buffer_bytes
 from ..analysis.scopes import UNSCOPED, top_scope
+from ..graph import gc_paused
 
 SCHEMA_VERSION = 1
 TOP_STASHED = 15
@@ -80,6 +81,7 @@ def boundary_step(a: Analysis, order: tuple[int, ...]) -> int | None:
     return next((k for k, i in enumerate(order) if not a.phases.is_forward[i]), None)
 
 
+@gc_paused
 def inspect_report(a: Analysis, options: dict) -> dict:
     g = a.graph
     param_bytes = buffer_bytes(g.resident, a.tensors)
@@ -116,8 +118,11 @@ def _region_rows(before: Analysis, result) -> list[dict]:
     from ..rewrite import REGION_META
 
     after = result.after
-    stashed_before = {s.buffer: s.producer for s in before.stashed}
     still = {s.buffer for s in after.stashed}
+    freed_by: dict[int, set[str]] = defaultdict(set)  # producer -> stashed buffers no longer stashed
+    for b, p in {s.buffer: s.producer for s in before.stashed}.items():
+        if b not in still:
+            freed_by[p].add(b)
     name_to_index = {n.name: n.index for n in before.graph.nodes}
     flops: dict[str, int] = defaultdict(int)
     for n in after.graph.nodes:
@@ -126,8 +131,7 @@ def _region_rows(before: Analysis, result) -> list[dict]:
             flops[region] += after.costs[n.index].flops
     rows = []
     for r in result.regions:
-        members = {name_to_index[c] for c in r.copies}
-        freed = {b for b, p in stashed_before.items() if p in members and b not in still}
+        freed = set().union(*(freed_by[name_to_index[c]] for c in r.copies))
         rows.append({
             "name": r.name,
             "nodes": r.nodes,
@@ -154,6 +158,7 @@ def _side(a: Analysis) -> dict:
     }
 
 
+@gc_paused
 def rewrite_report(before: Analysis, result, output: str | None, plan_json: dict | None,
                    plan_notes: list[str], settings_snippet: str, options: dict) -> dict:
     step_flops = before.forward_flops + before.backward_flops

@@ -10,16 +10,13 @@ from __future__ import annotations
 
 import heapq
 
-import onnx
-
 from ..analysis import schedules
-from ..graph import ABSENT, Graph
+from ..graph import ABSENT, Graph, Node
 
 
-def interleave(forward: list[onnx.NodeProto], backward: list[onnx.NodeProto],
-               blocks: list[tuple[int, list[onnx.NodeProto]]]) -> list[onnx.NodeProto]:
+def interleave(forward: list[Node], backward: list[Node], blocks: list[tuple[int, list[Node]]]) -> list[Node]:
     """Forward nodes, then backward nodes with each block inserted before backward[k]."""
-    before: dict[int, list[onnx.NodeProto]] = {}
+    before: dict[int, list[Node]] = {}
     for k, block in sorted(blocks, key=lambda kb: kb[0]):
         before.setdefault(k, []).extend(block)
     out = list(forward)
@@ -31,25 +28,26 @@ def interleave(forward: list[onnx.NodeProto], backward: list[onnx.NodeProto],
     return out
 
 
-def prune_dead(nodes: list[onnx.NodeProto], graph_outputs: set[str]) -> list[onnx.NodeProto]:
+def prune_dead(nodes: list[Node], graph_outputs: set[str]) -> list[Node]:
     """Drop nodes none of whose outputs is read or is a graph output (one reverse pass,
     which is exact because ``nodes`` is topologically sorted)."""
     needed = set(graph_outputs)
     keep = [False] * len(nodes)
     for k in range(len(nodes) - 1, -1, -1):
         n = nodes[k]
-        if any(t != ABSENT and t in needed for t in n.output):
+        if any(t != ABSENT and t in needed for t in n.outputs):
             keep[k] = True
-            needed.update(t for t in n.input if t != ABSENT)
+            needed.update(t for t in n.inputs if t != ABSENT)
     return [n for n, kept in zip(nodes, keep) if kept]
 
 
-def executed_order(graph: Graph) -> Graph:
-    """The same graph with its nodes in the order ORT's PRIORITY_BASED will run them."""
-    order = schedules.priority_based(graph)
-    if order == list(range(len(graph.nodes))):
+def executed_order(graph: Graph, order: list[int] | None = None) -> Graph:
+    """The same graph with its nodes in the order ORT's PRIORITY_BASED will run them when
+    written in ``order`` (default: as they are)."""
+    executed = schedules.priority_based(graph, order)
+    if executed == list(range(len(graph.nodes))):
         return graph
-    return graph.with_nodes([graph.nodes[i].proto for i in order])
+    return graph.reordered(executed)
 
 
 def memory_aware(graph: Graph, sizes: dict[str, int], roots: dict[str, str], movable: list[bool],
@@ -65,56 +63,58 @@ def memory_aware(graph: Graph, sizes: dict[str, int], roots: dict[str, str], mov
     O(n log n).
     """
     nodes = graph.nodes
-    key = [n.index for n in nodes]
+    preds, succs = graph.preds, graph.succs
+    key = list(range(len(nodes)))
     if lazy is not None:
         for i in range(len(nodes) - 1, -1, -1):  # reverse topological: readers first
             if lazy[i]:
-                needs = [key[j] for j in graph.successors(nodes[i])]
+                needs = [key[j] for j in succs[i]]
                 key[i] = min(needs) if needs else i
-    keep_alive = set(graph.outputs) | set(graph.resident)
-    readers: dict[str, set[int]] = {}
-    for n in nodes:
-        for t in n.inputs:
-            if t != ABSENT:
-                readers.setdefault(roots.get(t, t), set()).add(n.index)
-    remaining = {b: len(r) for b, r in readers.items()}
-    protected = {roots.get(t, t) for t in keep_alive}
+    # Buffers as ints: a tensor's id is its own buffer's (roots naming no tensor come after).
+    ids = graph.ids
+    buffer_id = dict(ids.of)
+    root = [buffer_id.setdefault(roots.get(t, t), len(buffer_id)) for t in ids.names]
+    size = [sizes.get(b, 0) for b in buffer_id]
+    for t in set(graph.outputs) | set(graph.resident):  # protected: never freed
+        if roots.get(t, t) in buffer_id:
+            size[buffer_id[roots.get(t, t)]] = 0
+    # Per node: the distinct buffers it reads and the bytes it allocates; per buffer, its
+    # readers and how many have not run yet.
+    reads = [tuple({root[t] for t in ts if t >= 0}) for ts in ids.inputs]
+    allocs = [sum(sizes.get(ids.names[t], 0) for t in ts if t >= 0 and root[t] == t) for ts in ids.outputs]
+    readers: list[list[int]] = [[] for _ in size]
+    for i, bufs in enumerate(reads):
+        for b in bufs:
+            readers[b].append(i)
+    remaining = [len(r) for r in readers]
 
-    def alloc(n) -> int:
-        return sum(sizes.get(t, 0) for t in n.outputs if t != ABSENT and roots.get(t, t) == t)
-
-    def frees(n) -> int:
-        bufs = {roots.get(t, t) for t in n.inputs if t != ABSENT}
-        return sum(sizes.get(b, 0) for b in bufs if b not in protected and remaining.get(b) == 1)
-
-    def klass(n) -> int:
-        if not movable[n.index]:
+    def klass(i: int) -> int:
+        if not movable[i]:
             return 1
-        gain = frees(n) - alloc(n)
-        return 0 if gain > 0 or (gain == 0 and not (lazy and lazy[n.index])) else 1
+        gain = sum(size[b] for b in reads[i] if remaining[b] == 1) - allocs[i]
+        return 0 if gain > 0 or (gain == 0 and not (lazy and lazy[i])) else 1
 
-    indegree = [len(graph.predecessors(n)) for n in nodes]
-    heap = [(klass(n), key[n.index], n.index) for n in nodes if indegree[n.index] == 0]
+    indegree = [len(p) for p in preds]
+    heap = [(klass(i), key[i], i) for i, d in enumerate(indegree) if d == 0]
     heapq.heapify(heap)
     done = [False] * len(nodes)
     order: list[int] = []
     while heap:
         k, _, i = heapq.heappop(heap)
-        if done[i] or k != klass(nodes[i]):
+        if done[i] or k != klass(i):
             continue
         done[i] = True
         order.append(i)
-        node = nodes[i]
         touched: set[int] = set()
-        for b in {roots.get(t, t) for t in node.inputs if t != ABSENT}:
+        for b in reads[i]:
             remaining[b] -= 1
             if remaining[b] == 1:
                 touched.update(j for j in readers[b] if not done[j])
-        for j in graph.successors(node):
+        for j in succs[i]:
             indegree[j] -= 1
             if indegree[j] == 0:
                 touched.add(j)
         for j in touched:
             if indegree[j] == 0 and not done[j]:
-                heapq.heappush(heap, (klass(nodes[j]), key[j], j))
+                heapq.heappush(heap, (klass(j), key[j], j))
     return order

@@ -81,10 +81,11 @@ def plan_recompute(a: Analysis, plan: Plan) -> Recompute:
             if a.phases.is_forward[i]:
                 owner.setdefault(i, r)
 
+    recomputable = {i: is_recomputable(g.nodes[i]) for i in owner}
     kept: set[str] = set().union(*(region.keep for region in plan.regions)) if plan.regions else set()
     for i, r in owner.items():
         node = g.nodes[i]
-        if not is_recomputable(node):
+        if not recomputable[i]:
             kept.update(t for t in node.outputs if t != ABSENT)
         for t in node.inputs:  # a region's inputs from another region are its checkpoints
             p = g.producer.get(t)
@@ -97,12 +98,12 @@ def plan_recompute(a: Analysis, plan: Plan) -> Recompute:
         node = g.nodes[i]
         if node.op_type in RANDOM_OPS:
             results[r].kept_random.append(node.name)
-        elif node.has_subgraph:
+        elif not recomputable[i] and node.has_subgraph:
             results[r].kept_subgraph.append(node.name)
 
     def in_region(t: str, r: int) -> bool:
         p = g.producer.get(t)
-        return p is not None and owner.get(p) == r and t not in kept and is_recomputable(g.nodes[p])
+        return p is not None and owner.get(p) == r and t not in kept and recomputable[p]
 
     copy_sets: list[set[int]] = [set() for _ in plan.regions]
     needed: list[list[str]] = [[] for _ in plan.regions]
@@ -129,6 +130,7 @@ def plan_recompute(a: Analysis, plan: Plan) -> Recompute:
     for r, members in enumerate(copy_sets):
         block = sorted(members, key=rank.__getitem__)
         blocks.append(block)
+        guard = onnx.helper.make_attribute(CSE_GUARD_ATTR, plan.regions[r].name)
         local: dict[str, str] = {}
         for i in block:
             node = g.nodes[i]
@@ -137,7 +139,8 @@ def plan_recompute(a: Analysis, plan: Plan) -> Recompute:
                     local[t] = _unique(t + SUFFIX, taken_tensors)
                     if t in info:
                         info[local[t]] = info[t]
-            copies[i] = _copy_node(node, local, _unique(node.name + SUFFIX, taken_nodes), plan.regions[r].name)
+            copies[i] = _copy_node(node, local, _unique(node.name + SUFFIX, taken_nodes), plan.regions[r].name,
+                                   guard)
             results[r].copies.append(node.name)
         for t in needed[r]:
             renamed[t] = local[t]
@@ -145,7 +148,8 @@ def plan_recompute(a: Analysis, plan: Plan) -> Recompute:
     return Recompute(copies, renamed, blocks, results, info)
 
 
-def _copy_node(node: Node, local: dict[str, str], name: str, region: str) -> onnx.NodeProto:
+def _copy_node(node: Node, local: dict[str, str], name: str, region: str,
+               guard: onnx.AttributeProto) -> onnx.NodeProto:
     p = onnx.NodeProto()
     p.CopyFrom(node.proto)
     p.name = name
@@ -153,7 +157,7 @@ def _copy_node(node: Node, local: dict[str, str], name: str, region: str) -> onn
     p.input.extend(local.get(t, t) for t in node.inputs)
     del p.output[:]
     p.output.extend(local.get(t, t) if t != ABSENT else ABSENT for t in node.outputs)
-    p.attribute.append(onnx.helper.make_attribute(CSE_GUARD_ATTR, region))
+    p.attribute.append(guard)
     for k, v in ((REGION_META, region), (SOURCE_META, node.name)):
         entry = p.metadata_props.add()
         entry.key, entry.value = k, v
@@ -177,9 +181,11 @@ def rewire_backward(a: Analysis, renamed: dict[str, str]) -> list[onnx.NodeProto
     return out
 
 
-def drop_unused_optional_outputs(graph: Graph, copy_names: set[str]) -> None:
-    """Blank optional outputs of copies that nothing reads (e.g. BatchNorm running stats)."""
+def drop_unused_optional_outputs(graph: Graph, copy_names: set[str]) -> list[int]:
+    """Blank optional outputs of copies that nothing reads (e.g. BatchNorm running stats), in
+    their protos; returns the indices of the nodes changed (the graph's index is then stale)."""
     outputs = set(graph.outputs)
+    changed: list[int] = []
     for node in graph.nodes:
         if node.name not in copy_names or len(node.outputs) < 2:
             continue
@@ -193,3 +199,5 @@ def drop_unused_optional_outputs(graph: Graph, copy_names: set[str]) -> None:
                 continue
             if k < len(formal) and formal[k].option == onnx.defs.OpSchema.FormalParameterOption.Optional:
                 node.proto.output[k] = ABSENT
+                changed.append(node.index)
+    return sorted(set(changed))
