@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 
 from .analysis import Analysis
+from .analysis.arena import predict_in_use
 from .errors import CkptError, EXIT_FAILED, ModelError, RuntimeUnavailable, UsageError
 from .runtime import check as rt
 from .runtime.feeds import FeedError, load_feeds, make_feeds, save_feeds
@@ -87,6 +88,8 @@ def run_check(original: Analysis, rewritten: Analysis, *, provider: str = "auto"
 
     predicted = {"original": original.priority.activation_peak_bytes,
                  "rewritten": rewritten.priority.activation_peak_bytes}
+    in_use = {k: predict_in_use(x.graph, x.priority, x.tensors).peak_in_use_bytes
+              for k, x in (("original", original), ("rewritten", rewritten))}
     measured_tensor_bytes = {}
     for side in ("original", "rewritten"):
         s = result[side]
@@ -111,6 +114,8 @@ def run_check(original: Analysis, rewritten: Analysis, *, provider: str = "auto"
         "order": result["order"],
         "predicted": predicted,
         "prediction_error": {k: _relative_error(predicted[k], measured_tensor_bytes[k]) for k in predicted},
+        "predicted_in_use": in_use,
+        "prediction_error_in_use": {k: _relative_error(in_use[k], result[k]["peak_bytes"]) for k in in_use},
         "memory_lower": memory_ok,
         "passed": bool(outputs_ok and memory_ok),
     }

@@ -9,7 +9,11 @@ Runtime's allocation planner places buffers (measured on ORT 1.31 CPU, see
 - a new output takes the most recently freed buffer of the same shape and element
   size, and that buffer stays allocated in between: reuse can raise the peak above
   naive liveness, and the simulation reproduces it;
-- graph outputs always get a fresh buffer.
+- graph outputs always get a fresh buffer; outputs nobody reads get a fresh buffer that
+  is held to the end of the run unless a later output reuses it;
+- ScatterElements/ScatterND write in place into a data input that dies there; views of
+  graph inputs and initializers allocate nothing;
+- dying buffers go to the reuse lists in the node's input order, then its outputs.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from ..graph import ABSENT, Graph
 from .shapes import TensorInfo, itemsize
 
 VIEW_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"})
-IN_PLACE_OPS = frozenset({"Relu", "LeakyRelu", "Elu", "Selu", "Celu", "Sigmoid", "HardSigmoid", "Tanh",
+IN_PLACE_OPS = frozenset({"ScatterElements", "ScatterND", "Relu", "LeakyRelu", "Elu", "Selu", "Celu", "Sigmoid", "HardSigmoid", "Tanh",
                           "Softplus", "Softsign", "Clip", "Shrink", "ThresholdedRelu", "Softmax",
                           "LogSoftmax", "Cast"})
 
@@ -132,7 +136,7 @@ def simulate(graph: Graph, order: list[int] | tuple[int, ...], tensors: dict[str
         owner.append(t)
         size.append(nbytes[t])
         born.append(k)
-        dies.append(k)
+        dies.append(-1)  # until a value in it is read: a buffer nobody reads is held to the end
         pending.append(0)
         holders.append([])
         return len(owner) - 1
@@ -145,6 +149,9 @@ def simulate(graph: Graph, order: list[int] | tuple[int, ...], tensors: dict[str
             if t < 0:
                 continue
             src_buf = buffer_of[src] if src >= 0 else -1
+            if pos == 0 and op in VIEW_OPS and src >= 0 and resident[src] and not is_output[t]:
+                resident[t] = True  # a view of a graph input or initializer allocates nothing
+                continue
             if is_output[t] or last_read[t] < 0:  # measured: unread outputs never reuse a buffer
                 b = new_buffer(t, k)
             elif pos == 0 and op in VIEW_OPS and src_buf >= 0:
@@ -168,10 +175,18 @@ def simulate(graph: Graph, order: list[int] | tuple[int, ...], tensors: dict[str
         for t in dead:
             if not resident[t]:
                 pending[buffer_of[t]] -= 1
-        for b in sorted({buffer_of[t] for t in dead}):
+        # ORT's planner frees in the node's input order, then its outputs; that order
+        # decides which same-shape buffer a later output reuses.
+        dying = set(dead)
+        released: list[int] = []
+        for t in (*inputs, *outputs):
+            if t in dying and buffer_of[t] not in released:
+                released.append(buffer_of[t])
+        for b in released:
             if pending[b] == 0 and reuse[owner[b]] >= 0:
                 free_lists[reuse[owner[b]]].append(b)
 
+    dies = [steps if d < 0 else d for d in dies]
     alloc = [0] * (steps + 1)
     free = [0] * (steps + 1)
     for b in range(len(owner)):

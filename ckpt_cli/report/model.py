@@ -101,6 +101,7 @@ def inspect_report(a: Analysis, options: dict) -> dict:
         "peak_bytes": a.priority.peak_bytes,
         "peak_node": g.nodes[a.priority.order[a.priority.peak_step]].name,
         "peak_bytes_ort_default": a.default.peak_bytes,
+        **_arena(a),
         "forward_flops": a.forward_flops,
         "backward_flops": a.backward_flops,
         "top_stashed": stashed_rows(a),
@@ -145,8 +146,19 @@ def _region_rows(before: Analysis, result) -> list[dict]:
     return rows
 
 
+def _arena(a: Analysis) -> dict:
+    """What ORT's CPU arena will report for the PRIORITY_BASED order: bytes in use at the
+    peak (the profiler's mem_bytes_in_use: activations, outputs and small initializers,
+    rounded and fragmented as the arena does) and bytes it reserves."""
+    from ..analysis.arena import predict_in_use
+
+    arena = predict_in_use(a.graph, a.priority, a.tensors)
+    return {"arena_in_use_bytes": arena.peak_in_use_bytes, "arena_held_bytes": arena.held_bytes}
+
+
 def _side(a: Analysis) -> dict:
     return {
+        **_arena(a),
         "peak_bytes": a.priority.peak_bytes,
         "stashed_bytes": a.stashed_bytes,
         "nodes": len(a.graph.nodes),

@@ -45,6 +45,8 @@ def render_inspect(r: dict, console: Console) -> None:
               f"{r['stashed_tensors']} tensors kept from forward to backward")
     t.add_row("peak, PRIORITY_BASED (file order)", human_bytes(r["peak_bytes"]), f"at {r['peak_node']}")
     t.add_row("peak, ORT DEFAULT order", human_bytes(r["peak_bytes_ort_default"]), "")
+    t.add_row("ORT CPU arena at that peak", human_bytes(r["arena_in_use_bytes"]),
+              f"in use (what ORT's profiler reports); {human_bytes(r['arena_held_bytes'])} reserved")
     t.add_row("FLOPs forward / backward", f"{human_flops(r['forward_flops'])}",
               f"/ {human_flops(r['backward_flops'])}")
     console.print(t)
@@ -85,8 +87,9 @@ def render_rewrite(r: dict, console: Console) -> None:
         console.print(f"  {note}")
     t = _table("Before / after (predicted, PRIORITY_BASED order)", console, ("", "left"), ("before", "right"),
                ("after", "right"), ("change", "right"))
-    for label, key, fmt in (("peak memory", "peak_bytes", human_bytes), ("stashed activations", "stashed_bytes",
-                                                                         human_bytes), ("nodes", "nodes", str)):
+    for label, key, fmt in (("peak memory", "peak_bytes", human_bytes),
+                            ("ORT CPU arena in use", "arena_in_use_bytes", human_bytes),
+                            ("stashed activations", "stashed_bytes", human_bytes), ("nodes", "nodes", str)):
         change = percent(a[key] - b[key], b[key]) if b[key] else "n/a"
         t.add_row(label, fmt(b[key]), fmt(a[key]), change if change.startswith("-") else "+" + change)
     t.add_row("recompute FLOPs", "", human_flops(r["recompute_flops"]),
@@ -118,13 +121,15 @@ def render_check(r: dict, console: Console) -> None:
     o, w, d = r["original"], r["rewritten"], r["original_ort_default"]
     console.print(f"[bold]{r['model']}[/bold] vs [bold]{r['rewritten_model']}[/bold] on {r['provider']} "
                   f"(ONNX Runtime {r['ort_version']})")
-    t = _table("Measured (median of runs)", console, ("", "left"), ("peak in use", "right"),
-               ("tensor bytes", "right"), ("predicted", "right"), ("step time", "right"))
+    t = _table("Measured (median of runs) and predicted", console, ("", "left"), ("peak in use", "right"),
+               ("predicted", "right"), ("tensor bytes", "right"), ("predicted", "right"), ("step time", "right"))
     if d is not None:
-        t.add_row("original, ORT default settings", human_bytes(d["peak_bytes"]), "", "", f"{d['time_s'] * 1e3:.1f} ms")
+        t.add_row("original, ORT default settings", human_bytes(d["peak_bytes"]), "", "", "",
+                  f"{d['time_s'] * 1e3:.1f} ms")
     for label, side, key in (("original, ckpt settings", o, "original"), ("rewritten, ckpt settings", w, "rewritten")):
-        t.add_row(label, human_bytes(side["peak_bytes"]), human_bytes(side["peak_requested_bytes"]),
-                  human_bytes(r["predicted"][key]), f"{side['time_s'] * 1e3:.1f} ms")
+        t.add_row(label, human_bytes(side["peak_bytes"]), human_bytes(r["predicted_in_use"][key]),
+                  human_bytes(side["peak_requested_bytes"]), human_bytes(r["predicted"][key]),
+                  f"{side['time_s'] * 1e3:.1f} ms")
     console.print(t)
     n = len(r["outputs"])
     same = sum(1 for e in r["outputs"].values() if e["bit_identical"])
@@ -134,9 +139,10 @@ def render_check(r: dict, console: Console) -> None:
     if o["peak_bytes"] and w["peak_bytes"]:
         console.print(f"peak memory: {human_bytes(o['peak_bytes'])} -> {human_bytes(w['peak_bytes'])} "
                       f"({percent(w['peak_bytes'] - o['peak_bytes'], o['peak_bytes'])})")
-    errs = [f"{k} {v * 100:+.1f}%" for k, v in r["prediction_error"].items() if v is not None]
-    if errs:
-        console.print(f"prediction vs measured tensor bytes: {', '.join(errs)}")
+    for label, key in (("peak in use", "prediction_error_in_use"), ("tensor bytes", "prediction_error")):
+        errs = [f"{k} {v * 100:+.1f}%" for k, v in r[key].items() if v is not None]
+        if errs:
+            console.print(f"prediction vs measured {label}: {', '.join(errs)}")
     bad = [name for name, e in r["outputs"].items() if not e["bit_identical"]][:5]
     if bad:
         console.print(f"outputs that differ: {', '.join(bad)}")

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import onnx
 
 from ..analysis import Analysis, analyse
+from ..analysis.arena import predict_in_use
 from ..analysis.memory import buffer_roots, simulate
 from ..analysis.phases import BACKWARD, PHASE_META
 from ..graph import Graph, Node, gc_paused
@@ -69,7 +70,10 @@ def rewrite(a: Analysis, plan: Plan | None) -> RewriteResult:
     # beats the plain order (forward, then backward with the blocks in place).
     candidates = [executed_order(new, order), executed_order(new)]
     profiles = [simulate(c, list(range(len(c.nodes))), tensors) for c in candidates]
-    best = min(range(len(candidates)), key=lambda k: profiles[k].peak_bytes)
+    # Judged by what ORT's arena will hold in use (rounding and fragmentation included),
+    # then by the tensor bytes.
+    in_use = [predict_in_use(c, p, tensors).peak_in_use_bytes for c, p in zip(candidates, profiles)]
+    best = min(range(len(candidates)), key=lambda k: (in_use[k], profiles[k].peak_bytes))
     new = _mark_early_backward(candidates[best], forward_names)
     # The written order is its own PRIORITY_BASED order (executed_order), so the
     # simulation above is the after-analysis's; phase markers change no tensor.
