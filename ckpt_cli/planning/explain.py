@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from ..analysis import Analysis
+from ..analysis.ops import RANDOM_OPS
 from .plan import Plan
 from .strategies import EXPENSIVE_OPS
 
-RANDOM_OPS = frozenset({"Dropout", "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
-                        "Bernoulli", "Multinomial"})
 
 
 def explain(a: Analysis, plan: Plan, recomputed: set[str]) -> list[dict]:

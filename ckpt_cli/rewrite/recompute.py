@@ -14,13 +14,12 @@ from dataclasses import dataclass, field
 import onnx
 
 from ..analysis import Analysis
+from ..analysis.ops import RANDOM_OPS, is_recomputable
 from ..analysis.phases import RECOMPUTE_META
 from ..analysis.shapes import TensorInfo
 from ..graph import ABSENT, Graph, Node
 from ..planning.plan import Plan
 
-RANDOM_OPS = frozenset({"Dropout", "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
-                        "Bernoulli", "Multinomial"})
 # Reading only a tensor's shape does not need its data: such readers stay on the original,
 # and ORT's PRIORITY_BASED order runs them as soon as the original exists.
 SHAPE_ONLY_OPS = frozenset({"Shape", "Size"})
@@ -52,10 +51,6 @@ class Recompute:
     blocks: list[list[int]]  # per region: original indices of its copies, in base order
     regions: list[RegionResult]
     tensors: dict[str, TensorInfo]
-
-
-def is_recomputable(node: Node) -> bool:
-    return node.op_type not in RANDOM_OPS and not node.has_subgraph and node.domain in ("", "ai.onnx")
 
 
 def _unique(name: str, taken: set[str]) -> str:
