@@ -13,6 +13,7 @@ from . import __version__
 from .errors import CkptError, UsageError
 
 EXIT_INTERNAL = 70
+PRETTY_JSON_LIMIT = 1 << 20  # larger reports (100k-node graphs) are written compact
 
 
 def _parse_dims(values: tuple[str, ...]) -> dict[str, int]:
@@ -48,7 +49,12 @@ def emit(report: dict, render, as_json: bool, report_path: Path | None, quiet: b
     from .save import write_text_atomic
     from .report.render import make_console
 
-    text = json.dumps(report, indent=2, sort_keys=False)
+    if not (as_json or report_path is not None):
+        render(report, make_console(quiet=quiet))
+        return
+    text = json.dumps(report)  # json's C encoder; indenting makes it pure Python
+    if len(text) < PRETTY_JSON_LIMIT:
+        text = json.dumps(report, indent=2)
     if report_path is not None:
         write_text_atomic(report_path, text + "\n")
     if as_json:
@@ -233,11 +239,10 @@ def rewrite(model: Path, output, force, patterns, scope, boundaries, plan_file, 
       ckpt rewrite model.onnx --boundary 'x:h3' --force
       ckpt rewrite model.onnx --plan plan.json
     """
-    from .pipeline import make_plan, plan_rows
+    from .pipeline import make_plan, plan_rows, rewrite_plan
     from .report.model import rewrite_report
     from .report.plan_view import planning_section, render_explanations
     from .report.render import render_rewrite
-    from .rewrite import rewrite as do_rewrite
     from .runtime.worker import settings_snippet
     from .save import build_model, check_output_path, save_model
 
@@ -250,7 +255,7 @@ def rewrite(model: Path, output, force, patterns, scope, boundaries, plan_file, 
         planned = None if no_recompute else make_plan(a, auto, budget, list(patterns), scope, list(boundaries),
                                                        plan_file)
     plan = planned.plan if planned else None
-    result = do_rewrite(a, plan)
+    result = rewrite_plan(a, plan)
     written = save_model(build_model(result.graph, [n.proto for n in result.graph.nodes]), output,
                          source_dir=model.parent)
     options = {"regions": list(patterns), "regions_by_scope": scope, "boundaries": list(boundaries),
@@ -310,9 +315,8 @@ def plan(model: Path, output, force, auto, budget, dims, loss, grad_outputs, as_
       ckpt rewrite sample_models/gpt.onnx --plan plan.json -o gpt.ckpt.onnx
       ckpt plan model.onnx --auto balanced --json | jq '.explanations[:5]'
     """
-    from .pipeline import make_plan, plan_rows
+    from .pipeline import make_plan, plan_rows, rewrite_plan
     from .report.plan_view import plan_report, render_plan
-    from .rewrite import rewrite as do_rewrite
     from .save import check_output_path, write_text_atomic
 
     a = _load_and_analyse(model, dims, loss, grad_outputs)
@@ -320,7 +324,7 @@ def plan(model: Path, output, force, auto, budget, dims, loss, grad_outputs, as_
         check_output_path(output, model, force)
     with _busy("planning", quiet or as_json):
         planned = make_plan(a, auto, budget)
-        result = do_rewrite(a, planned.plan)
+        result = rewrite_plan(a, planned.plan)
     report = plan_report(a, planned, result, plan_rows(a, planned, result), str(output) if output else None,
                          {"auto": auto, "budget": budget, "dims": list(dims), "loss": loss,
                           "grad_outputs": list(grad_outputs)})

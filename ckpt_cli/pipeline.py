@@ -18,8 +18,19 @@ from .rewrite import RewriteResult, rewrite
 AUTO_NAMES = ("layers", "sqrt", "balanced", "budget", "optimal")
 
 
+_LAST: list[tuple[Plan, RewriteResult]] = []  # the latest rewrite a plan search made
+
+
+def rewrite_plan(a: Analysis, plan: Plan | None) -> RewriteResult:
+    """``rewrite(a, plan)``, reusing the search's own rewrite of the plan it returned."""
+    if _LAST and _LAST[0][0] is plan and _LAST[0][1].after.graph.model is a.graph.model:
+        return _LAST[0][1]
+    return rewrite(a, plan)
+
+
 def plan_cost(a: Analysis, plan: Plan) -> PlanCost:
     result = rewrite(a, plan)
+    _LAST[:] = [(plan, result)]
     return PlanCost(result.after.priority.peak_bytes, result.recompute_flops, result.after.priority.live_at_peak)
 
 

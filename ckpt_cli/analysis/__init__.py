@@ -26,14 +26,30 @@ class Stashed:
 
 @dataclass(frozen=True)
 class Analysis:
+    """Everything ckpt knows of a graph. Costs, scopes, stashed tensors and the DEFAULT
+    order are computed on first use: a plan search analyses many rewritten graphs and
+    needs only their peak."""
+
     graph: Graph
     tensors: dict[str, TensorInfo]
     phases: Phases
-    costs: list[NodeCost]
     roots: dict[str, str]
-    scopes: list[str]
-    stashed: tuple[Stashed, ...]
     priority: MemoryProfile  # ORT PRIORITY_BASED order (the file order when sorted)
+
+    @cached_property
+    @gc_paused
+    def costs(self) -> list[NodeCost]:
+        return graph_costs(self.graph, self.tensors)
+
+    @cached_property
+    @gc_paused
+    def scopes(self) -> list[str]:
+        return node_scopes(self.graph)
+
+    @cached_property
+    @gc_paused
+    def stashed(self) -> tuple[Stashed, ...]:
+        return find_stashed(self.graph, self.phases, self.roots)
 
     @cached_property
     @gc_paused
@@ -91,16 +107,7 @@ def analyse(graph: Graph, dims: dict[str, int] | None = None, loss: str | None =
     roots = buffer_roots(graph)
     if priority is None:
         priority = simulate(graph, schedules.priority_based(graph), tensors, roots)
-    return Analysis(
-        graph=graph,
-        tensors=tensors,
-        phases=phases,
-        costs=graph_costs(graph, tensors),
-        roots=roots,
-        scopes=node_scopes(graph),
-        stashed=find_stashed(graph, phases, roots),
-        priority=priority,
-    )
+    return Analysis(graph=graph, tensors=tensors, phases=phases, roots=roots, priority=priority)
 
 
 __all__ = ["Analysis", "Stashed", "analyse", "MemoryProfile", "Phases", "TensorInfo", "symbolic_dims",

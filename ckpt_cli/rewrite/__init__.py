@@ -8,6 +8,7 @@ import onnx
 
 from ..analysis import Analysis, analyse
 from ..analysis.arena import predict_in_use
+from ..analysis.cost import node_cost
 from ..analysis.memory import buffer_roots, simulate
 from ..analysis.phases import BACKWARD, PHASE_META
 from ..graph import Graph, Node, gc_paused
@@ -80,7 +81,8 @@ def rewrite(a: Analysis, plan: Plan | None) -> RewriteResult:
     after = analyse(new, loss=a.phases.loss, grad_outputs=list(a.phases.grad_outputs), tensors=tensors,
                     priority=profiles[best])
     copies = [n for n in new.nodes if n.name in copy_names]
-    return RewriteResult(new, after, regions, len(copies), sum(after.costs[n.index].flops for n in copies))
+    flops = sum(node_cost(n, tensors).flops for n in copies)  # not after.costs: that prices every node
+    return RewriteResult(new, after, regions, len(copies), flops)
 
 
 def _mark_early_backward(graph: Graph, forward_names: set[str]) -> Graph:
