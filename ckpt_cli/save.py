@@ -24,9 +24,18 @@ _EXTERNAL_MIN_BYTES = 1024
 _COPY_CHUNK = 16 << 20
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def _temp_beside(path: Path) -> Path:
+    """A temporary file next to ``path`` with the permissions a new file would get
+    (mkstemp makes it private, and the rename would keep that)."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
+    os.chmod(tmp, 0o666 & ~_umask())
     return Path(tmp)
 
 

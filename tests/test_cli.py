@@ -65,6 +65,12 @@ def test_rewrite_json_contract_and_files(tmp_path):
     onnx.checker.check_model(m, full_check=True)
     assert m.ir_version <= 10
     assert not list(tmp_path.glob(".*.tmp")), "no temporary file may be left behind"
+    import os
+    import stat
+
+    mask = os.umask(0)
+    os.umask(mask)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o666 & ~mask, "written files get the usual permissions"
 
     code, text = run("rewrite", src, "-o", out)
     assert code == 2 and "--force" in text
