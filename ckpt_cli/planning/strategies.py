@@ -28,7 +28,7 @@ def _structure(a: Analysis) -> Plan:
     return default_regions(a)
 
 
-LARGE_GRAPH_NODES = 20_000  # above this the finer segmentation is skipped (each try is a rewrite)
+LARGE_GRAPH_NODES = 5_000  # above this the finer segmentation is skipped (each try is a rewrite)
 
 
 def structures(a: Analysis) -> list[Plan]:
