@@ -228,6 +228,11 @@ def budget_plan(a: Analysis, budget: int, evaluate: Evaluate, intervals_of, opti
         keep = fill_greedily(ranked, floor_info.timeline, floor_info.spans, budget)
         estimate = floor_info.cost.recompute_flops - sum(c.flops for c in ranked if c.tensor in keep)
         options_ranked.append((estimate, len(options_ranked), structure, ranked, floor_info, keep))
+    # Small graphs: check every structure and keep the cheapest for real. Large graphs
+    # (each check is a rewrite, and structures differ by under 2% there): stop at the
+    # first that fits, in order of estimated FLOPs.
+    exhaustive = len(a.graph.nodes) <= LARGE_GRAPH_NODES
+    best: BudgetResult | None = None
     for _, _, structure, ranked, floor_info, keep in sorted(options_ranked, key=lambda o: o[:2]):
         limit = budget
         for _ in range(8):
@@ -235,15 +240,23 @@ def budget_plan(a: Analysis, budget: int, evaluate: Evaluate, intervals_of, opti
             cost = evaluate(plan)
             evaluations += 1
             if cost.peak_bytes <= budget:
-                kept = [c for c in ranked if c.tensor in keep]
-                plan.notes.append(f"{structure.strategy} structure; kept {len(kept)} of {len(ranked)} stashed "
-                                  "activations, most expensive to recompute per byte first")
-                plan.notes.append(f"predicted peak {cost.peak_bytes} <= budget {budget} bytes "
-                                  f"({evaluations} evaluations)")
-                return BudgetResult(plan, cost.peak_bytes, cost.recompute_flops, kept,
-                                    [c for c in ranked if c.tensor not in keep], evaluations)
+                if best is None or cost.recompute_flops < best.recompute_flops:
+                    kept = [c for c in ranked if c.tensor in keep]
+                    plan.notes.append(f"{structure.strategy} structure; kept {len(kept)} of {len(ranked)} stashed "
+                                      "activations, most expensive to recompute per byte first")
+                    best = BudgetResult(plan, cost.peak_bytes, cost.recompute_flops, kept,
+                                        [c for c in ranked if c.tensor not in keep], 0)
+                break
             limit -= cost.peak_bytes - budget  # the linear model was optimistic: tighten
             keep = fill_greedily(ranked, floor_info.timeline, floor_info.spans, limit)
+        if best is not None and not exhaustive:
+            break
+    if best is not None:
+        best.evaluations = evaluations
+        best.plan.notes.append(f"predicted peak {best.peak_bytes} <= budget {budget} bytes ({evaluations} evaluations)")
+        if exhaustive:
+            evaluate(best.plan)  # leave the winner as the last rewrite, for reuse by the caller
+        return best
     raise BudgetUnreachable(_unreachable_message(a, budget, lowest or PlanCost(base, 0)))
 
 
