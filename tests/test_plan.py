@@ -115,7 +115,8 @@ def test_layers_found_from_structure_when_names_say_nothing(gpt):
     from ckpt_cli.planning import layer_regions
     from ckpt_cli.rewrite import rewrite
 
-    anonymous = dataclasses.replace(gpt, scopes=[""] * len(gpt.scopes))
+    anonymous = dataclasses.replace(gpt)
+    anonymous.__dict__["scopes"] = [""] * len(gpt.graph.nodes)  # as if names and metadata said nothing
     plan = layer_regions(anonymous)
     assert plan is not None and len(plan.regions) == 4, plan and plan.notes
     assert len({len(r.nodes) for r in plan.regions}) == 1 and "structure" in plan.notes[0]
