@@ -20,7 +20,8 @@ import numpy as np
 from ..analysis import Analysis
 from ..errors import BudgetUnreachable
 from .plan import Plan
-from .strategies import BudgetResult, Candidate, Evaluate, PlanCost, candidates, structures, with_keep
+from .strategies import (BudgetResult, Candidate, Evaluate, PlanCost, candidates, fit_to_budget, result_of,
+                         structures, unreachable_message)
 
 MAX_CANDIDATES = 2000  # beyond this the MILP is slow; optimal is for graphs of a few hundred nodes
 
@@ -81,29 +82,14 @@ def optimal_plan(a: Analysis, budget: int, evaluate: Evaluate, intervals_of: Int
         evaluations += 1
         if lowest is None or floor_info.cost.peak_bytes < lowest.peak_bytes:
             lowest = floor_info.cost
-        limit = budget
-        for _ in range(8):
-            keep = _solve(ranked, floor_info.spans, floor_info.timeline, limit)
-            if keep is None:
-                break
-            plan = with_keep(structure, keep, "optimal")
-            cost = evaluate(plan)
-            evaluations += 1
-            if lowest is None or cost.peak_bytes < lowest.peak_bytes:
-                lowest = cost
-            if cost.peak_bytes <= budget:
-                if best is None or cost.recompute_flops < best.recompute_flops:
-                    kept = [c for c in ranked if c.tensor in keep]
-                    plan.notes.append(f"{structure.strategy} structure; MILP keeps {len(kept)} of {len(ranked)} "
-                                      "stashed activations")
-                    best = BudgetResult(plan, cost.peak_bytes, cost.recompute_flops, kept,
-                                        [c for c in ranked if c.tensor not in keep], 0)
-                break
-            limit -= cost.peak_bytes - budget  # the linear model was optimistic: tighten
+        fitted, spent = fit_to_budget(structure, "optimal",
+                                      lambda limit, r=ranked, f=floor_info: _solve(r, f.spans, f.timeline, limit),
+                                      evaluate, budget)
+        evaluations += spent
+        if fitted is not None and (best is None or fitted[1].recompute_flops < best.recompute_flops):
+            best = result_of(fitted, ranked, structure.strategy, "MILP keeps {kept} of {total} stashed activations")
     if best is None:
-        from .strategies import _unreachable_message
-
         floor = lowest or PlanCost(base, 0)
-        raise BudgetUnreachable(_unreachable_message(a, budget, floor))
+        raise BudgetUnreachable(unreachable_message(a, budget, floor))
     best.evaluations = evaluations
     return best

@@ -194,6 +194,38 @@ def fill_greedily(ranked: list[Candidate], timeline: tuple[int, ...], spans: dic
     return kept
 
 
+MAX_TIGHTENING = 8
+
+
+def fit_to_budget(structure: Plan, strategy: str, choose: Callable[[int], set[str] | None], evaluate: Evaluate,
+                  budget: int) -> tuple[tuple[Plan, PlanCost, set[str]] | None, int]:
+    """Check keep sets that ``choose(limit)`` picks under a linear memory model with the
+    real cost model, tightening the limit by each overshoot (the linear model ignores copy
+    chains and buffer reuse, so it is optimistic). Returns ((plan, cost, keep) or None,
+    the number of evaluations)."""
+    limit, evaluations = budget, 0
+    for _ in range(MAX_TIGHTENING):
+        keep = choose(limit)
+        if keep is None:
+            break
+        plan = with_keep(structure, keep, strategy)
+        cost = evaluate(plan)
+        evaluations += 1
+        if cost.peak_bytes <= budget:
+            return (plan, cost, keep), evaluations
+        limit -= cost.peak_bytes - budget
+    return None, evaluations
+
+
+def result_of(fitted: tuple[Plan, PlanCost, set[str]], ranked: list[Candidate], structure: str,
+              note: str) -> BudgetResult:
+    plan, cost, keep = fitted
+    kept = [c for c in ranked if c.tensor in keep]
+    plan.notes.append(f"{structure} structure; " + note.format(kept=len(kept), total=len(ranked)))
+    return BudgetResult(plan, cost.peak_bytes, cost.recompute_flops, kept,
+                        [c for c in ranked if c.tensor not in keep], 0)
+
+
 def budget_plan(a: Analysis, budget: int, evaluate: Evaluate, intervals_of, options: list[Plan] | None = None
                 ) -> BudgetResult:
     """The plan with the least recompute FLOPs whose predicted peak fits ``budget``.
@@ -233,22 +265,14 @@ def budget_plan(a: Analysis, budget: int, evaluate: Evaluate, intervals_of, opti
     # first that fits, in order of estimated FLOPs.
     exhaustive = len(a.graph.nodes) <= LARGE_GRAPH_NODES
     best: BudgetResult | None = None
-    for _, _, structure, ranked, floor_info, keep in sorted(options_ranked, key=lambda o: o[:2]):
-        limit = budget
-        for _ in range(8):
-            plan = with_keep(structure, keep, "budget")
-            cost = evaluate(plan)
-            evaluations += 1
-            if cost.peak_bytes <= budget:
-                if best is None or cost.recompute_flops < best.recompute_flops:
-                    kept = [c for c in ranked if c.tensor in keep]
-                    plan.notes.append(f"{structure.strategy} structure; kept {len(kept)} of {len(ranked)} stashed "
-                                      "activations, most expensive to recompute per byte first")
-                    best = BudgetResult(plan, cost.peak_bytes, cost.recompute_flops, kept,
-                                        [c for c in ranked if c.tensor not in keep], 0)
-                break
-            limit -= cost.peak_bytes - budget  # the linear model was optimistic: tighten
-            keep = fill_greedily(ranked, floor_info.timeline, floor_info.spans, limit)
+    for _, _, structure, ranked, floor_info, first in sorted(options_ranked, key=lambda o: o[:2]):
+        choose = (lambda limit, r=ranked, f=floor_info, k=first:
+                  k if limit == budget else fill_greedily(r, f.timeline, f.spans, limit))
+        fitted, spent = fit_to_budget(structure, "budget", choose, evaluate, budget)
+        evaluations += spent
+        if fitted is not None and (best is None or fitted[1].recompute_flops < best.recompute_flops):
+            best = result_of(fitted, ranked, structure.strategy,
+                             "kept {kept} of {total} stashed activations, most expensive to recompute per byte first")
         if best is not None and not exhaustive:
             break
     if best is not None:
@@ -257,10 +281,10 @@ def budget_plan(a: Analysis, budget: int, evaluate: Evaluate, intervals_of, opti
         if exhaustive:
             evaluate(best.plan)  # leave the winner as the last rewrite, for reuse by the caller
         return best
-    raise BudgetUnreachable(_unreachable_message(a, budget, lowest or PlanCost(base, 0)))
+    raise BudgetUnreachable(unreachable_message(a, budget, lowest or PlanCost(base, 0)))
 
 
-def _unreachable_message(a: Analysis, budget: int, floor: PlanCost) -> str:
+def unreachable_message(a: Analysis, budget: int, floor: PlanCost) -> str:
     from ..report.units import human_bytes
 
     resident = a.priority.resident_bytes
