@@ -305,13 +305,14 @@ def plan(model: Path, output, force, auto, budget, dims, loss, grad_outputs, as_
 
     Strategies: layers (one region per repeated layer), sqrt (about sqrt(n) segments cut
     at small tensors), balanced (recompute only cheap memory-bound ops, keep MatMul/Conv
-    outputs), budget (the least recompute FLOPs whose predicted peak fits --budget).
+    outputs), budget (the least recompute FLOPs whose predicted peak fits --budget),
+    optimal (the budget problem as an exact MILP, to measure budget against).
     For every stashed activation the report says whether it is kept or recomputed and
     why. An unreachable budget exits with code 3 and says what dominates the peak.
 
     \b
     Examples:
-      ckpt plan sample_models/gpt.onnx --budget 40% -o plan.json
+      ckpt plan sample_models/gpt.onnx --budget 75% -o plan.json
       ckpt rewrite sample_models/gpt.onnx --plan plan.json -o gpt.ckpt.onnx
       ckpt plan model.onnx --auto balanced --json | jq '.explanations[:5]'
     """
