@@ -58,7 +58,3 @@ def _check_external_files(model: onnx.ModelProto, path: Path) -> None:
         if location is None or not (path.parent / location).exists():
             raise ModelError(f"{path}: initializer '{t.name}' keeps its data in "
                              f"'{location}', which is missing beside the model")
-
-
-def uses_external_data(model: onnx.ModelProto) -> bool:
-    return any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)

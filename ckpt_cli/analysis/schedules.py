@@ -73,14 +73,3 @@ def ort_default(graph: Graph) -> list[int]:
             if not visited[p]:
                 stack.append((p, False))
     return order
-
-
-def file_order(graph: Graph) -> list[int]:
-    return [n.index for n in graph.nodes]
-
-
-def is_topological(graph: Graph, order: list[int]) -> bool:
-    position = {i: k for k, i in enumerate(order)}
-    if len(position) != len(graph.nodes):
-        return False
-    return all(position[p] < position[i] for i, ps in enumerate(graph.preds) for p in ps)
