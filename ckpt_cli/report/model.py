@@ -9,6 +9,7 @@ from pathlib import Path
 
 from .. import __version__
 from ..analysis import Analysis, buffer_bytes
+from ..analysis.cost import node_cost
 from ..analysis.scopes import UNSCOPED, top_scope
 from ..graph import gc_paused
 
@@ -140,7 +141,7 @@ def _region_rows(before: Analysis, result) -> list[dict]:
     for n in after.graph.nodes:
         region = n.meta(REGION_META)
         if region is not None:
-            flops[region] += after.costs[n.index].flops
+            flops[region] += node_cost(n, after.tensors).flops  # only copies: after.costs prices every node
     rows = []
     for r in result.regions:
         freed = set().union(*(freed_by[name_to_index[c]] for c in r.copies))
