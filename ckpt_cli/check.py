@@ -11,6 +11,7 @@ from pathlib import Path
 
 from .analysis import Analysis
 from .analysis.arena import predict_in_use
+from .analysis.memory import simulate
 from .errors import CkptError, EXIT_FAILED, ModelError, RuntimeUnavailable, UsageError
 from .runtime import check as rt
 from .runtime.feeds import FeedError, load_feeds, make_feeds, save_feeds
@@ -72,7 +73,8 @@ def run_check(original: Analysis, rewritten: Analysis, *, provider: str = "auto"
         prepare_feeds(original.graph.model, feeds_path, seed, dims or {}, feeds_file)
         try:
             result = rt.check_pair(original.graph.path, rewritten.graph.path, feeds_path, provider=provider,
-                                   runs=runs, python=python, rtol=rtol or 0.0, atol=atol or 0.0)
+                                   runs=runs, python=python, rtol=rtol or 0.0, atol=atol or 0.0,
+                                   enable_mem_reuse=rewritten.reuse_buffers)
         except rt.RuntimeUnavailable as e:
             raise RuntimeUnavailable(f"ONNX Runtime provider '{provider}' is unavailable: {e.message}") from None
         except rt.RuntimeFailed as e:
@@ -86,9 +88,13 @@ def run_check(original: Analysis, rewritten: Analysis, *, provider: str = "auto"
                 raise ModelError(f"ONNX Runtime cannot load the model: {e.message}") from None
             raise RunFailed(f"ONNX Runtime failed ({e.kind}): {e.message}") from None
 
-    predicted = {"original": original.priority.activation_peak_bytes,
-                 "rewritten": rewritten.priority.activation_peak_bytes}
-    in_use = {k: predict_in_use(x.graph, x.priority, x.tensors).peak_in_use_bytes
+    # Both graphs ran with the session settings the rewritten one asks for.
+    profiles = {"rewritten": rewritten.priority, "original": original.priority}
+    if original.reuse_buffers != rewritten.reuse_buffers:
+        profiles["original"] = simulate(original.graph, original.priority.order, original.tensors,
+                                        reuse_buffers=rewritten.reuse_buffers)
+    predicted = {k: profiles[k].activation_peak_bytes for k in ("original", "rewritten")}
+    in_use = {k: predict_in_use(x.graph, profiles[k], x.tensors).peak_in_use_bytes
               for k, x in (("original", original), ("rewritten", rewritten))}
     measured_tensor_bytes = {}
     for side in ("original", "rewritten"):
@@ -117,5 +123,6 @@ def run_check(original: Analysis, rewritten: Analysis, *, provider: str = "auto"
         "predicted_in_use": in_use,
         "prediction_error_in_use": {k: _relative_error(in_use[k], result[k]["peak_bytes"]) for k in in_use},
         "memory_lower": memory_ok,
+        "enable_mem_reuse": rewritten.reuse_buffers,
         "passed": bool(outputs_ok and memory_ok),
     }

@@ -244,7 +244,8 @@ def rewrite(model: Path, output, force, patterns, scope, boundaries, plan_file, 
     from .report.plan_view import planning_section, render_explanations
     from .report.render import render_rewrite
     from .runtime.worker import settings_snippet
-    from .save import build_model, check_output_path, save_model
+    from .rewrite import to_model
+    from .save import check_output_path, save_model
 
     output = output or default_output(model)
     a = _load_and_analyse(model, dims, loss, grad_outputs)
@@ -256,14 +257,14 @@ def rewrite(model: Path, output, force, patterns, scope, boundaries, plan_file, 
                                                        plan_file)
     plan = planned.plan if planned else None
     result = rewrite_plan(a, plan)
-    written = save_model(build_model(result.graph, [n.proto for n in result.graph.nodes]), output,
+    written = save_model(to_model(result), output,
                          source_dir=model.parent)
     options = {"regions": list(patterns), "regions_by_scope": scope, "boundaries": list(boundaries),
                "plan": str(plan_file) if plan_file else None, "no_recompute": no_recompute, "auto": auto,
                "budget": budget, "dims": list(dims), "loss": loss, "grad_outputs": list(grad_outputs)}
     report = rewrite_report(a, result, str(written[0]),
                             plan.to_json([n.name for n in a.graph.nodes]) if plan else None,
-                            plan.notes if plan else [], settings_snippet("cpu"), options)
+                            plan.notes if plan else [], settings_snippet("cpu", result.mem_reuse), options)
     if planned is not None:
         report["planning"] = planning_section(a, planned, result, plan_rows(a, planned, result))
 

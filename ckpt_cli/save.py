@@ -69,7 +69,8 @@ def output_ir_version(model: onnx.ModelProto) -> int:
 
 
 @gc_paused
-def build_model(graph: Graph, nodes: list[onnx.NodeProto]) -> onnx.ModelProto:
+def build_model(graph: Graph, nodes: list[onnx.NodeProto], metadata: dict[str, str] | None = None
+                ) -> onnx.ModelProto:
     """A new ModelProto with ``nodes`` in this order; unused initializers and value_info dropped."""
     src = graph.model
     if len(nodes) == len(graph.nodes) and all(p is n.proto for p, n in zip(nodes, graph.nodes)):
@@ -89,7 +90,11 @@ def build_model(graph: Graph, nodes: list[onnx.NodeProto]) -> onnx.ModelProto:
                         producer_version=src.producer_version or "", domain=src.domain,
                         model_version=src.model_version, doc_string=src.doc_string, graph=g)
     m.opset_import.extend(src.opset_import)
-    m.metadata_props.extend(src.metadata_props)
+    metadata = metadata or {}
+    m.metadata_props.extend(p for p in src.metadata_props if p.key not in metadata)
+    for key, value in sorted(metadata.items()):
+        entry = m.metadata_props.add()
+        entry.key, entry.value = key, value
     m.functions.extend(src.functions)
     return m
 

@@ -164,3 +164,21 @@ def test_cuda_unavailable_is_exit_4(tmp_path):
         pytest.skip("a GPU is available here")
     code, out = run("check", SAMPLES / "mlp.onnx", SAMPLES / "mlp.onnx", "--provider", "cuda", "--runs", "1")
     assert code == 4 and "cuda" in out.lower() and len(out.strip().splitlines()) == 1, out
+
+
+def test_rewrite_can_turn_ort_buffer_reuse_off(tmp_path):
+    """On the GPT sample ORT's planner would park freed buffers for later same-shape
+    tensors; ckpt predicts less with enable_mem_reuse off, records it in the model, and the
+    check runs both graphs that way (and measures the prediction)."""
+    out = tmp_path / "gpt.ckpt.onnx"
+    code, text = run("rewrite", SAMPLES / "gpt.onnx", "-o", out, "--check", "--runs", "1", "--provider", "cpu",
+                     "--json")
+    assert code == 0, text
+    r = json.loads(text)
+    assert r["enable_mem_reuse"] is False and "so.enable_mem_reuse = False" in r["session_settings"]
+    assert r["check"]["enable_mem_reuse"] is False
+    meta = {p.key: p.value for p in onnx.load(out).metadata_props}
+    assert meta["ckpt.enable_mem_reuse"] == "0"
+    assert all(abs(e) <= 0.05 for e in r["check"]["prediction_error_in_use"].values())
+    inspected = json.loads(run("inspect", out, "--json")[1])
+    assert inspected["peak_bytes"] == r["after"]["peak_bytes"]

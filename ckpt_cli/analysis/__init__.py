@@ -35,6 +35,7 @@ class Analysis:
     phases: Phases
     roots: dict[str, str]
     priority: MemoryProfile  # ORT PRIORITY_BASED order (the file order when sorted)
+    reuse_buffers: bool = True  # ORT's enable_mem_reuse the simulations assume
 
     @cached_property
     @gc_paused
@@ -55,7 +56,8 @@ class Analysis:
     @gc_paused
     def default(self) -> MemoryProfile:
         """ORT DEFAULT order; simulated on first use (a rewrite never needs it)."""
-        return simulate(self.graph, schedules.ort_default(self.graph), self.tensors, self.roots)
+        return simulate(self.graph, schedules.ort_default(self.graph), self.tensors, self.roots,
+                        reuse_buffers=self.reuse_buffers)
 
     @property
     def stashed_bytes(self) -> int:
@@ -95,19 +97,32 @@ def find_stashed(graph: Graph, phases: Phases, roots: dict[str, str]) -> tuple[S
     return tuple(out)
 
 
+# ckpt records in the models it writes whether ORT's buffer reuse should be off for them.
+MEM_REUSE_META = "ckpt.enable_mem_reuse"
+
+
+def recommended_mem_reuse(graph: Graph) -> bool:
+    """The ``enable_mem_reuse`` a ckpt-written model asks for (True for any other model)."""
+    return next((p.value != "0" for p in graph.model.metadata_props if p.key == MEM_REUSE_META), True)
+
+
 @gc_paused
 def analyse(graph: Graph, dims: dict[str, int] | None = None, loss: str | None = None,
             grad_outputs: list[str] | None = None, tensors: dict[str, TensorInfo] | None = None, *,
-            priority: MemoryProfile | None = None) -> Analysis:
+            priority: MemoryProfile | None = None, reuse_buffers: bool | None = None) -> Analysis:
     """Run every analysis on ``graph``. ``tensors`` may be passed to skip shape inference, and
-    ``priority`` (the simulation of ``schedules.priority_based(graph)`` with them) to skip it."""
+    ``priority`` (the simulation of ``schedules.priority_based(graph)`` with them) to skip it.
+    ``reuse_buffers`` (ORT's enable_mem_reuse) defaults to what the model asks for."""
     if tensors is None:
         tensors = infer_tensors(graph, dims)
+    if reuse_buffers is None:
+        reuse_buffers = recommended_mem_reuse(graph)
     phases = classify(graph, loss, grad_outputs)
     roots = buffer_roots(graph)
     if priority is None:
-        priority = simulate(graph, schedules.priority_based(graph), tensors, roots)
-    return Analysis(graph=graph, tensors=tensors, phases=phases, roots=roots, priority=priority)
+        priority = simulate(graph, schedules.priority_based(graph), tensors, roots, reuse_buffers=reuse_buffers)
+    return Analysis(graph=graph, tensors=tensors, phases=phases, roots=roots, priority=priority,
+                    reuse_buffers=reuse_buffers)
 
 
 __all__ = ["Analysis", "Stashed", "analyse", "MemoryProfile", "Phases", "TensorInfo", "symbolic_dims",

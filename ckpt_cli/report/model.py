@@ -201,6 +201,7 @@ def rewrite_report(before: Analysis, result, output: str | None, plan_json: dict
         "recompute_share_of_forward": result.recompute_flops / before.forward_flops if before.forward_flops else 0.0,
         "recompute_share_of_step": result.recompute_flops / step_flops if step_flops else 0.0,
         "session_settings": settings_snippet,
+        "enable_mem_reuse": result.mem_reuse,
         "plan": plan_json,
     }
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import onnx
 
-from ..analysis import Analysis, analyse
+from ..analysis import MEM_REUSE_META, Analysis, analyse
 from ..analysis.arena import predict_in_use
 from ..analysis.cost import node_cost
 from ..analysis.memory import buffer_roots, simulate
@@ -25,6 +25,7 @@ class RewriteResult:
     regions: list[RegionResult]
     recompute_nodes: int
     recompute_flops: int
+    mem_reuse: bool = True  # the SessionOptions.enable_mem_reuse the written graph should run with
 
 
 @gc_paused
@@ -76,13 +77,40 @@ def rewrite(a: Analysis, plan: Plan | None) -> RewriteResult:
     in_use = [predict_in_use(c, p, tensors).peak_in_use_bytes for c, p in zip(candidates, profiles)]
     best = min(range(len(candidates)), key=lambda k: (in_use[k], profiles[k].peak_bytes))
     new = _mark_early_backward(candidates[best], forward_names)
+    profile, mem_reuse = _choose_mem_reuse(new, profiles[best], in_use[best], tensors)
     # The written order is its own PRIORITY_BASED order (executed_order), so the
     # simulation above is the after-analysis's; phase markers change no tensor.
     after = analyse(new, loss=a.phases.loss, grad_outputs=list(a.phases.grad_outputs), tensors=tensors,
-                    priority=profiles[best])
+                    priority=profile, reuse_buffers=mem_reuse)
     copies = [n for n in new.nodes if n.name in copy_names]
     flops = sum(node_cost(n, tensors).flops for n in copies)  # not after.costs: that prices every node
-    return RewriteResult(new, after, regions, len(copies), flops)
+    return RewriteResult(new, after, regions, len(copies), flops, mem_reuse)
+
+
+# Turning ORT's buffer reuse off is recommended only when the model predicts clearly less:
+# the arena model is within a few percent in that mode, not exact.
+MEM_REUSE_OFF_MARGIN = 0.05
+
+
+def _choose_mem_reuse(graph: Graph, profile, in_use: int, tensors) -> tuple:
+    """ORT's planner keeps a freed buffer allocated until a later tensor of the same shape
+    reuses it; in a recomputed backward that parks much memory. With
+    ``enable_mem_reuse = False`` every buffer is released at its last read instead (and
+    nothing runs in place). Pick the setting with the lower predicted arena peak."""
+    off = simulate(graph, list(range(len(graph.nodes))), tensors, reuse_buffers=False)
+    off_in_use = predict_in_use(graph, off, tensors).peak_in_use_bytes
+    if off_in_use < in_use * (1 - MEM_REUSE_OFF_MARGIN):
+        return off, False
+    return profile, True
+
+
+def to_model(result: RewriteResult) -> onnx.ModelProto:
+    """The ModelProto to save: nodes in the written order, and the session setting the
+    rewrite chose recorded in the model's metadata (ckpt check and inspect read it)."""
+    from ..save import build_model
+
+    metadata = None if result.mem_reuse else {MEM_REUSE_META: "0"}
+    return build_model(result.graph, [n.proto for n in result.graph.nodes], metadata)
 
 
 def _mark_early_backward(graph: Graph, forward_names: set[str]) -> Graph:
@@ -99,4 +127,4 @@ def _mark_early_backward(graph: Graph, forward_names: set[str]) -> Graph:
     return graph.replaced(marked) if marked else graph
 
 
-__all__ = ["rewrite", "RewriteResult", "RegionResult", "CSE_GUARD_ATTR", "RANDOM_OPS", "REGION_META", "SUFFIX"]
+__all__ = ["rewrite", "to_model", "RewriteResult", "RegionResult", "CSE_GUARD_ATTR", "RANDOM_OPS", "REGION_META", "SUFFIX"]

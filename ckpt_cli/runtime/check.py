@@ -109,7 +109,7 @@ def _parse(child: _Child) -> dict:
 def run_model(model_path, feeds_path, *, provider: str, settings: str, runs: int,
               python: str | None = None, outputs_path=None, memory_method: str = "auto",
               extra_outputs=None, timeout: float | None = None,
-              intra_op_threads: int = 1) -> dict:
+              intra_op_threads: int = 1, enable_mem_reuse: bool = True) -> dict:
     """Measure one model in a fresh child process; returns the worker's result dict.
 
     provider: "cpu" or "cuda" (resolve "auto" with ``resolve_provider`` first).
@@ -131,6 +131,7 @@ def run_model(model_path, feeds_path, *, provider: str, settings: str, runs: int
             "intra_op_threads": int(intra_op_threads),
             "memory_method": memory_method,
             "extra_outputs": list(extra_outputs or []),
+            "enable_mem_reuse": bool(enable_mem_reuse),
         }
         spec_path = os.path.join(tmp, "spec.json")
         with open(spec_path, "w", encoding="utf-8") as f:
@@ -323,7 +324,7 @@ def _summary(r: dict) -> dict:
 def check_pair(original, rewritten, feeds_path, *, provider: str = "auto", runs: int = 3,
                python: str | None = None, rtol: float = DEFAULT_RTOL,
                atol: float = DEFAULT_ATOL, timeout: float | None = None,
-               with_ort_default: bool = True) -> dict:
+               with_ort_default: bool = True, enable_mem_reuse: bool = True) -> dict:
     """Run original and rewritten graphs under the "ckpt" settings (and the original
     under ORT's defaults), compare outputs and check the rewritten graph's executed
     order against its file order.
@@ -339,9 +340,9 @@ def check_pair(original, rewritten, feeds_path, *, provider: str = "auto", runs:
         o_out = os.path.join(tmp, "original.npz")
         r_out = os.path.join(tmp, "rewritten.npz")
         orig = run_model(original, feeds_path, provider=prov, settings="ckpt", runs=runs,
-                         python=python, outputs_path=o_out, timeout=timeout)
+                         python=python, outputs_path=o_out, timeout=timeout, enable_mem_reuse=enable_mem_reuse)
         rew = run_model(rewritten, feeds_path, provider=prov, settings="ckpt", runs=runs,
-                        python=python, outputs_path=r_out, timeout=timeout)
+                        python=python, outputs_path=r_out, timeout=timeout, enable_mem_reuse=enable_mem_reuse)
         o_vals, r_vals = _load_npz(o_out), _load_npz(r_out)
         default = None
         default_cmp = None
@@ -367,6 +368,6 @@ def check_pair(original, rewritten, feeds_path, *, provider: str = "auto", runs:
         "ort_default_vs_ckpt": default_cmp,
         "order_matches": order["matches"],
         "order": order,
-        "session_settings": ckpt_session_settings(prov),
-        "settings_snippet": settings_snippet(prov),
+        "session_settings": dict(ckpt_session_settings(prov), enable_mem_reuse=enable_mem_reuse),
+        "settings_snippet": settings_snippet(prov, enable_mem_reuse),
     }

@@ -18,7 +18,8 @@ SPEC.json::
      "profile_dir": "/tmp/x",    # where ORT writes its profile (file removed after)
      "intra_op_threads": 1,
      "memory_method": "auto" | "profiler" | "process_peak",   # optional, default auto
-     "extra_outputs": ["timeline"]}                        # optional, see below
+     "extra_outputs": ["timeline"],                        # optional, see below
+     "enable_mem_reuse": true}   # optional; false turns ORT's buffer reuse off (not for ort_default)
 
 Result (one JSON object on stdout; everything else goes to stderr)::
 
@@ -179,7 +180,7 @@ def ort_default_session_settings(provider: str = "cpu") -> dict:
     }
 
 
-def settings_snippet(provider: str = "cpu") -> str:
+def settings_snippet(provider: str = "cpu", enable_mem_reuse: bool = True) -> str:
     """A copy-pasteable Python snippet that builds the "ckpt" session."""
     s = ckpt_session_settings(provider)
     lines = [
@@ -193,6 +194,9 @@ def settings_snippet(provider: str = "cpu") -> str:
         "# nodes that PRIORITY_BASED runs last; keep the graph as written.",
         f"so.graph_optimization_level = ort.GraphOptimizationLevel.{s['graph_optimization_level']}",
         f"so.enable_mem_pattern = {s['enable_mem_pattern']}",
+        *(["# ckpt predicts less memory for this graph when freed buffers are released",
+           "# instead of parked for a later tensor of the same shape.",
+           "so.enable_mem_reuse = False"] if not enable_mem_reuse else []),
         f"so.enable_cpu_mem_arena = {s['enable_cpu_mem_arena']}",
     ]
     for k, v in s["config_entries"].items():
@@ -220,6 +224,8 @@ def _settings_for(name: str, provider: str) -> dict:
         # The "ckpt" settings with ORT's DEFAULT order: measures what ckpt predicts
         # for that order (optimizations off, so the graph runs as written).
         return dict(ckpt_session_settings(provider), settings=name, execution_order="DEFAULT")
+    if name == "ckpt_no_reuse":
+        return dict(ckpt_session_settings(provider), settings=name, enable_mem_reuse=False)
     raise WorkerError("bad_spec", f"unknown settings {name!r} (expected 'ckpt', 'ckpt_default_order' "
                                   "or 'ort_default')")
 
@@ -231,6 +237,7 @@ def _session_options(ort, settings: dict, *, threads: int, profile_prefix: str |
     so.graph_optimization_level = getattr(ort.GraphOptimizationLevel,
                                           settings["graph_optimization_level"])
     so.enable_mem_pattern = bool(settings["enable_mem_pattern"])
+    so.enable_mem_reuse = bool(settings.get("enable_mem_reuse", True))
     so.enable_cpu_mem_arena = bool(settings["enable_cpu_mem_arena"] if arena is None else arena)
     so.intra_op_num_threads = int(threads)
     for k, v in settings["config_entries"].items():
@@ -559,6 +566,8 @@ def _process_peak_in_child(spec: dict) -> dict:
 def _process_peak_main(spec: dict) -> dict:
     spec = _parse_spec(spec)
     settings = _settings_for(spec["settings"], spec["provider"])
+    if spec.get("enable_mem_reuse") is False and settings["settings"] != "ort_default":
+        settings = dict(settings, enable_mem_reuse=False)
     import numpy as np
     import onnxruntime as ort
 
@@ -597,6 +606,8 @@ def _parse_spec(spec: dict) -> dict:
 def run_spec(spec: dict) -> dict:
     spec = _parse_spec(spec)
     settings = _settings_for(spec["settings"], spec["provider"])
+    if spec.get("enable_mem_reuse") is False and settings["settings"] != "ort_default":
+        settings = dict(settings, enable_mem_reuse=False)
     try:
         import numpy as np
         import onnxruntime as ort
