@@ -70,14 +70,17 @@ def rewrite(a: Analysis, plan: Plan | None) -> RewriteResult:
                          [n.name in copy_names for n in new.nodes])
     # The memory-aware order is a heuristic: keep it only when the simulation says it
     # beats the plain order (forward, then backward with the blocks in place).
-    candidates = [executed_order(new, order), executed_order(new)]
-    profiles = [simulate(c, list(range(len(c.nodes))), tensors) for c in candidates]
-    # Judged by what ORT's arena will hold in use (rounding and fragmentation included),
-    # then by the tensor bytes.
-    in_use = [predict_in_use(c, p, tensors).peak_in_use_bytes for c, p in zip(candidates, profiles)]
-    best = min(range(len(candidates)), key=lambda k: (in_use[k], profiles[k].peak_bytes))
-    new = _mark_early_backward(candidates[best], forward_names)
-    profile, mem_reuse = _choose_mem_reuse(new, profiles[best], in_use[best], tensors)
+    # Each order is judged with ORT's buffer reuse on and off, by what ORT's arena will hold
+    # in use (rounding and fragmentation included), then by the tensor bytes. Turning reuse
+    # off must win by MEM_REUSE_OFF_MARGIN: the arena model is within a few percent there.
+    options = []
+    for c in (executed_order(new, order), executed_order(new)):
+        for reuse in (True, False):
+            p = simulate(c, list(range(len(c.nodes))), tensors, reuse_buffers=reuse)
+            in_use = predict_in_use(c, p, tensors).peak_in_use_bytes
+            options.append((in_use * (1.0 if reuse else 1 / (1 - MEM_REUSE_OFF_MARGIN)), p.peak_bytes, c, p, reuse))
+    _, _, chosen, profile, mem_reuse = min(options, key=lambda o: o[:2])
+    new = _mark_early_backward(chosen, forward_names)
     # The written order is its own PRIORITY_BASED order (executed_order), so the
     # simulation above is the after-analysis's; phase markers change no tensor.
     after = analyse(new, loss=a.phases.loss, grad_outputs=list(a.phases.grad_outputs), tensors=tensors,
@@ -87,21 +90,8 @@ def rewrite(a: Analysis, plan: Plan | None) -> RewriteResult:
     return RewriteResult(new, after, regions, len(copies), flops, mem_reuse)
 
 
-# Turning ORT's buffer reuse off is recommended only when the model predicts clearly less:
-# the arena model is within a few percent in that mode, not exact.
+# Turning ORT's buffer reuse off is recommended only when the model predicts clearly less.
 MEM_REUSE_OFF_MARGIN = 0.05
-
-
-def _choose_mem_reuse(graph: Graph, profile, in_use: int, tensors) -> tuple:
-    """ORT's planner keeps a freed buffer allocated until a later tensor of the same shape
-    reuses it; in a recomputed backward that parks much memory. With
-    ``enable_mem_reuse = False`` every buffer is released at its last read instead (and
-    nothing runs in place). Pick the setting with the lower predicted arena peak."""
-    off = simulate(graph, list(range(len(graph.nodes))), tensors, reuse_buffers=False)
-    off_in_use = predict_in_use(graph, off, tensors).peak_in_use_bytes
-    if off_in_use < in_use * (1 - MEM_REUSE_OFF_MARGIN):
-        return off, False
-    return profile, True
 
 
 def to_model(result: RewriteResult) -> onnx.ModelProto:
