@@ -59,6 +59,18 @@ class Analysis:
         return simulate(self.graph, schedules.ort_default(self.graph), self.tensors, self.roots,
                         reuse_buffers=self.reuse_buffers)
 
+    def arena_in_use(self, reuse_buffers: bool) -> int:
+        """Predicted peak of ORT's arena in use for the PRIORITY_BASED order, with ORT's
+        buffer reuse on or off (computed once each)."""
+        cache = self.__dict__.setdefault("_arena_in_use", {})
+        if reuse_buffers not in cache:
+            from .arena import predict_in_use
+
+            profile = self.priority if reuse_buffers == self.reuse_buffers else simulate(
+                self.graph, self.priority.order, self.tensors, self.roots, reuse_buffers=reuse_buffers)
+            cache[reuse_buffers] = predict_in_use(self.graph, profile, self.tensors).peak_in_use_bytes
+        return cache[reuse_buffers]
+
     @property
     def stashed_bytes(self) -> int:
         return buffer_bytes({s.buffer for s in self.stashed}, self.tensors)

@@ -73,11 +73,15 @@ def rewrite(a: Analysis, plan: Plan | None) -> RewriteResult:
     # Each order is judged with ORT's buffer reuse on and off, by what ORT's arena will hold
     # in use (rounding and fragmentation included), then by the tensor bytes. Turning reuse
     # off must win by MEM_REUSE_OFF_MARGIN: the arena model is within a few percent there.
+    # Reuse off is only taken where it also keeps the rewrite clearly below the original
+    # under the same setting (what ckpt check compares).
     options = []
     for c in (executed_order(new, order), executed_order(new)):
         for reuse in (True, False):
             p = simulate(c, list(range(len(c.nodes))), tensors, reuse_buffers=reuse)
             in_use = predict_in_use(c, p, tensors).peak_in_use_bytes
+            if not reuse and in_use > a.arena_in_use(False) * (1 - MEM_REUSE_OFF_MARGIN):
+                continue
             options.append((in_use * (1.0 if reuse else 1 / (1 - MEM_REUSE_OFF_MARGIN)), p.peak_bytes, c, p, reuse))
     _, _, chosen, profile, mem_reuse = min(options, key=lambda o: o[:2])
     new = _mark_early_backward(chosen, forward_names)
