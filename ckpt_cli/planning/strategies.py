@@ -28,6 +28,7 @@ def _structure(a: Analysis) -> Plan:
     return default_regions(a)
 
 
+STARTS = 8  # greedy fills tried per structure on small graphs
 LARGE_GRAPH_NODES = 5_000  # above this the finer segmentation is skipped (each try is a rewrite)
 
 
@@ -266,13 +267,20 @@ def budget_plan(a: Analysis, budget: int, evaluate: Evaluate, intervals_of, opti
     exhaustive = len(a.graph.nodes) <= LARGE_GRAPH_NODES
     best: BudgetResult | None = None
     for _, _, structure, ranked, floor_info, first in sorted(options_ranked, key=lambda o: o[:2]):
-        choose = (lambda limit, r=ranked, f=floor_info, k=first:
-                  k if limit == budget else fill_greedily(r, f.timeline, f.spans, limit))
-        fitted, spent = fit_to_budget(structure, "budget", choose, evaluate, budget)
-        evaluations += spent
-        if fitted is not None and (best is None or fitted[1].recompute_flops < best.recompute_flops):
-            best = result_of(fitted, ranked, structure.strategy,
-                             "kept {kept} of {total} stashed activations, most expensive to recompute per byte first")
+        # The linear model can misjudge (a keep set may flip ORT's reuse setting): on small
+        # graphs also try the greedy fill at limits between the floor and the budget.
+        floor_peak = floor_info.cost.peak_bytes
+        starts = [budget] + ([budget - k * (budget - floor_peak) // STARTS for k in range(1, STARTS)]
+                             if exhaustive else [])
+        for start in starts:
+            choose = (lambda limit, r=ranked, f=floor_info, k=first, b=budget, s0=start:
+                      k if limit == b == s0 else fill_greedily(r, f.timeline, f.spans, limit - (b - s0)))
+            fitted, spent = fit_to_budget(structure, "budget", choose, evaluate, budget)
+            evaluations += spent
+            if fitted is not None and (best is None or fitted[1].recompute_flops < best.recompute_flops):
+                best = result_of(fitted, ranked, structure.strategy,
+                                 "kept {kept} of {total} stashed activations, most expensive to recompute per byte "
+                                 "first")
         if best is not None and not exhaustive:
             break
     if best is not None:
