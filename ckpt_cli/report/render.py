@@ -139,6 +139,9 @@ def render_check(r: dict, console: Console) -> None:
     if o["peak_bytes"] and w["peak_bytes"]:
         console.print(f"peak memory: {human_bytes(o['peak_bytes'])} -> {human_bytes(w['peak_bytes'])} "
                       f"({percent(w['peak_bytes'] - o['peak_bytes'], o['peak_bytes'])})")
+    if d is not None and d["peak_bytes"] and w["peak_bytes"]:
+        console.print(f"against ORT's default settings: {human_bytes(d['peak_bytes'])} -> "
+                      f"{human_bytes(w['peak_bytes'])} ({percent(w['peak_bytes'] - d['peak_bytes'], d['peak_bytes'])})")
     for label, key in (("peak in use", "prediction_error_in_use"), ("tensor bytes", "prediction_error")):
         errs = [f"{k} {v * 100:+.1f}%" for k, v in r[key].items() if v is not None]
         if errs:
