@@ -10,8 +10,6 @@ import tempfile
 from pathlib import Path
 
 from .analysis import Analysis
-from .analysis.arena import predict_in_use
-from .analysis.memory import simulate
 from .errors import CkptError, EXIT_FAILED, ModelError, RuntimeUnavailable, UsageError
 from .runtime import check as rt
 from .runtime.feeds import FeedError, load_feeds, make_feeds, save_feeds
@@ -64,8 +62,9 @@ def run_check(original: Analysis, rewritten: Analysis, *, provider: str = "auto"
     """Measure both graphs and return the check's figures (the ``ckpt check --json`` body).
 
     Outputs must be bit-identical unless ``rtol``/``atol`` are given. Memory is compared
-    on the arena's bytes in use (``peak_bytes``); the prediction is compared with the
-    bytes the tensors requested, which is what the liveness simulation models.
+    on the arena's bytes in use (``peak_bytes``). Both graphs run with the buffer-reuse
+    setting the rewritten model asks for; the predictions (tensor bytes requested, and
+    the arena's bytes in use) are made for that setting.
     """
     tolerant = rtol is not None or atol is not None
     with tempfile.TemporaryDirectory(prefix="ckpt_feeds_") as tmp:
@@ -89,13 +88,10 @@ def run_check(original: Analysis, rewritten: Analysis, *, provider: str = "auto"
             raise RunFailed(f"ONNX Runtime failed ({e.kind}): {e.message}") from None
 
     # Both graphs ran with the session settings the rewritten one asks for.
-    profiles = {"rewritten": rewritten.priority, "original": original.priority}
-    if original.reuse_buffers != rewritten.reuse_buffers:
-        profiles["original"] = simulate(original.graph, original.priority.order, original.tensors,
-                                        reuse_buffers=rewritten.reuse_buffers)
-    predicted = {k: profiles[k].activation_peak_bytes for k in ("original", "rewritten")}
-    in_use = {k: predict_in_use(x.graph, profiles[k], x.tensors).peak_in_use_bytes
-              for k, x in (("original", original), ("rewritten", rewritten))}
+    mode = rewritten.reuse_buffers
+    sides = {"original": original, "rewritten": rewritten}
+    predicted = {k: x.profile(mode).activation_peak_bytes for k, x in sides.items()}
+    in_use = {k: x.arena_in_use(mode) for k, x in sides.items()}
     measured_tensor_bytes = {}
     for side in ("original", "rewritten"):
         s = result[side]

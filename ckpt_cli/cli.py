@@ -49,19 +49,16 @@ def emit(report: dict, render, as_json: bool, report_path: Path | None, quiet: b
     from .save import write_text_atomic
     from .report.render import make_console
 
-    if not (as_json or report_path is not None):
+    if as_json or report_path is not None:
+        text = json.dumps(report)  # json's C encoder; indenting makes it pure Python
+        if len(text) < PRETTY_JSON_LIMIT:
+            text = json.dumps(report, indent=2)
+        if report_path is not None:
+            write_text_atomic(report_path, text + "\n")
+    if not as_json:
         render(report, make_console(quiet=quiet))
-        return
-    text = json.dumps(report)  # json's C encoder; indenting makes it pure Python
-    if len(text) < PRETTY_JSON_LIMIT:
-        text = json.dumps(report, indent=2)
-    if report_path is not None:
-        write_text_atomic(report_path, text + "\n")
-    if as_json:
-        if not quiet:
-            click.echo(text)
-        return
-    render(report, make_console(quiet=quiet))
+    elif not quiet:
+        click.echo(text)
 
 
 def _load_and_analyse(model: Path, dims, loss, grad_outputs):
@@ -256,7 +253,7 @@ def rewrite(model: Path, output, force, patterns, scope, boundaries, plan_file, 
         planned = None if no_recompute else make_plan(a, auto, budget, list(patterns), scope, list(boundaries),
                                                        plan_file)
     plan = planned.plan if planned else None
-    result = rewrite_plan(a, plan)
+    result = rewrite_plan(a, planned)
     written = save_model(to_model(result), output,
                          source_dir=model.parent)
     options = {"regions": list(patterns), "regions_by_scope": scope, "boundaries": list(boundaries),
@@ -326,7 +323,7 @@ def plan(model: Path, output, force, auto, budget, dims, loss, grad_outputs, as_
         check_output_path(output, model, force)
     with _busy("planning", quiet or as_json):
         planned = make_plan(a, auto, budget)
-        result = rewrite_plan(a, planned.plan)
+        result = rewrite_plan(a, planned)
     report = plan_report(a, planned, result, plan_rows(a, planned, result), str(output) if output else None,
                          {"auto": auto, "budget": budget, "dims": list(dims), "loss": loss,
                           "grad_outputs": list(grad_outputs)})

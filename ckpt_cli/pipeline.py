@@ -7,10 +7,10 @@ from dataclasses import dataclass
 
 from .analysis import Analysis
 from .analysis.memory import VIEW_OPS
+from .analysis.phases import RECOMPUTE_META
 from .errors import UsageError
 from .planning import Plan, choose_plan
 from .planning.explain import explain
-from .analysis.phases import RECOMPUTE_META
 from .planning.solver import Intervals, optimal_plan
 from .planning.strategies import STRATEGIES, BudgetResult, PlanCost, budget_plan, parse_budget
 from .rewrite import RewriteResult, rewrite
@@ -18,26 +18,20 @@ from .rewrite import RewriteResult, rewrite
 AUTO_NAMES = ("layers", "sqrt", "balanced", "budget", "optimal")
 
 
-_LAST: list[tuple[Plan, RewriteResult]] = []  # the latest rewrite a plan search made
-
-
-def rewrite_plan(a: Analysis, plan: Plan | None) -> RewriteResult:
-    """``rewrite(a, plan)``, reusing the search's own rewrite of the plan it returned."""
-    if _LAST and _LAST[0][0] is plan and _LAST[0][1].after.graph.model is a.graph.model:
-        return _LAST[0][1]
-    return rewrite(a, plan)
+def _cost(result: RewriteResult) -> PlanCost:
+    profile = result.after.priority
+    return PlanCost(profile.peak_bytes, result.recompute_flops, profile.live_at_peak)
 
 
 def plan_cost(a: Analysis, plan: Plan) -> PlanCost:
-    result = rewrite(a, plan)
-    _LAST[:] = [(plan, result)]
-    return PlanCost(result.after.priority.peak_bytes, result.recompute_flops, result.after.priority.live_at_peak)
+    """The cost model of plan searches: rewrite the graph and simulate its memory."""
+    return _cost(rewrite(a, plan))
 
 
 def keep_intervals(a: Analysis, plan: Plan) -> Intervals:
-    """For the exact solver: on the schedule of ``plan`` rewritten, the steps where keeping
-    each recomputed activation would add its bytes (after its last forward use, before
-    its copy is born)."""
+    """The linear model of plan searches: on the schedule of ``plan`` rewritten, the steps
+    where keeping each recomputed activation would add its bytes (after its last forward
+    use, before its copy is born)."""
     result = rewrite(a, plan)
     g = result.graph
     by_name = {n.name: n for n in a.graph.nodes}
@@ -52,9 +46,7 @@ def keep_intervals(a: Analysis, plan: Plan) -> Intervals:
             last = max([g.producer[t]] + list(g.consumers.get(t, ())))
             if last + 1 <= node.index - 1:
                 spans[t] = (last + 1, node.index - 1)
-    profile = result.after.priority
-    return Intervals(tuple(profile.timeline), spans,
-                     PlanCost(profile.peak_bytes, result.recompute_flops, profile.live_at_peak))
+    return Intervals(tuple(result.after.priority.timeline), spans, _cost(result))
 
 
 @dataclass
@@ -62,6 +54,14 @@ class Planned:
     plan: Plan | None
     budget: int | None = None
     search: BudgetResult | None = None
+    result: RewriteResult | None = None  # the search's own rewrite of ``plan``, when it has one
+
+
+def rewrite_plan(a: Analysis, planned: Planned | None) -> RewriteResult:
+    """``rewrite(a, planned.plan)``, reusing the search's rewrite of it when there is one."""
+    if planned is not None and planned.result is not None:
+        return planned.result
+    return rewrite(a, planned.plan if planned is not None else None)
 
 
 def make_plan(a: Analysis, auto: str | None = None, budget: str | None = None, patterns=None, scope=None,
@@ -77,11 +77,15 @@ def make_plan(a: Analysis, auto: str | None = None, budget: str | None = None, p
         if budget is None:
             raise UsageError(f"--auto {auto} needs --budget (e.g. --budget 2GiB or --budget 40%)")
         limit = parse_budget(budget, a.priority.peak_bytes)
-        if auto == "optimal":
-            search = optimal_plan(a, limit, lambda p: plan_cost(a, p), lambda p: keep_intervals(a, p))
-        else:
-            search = budget_plan(a, limit, lambda p: plan_cost(a, p), lambda p: keep_intervals(a, p))
-        return Planned(search.plan, limit, search)
+        last: dict[str, object] = {}
+
+        def cost(plan: Plan) -> PlanCost:
+            last["plan"], last["result"] = plan, rewrite(a, plan)
+            return _cost(last["result"])
+
+        solve = optimal_plan if auto == "optimal" else budget_plan
+        search = solve(a, limit, cost, lambda p: keep_intervals(a, p))
+        return Planned(search.plan, limit, search, last["result"] if last.get("plan") is search.plan else None)
     if auto is not None:
         if auto not in STRATEGIES:
             raise UsageError(f"unknown --auto strategy '{auto}' (choose from {', '.join(AUTO_NAMES)})")

@@ -56,8 +56,18 @@ class Analysis:
     @gc_paused
     def default(self) -> MemoryProfile:
         """ORT DEFAULT order; simulated on first use (a rewrite never needs it)."""
-        return simulate(self.graph, schedules.ort_default(self.graph), self.tensors, self.roots,
+        return simulate(self.graph, schedules.ort_default(self.graph), self.tensors,
                         reuse_buffers=self.reuse_buffers)
+
+    def profile(self, reuse_buffers: bool) -> MemoryProfile:
+        """The PRIORITY_BASED simulation with ORT's buffer reuse on or off (computed once)."""
+        if reuse_buffers == self.reuse_buffers:
+            return self.priority
+        cache = self.__dict__.setdefault("_profiles", {})
+        if reuse_buffers not in cache:
+            cache[reuse_buffers] = simulate(self.graph, self.priority.order, self.tensors,
+                                            reuse_buffers=reuse_buffers)
+        return cache[reuse_buffers]
 
     def arena_in_use(self, reuse_buffers: bool) -> int:
         """Predicted peak of ORT's arena in use for the PRIORITY_BASED order, with ORT's
@@ -66,8 +76,7 @@ class Analysis:
         if reuse_buffers not in cache:
             from .arena import predict_in_use
 
-            profile = self.priority if reuse_buffers == self.reuse_buffers else simulate(
-                self.graph, self.priority.order, self.tensors, self.roots, reuse_buffers=reuse_buffers)
+            profile = self.profile(reuse_buffers)
             cache[reuse_buffers] = predict_in_use(self.graph, profile, self.tensors).peak_in_use_bytes
         return cache[reuse_buffers]
 
@@ -132,7 +141,7 @@ def analyse(graph: Graph, dims: dict[str, int] | None = None, loss: str | None =
     phases = classify(graph, loss, grad_outputs)
     roots = buffer_roots(graph)
     if priority is None:
-        priority = simulate(graph, schedules.priority_based(graph), tensors, roots, reuse_buffers=reuse_buffers)
+        priority = simulate(graph, schedules.priority_based(graph), tensors, reuse_buffers=reuse_buffers)
     return Analysis(graph=graph, tensors=tensors, phases=phases, roots=roots, priority=priority,
                     reuse_buffers=reuse_buffers)
 

@@ -78,14 +78,12 @@ def _reuse_key(info: TensorInfo | None):
     return (info.shape, itemsize(info.dtype))
 
 
-def simulate(graph: Graph, order: list[int] | tuple[int, ...], tensors: dict[str, TensorInfo],
-             roots: dict[str, str] | None = None, *, reuse_buffers: bool = True,
-             alias_views: bool = True) -> MemoryProfile:
+def simulate(graph: Graph, order: list[int] | tuple[int, ...], tensors: dict[str, TensorInfo], *,
+             reuse_buffers: bool = True) -> MemoryProfile:
     """Predict the bytes in use after each node of ``order`` and the peak.
 
     ``reuse_buffers=False`` models ORT's ``SessionOptions.enable_mem_reuse = False``: no
     in-place outputs and no reuse of freed buffers (each one is released at its last read)."""
-    del roots  # buffer sharing depends on the order here; kept for API compatibility
     ids = graph.ids
     names, node_inputs, node_outputs = ids.names, ids.inputs, ids.outputs
     count = len(names)
@@ -153,12 +151,12 @@ def simulate(graph: Graph, order: list[int] | tuple[int, ...], tensors: dict[str
             if t < 0:
                 continue
             src_buf = buffer_of[src] if src >= 0 else -1
-            if pos == 0 and op in VIEW_OPS and alias_views and src >= 0 and resident[src] and not is_output[t]:
+            if pos == 0 and op in VIEW_OPS and src >= 0 and resident[src] and not is_output[t]:
                 resident[t] = True  # a view of a graph input or initializer allocates nothing
                 continue
             if is_output[t] or last_read[t] < 0:  # measured: unread outputs never reuse a buffer
                 b = new_buffer(t, k)
-            elif pos == 0 and op in VIEW_OPS and alias_views and src_buf >= 0:
+            elif pos == 0 and op in VIEW_OPS and src_buf >= 0:
                 b = src_buf
             elif (reuse_buffers and pos == 0 and op in IN_PLACE_OPS and src_buf >= 0 and readers[src] == 1 and pending[src_buf] == 1
                   and last_read[src] == k and reuse[src] == reuse[t] >= 0 and infos[src].dtype == infos[t].dtype):

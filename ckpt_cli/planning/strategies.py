@@ -23,11 +23,6 @@ EXPENSIVE_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", 
                            "MultiHeadAttention", "MatMulInteger", "QLinearMatMul", "QLinearConv"})
 
 
-def _structure(a: Analysis) -> Plan:
-    """Region structure the automatic strategies refine: layers if any, else segments."""
-    return default_regions(a)
-
-
 STARTS = 8  # greedy fills tried per structure on small graphs
 LARGE_GRAPH_NODES = 5_000  # above this the finer segmentation is skipped (each try is a rewrite)
 
@@ -52,7 +47,7 @@ def balanced(a: Analysis) -> Plan:
     """Recompute only cheap, memory-bound ops (elementwise, activations, normalisations,
     reshapes, softmax); keep every MatMul/Gemm/Conv output. The default policy of Burn
     and PyTorch's selective checkpointing, as a baseline."""
-    base = _structure(a)
+    base = default_regions(a)
     g = a.graph
     regions = []
     for r in base.regions:
@@ -286,8 +281,6 @@ def budget_plan(a: Analysis, budget: int, evaluate: Evaluate, intervals_of, opti
     if best is not None:
         best.evaluations = evaluations
         best.plan.notes.append(f"predicted peak {best.peak_bytes} <= budget {budget} bytes ({evaluations} evaluations)")
-        if exhaustive:
-            evaluate(best.plan)  # leave the winner as the last rewrite, for reuse by the caller
         return best
     raise BudgetUnreachable(unreachable_message(a, budget, lowest or PlanCost(base, 0)))
 

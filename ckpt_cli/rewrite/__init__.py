@@ -68,22 +68,8 @@ def rewrite(a: Analysis, plan: Plan | None) -> RewriteResult:
     sizes = {t: info.nbytes for t, info in tensors.items() if info.nbytes}
     order = memory_aware(new, sizes, buffer_roots(new), [n.name not in forward_names for n in new.nodes],
                          [n.name in copy_names for n in new.nodes])
-    # The memory-aware order is a heuristic: keep it only when the simulation says it
-    # beats the plain order (forward, then backward with the blocks in place).
-    # Each order is judged with ORT's buffer reuse on and off, by what ORT's arena will hold
-    # in use (rounding and fragmentation included), then by the tensor bytes. Turning reuse
-    # off must win by MEM_REUSE_OFF_MARGIN: the arena model is within a few percent there.
-    # Reuse off is only taken where it also keeps the rewrite clearly below the original
-    # under the same setting (what ckpt check compares).
-    options = []
-    for c in (executed_order(new, order), executed_order(new)):
-        for reuse in (True, False):
-            p = simulate(c, list(range(len(c.nodes))), tensors, reuse_buffers=reuse)
-            in_use = predict_in_use(c, p, tensors).peak_in_use_bytes
-            if not reuse and in_use > a.arena_in_use(False) * (1 - MEM_REUSE_OFF_MARGIN):
-                continue
-            options.append((in_use * (1.0 if reuse else 1 / (1 - MEM_REUSE_OFF_MARGIN)), p.peak_bytes, c, p, reuse))
-    _, _, chosen, profile, mem_reuse = min(options, key=lambda o: o[:2])
+    chosen, profile, mem_reuse = _choose_order_and_reuse(
+        a, [executed_order(new, order), executed_order(new)], tensors)
     new = _mark_early_backward(chosen, forward_names)
     # The written order is its own PRIORITY_BASED order (executed_order), so the
     # simulation above is the after-analysis's; phase markers change no tensor.
@@ -94,8 +80,35 @@ def rewrite(a: Analysis, plan: Plan | None) -> RewriteResult:
     return RewriteResult(new, after, regions, len(copies), flops, mem_reuse)
 
 
-# Turning ORT's buffer reuse off is recommended only when the model predicts clearly less.
+# Turning ORT's buffer reuse off must win by this much: the arena model is exact with
+# reuse on, within a few percent with it off.
 MEM_REUSE_OFF_MARGIN = 0.05
+
+
+def _choose_order_and_reuse(a: Analysis, candidates: list[Graph], tensors) -> tuple:
+    """Pick the written order (the memory-aware one or the plain one) and ORT's
+    ``enable_mem_reuse`` together, by the predicted arena peak, then the tensor bytes.
+
+    ORT's planner keeps a freed buffer allocated until a later tensor of the same shape
+    reuses it; with reuse off every buffer is released at its last read (and nothing runs
+    in place). Reuse off is only taken where it also keeps the rewrite clearly below the
+    original under that setting, which is what ``ckpt check`` compares."""
+    options = []
+    seen: list[list[str]] = []
+    for graph in candidates:
+        names = [n.name for n in graph.nodes]
+        if names in seen:  # the heuristic order can be the plain one: simulate it once
+            continue
+        seen.append(names)
+        for reuse in (True, False):
+            profile = simulate(graph, list(range(len(graph.nodes))), tensors, reuse_buffers=reuse)
+            in_use = predict_in_use(graph, profile, tensors).peak_in_use_bytes
+            if not reuse:
+                if in_use > a.arena_in_use(False) * (1 - MEM_REUSE_OFF_MARGIN):
+                    continue
+                in_use /= 1 - MEM_REUSE_OFF_MARGIN
+            options.append((in_use, profile.peak_bytes, len(options), graph, profile, reuse))
+    return min(options, key=lambda o: o[:3])[3:]
 
 
 def to_model(result: RewriteResult) -> onnx.ModelProto:
