@@ -27,6 +27,8 @@ VIEW_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"})
 IN_PLACE_OPS = frozenset({"ScatterElements", "ScatterND", "Relu", "LeakyRelu", "Elu", "Selu", "Celu", "Sigmoid", "HardSigmoid", "Tanh",
                           "Softplus", "Softsign", "Clip", "Shrink", "ThresholdedRelu", "Softmax",
                           "LogSoftmax", "Cast"})
+_VIEW, _IN_PLACE = 1, 2
+_OP_KINDS = {**{op: _IN_PLACE for op in IN_PLACE_OPS}, **{op: _VIEW for op in VIEW_OPS}}
 
 
 @dataclass(frozen=True)
@@ -143,22 +145,23 @@ def simulate(graph: Graph, order: list[int] | tuple[int, ...], tensors: dict[str
         holders.append([])
         return len(owner) - 1
 
+    kinds = [_OP_KINDS.get(n.op_type, 0) for n in graph.nodes]
     for k, i in enumerate(order):
-        op = graph.nodes[i].op_type
+        kind = kinds[i]
         inputs, outputs = node_inputs[i], node_outputs[i]
         src = inputs[0] if inputs else -1
         for pos, t in enumerate(outputs):
             if t < 0:
                 continue
             src_buf = buffer_of[src] if src >= 0 else -1
-            if pos == 0 and op in VIEW_OPS and src >= 0 and resident[src] and not is_output[t]:
+            if pos == 0 and kind == _VIEW and src >= 0 and resident[src] and not is_output[t]:
                 resident[t] = True  # a view of a graph input or initializer allocates nothing
                 continue
             if is_output[t] or last_read[t] < 0:  # measured: unread outputs never reuse a buffer
                 b = new_buffer(t, k)
-            elif pos == 0 and op in VIEW_OPS and src_buf >= 0:
+            elif pos == 0 and kind == _VIEW and src_buf >= 0:
                 b = src_buf
-            elif (reuse_buffers and pos == 0 and op in IN_PLACE_OPS and src_buf >= 0 and readers[src] == 1 and pending[src_buf] == 1
+            elif (reuse_buffers and pos == 0 and kind == _IN_PLACE and src_buf >= 0 and readers[src] == 1 and pending[src_buf] == 1
                   and last_read[src] == k and reuse[src] == reuse[t] >= 0 and infos[src].dtype == infos[t].dtype):
                 b = src_buf
             else:
@@ -169,6 +172,8 @@ def simulate(graph: Graph, order: list[int] | tuple[int, ...], tensors: dict[str
             pending[b] += 1
             if last_read[t] > dies[b]:
                 dies[b] = last_read[t]
+        if not reuse_buffers:
+            continue  # what dies only matters to in-place writes and reuse
         # Values that die here: inputs last read here, outputs nobody reads.
         dead = [t for t in last_reads[k] if buffer_of[t] >= 0]
         dead += [t for t in outputs if t >= 0 and last_read[t] < 0]

@@ -92,8 +92,12 @@ def _choose_order_and_reuse(a: Analysis, candidates: list[Graph], tensors) -> tu
     ORT's planner keeps a freed buffer allocated until a later tensor of the same shape
     reuses it; with reuse off every buffer is released at its last read (and nothing runs
     in place). Reuse off is only taken where it also keeps the rewrite clearly below the
-    original under that setting, which is what ``ckpt check`` compares."""
-    options = []
+    original under that setting, which is what ``ckpt check`` compares.
+
+    The arena replay costs as much as the simulation, and the arena never has fewer bytes
+    in use than the live tensors: options are replayed from the lowest tensor peak up, and
+    one whose tensor peak already exceeds the best arena peak found is not replayed."""
+    simulated = []
     seen: list[list[str]] = []
     for graph in candidates:
         names = [n.name for n in graph.nodes]
@@ -102,13 +106,22 @@ def _choose_order_and_reuse(a: Analysis, candidates: list[Graph], tensors) -> tu
         seen.append(names)
         for reuse in (True, False):
             profile = simulate(graph, list(range(len(graph.nodes))), tensors, reuse_buffers=reuse)
-            in_use = predict_in_use(graph, profile, tensors).peak_in_use_bytes
-            if not reuse:
-                if in_use > a.arena_in_use(False) * (1 - MEM_REUSE_OFF_MARGIN):
-                    continue
-                in_use /= 1 - MEM_REUSE_OFF_MARGIN
-            options.append((in_use, profile.peak_bytes, len(options), graph, profile, reuse))
-    return min(options, key=lambda o: o[:3])[3:]
+            scale = 1.0 if reuse else 1 / (1 - MEM_REUSE_OFF_MARGIN)
+            simulated.append((profile.activation_peak_bytes * scale, len(simulated), graph, profile, reuse, scale))
+    best = None
+    for bound, k, graph, profile, reuse, scale in sorted(simulated, key=lambda o: o[:2]):
+        if best is not None and bound > best[0]:
+            break  # sorted by bound: no later option can win either
+        clearly_lower = 0.0 if reuse else a.arena_in_use(False) * (1 - MEM_REUSE_OFF_MARGIN)
+        if not reuse and profile.activation_peak_bytes > clearly_lower:
+            continue
+        in_use = predict_in_use(graph, profile, tensors).peak_in_use_bytes
+        if not reuse and in_use > clearly_lower:
+            continue
+        option = (in_use * scale, profile.peak_bytes, k, graph, profile, reuse)
+        if best is None or option[:3] < best[:3]:
+            best = option
+    return best[3:]
 
 
 def to_model(result: RewriteResult) -> onnx.ModelProto:
