@@ -77,15 +77,18 @@ def make_plan(a: Analysis, auto: str | None = None, budget: str | None = None, p
         if budget is None:
             raise UsageError(f"--auto {auto} needs --budget (e.g. --budget 2GiB or --budget 40%)")
         limit = parse_budget(budget, a.priority.peak_bytes)
-        last: dict[str, object] = {}
+        kept: dict[str, object] = {}  # the cheapest fitting rewrite so far: the search's choice
 
         def cost(plan: Plan) -> PlanCost:
-            last["plan"], last["result"] = plan, rewrite(a, plan)
-            return _cost(last["result"])
+            result = rewrite(a, plan)
+            fits = result.after.priority.peak_bytes <= limit
+            if fits and ("result" not in kept or result.recompute_flops < kept["result"].recompute_flops):
+                kept["plan"], kept["result"] = plan, result
+            return _cost(result)
 
         solve = optimal_plan if auto == "optimal" else budget_plan
         search = solve(a, limit, cost, lambda p: keep_intervals(a, p))
-        return Planned(search.plan, limit, search, last["result"] if last.get("plan") is search.plan else None)
+        return Planned(search.plan, limit, search, kept["result"] if kept.get("plan") is search.plan else None)
     if auto is not None:
         if auto not in STRATEGIES:
             raise UsageError(f"unknown --auto strategy '{auto}' (choose from {', '.join(AUTO_NAMES)})")

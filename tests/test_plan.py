@@ -46,6 +46,11 @@ def test_plan_file_round_trip(tmp_path):
     planned = json.loads(out)
     assert json.loads(plan.read_text()) == planned["plan"]
     assert any(r["keep"] for r in planned["plan"]["regions"]), "a budget plan keeps some tensors inside regions"
+    g = load_graph(SAMPLES / "gpt.onnx")
+    by_name = {n.name: n for n in g.nodes}
+    for region in planned["plan"]["regions"]:  # each region lists only what it makes (the file stays linear)
+        made = {t for name in region["nodes"] for t in by_name[name].outputs}
+        assert set(region["keep"]) <= made, region["name"]
     code, out = run("rewrite", SAMPLES / "gpt.onnx", "--plan", plan, "-o", tmp_path / "g.onnx", "--json")
     assert code == 0, out
     assert json.loads(out)["after"]["peak_bytes"] == planned["peak_bytes_after"]

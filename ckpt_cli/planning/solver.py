@@ -6,8 +6,10 @@ floor plan, whose memory over the schedule is known). Keeping activation t inste
 costs its bytes on the steps between its last forward use and the point where its
 recompute copy would be born, and saves its producer's FLOPs. Choose the kept set
 that saves the most FLOPs while every step stays under the budget. The model is
-linear (it ignores chains of copies and buffer reuse), so the chosen set is checked
-with the real cost model and the budget tightened by the overshoot until it holds.
+linear (it ignores chains of copies, buffer reuse and the written order changing with
+the keep set), so the MILP is solved at the limits ``search.search_limits`` picks and each
+chosen set is checked with the real cost model, as the ``budget`` heuristic's are: the
+two differ only in how they choose a set for a limit.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ import numpy as np
 from ..analysis import Analysis
 from ..errors import BudgetUnreachable
 from .plan import Plan
-from .strategies import (BudgetResult, Candidate, Evaluate, PlanCost, candidates, fit_to_budget, result_of,
+from .search import keep_all_limit, search_limits
+from .strategies import (BudgetResult, Candidate, Evaluate, PlanCost, candidates, result_of,
                          structures, unreachable_message)
 
 MAX_CANDIDATES = 2000  # beyond this the MILP is slow; optimal is for graphs of a few hundred nodes
@@ -58,6 +61,8 @@ def _solve(ranked: list[Candidate], spans: dict[str, tuple[int, int]], timeline:
     room = limit - np.asarray(timeline, dtype=float)
     if (room < 0).any():
         return None
+    if (matrix @ np.ones(len(usable)) <= room).all():  # everything fits (and HiGHS dislikes huge bounds)
+        return {c.tensor for c in usable}
     result = milp(c=-np.array([float(c.flops) for c in usable]), integrality=np.ones(len(usable)),
                   bounds=Bounds(0, 1), constraints=LinearConstraint(matrix, -np.inf, room),
                   options={"time_limit": 60})
@@ -82,11 +87,13 @@ def optimal_plan(a: Analysis, budget: int, evaluate: Evaluate, intervals_of: Int
         evaluations += 1
         if lowest is None or floor_info.cost.peak_bytes < lowest.peak_bytes:
             lowest = floor_info.cost
-        fitted, spent = fit_to_budget(structure, "optimal",
-                                      lambda limit, r=ranked, f=floor_info: _solve(r, f.spans, f.timeline, limit),
-                                      evaluate, budget)
+        fitted, spent = search_limits(
+            structure, "optimal", lambda limit, r=ranked, f=floor_info: _solve(r, f.spans, f.timeline, limit),
+            evaluate, budget, floor_info.cost.peak_bytes,
+            keep_all_limit(floor_info.timeline, floor_info.spans, {c.tensor: c.nbytes for c in ranked}), a.graph.producer,
+            thorough=True)
         evaluations += spent
-        if fitted is not None and (best is None or fitted[1].recompute_flops < best.recompute_flops):
+        if fitted is not None and (best is None or fitted.cost.recompute_flops < best.recompute_flops):
             best = result_of(fitted, ranked, structure.strategy, "MILP keeps {kept} of {total} stashed activations")
     if best is None:
         floor = lowest or PlanCost(base, 0)

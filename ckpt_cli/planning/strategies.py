@@ -10,20 +10,20 @@ cost model apart from the cut).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Mapping
 
 from ..analysis import Analysis
 from ..analysis.memory import VIEW_OPS
 from ..errors import BudgetUnreachable, UsageError
 from .plan import Plan, Region
 from .regions import default_regions, layer_regions, sqrt_regions
+from .search import Fitted, keep_all_limit, search_limits
 
 # Outputs of these ops are never recomputed by ``balanced`` (compute-bound ops).
 EXPENSIVE_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "FusedMatMul", "Attention",
                            "MultiHeadAttention", "MatMulInteger", "QLinearMatMul", "QLinearConv"})
 
 
-STARTS = 8  # greedy fills tried per structure on small graphs
 LARGE_GRAPH_NODES = 5_000  # above this the finer segmentation is skipped (each try is a rewrite)
 
 
@@ -134,11 +134,6 @@ def parse_budget(text: str, reference_peak: int) -> int:
         raise UsageError(f"--budget '{text}' is not a size (2GiB, 512MiB) or a share of the peak (40%)") from None
 
 
-def with_keep(plan: Plan, keep: set[str], strategy: str) -> Plan:
-    regions = [Region(r.name, set(r.nodes), set(r.keep) | keep) for r in plan.regions]
-    return Plan(regions, strategy, list(plan.notes))
-
-
 class _RangeMax:
     """Range add / range max over steps (a lazy segment tree)."""
 
@@ -190,32 +185,8 @@ def fill_greedily(ranked: list[Candidate], timeline: tuple[int, ...], spans: dic
     return kept
 
 
-MAX_TIGHTENING = 8
-
-
-def fit_to_budget(structure: Plan, strategy: str, choose: Callable[[int], set[str] | None], evaluate: Evaluate,
-                  budget: int) -> tuple[tuple[Plan, PlanCost, set[str]] | None, int]:
-    """Check keep sets that ``choose(limit)`` picks under a linear memory model with the
-    real cost model, tightening the limit by each overshoot (the linear model ignores copy
-    chains and buffer reuse, so it is optimistic). Returns ((plan, cost, keep) or None,
-    the number of evaluations)."""
-    limit, evaluations = budget, 0
-    for _ in range(MAX_TIGHTENING):
-        keep = choose(limit)
-        if keep is None:
-            break
-        plan = with_keep(structure, keep, strategy)
-        cost = evaluate(plan)
-        evaluations += 1
-        if cost.peak_bytes <= budget:
-            return (plan, cost, keep), evaluations
-        limit -= cost.peak_bytes - budget
-    return None, evaluations
-
-
-def result_of(fitted: tuple[Plan, PlanCost, set[str]], ranked: list[Candidate], structure: str,
-              note: str) -> BudgetResult:
-    plan, cost, keep = fitted
+def result_of(fitted: Fitted, ranked: list[Candidate], structure: str, note: str) -> BudgetResult:
+    plan, cost, keep = fitted.plan, fitted.cost, fitted.keep
     kept = [c for c in ranked if c.tensor in keep]
     plan.notes.append(f"{structure} structure; " + note.format(kept=len(kept), total=len(ranked)))
     return BudgetResult(plan, cost.peak_bytes, cost.recompute_flops, kept,
@@ -230,11 +201,11 @@ def budget_plan(a: Analysis, budget: int, evaluate: Evaluate, intervals_of, opti
     every stashed activation recomputed (the lowest peak that structure reaches; its
     memory over the schedule is known). Keeping an activation instead costs its bytes
     between its last forward use and its recompute, and saves its producer's FLOPs:
-    keep activations, most FLOPs per byte first, wherever every step stays under the
-    budget (a range-max tree makes this O(n log n)). The structure with the fewest
-    estimated FLOPs is then checked with ``evaluate`` (the linear model ignores copy
-    chains and buffer reuse), tightening the limit by any overshoot; the next structure
-    is tried if it cannot fit. Raises BudgetUnreachable when even the floors do not fit.
+    keep activations, most FLOPs per byte first, wherever every step stays under a
+    limit (a range-max tree makes this O(n log n)). ``search.search_limits`` moves that
+    limit until the real cost model (``evaluate``) fits the budget with the fewest
+    FLOPs. Small graphs try every structure; large ones stop at the first that fits.
+    Raises BudgetUnreachable when even the floors do not fit.
     """
     base = a.priority.peak_bytes
     if base <= budget:
@@ -242,40 +213,28 @@ def budget_plan(a: Analysis, budget: int, evaluate: Evaluate, intervals_of, opti
         return BudgetResult(plan, base, 0, [], [], 0)
     lowest: PlanCost | None = None
     evaluations = 0
-    # First the linear model ranks the structures by estimated recompute FLOPs (one
-    # rewrite each, for its floor); then only the most promising are checked for real.
-    options_ranked = []
+    exhaustive = len(a.graph.nodes) <= LARGE_GRAPH_NODES
+    best: BudgetResult | None = None
+    # Small graphs: every structure is checked and the cheapest kept. Large graphs (each
+    # floor and each check is a rewrite, and the structures differ by under 2% there): the
+    # first structure, in the order ``structures`` gives, that fits.
     for structure in options or structures(a):
         ranked = candidates(a, structure)
         floor_info = intervals_of(structure)
         evaluations += 1
-        if lowest is None or floor_info.cost.peak_bytes < lowest.peak_bytes:
-            lowest = floor_info.cost
-        if floor_info.cost.peak_bytes > budget:
-            continue
-        keep = fill_greedily(ranked, floor_info.timeline, floor_info.spans, budget)
-        estimate = floor_info.cost.recompute_flops - sum(c.flops for c in ranked if c.tensor in keep)
-        options_ranked.append((estimate, len(options_ranked), structure, ranked, floor_info, keep))
-    # Small graphs: check every structure and keep the cheapest for real. Large graphs
-    # (each check is a rewrite, and structures differ by under 2% there): stop at the
-    # first that fits, in order of estimated FLOPs.
-    exhaustive = len(a.graph.nodes) <= LARGE_GRAPH_NODES
-    best: BudgetResult | None = None
-    for _, _, structure, ranked, floor_info, first in sorted(options_ranked, key=lambda o: o[:2]):
-        # The linear model can misjudge (a keep set may flip ORT's reuse setting): on small
-        # graphs also try the greedy fill at limits between the floor and the budget.
         floor_peak = floor_info.cost.peak_bytes
-        starts = [budget] + ([budget - k * (budget - floor_peak) // STARTS for k in range(1, STARTS)]
-                             if exhaustive else [])
-        for start in starts:
-            choose = (lambda limit, r=ranked, f=floor_info, k=first, b=budget, s0=start:
-                      k if limit == b == s0 else fill_greedily(r, f.timeline, f.spans, limit - (b - s0)))
-            fitted, spent = fit_to_budget(structure, "budget", choose, evaluate, budget)
-            evaluations += spent
-            if fitted is not None and (best is None or fitted[1].recompute_flops < best.recompute_flops):
-                best = result_of(fitted, ranked, structure.strategy,
-                                 "kept {kept} of {total} stashed activations, most expensive to recompute per byte "
-                                 "first")
+        if lowest is None or floor_peak < lowest.peak_bytes:
+            lowest = floor_info.cost
+        if floor_peak > budget:
+            continue
+        fitted, spent = search_limits(
+            structure, "budget", lambda limit, r=ranked, f=floor_info: fill_greedily(r, f.timeline, f.spans, limit),
+            evaluate, budget, floor_peak, keep_all_limit(floor_info.timeline, floor_info.spans, {c.tensor: c.nbytes for c in ranked}),
+            a.graph.producer, thorough=exhaustive)
+        evaluations += spent
+        if fitted is not None and (best is None or fitted.cost.recompute_flops < best.recompute_flops):
+            best = result_of(fitted, ranked, structure.strategy,
+                             "kept {kept} of {total} stashed activations, most expensive to recompute per byte first")
         if best is not None and not exhaustive:
             break
     if best is not None:
