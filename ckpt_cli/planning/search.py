@@ -101,6 +101,13 @@ def search_limits(structure: Plan, strategy: str, choose: Callable[[int], set[st
         if limit is None:
             break
         attempt(limit)
+    if thorough:  # the real cost is not smooth in the keep set: also sample the last bracket
+        fits = [p for p in points if p[1] <= budget]
+        over = [p for p in points if p[1] > budget and fits and p[0] > max(fits)[0]]
+        if fits and over:
+            lo, hi = max(fits)[0], min(over)[0]
+            for k in range(1, STARTS):
+                attempt(lo + k * (hi - lo) // STARTS)
     return best, len(tried)
 
 
@@ -115,7 +122,7 @@ def _next_limit(points: list[tuple[int, int]], budget: int, top_limit: int) -> i
     if lo_limit >= top_limit or budget - lo_peak < ROOM * budget:
         return None
     over = [p for p in points if p[1] > budget and p[0] > lo_limit]
-    if not over:
+    if not over or max(p[0] for p in points) < top_limit:  # keeping everything is the best outcome: try it first
         return top_limit
     hi_limit, hi_peak = min(over)
     limit = lo_limit + (budget - lo_peak) * (hi_limit - lo_limit) // (hi_peak - lo_peak)

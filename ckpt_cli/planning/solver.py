@@ -62,8 +62,10 @@ def _solve(ranked: list[Candidate], spans: dict[str, tuple[int, int]], timeline:
     if (room < 0).any():
         return None
     if (matrix @ np.ones(len(usable)) <= room).all():  # everything fits (and HiGHS dislikes huge bounds)
-        return {c.tensor for c in usable}
-    result = milp(c=-np.array([float(c.flops) for c in usable]), integrality=np.ones(len(usable)),
+        return {c.tensor for c in usable if c.flops}  # what the objective below would keep
+    # Saved FLOPs first; among equal savings, fewer kept bytes (under one FLOP in all).
+    tie_break = np.array([float(c.nbytes) for c in usable]) / (1.0 + sum(c.nbytes for c in usable))
+    result = milp(c=tie_break - np.array([float(c.flops) for c in usable]), integrality=np.ones(len(usable)),
                   bounds=Bounds(0, 1), constraints=LinearConstraint(matrix, -np.inf, room),
                   options={"time_limit": 60})
     if result.x is None:
