@@ -11,7 +11,8 @@ from .analysis.phases import RECOMPUTE_META
 from .errors import UsageError
 from .planning import Plan, choose_plan
 from .planning.explain import explain
-from .planning.solver import Intervals, optimal_plan
+from .planning.search import Intervals
+from .planning.solver import optimal_plan
 from .planning.strategies import STRATEGIES, BudgetResult, PlanCost, budget_plan, parse_budget
 from .rewrite import RewriteResult, rewrite
 

@@ -9,19 +9,30 @@ from dataclasses import dataclass
 import pytest
 
 from ckpt_cli.planning.plan import Plan, Region
-from ckpt_cli.planning.search import keep_all_limit, search_limits, with_keep
+from ckpt_cli.planning.search import Intervals, keep_all_limit, search_limits, with_keep
 
 TENSORS = [f"t{i}" for i in range(10)]
 PRODUCER = {t: i for i, t in enumerate(TENSORS)}
 FLOOR = 1000  # the real and the linear peak with nothing kept
 STEP = 100  # the linear model's bytes per kept tensor
-TOP = FLOOR + STEP * len(TENSORS)
 
 
 @dataclass
 class Cost:
     peak_bytes: int
     recompute_flops: int
+
+
+@dataclass
+class Candidate:
+    tensor: str
+    nbytes: int = STEP
+    flops: int = 10
+
+
+RANKED = [Candidate(t) for t in TENSORS]
+# The floor plan: FLOOR bytes at every step; each tensor's span covers them all.
+FLOOR_PLAN = Intervals((FLOOR,) * 3, {t: (0, 2) for t in TENSORS}, Cost(FLOOR, 10 * len(TENSORS)))
 
 
 def structure() -> Plan:
@@ -44,8 +55,8 @@ def real_model(bytes_per_kept: int, calls: list[frozenset]):
 @pytest.mark.parametrize("thorough", [True, False])
 def test_a_pessimistic_linear_model_is_loosened_up_to_keeping_everything(thorough):
     calls: list[frozenset] = []
-    best, evaluations = search_limits(structure(), "test", choose, real_model(50, calls), FLOOR + 600, FLOOR, TOP,
-                                      PRODUCER, thorough=thorough)
+    best, evaluations = search_limits(structure(), "test", choose, real_model(50, calls), FLOOR + 600, FLOOR_PLAN,
+                                      RANKED, PRODUCER, thorough=thorough)
     assert best is not None and best.cost.recompute_flops == 0 and best.keep == set(TENSORS)
     assert evaluations == len(calls) == len(set(calls)), "each keep set is evaluated once"
 
@@ -53,8 +64,8 @@ def test_a_pessimistic_linear_model_is_loosened_up_to_keeping_everything(thoroug
 def test_an_optimistic_linear_model_is_tightened_then_bracketed_to_the_best_fit():
     calls: list[frozenset] = []
     budget = FLOOR + 600
-    best, _ = search_limits(structure(), "test", choose, real_model(150, calls), budget, FLOOR, TOP, PRODUCER,
-                            thorough=True)
+    best, _ = search_limits(structure(), "test", choose, real_model(150, calls), budget, FLOOR_PLAN, RANKED,
+                            PRODUCER, thorough=True)
     # Real peak 1000 + 150 k: four kept tensors fit (1600), five do not (1750).
     assert best is not None and len(best.keep) == 4 and best.cost.peak_bytes <= budget
     assert max(len(k) for k in calls if FLOOR + 150 * len(k) <= budget) == 4
@@ -62,8 +73,8 @@ def test_an_optimistic_linear_model_is_tightened_then_bracketed_to_the_best_fit(
 
 def test_nothing_fits_when_the_floor_overshoots():
     calls: list[frozenset] = []
-    best, evaluations = search_limits(structure(), "test", choose, real_model(150, calls), FLOOR - 1, FLOOR, TOP,
-                                      PRODUCER, thorough=False)
+    best, evaluations = search_limits(structure(), "test", choose, real_model(150, calls), FLOOR - 1, FLOOR_PLAN,
+                                      RANKED, PRODUCER, thorough=False)
     assert best is None and evaluations == len(set(calls)) > 0
 
 
@@ -88,3 +99,21 @@ def test_with_keep_gives_each_region_only_the_tensors_it_makes():
     kept = with_keep(plan, {"t1", "t3", "t4", "outside"}, "budget", producer)
     assert [r.keep for r in kept.regions] == [{"already", "t1"}, {"t3", "t4"}]
     assert kept.strategy == "budget" and plan.regions[0].keep == {"already"}, "the input plan is not modified"
+
+
+def test_polish_keeps_one_more_activation_that_the_limit_family_never_reaches():
+    # t9 saves the most FLOPs but comes last in ``choose``'s order; in reality it adds no bytes.
+    ranked = RANKED[:-1] + [Candidate("t9", STEP, 100)]
+    flops = {c.tensor: c.flops for c in ranked}
+
+    def evaluate(plan: Plan) -> Cost:
+        kept = plan.regions[0].keep
+        return Cost(FLOOR + 150 * len(kept - {"t9"}), sum(f for t, f in flops.items() if t not in kept))
+
+    budget = FLOOR + 650
+    best, _ = search_limits(structure(), "test", choose, evaluate, budget, FLOOR_PLAN, ranked, PRODUCER,
+                            thorough=True)
+    assert best is not None and best.keep == {"t0", "t1", "t2", "t3", "t9"}
+    lean, _ = search_limits(structure(), "test", choose, evaluate, budget, FLOOR_PLAN, ranked, PRODUCER,
+                            thorough=False)
+    assert lean is not None and "t9" not in lean.keep, "large graphs skip the polish"

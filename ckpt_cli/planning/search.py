@@ -15,7 +15,8 @@ So the search treats the limit as a knob and the real cost as the judge:
    keep set can flip ORT's buffer-reuse setting, which no linear model sees);
 3. loosen: while the best fit leaves room under the budget, try keeping everything
    (``top_limit``), then narrow the bracket between the largest limit that fits and the
-   smallest above it that overshoots, by the secant.
+   smallest above it that overshoots, by the secant, then sample that bracket;
+4. ``thorough``: polish the best fit by keeping one more activation at a time.
 
 Every distinct keep set is evaluated once; the fitting one with the fewest recompute
 FLOPs wins.
@@ -24,14 +25,24 @@ FLOPs wins.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 from .plan import Plan, Region
 
 MAX_TIGHTENING = 8  # evaluations per start while the real peak overshoots
 STARTS = 8  # thorough: starts spread between the floor and the budget
 LOOSENING = 6  # thorough: secant steps above the best fit (large graphs: 1)
+POLISH = 8  # thorough: single activations added to the best fit
 ROOM = 0.002  # stop loosening when the best fit is this close to the budget
+
+
+@dataclass(frozen=True)
+class Intervals:
+    """What keeping each activation costs, on the schedule of a structure's floor plan."""
+
+    timeline: tuple[int, ...]  # predicted bytes after each step of the floor plan
+    spans: dict[str, tuple[int, int]]  # tensor -> (first, last) step where keeping it adds its bytes
+    cost: object  # the floor plan's own PlanCost
 
 
 @dataclass
@@ -58,36 +69,41 @@ def with_keep(plan: Plan, keep: set[str], strategy: str, producer: Mapping[str, 
 
 
 def search_limits(structure: Plan, strategy: str, choose: Callable[[int], set[str] | None],
-                  evaluate: Callable[[Plan], object], budget: int, floor_peak: int, top_limit: int,
+                  evaluate: Callable[[Plan], object], budget: int, floor: Intervals, ranked: Sequence,
                   producer: Mapping[str, int], *, thorough: bool) -> tuple[Fitted | None, int]:
     """The keep set (from ``choose`` at some limit) with the fewest recompute FLOPs whose
-    real peak fits ``budget``, and the number of evaluations spent. ``top_limit``: the
-    linear model's peak with every activation kept."""
+    real peak fits ``budget``, and the number of evaluations spent. ``floor``: the
+    structure with nothing kept; ``ranked``: the candidates (``tensor``, ``nbytes``,
+    ``flops``) ``choose`` picks from."""
+    floor_peak = floor.cost.peak_bytes
+    top_limit = keep_all_limit(floor.timeline, floor.spans, {c.tensor: c.nbytes for c in ranked})
     tried: dict[frozenset[str], Fitted] = {}
     points: list[tuple[int, int]] = []  # (limit, real peak)
     best: Fitted | None = None
 
-    def attempt(limit: int) -> tuple[int | None, bool]:
-        """The real peak at ``limit`` (None: no keep set) and whether the set is new."""
+    def judge(keep: set[str]) -> Fitted:
         nonlocal best
-        keep = choose(limit)
-        if keep is None:
-            return None, False
         key = frozenset(keep)
-        new = key not in tried
-        if new:
+        if key not in tried:
             plan = with_keep(structure, keep, strategy, producer)
             tried[key] = Fitted(plan, evaluate(plan), keep)
         fitted = tried[key]
-        points.append((limit, fitted.cost.peak_bytes))
         if fitted.cost.peak_bytes <= budget and (best is None or fitted.cost.recompute_flops
                                                  < best.cost.recompute_flops):
             best = fitted
-        return fitted.cost.peak_bytes, new
+        return fitted
+
+    def attempt(limit: int) -> int | None:
+        """The real peak of the keep set chosen at ``limit`` (None: there is none)."""
+        keep = choose(limit)
+        if keep is None:
+            return None
+        points.append((limit, judge(keep).cost.peak_bytes))
+        return points[-1][1]
 
     def tighten(limit: int) -> None:
         for _ in range(MAX_TIGHTENING):
-            peak, _ = attempt(limit)
+            peak = attempt(limit)
             if peak is None or peak <= budget:
                 return
             limit -= peak - budget
@@ -108,6 +124,17 @@ def search_limits(structure: Plan, strategy: str, choose: Callable[[int], set[st
             lo, hi = max(fits)[0], min(over)[0]
             for k in range(1, STARTS):
                 attempt(lo + k * (hi - lo) // STARTS)
+        # Polish: keep one more activation, largest saving first, where the room left
+        # under the budget may hold it.
+        for _ in range(POLISH):
+            if best is None:
+                break
+            room = budget - best.cost.peak_bytes
+            more = [c for c in ranked if c.flops and c.tensor not in best.keep and c.nbytes <= 2 * room
+                    and frozenset(best.keep | {c.tensor}) not in tried]
+            if not more:
+                break
+            judge(best.keep | {max(more, key=lambda c: (c.flops, -c.nbytes)).tensor})
     return best, len(tried)
 
 

@@ -14,7 +14,6 @@ two differ only in how they choose a set for a limit.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -22,20 +21,11 @@ import numpy as np
 from ..analysis import Analysis
 from ..errors import BudgetUnreachable
 from .plan import Plan
-from .search import keep_all_limit, search_limits
+from .search import Intervals, search_limits
 from .strategies import (BudgetResult, Candidate, Evaluate, PlanCost, candidates, result_of,
                          structures, unreachable_message)
 
 MAX_CANDIDATES = 2000  # beyond this the MILP is slow; optimal is for graphs of a few hundred nodes
-
-
-@dataclass(frozen=True)
-class Intervals:
-    """What keeping each activation costs, on the schedule of the floor plan."""
-
-    timeline: tuple[int, ...]  # predicted bytes after each step of the floor plan
-    spans: dict[str, tuple[int, int]]  # tensor -> (first, last) step where keeping it adds its bytes
-    cost: PlanCost  # the floor plan's own cost
 
 
 IntervalsOf = Callable[[Plan], Intervals]
@@ -91,9 +81,7 @@ def optimal_plan(a: Analysis, budget: int, evaluate: Evaluate, intervals_of: Int
             lowest = floor_info.cost
         fitted, spent = search_limits(
             structure, "optimal", lambda limit, r=ranked, f=floor_info: _solve(r, f.spans, f.timeline, limit),
-            evaluate, budget, floor_info.cost.peak_bytes,
-            keep_all_limit(floor_info.timeline, floor_info.spans, {c.tensor: c.nbytes for c in ranked}), a.graph.producer,
-            thorough=True)
+            evaluate, budget, floor_info, ranked, a.graph.producer, thorough=True)
         evaluations += spent
         if fitted is not None and (best is None or fitted.cost.recompute_flops < best.recompute_flops):
             best = result_of(fitted, ranked, structure.strategy, "MILP keeps {kept} of {total} stashed activations")

@@ -17,7 +17,7 @@ from ..analysis.memory import VIEW_OPS
 from ..errors import BudgetUnreachable, UsageError
 from .plan import Plan, Region
 from .regions import default_regions, layer_regions, sqrt_regions
-from .search import Fitted, keep_all_limit, search_limits
+from .search import Fitted, search_limits
 
 # Outputs of these ops are never recomputed by ``balanced`` (compute-bound ops).
 EXPENSIVE_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "FusedMatMul", "Attention",
@@ -229,8 +229,7 @@ def budget_plan(a: Analysis, budget: int, evaluate: Evaluate, intervals_of, opti
             continue
         fitted, spent = search_limits(
             structure, "budget", lambda limit, r=ranked, f=floor_info: fill_greedily(r, f.timeline, f.spans, limit),
-            evaluate, budget, floor_peak, keep_all_limit(floor_info.timeline, floor_info.spans, {c.tensor: c.nbytes for c in ranked}),
-            a.graph.producer, thorough=exhaustive)
+            evaluate, budget, floor_info, ranked, a.graph.producer, thorough=exhaustive)
         evaluations += spent
         if fitted is not None and (best is None or fitted.cost.recompute_flops < best.recompute_flops):
             best = result_of(fitted, ranked, structure.strategy,
