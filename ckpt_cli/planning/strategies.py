@@ -185,6 +185,23 @@ def fill_greedily(ranked: list[Candidate], timeline: tuple[int, ...], spans: dic
     return kept
 
 
+def _greedy_choice(ranked: list[Candidate], floor_info, both_orders: bool) -> Callable[[int], set[str]]:
+    """``choose(limit)`` for the limit search: the greedy fill, most FLOPs per byte first;
+    with ``both_orders`` also most FLOPs first, taking whichever saves more (one order
+    alone can strand a large saving behind small ones, as greedy knapsacks do)."""
+    by_flops = sorted(ranked, key=lambda c: (-c.flops, c.nbytes, c.tensor)) if both_orders else None
+    flops = {c.tensor: c.flops for c in ranked}
+
+    def choose(limit: int) -> set[str]:
+        keep = fill_greedily(ranked, floor_info.timeline, floor_info.spans, limit)
+        if by_flops is not None:
+            other = fill_greedily(by_flops, floor_info.timeline, floor_info.spans, limit)
+            if sum(flops[t] for t in other) > sum(flops[t] for t in keep):
+                keep = other
+        return keep
+    return choose
+
+
 def result_of(fitted: Fitted, ranked: list[Candidate], structure: str, note: str) -> BudgetResult:
     plan, cost, keep = fitted.plan, fitted.cost, fitted.keep
     kept = [c for c in ranked if c.tensor in keep]
@@ -227,9 +244,8 @@ def budget_plan(a: Analysis, budget: int, evaluate: Evaluate, intervals_of, opti
             lowest = floor_info.cost
         if floor_peak > budget:
             continue
-        fitted, spent = search_limits(
-            structure, "budget", lambda limit, r=ranked, f=floor_info: fill_greedily(r, f.timeline, f.spans, limit),
-            evaluate, budget, floor_info, ranked, a.graph.producer, thorough=exhaustive)
+        fitted, spent = search_limits(structure, "budget", _greedy_choice(ranked, floor_info, exhaustive), evaluate,
+                                      budget, floor_info, ranked, a.graph.producer, thorough=exhaustive)
         evaluations += spent
         if fitted is not None and (best is None or fitted.cost.recompute_flops < best.recompute_flops):
             best = result_of(fitted, ranked, structure.strategy,
