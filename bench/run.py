@@ -713,6 +713,7 @@ def bench_plan_quality() -> dict:
         reached = [r for r in rows if "peak_bytes" in r["heuristic"]]
         out["samples"][s] = {
             "nodes": len(a.graph.nodes), "original_peak_bytes": base, "resident_bytes": a.priority.resident_bytes,
+            "output_bytes": a.output_bytes, "lower_bound_bytes": a.lower_bound_bytes,
             "step_flops": step, "rows": rows, "floors": floors, "floors_s": floor_s,
             "best_floor": best,
             "max_gap": max(gaps) if gaps else None, "min_gap": min(gaps) if gaps else None,
@@ -754,7 +755,9 @@ def _gpt_targets(d: dict | None) -> dict | None:
         targets.append({"reduction_at_least": want, "share_at_most": limit, "best": top,
                         "met": bool(top and top["reduction"] >= want)})
     return {"original_peak_bytes": base, "resident_bytes": resident, "lowest": lowest, "targets": targets,
-            "floor": d["best_floor"], "max_possible_reduction_without_resident": 1 - resident / base}
+            "floor": d["best_floor"], "max_possible_reduction_without_resident": 1 - resident / base,
+            "output_bytes": d.get("output_bytes"), "lower_bound_bytes": d.get("lower_bound_bytes"),
+            "max_possible_reduction": 1 - d["lower_bound_bytes"] / base if d.get("lower_bound_bytes") else None}
 
 
 # --------------------------------------------------------------------------- report
@@ -1101,8 +1104,17 @@ def _render_gpt_targets(pq: dict, add) -> None:
         f"{nbytes(t['resident_bytes'])} of it). Lowest predicted peak reached: **{nbytes(low['peak_bytes'])}**, "
         f"**{pct(low['reduction'])} lower** than the original ({pct(low['activation_reduction'])} lower counting "
         f"only bytes above the resident parameters and feeds), at budget {low['budget']} by the {low['planner']} "
-        f"planner, recomputing **{pct(low['share_of_step'])}** of the step's FLOPs. Even removing every "
-        f"non-resident byte would give at most {pct(t['max_possible_reduction_without_resident'])}.")
+        f"planner, recomputing **{pct(low['share_of_step'])}** of the step's FLOPs.")
+    if t.get("lower_bound_bytes"):
+        unreachable = [x for x in GPT_TARGETS if x[0] > t["max_possible_reduction"]]
+        add("")
+        add(f"No plan, at any recompute cost, goes below **{nbytes(t['lower_bound_bytes'])}** "
+            f"(`Analysis.lower_bound_bytes`): the parameters and feeds ({nbytes(t['resident_bytes'])}) plus the "
+            f"graph's outputs ({nbytes(t['output_bytes'])}: the loss and one gradient per parameter, which ORT holds "
+            f"until the run ends, so all are live at its last step). The peak can fall by at most "
+            f"**{pct(t['max_possible_reduction'])}**"
+            + (", so " + " and ".join(f"the {pct(w)} target" for w, _ in unreachable) + " cannot be met by any "
+               "planner." if unreachable else "."))
     add("")
     add("| issue target | best reached within the FLOPs limit | met |")
     add("|---|---|---|")

@@ -86,10 +86,12 @@ def test_tighter_budget_never_gives_higher_peak(gpt):
 def test_unreachable_budget_exits_3_and_says_why(gpt):
     with pytest.raises(BudgetUnreachable, match="lowest predicted peak"):
         budget_plan(gpt, gpt.priority.resident_bytes, lambda p: plan_cost(gpt, p), lambda p: keep_intervals(gpt, p))
+    # the stated bound: parameters, inputs and every gradient output are live at the last step
+    assert gpt.priority.resident_bytes < gpt.lower_bound_bytes <= gpt.priority.timeline[-1]
     code, out = run("plan", SAMPLES / "gpt.onnx", "--budget", "1MiB")
     assert code == 3
     line = out.strip().splitlines()
-    assert len(line) == 1 and "parameters and inputs take" in line[0]
+    assert len(line) == 1 and "no plan goes below" in line[0] and "parameters and inputs" in line[0]
 
 
 def test_budget_usage_errors():

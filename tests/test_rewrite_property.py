@@ -184,6 +184,7 @@ def test_rewrite_random_regions(model, data):
     plan = _draw_plan(data, a, "plan")
     res = rewrite(a, plan)
     event(f"recompute copies: {'none' if not res.recompute_nodes else '1-3' if res.recompute_nodes < 4 else '4+'}")
+    assert res.after.priority.peak_bytes >= a.lower_bound_bytes, "no plan goes below resident + outputs"
     with tempfile.TemporaryDirectory(prefix="ckpt_prop_") as tmp:
         written, _ = _write_and_reload(res, tmp, "rewritten.onnx")
     _check_written(written, a, plan, res, previous_copies=set())

@@ -81,6 +81,17 @@ class Analysis:
         return cache[reuse_buffers]
 
     @property
+    def output_bytes(self) -> int:
+        """The graph's outputs (loss, gradients): ORT holds each until the run ends, so
+        all of them are live at its last step, whatever the plan."""
+        return buffer_bytes(set(self.graph.outputs) - {ABSENT}, self.tensors)
+
+    @property
+    def lower_bound_bytes(self) -> int:
+        """A peak no order or recompute plan goes below: resident bytes plus outputs."""
+        return self.priority.resident_bytes + self.output_bytes
+
+    @property
     def stashed_bytes(self) -> int:
         return buffer_bytes({s.buffer for s in self.stashed}, self.tensors)
 

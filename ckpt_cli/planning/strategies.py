@@ -265,5 +265,6 @@ def unreachable_message(a: Analysis, budget: int, floor: PlanCost) -> str:
     resident = a.priority.resident_bytes
     live = ", ".join(floor.live_at_peak[:3])
     return (f"budget {human_bytes(budget)} is unreachable: the lowest predicted peak is "
-            f"{human_bytes(floor.peak_bytes)}; parameters and inputs take {human_bytes(resident)} of it, "
-            f"which no recompute removes, and the largest tensors live at that peak are {live or 'none'}")
+            f"{human_bytes(floor.peak_bytes)} (largest tensors live there: {live or 'none'}); no plan goes below "
+            f"{human_bytes(a.lower_bound_bytes)}, the parameters and inputs ({human_bytes(resident)}) plus the "
+            f"outputs ({human_bytes(a.output_bytes)}: loss and gradients, all held to the end of the run)")
