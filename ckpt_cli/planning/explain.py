@@ -17,7 +17,8 @@ def explain(a: Analysis, plan: Plan, recomputed: set[str]) -> list[dict]:
     """
     g = a.graph
     region_of = {i: r for r in plan.regions for i in r.nodes}
-    region_inputs = {t for r in plan.regions for i in r.nodes for t in g.nodes[i].inputs
+    # by buffer: a view another region reads keeps the buffer under it
+    region_inputs = {a.roots.get(t, t) for r in plan.regions for i in r.nodes for t in g.nodes[i].inputs
                      if t in g.producer and region_of.get(g.producer[t]) is not r}
     rows: dict[str, dict] = {}
     for s in a.stashed:
