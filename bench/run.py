@@ -1044,9 +1044,11 @@ def _render_plan_quality(pq: dict | None, add) -> None:
         "lowest predicted peak any structure reaches with every stashed activation recomputed.")
     add("")
     add("`optimal` is exact only for a *linear* memory model (keeping an activation adds its bytes over a "
-        "fixed span of the floor plan's schedule; copy chains and buffer reuse are ignored). Its choice is "
-        "then verified with the real cost model and the budget tightened by any overshoot "
-        "(`ckpt_cli/planning/solver.py`), so it is not guaranteed optimal under the real model and the "
+        "fixed span of the floor plan's schedule; copy chains, buffer reuse and the written order changing with "
+        "the keep set are ignored). Both planners run the same limit search (`ckpt_cli/planning/search.py`): "
+        "the real cost model judges every keep set, the limit is tightened by each overshoot and loosened "
+        "while room is left under the budget. They differ only in how a keep set is chosen for a limit "
+        "(greedy fills against the MILP), so `optimal` is not guaranteed optimal under the real model and the "
         "heuristic can beat it (a negative gap). All peaks below are the real cost model's predictions. "
         "**gap** = heuristic recompute FLOPs / optimal recompute FLOPs − 1 (n/a when optimal recomputes "
         "nothing or either planner finds the budget unreachable). **share** = recompute FLOPs / (forward + "
