@@ -57,7 +57,7 @@ PLAN_OK_RCS = (0, 3)  # exit 3 = budget unreachable: a completed planning run
 # Issue targets for planning time (nodes label -> seconds)
 PLAN_TARGETS_S = {"10k": 2.0, "100k": 20.0}
 SPEED_PLAN_BUDGET = "50%"
-SPEED_PLAN_REACHABLE = "75%"  # reachable on the synthetic graphs: times the full search, not only the floors
+SPEED_PLAN_REACHABLE = "65%"  # reachable on the synthetic graphs, and only with recompute (reordering alone reaches ~72%): times the whole search
 FLOOR_SNIPPET = "import sys, onnx; onnx.save(onnx.load(sys.argv[1]), sys.argv[2])"
 
 

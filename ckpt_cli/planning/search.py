@@ -31,7 +31,7 @@ from .plan import Plan, Region
 
 MAX_TIGHTENING = 8  # evaluations per start while the real peak overshoots
 STARTS = 8  # thorough: starts spread between the floor and the budget
-LOOSENING = 6  # thorough: secant steps above the best fit (large graphs: 1)
+LOOSENING = 6  # thorough: secant steps above the best fit
 POLISH = 8  # thorough: single activations added to the best fit
 ROOM = 0.002  # stop loosening when the best fit is this close to the budget
 
@@ -70,11 +70,13 @@ def with_keep(plan: Plan, keep: set[str], strategy: str, producer: Mapping[str, 
 
 def search_limits(structure: Plan, strategy: str, choose: Callable[[int], set[str] | None],
                   evaluate: Callable[[Plan], object], budget: int, floor: Intervals, ranked: Sequence,
-                  producer: Mapping[str, int], *, thorough: bool) -> tuple[Fitted | None, int]:
+                  producer: Mapping[str, int], *, thorough: bool, loosening: int = LOOSENING
+                  ) -> tuple[Fitted | None, int]:
     """The keep set (from ``choose`` at some limit) with the fewest recompute FLOPs whose
     real peak fits ``budget``, and the number of evaluations spent. ``floor``: the
     structure with nothing kept; ``ranked``: the candidates (``tensor``, ``nbytes``,
-    ``flops``) ``choose`` picks from."""
+    ``flops``) ``choose`` picks from; ``loosening``: the most secant steps above the best
+    fit (without ``thorough``, each evaluation being a rewrite of a large graph, fewer)."""
     floor_peak = floor.cost.peak_bytes
     top_limit = keep_all_limit(floor.timeline, floor.spans, {c.tensor: c.nbytes for c in ranked})
     tried: dict[frozenset[str], Fitted] = {}
@@ -112,7 +114,7 @@ def search_limits(structure: Plan, strategy: str, choose: Callable[[int], set[st
     if thorough:
         for k in range(1, STARTS):
             tighten(budget - k * (budget - floor_peak) // STARTS)
-    for _ in range(LOOSENING if thorough else 1):
+    for _ in range(loosening):
         limit = _next_limit(points, budget, top_limit)
         if limit is None:
             break
