@@ -100,3 +100,28 @@ def test_prediction_matches_ort_under_both_orders(name, workdir):
     for profile, measured in ((a.priority, before), (a.default, default)):
         in_use = predict_in_use(a.graph, profile, a.tensors).peak_in_use_bytes
         assert abs(in_use - measured["peak_bytes"]) <= FIDELITY * measured["peak_bytes"], (in_use, measured)
+
+
+@pytest.mark.parametrize("name", ["mlp", "gpt", "cnn"])
+def test_order_and_reuse_choice_equals_replaying_every_option(name):
+    """The choice skips arena replays that cannot win; it must pick what replaying all
+    of them picks."""
+    from ckpt_cli.rewrite import MEM_REUSE_OFF_MARGIN, _choose_order_and_reuse
+
+    a = analyse(load_graph(SAMPLES / f"{name}.onnx"))
+    graphs = [rewrite(a, plan).graph for plan in (None, layer_regions(a) or sqrt_regions(a, 3), sqrt_regions(a, 4))]
+    tensors = rewrite(a, sqrt_regions(a, 4)).after.tensors  # the copies' sizes too
+    for pair in ([graphs[0], graphs[1]], [graphs[1], graphs[2]], [graphs[2], graphs[0]]):
+        options = []
+        for graph in pair:
+            for reuse in (True, False):
+                profile = simulate(graph, list(range(len(graph.nodes))), tensors, reuse_buffers=reuse)
+                in_use = predict_in_use(graph, profile, tensors).peak_in_use_bytes
+                if not reuse:
+                    if in_use > a.arena_in_use(False) * (1 - MEM_REUSE_OFF_MARGIN):
+                        continue
+                    in_use /= 1 - MEM_REUSE_OFF_MARGIN
+                options.append((in_use, profile.peak_bytes, len(options), graph, reuse))
+        want = min(options, key=lambda o: o[:3])
+        graph, profile, reuse = _choose_order_and_reuse(a, pair, tensors)
+        assert (graph is want[3], reuse, profile.peak_bytes) == (True, want[4], want[1])
