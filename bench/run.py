@@ -666,6 +666,24 @@ def _floor_breakdown(a, structure) -> dict:
             "largest": {k: [t for _, t in sorted(v, reverse=True)[:3]] for k, v in largest.items() if v}}
 
 
+def _segment_scan(a) -> list[dict]:
+    """The floor (every stashed activation recomputed) of every segmentation into k pieces,
+    k = 2 .. 2*sqrt(n): how low single-level checkpointing goes on this graph."""
+    import math
+
+    from ckpt_cli.planning.regions import sqrt_regions
+    from ckpt_cli.rewrite import rewrite
+
+    step = a.forward_flops + a.backward_flops
+    top = 2 * max(1, round(math.sqrt(sum(a.phases.is_forward))))
+    out = []
+    for k in range(2, top + 1):
+        r = rewrite(a, sqrt_regions(a, k))
+        out.append({"segments": k, "peak_bytes": r.after.priority.peak_bytes,
+                    "share_of_step": r.recompute_flops / step if step else None})
+    return out
+
+
 def bench_plan_quality() -> dict:
     """Sweep budgets on each sample; budget heuristic vs the exact (for the linear model) MILP."""
     from ckpt_cli.analysis import analyse
@@ -709,12 +727,13 @@ def bench_plan_quality() -> dict:
                 gap = h["recompute_flops"] / o["recompute_flops"] - 1
             rows.append({"budget": label, "budget_bytes": limit, "budget_share": limit / base,
                          "heuristic": h, "optimal": o, "gap": gap})
+        scan = _segment_scan(a) if s == "gpt" else None
         gaps = [r["gap"] for r in rows if r["gap"] is not None]
         reached = [r for r in rows if "peak_bytes" in r["heuristic"]]
         out["samples"][s] = {
             "nodes": len(a.graph.nodes), "original_peak_bytes": base, "resident_bytes": a.priority.resident_bytes,
             "output_bytes": a.output_bytes, "lower_bound_bytes": a.lower_bound_bytes,
-            "step_flops": step, "rows": rows, "floors": floors, "floors_s": floor_s,
+            "step_flops": step, "rows": rows, "floors": floors, "floors_s": floor_s, "segment_scan": scan,
             "best_floor": best,
             "max_gap": max(gaps) if gaps else None, "min_gap": min(gaps) if gaps else None,
             "gap_rows": len(gaps),
@@ -756,6 +775,7 @@ def _gpt_targets(d: dict | None) -> dict | None:
                         "met": bool(top and top["reduction"] >= want)})
     return {"original_peak_bytes": base, "resident_bytes": resident, "lowest": lowest, "targets": targets,
             "floor": d["best_floor"], "max_possible_reduction_without_resident": 1 - resident / base,
+            "segment_scan": d.get("segment_scan"),
             "output_bytes": d.get("output_bytes"), "lower_bound_bytes": d.get("lower_bound_bytes"),
             "max_possible_reduction": 1 - d["lower_bound_bytes"] / base if d.get("lower_bound_bytes") else None}
 
@@ -1117,6 +1137,28 @@ def _render_gpt_targets(pq: dict, add) -> None:
             f"**{pct(t['max_possible_reduction'])}**"
             + (", so " + " and ".join(f"the {pct(w)} target" for w, _ in unreachable) + " cannot be met by any "
                "planner." if unreachable else "."))
+    add("")
+    scan = t.get("segment_scan")
+    if scan:
+        low_k = min(scan, key=lambda x: x["peak_bytes"])
+        within = [x for x in scan if x["share_of_step"] is not None and x["share_of_step"] <= GPT_TARGETS[0][1]]
+        add("")
+        add(f"Single-level checkpointing, every segmentation of the forward pass into k = 2 .. {scan[-1]['segments']} "
+            f"pieces (`sqrt_regions(a, k)`) with everything inside recomputed: the lowest floor is "
+            f"**{nbytes(low_k['peak_bytes'])}** ({pct(1 - low_k['peak_bytes'] / base)} lower) at k = "
+            f"{low_k['segments']}, recomputing {pct(low_k['share_of_step'])} of the step"
+            + (f"; of those recomputing at most {pct(GPT_TARGETS[0][1])}, the lowest is "
+               f"{nbytes(min(x['peak_bytes'] for x in within))} "
+               f"({pct(1 - min(x['peak_bytes'] for x in within) / base)} lower)" if within else
+               f"; none recomputes {pct(GPT_TARGETS[0][1])} or less")
+            + ". The budget planner searches keep sets above these floors (keeping an activation can also "
+            "move the written order, so it may land slightly below one).")
+        add("")
+        add("| k | " + " | ".join(str(x["segments"]) for x in scan) + " |")
+        add("|---|" + "---|" * len(scan))
+        add("| floor | " + " | ".join(nbytes(x["peak_bytes"]) for x in scan) + " |")
+        add("| lower by | " + " | ".join(pct(1 - x["peak_bytes"] / base) for x in scan) + " |")
+        add("| recompute | " + " | ".join(pct(x["share_of_step"]) for x in scan) + " |")
     add("")
     add("| issue target | best reached within the FLOPs limit | met |")
     add("|---|---|---|")

@@ -146,3 +146,13 @@ def test_budget_and_optimal_meet_a_reachable_budget_on_every_sample(model):
     for solve in (budget_plan, optimal_plan):
         result = solve(a, limit, lambda p: plan_cost(a, p), lambda p: keep_intervals(a, p))
         assert result.peak_bytes <= limit and plan_cost(a, result.plan).peak_bytes == result.peak_bytes
+
+
+def test_budgets_below_every_standard_floor_scan_other_segmentations(gpt):
+    from ckpt_cli.planning.strategies import structures
+
+    limit = int(gpt.priority.peak_bytes * 0.42)
+    assert min(plan_cost(gpt, s).peak_bytes for s in structures(gpt)) > limit, "the sample changed: pick a tighter share"
+    result = budget_plan(gpt, limit, lambda p: plan_cost(gpt, p), lambda p: keep_intervals(gpt, p))
+    assert result.peak_bytes <= limit and plan_cost(gpt, result.plan).peak_bytes == result.peak_bytes
+    assert result.plan.regions and len(result.plan.regions) not in {len(s.regions) for s in structures(gpt)}

@@ -22,8 +22,8 @@ from ..analysis import Analysis
 from ..errors import BudgetUnreachable
 from .plan import Plan
 from .search import Intervals, search_limits
-from .strategies import (BudgetResult, Candidate, Evaluate, PlanCost, candidates, result_of,
-                         structures, unreachable_message)
+from .strategies import (BudgetResult, Candidate, Evaluate, PlanCost, candidates, over_structures, result_of,
+                         unreachable_message)
 
 MAX_CANDIDATES = 2000  # beyond this the MILP is slow; optimal is for graphs of a few hundred nodes
 
@@ -70,23 +70,18 @@ def optimal_plan(a: Analysis, budget: int, evaluate: Evaluate, intervals_of: Int
     base = a.priority.peak_bytes
     if base <= budget:
         return BudgetResult(Plan([], "optimal", ["the original already fits the budget"]), base, 0, [], [], 0)
-    best: BudgetResult | None = None
-    lowest: PlanCost | None = None
-    evaluations = 0
-    for structure in options or structures(a):
+
+    def search(structure: Plan, floor: Intervals) -> tuple[BudgetResult | None, int]:
         ranked = candidates(a, structure)[:MAX_CANDIDATES]
-        floor_info = intervals_of(structure)
-        evaluations += 1
-        if lowest is None or floor_info.cost.peak_bytes < lowest.peak_bytes:
-            lowest = floor_info.cost
         fitted, spent = search_limits(
-            structure, "optimal", lambda limit, r=ranked, f=floor_info: _solve(r, f.spans, f.timeline, limit),
-            evaluate, budget, floor_info, ranked, a.graph.producer, thorough=True)
-        evaluations += spent
-        if fitted is not None and (best is None or fitted.cost.recompute_flops < best.recompute_flops):
-            best = result_of(fitted, ranked, structure.strategy, "MILP keeps {kept} of {total} stashed activations")
+            structure, "optimal", lambda limit, r=ranked, f=floor: _solve(r, f.spans, f.timeline, limit),
+            evaluate, budget, floor, ranked, a.graph.producer, thorough=True)
+        if fitted is None:
+            return None, spent
+        return result_of(fitted, ranked, structure.strategy, "MILP keeps {kept} of {total} stashed activations"), spent
+
+    best, lowest, evaluations = over_structures(a, budget, intervals_of, search, options, first_fit=False)
     if best is None:
-        floor = lowest or PlanCost(base, 0)
-        raise BudgetUnreachable(unreachable_message(a, budget, floor))
+        raise BudgetUnreachable(unreachable_message(a, budget, lowest or PlanCost(base, 0)))
     best.evaluations = evaluations
     return best

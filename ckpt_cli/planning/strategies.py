@@ -10,7 +10,7 @@ cost model apart from the cut).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Callable
 
 from ..analysis import Analysis
 from ..analysis.memory import VIEW_OPS
@@ -27,20 +27,76 @@ EXPENSIVE_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", 
 LARGE_GRAPH_NODES = 5_000  # above this the finer segmentation is skipped (each try is a rewrite)
 
 
+def _sqrt_segments(a: Analysis) -> int:
+    import math
+
+    return max(1, round(math.sqrt(sum(a.phases.is_forward))))
+
+
 def structures(a: Analysis) -> list[Plan]:
     """Region structures the budget search tries: per layer (if any), then sqrt(n)
     segments and, on graphs below LARGE_GRAPH_NODES, twice as many (smaller pieces
     recomputed at a time: it wins at loose budgets on the samples; on large graphs the
     structures differ by under 2% in recompute FLOPs, see bench/)."""
-    import math
-
     found = [p for p in (layer_regions(a),) if p is not None]
-    n = sum(a.phases.is_forward)
-    k = max(1, round(math.sqrt(n)))
+    k = _sqrt_segments(a)
     found.append(sqrt_regions(a, k))
     if len(a.graph.nodes) <= LARGE_GRAPH_NODES:
         found.append(sqrt_regions(a, 2 * k))
     return found
+
+
+MAX_SCANNED_SEGMENTS = 32
+SCANNED_SEARCHES = 2
+
+
+def scanned_segmentations(a: Analysis) -> list[Plan]:
+    """Every other segmentation into k = 2 .. 2*sqrt(n) pieces (at most
+    MAX_SCANNED_SEGMENTS), for budgets below the floors of ``structures``: the floor is
+    not monotone in k (gpt: 3.46 MiB at 5 pieces, 3.82 MiB at 13, 3.28 MiB at 9)."""
+    k = _sqrt_segments(a)
+    return [sqrt_regions(a, j) for j in range(2, min(2 * k, MAX_SCANNED_SEGMENTS) + 1) if j not in (k, 2 * k)]
+
+
+StructureSearch = Callable[[Plan, object], tuple["BudgetResult | None", int]]
+
+
+def over_structures(a: Analysis, budget: int, intervals_of, search: StructureSearch, options: list[Plan] | None,
+                    *, first_fit: bool) -> tuple[BudgetResult | None, PlanCost | None, int]:
+    """Run ``search(structure, floor)`` on every region structure whose floor (everything
+    recomputed) fits ``budget``; keep the result with the fewest recompute FLOPs (with
+    ``first_fit``, the first). When no floor fits, small graphs also scan the other
+    segmentations and search the cheapest SCANNED_SEARCHES that fit. Returns (best,
+    the lowest floor seen, evaluations)."""
+    best: BudgetResult | None = None
+    lowest: PlanCost | None = None
+    evaluations = 0
+
+    def floors(plans):
+        nonlocal lowest, evaluations
+        for structure in plans:
+            floor = intervals_of(structure)
+            evaluations += 1
+            if lowest is None or floor.cost.peak_bytes < lowest.peak_bytes:
+                lowest = floor.cost
+            if floor.cost.peak_bytes <= budget:
+                yield structure, floor
+
+    def visit(fitting) -> None:
+        nonlocal best, evaluations
+        for structure, floor in fitting:
+            result, spent = search(structure, floor)
+            evaluations += spent
+            if result is not None and (best is None or result.recompute_flops < best.recompute_flops):
+                best = result
+            if best is not None and first_fit:
+                return
+
+    visit(floors(options or structures(a)))
+    if best is None and options is None and len(a.graph.nodes) <= LARGE_GRAPH_NODES:
+        scanned = sorted(floors(scanned_segmentations(a)), key=lambda sf: sf[1].cost.recompute_flops)
+        visit(scanned[:SCANNED_SEARCHES])
+    return best, lowest, evaluations
 
 
 def balanced(a: Analysis) -> Plan:
@@ -228,38 +284,29 @@ def budget_plan(a: Analysis, budget: int, evaluate: Evaluate, intervals_of, opti
     keep activations, most FLOPs per byte first, wherever every step stays under a
     limit (a range-max tree makes this O(n log n)). ``search.search_limits`` moves that
     limit until the real cost model (``evaluate``) fits the budget with the fewest
-    FLOPs. Small graphs try every structure; large ones stop at the first that fits.
-    Raises BudgetUnreachable when even the floors do not fit.
+    FLOPs. Small graphs try every structure (and, below all their floors, other
+    segmentations); large ones stop at the first that fits. Raises BudgetUnreachable
+    when no floor fits.
     """
     base = a.priority.peak_bytes
     if base <= budget:
         plan = Plan([], "budget", [f"the original already fits the budget ({base} <= {budget} bytes)"])
         return BudgetResult(plan, base, 0, [], [], 0)
-    lowest: PlanCost | None = None
-    evaluations = 0
     exhaustive = len(a.graph.nodes) <= LARGE_GRAPH_NODES
-    best: BudgetResult | None = None
-    # Small graphs: every structure is checked and the cheapest kept. Large graphs (each
-    # floor and each check is a rewrite, and the structures differ by under 2% there): the
-    # first structure, in the order ``structures`` gives, that fits.
-    for structure in options or structures(a):
+
+    def search(structure: Plan, floor) -> tuple[BudgetResult | None, int]:
         ranked = candidates(a, structure)
-        floor_info = intervals_of(structure)
-        evaluations += 1
-        floor_peak = floor_info.cost.peak_bytes
-        if lowest is None or floor_peak < lowest.peak_bytes:
-            lowest = floor_info.cost
-        if floor_peak > budget:
-            continue
-        fitted, spent = search_limits(structure, "budget", _greedy_choice(ranked, floor_info, exhaustive), evaluate,
-                                      budget, floor_info, ranked, a.graph.producer, thorough=exhaustive,
+        fitted, spent = search_limits(structure, "budget", _greedy_choice(ranked, floor, exhaustive), evaluate,
+                                      budget, floor, ranked, a.graph.producer, thorough=exhaustive,
                                       loosening=LOOSENING if exhaustive else _lean_loosening(len(a.graph.nodes)))
-        evaluations += spent
-        if fitted is not None and (best is None or fitted.cost.recompute_flops < best.recompute_flops):
-            best = result_of(fitted, ranked, structure.strategy,
-                             "kept {kept} of {total} stashed activations, most expensive to recompute per byte first")
-        if best is not None and not exhaustive:
-            break
+        if fitted is None:
+            return None, spent
+        return result_of(fitted, ranked, structure.strategy, "kept {kept} of {total} stashed activations, "
+                         "most expensive to recompute per byte first"), spent
+
+    # Large graphs stop at the first structure that fits (each floor and each check is a
+    # rewrite, and the structures differ by under 2% there).
+    best, lowest, evaluations = over_structures(a, budget, intervals_of, search, options, first_fit=not exhaustive)
     if best is not None:
         best.evaluations = evaluations
         best.plan.notes.append(f"predicted peak {best.peak_bytes} <= budget {budget} bytes ({evaluations} evaluations)")
