@@ -11,12 +11,15 @@ pessimistic (a 10k-node transformer at a 75% budget: estimated 36.7 MB, real 29.
 So the search treats the limit as a knob and the real cost as the judge:
 
 1. from the budget, tighten the limit by each overshoot until the real peak fits;
-2. ``thorough`` (small graphs): also from limits between the floor and the budget (a
-   keep set can flip ORT's buffer-reuse setting, which no linear model sees);
-3. loosen: while the best fit leaves room under the budget, try keeping everything
-   (``top_limit``), then narrow the bracket between the largest limit that fits and the
-   smallest above it that overshoots, by the secant, then sample that bracket;
-4. ``thorough``: polish the best fit by keeping one more activation at a time.
+2. loosen: while the best fit leaves room under the budget, try keeping everything,
+   then narrow the bracket between the largest limit that fits and the smallest above
+   it that overshoots, by the secant;
+3. ``thorough`` (small graphs): also tighten from limits between the floor and the
+   budget (a keep set can flip ORT's buffer-reuse setting, which no linear model sees),
+   sample the last bracket, and polish the best fit by keeping one more activation at
+   a time.
+
+A fit that recomputes nothing ends the search.
 
 Every distinct keep set is evaluated once; the fitting one with the fewest recompute
 FLOPs wins.
@@ -32,7 +35,7 @@ from .plan import Plan, Region
 MAX_TIGHTENING = 8  # evaluations per start while the real peak overshoots
 STARTS = 8  # thorough: starts spread between the floor and the budget
 LOOSENING = 6  # thorough: secant steps above the best fit
-POLISH = 8  # thorough: single activations added to the best fit
+POLISH = 16  # thorough: single activations added to the best fit
 ROOM = 0.002  # stop loosening when the best fit is this close to the budget
 
 
@@ -77,67 +80,95 @@ def search_limits(structure: Plan, strategy: str, choose: Callable[[int], set[st
     structure with nothing kept; ``ranked``: the candidates (``tensor``, ``nbytes``,
     ``flops``) ``choose`` picks from; ``loosening``: the most secant steps above the best
     fit (without ``thorough``, each evaluation being a rewrite of a large graph, fewer)."""
+    search = _Search(structure, strategy, choose, evaluate, budget, producer)
     floor_peak = floor.cost.peak_bytes
-    top_limit = keep_all_limit(floor.timeline, floor.spans, {c.tensor: c.nbytes for c in ranked})
-    tried: dict[frozenset[str], Fitted] = {}
-    points: list[tuple[int, int]] = []  # (limit, real peak)
-    best: Fitted | None = None
+    try:
+        search.tighten(budget)
+        top_limit = keep_all_limit(floor.timeline, floor.spans, {c.tensor: c.nbytes for c in ranked})
+        for _ in range(loosening):
+            limit = _next_limit(search.points, budget, top_limit)
+            if limit is None:
+                break
+            search.attempt(limit)
+        if thorough:
+            for k in range(1, STARTS):
+                search.tighten(budget - k * (budget - floor_peak) // STARTS)
+            search.sample_bracket()
+            search.polish(ranked)
+    except _NothingToSave:  # a fit that recomputes nothing cannot be beaten
+        pass
+    return search.best, len(search.tried)
 
-    def judge(keep: set[str]) -> Fitted:
-        nonlocal best
+
+class _NothingToSave(Exception):
+    pass
+
+
+class _Search:
+    """The keep sets evaluated so far, the (limit, real peak) points seen, and the best fit."""
+
+    def __init__(self, structure: Plan, strategy: str, choose, evaluate, budget: int, producer) -> None:
+        self.structure, self.strategy, self.choose, self.evaluate = structure, strategy, choose, evaluate
+        self.budget, self.producer = budget, producer
+        self.tried: dict[frozenset[str], Fitted] = {}
+        self.points: list[tuple[int, int]] = []
+        self.best: Fitted | None = None
+
+    def judge(self, keep: set[str]) -> Fitted:
         key = frozenset(keep)
-        if key not in tried:
-            plan = with_keep(structure, keep, strategy, producer)
-            tried[key] = Fitted(plan, evaluate(plan), keep)
-        fitted = tried[key]
-        if fitted.cost.peak_bytes <= budget and (best is None or fitted.cost.recompute_flops
-                                                 < best.cost.recompute_flops):
-            best = fitted
+        if key not in self.tried:
+            plan = with_keep(self.structure, keep, self.strategy, self.producer)
+            self.tried[key] = Fitted(plan, self.evaluate(plan), keep)
+        fitted = self.tried[key]
+        cost = fitted.cost
+        if cost.peak_bytes <= self.budget and (self.best is None
+                                               or cost.recompute_flops < self.best.cost.recompute_flops):
+            self.best = fitted
+            if not cost.recompute_flops:
+                raise _NothingToSave
         return fitted
 
-    def attempt(limit: int) -> int | None:
+    def attempt(self, limit: int) -> int | None:
         """The real peak of the keep set chosen at ``limit`` (None: there is none)."""
-        keep = choose(limit)
+        keep = self.choose(limit)
         if keep is None:
             return None
-        points.append((limit, judge(keep).cost.peak_bytes))
-        return points[-1][1]
+        self.points.append((limit, self.judge(keep).cost.peak_bytes))
+        return self.points[-1][1]
 
-    def tighten(limit: int) -> None:
+    def tighten(self, limit: int) -> None:
         for _ in range(MAX_TIGHTENING):
-            peak = attempt(limit)
-            if peak is None or peak <= budget:
+            peak = self.attempt(limit)
+            if peak is None or peak <= self.budget:
                 return
-            limit -= peak - budget
+            limit -= peak - self.budget
 
-    tighten(budget)
-    if thorough:
-        for k in range(1, STARTS):
-            tighten(budget - k * (budget - floor_peak) // STARTS)
-    for _ in range(loosening):
-        limit = _next_limit(points, budget, top_limit)
-        if limit is None:
-            break
-        attempt(limit)
-    if thorough:  # the real cost is not smooth in the keep set: also sample the last bracket
-        fits = [p for p in points if p[1] <= budget]
-        over = [p for p in points if p[1] > budget and fits and p[0] > max(fits)[0]]
-        if fits and over:
-            lo, hi = max(fits)[0], min(over)[0]
+    def sample_bracket(self) -> None:
+        """The real cost is not smooth in the keep set: sample between the largest limit
+        that fits and the smallest above it that overshoots."""
+        fits = [p for p in self.points if p[1] <= self.budget]
+        if not fits:
+            return
+        lo = max(fits)[0]
+        over = [p[0] for p in self.points if p[1] > self.budget and p[0] > lo]
+        if over:
+            hi = min(over)
             for k in range(1, STARTS):
-                attempt(lo + k * (hi - lo) // STARTS)
-        # Polish: keep one more activation, largest saving first, where the room left
-        # under the budget may hold it.
+                self.attempt(lo + k * (hi - lo) // STARTS)
+
+    def polish(self, ranked: Sequence) -> None:
+        """Keep one more activation at a time, largest saving first. Its bytes are no
+        guide: keeping one can cost far less than its size in reality (a cnn ReLU output
+        of 512 KiB raised the real peak by 8 KiB)."""
         for _ in range(POLISH):
-            if best is None:
-                break
-            room = budget - best.cost.peak_bytes
-            more = [c for c in ranked if c.flops and c.tensor not in best.keep and c.nbytes <= 2 * room
-                    and frozenset(best.keep | {c.tensor}) not in tried]
+            if self.best is None:
+                return
+            keep = self.best.keep
+            more = [c for c in ranked if c.flops and c.tensor not in keep
+                    and frozenset(keep | {c.tensor}) not in self.tried]
             if not more:
-                break
-            judge(best.keep | {max(more, key=lambda c: (c.flops, -c.nbytes)).tensor})
-    return best, len(tried)
+                return
+            self.judge(keep | {max(more, key=lambda c: (c.flops, -c.nbytes)).tensor})
 
 
 def _next_limit(points: list[tuple[int, int]], budget: int, top_limit: int) -> int | None:

@@ -24,7 +24,9 @@ EXPENSIVE_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", 
                            "MultiHeadAttention", "MatMulInteger", "QLinearMatMul", "QLinearConv"})
 
 
-LARGE_GRAPH_NODES = 5_000  # above this the finer segmentation is skipped (each try is a rewrite)
+# Above this, searches are lean: one structure that fits, a few evaluations (each is a
+# rewrite of the whole graph; the thorough search makes about 100 on a small graph).
+LARGE_GRAPH_NODES = 1_000
 
 
 def _sqrt_segments(a: Analysis) -> int:
@@ -89,14 +91,21 @@ def over_structures(a: Analysis, budget: int, intervals_of, search: StructureSea
             evaluations += spent
             if result is not None and (best is None or result.recompute_flops < best.recompute_flops):
                 best = result
-            if best is not None and first_fit:
+            if best is not None and (first_fit or not best.recompute_flops):
                 return
 
     visit(floors(options or structures(a)))
     if best is None and options is None and len(a.graph.nodes) <= LARGE_GRAPH_NODES:
-        scanned = sorted(floors(scanned_segmentations(a)), key=lambda sf: sf[1].cost.recompute_flops)
+        scanned = sorted(floors(scanned_segmentations(a)), key=lambda sf: _estimated_flops(a, *sf, budget))
         visit(scanned[:SCANNED_SEARCHES])
     return best, lowest, evaluations
+
+
+def _estimated_flops(a: Analysis, structure: Plan, floor, budget: int) -> int:
+    """Recompute FLOPs the linear model expects of ``structure`` under ``budget``."""
+    ranked = candidates(a, structure)
+    kept = fill_greedily(ranked, floor.timeline, floor.spans, budget)
+    return floor.cost.recompute_flops - sum(c.flops for c in ranked if c.tensor in kept)
 
 
 def balanced(a: Analysis) -> Plan:
