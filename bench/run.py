@@ -614,7 +614,7 @@ def bench_memory(repeats: int, runs: int, work: Path) -> dict:
 
 # --------------------------------------------------------------------------- 3. plan quality
 
-SWEEP_PCTS = (100, 95, 90, 85, 80, 75, 72, 70, 65, 60)  # % of the original predicted peak
+SWEEP_PCTS = (100, 95, 90, 85, 80, 75, 72, 70, 65, 60, 55, 50, 45, 40)  # % of the original predicted peak
 GAP_TARGET = 0.03  # issue target: the budget heuristic within 3 % of the optimum's recompute FLOPs
 GPT_TARGETS = ((0.70, 0.10), (0.85, 0.35))  # (peak reduction at least, recompute share of step at most)
 
