@@ -40,18 +40,27 @@ ROOM = 0.002  # stop loosening when the best fit is this close to the budget
 
 
 @dataclass(frozen=True)
+class PlanCost:
+    """What the cost model says of a plan."""
+
+    peak_bytes: int
+    recompute_flops: int
+    live_at_peak: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Intervals:
     """What keeping each activation costs, on the schedule of a structure's floor plan."""
 
     timeline: tuple[int, ...]  # predicted bytes after each step of the floor plan
     spans: dict[str, tuple[int, int]]  # tensor -> (first, last) step where keeping it adds its bytes
-    cost: object  # the floor plan's own PlanCost
+    cost: PlanCost  # the floor plan's own
 
 
 @dataclass
 class Fitted:
     plan: Plan
-    cost: object  # a PlanCost: peak_bytes, recompute_flops
+    cost: PlanCost
     keep: set[str]
 
 
@@ -72,7 +81,7 @@ def with_keep(plan: Plan, keep: set[str], strategy: str, producer: Mapping[str, 
 
 
 def search_limits(structure: Plan, strategy: str, choose: Callable[[int], set[str] | None],
-                  evaluate: Callable[[Plan], object], budget: int, floor: Intervals, ranked: Sequence,
+                  evaluate: Callable[[Plan], PlanCost], budget: int, floor: Intervals, ranked: Sequence,
                   producer: Mapping[str, int], *, thorough: bool, loosening: int = LOOSENING
                   ) -> tuple[Fitted | None, int]:
     """The keep set (from ``choose`` at some limit) with the fewest recompute FLOPs whose

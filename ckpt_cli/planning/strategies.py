@@ -17,7 +17,7 @@ from ..analysis.memory import VIEW_OPS
 from ..errors import BudgetUnreachable, UsageError
 from .plan import Plan, Region
 from .regions import default_regions, layer_regions, sqrt_regions
-from .search import LOOSENING, Fitted, search_limits
+from .search import LOOSENING, Fitted, PlanCost, search_limits
 
 # Outputs of these ops are never recomputed by ``balanced`` (compute-bound ops).
 EXPENSIVE_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "FusedMatMul", "Attention",
@@ -161,15 +161,6 @@ def candidates(a: Analysis, plan: Plan) -> list[Candidate]:
     return sorted(out, key=lambda c: (-c.flops_per_byte, c.nbytes, c.tensor))
 
 
-@dataclass(frozen=True)
-class PlanCost:
-    """What the cost model says of a plan."""
-
-    peak_bytes: int
-    recompute_flops: int
-    live_at_peak: tuple[str, ...] = ()
-
-
 Evaluate = Callable[[Plan], PlanCost]
 
 
@@ -311,7 +302,7 @@ def budget_plan(a: Analysis, budget: int, evaluate: Evaluate, intervals_of, opti
         if fitted is None:
             return None, spent
         return result_of(fitted, ranked, structure.strategy, "kept {kept} of {total} stashed activations, "
-                         "most expensive to recompute per byte first"), spent
+                         "chosen greedily by the recompute FLOPs they save"), spent
 
     # Large graphs stop at the first structure that fits (each floor and each check is a
     # rewrite, and the structures differ by under 2% there).
