@@ -47,7 +47,7 @@ def explain(a: Analysis, plan: Plan, recomputed: set[str]) -> list[dict]:
         elif s.buffer in region.keep and plan.strategy == "balanced" and node.op_type in EXPENSIVE_OPS:
             why = "compute-bound output (balanced policy keeps these)"
         elif s.buffer in region.keep and plan.strategy in ("budget", "optimal"):
-            why = (f"too expensive: {flops / nbytes:.1f} FLOP per byte to recompute, and the budget allows keeping it"
+            why = (f"the budget has room for it (recomputing costs {flops / nbytes:.1f} FLOP per byte)"
                    if nbytes else "kept within the budget")
         elif s.buffer in region.keep:
             why = "kept by the plan"
