@@ -249,9 +249,9 @@ def rewrite(model: Path, output, force, patterns, scope, boundaries, plan_file, 
     check_output_path(output, model, force)
     if no_recompute and (patterns or scope or boundaries or plan_file or auto or budget):
         raise UsageError("--no-recompute takes no region options")
-    with _busy("planning", quiet or as_json or not (auto or budget)):
+    with _busy("planning", quiet or as_json or not (auto or budget)) as status:
         planned = None if no_recompute else make_plan(a, auto, budget, list(patterns), scope, list(boundaries),
-                                                       plan_file)
+                                                       plan_file, progress=status and status.update)
     plan = planned.plan if planned else None
     result = rewrite_plan(a, planned)
     written = save_model(to_model(result), output,
@@ -321,8 +321,8 @@ def plan(model: Path, output, force, auto, budget, dims, loss, grad_outputs, as_
     a = _load_and_analyse(model, dims, loss, grad_outputs)
     if output is not None:
         check_output_path(output, model, force)
-    with _busy("planning", quiet or as_json):
-        planned = make_plan(a, auto, budget)
+    with _busy("planning", quiet or as_json) as status:
+        planned = make_plan(a, auto, budget, progress=status and status.update)
         result = rewrite_plan(a, planned)
     report = plan_report(a, planned, result, plan_rows(a, planned, result), str(output) if output else None,
                          {"auto": auto, "budget": budget, "dims": list(dims), "loss": loss,

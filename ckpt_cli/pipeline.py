@@ -4,6 +4,7 @@ it predicts, so the budget search gets ``rewrite + simulate`` as its cost model.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from .analysis import Analysis
 from .analysis.memory import VIEW_OPS
@@ -14,6 +15,7 @@ from .planning.explain import explain
 from .planning.search import Intervals
 from .planning.solver import optimal_plan
 from .planning.strategies import STRATEGIES, BudgetResult, PlanCost, budget_plan, parse_budget
+from .report.units import human_flops
 from .rewrite import RewriteResult, rewrite
 
 AUTO_NAMES = ("layers", "sqrt", "balanced", "budget", "optimal")
@@ -66,8 +68,9 @@ def rewrite_plan(a: Analysis, planned: Planned | None) -> RewriteResult:
 
 
 def make_plan(a: Analysis, auto: str | None = None, budget: str | None = None, patterns=None, scope=None,
-              boundaries=None, plan_file=None) -> Planned:
-    """The plan for these options: user-marked regions, a named strategy, or a budget."""
+              boundaries=None, plan_file=None, progress: Callable[[str], None] | None = None) -> Planned:
+    """The plan for these options: user-marked regions, a named strategy, or a budget.
+    ``progress`` hears how a budget search is going (plans evaluated, best so far)."""
     manual = bool(patterns or scope or boundaries or plan_file)
     if budget is not None and auto not in (None, "budget", "optimal"):
         raise UsageError(f"--budget goes with --auto budget (the default) or optimal, not --auto {auto}")
@@ -79,16 +82,25 @@ def make_plan(a: Analysis, auto: str | None = None, budget: str | None = None, p
             raise UsageError(f"--auto {auto} needs --budget (e.g. --budget 2GiB or --budget 40%)")
         limit = parse_budget(budget, a.priority.peak_bytes)
         kept: dict[str, object] = {}  # the cheapest fitting rewrite so far: the search's choice
+        count = [0]
+
+        def told(what):
+            count[0] += 1
+            if progress is not None:
+                best = kept.get("result")
+                progress(f"planning: {count[0]} plans evaluated; best fit so far "
+                         + (f"recomputes {human_flops(best.recompute_flops)}" if best else "none"))
+            return what
 
         def cost(plan: Plan) -> PlanCost:
             result = rewrite(a, plan)
             fits = result.after.priority.peak_bytes <= limit
             if fits and ("result" not in kept or result.recompute_flops < kept["result"].recompute_flops):
                 kept["plan"], kept["result"] = plan, result
-            return _cost(result)
+            return told(_cost(result))
 
         solve = optimal_plan if auto == "optimal" else budget_plan
-        search = solve(a, limit, cost, lambda p: keep_intervals(a, p))
+        search = solve(a, limit, cost, lambda p: told(keep_intervals(a, p)))
         return Planned(search.plan, limit, search, kept["result"] if kept.get("plan") is search.plan else None)
     if auto is not None:
         if auto not in STRATEGIES:
