@@ -82,13 +82,14 @@ def make_plan(a: Analysis, auto: str | None = None, budget: str | None = None, p
             raise UsageError(f"--auto {auto} needs --budget (e.g. --budget 2GiB or --budget 40%)")
         limit = parse_budget(budget, a.priority.peak_bytes)
         kept: dict[str, object] = {}  # the cheapest fitting rewrite so far: the search's choice
-        count = [0]
+        evaluated = 0
 
         def told(what):
-            count[0] += 1
+            nonlocal evaluated
+            evaluated += 1
             if progress is not None:
                 best = kept.get("result")
-                progress(f"planning: {count[0]} plans evaluated; best fit so far "
+                progress(f"planning: {evaluated} plans evaluated; best fit so far "
                          + (f"recomputes {human_flops(best.recompute_flops)}" if best else "none"))
             return what
 
