@@ -834,11 +834,7 @@ def render_md(res: dict) -> str:
     sp = res.get("speed")
     add("## 1. Speed against the I/O floor")
     add("")
-    if sp is None:
-        add("Skipped.")
-    elif "error" in sp:
-        add(f"Failed: `{sp['error']}`")
-    else:
+    if not _missing(sp, add):
         add("Synthetic transformer training graphs from `ckpt_cli.synthetic` (d_model 64, seq 32, "
             "142·L+48 nodes, no embedded weights). Each command is a fresh subprocess; wall time, "
             "median of the repeats; commands of one size run interleaved. **floor** = "
@@ -949,11 +945,7 @@ def render_md(res: dict) -> str:
     mem = res.get("memory")
     add("## 2. Memory and overhead on the sample models")
     add("")
-    if mem is None:
-        add("Skipped.")
-    elif "error" in mem:
-        add(f"Failed: `{mem['error']}`")
-    else:
+    if not _missing(mem, add):
         add(f"`ckpt rewrite SAMPLE -o OUT --force [strategy] --check --json --runs {mem['runs_per_check']}`, "
             f"{mem['repeats']} time(s) per strategy; each check runs the original under ckpt's settings "
             "(PRIORITY_BASED, file order) and under ORT's defaults, and the rewritten graph under ckpt's "
@@ -1048,15 +1040,21 @@ def _gap(x: float | None) -> str:
     return "n/a" if x is None else f"{'+' if x > 0 else ''}{sig(100 * x, 2)} %"
 
 
+def _missing(section: dict | None, add, skipped: str = "Skipped.") -> bool:
+    """Say so when a section was skipped or failed; True if there is nothing else to show."""
+    if not section:
+        add(skipped)
+    elif "error" in section:
+        add(f"Failed: `{section['error']}`")
+    else:
+        return False
+    return True
+
+
 def _render_plan_quality(pq: dict | None, add) -> None:
     add("## 3. Plan quality")
     add("")
-    if pq is None:
-        add("Skipped.")
-        add("")
-        return
-    if "error" in pq:
-        add(f"Failed: `{pq['error']}`")
+    if _missing(pq, add):
         add("")
         return
     add("In process, on each sample: `budget_plan` (the `budget` heuristic behind `ckpt plan --budget`) and "
@@ -1231,11 +1229,7 @@ def _render_big_weights(res: dict, add) -> None:
     b = res.get("big_weights")
     add("## 5. A model with over 2 GB of weights (external data)")
     add("")
-    if not b:
-        add("Skipped (`--quick` or `--skip-big`).")
-    elif "error" in b:
-        add(f"Failed: `{b['error']}`")
-    else:
+    if not _missing(b, add, skipped="Skipped (`--quick` or `--skip-big`)."):
         add(f"`python -m ckpt_cli.synthetic --layers 2 --big-weights 2.1 --external-data` "
             f"({nbytes(b['weights_bytes'])} on disk). ckpt reads only the graph and the tensors' shapes; "
             "the rewrite streams the weights into the output's external data file "

@@ -51,6 +51,16 @@ def _transformer_feeds(model, seed=0):
     return feeds
 
 
+def _central_difference(sess, feeds: dict, name: str, idx: tuple, eps: float) -> float:
+    """d loss / d feeds[name][idx] by central differences."""
+    losses = []
+    for step in (eps, -eps):
+        moved = feeds[name].copy()
+        moved[idx] += step
+        losses.append(sess.run(["loss"], {**feeds, name: moved})[0])
+    return (losses[0] - losses[1]) / (2 * eps)
+
+
 def _check_structure(model):
     g = model.graph
     assert model.ir_version <= 10
@@ -89,16 +99,7 @@ def test_transformer_float64_matches_finite_differences():
             idx = tuple(int(rng.integers(0, d)) for d in g.shape)
             if p == "tok_emb":  # rows of tokens that occur have non-zero grads
                 idx = (int(feeds["tokens"].flat[rng.integers(feeds["tokens"].size)]),) + idx[1:]
-            f2 = dict(feeds)
-            a = feeds[p].copy()
-            a[idx] += eps
-            f2[p] = a
-            lp = sess.run(["loss"], f2)[0]
-            a = feeds[p].copy()
-            a[idx] -= eps
-            f2[p] = a
-            lm = sess.run(["loss"], f2)[0]
-            fd = (lp - lm) / (2 * eps)
+            fd = _central_difference(sess, feeds, p, idx, eps)
             assert abs(fd - g[idx]) <= 1e-8 + 1e-5 * abs(fd), (out, idx, fd, g[idx])
 
 
@@ -207,16 +208,7 @@ def test_randgraph_matches_finite_differences(seed):
         g = res[f"{p}_grad"]
         fd = np.empty_like(g)
         for idx in np.ndindex(g.shape):
-            f2 = dict(feeds)
-            a = feeds[p].copy()
-            a[idx] += eps
-            f2[p] = a
-            lp = sess.run(["loss"], f2)[0]
-            a = feeds[p].copy()
-            a[idx] -= eps
-            f2[p] = a
-            lm = sess.run(["loss"], f2)[0]
-            fd[idx] = (lp - lm) / (2 * eps)
+            fd[idx] = _central_difference(sess, feeds, p, idx, eps)
         scale = max(1.0, float(np.abs(fd).max()))
         np.testing.assert_allclose(g, fd, rtol=1e-5, atol=1e-6 * scale, err_msg=p)
 

@@ -17,7 +17,7 @@ from ..analysis.memory import VIEW_OPS
 from ..errors import BudgetUnreachable, UsageError
 from .plan import Plan, Region
 from .regions import default_regions, layer_regions, sqrt_regions
-from .search import LOOSENING, Fitted, PlanCost, search_limits
+from .search import LOOSENING, Fitted, Intervals, PlanCost, search_limits
 
 # Outputs of these ops are never recomputed by ``balanced`` (compute-bound ops).
 EXPENSIVE_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "FusedMatMul", "Attention",
@@ -60,10 +60,10 @@ def scanned_segmentations(a: Analysis) -> list[Plan]:
     return [sqrt_regions(a, j) for j in range(2, min(2 * k, MAX_SCANNED_SEGMENTS) + 1) if j not in (k, 2 * k)]
 
 
-StructureSearch = Callable[[Plan, object], tuple["BudgetResult | None", int]]
+StructureSearch = Callable[[Plan, Intervals], tuple["BudgetResult | None", int]]
 
 
-def over_structures(a: Analysis, budget: int, intervals_of, search: StructureSearch, options: list[Plan] | None,
+def over_structures(a: Analysis, budget: int, intervals_of: Callable[[Plan], Intervals], search: StructureSearch, options: list[Plan] | None,
                     *, first_fit: bool) -> tuple[BudgetResult | None, PlanCost | None, int]:
     """Run ``search(structure, floor)`` on every region structure whose floor (everything
     recomputed) fits ``budget``; keep the result with the fewest recompute FLOPs (with
@@ -101,7 +101,7 @@ def over_structures(a: Analysis, budget: int, intervals_of, search: StructureSea
     return best, lowest, evaluations
 
 
-def _estimated_flops(a: Analysis, structure: Plan, floor, budget: int) -> int:
+def _estimated_flops(a: Analysis, structure: Plan, floor: Intervals, budget: int) -> int:
     """Recompute FLOPs the linear model expects of ``structure`` under ``budget``."""
     ranked = candidates(a, structure)
     kept = fill_greedily(ranked, floor.timeline, floor.spans, budget)
@@ -248,7 +248,7 @@ def _lean_loosening(nodes: int) -> int:
     return 2 if nodes <= 20_000 else 1
 
 
-def _greedy_choice(ranked: list[Candidate], floor_info, both_orders: bool) -> Callable[[int], set[str]]:
+def _greedy_choice(ranked: list[Candidate], floor: Intervals, both_orders: bool) -> Callable[[int], set[str]]:
     """``choose(limit)`` for the limit search: the greedy fill, most FLOPs per byte first;
     with ``both_orders`` also most FLOPs first, taking whichever saves more (one order
     alone can strand a large saving behind small ones, as greedy knapsacks do)."""
@@ -256,9 +256,9 @@ def _greedy_choice(ranked: list[Candidate], floor_info, both_orders: bool) -> Ca
     flops = {c.tensor: c.flops for c in ranked}
 
     def choose(limit: int) -> set[str]:
-        keep = fill_greedily(ranked, floor_info.timeline, floor_info.spans, limit)
+        keep = fill_greedily(ranked, floor.timeline, floor.spans, limit)
         if by_flops is not None:
-            other = fill_greedily(by_flops, floor_info.timeline, floor_info.spans, limit)
+            other = fill_greedily(by_flops, floor.timeline, floor.spans, limit)
             if sum(flops[t] for t in other) > sum(flops[t] for t in keep):
                 keep = other
         return keep
@@ -273,7 +273,8 @@ def result_of(fitted: Fitted, ranked: list[Candidate], structure: str, note: str
                         [c for c in ranked if c.tensor not in keep], 0)
 
 
-def budget_plan(a: Analysis, budget: int, evaluate: Evaluate, intervals_of, options: list[Plan] | None = None
+def budget_plan(a: Analysis, budget: int, evaluate: Evaluate, intervals_of: Callable[[Plan], Intervals],
+                options: list[Plan] | None = None
                 ) -> BudgetResult:
     """The plan with the least recompute FLOPs whose predicted peak fits ``budget``.
 
@@ -294,7 +295,7 @@ def budget_plan(a: Analysis, budget: int, evaluate: Evaluate, intervals_of, opti
         return BudgetResult(plan, base, 0, [], [], 0)
     exhaustive = len(a.graph.nodes) <= LARGE_GRAPH_NODES
 
-    def search(structure: Plan, floor) -> tuple[BudgetResult | None, int]:
+    def search(structure: Plan, floor: Intervals) -> tuple[BudgetResult | None, int]:
         ranked = candidates(a, structure)
         fitted, spent = search_limits(structure, "budget", _greedy_choice(ranked, floor, exhaustive), evaluate,
                                       budget, floor, ranked, a.graph.producer, thorough=exhaustive,
