@@ -9,3 +9,13 @@ The ``ckpt`` command line is a thin layer over these functions.
 """
 
 __version__ = "0.1.0"
+
+
+def session_options(path):
+    """The ``onnxruntime.SessionOptions`` a ckpt-written model needs (see :mod:`ckpt_cli.session`)."""
+    from .session import session_options as make
+
+    return make(path)
+
+
+__all__ = ["session_options", "__version__"]

@@ -1,0 +1,43 @@
+"""The ONNX Runtime session a ckpt-written model needs, read from the model itself.
+
+Every rewrite records what it was planned for in the model's ``metadata_props``
+(``ckpt.enable_mem_reuse`` today). ``session_options(path)`` turns that into an
+``onnxruntime.SessionOptions``, so a training loop never copies settings by hand.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+
+from .analysis import MEM_REUSE_META
+from .runtime.worker import ckpt_session_settings
+
+
+def recorded_settings(path: str | Path) -> dict:
+    """The session settings recorded in a ckpt-written model (plain data, no ORT import).
+    A model ckpt did not write gets the settings ckpt's check runs originals with."""
+    model = onnx.load(str(path), load_external_data=False)
+    meta = {p.key: p.value for p in model.metadata_props}
+    settings = ckpt_session_settings("cpu")
+    settings["enable_mem_reuse"] = meta.get(MEM_REUSE_META, "1") != "0"
+    return settings
+
+
+def session_options(path: str | Path):
+    """An ``onnxruntime.SessionOptions`` for the model at ``path``, as ckpt planned it:
+    file order executed (PRIORITY_BASED), graph kept as written, and the buffer-reuse
+    setting the rewrite chose."""
+    import onnxruntime as ort
+
+    s = recorded_settings(path)
+    so = ort.SessionOptions()
+    so.execution_order = getattr(ort.ExecutionOrder, s["execution_order"])
+    so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, s["graph_optimization_level"])
+    so.enable_mem_pattern = bool(s["enable_mem_pattern"])
+    so.enable_mem_reuse = bool(s["enable_mem_reuse"])
+    so.enable_cpu_mem_arena = bool(s["enable_cpu_mem_arena"])
+    for k, v in s["config_entries"].items():
+        so.add_session_config_entry(k, v)
+    return so
