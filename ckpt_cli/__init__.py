@@ -3,19 +3,29 @@
 The library is a one-way pipeline of small stages, each a function over a
 :class:`~ckpt_cli.graph.Graph`::
 
-    load -> analyse -> plan -> rewrite -> check -> report
+    load -> analysis -> planning -> rewrite -> save -> verify -> report
 
-The ``ckpt`` command line is a thin layer over these functions.
+``ckpt_cli.api`` runs it in one call per command, on a path or an ``onnx.ModelProto``
+(``inspect_model``, ``plan_model``, ``rewrite_model``, ``check_models``, re-exported
+here); ``session_options(path)`` gives the ``onnxruntime.SessionOptions`` a written
+model needs. The ``ckpt`` command line is a thin layer over these functions.
 """
 
 __version__ = "0.1.0"
 
+_API = ("inspect_model", "plan_model", "rewrite_model", "check_models", "CheckOptions")
 
-def session_options(path):
-    """The ``onnxruntime.SessionOptions`` a ckpt-written model needs (see :mod:`ckpt_cli.session`)."""
-    from .session import session_options as make
-
-    return make(path)
+__all__ = [*_API, "session_options", "__version__"]
 
 
-__all__ = ["session_options", "__version__"]
+def __getattr__(name: str):
+    # Imported on first use: `ckpt --help` should not pay for the whole pipeline.
+    if name in _API:
+        from . import api
+
+        return getattr(api, name)
+    if name == "session_options":
+        from .session import session_options
+
+        return session_options
+    raise AttributeError(f"module 'ckpt_cli' has no attribute {name!r}")

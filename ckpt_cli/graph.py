@@ -119,8 +119,9 @@ class Graph:
     def with_node_list(self, nodes: list[Node]) -> "Graph":
         """``with_nodes`` from already indexed nodes (renumbered by position): their protos are
         not read again, so they must not have changed since they were indexed."""
+        # A derived graph has no file: nothing may mistake the original's path for its own.
         graph = Graph(self.model, [n.at(k) for k, n in enumerate(nodes)], list(self.inputs), list(self.outputs),
-                      dict(self.initializers), path=self.path)
+                      dict(self.initializers))
         graph._link()
         return graph
 

@@ -15,7 +15,7 @@ from .planning.explain import explain
 from .planning.search import Intervals
 from .planning.solver import optimal_plan
 from .planning.strategies import STRATEGIES, BudgetResult, PlanCost, budget_plan, parse_budget
-from .report.units import human_flops
+from .units import human_flops
 from .rewrite import RewriteResult, rewrite
 
 AUTO_NAMES = ("layers", "sqrt", "balanced", "budget", "optimal")

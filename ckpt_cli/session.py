@@ -12,13 +12,17 @@ from pathlib import Path
 import onnx
 
 from .analysis import MEM_REUSE_META
-from .runtime.worker import ckpt_session_settings
+from .errors import ModelError
+from .verify.settings import ckpt_session_settings
 
 
 def recorded_settings(path: str | Path) -> dict:
     """The session settings recorded in a ckpt-written model (plain data, no ORT import).
     A model ckpt did not write gets the settings ckpt's check runs originals with."""
-    model = onnx.load(str(path), load_external_data=False)
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as e:  # noqa: BLE001 - any decode failure: not a model
+        raise ModelError(f"{path}: not a readable ONNX model ({type(e).__name__})") from None
     meta = {p.key: p.value for p in model.metadata_props}
     settings = ckpt_session_settings("cpu")
     settings["enable_mem_reuse"] = meta.get(MEM_REUSE_META, "1") != "0"

@@ -218,8 +218,8 @@ def test_conv_working_buffer():
 
 
 def _measure(path, settings, tmp_path, feeds=None):
-    from ckpt_cli.runtime import check as rt
-    from ckpt_cli.runtime.feeds import make_feeds, save_feeds
+    from ckpt_cli import verify as rt
+    from ckpt_cli.verify.feeds import make_feeds, save_feeds
 
     fp = tmp_path / "feeds.npz"
     if feeds is None:

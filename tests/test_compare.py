@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from conftest import ROOT, SAMPLES
 
 from ckpt_cli.cli import CkptGroup, main
-from ckpt_cli.compare_cli import compare
+from ckpt_cli.cli.compare import compare
 from ckpt_cli.errors import ModelError, UsageError
 from ckpt_cli.report.conditions import lookup, parse_condition
 
@@ -74,7 +74,7 @@ def test_conditions_parse(text, field, ratio, op, value):
     assert c.value == pytest.approx(value)
 
 
-@pytest.mark.parametrize("text", ["peak_bytes=>1", "peak_bytes>1GB", "peak_bytes>2G", "ratio(peak_bytes)>1GiB",
+@pytest.mark.parametrize("text", ["peak_bytes=>1", "peak_bytes>1XB", "peak_bytes>1e999", "ratio(peak_bytes)>1GiB",
                                   "peak_bytes", ">1", "peak bytes>1", "ratio(peak_bytes>1", "peak_bytes>",
                                   "peak_bytes>one", "peak_bytes=1", "ratio()>1"])
 def test_bad_conditions_are_usage_errors(text):
@@ -203,7 +203,7 @@ def test_quiet_gate_prints_only_the_failure(mlp):
     ("top_stashed.99.bytes>1", "has no field 'top_stashed.99.bytes'"),
     ("model>1", "'model' in inspect.json is a str, not a number"),
     ("ratio(recompute_share)>1", "is 0 in the first input"),
-    ("peak_bytes>2GB", "unknown unit 'GB'"),
+    ("peak_bytes>2XB", "unknown unit 'XB'"),
     ("peak_bytes=>2", "cannot parse"),
 ])
 def test_bad_conditions_exit_2_with_one_line(mlp, condition, message):
@@ -227,7 +227,7 @@ def test_command_object_raises_usage_error_without_the_group(mlp):
     (None, "no such file"),
     (b"", "empty file"),
     (b"{ not json", "not valid JSON"),
-    (b'{"a": 1}', "not a ckpt inspect, rewrite or check report"),
+    (b'{"a": 1}', "not a ckpt inspect, plan, rewrite or check report"),
     (b'{"command": "inspect", "schema_version": 99}', "newer than this ckpt reads"),
     (b'{"command": "inspect", "schema_version": 1}', "not a complete ckpt inspect report"),
     (b"truncated", "not a readable ONNX model"),
@@ -267,7 +267,7 @@ def gate_env(tmp_path):
     launcher = tmp_path / "ckpt-launcher"
     launcher.write_text(f"#!{sys.executable}\n"
                         "from ckpt_cli.cli import main\n"
-                        "from ckpt_cli.compare_cli import compare\n"
+                        "from ckpt_cli.cli.compare import compare\n"
                         "if 'compare' not in main.commands:\n"
                         "    main.add_command(compare)\n"
                         "main()\n")
@@ -310,3 +310,24 @@ def test_workflow_calls_the_script():
     text = (ROOT / "examples" / "ci" / "memory-gate.yml").read_text()
     assert "examples/ci/memory_gate.sh" in text and "upload-artifact" in text
     assert "\t" not in text  # YAML forbids tabs
+
+
+@pytest.mark.parametrize("size", ["2GiB", "2GB", "2G", "2 gib", "512MiB", "1.5K", "1000"])
+def test_one_byte_grammar_for_budget_and_fail_if(size):
+    """--budget and --fail-if read sizes with the same grammar (ckpt_cli.units)."""
+    from ckpt_cli.planning.strategies import parse_budget
+    from ckpt_cli.units import parse_bytes
+
+    assert parse_condition(f"peak_bytes>{size}").value == parse_bytes(size) == parse_budget(size, 1)
+
+
+def test_compare_reads_plan_reports(tmp_path):
+    plan = tmp_path / "plan.json"
+    r = CliRunner().invoke(main, ["plan", str(SAMPLES / "gpt.onnx"), "--budget", "75%", "--report", str(plan), "-q"])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, ["compare", str(SAMPLES / "gpt.onnx"), str(plan), "--json",
+                                  "--fail-if", "ratio(peak_bytes)>75%"])
+    assert r.exit_code == 0, r.output
+    report = json.loads(r.stdout)
+    assert report["inputs"][1]["kind"] == "plan"
+    assert report["inputs"][1]["figures"]["peak_bytes"] == json.loads(plan.read_text())["peak_bytes_after"]

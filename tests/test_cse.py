@@ -2,8 +2,8 @@
 
 CSE (level BASIC and up) merges nodes with equal op, domain, attributes and inputs, so a
 plain copy of a forward node would be merged back into its original and the activation
-stashed again (ORT_FACTS §3). ckpt gives every copy an extra ``__ckpt_recompute``
-attribute. Other optimizers legitimately change the rewritten graph at each level
+stashed again (ORT_FACTS §3). ckpt gives every copy that reads only original tensors an
+extra ``__ckpt_recompute`` attribute (the copies downstream of it differ by their inputs). Other optimizers legitimately change the rewritten graph at each level
 (ConstantFolding, MatMul+Add -> Gemm, fusions that rename and merge nodes), so the copies
 are not counted against the written file but against the same optimization level with
 CSE switched off: CSE must then change nothing. A control graph whose copies lack the
@@ -24,7 +24,7 @@ from ckpt_cli.analysis import analyse
 from ckpt_cli.load import load_graph
 from ckpt_cli.planning import default_regions
 from ckpt_cli.rewrite import CSE_GUARD_ATTR, SUFFIX, rewrite
-from ckpt_cli.runtime.feeds import make_feeds
+from ckpt_cli.verify.feeds import make_feeds
 from ckpt_cli.save import build_model
 
 LEVELS = {
@@ -51,7 +51,9 @@ def gpt():
             removed += 1
             del node.attribute[:]
             node.attribute.extend(kept)
-    assert removed == res.recompute_nodes, "every copy carries the CSE guard"
+    copy_outputs = {t for n in written.graph.node if SUFFIX in n.name for t in n.output}
+    roots = sum(1 for n in written.graph.node if SUFFIX in n.name and not copy_outputs.intersection(n.input))
+    assert 0 < removed == roots, "every copy that reads only original tensors carries the CSE guard"
     feeds = make_feeds(a.graph.model, 0, {})
     return a.graph.model, written, stripped, res.recompute_nodes, feeds
 

@@ -16,8 +16,8 @@ from ckpt_cli.load import load_graph
 from ckpt_cli.planning import layer_regions, sqrt_regions
 from ckpt_cli.planning.plan import Plan, Region
 from ckpt_cli.rewrite import rewrite
-from ckpt_cli.runtime import check as rt
-from ckpt_cli.runtime.feeds import make_feeds, save_feeds
+from ckpt_cli import verify as rt
+from ckpt_cli.verify.feeds import make_feeds, save_feeds
 from ckpt_cli.analysis.memory import simulate
 from ckpt_cli.rewrite import to_model
 from ckpt_cli.save import save_model

@@ -24,8 +24,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run from anywhere without an installed package
     sys.path.insert(0, str(ROOT))
 
-from ckpt_cli.runtime import check, worker  # noqa: E402
-from ckpt_cli.runtime.feeds import FeedError, load_feeds, make_feeds, save_feeds  # noqa: E402
+from ckpt_cli import verify as check
+from ckpt_cli.errors import RunFailed, RuntimeUnavailable
+from ckpt_cli.verify import settings  # noqa: E402
+from ckpt_cli.verify.feeds import FeedError, load_feeds, make_feeds, save_feeds  # noqa: E402
 
 MiB = 1 << 20
 LIVENESS_SLACK = 4096
@@ -217,7 +219,7 @@ def test_cuda_request_is_unavailable_without_gpu(branch_files):
     if check.probe_provider("cuda")[0]:
         pytest.skip("a usable GPU is present")
     seq, _, feeds = branch_files
-    with pytest.raises(check.RuntimeUnavailable) as e:
+    with pytest.raises(RuntimeUnavailable) as e:
         check.run_model(seq, feeds, provider="cuda", settings="ckpt", runs=1)
     assert e.value.kind == "provider_unavailable" and "CUDA" in e.value.message
     assert check.resolve_provider("auto") == "cpu"
@@ -231,14 +233,14 @@ def test_settings_snippet_builds_session(branch_files, tmp_path, monkeypatch):
     (tmp_path / "model.ckpt.onnx").write_bytes(Path(seq).read_bytes())
     monkeypatch.chdir(tmp_path)
     ns: dict = {}
-    exec(worker.settings_snippet("cpu"), ns)  # noqa: S102 - our own snippet
+    exec(settings.settings_snippet("cpu"), ns)  # noqa: S102 - our own snippet
     so = ns["so"]
     assert so.execution_order == ort.ExecutionOrder.PRIORITY_BASED
     assert so.graph_optimization_level == ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     assert not so.enable_mem_pattern
-    cuda = worker.settings_snippet("cuda")
+    cuda = settings.settings_snippet("cuda")
     assert "kSameAsRequested" in cuda and "HEURISTIC" in cuda
-    assert worker.ckpt_session_settings("cpu")["execution_order"] == "PRIORITY_BASED"
+    assert settings.ckpt_session_settings("cpu")["execution_order"] == "PRIORITY_BASED"
 
 
 # --------------------------------------------------------------------------- feeds
@@ -346,7 +348,7 @@ def test_worker_reports_bad_feeds(branch_files, tmp_path):
     seq, _, _ = branch_files
     bad = tmp_path / "bad.npz"
     np.savez(bad, X=np.zeros(X_SHAPE, np.float64))
-    with pytest.raises(check.RuntimeFailed) as e:
+    with pytest.raises(RunFailed) as e:
         check.run_model(seq, bad, provider="cpu", settings="ckpt", runs=1)
     assert e.value.kind == "bad_feeds" and "'X'" in e.value.message
 

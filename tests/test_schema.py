@@ -13,7 +13,7 @@ from conftest import SAMPLES
 jsonschema = pytest.importorskip("jsonschema")
 
 from ckpt_cli.cli import CkptGroup, main  # noqa: E402
-from ckpt_cli.compare_cli import compare  # noqa: E402
+from ckpt_cli.cli.compare import compare  # noqa: E402
 
 MODELS = ("gpt", "mlp")
 
@@ -51,6 +51,7 @@ def reports(tmp_path_factory):
         rewritten = str(tmp / f"{name}.ckpt.onnx")
         # --json on stdout for one, --report to a file for the others: both are the contract.
         out[f"{name}/inspect"] = json.loads(_run(["inspect", model, "--json"], tmp).stdout)
+        out[f"{name}/plan"] = json.loads(_run(["plan", model, "--auto", "layers", "--json"], tmp).stdout)
         _run(["rewrite", model, "-o", rewritten, "--force", "-q", "--report", str(tmp / f"{name}.rw.json")], tmp)
         out[f"{name}/rewrite"] = json.loads((tmp / f"{name}.rw.json").read_text())
         _run(["rewrite", model, "-o", rewritten, "--force", "-q", "--check", "--runs", "1", "--provider", "cpu",
@@ -65,7 +66,7 @@ def reports(tmp_path_factory):
     return out
 
 
-CASES = [f"{m}/{c}" for m in MODELS for c in ("inspect", "rewrite", "rewrite --check", "check", "compare")]
+CASES = [f"{m}/{c}" for m in MODELS for c in ("inspect", "plan", "rewrite", "rewrite --check", "check", "compare")]
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -112,7 +113,9 @@ def test_broken_inspect_report_fails(schema, reports, mutate):
     ("mlp/check", lambda r: r.update(command="rewrite")),  # a check report is not a rewrite report
     ("mlp/compare", lambda r: r["inputs"][0]["figures"].update(peak_bytes=1.5)),
     ("mlp/compare", lambda r: r.pop("failed")),
-], ids=["rewrite: after.peak_bytes", "rewrite: region bytes null", "check in rewrite: outputs_equal",
+    ("mlp/plan", lambda r: r.pop("explanations")),
+    ("mlp/check", lambda r: r.update(failures="none")),
+], ids=["plan: explanations", "check: failures as text","rewrite: after.peak_bytes", "rewrite: region bytes null", "check in rewrite: outputs_equal",
         "check in rewrite: peak as text", "check: passed", "check: wrong command", "compare: float bytes",
         "compare: failed"])
 def test_broken_reports_fail(schema, reports, case, mutate):

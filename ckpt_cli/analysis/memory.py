@@ -1,6 +1,6 @@
 """A liveness simulation that predicts peak memory for a node order, the way ONNX
 Runtime's allocation planner places buffers (measured on ORT 1.31 CPU, see
-``ckpt_cli/runtime/worker.py`` and ORT_FACTS.md):
+``ckpt_cli/verify/worker.py`` and ORT_FACTS.md):
 
 - a value lives from its producer until its last reader in the order; graph outputs
   live to the end; graph inputs and initializers are resident throughout;

@@ -176,13 +176,13 @@ class BudgetResult:
 
 def parse_budget(text: str, reference_peak: int) -> int:
     """'2GiB', '512MiB', '1e9' or '40%' (of the original predicted peak) -> bytes."""
-    from ..report.units import parse_bytes
+    from ..units import parse_bytes
 
     text = text.strip()
     try:
         if text.endswith("%"):
             share = float(text[:-1]) / 100
-            if not 0 < share:
+            if not 0 < share < float("inf"):
                 raise ValueError
             return int(reference_peak * share)
         return parse_bytes(text)
@@ -316,7 +316,7 @@ def budget_plan(a: Analysis, budget: int, evaluate: Evaluate, intervals_of: Call
 
 
 def unreachable_message(a: Analysis, budget: int, floor: PlanCost) -> str:
-    from ..report.units import human_bytes
+    from ..units import human_bytes
 
     resident = a.priority.resident_bytes
     live = ", ".join(floor.live_at_peak[:3])

@@ -7,7 +7,7 @@ fraction of the schedule done.
 
 from __future__ import annotations
 
-from .units import human_bytes
+from ..units import human_bytes
 
 _GLYPHS_UNICODE = ("█", "▒", "░", "▓", "▞", "▚")
 _GLYPHS_ASCII = ("#", "o", "+", "*", "=", "%")

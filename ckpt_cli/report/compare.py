@@ -34,7 +34,7 @@ FIGURES: tuple[tuple[str, str, str], ...] = (
     ("nodes", "nodes", "count"),
 )
 FIGURE_KEYS = tuple(k for k, _, _ in FIGURES)
-REPORT_COMMANDS = ("inspect", "rewrite", "check")
+REPORT_COMMANDS = ("inspect", "plan", "rewrite", "check")
 TOP_SCOPES = 8
 
 
@@ -42,7 +42,7 @@ TOP_SCOPES = 8
 class Input:
     path: str
     label: str
-    kind: str  # "onnx", "inspect", "rewrite" or "check"
+    kind: str  # "onnx", "inspect", "plan", "rewrite" or "check"
     report: dict
     figures: dict[str, Any]
     scopes: dict[str, int] | None = None
@@ -60,6 +60,8 @@ def _describe(kind: str, r: dict) -> str:
         return "ONNX model, analysed now"
     if kind == "inspect":
         return f"inspect report of {Path(r['model']).name}"
+    if kind == "plan":
+        return f"plan report of {Path(r['model']).name} ({r['strategy']})"
     if kind == "rewrite":
         text = f"rewrite report: {Path(r['model']).name} -> {Path(r['output'] or '?').name}"
         return text + (f", checked on {r['check']['provider']}" if r.get("check") else "")
@@ -83,7 +85,7 @@ def _read_report(path: Path) -> dict:
         raise UsageError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
     if not isinstance(doc, dict) or doc.get("command") not in REPORT_COMMANDS:
         got = doc.get("command") if isinstance(doc, dict) else type(doc).__name__
-        raise UsageError(f"{path}: not a ckpt inspect, rewrite or check report (command: {got!r})")
+        raise UsageError(f"{path}: not a ckpt inspect, plan, rewrite or check report (command: {got!r})")
     version = doc.get("schema_version")
     if not isinstance(version, int) or isinstance(version, bool):
         raise UsageError(f"{path}: not a ckpt report (no integer schema_version)")
@@ -115,13 +117,13 @@ def _analyse_model(path: Path, dims: dict[str, int]) -> tuple[dict, float, set[s
     ``dims`` naming dimensions this model does not have are ignored here."""
     from ..analysis import analyse, symbolic_dims
     from ..load import load_graph
-    from .model import inspect_report
+    from .model import Source, inspect_report
 
     graph = load_graph(path)
     names = symbolic_dims(graph)
     bound = {k: v for k, v in dims.items() if k in names}
     a = analyse(graph, bound)
-    return inspect_report(a, {"dims": [f"{k}={v}" for k, v in bound.items()]}), _recompute_share_of(a), names
+    return inspect_report(a, Source.of_file(path), {"dims": [f"{k}={v}" for k, v in bound.items()]}), _recompute_share_of(a), names
 
 
 def _figures(kind: str, r: dict, source: str) -> dict[str, Any]:
@@ -135,6 +137,9 @@ def _figures(kind: str, r: dict, source: str) -> dict[str, Any]:
         # nothing; for one with copies the share is unknown (compare the model itself).
         if not any(name.endswith("_recompute") for name in phases):
             f["recompute_share"] = 0.0
+    elif kind == "plan":
+        f["peak_bytes"] = _need(r, "peak_bytes_after", source)
+        f["recompute_share"] = _need(r, "recompute_share_of_step", source)
     elif kind == "rewrite":
         f["peak_bytes"] = _need(r, "after.peak_bytes", source)
         f["stashed_bytes"] = _need(r, "after.stashed_bytes", source)

@@ -27,13 +27,15 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import math
+
 from ..errors import UsageError
+from ..units import unit_factor
 
 OPS: dict[str, Callable[[float, float], bool]] = {
     "<=": operator.le, ">=": operator.ge, "==": operator.eq, "!=": operator.ne,
     "<": operator.lt, ">": operator.gt,
 }
-UNITS = {"b": 1, "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}
 
 _FIELD = r"[A-Za-z0-9_]+(?:\.[A-Za-z0-9_]+)*"
 _CONDITION = re.compile(
@@ -70,16 +72,19 @@ def parse_value(text: str, ratio: bool, condition: str) -> float:
     if not m:
         raise UsageError(f"--fail-if '{condition}': '{text}' is not a number (expected {GRAMMAR_HELP})")
     number, unit = float(m.group("num")), m.group("unit")
+    if not math.isfinite(number):
+        raise UsageError(f"--fail-if '{condition}': '{text}' is too large a number")
     if not unit:
         return number
     if unit == "%":
         return number / 100.0
-    if unit.lower() not in UNITS:
-        raise UsageError(f"--fail-if '{condition}': unknown unit '{unit}' (binary units only: "
-                         "B, KiB, MiB, GiB, TiB; or %)")
+    factor = unit_factor(unit)
+    if factor is None:
+        raise UsageError(f"--fail-if '{condition}': unknown unit '{unit}' (binary units: "
+                         "B, KiB, MiB, GiB, TiB, also written K/KB, M/MB, ...; or %)")
     if ratio:
         raise UsageError(f"--fail-if '{condition}': a ratio has no unit; write a number or a percentage")
-    return number * UNITS[unit.lower()]
+    return number * factor
 
 
 def parse_condition(text: str) -> Condition:

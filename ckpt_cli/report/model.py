@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import platform
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 from .. import __version__
@@ -38,7 +39,23 @@ def ort_version() -> str | None:
     return None
 
 
-def envelope(command: str, model: str | Path | None, options: dict) -> dict:
+@dataclass(frozen=True)
+class Source:
+    """The model a report is about: its path (or a label for an in-memory model) and hash."""
+
+    label: str
+    sha256: str
+
+    @classmethod
+    def of_file(cls, path: str | Path) -> "Source":
+        return cls(str(path), file_sha256(path))
+
+    @classmethod
+    def of_proto(cls, model) -> "Source":
+        return cls("<in-memory model>", hashlib.sha256(model.SerializeToString(deterministic=True)).hexdigest())
+
+
+def envelope(command: str, source: Source | None, options: dict) -> dict:
     """The fields every report starts with."""
     head = {
         "schema_version": SCHEMA_VERSION,
@@ -48,9 +65,9 @@ def envelope(command: str, model: str | Path | None, options: dict) -> dict:
         "python": platform.python_version(),
         "options": options,
     }
-    if model is not None:
-        head["model"] = str(model)
-        head["model_sha256"] = file_sha256(model)
+    if source is not None:
+        head["model"] = source.label
+        head["model_sha256"] = source.sha256
     return head
 
 
@@ -94,12 +111,12 @@ def boundary_step(a: Analysis, order: tuple[int, ...]) -> int | None:
 
 
 @gc_paused
-def inspect_report(a: Analysis, options: dict) -> dict:
+def inspect_report(a: Analysis, source: Source | None, options: dict) -> dict:
     g = a.graph
     param_bytes = buffer_bytes(g.resident, a.tensors)
     unsized = a.unsized()
     return {
-        **envelope("inspect", g.path, options),
+        **envelope("inspect", source, options),
         "nodes": len(g.nodes),
         "forward_nodes": a.phases.forward_count,
         "backward_nodes": a.phases.backward_count,
@@ -183,11 +200,11 @@ def _side(a: Analysis) -> dict:
 
 
 @gc_paused
-def rewrite_report(before: Analysis, result, output: str | None, plan_json: dict | None,
+def rewrite_report(before: Analysis, source: Source | None, result, output: str | None, plan_json: dict | None,
                    plan_notes: list[str], settings_snippet: str, options: dict) -> dict:
     step_flops = before.forward_flops + before.backward_flops
     return {
-        **envelope("rewrite", before.graph.path, options),
+        **envelope("rewrite", source, options),
         "output": output,
         "strategy": plan_json["strategy"] if plan_json else "reorder only",
         "plan_notes": plan_notes,
@@ -206,8 +223,8 @@ def rewrite_report(before: Analysis, result, output: str | None, plan_json: dict
     }
 
 
-def check_report(original: Analysis, rewritten: Analysis, figures: dict, options: dict) -> dict:
-    head = envelope("check", original.graph.path, options)
-    head["rewritten_model"] = str(rewritten.graph.path)
-    head["rewritten_sha256"] = file_sha256(rewritten.graph.path)
+def check_report(original: Source, rewritten: Source, figures: dict, options: dict) -> dict:
+    head = envelope("check", original, options)
+    head["rewritten_model"] = rewritten.label
+    head["rewritten_sha256"] = rewritten.sha256
     return {**head, **figures}

@@ -6,7 +6,7 @@ from rich.console import Console
 
 from .model import envelope
 from .render import _table
-from .units import human_bytes, human_flops, percent
+from ..units import human_bytes, human_flops, percent
 
 TOP_EXPLANATIONS = 12
 
@@ -29,10 +29,10 @@ def planning_section(a, planned, result, rows: list[dict]) -> dict:
     }
 
 
-def plan_report(a, planned, result, rows: list[dict], output: str | None, options: dict) -> dict:
+def plan_report(a, source, planned, result, rows: list[dict], output: str | None, options: dict) -> dict:
     plan_json = planned.plan.to_json([n.name for n in a.graph.nodes]) if planned.plan else None
     return {
-        **envelope("plan", a.graph.path, options),
+        **envelope("plan", source, options),
         "output": output,
         **planning_section(a, planned, result, rows),
         "notes": planned.plan.notes if planned.plan else [],

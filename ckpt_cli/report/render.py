@@ -11,14 +11,21 @@ from rich.markup import escape
 from rich.table import Table
 
 from .charts import memory_chart
-from .units import human_bytes, human_flops, percent
+from ..units import human_bytes, human_flops, percent
+
+
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        # rich exits 1 here, the code of a failed check; let the command line decide.
+        self.quiet = True
+        raise BrokenPipeError
 
 
 def make_console(quiet: bool = False, file=None) -> Console:
     file = file or sys.stdout
     plain = not file.isatty() or bool(os.environ.get("NO_COLOR"))
-    return Console(file=file, no_color=plain, highlight=False, width=None if not plain else 100,
-                   soft_wrap=False, quiet=quiet, emoji=False)
+    return _Console(file=file, no_color=plain, highlight=False, width=None if not plain else 100,
+                    soft_wrap=False, quiet=quiet, emoji=False)
 
 
 def _table(title: str, console: Console, *columns: tuple[str, str]) -> Table:
@@ -126,6 +133,10 @@ def render_check(r: dict, console: Console) -> None:
     if d is not None:
         t.add_row("original, ORT default settings", human_bytes(d["peak_bytes"]), "", "", "",
                   f"{d['time_s'] * 1e3:.1f} ms")
+    rd = r.get("rewritten_ort_default")
+    if rd is not None:
+        t.add_row("rewritten, ORT default settings", human_bytes(rd["peak_bytes"]), "", "", "",
+                  f"{rd['time_s'] * 1e3:.1f} ms")
     for label, side, key in (("original, ckpt settings", o, "original"), ("rewritten, ckpt settings", w, "rewritten")):
         t.add_row(label, human_bytes(side["peak_bytes"]), human_bytes(r["predicted_in_use"][key]),
                   human_bytes(side["peak_requested_bytes"]), human_bytes(r["predicted"][key]),
@@ -149,6 +160,10 @@ def render_check(r: dict, console: Console) -> None:
     bad = [name for name, e in r["outputs"].items() if not e["bit_identical"]][:5]
     if bad:
         console.print(f"outputs that differ: {', '.join(bad)}")
+    for note in r.get("notes", []):
+        console.print(f"note: {escape(note)}")
+    for failure in r.get("failures", []):
+        console.print(f"[red]failed:[/red] {escape(failure)}")
     console.print(f"verdict: {verdict}")
 
 

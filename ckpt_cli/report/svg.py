@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from xml.sax.saxutils import escape
 
-from .units import human_bytes
+from ..units import human_bytes
 
 COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 WIDTH, HEIGHT = 800, 400

@@ -124,13 +124,31 @@ def _choose_order_and_reuse(a: Analysis, candidates: list[Graph], tensors) -> tu
     return best[3:]
 
 
-def to_model(result: RewriteResult) -> onnx.ModelProto:
+def to_model(result: RewriteResult, metadata: dict[str, str] | None = None) -> onnx.ModelProto:
     """The ModelProto to save: nodes in the written order, and the session setting the
-    rewrite chose recorded in the model's metadata (ckpt check and inspect read it)."""
+    rewrite chose recorded in the model's metadata (ckpt check and inspect read it),
+    with ``metadata`` (provenance) beside it."""
     from ..save import build_model
 
-    metadata = None if result.mem_reuse else {MEM_REUSE_META: "0"}
-    return build_model(result.graph, [n.proto for n in result.graph.nodes], metadata)
+    metadata = {**(metadata or {}), MEM_REUSE_META: "1" if result.mem_reuse else "0"}
+    model = build_model(result.graph, [n.proto for n in result.graph.nodes], metadata)
+    model.graph.value_info.extend(_copy_value_info(result))
+    return model
+
+
+def _copy_value_info(result: RewriteResult) -> list[onnx.ValueInfoProto]:
+    """Type and shape of every tensor a recompute copy makes (viewers such as Netron
+    label edges with them; the originals' value_info does not name the copies)."""
+    tensors = result.after.tensors
+    out = []
+    for node in result.graph.nodes:
+        if node.meta(REGION_META) is None:
+            continue
+        for t in node.outputs:
+            info = tensors.get(t)
+            if t and info is not None and info.dtype and info.shape is not None:
+                out.append(onnx.helper.make_tensor_value_info(t, info.dtype, list(info.shape)))
+    return out
 
 
 def _mark_early_backward(graph: Graph, forward_names: set[str]) -> Graph:

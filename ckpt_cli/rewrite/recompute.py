@@ -26,8 +26,9 @@ SHAPE_ONLY_OPS = frozenset({"Shape", "Size"})
 SUFFIX = "_recompute"
 REGION_META = "ckpt.region"
 SOURCE_META = RECOMPUTE_META
-# An attribute ONNX's checker ignores (leading "__"); it makes each copy differ from its
-# original for ORT's common-subexpression elimination, which would merge them back.
+# An attribute ONNX's checker ignores (leading "__"); it makes a copy that reads only
+# original tensors differ from its original for ORT's common-subexpression elimination,
+# which would merge them back (and then every copy downstream of it).
 CSE_GUARD_ATTR = "__ckpt_recompute"
 
 
@@ -152,7 +153,11 @@ def _copy_node(node: Node, local: dict[str, str], name: str, region: str,
     p.input.extend(local.get(t, t) for t in node.inputs)
     del p.output[:]
     p.output.extend(local.get(t, t) if t != ABSENT else ABSENT for t in node.outputs)
-    p.attribute.append(guard)
+    if not any(t in local for t in node.inputs):
+        # CSE merges only nodes with equal inputs: a copy reading another copy is distinct
+        # already. An attribute on it could also travel into a fused node that refuses it
+        # (GemmActivationFusion copies an activation's attributes into FusedGemm).
+        p.attribute.append(guard)
     for k, v in ((REGION_META, region), (SOURCE_META, node.name)):
         entry = p.metadata_props.add()
         entry.key, entry.value = k, v

@@ -1,27 +1,17 @@
 """``ckpt compare``: reports and models side by side, and a memory gate for CI.
 
-Registered on the ``ckpt`` group with ``main.add_command(compare)``.
+Registered on the ``ckpt`` group in ``ckpt_cli.cli``.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import click
 
-from .errors import UsageError
-
-
-def _parse_dims(values: tuple[str, ...]) -> dict[str, int]:
-    dims: dict[str, int] = {}
-    for v in values:
-        name, sep, num = v.partition("=")
-        if not sep or not name.strip() or not num.strip().isdigit():
-            raise UsageError(f"--dim expects NAME=VALUE with a positive integer, got '{v}'")
-        dims[name.strip()] = int(num)
-    return dims
+from ..errors import UsageError
+from .options import emit, parse_dims, protect_report, report_options
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -33,10 +23,7 @@ def _parse_dims(values: tuple[str, ...]) -> dict[str, int]:
               help="Also write the memory chart as a self-contained SVG file.")
 @click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE",
               help="Bind a symbolic dimension of the ONNX inputs (repeatable), e.g. --dim batch=8.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
-@click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Also write the JSON report to this file.")
-@click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors (exit code tells).")
+@report_options
 def compare(inputs, conditions, svg_path, dims, as_json, report_path, quiet) -> None:
     """Compare reports and models side by side; with --fail-if, a CI memory gate.
 
@@ -54,7 +41,8 @@ def compare(inputs, conditions, svg_path, dims, as_json, report_path, quiet) -> 
              else a dotted path into the LAST input's JSON (check.rewritten.time_s)
       ratio(FIELD)  last input / first input
       OP     < <= > >= == !=
-      VALUE  number, optionally with KiB MiB GiB TiB (binary), or %; true/false
+      VALUE  number, optionally with a binary unit (KiB MiB GiB TiB; K/KB, M/MB,
+             G/GB count 1024s too), or %; true/false
     A condition that holds exits 1; one naming a missing field exits 2.
 
     \b
@@ -64,14 +52,16 @@ def compare(inputs, conditions, svg_path, dims, as_json, report_path, quiet) -> 
       ckpt compare model.onnx rewrite.json --fail-if 'measured_peak_bytes>2GiB'
       ckpt compare base.json new.json --fail-if 'ratio(peak_bytes)>105%' --json
     """
-    from .report.compare import compare_report, evaluate, load_inputs
-    from .report.conditions import parse_condition
-    from .report.render import condition_value_text, make_console, render_compare
-    from .report.svg import memory_chart_svg
-    from .save import write_text_atomic
+    from ..report.compare import compare_report, evaluate, load_inputs
+    from ..report.conditions import parse_condition
+    from ..report.render import condition_value_text, render_compare
+    from ..report.svg import memory_chart_svg
+    from ..save import write_text_atomic
 
     parsed = [parse_condition(c) for c in conditions]
-    loaded = load_inputs(list(inputs), _parse_dims(dims))
+    protect_report(report_path, *map(Path, inputs), svg_path)
+    protect_report(svg_path, *map(Path, inputs))
+    loaded = load_inputs(list(inputs), parse_dims(dims))
     charted = [i for i in loaded if i.series]
     if svg_path is not None and not charted:
         raise UsageError("--svg: no input has a memory timeline (check reports carry none; "
@@ -81,18 +71,11 @@ def compare(inputs, conditions, svg_path, dims, as_json, report_path, quiet) -> 
                "svg": str(svg_path) if svg_path else None}
     report = compare_report(loaded, outcomes, options)
 
-    text = json.dumps(report, indent=2)
-    if report_path is not None:
-        write_text_atomic(report_path, text + "\n")
     if svg_path is not None:
         title = "Memory over the schedule: " + " vs ".join(i.label for i in charted)
         write_text_atomic(svg_path, memory_chart_svg([(i.label, i.series) for i in charted],
                                                      [i.backward_starts_at for i in charted], title))
-    if as_json:
-        if not quiet:
-            click.echo(text)
-    else:
-        render_compare(report, make_console(quiet=quiet))
+    emit(report, render_compare, as_json, report_path, quiet)
 
     held = [o for o in outcomes if o.held]
     for o in held:

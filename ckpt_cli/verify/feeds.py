@@ -126,7 +126,7 @@ def _resolve_shape(vi, dims: dict) -> tuple:
         elif isinstance(d, str):
             if d not in dims:
                 raise FeedError(f"input {vi.name!r} axis {axis} is the symbolic dimension "
-                                f"{d!r}; give its size (dims={{{d!r}: N}})")
+                                f"{d!r}; give its size with --dim {d}=N")
             shape.append(int(dims[d]))
         else:
             raise FeedError(f"input {vi.name!r} axis {axis} has no size and no name; "

@@ -5,21 +5,21 @@ lazily, inside the functions that need them), never ``onnx`` and never another
 ckpt module: ``ckpt`` runs it as ``python worker.py SPEC.json`` in a fresh child
 process, possibly under another interpreter with another onnxruntime build (for
 example onnxruntime-training-cpu 1.19.2 with numpy<2).  The parent
-(``ckpt_cli.runtime.check``) imports it only for the plain-data helpers
-``ckpt_session_settings``/``ort_default_session_settings``/``settings_snippet``.
+(``ckpt_cli.verify.driver``) sends everything it needs in the spec, the session
+settings included (built by ``ckpt_cli.verify.settings``).
 
 SPEC.json::
 
     {"model": "m.onnx", "feeds": "feeds.npz",
      "provider": "cpu" | "cuda",
-     "settings": "ckpt" | "ort_default",
+     "session": {...},           # ckpt_cli.verify.settings: order, level, reuse, ...
      "runs": 3,                  # measured runs; one extra warm-up run comes first
      "outputs": "out.npz" | null,  # outputs of the LAST measured run
      "profile_dir": "/tmp/x",    # where ORT writes its profile (file removed after)
      "intra_op_threads": 1,
      "memory_method": "auto" | "profiler" | "process_peak",   # optional, default auto
      "extra_outputs": ["timeline"],                        # optional, see below
-     "enable_mem_reuse": true}   # optional; false turns ORT's buffer reuse off (not for ort_default)
+     }
 
 Result (one JSON object on stdout; everything else goes to stderr)::
 
@@ -109,15 +109,6 @@ EXIT_CODES = {
 
 _PROVIDER_NAMES = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 
-# CUDA provider options used for the "ckpt" settings.  kSameAsRequested makes the
-# arena grow by exactly what is requested (no power-of-two over-reservation),
-# HEURISTIC avoids cuDNN's exhaustive search that allocates big workspaces.
-CKPT_CUDA_PROVIDER_OPTIONS = {
-    "arena_extend_strategy": "kSameAsRequested",
-    "cudnn_conv_algo_search": "HEURISTIC",
-}
-
-
 class WorkerError(Exception):
     def __init__(self, kind: str, message: str):
         super().__init__(message)
@@ -126,108 +117,8 @@ class WorkerError(Exception):
 
 
 # --------------------------------------------------------------------------- settings
-
-
-def ckpt_session_settings(provider: str = "cpu") -> dict:
-    """The session settings a ckpt-rewritten graph needs, as plain data.
-
-    Chosen by measurement on ORT 1.31.1 CPU: ``ORT_DISABLE_ALL``.  Keeping level
-    BASIC but disabling ``CommonSubexpressionElimination;ConstantFolding`` is not
-    enough: BASIC still runs MatMulAddFusion (and other node-creating rewrites),
-    whose new nodes get high indices and run as late as possible under
-    PRIORITY_BASED.  On a 6-layer MLP training graph (batch 512, width 512) that
-    moved the executed order off the file order and raised the peak from 20.0 MiB
-    (DISABLE_ALL, order = file order) to 26.0 MiB, with no speed gain on CPU.
-    """
-    if provider not in _PROVIDER_NAMES:
-        raise ValueError(f"unknown provider {provider!r} (expected 'cpu' or 'cuda')")
-    return {
-        "settings": "ckpt",
-        "provider": _PROVIDER_NAMES[provider],
-        "provider_options": dict(CKPT_CUDA_PROVIDER_OPTIONS) if provider == "cuda" else {},
-        "execution_order": "PRIORITY_BASED",
-        "graph_optimization_level": "ORT_DISABLE_ALL",
-        "enable_mem_pattern": False,
-        "enable_cpu_mem_arena": True,
-        "config_entries": {},
-        # Only for measuring; not part of what a user must set.
-        "measurement_only": {"intra_op_num_threads": 1, "enable_profiling": True},
-    }
-
-
-def ort_default_session_settings(provider: str = "cpu") -> dict:
-    """ORT's defaults as a user gets them, plus what measuring needs.
-
-    Compromise (documented): profiling is switched on (the memory numbers come
-    from it, and it adds the same small per-node overhead as in "ckpt" runs) and
-    intra_op_num_threads is 1 (determinism, ORT_FACTS §7); everything else is
-    ORT's default: DEFAULT execution order, ORT_ENABLE_ALL, memory pattern ON
-    (its pre-allocated block shows up from the second run on, which is what a
-    user pays), CPU arena on, default CUDA provider options.
-    """
-    if provider not in _PROVIDER_NAMES:
-        raise ValueError(f"unknown provider {provider!r} (expected 'cpu' or 'cuda')")
-    return {
-        "settings": "ort_default",
-        "provider": _PROVIDER_NAMES[provider],
-        "provider_options": {},
-        "execution_order": "DEFAULT",
-        "graph_optimization_level": "ORT_ENABLE_ALL",
-        "enable_mem_pattern": True,
-        "enable_cpu_mem_arena": True,
-        "config_entries": {},
-        "measurement_only": {"intra_op_num_threads": 1, "enable_profiling": True},
-    }
-
-
-def settings_snippet(provider: str = "cpu", enable_mem_reuse: bool = True) -> str:
-    """A copy-pasteable Python snippet that builds the "ckpt" session."""
-    s = ckpt_session_settings(provider)
-    lines = [
-        "import onnxruntime as ort",
-        "",
-        "so = ort.SessionOptions()",
-        "# Run nodes in the order they are written in the file (ckpt wrote the",
-        "# recompute copies exactly where they must run).",
-        f"so.execution_order = ort.ExecutionOrder.{s['execution_order']}",
-        "# Graph optimizations would merge recompute copies back (CSE) or add fused",
-        "# nodes that PRIORITY_BASED runs last; keep the graph as written.",
-        f"so.graph_optimization_level = ort.GraphOptimizationLevel.{s['graph_optimization_level']}",
-        f"so.enable_mem_pattern = {s['enable_mem_pattern']}",
-        *(["# ckpt predicts less memory for this graph when freed buffers are released",
-           "# instead of parked for a later tensor of the same shape.",
-           "so.enable_mem_reuse = False"] if not enable_mem_reuse else []),
-        f"so.enable_cpu_mem_arena = {s['enable_cpu_mem_arena']}",
-    ]
-    for k, v in s["config_entries"].items():
-        lines.append(f"so.add_session_config_entry({k!r}, {v!r})")
-    lines.append("# so.intra_op_num_threads = 1  # only for bit-identical comparisons")
-    if provider == "cuda":
-        lines.append(
-            f"providers = [({s['provider']!r}, {s['provider_options']!r}), 'CPUExecutionProvider']"
-        )
-    else:
-        lines.append("providers = ['CPUExecutionProvider']")
-    lines += [
-        'session = ort.InferenceSession("model.ckpt.onnx", so, providers=providers)',
-        f"assert session.get_providers()[0] == {s['provider']!r}",
-    ]
-    return "\n".join(lines) + "\n"
-
-
-def _settings_for(name: str, provider: str) -> dict:
-    if name == "ckpt":
-        return ckpt_session_settings(provider)
-    if name == "ort_default":
-        return ort_default_session_settings(provider)
-    if name == "ckpt_default_order":
-        # The "ckpt" settings with ORT's DEFAULT order: measures what ckpt predicts
-        # for that order (optimizations off, so the graph runs as written).
-        return dict(ckpt_session_settings(provider), settings=name, execution_order="DEFAULT")
-    if name == "ckpt_no_reuse":
-        return dict(ckpt_session_settings(provider), settings=name, enable_mem_reuse=False)
-    raise WorkerError("bad_spec", f"unknown settings {name!r} (expected 'ckpt', 'ckpt_default_order' "
-                                  "or 'ort_default')")
+# The session settings arrive as plain data in the spec (``ckpt_cli.verify.settings``
+# builds them), so this script needs no other ckpt module.
 
 
 def _session_options(ort, settings: dict, *, threads: int, profile_prefix: str | None,
@@ -565,12 +456,11 @@ def _process_peak_in_child(spec: dict) -> dict:
 
 def _process_peak_main(spec: dict) -> dict:
     spec = _parse_spec(spec)
-    settings = _settings_for(spec["settings"], spec["provider"])
-    if spec.get("enable_mem_reuse") is False and settings["settings"] != "ort_default":
-        settings = dict(settings, enable_mem_reuse=False)
+    settings = spec["session"]
     import numpy as np
     import onnxruntime as ort
 
+    _seed(ort, spec)
     warnings: list = []
     runs, outputs = _measure_process_peak(ort, np, spec, settings, spec["feeds"], warnings)
     if spec.get("outputs"):
@@ -587,7 +477,9 @@ def _parse_spec(spec: dict) -> dict:
         s["provider"] = s.get("provider", "cpu")
         if s["provider"] not in _PROVIDER_NAMES:
             raise ValueError(f"provider must be 'cpu' or 'cuda', not {s['provider']!r}")
-        s["settings"] = s.get("settings", "ckpt")
+        if not isinstance(s.get("session"), dict):
+            raise ValueError("spec needs the session settings as an object 'session'")
+        s["settings"] = s["session"].get("settings", "custom")
         s["runs"] = int(s.get("runs", 3))
         if s["runs"] < 1:
             raise ValueError("runs must be >= 1")
@@ -603,11 +495,18 @@ def _parse_spec(spec: dict) -> dict:
         raise WorkerError("bad_spec", _one_line(e)) from None
 
 
+def _seed(ort, spec: dict) -> None:
+    """Seed ORT's random generator before any session exists, so that random ops
+    without a seed attribute (Dropout) draw the same masks in every process that
+    runs the same nodes in the same order: two graphs can then be compared."""
+    set_seed = getattr(ort, "set_seed", None)
+    if set_seed is not None:
+        set_seed(int(spec.get("seed", 0)))
+
+
 def run_spec(spec: dict) -> dict:
     spec = _parse_spec(spec)
-    settings = _settings_for(spec["settings"], spec["provider"])
-    if spec.get("enable_mem_reuse") is False and settings["settings"] != "ort_default":
-        settings = dict(settings, enable_mem_reuse=False)
+    settings = spec["session"]
     try:
         import numpy as np
         import onnxruntime as ort
@@ -616,6 +515,7 @@ def run_spec(spec: dict) -> dict:
                                          f"{sys.executable}: {_one_line(e)}") from None
     if not os.path.exists(spec["model"]):
         raise WorkerError("load_failed", f"model file not found: {spec['model']}")
+    _seed(ort, spec)
     warnings: list = []
     method = spec["memory_method"]
 
@@ -688,7 +588,9 @@ def probe(provider: str, model: str) -> dict:
         import onnxruntime as ort
     except Exception as e:  # noqa: BLE001
         return {"ok": False, "kind": "load_failed", "message": _one_line(e)}
-    settings = ckpt_session_settings(provider)
+    settings = {"execution_order": "PRIORITY_BASED", "graph_optimization_level": "ORT_DISABLE_ALL",
+                "enable_mem_pattern": False, "enable_cpu_mem_arena": True, "config_entries": {},
+                "provider_options": {}}
     so = _session_options(ort, settings, threads=1, profile_prefix=None)
     try:
         sess = _make_session(ort, model, so, provider, settings)

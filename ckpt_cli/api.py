@@ -1,0 +1,312 @@
+"""ckpt as a library: one call per command, each taking a path or an ``onnx.ModelProto``.
+
+::
+
+    import onnx, ckpt_cli
+    model = onnx.load("model.onnx")
+    result = ckpt_cli.rewrite_model(model, budget="60%")      # nothing written to disk
+    check = ckpt_cli.check_models(model, result.model)          # both run on ONNX Runtime
+    assert check.passed, check.figures.failures
+
+Every result has ``to_json()``, the same object the command prints with ``--json``.
+The command line (``ckpt_cli.cli``) only parses options, calls these and renders.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Union
+
+import onnx
+
+from . import __version__
+from .analysis import Analysis, analyse, symbolic_dims
+from .errors import ModelError, UsageError
+from .graph import Graph
+from .load import load_graph
+from .pipeline import Planned, make_plan, plan_rows, rewrite_plan
+from .report.model import Source, check_report, inspect_report, rewrite_report
+from .report.plan_view import plan_report, planning_section
+from .rewrite import RewriteResult, to_model
+from .save import check_output_path, save_model
+from .verify.settings import settings_snippet
+from .verify.stage import DEFAULT_MAX_PREDICTION_ERROR, CheckFigures, Prediction, check_files
+
+ModelInput = Union[str, Path, onnx.ModelProto]
+
+PROVENANCE_PREFIX = "ckpt."
+
+
+@dataclass
+class Loaded:
+    """A model input, loaded: its graph, what reports call it, and where its external data lives."""
+
+    graph: Graph
+    source: Source
+    path: Path | None  # the file, when the input was one
+    data_dir: Path | None  # folder external-data locations are relative to
+
+
+def load_input(model: ModelInput) -> Loaded:
+    """A path is loaded from disk; a ModelProto is indexed as it is (its external data,
+    if any, must be resolvable from the current folder)."""
+    if isinstance(model, onnx.ModelProto):
+        if not model.HasField("graph") or not model.graph.node:
+            raise ModelError("<in-memory model>: not an ONNX model (no graph with nodes in it)")
+        proto = onnx.ModelProto()
+        proto.CopyFrom(model)  # the caller's model is never modified
+        graph = Graph.from_model(proto)
+        graph.topological_order()  # raises on a cycle
+        return Loaded(graph, Source.of_proto(model), None, Path("."))
+    path = Path(model)
+    graph = load_graph(path)
+    return Loaded(graph, Source.of_file(path), path, path.parent)
+
+
+def analyse_input(loaded: Loaded, dims: dict[str, int] | None = None, loss: str | None = None,
+                  grad_outputs: list[str] | None = None) -> Analysis:
+    """``analyse`` with the option checks every command shares."""
+    dims = dict(dims or {})
+    known = symbolic_dims(loaded.graph)
+    unknown = set(dims) - known
+    if unknown:
+        have = ", ".join(sorted(known)) or "none"
+        raise UsageError(f"--dim {sorted(unknown)[0]}: no such symbolic dimension in the model (it has: {have})")
+    return analyse(loaded.graph, dims, loss, list(grad_outputs) if grad_outputs else None)
+
+
+# ----------------------------------------------------------------------------- inspect
+
+
+@dataclass
+class InspectResult:
+    analysis: Analysis
+    report: dict
+
+    def to_json(self) -> dict:
+        return self.report
+
+
+def inspect_model(model: ModelInput, *, dims: dict[str, int] | None = None, loss: str | None = None,
+                  grad_outputs: list[str] | None = None) -> InspectResult:
+    """Phases, stashed activations and the predicted peak under both ORT orders."""
+    loaded = load_input(model)
+    a = analyse_input(loaded, dims, loss, grad_outputs)
+    return InspectResult(a, inspect_report(a, loaded.source, _analysis_options(dims, loss, grad_outputs)))
+
+
+def _analysis_options(dims, loss, grad_outputs) -> dict:
+    return {"dims": [f"{k}={v}" for k, v in (dims or {}).items()], "loss": loss,
+            "grad_outputs": list(grad_outputs or [])}
+
+
+# ----------------------------------------------------------------------------- plan
+
+
+@dataclass
+class PlanResult:
+    analysis: Analysis
+    planned: Planned
+    rewrite: RewriteResult  # the plan applied (in memory), which the figures describe
+    report: dict
+
+    def to_json(self) -> dict:
+        return self.report
+
+
+def plan_model(model: ModelInput, *, auto: str | None = None, budget: str | None = None,
+               dims: dict[str, int] | None = None, loss: str | None = None, grad_outputs: list[str] | None = None,
+               output: str | Path | None = None, force: bool = False,
+               progress: Callable[[str], None] | None = None) -> PlanResult:
+    """Choose regions (``auto``: layers, sqrt, balanced, budget, optimal; ``budget``: '2GiB'
+    or '40%') and explain the choice; with ``output``, write the plan file there."""
+    from .save import write_text_atomic
+    import json
+
+    loaded = load_input(model)
+    a = analyse_input(loaded, dims, loss, grad_outputs)
+    if output is not None:
+        check_output_path(Path(output), loaded.path, force)
+    planned = make_plan(a, auto, budget, progress=progress)
+    result = rewrite_plan(a, planned)
+    options = {"auto": auto, "budget": budget, **_analysis_options(dims, loss, grad_outputs)}
+    report = plan_report(a, loaded.source, planned, result, plan_rows(a, planned, result),
+                         str(output) if output else None, options)
+    if output is not None:
+        write_text_atomic(Path(output), json.dumps(report["plan"], indent=2) + "\n")
+    return PlanResult(a, planned, result, report)
+
+
+# ----------------------------------------------------------------------------- check
+
+
+@dataclass
+class CheckResult:
+    figures: CheckFigures
+    report: dict
+
+    @property
+    def passed(self) -> bool:
+        return self.figures.passed
+
+    def to_json(self) -> dict:
+        return self.report
+
+
+@dataclass
+class CheckOptions:
+    """How ``check_models`` (and ``rewrite_model(check=...)``) run ONNX Runtime."""
+
+    provider: str = "auto"
+    runs: int = 3
+    seed: int = 0
+    feeds_file: Path | None = None
+    python: str | None = None
+    rtol: float | None = None
+    atol: float | None = None
+    timeout: float | None = 600.0
+    max_prediction_error: float = DEFAULT_MAX_PREDICTION_ERROR
+
+    def to_json(self) -> dict:
+        return {"provider": self.provider, "runs": self.runs, "seed": self.seed,
+                "feeds": str(self.feeds_file) if self.feeds_file else None, "python": self.python,
+                "rtol": self.rtol, "atol": self.atol, "timeout": self.timeout,
+                "max_prediction_error": self.max_prediction_error}
+
+
+def predict(a: Analysis, reuse_buffers: bool) -> Prediction:
+    """ckpt's prediction for a graph run with ``enable_mem_reuse = reuse_buffers``."""
+    return Prediction(a.profile(reuse_buffers).activation_peak_bytes, a.arena_in_use(reuse_buffers),
+                      tuple(a.graph.nodes[i].name for i in a.priority.order))
+
+
+def _on_disk(model: ModelInput, folder: Path, name: str) -> Path:
+    """The model's file; an in-memory model is written to ``folder`` first."""
+    if not isinstance(model, onnx.ModelProto):
+        return Path(model)
+    path = folder / name
+    save_model(model, path, source_dir=Path("."))
+    return path
+
+
+def check_models(original: ModelInput, rewritten: ModelInput, *, dims: dict[str, int] | None = None,
+                 loss: str | None = None, grad_outputs: list[str] | None = None,
+                 options: CheckOptions | None = None) -> CheckResult:
+    """Run both models on ONNX Runtime and judge the rewrite: outputs, measured peak, the
+    executed order and the prediction. In-memory models are written to a temporary folder
+    first, so what runs is always the bytes a user would save."""
+    options = options or CheckOptions()
+    with tempfile.TemporaryDirectory(prefix="ckpt_check_") as tmp:
+        paths = {"original": _on_disk(original, Path(tmp), "original.onnx"),
+                 "rewritten": _on_disk(rewritten, Path(tmp), "rewritten.onnx")}
+        analysed = {k: analyse_input(load_input(p), dims, loss, grad_outputs) for k, p in paths.items()}
+        figures = _check_paths(paths, analysed, dims, options)
+    report = check_report(_source(original), _source(rewritten), figures.to_json(),
+                          {**options.to_json(), "dims": [f"{k}={v}" for k, v in (dims or {}).items()]})
+    return CheckResult(figures, report)
+
+
+def _source(model: ModelInput) -> Source:
+    return Source.of_proto(model) if isinstance(model, onnx.ModelProto) else Source.of_file(model)
+
+
+def _check_paths(paths: dict[str, Path], analysed: dict[str, Analysis], dims, options: CheckOptions) -> CheckFigures:
+    reuse = analysed["rewritten"].reuse_buffers  # both run with the setting the rewrite asks for
+    return check_files(paths["original"], paths["rewritten"], {k: predict(a, reuse) for k, a in analysed.items()},
+                       enable_mem_reuse=reuse, feeds_model=analysed["original"].graph.model,
+                       provider=options.provider, runs=options.runs, seed=options.seed, dims=dims,
+                       feeds_file=options.feeds_file, python=options.python, rtol=options.rtol, atol=options.atol,
+                       timeout=options.timeout, max_prediction_error=options.max_prediction_error)
+
+
+# ----------------------------------------------------------------------------- rewrite
+
+
+@dataclass
+class RewriteModelResult:
+    model: onnx.ModelProto  # the rewritten model (nodes in the order ORT must run them)
+    result: RewriteResult
+    analysis: Analysis  # of the input
+    planned: Planned | None
+    report: dict
+    written: list[Path] = field(default_factory=list)  # the model file (and its .data), when written
+    check: CheckFigures | None = None
+
+    def to_json(self) -> dict:
+        return self.report
+
+
+def rewrite_model(model: ModelInput, output: str | Path | None = None, *, force: bool = False,
+                  regions: list[str] | None = None, regions_by_scope: str | None = None,
+                  boundaries: list[str] | None = None, plan: str | Path | None = None,
+                  auto: str | None = None, budget: str | None = None, no_recompute: bool = False,
+                  dims: dict[str, int] | None = None, loss: str | None = None, grad_outputs: list[str] | None = None,
+                  check: bool | CheckOptions = False, progress: Callable[[str], None] | None = None
+                  ) -> RewriteModelResult:
+    """Rewrite a training graph to recompute activations instead of stashing them.
+
+    Regions come from ``regions`` (globs or ``re:`` regexes over node names),
+    ``regions_by_scope``, ``boundaries`` ('IN1,IN2:OUT1'), a ``plan`` file, ``auto`` or
+    ``budget``; with none, one region per repeated layer. The rewritten ModelProto is in
+    the result; it is written only when ``output`` is given (atomically, never over the
+    input). ``check`` (True or CheckOptions) runs both models on ONNX Runtime."""
+    regions, boundaries = list(regions or []), list(boundaries or [])
+    if no_recompute and (regions or regions_by_scope or boundaries or plan or auto or budget):
+        raise UsageError("--no-recompute takes no region options")
+    loaded = load_input(model)
+    if output is not None:
+        check_output_path(Path(output), loaded.path, force)
+    a = analyse_input(loaded, dims, loss, grad_outputs)
+    planned = None if no_recompute else make_plan(a, auto, budget, regions, regions_by_scope, boundaries,
+                                                   Path(plan) if plan else None, progress=progress)
+    chosen = planned.plan if planned else None
+    result = rewrite_plan(a, planned)
+    options = {"regions": regions, "regions_by_scope": regions_by_scope, "boundaries": boundaries,
+               "plan": str(plan) if plan else None, "no_recompute": no_recompute, "auto": auto,
+               "budget": budget, **_analysis_options(dims, loss, grad_outputs)}
+    rewritten = to_model(result, _provenance(options, result, chosen))
+    written = save_model(rewritten, Path(output), source_dir=loaded.data_dir) if output is not None else []
+    report = rewrite_report(a, loaded.source, result, str(written[0]) if written else None,
+                            chosen.to_json([n.name for n in a.graph.nodes]) if chosen else None,
+                            chosen.notes if chosen else [], settings_snippet("cpu", result.mem_reuse,
+                                                                             str(written[0]) if written else None),
+                            options)
+    if planned is not None:
+        report["planning"] = planning_section(a, planned, result, plan_rows(a, planned, result))
+    out = RewriteModelResult(rewritten, result, a, planned, report, written)
+    if check:
+        out.check = _check_rewrite(model, loaded, a, out, dims, check if isinstance(check, CheckOptions)
+                                   else CheckOptions())
+        report["check"] = out.check.to_json()
+    return out
+
+
+def _check_rewrite(model: ModelInput, loaded: Loaded, a: Analysis, out: RewriteModelResult, dims,
+                   options: CheckOptions) -> CheckFigures:
+    """Check the rewrite as written: the output file when there is one, else the model
+    saved to a temporary folder. The written file is analysed afresh (shapes reused)."""
+    with tempfile.TemporaryDirectory(prefix="ckpt_check_") as tmp:
+        original = loaded.path or _on_disk(model, Path(tmp), "original.onnx")
+        rewritten = out.written[0] if out.written else _on_disk(out.model, Path(tmp), "rewritten.onnx")
+        after = analyse(load_graph(rewritten), loss=a.phases.loss, grad_outputs=list(a.phases.grad_outputs),
+                        tensors=out.result.after.tensors)
+        return _check_paths({"original": original, "rewritten": rewritten}, {"original": a, "rewritten": after},
+                            dims, options)
+
+
+def _provenance(options: dict, result: RewriteResult, plan) -> dict[str, str]:
+    """What made this file, in its metadata_props (as onnxsim records its own)."""
+    import json
+
+    return {
+        PROVENANCE_PREFIX + "version": __version__,
+        PROVENANCE_PREFIX + "options": json.dumps({k: v for k, v in options.items() if v not in (None, [], False)},
+                                                  sort_keys=True),
+        PROVENANCE_PREFIX + "strategy": plan.strategy if plan else "reorder only",
+        PROVENANCE_PREFIX + "regions": str(len(result.regions)),
+        PROVENANCE_PREFIX + "recompute_nodes": str(result.recompute_nodes),
+        PROVENANCE_PREFIX + "recompute_flops": str(result.recompute_flops),
+        PROVENANCE_PREFIX + "predicted_peak_bytes": str(result.after.priority.peak_bytes),
+    }

@@ -1,0 +1,116 @@
+"""The ``ckpt`` command line: each command parses options, calls ``ckpt_cli.api`` and renders."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import sys
+import traceback
+
+import click
+
+from .. import __version__
+from ..errors import EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_TERMINATED, CkptError
+
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as shells report a reader that went away
+
+
+def _fail(ctx: click.Context, message: str, code: int) -> None:
+    if ctx.obj and ctx.obj.get("debug"):
+        traceback.print_exc()
+    click.echo(f"ckpt: error: {message}", err=True)
+    sys.exit(code)
+
+
+def _os_message(e: OSError) -> str:
+    where = f"{e.filename}: " if e.filename else ""
+    if e.errno == errno.ENOSPC:
+        return f"{where}no space left on the device"
+    if e.errno == errno.EROFS:
+        return f"{where}the file system is read-only"
+    return f"{where}{e.strerror or e}"
+
+
+class _Terminated(BaseException):
+    """SIGTERM, raised in the main thread so that every ``finally`` (temporary files,
+    the check's child process) runs before ckpt exits."""
+
+
+def _on_sigterm(signum, frame):  # noqa: ARG001
+    raise _Terminated()
+
+
+class CkptGroup(click.Group):
+    """Turns expected failures into one line and an exit code; no traceback unless --debug."""
+
+    def invoke(self, ctx: click.Context):
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
+        try:
+            return super().invoke(ctx)
+        except CkptError as e:
+            _fail(ctx, str(e), e.exit_code)
+        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
+            raise
+        except BrokenPipeError:
+            # The reader went away (ckpt inspect m.onnx | head -1): no error to print.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            sys.exit(EXIT_BROKEN_PIPE)
+        except KeyboardInterrupt:
+            click.echo("ckpt: interrupted", err=True)
+            sys.exit(EXIT_INTERRUPTED)
+        except _Terminated:
+            click.echo("ckpt: terminated", err=True)
+            sys.exit(EXIT_TERMINATED)
+        except OSError as e:  # the environment, not ckpt: unreadable, unwritable, full
+            _fail(ctx, _os_message(e), EXIT_BAD_INPUT)
+        except MemoryError:
+            _fail(ctx, "out of memory (a --dim too large for this machine?)", EXIT_BAD_INPUT)
+        except RecursionError:
+            _fail(ctx, "the model nests too deeply to read", EXIT_BAD_INPUT)
+        except Exception as e:  # a bug: one line unless --debug
+            if ctx.obj and ctx.obj.get("debug"):
+                traceback.print_exc()
+            else:
+                click.echo(f"ckpt: internal error: {type(e).__name__}: {e} (rerun with --debug for details)",
+                           err=True)
+            sys.exit(EXIT_INTERNAL)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+
+@click.group(cls=CkptGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="ckpt")
+@click.option("--debug", is_flag=True, help="Show Python tracebacks on errors.")
+@click.pass_context
+def main(ctx: click.Context, debug: bool) -> None:
+    """ckpt: gradient checkpointing for ONNX training graphs.
+
+    A training graph holds the forward and backward pass in one ONNX file; its peak
+    memory is mostly forward activations stashed for the backward. ckpt predicts that
+    peak, rewrites the graph to recompute activations instead of keeping them, and
+    proves the result on ONNX Runtime.
+
+    \b
+    Typical use:
+      ckpt inspect model.onnx                  # where does the memory go?
+      ckpt rewrite model.onnx -o model.ckpt.onnx --check
+      ckpt check model.onnx model.ckpt.onnx --json
+      ckpt session model.ckpt.onnx             # the SessionOptions it needs
+      ckpt compare model.onnx rewrite.json --fail-if 'peak_bytes>2GiB'
+
+    Exit codes: 0 ok, 1 check failed or a --fail-if condition held, 2 bad input or
+    usage, 3 budget unreachable, 4 runtime unavailable, 5 ONNX Runtime could not run a
+    model, 70 internal error, 130 interrupted, 141 output pipe closed, 143 terminated.
+    """
+    ctx.ensure_object(dict)
+    ctx.obj["debug"] = debug
+
+
+from . import commands  # noqa: E402,F401  (registers the commands on main)
+from .compare import compare  # noqa: E402
+
+main.add_command(compare)
+
+__all__ = ["main"]

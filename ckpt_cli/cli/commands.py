@@ -1,0 +1,215 @@
+"""``ckpt inspect | plan | rewrite | check | session``: parse, call ``ckpt_cli.api``, render."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from . import main
+from .options import (analysis_options, auto_options, busy, check_options, check_options_value, emit,
+                      parse_dims, protect_report, report_options)
+
+
+@main.command()
+@click.argument("model", type=click.Path(path_type=Path))
+@analysis_options
+@report_options
+def inspect(model: Path, dims, loss, grad_outputs, as_json, report_path, quiet) -> None:
+    """Analyse a training graph and predict its peak memory.
+
+    Classifies nodes as forward or backward, lists the activations stashed for the
+    backward pass, and simulates memory under both ONNX Runtime execution orders
+    (PRIORITY_BASED = file order, and DEFAULT).
+
+    \b
+    Example:
+      ckpt inspect sample_models/gpt.onnx
+      ckpt inspect model.onnx --dim batch=8 --json | jq .peak_bytes
+    """
+    from ..api import inspect_model
+    from ..report.render import render_inspect
+
+    protect_report(report_path, model)
+    result = inspect_model(model, dims=parse_dims(dims), loss=loss, grad_outputs=list(grad_outputs))
+    emit(result.to_json(), render_inspect, as_json, report_path, quiet)
+
+
+def default_output(model: Path) -> Path:
+    return model.with_name(model.name[:-5] + ".ckpt.onnx" if model.name.endswith(".onnx") else model.name + ".ckpt.onnx")
+
+
+@main.command()
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(path_type=Path),
+              help="Where to write the rewritten model (default: <model>.ckpt.onnx beside it).")
+@click.option("--force", is_flag=True, help="Overwrite the output if it exists.")
+@click.option("--region", "patterns", multiple=True, metavar="PATTERN",
+              help="A region: forward nodes whose name matches a glob, or a regex with re: (repeatable).")
+@click.option("--regions-by-scope", "scope", metavar="REGEX",
+              help="One region per distinct first capture group over node names, e.g. 'layers\\.(\\d+)'.")
+@click.option("--boundary", "boundaries", multiple=True, metavar="INPUTS:OUTPUTS",
+              help="A region: forward nodes between these tensors (comma-separated names; repeatable).")
+@click.option("--plan", "plan_file", type=click.Path(dir_okay=False, path_type=Path),
+              help="A JSON plan file (the 'plan' of a rewrite --json report, or written by hand; see README).")
+@click.option("--no-recompute", is_flag=True, help="Only write the memory-efficient order, no recompute.")
+@auto_options
+@click.option("--check", "run_the_check", is_flag=True,
+              help="Then run `ckpt check` on the result (exit 1 if it fails).")
+@check_options
+@analysis_options
+@report_options
+def rewrite(model: Path, output, force, patterns, scope, boundaries, plan_file, no_recompute, auto, budget,
+            run_the_check, provider, runs, seed, feeds_file, python, rtol, atol, timeout, max_prediction_error,
+            dims, loss, grad_outputs, as_json, report_path, quiet) -> None:
+    """Rewrite a training graph to recompute activations instead of stashing them.
+
+    Marked regions of the forward pass keep only their inputs for the backward pass;
+    the backward recomputes the rest right before it needs it. The graph is written
+    in the order ONNX Runtime must execute it (run it with the session settings the
+    report prints, or `ckpt session OUTPUT`). With no region option, ckpt uses one
+    region per repeated layer, or sqrt(n) segments when it finds no layers.
+
+    \b
+    Examples:
+      ckpt rewrite sample_models/gpt.onnx -o gpt.ckpt.onnx
+      ckpt rewrite model.onnx --regions-by-scope 'layers\\.(\\d+)' --json
+      ckpt rewrite model.onnx --boundary 'x:h3' --force
+      ckpt rewrite model.onnx --plan plan.json
+    """
+    from ..api import rewrite_model
+    from ..report.plan_view import render_explanations
+    from ..report.render import render_check, render_rewrite
+
+    output = _output_file(output or default_output(model), model)
+    protect_report(report_path, model, output, plan_file)
+    check = check_options_value(provider, runs, seed, feeds_file, python, rtol, atol, timeout,
+                                max_prediction_error) if run_the_check else False
+    with busy("planning" + (", then checking on ONNX Runtime" if run_the_check else ""),
+              quiet or as_json) as status:
+        result = rewrite_model(model, output, force=force, regions=list(patterns), regions_by_scope=scope,
+                               boundaries=list(boundaries), plan=plan_file, auto=auto, budget=budget,
+                               no_recompute=no_recompute, dims=parse_dims(dims), loss=loss,
+                               grad_outputs=list(grad_outputs), check=check,
+                               progress=status.update if status is not None and (auto or budget) else None)
+
+    def render(r, console):
+        render_rewrite(r, console)
+        if "planning" in r and (r["options"]["auto"] or r["options"]["budget"]):
+            render_explanations(r["planning"]["explanations"], console)
+        if "check" in r:
+            render_check({**r["check"], "model": r["model"], "rewritten_model": r["output"]}, console)
+
+    emit(result.to_json(), render, as_json, report_path, quiet)
+    if result.check is not None and not result.check.passed:
+        sys.exit(1)
+
+
+def _output_file(output: Path, model: Path) -> Path:
+    """``-o DIR/`` or an existing folder means ``DIR/<model>.ckpt.onnx``."""
+    if str(output).endswith(("/", "\\")) or output.is_dir():
+        return output / default_output(model).name
+    return output
+
+
+@main.command()
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the plan (JSON, editable) here; read it back with `ckpt rewrite --plan`.")
+@click.option("--force", is_flag=True, help="Overwrite the output if it exists.")
+@auto_options
+@analysis_options
+@report_options
+def plan(model: Path, output, force, auto, budget, dims, loss, grad_outputs, as_json, report_path, quiet) -> None:
+    """Choose checkpoint regions automatically and explain the choice, without rewriting.
+
+    Strategies: layers (one region per repeated layer), sqrt (about sqrt(n) segments cut
+    at small tensors), balanced (recompute only cheap memory-bound ops, keep MatMul/Conv
+    outputs), budget (the least recompute FLOPs whose predicted peak fits --budget),
+    optimal (the budget problem as an exact MILP, to measure budget against).
+    For every stashed activation the report says whether it is kept or recomputed and
+    why. An unreachable budget exits with code 3 and says what dominates the peak.
+
+    \b
+    Examples:
+      ckpt plan sample_models/gpt.onnx --budget 75% -o plan.json
+      ckpt rewrite sample_models/gpt.onnx --plan plan.json -o gpt.ckpt.onnx
+      ckpt plan model.onnx --auto balanced --json | jq '.explanations[:5]'
+    """
+    from ..api import plan_model
+    from ..report.plan_view import render_plan
+
+    protect_report(report_path, model, output)
+    with busy("planning", quiet or as_json) as status:
+        result = plan_model(model, auto=auto, budget=budget, dims=parse_dims(dims), loss=loss,
+                            grad_outputs=list(grad_outputs), output=output, force=force,
+                            progress=status.update if status is not None else None)
+    emit(result.to_json(), render_plan, as_json, report_path, quiet)
+
+
+@main.command()
+@click.argument("original", type=click.Path(path_type=Path))
+@click.argument("rewritten", type=click.Path(path_type=Path))
+@check_options
+@analysis_options
+@report_options
+def check(original: Path, rewritten: Path, provider, runs, seed, feeds_file, python, rtol, atol, timeout,
+          max_prediction_error, dims, loss, grad_outputs, as_json, report_path, quiet) -> None:
+    """Prove a rewrite on ONNX Runtime: same outputs, less memory, written order kept.
+
+    Runs both graphs, each in a fresh child process, with the session settings ckpt
+    recommends, and both once more under ORT's default settings (what users get
+    without ckpt's settings). Compares every output bit for bit, reads the real peak
+    of each run from ORT's profiler, and checks that ORT executed the rewritten nodes,
+    and only those, in the written order.
+
+    Exit code 0 when every premise holds; 1 when outputs differ, memory got worse, ORT
+    ran another order or nodes not in the file, or the prediction is further off than
+    --max-prediction-error; 2 bad input; 4 provider unavailable; 5 ORT could not run.
+
+    \b
+    Examples:
+      ckpt check model.onnx model.ckpt.onnx
+      ckpt check model.onnx model.ckpt.onnx --provider cuda --json
+      ckpt check training_model.onnx training_model.ckpt.onnx --python /opt/ort-training/bin/python
+    """
+    from ..api import check_models
+    from ..report.render import render_check
+
+    protect_report(report_path, original, rewritten)
+    options = check_options_value(provider, runs, seed, feeds_file, python, rtol, atol, timeout,
+                                  max_prediction_error)
+    with busy(f"running both graphs on ONNX Runtime ({runs} runs each, plus ORT defaults)", quiet or as_json):
+        result = check_models(original, rewritten, dims=parse_dims(dims), loss=loss,
+                              grad_outputs=list(grad_outputs), options=options)
+    emit(result.to_json(), render_check, as_json, report_path, quiet)
+    if not result.passed:
+        sys.exit(1)
+
+
+@main.command()
+@click.argument("model", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--provider", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
+              help="The execution provider the session will use.")
+@click.option("--json", "as_json", is_flag=True, help="Print the settings as one JSON object.")
+def session(model: Path, provider, as_json) -> None:
+    """Print the ONNX Runtime session a ckpt-written model needs, as Python to paste.
+
+    The settings are read from the model's metadata (what the rewrite planned for). In
+    a program, `ckpt_cli.session_options(path)` returns the same SessionOptions.
+
+    \b
+    Example:
+      ckpt session gpt.ckpt.onnx
+    """
+    import json
+
+    from ..session import recorded_settings
+    from ..verify.settings import settings_snippet
+
+    settings = recorded_settings(model)
+    if as_json:
+        click.echo(json.dumps({"model": str(model), "session_settings": settings}, indent=2))
+    else:
+        click.echo(settings_snippet(provider, settings["enable_mem_reuse"], str(model)), nl=False)

@@ -1,0 +1,148 @@
+"""Options the commands share, their parsing, and where a report goes."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import click
+
+from ..errors import UsageError
+
+PRETTY_JSON_LIMIT = 1 << 20  # larger reports (100k-node graphs) are written compact
+
+
+def parse_dims(values: tuple[str, ...]) -> dict[str, int]:
+    """('batch=8', ...) -> {'batch': 8}; sizes are positive integers."""
+    dims: dict[str, int] = {}
+    for v in values:
+        name, sep, num = v.partition("=")
+        num = num.strip()
+        if not sep or not name.strip() or not (num.isascii() and num.isdigit()) or int(num) <= 0:
+            raise UsageError(f"--dim expects NAME=VALUE with a positive integer, got '{v}'")
+        dims[name.strip()] = int(num)
+    return dims
+
+
+def analysis_options(f):
+    """Options every command that analyses a model shares."""
+    f = click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE",
+                     help="Bind a symbolic dimension (repeatable), e.g. --dim batch=8.")(f)
+    f = click.option("--loss", metavar="NAME", help="The loss output (default: detected by name).")(f)
+    f = click.option("--grad-output", "grad_outputs", multiple=True, metavar="NAME",
+                     help="A gradient output (repeatable; default: outputs named like *_grad).")(f)
+    return f
+
+
+def report_options(f):
+    f = click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")(f)
+    f = click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path),
+                     help="Also write the JSON report to this file (never over a model or plan it reads "
+                          "or writes).")(f)
+    f = click.option("-q", "--quiet", is_flag=True, help="Print nothing but errors (exit code tells).")(f)
+    return f
+
+
+def check_options(f):
+    """Options of the ORT check, shared by ``check`` and ``rewrite --check``."""
+    f = click.option("--provider", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True,
+                     help="ONNX Runtime execution provider (auto: CUDA when a GPU really works, else CPU).")(f)
+    f = click.option("--runs", type=click.IntRange(1, 100), default=3, show_default=True,
+                     help="Measured runs per graph (median reported), after one warm-up run.")(f)
+    f = click.option("--seed", type=click.IntRange(0, 2**31 - 1), default=0, show_default=True,
+                     help="Seed of the generated feeds and of ORT's random ops (Dropout).")(f)
+    f = click.option("--feeds", "feeds_file", type=click.Path(dir_okay=False, path_type=Path),
+                     help="Feed these inputs (.npz, one array per graph input) instead of generated ones.")(f)
+    f = click.option("--python", "python", metavar="PATH",
+                     help="Run ONNX Runtime under this interpreter (needs numpy and onnxruntime there).")(f)
+    f = click.option("--rtol", type=click.FloatRange(0, 1), help="Accept outputs within this relative tolerance.")(f)
+    f = click.option("--atol", type=click.FloatRange(0, min_open=False),
+                     help="Accept outputs within this absolute tolerance.")(f)
+    f = click.option("--timeout", type=click.FloatRange(1, 86400), default=600, show_default=True,
+                     help="Seconds one ONNX Runtime run (a model's warm-up and runs) may take; past it the "
+                          "check exits 5.")(f)
+    f = click.option("--max-prediction-error", type=click.FloatRange(0, 10), default=0.10, show_default=True,
+                     help="Fail the check when ckpt's predicted peak is further off the measured one "
+                          "(a share: 0.1 = 10%).")(f)
+    return f
+
+
+def auto_options(f):
+    f = click.option("--auto", type=click.Choice(["layers", "sqrt", "balanced", "budget", "optimal"]),
+                     help="Choose regions automatically: per layer, sqrt(n) segments, balanced (recompute only "
+                          "cheap ops), budget (least recompute under --budget), or optimal (an exact MILP of "
+                          "the budget problem, for graphs of a few hundred nodes).")(f)
+    f = click.option("--budget", metavar="SIZE|PCT",
+                     help="Peak-memory budget for the predicted peak: 2GiB, 512MiB, or 40% of the original.")(f)
+    return f
+
+
+def check_options_value(provider, runs, seed, feeds_file, python, rtol, atol, timeout, max_prediction_error):
+    from ..api import CheckOptions
+
+    return CheckOptions(provider=provider, runs=runs, seed=seed, feeds_file=feeds_file, python=python, rtol=rtol,
+                        atol=atol, timeout=timeout, max_prediction_error=max_prediction_error)
+
+
+def protect_report(report_path: Path | None, *protected: Path | None) -> None:
+    """A report never replaces a file the command reads or writes (the model, its
+    external data, the rewritten model, a plan file)."""
+    if report_path is None:
+        return
+    target = report_path.resolve()
+    for p in protected:
+        if p is None:
+            continue
+        for candidate in (Path(p), Path(str(p) + ".data")):
+            if candidate.resolve() == target:
+                raise UsageError(f"--report {report_path}: that is {candidate}, which this command reads or "
+                                 "writes; choose another report file")
+
+
+def _finite(value):
+    """JSON has no Infinity or NaN: such figures are written as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+def report_text(report: dict) -> str:
+    try:
+        text = json.dumps(report, allow_nan=False)  # json's C encoder; indenting makes it pure Python
+    except ValueError:
+        report = _finite(report)
+        text = json.dumps(report, allow_nan=False)
+    if len(text) < PRETTY_JSON_LIMIT:
+        text = json.dumps(report, indent=2, allow_nan=False)
+    return text
+
+
+def emit(report: dict, render, as_json: bool, report_path: Path | None, quiet: bool) -> None:
+    """Write the report where asked: JSON on stdout, a JSON file, or tables."""
+    from ..report.render import make_console
+    from ..save import write_text_atomic
+
+    text = report_text(report) if (as_json or report_path is not None) else ""
+    if report_path is not None:
+        write_text_atomic(report_path, text + "\n")
+    if not as_json:
+        render(report, make_console(quiet=quiet))
+    elif not quiet:
+        click.echo(text)
+
+
+def busy(message: str, quiet: bool):
+    """A spinner on a terminal; nothing in JSON mode or when output is not a TTY."""
+    import contextlib
+
+    if quiet or not sys.stderr.isatty():
+        return contextlib.nullcontext()
+    from rich.console import Console
+
+    return Console(stderr=True).status(message)

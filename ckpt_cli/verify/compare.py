@@ -1,0 +1,117 @@
+"""Comparing two runs: outputs (bit for bit, or within a tolerance) and the executed
+node order against the file order."""
+
+from __future__ import annotations
+
+import numpy as np
+
+DEFAULT_RTOL = 1e-5
+DEFAULT_ATOL = 1e-6
+
+
+def _diffs(a: np.ndarray, b: np.ndarray):
+    """Elementwise (|a-b|, relative diff, |b|) in float64 for same-shape arrays."""
+    if a.dtype == np.bool_ or b.dtype == np.bool_:
+        a, b = a.astype(np.int8), b.astype(np.int8)
+    af, bf = a.astype(np.float64), b.astype(np.float64)
+    nan_a, nan_b = np.isnan(af), np.isnan(bf)
+    both_nan = nan_a & nan_b
+    with np.errstate(invalid="ignore", over="ignore"):
+        d = np.abs(af - bf)
+        same_inf = np.isinf(af) & np.isinf(bf) & (af == bf)
+        d = np.where(both_nan | same_inf, 0.0, d)
+        d = np.where(nan_a ^ nan_b, np.inf, d)
+        scale = np.maximum(np.abs(af), np.abs(bf))
+        rel = np.where(d == 0, 0.0, d / np.where(scale == 0, 1.0, scale))
+    return d, rel, np.where(nan_b, 0.0, np.abs(bf))
+
+
+def compare_outputs(a: dict, b: dict, *, rtol: float = DEFAULT_RTOL,
+                    atol: float = DEFAULT_ATOL) -> dict:
+    """Compare two {name: array} dicts (a = reference, b = candidate).
+
+    Per output: bit_identical (same dtype, shape and bytes; NaNs with equal bits
+    count as identical), max_abs_diff, max_rel_diff (|a-b| / max(|a|,|b|)),
+    within_tolerance (|a-b| <= atol + rtol*|b| elementwise, NaN == NaN).
+    Outputs present on one side only are listed in missing / extra and count as
+    failures.
+    """
+    per = {}
+    for name in a:
+        if name not in b:
+            continue
+        x, y = np.asarray(a[name]), np.asarray(b[name])
+        entry = {"dtype": str(x.dtype), "shape": list(x.shape),
+                 "bit_identical": False, "max_abs_diff": None, "max_rel_diff": None,
+                 "within_tolerance": False}
+        if x.shape != y.shape:
+            entry["problem"] = f"shape {list(x.shape)} vs {list(y.shape)}"
+        elif x.dtype != y.dtype and not (np.issubdtype(x.dtype, np.number)
+                                         and np.issubdtype(y.dtype, np.number)):
+            entry["problem"] = f"dtype {x.dtype} vs {y.dtype}"
+        else:
+            entry["bit_identical"] = (x.dtype == y.dtype and
+                                      np.ascontiguousarray(x).tobytes()
+                                      == np.ascontiguousarray(y).tobytes())
+            if x.dtype != y.dtype:
+                entry["problem"] = f"dtype {x.dtype} vs {y.dtype}"
+            if x.size == 0:
+                entry.update(max_abs_diff=0.0, max_rel_diff=0.0, within_tolerance=True)
+            else:
+                d, rel, mag = _diffs(x, y)
+                entry["max_abs_diff"] = float(np.max(d))
+                entry["max_rel_diff"] = float(np.max(rel))
+                entry["within_tolerance"] = bool(np.all(d <= atol + rtol * mag))
+        per[name] = entry
+    missing = [n for n in a if n not in b]
+    extra = [n for n in b if n not in a]
+    abs_diffs = [e["max_abs_diff"] for e in per.values() if e["max_abs_diff"] is not None]
+    n_bit = sum(e["bit_identical"] for e in per.values())
+    n_tol = sum(e["within_tolerance"] for e in per.values())
+    total = len(per) + len(missing) + len(extra)
+    return {
+        "outputs": per,
+        "n_outputs": total,
+        "n_bit_identical": n_bit,
+        "n_within_tolerance": n_tol,
+        "n_failed": total - n_tol,
+        "missing": missing,
+        "extra": extra,
+        "all_bit_identical": n_bit == total,
+        "all_within_tolerance": n_tol == total,
+        "max_abs_diff": max(abs_diffs) if abs_diffs else (None if total else 0.0),
+        "rtol": rtol,
+        "atol": atol,
+    }
+
+
+
+
+def order_check(file_order: list, executed: list) -> dict:
+    """Does the executed order follow the file order?
+
+    Compared on the nodes present in both: ORT runs no kernel for Constant nodes
+    (they become initializers), and unnamed nodes get generated names in the
+    profile, so both are left out of the comparison and listed instead.
+    """
+    executed_set = set(executed)
+    file_set = set(file_order)
+    a = [n for n in file_order if n in executed_set]
+    b = [n for n in executed if n in file_set]
+    mismatch = None
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            mismatch = {"position": i, "file": x, "executed": y}
+            break
+    if mismatch is None and len(a) != len(b):  # duplicate names
+        mismatch = {"position": min(len(a), len(b)), "file": None, "executed": None}
+    not_executed = [n for n in file_order if n not in executed_set]
+    return {
+        "matches": mismatch is None,
+        "compared": min(len(a), len(b)),
+        "first_mismatch": mismatch,
+        "not_executed": not_executed[:50],
+        "n_not_executed": len(not_executed),
+        "not_in_file": [n for n in executed if n not in file_set][:50],
+        "n_not_in_file": sum(1 for n in executed if n not in file_set),
+    }

@@ -1,0 +1,225 @@
+"""The check stage: run two model files on ONNX Runtime and judge the rewrite.
+
+It takes paths (what ORT really loads) and the predictions made for those files,
+never an in-memory graph: a check must measure the bytes that were written. The
+measuring happens in child processes (``driver.py`` runs ``worker.py``).
+
+The verdict fails when any premise of the saving fails, not only when outputs differ:
+ORT ran nodes that are not in the file or not in the order ckpt simulated, the rewritten peak
+is above the original's, or the prediction is further off than ``max_prediction_error``.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ..errors import ModelError, RunFailed, RuntimeUnavailable, UsageError
+from . import driver
+from .feeds import FeedError, load_feeds, make_feeds, save_feeds
+
+PROCESS_PEAK_NOISE_BYTES = 256 * 1024
+DEFAULT_MAX_PREDICTION_ERROR = 0.10
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What ckpt's memory model predicts for one file under the check's settings."""
+
+    tensor_bytes: int  # live tensor bytes at the peak (ORT's bytes requested)
+    in_use_bytes: int | None  # the CPU arena's bytes in use at the peak
+    order: tuple[str, ...] = ()  # node names in the order simulated (ORT's PRIORITY_BASED)
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One model measured in one session on ONNX Runtime (medians over the runs)."""
+
+    peak_bytes: int | None
+    peak_above_baseline_bytes: int | None
+    peak_requested_bytes: int | None  # tensor bytes, baseline removed
+    time_s: float | None
+    method: str
+    runs: list
+
+    @classmethod
+    def of(cls, summary: dict | None) -> "Measurement | None":
+        if summary is None:
+            return None
+        req, base = summary.get("peak_requested_bytes"), summary.get("baseline_bytes") or 0
+        return cls(summary["peak_bytes"], summary["peak_above_baseline_bytes"],
+                   (req - base) if req is not None else summary.get("peak_above_baseline_bytes"),
+                   summary["time_s"], summary["method"], summary["runs"])
+
+
+@dataclass
+class CheckFigures:
+    """The check's outcome; ``to_json()`` is the body of ``ckpt check --json``."""
+
+    provider: str
+    ort_version: str | None
+    outputs_equal: bool
+    outputs_within_tolerance: bool
+    tolerance: dict | None
+    max_abs_diff: float | None
+    outputs: dict
+    original: Measurement
+    rewritten: Measurement
+    original_ort_default: Measurement | None
+    rewritten_ort_default: Measurement | None
+    rewritten_ort_default_error: str | None
+    order_matches: bool
+    order: dict
+    predicted: dict
+    prediction_error: dict
+    predicted_in_use: dict
+    prediction_error_in_use: dict
+    max_prediction_error: float
+    memory_lower: bool
+    enable_mem_reuse: bool
+    failures: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+    def to_json(self) -> dict:
+        body = asdict(self)
+        body["passed"] = self.passed
+        return body
+
+
+def prepare_feeds(model, out_path: Path, seed: int, dims: dict[str, int], feeds_file: Path | None) -> None:
+    try:
+        feeds = load_feeds(feeds_file, model) if feeds_file is not None else make_feeds(model, seed, dims)
+    except FeedError as e:
+        raise UsageError(str(e)) from None
+    save_feeds(out_path, feeds)
+
+
+def _noise(m: Measurement, reference: int) -> int:
+    """Bytes below which a rise is measurement noise. The profiler's arena figures are
+    exact; the process-peak fallback (ORT builds without profiler memory fields) reads
+    page-granular RSS with allocator noise of a few pages."""
+    if m.method != "process_peak":
+        return 0
+    return max(PROCESS_PEAK_NOISE_BYTES, int(0.02 * reference))
+
+
+def _relative_error(predicted: int | None, measured: int | None) -> float | None:
+    return None if not measured or predicted is None else (predicted - measured) / measured
+
+
+def _run(original: Path, rewritten: Path, feeds: Path, provider: str, **kw) -> dict:
+    try:
+        return driver.check_pair(original, rewritten, feeds, provider=provider, **kw)
+    except RuntimeUnavailable as e:
+        if e.kind == "provider_unavailable":
+            raise RuntimeUnavailable(e.kind, f"ONNX Runtime provider '{provider}' is unavailable: {e.message}") from None
+        raise
+    except RunFailed as e:
+        if e.kind == "load_failed" and "not a registered function/op" in e.message:
+            raise RuntimeUnavailable(e.kind, f"this onnxruntime cannot load the model ({e.message}); run the "
+                                     "check with --python pointing at an environment with the ORT build that "
+                                     "has these ops (e.g. onnxruntime-training)") from None
+        if e.kind == "bad_feeds":
+            raise UsageError(e.message) from None
+        if e.kind == "load_failed" and "cannot start" not in e.message and "cannot import" not in e.message:
+            raise ModelError(f"ONNX Runtime cannot load the model: {e.message}") from None
+        raise RunFailed(e.kind, f"ONNX Runtime failed ({e.kind}): {e.message}") from None
+
+
+def check_files(original: str | Path, rewritten: str | Path, predicted: dict[str, Prediction], *,
+                enable_mem_reuse: bool = True, feeds_model=None, provider: str = "auto", runs: int = 3,
+                seed: int = 0, dims: dict[str, int] | None = None, feeds_file: Path | None = None,
+                python: str | None = None, rtol: float | None = None, atol: float | None = None,
+                timeout: float | None = driver.DEFAULT_TIMEOUT_S,
+                max_prediction_error: float = DEFAULT_MAX_PREDICTION_ERROR) -> CheckFigures:
+    """Measure both files and judge the rewrite.
+
+    ``predicted`` maps "original"/"rewritten" to ckpt's predictions for those files
+    under the check's settings (``enable_mem_reuse`` is the setting the rewritten file
+    asks for; both run with it). Outputs must be bit-identical unless ``rtol``/``atol``
+    are given. ``feeds_model`` is the original ModelProto when already loaded.
+    """
+    import onnx
+
+    tolerant = rtol is not None or atol is not None
+    model = feeds_model if feeds_model is not None else onnx.load(str(original), load_external_data=False)
+    with tempfile.TemporaryDirectory(prefix="ckpt_feeds_") as tmp:
+        feeds_path = Path(tmp) / "feeds.npz"
+        prepare_feeds(model, feeds_path, seed, dims or {}, feeds_file)
+        result = _run(Path(original), Path(rewritten), feeds_path, provider, runs=runs, python=python,
+                      rtol=rtol or 0.0, atol=atol or 0.0, enable_mem_reuse=enable_mem_reuse, seed=seed,
+                      timeout=timeout, expected_order=list(predicted["rewritten"].order) or None)
+    sides = ("original", "rewritten")
+    measured = {k: Measurement.of(result[k]) for k in sides}
+    tensor_pred = {k: predicted[k].tensor_bytes for k in sides}
+    in_use_pred = {k: predicted[k].in_use_bytes for k in sides}
+    figures = CheckFigures(
+        provider=result["provider"],
+        ort_version=result["rewritten"].get("ort_version"),
+        outputs_equal=result["outputs_equal"],
+        outputs_within_tolerance=result["outputs_within_tolerance"],
+        tolerance={"rtol": rtol, "atol": atol} if tolerant else None,
+        max_abs_diff=result["max_abs_diff"],
+        outputs=result["outputs"],
+        original=measured["original"],
+        rewritten=measured["rewritten"],
+        original_ort_default=Measurement.of(result["original_ort_default"]),
+        rewritten_ort_default=Measurement.of(result["rewritten_ort_default"]),
+        rewritten_ort_default_error=result.get("rewritten_ort_default_error"),
+        order_matches=result["order_matches"],
+        order=result["order"],
+        predicted=tensor_pred,
+        prediction_error={k: _relative_error(tensor_pred[k], measured[k].peak_requested_bytes) for k in sides},
+        predicted_in_use=in_use_pred,
+        prediction_error_in_use={k: _relative_error(in_use_pred[k], measured[k].peak_bytes) for k in sides},
+        max_prediction_error=max_prediction_error,
+        memory_lower=True,
+        enable_mem_reuse=enable_mem_reuse,
+    )
+    _judge(figures, tolerant)
+    return figures
+
+
+def _judge(f: CheckFigures, tolerant: bool) -> None:
+    """Fill ``failures`` (each a premise that failed, in one line) and ``notes``."""
+    if not (f.outputs_within_tolerance if tolerant else f.outputs_equal):
+        first = next((k for k, e in f.outputs.items() if not (e["within_tolerance"] if tolerant
+                                                               else e["bit_identical"])), None)
+        f.failures.append(f"outputs differ (first: {first}, max |diff| {f.max_abs_diff})")
+    o, r = f.original.peak_bytes, f.rewritten.peak_bytes
+    if o is not None and r is not None and r > o + _noise(f.rewritten, o):
+        f.memory_lower = False
+        f.failures.append(f"the rewritten peak ({r} B) is above the original's ({o} B)")
+    order = f.order
+    if order["n_not_in_file"]:
+        f.failures.append(f"ONNX Runtime ran {order['n_not_in_file']} nodes that are not in the file "
+                          f"(e.g. {', '.join(order['not_in_file'][:3])}): it expanded or fused ops, so the "
+                          "written schedule is not what ran")
+    if not order["matches"]:
+        m = order["first_mismatch"] or {}
+        f.failures.append(f"ONNX Runtime did not execute the simulated order (position {m.get('position')}: "
+                          f"ckpt expected {m.get('file')}, ORT ran {m.get('executed')})")
+    if f.rewritten.method == "profiler":
+        # Judged on the live tensor bytes (ORT's bytes requested): the liveness simulation
+        # of the written schedule, which is what a broken order or an unseen node throws
+        # off. The arena figure adds ORT's rounding and fragmentation and is reported only.
+        for side, err in f.prediction_error.items():
+            if err is not None and abs(err) > f.max_prediction_error:
+                f.failures.append(f"the {side} peak prediction (tensor bytes) is {err:+.1%} off the measured "
+                                  f"peak (more than --max-prediction-error {f.max_prediction_error:.0%})")
+    else:
+        f.notes.append(f"memory measured as {f.rewritten.method}: the arena prediction is not compared")
+    if f.rewritten_ort_default_error:
+        f.failures.append("the rewritten model does not run in a session with ORT's default settings "
+                          f"({f.rewritten_ort_default_error})")
+    od, rd = f.original_ort_default, f.rewritten_ort_default
+    if od is not None and rd is not None and od.peak_bytes is not None and rd.peak_bytes is not None:
+        if rd.peak_bytes >= od.peak_bytes:
+            f.notes.append("under ORT's default session settings the rewrite saves nothing "
+                           f"({rd.peak_bytes} B vs {od.peak_bytes} B): run it with ckpt's settings "
+                           "(ckpt_cli.session_options(path), or `ckpt session MODEL`)")
