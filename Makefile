@@ -40,3 +40,8 @@ gpu-check: $(STAMP)
 
 clean:
 	rm -rf $(OUT) .pytest_cache
+
+.PHONY: recipe-torch recipe-ort-training
+## recipe-torch: export a small GPT from PyTorch (if torch is installed), ckpt rewrite, train 50 steps on ORT
+recipe-torch: $(STAMP)
+	PY=$(BIN)/python bash examples/torch_to_onnx_training/run.sh
