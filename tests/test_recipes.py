@@ -3,6 +3,11 @@
 Recipe 1 (examples/torch_to_onnx_training): the committed small GPT training graph (made by
 export.py; no torch needed here) is rewritten with ``ckpt rewrite`` and trained with train.py's
 numpy-Adam loop on ONNX Runtime, original and rewrite from the same parameters and batches.
+
+Recipe 2 (examples/ort_training_artifacts): ORT's ``generate_artifacts`` on a residual MLP,
+``ckpt rewrite training_model.onnx``, then the ``onnxruntime.training.api`` Module/Optimizer
+loop, each run in a fresh process of the onnxruntime-training-cpu 1.19.2 venv that
+test_ort_training.py builds (skipped with pip's reason when it cannot be built).
 """
 
 from __future__ import annotations
@@ -16,9 +21,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import ROOT
+from test_ort_training import training_python  # noqa: F401  (the venv fixture)
 
 TORCH_RECIPE = ROOT / "examples" / "torch_to_onnx_training"
 SMALL_GPT = TORCH_RECIPE / "small_gpt.onnx"
+ORT_RECIPE = ROOT / "examples" / "ort_training_artifacts"
 STEPS = 10
 
 pytestmark = pytest.mark.slow
@@ -88,3 +95,46 @@ def test_rewrite_halves_the_measured_peak(gpt_runs):
     assert new <= 0.5 * peak["original @ ckpt's order"], peak
     assert new <= 0.5 * peak["original @ rewrite's"], peak
     assert new <= 0.5 * peak["original @ ORT defaults"], peak
+
+
+# ------------------------------------------------------------------ recipe 2
+@pytest.fixture(scope="module")
+def module_runs(training_python, tmp_path_factory):  # noqa: F811
+    """run.py's four runs (see its docstring), STEPS steps each, each in a fresh process."""
+    run = _load(ORT_RECIPE / "run.py", "recipe_ort_run")
+    out = str(tmp_path_factory.mktemp("recipe_ort") / "artifacts")
+    ckpt = str(Path(sys.executable).with_name("ckpt"))
+    original, rewrite = run.make_and_rewrite(training_python, out, ckpt)
+    return run.runs(training_python, out, original, rewrite, steps=STEPS)
+
+
+def test_module_losses_equal(module_runs):
+    base = module_runs["original @ Module defaults"]["losses"]
+    assert len(base) == STEPS
+    # same session settings: bit-identical
+    assert module_runs["rewrite @ its settings"]["losses"] == module_runs["original @ rewrite's"]["losses"]
+    # across settings (fusions at ORT's defaults round differently): within 1e-5 relative
+    for label in ("rewrite @ Module defaults", "rewrite @ its settings"):
+        for a, b in zip(module_runs[label]["losses"], base, strict=True):
+            assert abs(a - b) <= 1e-5 * abs(b), (label, a, b)
+
+
+def test_module_loss_falls(module_runs):
+    losses = module_runs["rewrite @ its settings"]["losses"]
+    assert losses[-1] < 0.7 * losses[0], losses
+
+
+def test_module_peak_lower_with_ckpt_settings(module_runs):
+    peak = {label: r["process_peak_bytes"] for label, r in module_runs.items()}
+    assert all(r["malloc_mmap_threshold"] == "65536" for r in module_runs.values())
+    new = peak["rewrite @ its settings"]
+    assert new < 0.9 * peak["original @ rewrite's"], peak
+    assert new < 0.9 * peak["original @ Module defaults"], peak
+
+
+@pytest.mark.xfail(strict=True, reason="measured: in the Module API's untuned session ORT reorders "
+                   "the rewrite and the saving is gone (1.14x); pinning the schedule into the data "
+                   "flow (issue 14) should make it survive: then drop this marker and update the README")
+def test_module_peak_lower_in_the_untuned_module_session(module_runs):
+    peak = {label: r["process_peak_bytes"] for label, r in module_runs.items()}
+    assert peak["rewrite @ Module defaults"] < 0.9 * peak["original @ Module defaults"], peak
