@@ -97,14 +97,20 @@ def test_rewrite_halves_the_measured_peak(gpt_runs):
     assert new <= 0.5 * peak["original @ ORT defaults"], peak
 
 
+def test_report_prints_the_recipes_lines(gpt_runs, capsys):
+    _load(TORCH_RECIPE / "train.py", "recipe_torch_train").report(gpt_runs)
+    out = capsys.readouterr().out
+    assert f"rewrite vs original in the same session: bit-identical over {STEPS} steps" in out
+    assert "rewrite @ its settings" in out and "MiB" in out and " ms" in out
+
+
 # ------------------------------------------------------------------ recipe 2
 @pytest.fixture(scope="module")
 def module_runs(training_python, tmp_path_factory):  # noqa: F811
     """run.py's four runs (see its docstring), STEPS steps each, each in a fresh process."""
     run = _load(ORT_RECIPE / "run.py", "recipe_ort_run")
     out = str(tmp_path_factory.mktemp("recipe_ort") / "artifacts")
-    ckpt = str(Path(sys.executable).with_name("ckpt"))
-    original, rewrite = run.make_and_rewrite(training_python, out, ckpt)
+    original, rewrite = run.make_and_rewrite(training_python, out, [sys.executable, "-m", "ckpt_cli.cli"])
     return run.runs(training_python, out, original, rewrite, steps=STEPS)
 
 
@@ -138,3 +144,10 @@ def test_module_peak_lower_with_ckpt_settings(module_runs):
 def test_module_peak_lower_in_the_untuned_module_session(module_runs):
     peak = {label: r["process_peak_bytes"] for label, r in module_runs.items()}
     assert peak["rewrite @ Module defaults"] < 0.9 * peak["original @ Module defaults"], peak
+
+
+def test_module_report_prints(module_runs, capsys):
+    _load(ORT_RECIPE / "run.py", "recipe_ort_run").report(module_runs)
+    out = capsys.readouterr().out
+    assert "rewrite @ its settings vs original @ rewrite's: bit-identical" in out
+    assert "process peak above the loaded state" in out

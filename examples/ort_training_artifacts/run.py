@@ -55,13 +55,14 @@ def _run(python, *args):
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def make_and_rewrite(python, out, ckpt="ckpt"):
-    """Artifacts in ``out`` and the rewritten training model; returns (original, rewrite)."""
+def make_and_rewrite(python, out, ckpt=("ckpt",)):
+    """Artifacts in ``out`` and the rewritten training model; returns (original, rewrite).
+    ``ckpt`` is the command that runs ckpt, as a list."""
     shutil.rmtree(out, ignore_errors=True)
     _run(python, "make", out)
     original = os.path.join(out, "training_model.onnx")
     rewrite = os.path.join(out, "training_model.ckpt.onnx")
-    subprocess.run([ckpt, "rewrite", original, "-o", rewrite, "-q"], check=True)
+    subprocess.run([*ckpt, "rewrite", original, "-o", rewrite, "-q"], check=True)
     return original, rewrite
 
 
@@ -111,7 +112,7 @@ def main(argv=None):
     ap.add_argument("--ckpt", default=beside if os.path.exists(beside) else "ckpt",
                     help="the ckpt command (default: the one installed with this Python)")
     args = ap.parse_args(argv)
-    original, rewrite = make_and_rewrite(args.python, args.out, args.ckpt)
+    original, rewrite = make_and_rewrite(args.python, args.out, [args.ckpt])
     report(runs(args.python, args.out, original, rewrite, args.steps))
 
 
