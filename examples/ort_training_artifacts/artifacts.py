@@ -19,8 +19,8 @@ own session; only ``intra_op_num_threads = 1`` is set, for bit-identical compari
 ``--settings '{"execution_order": "PRIORITY_BASED", ...}'`` (the attributes of the
 ``SessionOptions`` that ``ckpt_cli.session_options(path)`` returns) those are applied too.
 
-Memory: this ORT build's profiler has no memory fields, so the process peak is measured as
-ORT_FACTS §4 says: the process starts with ``MALLOC_MMAP_THRESHOLD_=65536`` (``run.py`` sets
+Memory: this ORT build's profiler has no memory fields, so the process peak is read from
+Linux's counters: the process starts with ``MALLOC_MMAP_THRESHOLD_=65536`` (``run.py`` sets
 it), everything (artifacts, optimizer state, all batches) is loaded first, ``5`` is written to
 ``/proc/self/clear_refs`` to reset VmHWM, and the peak is VmHWM after the last step minus VmRSS
 before the first: what training added on top of the loaded state (activations, gradients,

@@ -46,7 +46,8 @@ def settings_of(model):
 
 
 def _run(python, *args):
-    # MALLOC_MMAP_THRESHOLD_ must be set when the process starts (ORT_FACTS §4)
+    # MALLOC_MMAP_THRESHOLD_ must be set when the process starts: buffers above 64 KiB then
+    # come from mmap and go back to the system when freed, so VmHWM sees each run's peak
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
     r = subprocess.run([python, os.path.join(HERE, "artifacts.py"), *args], env=env,
                        capture_output=True, text=True)

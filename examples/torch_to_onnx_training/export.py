@@ -14,8 +14,7 @@ What it writes
                        buffers the forward changes (BatchNorm running statistics).
   ``model.init.npz``   the module's initial parameters and buffers, by the same names.
 
-How (ORT_FACTS §6 of the project notes; ``sample_models/generate.py`` does the same with
-phase bookkeeping for ckpt's tests):
+How (``sample_models/generate.py`` does the same, with phase bookkeeping for ckpt's tests):
   1. ``aot_export_joint_with_descriptors`` traces forward and autograd's backward into one FX
      graph of core ATen ops. Forward hooks record each op's module path, which AOTAutograd
      copies onto the backward ops it makes; ckpt later finds the repeated layers from it.

@@ -9,8 +9,8 @@ numpy, and feeds the new parameters next step. Nothing but numpy and onnxruntime
 The one thing a rewritten graph needs is its session: ckpt wrote the graph in the order it
 must run and recorded the settings in the file, and ``ckpt_cli.session_options(path)``
 returns them as an ``onnxruntime.SessionOptions``. The same graph in a session with ORT's
-defaults still trains (and gives the same losses), but ORT then reorders it and most of the
-saving is gone.
+defaults still trains (and gives the same losses), but ORT then reorders it and the saving
+is gone (measured: the original's peak).
 
 Five runs, all from the same initial parameters and the same batches:
   original @ ORT defaults   what you would run without ckpt
@@ -18,7 +18,7 @@ Five runs, all from the same initial parameters and the same batches:
   original @ rewrite's      ``session_options(rewrite)``: the same session as the last row,
                             so the two loss curves must be bit-identical
   rewrite @ ORT defaults    the rewrite in a session nobody tuned: same losses (to rounding),
-                            most of the saving gone
+                            the saving gone
   rewrite @ its settings    ``session_options(rewrite)``: what the recipe is for
 
 What is measured, per step: the loss; the peak memory of that ``session.run``, read from ORT's
@@ -26,7 +26,8 @@ profiler (the maximum of ``mem_bytes_in_use`` over the node events inside the ru
 in use, i.e. activations, gradients and other outputs; the fed parameters are not counted);
 and the wall time of ``session.run`` (profiling on in every run, so all carry its small
 overhead). Every session has one intra-op thread: the embedding gradient is a ScatterND-add
-that ONNX Runtime 1.31 CPU computes nondeterministically with more (ORT_FACTS §7).
+that ONNX Runtime 1.31 CPU computes nondeterministically with more (updates to repeated
+indices get lost).
 """
 
 from __future__ import annotations
@@ -130,7 +131,10 @@ def make_session(model, options, profile_dir):
 
 
 def peaks_per_run(profile_path):
-    """Peak ``mem_bytes_in_use`` of each ``session.run``, from ORT's profile (ORT_FACTS §4)."""
+    """Peak ``mem_bytes_in_use`` of each ``session.run``, from ORT's profile: node events
+    (``cat == "Node"``) carry the arena bytes in use after the node, in execution order, and
+    fall inside their run's ``model_run`` event. (ORT's ``mem_in_use_peak`` is a lifetime
+    maximum, not per run.)"""
     with open(profile_path, encoding="utf-8") as f:
         events = json.load(f)
     runs = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("name") == "model_run")
