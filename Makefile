@@ -40,3 +40,13 @@ gpu-check: $(STAMP)
 
 clean:
 	rm -rf $(OUT) .pytest_cache
+
+.PHONY: recipe-torch recipe-ort-training
+## recipe-torch: export a small GPT from PyTorch (if torch is installed), ckpt rewrite, train 50 steps on ORT
+recipe-torch: $(STAMP)
+	PY=$(BIN)/python bash examples/torch_to_onnx_training/run.sh
+## recipe-ort-training: ORT training artifacts, ckpt rewrite, 20 steps with onnxruntime.training.api.Module
+recipe-ort-training: $(STAMP)
+	test -x .venv-ort-training/bin/python || ($(PYTHON) -m venv .venv-ort-training && \
+	  .venv-ort-training/bin/pip install -q "onnxruntime-training-cpu==1.19.2" "numpy<2")
+	$(BIN)/python examples/ort_training_artifacts/run.py --python .venv-ort-training/bin/python
