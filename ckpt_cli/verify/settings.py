@@ -20,13 +20,8 @@ CKPT_CUDA_PROVIDER_OPTIONS = {
 def ckpt_session_settings(provider: str = "cpu") -> dict:
     """The session settings a ckpt-rewritten graph needs, as plain data.
 
-    Chosen by measurement on ORT 1.31.1 CPU: ``ORT_DISABLE_ALL``.  Keeping level
-    BASIC but disabling ``CommonSubexpressionElimination;ConstantFolding`` is not
-    enough: BASIC still runs MatMulAddFusion (and other node-creating rewrites),
-    whose new nodes get high indices and run as late as possible under
-    PRIORITY_BASED.  On a 6-layer MLP training graph (batch 512, width 512) that
-    moved the executed order off the file order and raised the peak from 20.0 MiB
-    (DISABLE_ALL, order = file order) to 26.0 MiB, with no speed gain on CPU.
+    ``ORT_DISABLE_ALL`` rather than BASIC minus CSE: why, measured, in
+    ``docs/MEASUREMENTS.md``.
     """
     if provider not in _PROVIDER_NAMES:
         raise ValueError(f"unknown provider {provider!r} (expected 'cpu' or 'cuda')")

@@ -65,19 +65,7 @@ runtime section of the notes):
   uses); if no CUDA node event has them, method is "none" and peak_bytes null.
   VmHWM says nothing about device memory, so there is no process_peak fallback
   on CUDA.
-* What ORT 1.31 CPU counts (measured with ORT_DISABLE_ALL + PRIORITY_BASED):
-  allocation planner per value, in executed order: graph outputs get a fresh
-  buffer; alias kernels (Reshape, Identity, Flatten, Squeeze, Unsqueeze) share
-  their input's buffer; "MayInplace" kernels (Relu, LeakyRelu, Elu, Selu, Celu,
-  Sigmoid, HardSigmoid, Tanh, Softplus, Softsign, Clip, Shrink, ThresholdedRelu,
-  Softmax, LogSoftmax, Cast to the same type) write into their input when that
-  input has no other consumer, is not a graph input and has the same shape;
-  otherwise an output takes the most recently freed dead buffer with the same
-  element size and the same static shape (rank >= 1), else a new allocation.
-  A buffer is released after the last consumer of every value that shares it,
-  so a dead buffer kept for a later same-shape output stays counted in between.
-  Not in place: Neg, Exp, Log, Abs, Sqrt, Erf, Gelu, Dropout, Transpose, Expand,
-  and all binary ops (Add, Sub, Mul, Div, Pow, Max, Where, Sum).
+* What ORT's allocation planner does with the buffers: ``docs/MEASUREMENTS.md``.
 * ``time_s``: wall time of ``session.run`` (profiling on in both settings, so
   both carry the same small per-node profiling overhead).
 * ``extra_outputs``: optional list of extra result sections: "timeline" adds
