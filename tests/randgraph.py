@@ -93,13 +93,15 @@ def _bcast(a, b):
     return tuple(out)
 
 
-def build_random_training_graph(seed: int, n_ops: int, dtype=np.float64) -> onnx.ModelProto:
-    """A random forward DAG of ``n_ops`` ops, a scalar loss and the full backward."""
+def build_random_training_graph(seed: int, n_ops: int, dtype=np.float64, scale: int = 1) -> onnx.ModelProto:
+    """A random forward DAG of ``n_ops`` ops, a scalar loss and the full backward.
+    ``scale`` multiplies every dimension of the base shapes (bigger buffers, same graph)."""
     rng = np.random.default_rng(seed)
     G = _G(dtype)
+    shapes = [(m * scale, n * scale) for m, n in BASE_SHAPES]
     n_params = int(rng.integers(1, 5))
-    params = [_T(f"p{i}", BASE_SHAPES[rng.integers(len(BASE_SHAPES))], True) for i in range(n_params)]
-    x = _T("x", BASE_SHAPES[rng.integers(len(BASE_SHAPES))], False)
+    params = [_T(f"p{i}", shapes[rng.integers(len(shapes))], True) for i in range(n_params)]
+    x = _T("x", shapes[rng.integers(len(shapes))], False)
     pool: list[_T] = params + [x]
     fwd: list[tuple] = []  # (index, op, inputs [_T], outputs [_T], info)
 

@@ -1,0 +1,82 @@
+"""ORT's memory at every node, read in-process from its profiler (tests only).
+
+The session uses ckpt's measurement settings (PRIORITY_BASED, ORT_DISABLE_ALL, memory
+pattern off, CPU arena on, one thread). The graph runs twice and the second run is read,
+as ckpt's worker does: a warm-up run, then the measured one. Each profiler node event
+carries ``args.mem_bytes_in_use`` (arena bytes in use after the node) and
+``args.mem_bytes_requested_in_use`` (the exact bytes requested), see ORT_FACTS.md §4.
+
+The arena model orders new regions below the old ones, as mmap places them. ckpt's worker
+sets ``MALLOC_MMAP_THRESHOLD_=65536`` for that; in this process ``mallopt`` does the same
+(glibc otherwise raises its mmap threshold after the first session frees a region, and
+later regions come from the heap, in the other direction).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+
+import onnx
+import onnxruntime as ort
+
+KERNEL_SUFFIX = "_kernel_time"
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+
+
+def _fixed_mmap_threshold() -> None:
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c")).mallopt(_M_MMAP_THRESHOLD, 65536)
+    except (OSError, AttributeError, TypeError):  # not glibc
+        pass
+
+
+_fixed_mmap_threshold()
+
+
+@dataclass(frozen=True)
+class NodeMemory:
+    names: tuple[str, ...]  # executed order
+    in_use: tuple[int, ...]  # mem_bytes_in_use after each node
+    requested: tuple[int, ...]  # mem_bytes_requested_in_use after each node
+    baseline: int  # session-lifetime arena bytes before the first node (small initializers)
+
+
+def session_options(reuse: bool, profile_prefix: str, order: str = "PRIORITY_BASED") -> ort.SessionOptions:
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.execution_order = getattr(ort.ExecutionOrder, order)
+    so.enable_mem_pattern = False
+    so.enable_mem_reuse = reuse
+    so.enable_cpu_mem_arena = True
+    so.intra_op_num_threads = 1
+    so.inter_op_num_threads = 1
+    so.log_severity_level = 3
+    so.enable_profiling = True
+    so.profile_file_prefix = profile_prefix
+    return so
+
+
+def node_memory(model: onnx.ModelProto, feeds: dict, *, reuse: bool = True,
+                order: str = "PRIORITY_BASED") -> NodeMemory:
+    """Run ``model`` twice in one session and read the second run's node events."""
+    with tempfile.TemporaryDirectory(prefix="ckpt_prof_") as tmp:
+        so = session_options(reuse, os.path.join(tmp, "p"), order)
+        sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        sess.run(None, feeds)
+        sess.run(None, feeds)
+        with open(sess.end_profiling(), encoding="utf-8") as f:
+            events = json.load(f)
+    run = max((e for e in events if e.get("name") == "model_run"), key=lambda e: e["ts"])
+    lo, hi = run["ts"], run["ts"] + run["dur"]
+    nodes = sorted((e for e in events if e.get("cat") == "Node" and e["name"].endswith(KERNEL_SUFFIX)
+                    and lo <= e["ts"] <= hi), key=lambda e: e["ts"])
+    args = [e["args"] for e in nodes]
+    in_use = tuple(int(a["mem_bytes_in_use"]) for a in args)
+    baseline = in_use[0] - int(args[0].get("mem_in_use_delta", 0)) if args else 0
+    return NodeMemory(tuple(e["name"][: -len(KERNEL_SUFFIX)] for e in nodes), in_use,
+                      tuple(int(a["mem_bytes_requested_in_use"]) for a in args), baseline)
