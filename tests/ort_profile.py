@@ -62,13 +62,13 @@ def session_options(reuse: bool, profile_prefix: str, order: str = "PRIORITY_BAS
 
 
 def node_memory(model: onnx.ModelProto, feeds: dict, *, reuse: bool = True,
-                order: str = "PRIORITY_BASED") -> NodeMemory:
-    """Run ``model`` twice in one session and read the second run's node events."""
+                order: str = "PRIORITY_BASED", runs: int = 2) -> NodeMemory:
+    """Run ``model`` ``runs`` times in one session and read the last run's node events."""
     with tempfile.TemporaryDirectory(prefix="ckpt_prof_") as tmp:
         so = session_options(reuse, os.path.join(tmp, "p"), order)
         sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-        sess.run(None, feeds)
-        sess.run(None, feeds)
+        for _ in range(runs):
+            sess.run(None, feeds)
         with open(sess.end_profiling(), encoding="utf-8") as f:
             events = json.load(f)
     run = max((e for e in events if e.get("name") == "model_run"), key=lambda e: e["ts"])

