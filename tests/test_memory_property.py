@@ -25,7 +25,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from ort_profile import node_memory  # noqa: E402
+from ort_profile import NodeMemory, node_memory_in_child  # noqa: E402
 from randgraph import build_random_training_graph, random_feeds  # noqa: E402
 
 from ckpt_cli.analysis import analyse, schedules  # noqa: E402
@@ -74,28 +74,32 @@ def _relative(pred, meas) -> float:
     return max((abs(p - m) / m for p, m in zip(pred, meas) if m), default=0.0)
 
 
-def compare(seed: int) -> list[Case]:
-    out = []
-    for kind, model, graph, tensors in _graphs(seed):
-        feeds = random_feeds(model, seed)
-        order = schedules.priority_based(graph)
-        for reuse in (True, False):
-            measured = node_memory(model, feeds, reuse=reuse)
-            profile = simulate(graph, order, tensors, reuse_buffers=reuse)
-            predicted = predict_in_use(graph, profile, tensors)
-            req, use = predicted.timeline_requested, predicted.timeline_in_use
-            out.append(Case(
-                seed, kind, reuse,
+def _case(seed, kind, reuse, graph, order, profile, predicted, measured: NodeMemory) -> Case:
+    req, use = predicted.timeline_requested, predicted.timeline_in_use
+    return Case(seed, kind, reuse,
                 order_ok=[graph.nodes[i].name for i in order] == list(measured.names),
                 requested_ok=tuple(req) == measured.requested, in_use_ok=tuple(use) == measured.in_use,
                 worst_requested=_relative(req, measured.requested), worst_in_use=_relative(use, measured.in_use),
-                peak_requested=max(req) / max(measured.requested) - 1, peak_in_use=max(use) / max(measured.in_use) - 1,
-                unsized=bool(profile.unsized)))
-    return out
+                peak_requested=max(req) / max(measured.requested) - 1,
+                peak_in_use=max(use) / max(measured.in_use) - 1, unsized=bool(profile.unsized))
+
+
+def compare(seeds: range) -> list[Case]:
+    """Predict every case here, measure them all in one fresh process, compare."""
+    jobs, predictions = [], []
+    for seed in seeds:
+        for kind, model, graph, tensors in _graphs(seed):
+            feeds = random_feeds(model, seed)
+            order = schedules.priority_based(graph)
+            for reuse in (True, False):
+                profile = simulate(graph, order, tensors, reuse_buffers=reuse)
+                predictions.append((seed, kind, reuse, graph, order, profile, predict_in_use(graph, profile, tensors)))
+                jobs.append((model, feeds, reuse))
+    return [_case(*p, m) for p, m in zip(predictions, node_memory_in_child(jobs))]
 
 
 def test_memory_model_matches_ort_at_every_node():
-    cases = [c for seed in range(GRAPHS) for c in compare(seed)]
+    cases = compare(range(GRAPHS))
     assert all(c.order_ok for c in cases), "ORT did not execute ckpt's PRIORITY_BASED schedule"
     # Where ckpt knows every tensor's size it is exact. Reshape targets computed with int64
     # Div have no size before the run (ONNX's data propagation stops there), and ckpt
@@ -122,15 +126,18 @@ def test_samples_requested_bytes_at_every_node(sample):
     a = analyse(load_graph(str(path)))
     res = rewrite(a, sqrt_regions(a))
     feeds = make_feeds(model)
+    jobs, predictions = [], []
     for graph, tensors in ((a.graph, a.tensors), (res.graph, res.after.tensors)):
         written = build_model(graph, [n.proto for n in graph.nodes])
         order = schedules.priority_based(graph)
         for reuse in (True, False):
-            measured = node_memory(written, feeds, reuse=reuse)
-            assert [graph.nodes[i].name for i in order] == list(measured.names)
             predicted = predict_in_use(graph, simulate(graph, order, tensors, reuse_buffers=reuse), tensors)
-            assert tuple(predicted.timeline_requested) == measured.requested
-            assert abs(predicted.peak_in_use_bytes - max(measured.in_use)) <= 0.001 * max(measured.in_use)
+            predictions.append(([graph.nodes[i].name for i in order], predicted))
+            jobs.append((written, feeds, reuse))
+    for (names, predicted), measured in zip(predictions, node_memory_in_child(jobs)):
+        assert names == list(measured.names)
+        assert tuple(predicted.timeline_requested) == measured.requested
+        assert abs(predicted.peak_in_use_bytes - max(measured.in_use)) <= 0.001 * max(measured.in_use)
 
 
 def main() -> None:
@@ -138,7 +145,7 @@ def main() -> None:
     p.add_argument("--graphs", type=int, default=GRAPHS)
     p.add_argument("--seed", type=int, default=0, help="first seed")
     args = p.parse_args()
-    cases = [c for seed in range(args.seed, args.seed + args.graphs) for c in compare(seed)]
+    cases = compare(range(args.seed, args.seed + args.graphs))
     exact = sum(c.exact for c in cases)
     print(f"{exact} of {len(cases)} cases match ORT's profiler at every node ({100 * exact / len(cases):.1f}%)")
     for kind in ("original", "rewritten"):

@@ -127,12 +127,12 @@ def plan_buffers(graph: Graph, order: list[int] | tuple[int, ...], tensors: dict
                 continue
             if is_output[t]:
                 b = new_buffer(t, k)
-            elif pos == 0 and kind == _VIEW and src >= 0:
+            elif pos == 0 and kind == _VIEW and src >= 0 and (resident[src] or buffer_of[src] >= 0):
                 if resident[src]:
                     resident[t] = True
                     continue
                 b = buffer_of[src]
-            elif (pos == 0 and kind == _IN_PLACE and src >= 0 and not resident[src] and left[buffer_of[src]] == 1
+            elif (pos == 0 and kind == _IN_PLACE and src >= 0 and buffer_of[src] >= 0 and left[buffer_of[src]] == 1
                   and _same_size(infos[src], infos[t])):
                 b = buffer_of[src]
             elif last_read[t] < 0 or not reuse_buffers or reuse[t] < 0 or not free_lists[reuse[t]]:
@@ -144,11 +144,8 @@ def plan_buffers(graph: Graph, order: list[int] | tuple[int, ...], tensors: dict
             out.holders[b].append((k, t))
             if last_read[t] > out.dies[b]:
                 out.dies[b] = last_read[t]
-        for t in inputs:
-            if t >= 0 and not resident[t]:
-                use(t)
-        for t in outputs:
-            if t >= 0 and not resident[t]:
+        for t in (*inputs, *outputs):
+            if t >= 0 and not resident[t] and buffer_of[t] >= 0:  # (an input no node in the order makes)
                 use(t)
     steps = life.steps
     out.dies = [steps if d < 0 else min(d, steps) for d in out.dies]
