@@ -869,6 +869,13 @@ def render_md(res: dict) -> str:
                 f"| {nbytes(c['rewrite']['max_rss_bytes'])} | {nbytes((c.get('plan') or {}).get('max_rss_bytes'))} "
                 f"| {nbytes((c.get('plan_reachable') or {}).get('max_rss_bytes'))} |")
         add("")
+        add("Generating each synthetic graph (`save_transformer`: build and save, in this process, once):")
+        add("")
+        add("| size | nodes | generate |")
+        add("|---|---|---|")
+        for r in sp["sizes"]:
+            add(f"| {r['size']} | {r['nodes']:,} | {secs(r.get('generate_s'))} |")
+        add("")
         add(f"What `ckpt plan` did. At {SPEED_PLAN_BUDGET} the synthetic graphs' budget is unreachable, so the "
             "search stops after evaluating each structure's floor; "
             f"`ckpt plan F --budget {SPEED_PLAN_REACHABLE} --json` (reachable) times the whole search "

@@ -10,8 +10,13 @@ Graph layout (mirrors real joint graphs, standard ONNX ops, opset 18, IR 10):
            (doc_string names the forward node it differentiates); topological file order.
 Forward ops: Relu, Tanh, Sigmoid, Exp (only on Tanh/Sigmoid outputs), Neg, Mul-by-constant,
 broadcasting Add/Sub/Mul, MatMul, ReduceSum/ReduceMean (keepdims=1), Split into 2,
-Reshape, Transpose. The loss adds one ReduceSum / ReduceMean / ReduceSumSquare term per sink
-(tensor no forward op consumes, including unused parameters and Split halves).
+Reshape (target constant, or computed from ``Shape`` with int64 Slice/Concat/Div/Mul),
+Transpose, views (Identity, Flatten, Unsqueeze then Squeeze), Dropout in training mode
+(seeded, so two sessions draw the same mask; its optional mask output is omitted, unread or
+read by the backward). The loss adds one ReduceSum / ReduceMean / ReduceSumSquare term per
+sink (tensor no forward op consumes, including unused parameters and Split halves). The
+backward reads forward tensors through ``Shape`` and ``Size`` too (Reshape and Expand
+targets, the ReduceMean scale).
 """
 
 from __future__ import annotations
@@ -75,6 +80,13 @@ class _G:
             self.consts[key] = name
         return self.consts[key]
 
+    def bool_true(self):
+        if ("b",) not in self.consts:
+            name = f"c{len(self.consts)}_true"
+            self.g.initializer.append(numpy_helper.from_array(np.array(True), name))
+            self.consts[("b",)] = name
+        return self.consts[("b",)]
+
     def zeros(self, shape):
         key = ("z",) + tuple(shape)
         if key not in self.consts:
@@ -93,13 +105,32 @@ def _bcast(a, b):
     return tuple(out)
 
 
-def build_random_training_graph(seed: int, n_ops: int, dtype=np.float64) -> onnx.ModelProto:
-    """A random forward DAG of ``n_ops`` ops, a scalar loss and the full backward."""
+def _reshape_target(G: _G, prefix: str, a: _T, shape: tuple[int, int]) -> str:
+    """``shape`` computed from ``Shape(a)`` with int64 arithmetic: (n, m) by swapping the
+    two dimensions, (m/2, 2n) by Div and Mul."""
+    s = f"{prefix}s_y0"
+    G.node(f"{prefix}s_Shape", "Shape", [a.name], [s])
+    if shape == (a.shape[1], a.shape[0]):
+        lo = f"{prefix}a_y0"
+        hi = f"{prefix}b_y0"
+        G.node(f"{prefix}a_Slice", "Slice", [s, G.ints([1]), G.ints([2])], [lo])
+        G.node(f"{prefix}b_Slice", "Slice", [s, G.ints([0]), G.ints([1])], [hi])
+        G.node(f"{prefix}c_Concat", "Concat", [lo, hi], [f"{prefix}c_y0"], axis=0)
+        return f"{prefix}c_y0"
+    G.node(f"{prefix}a_Div", "Div", [s, G.ints([2, 1])], [f"{prefix}a_y0"])
+    G.node(f"{prefix}b_Mul", "Mul", [f"{prefix}a_y0", G.ints([1, 2])], [f"{prefix}b_y0"])
+    return f"{prefix}b_y0"
+
+
+def build_random_training_graph(seed: int, n_ops: int, dtype=np.float64, scale: int = 1) -> onnx.ModelProto:
+    """A random forward DAG of ``n_ops`` ops, a scalar loss and the full backward.
+    ``scale`` multiplies every dimension of the base shapes (bigger buffers, same graph)."""
     rng = np.random.default_rng(seed)
     G = _G(dtype)
+    shapes = [(m * scale, n * scale) for m, n in BASE_SHAPES]
     n_params = int(rng.integers(1, 5))
-    params = [_T(f"p{i}", BASE_SHAPES[rng.integers(len(BASE_SHAPES))], True) for i in range(n_params)]
-    x = _T("x", BASE_SHAPES[rng.integers(len(BASE_SHAPES))], False)
+    params = [_T(f"p{i}", shapes[rng.integers(len(shapes))], True) for i in range(n_params)]
+    x = _T("x", shapes[rng.integers(len(shapes))], False)
     pool: list[_T] = params + [x]
     fwd: list[tuple] = []  # (index, op, inputs [_T], outputs [_T], info)
 
@@ -109,7 +140,8 @@ def build_random_training_graph(seed: int, n_ops: int, dtype=np.float64) -> onnx
         src = fresh if fresh and rng.random() < 0.6 else cands
         return src[rng.integers(len(src))]
 
-    kinds = ["unary"] * 4 + ["binary"] * 4 + ["matmul"] * 2 + ["reduce", "split", "reshape", "transpose"]
+    kinds = (["unary"] * 4 + ["binary"] * 4 + ["matmul"] * 2
+             + ["reduce", "split", "reshape", "transpose", "view", "dropout"])
     i = 0
     while i < n_ops:
         kind = kinds[rng.integers(len(kinds))]
@@ -152,6 +184,14 @@ def build_random_training_graph(seed: int, n_ops: int, dtype=np.float64) -> onnx
                 op, outs_shapes = "Reshape", [(m // 2, n * 2)]
         elif kind == "transpose":
             op, outs_shapes = "Transpose", [(a.shape[1], a.shape[0])]
+        elif kind == "view":
+            op = ("Identity", "Flatten", "UnsqueezeSqueeze")[rng.integers(3)]
+            info["bwd_identity"] = bool(rng.random() < 0.5)
+        elif kind == "dropout":
+            op = "Dropout"
+            info["mask"] = ("omit", "unread")[rng.integers(2)] if not a.grad else "read"
+        if op == "Reshape":
+            info["computed"] = bool(rng.random() < 0.5)
         if op is None:  # unary (also the fallback when the drawn op does not fit)
             op = ("Relu", "Tanh", "Sigmoid", "Neg", "MulConst", "Exp")[rng.integers(6)]
             if op == "Exp" and not a.bounded:
@@ -164,11 +204,12 @@ def build_random_training_graph(seed: int, n_ops: int, dtype=np.float64) -> onnx
                 info["c"] = float((0.5, -1.5, 2.0)[rng.integers(3)])
             ins, outs_shapes = [a], [a.shape]
         # emit forward node
-        onnx_op = "Mul" if op == "MulConst" else op
+        onnx_op = {"MulConst": "Mul", "UnsqueezeSqueeze": "Squeeze"}.get(op, op)
         name = f"fwd_{i}_{onnx_op}"
         outs = [_T(f"{name}_y{k}", s, any(t.grad for t in ins), bounded=op in ("Tanh", "Sigmoid"))
                 for k, s in enumerate(outs_shapes)]
         in_names = [t.name for t in ins]
+        out_names = [o.name for o in outs]
         attrs = {}
         if op == "MulConst":
             in_names.append(G.scalar(info["c"]))
@@ -178,10 +219,21 @@ def build_random_training_graph(seed: int, n_ops: int, dtype=np.float64) -> onnx
         elif op == "Split":
             attrs.update(axis=info["axis"], num_outputs=2)
         elif op == "Reshape":
-            in_names.append(G.ints(outs_shapes[0]))
+            in_names.append(_reshape_target(G, f"fwd_{i}", a, outs_shapes[0]) if info["computed"]
+                            else G.ints(outs_shapes[0]))
         elif op == "Transpose":
             attrs["perm"] = [1, 0]
-        G.node(name, onnx_op, in_names, [o.name for o in outs], **attrs)
+        elif op == "Flatten":
+            attrs["axis"] = 1
+        elif op == "UnsqueezeSqueeze":
+            G.node(f"fwd_{i}u_Unsqueeze", "Unsqueeze", [a.name, G.ints([0])], [f"fwd_{i}u_y0"])
+            in_names = [f"fwd_{i}u_y0", G.ints([0])]
+        elif op == "Dropout":
+            in_names += [G.scalar(0.5), G.bool_true()]
+            attrs["seed"] = seed % 1000 + i
+            if info["mask"] != "omit":
+                out_names.append(f"{name}_mask")
+        G.node(name, onnx_op, in_names, out_names, **attrs)
         for t in ins:
             t.uses += 1
         pool.extend(outs)
@@ -240,9 +292,14 @@ def build_random_training_graph(seed: int, n_ops: int, dtype=np.float64) -> onnx
             add_grad(t, G.bwd("Mul", [t.name, two_dy], doc))
         else:
             dy = "tangent_loss"
-            if red == "ReduceMean":
+            from_shape = rng.random() < 0.5  # read t's shape and size in the backward
+            if red == "ReduceMean" and from_shape:
+                size = G.bwd("Cast", [G.bwd("Size", [t.name], doc)], doc, to=G.elem)
+                dy = G.bwd("Div", [dy, size], doc)
+            elif red == "ReduceMean":
                 dy = G.bwd("Mul", [dy, G.scalar(1.0 / (t.shape[0] * t.shape[1]))], doc)
-            add_grad(t, G.bwd("Expand", [dy, G.ints(t.shape)], doc))
+            target = G.bwd("Shape", [t.name], doc) if from_shape else G.ints(t.shape)
+            add_grad(t, G.bwd("Expand", [dy, target], doc))
 
     for idx, op, ins, outs, info in reversed(fwd):
         if not any(t.grad for t in ins):
@@ -296,9 +353,15 @@ def build_random_training_graph(seed: int, n_ops: int, dtype=np.float64) -> onnx
                 g = G.bwd("Mul", [g, G.scalar(1.0 / a.shape[info["axis"]])], doc)
             add_grad(a, g)
         elif op == "Reshape":
-            add_grad(ins[0], G.bwd("Reshape", [dy, G.ints(ins[0].shape)], doc))
+            target = G.bwd("Shape", [ins[0].name], doc) if info["computed"] else G.ints(ins[0].shape)
+            add_grad(ins[0], G.bwd("Reshape", [dy, target], doc))
         elif op == "Transpose":
             add_grad(ins[0], G.bwd("Transpose", [dy], doc, perm=[1, 0]))
+        elif op in ("Identity", "Flatten", "UnsqueezeSqueeze"):
+            add_grad(ins[0], G.bwd("Identity", [dy], doc) if info["bwd_identity"] else dy)
+        elif op == "Dropout":
+            keep = G.bwd("Cast", [f"fwd_{idx}_Dropout_mask"], doc, to=G.elem)
+            add_grad(ins[0], G.bwd("Mul", [dy, G.bwd("Mul", [keep, G.scalar(2.0)], doc)], doc))
         else:  # pragma: no cover
             raise AssertionError(op)
 

@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 
 from randgraph import random_feeds, training_graphs
 
-from ckpt_cli.analysis import analyse
+from ckpt_cli.analysis import analyse, schedules
 from ckpt_cli.analysis.phases import RECOMPUTE_META
 from ckpt_cli.graph import Graph
 from ckpt_cli.load import load_graph
@@ -42,6 +42,7 @@ from ckpt_cli.save import build_model, save_model
 
 PROPERTY_SETTINGS = settings(max_examples=40, deadline=None, derandomize=True, database=None,
                              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+GRAPHS = 500  # random graphs the main property rewrites (about 70 ms each)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -90,8 +91,11 @@ def _draw_plan(data, a, label: str, extra_nodes: list[int] = ()) -> Plan:
     fwd = [i for i in range(len(a.graph.nodes)) if a.phases.is_forward[i]]
     if data.draw(st.integers(0, 4), label=f"{label}: sqrt plan?") == 0:
         return sqrt_regions(a)
-    mask = data.draw(st.lists(st.integers(0, 3), min_size=len(fwd), max_size=len(fwd)), label=f"{label}: mask")
-    chosen = [i for i, m in zip(fwd, mask) if m] or fwd  # each node in a region with p = 3/4
+    # each node in a region with p = 3/4, producers of stashed tensors with p = 15/16 (a plan
+    # that leaves them all out copies nothing)
+    stashed = {s.producer for s in a.stashed}
+    mask = data.draw(st.lists(st.integers(0, 15), min_size=len(fwd), max_size=len(fwd)), label=f"{label}: mask")
+    chosen = [i for i, m in zip(fwd, mask) if m >= (1 if i in stashed else 4)] or fwd
     k = data.draw(st.integers(1, min(3, len(chosen))), label=f"{label}: regions")
     owner = data.draw(st.lists(st.integers(0, k - 1), min_size=len(chosen), max_size=len(chosen)),
                       label=f"{label}: owner")
@@ -168,11 +172,13 @@ def _check_written(model: onnx.ModelProto, a, plan: Plan, res, previous_copies: 
             if t_copy and t_orig in kept:
                 assert not consumers.get(t_copy), f"kept tensor {t_orig} is read from a copy"
 
-    # the backward reads no recomputed original any more (only forward nodes do)
+    # the backward reads no recomputed original's data any more (only forward nodes do;
+    # Shape and Size read only its shape, and PRIORITY_BASED runs them as soon as it exists)
     for r in res.regions:
         for t in r.recomputed:
             assert t not in kept
-            late = [nodes[c].name for c in consumers.get(t, ()) if nodes[c].name not in fwd_names]
+            late = [nodes[c].name for c in consumers.get(t, ())
+                    if nodes[c].name not in fwd_names and nodes[c].op_type not in ("Shape", "Size")]
             assert not late, f"{t} is still read by backward nodes {late}"
     return new_copies
 
@@ -180,14 +186,16 @@ def _check_written(model: onnx.ModelProto, a, plan: Plan, res, previous_copies: 
 # --------------------------------------------------------------------------- properties
 
 
-@PROPERTY_SETTINGS
+@settings(PROPERTY_SETTINGS, max_examples=GRAPHS)
 @given(model=training_graphs(min_ops=3, max_ops=20), data=st.data())
 def test_rewrite_random_regions(model, data):
     a = analyse(Graph.from_model(model))
     plan = _draw_plan(data, a, "plan")
     res = rewrite(a, plan)
     event(f"recompute copies: {'none' if not res.recompute_nodes else '1-3' if res.recompute_nodes < 4 else '4+'}")
-    assert res.after.priority.peak_bytes >= a.lower_bound_bytes, "no plan goes below resident + outputs"
+    # ckpt simulated the file order: ORT's PRIORITY_BASED order must be that order (the test of
+    # schedules.priority_based against ORT is tests/test_schedules.py)
+    assert schedules.priority_based(res.graph) == list(range(len(res.graph.nodes)))
     with tempfile.TemporaryDirectory(prefix="ckpt_prop_") as tmp:
         written, _ = _write_and_reload(res, tmp, "rewritten.onnx")
     _check_written(written, a, plan, res, previous_copies=set())

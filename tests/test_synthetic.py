@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 
 import numpy as np
 import onnx
@@ -156,10 +155,8 @@ def test_transformer_node_counts_and_names():
     assert [o.name for o in m.graph.output][:3] == ["loss", "tok_emb_grad", "pos_emb_grad"]
     assert {i.name for i in m.graph.input} >= {"tokens", "labels", "tangent_loss", "blocks.6.attn.wq"}
     assert all(n.domain == "" for n in m.graph.node)
-    t = time.perf_counter()
-    big = build_transformer(200)
+    big = build_transformer(200)  # its speed is a bench row (bench/run.py, "generate"), not a test
     assert len(big.graph.node) == estimate_nodes(200)
-    assert time.perf_counter() - t < 5.0
 
 
 def test_transformer_embedded_weights_and_external_data(tmp_path):
@@ -199,8 +196,9 @@ def test_randgraph_matches_finite_differences(seed):
     onnx.checker.check_model(model, full_check=True)
     _check_structure(model)
     assert all(n.name.startswith(("fwd_", "bwd_")) for n in model.graph.node)
-    sess = _session(model)
     feeds = random_feeds(model, seed)
+    model = _frozen_dropout(model, feeds)  # finite differences need the same masks every run
+    sess = _session(model)
     names = [o.name for o in model.graph.output]
     res = dict(zip(names, sess.run(None, feeds)))
     eps = 1e-6
@@ -211,6 +209,48 @@ def test_randgraph_matches_finite_differences(seed):
             fd[idx] = _central_difference(sess, feeds, p, idx, eps)
         scale = max(1.0, float(np.abs(fd).max()))
         np.testing.assert_allclose(g, fd, rtol=1e-5, atol=1e-6 * scale, err_msg=p)
+
+
+def _frozen_dropout(model: onnx.ModelProto, feeds: dict) -> onnx.ModelProto:
+    """The model with each Dropout replaced by a multiplication with the mask and scale it
+    drew in a first run (ratio 0.5)."""
+    from onnx import helper, numpy_helper
+
+    drops = [n for n in model.graph.node if n.op_type == "Dropout"]
+    if not drops:
+        return model
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    masks = []
+    for n in probe.graph.node:
+        if n.op_type == "Dropout":
+            if len(n.output) < 2:
+                n.output.append(f"{n.name}_mask")
+            masks.append(n.output[1])
+            probe.graph.output.append(helper.make_tensor_value_info(n.output[1], onnx.TensorProto.BOOL, None))
+    drawn = dict(zip(masks, _session(probe).run(masks, feeds)))
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    dtype = helper.tensor_dtype_to_np_dtype(model.graph.input[0].type.tensor_type.elem_type)
+    nodes = []
+    for n, mask in zip(drops, masks):
+        scale = f"{n.name}_frozen_scale"
+        out.graph.initializer.append(numpy_helper.from_array(drawn[mask].astype(dtype) * 2, scale))
+        nodes.append(helper.make_node("Mul", [n.input[0], scale], [n.output[0]], name=n.name))
+        if len(n.output) > 1:
+            out.graph.initializer.append(numpy_helper.from_array(drawn[mask], f"{n.name}_frozen_mask"))
+            nodes.append(helper.make_node("Identity", [f"{n.name}_frozen_mask"], [n.output[1]], name=f"{n.name}_m"))
+    by_name = {n.name: k for k, n in enumerate(drops)}
+    kept = []
+    for n in out.graph.node:
+        if n.op_type == "Dropout":
+            k = by_name[n.name]
+            kept.extend(x for x in nodes if x.name in (drops[k].name, f"{drops[k].name}_m"))
+        else:
+            kept.append(n)
+    del out.graph.node[:]
+    out.graph.node.extend(kept)
+    return out
 
 
 def test_randgraph_is_deterministic():

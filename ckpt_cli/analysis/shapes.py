@@ -8,7 +8,7 @@ graph inputs, so it never serialises weights (and works with external data).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from itertools import chain
 
@@ -28,6 +28,9 @@ class TensorInfo:
     dtype: int
     shape: tuple[int | str, ...] | None
     nbytes: int | None
+    # ORT knows the shape before the run. Its allocation planner reuses buffers and writes
+    # in place only for such shapes; ONNX's data propagation finds some that ORT does not.
+    static_shape: bool = True
 
     @property
     def missing(self) -> tuple[str, ...]:
@@ -110,11 +113,66 @@ def infer_tensors(graph: Graph, dims: dict[str, int] | None = None) -> dict[str,
     light.value_info.extend(src.value_info)
     model = onnx.ModelProto(ir_version=graph.model.ir_version, graph=light)
     model.opset_import.extend(graph.model.opset_import)
+    tensors = _inferred(model, light)
+    blind = _ort_blind_values(graph)
+    if blind:
+        _mark_ort_static(model, tensors, blind)
+    for t in src.initializer:
+        tensors[t.name] = _info(t.data_type, tuple(t.dims))
+    _fill_custom_op_shapes(graph, tensors)
+    return tensors
+
+
+# ORT 1.31 computes shape values statically from Shape and Size through these ops only
+# (measured: not through Slice, Concat or Reshape; onnxruntime/core/graph/data_propagation/).
+_ORT_VALUE_OPS = frozenset({"Shape", "Size", "Constant", "Gather", "Squeeze", "Unsqueeze", "Add", "Sub", "Mul",
+                            "Div"})
+
+
+def _ort_blind_values(graph: Graph) -> list[str]:
+    """Shape values that ONNX's data propagation computes and ORT does not: outputs of other
+    ops whose inputs are all shape values (or initializers)."""
+    derived: set[str] = set()  # computed from Shape or Size
+    blind: list[str] = []
+    consts = graph.initializers
+    for i in graph.topological_order():
+        node = graph.nodes[i]
+        ins = [t for t in node.inputs if t != ABSENT]
+        if node.op_type in ("Shape", "Size"):
+            derived.update(t for t in node.outputs if t != ABSENT)
+        elif ins and all(t in derived or t in consts for t in ins) and any(t in derived for t in ins):
+            outs = [t for t in node.outputs if t != ABSENT]
+            derived.update(outs)
+            if node.op_type not in _ORT_VALUE_OPS:
+                blind.extend(outs)
+    return blind
+
+
+def _mark_ort_static(model: onnx.ModelProto, tensors: dict[str, TensorInfo], blind: list[str]) -> None:
+    """Infer again with ``blind`` values unknown: what is no longer sized there, ORT's
+    planner does not know before the run."""
+    cut = set(blind)
+    light = model.graph
+    g = onnx.GraphProto(name=light.name)
+    g.node.extend(n for n in light.node if not cut.intersection(n.output))
+    g.input.extend(light.input)
+    g.input.extend(onnx.helper.make_tensor_value_info(t, tensors[t].dtype, list(tensors[t].shape))
+                   for t in blind if t in tensors and tensors[t].shape is not None)
+    g.initializer.extend(light.initializer)
+    g.output.extend(light.output)
+    m = onnx.ModelProto(ir_version=model.ir_version, graph=g)
+    m.opset_import.extend(model.opset_import)
+    seen = _inferred(m, g)
+    for t, info in tensors.items():
+        if info.nbytes is not None and t not in cut and (t not in seen or seen[t].shape != info.shape):
+            tensors[t] = replace(info, static_shape=False)
+
+
+def _inferred(model: onnx.ModelProto, light: onnx.GraphProto) -> dict[str, TensorInfo]:
     try:
         inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True).graph
     except Exception:  # inference is best effort: fall back to what the file declares
         inferred = light
-
     tensors: dict[str, TensorInfo] = {}
     by_type: dict[bytes, TensorInfo] = {}  # a graph has few distinct tensor types
     for v in chain(inferred.value_info, inferred.input, inferred.output):
@@ -125,9 +183,6 @@ def infer_tensors(graph: Graph, dims: dict[str, int] | None = None) -> dict[str,
         name = v.name
         if name not in tensors or tensors[name].nbytes is None:
             tensors[name] = info
-    for t in src.initializer:
-        tensors[t.name] = _info(t.data_type, tuple(t.dims))
-    _fill_custom_op_shapes(graph, tensors)
     return tensors
 
 

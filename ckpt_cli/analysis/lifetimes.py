@@ -1,0 +1,53 @@
+"""What one node order fixes about each tensor before any buffer is placed: when it is
+last read and how many uses ONNX Runtime's allocation planner counts for it.
+
+ORT's ``PlannerImpl::ComputeReuseCount`` (onnxruntime/core/framework/allocation_planner.cc)
+gives every value one use per node input that reads it, one for its definition, and one
+more for each graph input, initializer and graph output ("the caller's use"), so those
+never reach zero. The planner then counts uses down as it walks the order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..graph import ABSENT, Graph
+
+
+@dataclass(frozen=True)
+class Lifetimes:
+    """Per tensor id (``graph.ids``), for one order of ``steps`` nodes."""
+
+    steps: int
+    last_read: list[int]  # step of the last read; ``steps`` for graph outputs; -1: never read
+    uses: list[int]  # ORT's use count before the first node runs
+    resident: list[bool]  # graph inputs and initializers: present before the run, never freed
+    is_output: list[bool]
+
+
+def lifetimes(graph: Graph, order: list[int] | tuple[int, ...]) -> Lifetimes:
+    ids = graph.ids
+    count = len(ids.names)
+    steps = len(order)
+    node_inputs, node_outputs = ids.inputs, ids.outputs
+    last_read = [-1] * count
+    uses = [0] * count
+    for k, i in enumerate(order):
+        for t in node_inputs[i]:
+            if t >= 0:
+                last_read[t] = k
+                uses[t] += 1
+        for t in node_outputs[i]:
+            if t >= 0:
+                uses[t] += 1
+    resident = [False] * count
+    for t in graph.resident:
+        resident[ids.of[t]] = True
+        uses[ids.of[t]] += 1
+    is_output = [False] * count
+    for t in graph.outputs:
+        if t != ABSENT:
+            last_read[ids.of[t]] = steps
+            is_output[ids.of[t]] = True
+            uses[ids.of[t]] += 1
+    return Lifetimes(steps, last_read, uses, resident, is_output)

@@ -1,0 +1,152 @@
+"""ONNX Runtime's allocation planner, replayed: which buffer each tensor lands in.
+
+The rules of ``PlannerImpl::ComputeSingleStreamReusePlan`` and ``FindReusableInput`` /
+``FindReusableTensor`` (onnxruntime/core/framework/allocation_planner.cc), walked over
+the order node by node, output by output:
+
+- a graph output gets a buffer of its own (``kAllocateOutput``);
+- a view op's output aliases its first input (the kernel's ``Alias(0, 0)``); a view of a
+  graph input or initializer allocates nothing;
+- an op whose kernel says ``MayInplace(0, 0)`` writes into its first input's buffer when
+  that buffer has one use left (this node's single read of it: the last remaining reader,
+  however many read it earlier) and input and output have the same static shape and
+  element size. This rule does not depend on ``enable_mem_reuse``: ORT writes in place with
+  reuse off too;
+- an output nobody reads gets a fresh buffer (measured on ORT 1.31);
+- with ``enable_mem_reuse`` on, an output takes the most recently freed buffer of the
+  same shape and element size (never a scalar's);
+- otherwise a fresh buffer.
+After each node, every input read and then every output's definition uses its buffer
+once; a buffer whose uses reach zero goes to the free list (inputs in node order, then
+outputs). At run time a buffer is released after the last node that reads any tensor in
+it (``GenerateDeallocationPlan``); a buffer nobody reads is held to the end of the run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..graph import Graph
+from .lifetimes import Lifetimes
+from .shapes import TensorInfo, itemsize
+
+# The CPU kernels of these ops alias output 0 to input 0 (measured on ORT 1.31).
+VIEW_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"})
+# The CPU kernels of these ops may write output 0 into input 0 (``MayInplace(0, 0)``;
+# measured on ORT 1.31: not Exp, Neg, binary ops, Dropout, Expand, Transpose, ScatterND).
+IN_PLACE_OPS = frozenset({"ScatterElements", "Relu", "LeakyRelu", "Elu", "Selu", "Celu", "Sigmoid",
+                          "HardSigmoid", "Tanh", "Softplus", "Softsign", "Clip", "Shrink", "ThresholdedRelu",
+                          "Softmax", "LogSoftmax", "Cast"})
+_VIEW, _IN_PLACE = 1, 2
+_OP_KINDS = {**{op: _IN_PLACE for op in IN_PLACE_OPS}, **{op: _VIEW for op in VIEW_OPS}}
+
+
+@dataclass
+class Buffers:
+    """The planner's buffers, by id in allocation order. A buffer is allocated when the
+    node at ``born`` runs and released after the node at ``dies`` (the order's length:
+    held to the end of the run)."""
+
+    size: list[int]
+    born: list[int]
+    dies: list[int]
+    holders: list[list[tuple[int, int]]]  # per buffer: (step, tensor id) in assignment order
+    unsized: list[str]  # tensors of unknown size, given a buffer of 0 bytes
+
+
+def _reuse_key(info: TensorInfo | None):
+    if (info is None or not info.static_shape or info.shape is None or not info.shape
+            or not all(isinstance(d, int) for d in info.shape)):
+        return None
+    return (info.shape, itemsize(info.dtype))
+
+
+def _same_size(a: TensorInfo | None, b: TensorInfo | None) -> bool:
+    """ORT's ``SameSize``: same element size and the same known dimensions."""
+    return (a is not None and b is not None and a.static_shape and b.static_shape
+            and a.shape is not None and a.shape == b.shape
+            and all(isinstance(d, int) or (d and d != "?") for d in a.shape)
+            and itemsize(a.dtype) == itemsize(b.dtype) > 0)
+
+
+def reuse_classes(infos: list[TensorInfo | None]) -> tuple[list[int], int]:
+    """Per tensor, the class of buffers it can reuse (same shape and element size;
+    -1: never reused), and the number of classes."""
+    classes: dict[tuple, int] = {}  # reuse key -> class
+    class_of: dict[tuple | None, int] = {}  # (shape, dtype) -> class
+    out: list[int] = []
+    for info in infos:
+        kind = None if info is None else (info.shape, info.dtype, info.static_shape)
+        if kind not in class_of:
+            key = _reuse_key(info)
+            class_of[kind] = -1 if key is None else classes.setdefault(key, len(classes))
+        out.append(class_of[kind])
+    return out, len(classes)
+
+
+def plan_buffers(graph: Graph, order: list[int] | tuple[int, ...], tensors: dict[str, TensorInfo],
+                 life: Lifetimes, reuse_buffers: bool = True) -> Buffers:
+    ids = graph.ids
+    names, node_inputs, node_outputs = ids.names, ids.inputs, ids.outputs
+    infos = [tensors.get(t) for t in names]
+    reuse, n_classes = reuse_classes(infos)
+    last_read, uses, is_output = life.last_read, life.uses, life.is_output
+    resident = list(life.resident)  # views of resident tensors join them
+
+    buffer_of = [-1] * len(names)
+    owner: list[int] = []  # buffer -> tensor that allocated it
+    left: list[int] = []  # buffer -> uses not yet counted down (ORT's UseCount of the original)
+    out = Buffers([], [], [], [], [])
+    free_lists: list[list[int]] = [[] for _ in range(n_classes)]
+
+    def new_buffer(t: int, k: int) -> int:
+        info = infos[t]
+        if info is None or info.nbytes is None:
+            out.unsized.append(names[t])
+        owner.append(t)
+        left.append(0)
+        out.size.append(info.nbytes if info is not None and info.nbytes is not None else 0)
+        out.born.append(k)
+        out.dies.append(-1)
+        out.holders.append([])
+        return len(owner) - 1
+
+    def use(t: int) -> None:
+        b = buffer_of[t]
+        left[b] -= 1
+        if left[b] == 0 and reuse[owner[b]] >= 0:
+            free_lists[reuse[owner[b]]].append(b)
+
+    kinds = [_OP_KINDS.get(n.op_type, 0) for n in graph.nodes]
+    for k, i in enumerate(order):
+        kind = kinds[i]
+        inputs, outputs = node_inputs[i], node_outputs[i]
+        src = inputs[0] if inputs else -1
+        for pos, t in enumerate(outputs):
+            if t < 0:
+                continue
+            if is_output[t]:
+                b = new_buffer(t, k)
+            elif pos == 0 and kind == _VIEW and src >= 0 and (resident[src] or buffer_of[src] >= 0):
+                if resident[src]:
+                    resident[t] = True
+                    continue
+                b = buffer_of[src]
+            elif (pos == 0 and kind == _IN_PLACE and src >= 0 and buffer_of[src] >= 0 and left[buffer_of[src]] == 1
+                  and _same_size(infos[src], infos[t])):
+                b = buffer_of[src]
+            elif last_read[t] < 0 or not reuse_buffers or reuse[t] < 0 or not free_lists[reuse[t]]:
+                b = new_buffer(t, k)
+            else:
+                b = free_lists[reuse[t]].pop()
+            buffer_of[t] = b
+            left[b] += uses[t]
+            out.holders[b].append((k, t))
+            if last_read[t] > out.dies[b]:
+                out.dies[b] = last_read[t]
+        for t in (*inputs, *outputs):
+            if t >= 0 and not resident[t] and buffer_of[t] >= 0:  # (an input no node in the order makes)
+                use(t)
+    steps = life.steps
+    out.dies = [steps if d < 0 else min(d, steps) for d in out.dies]
+    return out

@@ -1,0 +1,93 @@
+"""The FLOP model (ckpt_cli/analysis/cost.py) on single nodes whose count is known by hand,
+with output shapes taken from ONNX Runtime (not from ckpt's shape inference)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from ckpt_cli.analysis.cost import NodeCost, graph_costs, node_cost, node_flops
+from ckpt_cli.analysis.shapes import TensorInfo
+from ckpt_cli.graph import Graph
+
+
+def _one_node(op: str, shapes: list[tuple[int, ...]], **attrs) -> tuple[Graph, dict[str, TensorInfo]]:
+    """A graph of one float node; tensor sizes from running it on ORT."""
+    names = [f"i{k}" for k in range(len(shapes))]
+    node = helper.make_node(op, names, ["y"], name="n", **attrs)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s)
+                                            for n, s in zip(names, shapes)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 9
+    feeds = {n: np.ones(s, np.float32) for n, s in zip(names, shapes)}
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    (y,) = sess.run(None, feeds)
+    tensors = {n: TensorInfo(TensorProto.FLOAT, tuple(s), 4 * int(np.prod(s))) for n, s in zip(names, shapes)}
+    tensors["y"] = TensorInfo(TensorProto.FLOAT, tuple(y.shape), 4 * y.size)
+    return Graph.from_model(model), tensors
+
+
+def _flops(op, shapes, **attrs) -> int | None:
+    g, tensors = _one_node(op, shapes, **attrs)
+    return node_flops(g.nodes[0], tensors)
+
+
+def test_matmul_counts_a_multiply_add_as_two():
+    assert _flops("MatMul", [(3, 5), (5, 7)]) == 2 * 3 * 7 * 5
+    assert _flops("MatMul", [(4, 3, 5), (5, 7)]) == 2 * 4 * 3 * 7 * 5  # batched
+
+
+def test_gemm_with_transposes_and_bias():
+    assert _flops("Gemm", [(5, 3), (5, 7)], transA=1) == 2 * 3 * 7 * 5
+    assert _flops("Gemm", [(3, 5), (7, 5), (7,)], transB=1) == 2 * 3 * 7 * 5 + 3 * 7
+
+
+@pytest.mark.parametrize("group", [1, 2])
+def test_conv_is_output_size_times_kernel_volume(group):
+    # N=2, C_in=4, 9x9 image; 6 filters of C_in/group x 3x3, stride 2, pad 1 -> 2x6x5x5 out
+    x, w = (2, 4, 9, 9), (6, 4 // group, 3, 3)
+    expected = 2 * (2 * 6 * 5 * 5) * (4 // group) * 3 * 3
+    assert _flops("Conv", [x, w], strides=[2, 2], pads=[1, 1, 1, 1], group=group) == expected
+
+
+def test_conv_transpose_is_input_size_times_filter_volume():
+    # each input element scatters into C_out x 3 x 3 outputs with one multiply-add each
+    x, w = (2, 4, 5, 5), (4, 3, 3, 3)
+    assert _flops("ConvTranspose", [x, w]) == 2 * (2 * 4 * 5 * 5) * 3 * 3 * 3
+
+
+def test_elementwise_per_output_and_reductions_per_input():
+    assert _flops("Add", [(4, 1), (1, 6)]) == 4 * 6  # broadcast: counts outputs
+    assert _flops("Sigmoid", [(4, 6)]) == 4 * 4 * 6
+    assert _flops("ReduceSum", [(4, 6)], keepdims=0) == 4 * 6
+    assert _flops("Softmax", [(4, 6)]) == 5 * 4 * 6
+
+
+def test_data_movement_is_free_and_unknown_sizes_are_marked():
+    assert _flops("Transpose", [(4, 6)]) == 0
+    g, tensors = _one_node("MatMul", [(3, 5), (5, 7)])
+    unknown = dict(tensors, y=TensorInfo(TensorProto.FLOAT, ("n", 7), None))
+    assert node_flops(g.nodes[0], unknown) is None
+    cost = node_cost(g.nodes[0], unknown)
+    assert cost == NodeCost(0, 4 * 15 + 4 * 35, 0, False)
+    known = node_cost(g.nodes[0], tensors)
+    assert known.known and known.bytes_written == 4 * 21
+
+
+def test_graph_costs_follow_node_order():
+    from randgraph import build_random_training_graph
+
+    from ckpt_cli.analysis.shapes import infer_tensors
+
+    g = Graph.from_model(build_random_training_graph(7, 12, dtype=np.float32))
+    tensors = infer_tensors(g)
+    costs = graph_costs(g, tensors)
+    assert costs == [node_cost(n, tensors) for n in g.nodes]
+    matmuls = [(n, c) for n, c in zip(g.nodes, costs) if n.op_type == "MatMul"]
+    assert matmuls
+    for n, c in matmuls:
+        a, y = tensors[n.inputs[0]].shape, tensors[n.outputs[0]].shape
+        assert c.flops == 2 * a[0] * a[1] * y[1]
