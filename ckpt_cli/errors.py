@@ -29,3 +29,7 @@ class BudgetUnreachable(CkptError):
 
 class RuntimeUnavailable(CkptError):
     exit_code = EXIT_RUNTIME
+
+
+class OutputError(CkptError):
+    """An output cannot be written: read-only filesystem, disk full, no permission, not a regular file."""

@@ -1,19 +1,39 @@
 """Writing graphs and reports: atomically, with external data streamed, ORT-loadable IR.
 
-Nothing is ever written over the input, and a failed write leaves no partial file:
-everything goes to a temporary file in the target folder and is renamed at the end.
+Nothing is ever written over the input or its external data, and no interruption leaves
+a partial file or a model paired with another model's data:
+- everything goes to a hidden temporary file in the target folder first; temporary files
+  of killed runs are removed by the next write there, and SIGTERM during a write removes
+  them at once (SIGKILL cannot be caught);
+- external data goes to ``<output>.<hash8>.data``, named by its content, so the new data
+  never replaces the data the previous output reads; the model is renamed into place last,
+  then the previous output's data file (ckpt's naming only) is removed;
+- a new output is created exclusively (a hard link, which fails if the name exists), so of
+  two runs writing the same new path without ``--force`` the second fails;
+- symbolic links are followed (the target is replaced, the link kept) and only regular files
+  are written: a device, FIFO or socket as an output is refused.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import os
+import re
+import signal
+import stat
 import tempfile
+import threading
+import time
+from contextlib import contextmanager
 from itertools import chain
 from pathlib import Path
+from typing import Iterator
 
 import onnx
 
-from .errors import UsageError
+from .errors import OutputError, UsageError
+from .external import external_tensors, locate
 from .graph import Graph, Node, gc_paused
 
 # ORT 1.31 refuses IR 14, which onnx 1.23 writes by default (see ORT_FACTS.md §1).
@@ -22,6 +42,23 @@ _MAX_ORT_IR = 13
 _EMBED_LIMIT = 1_800_000_000  # beyond this, large tensors go to external data
 _EXTERNAL_MIN_BYTES = 1024
 _COPY_CHUNK = 16 << 20
+_TEMP_SUFFIX = ".tmp"
+# Outputs checked by check_output_path: resolved path -> whether --force was given.
+_checked: dict[Path, bool] = {}
+
+
+def _process_start() -> float:
+    """When this process started (its temporary files are younger than that)."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime"))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return time.time()
+
+
+_STARTED = _process_start()
 
 
 def _umask() -> int:
@@ -30,34 +67,190 @@ def _umask() -> int:
     return mask
 
 
+def _temp_pattern(name: str) -> re.Pattern:
+    """ckpt's temporary files for ``name``: ``.<name>.<pid>.<random>.tmp`` (and the same for
+    its data file), plus the older ``.<name>.<random>.tmp``."""
+    return re.compile(rf"^\.{re.escape(name)}(\.data)?\.(\d+\.)?[A-Za-z0-9_]{{8}}\.tmp$")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def remove_stale_temps(path: Path) -> list[Path]:
+    """Remove temporary files that killed ckpt runs left for ``path``: only ckpt's own
+    pattern, only files older than this process, and not those of a live process."""
+    pattern, removed = _temp_pattern(path.name), []
+    try:
+        entries = list(os.scandir(path.parent))
+    except OSError:
+        return removed
+    for entry in entries:
+        m = pattern.match(entry.name)
+        if not m:
+            continue
+        try:
+            st = entry.stat(follow_symlinks=False)
+            if not stat.S_ISREG(st.st_mode) or st.st_mtime >= _STARTED:
+                continue
+            pid = int(entry.name.rsplit(".", 3)[-3]) if m.group(2) else None
+            if pid is not None and pid != os.getpid() and _pid_alive(pid):
+                continue
+            os.unlink(entry.path)
+            removed.append(Path(entry.path))
+        except (OSError, ValueError):
+            continue
+    return removed
+
+
 def _temp_beside(path: Path) -> Path:
     """A temporary file next to ``path`` with the permissions a new file would get
     (mkstemp makes it private, and the rename would keep that)."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=_TEMP_SUFFIX, dir=path.parent)
     os.close(fd)
     os.chmod(tmp, 0o666 & ~_umask())
     return Path(tmp)
 
 
-def write_text_atomic(path: str | Path, text: str) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _temp_beside(path)
+def _terminated(signum, frame):
+    raise SystemExit(128 + signum)
+
+
+@contextmanager
+def _exit_on_sigterm() -> Iterator[None]:
+    """Turn SIGTERM into SystemExit while writing, so ``finally`` removes temporary files."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _terminated)
     try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
+        yield
     finally:
-        tmp.unlink(missing_ok=True)
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextmanager
+def _os_errors(path: Path) -> Iterator[None]:
+    """Filesystem failures (read-only, disk full, no permission) as one-line OutputErrors."""
+    try:
+        yield
+    except OSError as e:
+        reason = e.strerror or str(e)
+        if e.errno == errno.ENOSPC:
+            reason = "no space left on the device"
+        raise OutputError(f"{path}: cannot write ({reason})") from None
+    except MemoryError:
+        raise OutputError(f"{path}: not enough memory to write it") from None
+
+
+def write_target(path: str | Path) -> Path:
+    """The file a write to ``path`` really replaces: a symbolic link's target (the link
+    stays); refuses special files (devices, FIFOs, sockets), folders and dangling links."""
+    path = Path(path)
+    if path.is_symlink():
+        real = Path(os.path.realpath(path))
+        if not real.exists():
+            raise UsageError(f"{path}: a symbolic link to '{real}', which does not exist; give a file path")
+        path = real
+    if path.exists():
+        mode = path.stat().st_mode
+        if stat.S_ISDIR(mode):
+            raise UsageError(f"{path}: is a directory; give a file name")
+        if not stat.S_ISREG(mode):
+            raise UsageError(f"{path}: not a regular file (a device, FIFO or socket); "
+                             "ckpt writes only regular files")
+    return path
+
+
+def _commit(tmp: Path, path: Path, exclusive: bool) -> None:
+    """Move the finished ``tmp`` to ``path``; with ``exclusive`` fail if ``path`` exists."""
+    if not exclusive:
+        os.replace(tmp, path)
+        return
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise UsageError(f"{path}: was created by another process meanwhile; pass --force to overwrite it") from None
+    except OSError as e:
+        if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
+            raise
+        if path.exists():  # no hard links on this filesystem: a best-effort check
+            raise UsageError(f"{path}: was created by another process meanwhile; pass --force") from None
+        os.replace(tmp, path)
+    else:
+        tmp.unlink()
+
+
+def _exclusive(path: Path) -> bool:
+    """Whether a write to ``path`` must create it: check_output_path saw it absent without --force."""
+    return _checked.get(path.resolve()) is False
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    path = write_target(path)
+    with _os_errors(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temps(path)
+        with _exit_on_sigterm():
+            tmp = _temp_beside(path)
+            try:
+                tmp.write_text(text)
+                _commit(tmp, path, _exclusive(path))
+            finally:
+                tmp.unlink(missing_ok=True)
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve() or os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def check_report_path(report: Path, protected: list[Path]) -> None:
+    """Refuse a report path that is (links followed, hard links too) one of ``protected``:
+    the input model, its data, the written model or plan."""
+    report = Path(report)
+    for p in protected:
+        if p is not None and _same_file(report, Path(p)):
+            raise UsageError(f"{report}: is {p}, which the report must not overwrite; choose another --report")
+
+
+def _source_data_files(source: Path) -> set[Path]:
+    from .load import data_files_of
+
+    files = data_files_of(source)
+    if files is not None:
+        return files
+    try:
+        model = onnx.load(str(source), load_external_data=False)
+        return {locate(t, source.parent, source).file for t in external_tensors(model)}
+    except Exception:  # an unreadable source has no data files to protect
+        return set()
 
 
 def check_output_path(output: Path, source: Path | None, force: bool) -> None:
-    """Refuse to overwrite the input or an existing file without ``force``."""
-    if source is not None and output.exists() and output.resolve() == source.resolve():
+    """Refuse to overwrite the input or its external data (even with ``force``), a special
+    file, or an existing file without ``force``. A new output is then created exclusively."""
+    output = Path(output)
+    target = write_target(output)
+    if source is not None and target.exists() and _same_file(target, source):
         raise UsageError(f"{output}: refusing to overwrite the input model; choose another -o")
-    if output.exists() and not force:
+    if source is not None:
+        for data in _source_data_files(Path(source)):
+            if _same_file(target, data) or target.resolve() == data:
+                raise UsageError(f"{output}: is the input model's external data file; choose another -o")
+    if target.exists() and not force:
         raise UsageError(f"{output}: exists; pass --force to overwrite it")
-    if not output.parent.exists():
-        raise UsageError(f"{output.parent}: output folder does not exist")
+    if not target.parent.exists():
+        raise UsageError(f"{target.parent}: output folder does not exist")
+    _checked[target.resolve()] = bool(force and target.exists())
 
 
 def output_ir_version(model: onnx.ModelProto) -> int:
@@ -99,41 +292,137 @@ def build_model(graph: Graph, nodes: list[onnx.NodeProto], metadata: dict[str, s
     return m
 
 
-def save_model(model: onnx.ModelProto, path: str | Path, source_dir: Path | None = None) -> list[Path]:
-    """Write ``model`` atomically. Initializers stored externally in the source (relative to
-    ``source_dir``) are streamed into ``<path>.data`` beside the output. Returns the files written."""
-    path = Path(path)
-    data_path = path.with_name(path.name + ".data")
-    external = [t for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+def save_model(model: onnx.ModelProto, path: str | Path, source_dir: Path | None = None,
+               force: bool | None = None) -> list[Path]:
+    """Write ``model`` atomically. Tensors stored externally in the source (relative to
+    ``source_dir``) are streamed into ``<path>.<hash8>.data`` beside the output. ``force``
+    False creates ``path`` exclusively; None takes what check_output_path was told.
+    Returns the files written, the model first."""
+    path = write_target(path)
+    source_dir = Path(source_dir or ".")
+    exclusive = _exclusive(path) if force is None else not force
+    with _os_errors(path):
+        remove_stale_temps(path)
+        previous = _data_files_read_by(path)
+        with _exit_on_sigterm():
+            written = _write_pair(model, path, source_dir, exclusive)
+        _remove_previous_data(previous, written)
+    return written
+
+
+def _write_pair(model: onnx.ModelProto, path: Path, source_dir: Path, exclusive: bool) -> list[Path]:
+    external = external_tensors(model)
     embedded_bytes = sum(len(t.raw_data) for t in model.graph.initializer if t.HasField("raw_data"))
     spill = embedded_bytes > _EMBED_LIMIT
     written: list[Path] = []
-    tmp_data = _temp_beside(data_path) if (external or spill) else None
-    tmp_model = _temp_beside(path)
+    created = False
+    tmp_data = _temp_beside(path.with_name(path.name + ".data")) if (external or spill) else None
+    tmp_model: Path | None = None
     try:
         if tmp_data is not None:
-            with open(tmp_data, "wb") as out:
-                for t in model.graph.initializer:
-                    if t.data_location == onnx.TensorProto.EXTERNAL:
-                        _copy_external(t, out, source_dir or Path("."), data_path.name)
-                    elif spill and t.HasField("raw_data") and len(t.raw_data) >= _EXTERNAL_MIN_BYTES:
-                        _spill(t, out, data_path.name)
+            moved: list[onnx.TensorProto] = []
+            digest = hashlib.blake2b(digest_size=16)
+            with open(tmp_data, "wb") as f:
+                out = _HashingWriter(f, digest)
+                for t in external:
+                    _copy_external(t, out, source_dir)
+                    moved.append(t)
+                if spill:
+                    for t in model.graph.initializer:
+                        if t.HasField("raw_data") and len(t.raw_data) >= _EXTERNAL_MIN_BYTES:
+                            _spill(t, out)
+                            moved.append(t)
+                f.flush()
+                os.fsync(f.fileno())
+            data_path = path.with_name(f"{path.name}.{digest.hexdigest()[:8]}.data")
+            for t in moved:
+                _set_location(t, data_path.name)
+            created = _place_data(tmp_data, data_path)
+            written.append(data_path)
+        tmp_model = _temp_beside(path)
         with open(tmp_model, "wb") as f:
             f.write(model.SerializeToString(deterministic=True))
-        if tmp_data is not None:
-            os.replace(tmp_data, data_path)
-            written.append(data_path)
-        os.replace(tmp_model, path)
+            f.flush()
+            os.fsync(f.fileno())
+        _commit(tmp_model, path, exclusive)  # last: the model names data that is already in place
         written.insert(0, path)
+    except BaseException:
+        if created:
+            written[0].unlink(missing_ok=True)  # data of a model never committed
+        raise
     finally:
-        tmp_model.unlink(missing_ok=True)
+        if tmp_model is not None:
+            tmp_model.unlink(missing_ok=True)
         if tmp_data is not None:
             tmp_data.unlink(missing_ok=True)
     return written
 
 
-def _external_fields(t: onnx.TensorProto) -> dict[str, str]:
-    return {e.key: e.value for e in t.external_data}
+def _place_data(tmp: Path, data_path: Path) -> bool:
+    """Move finished data to its content-named place; False when a file of that name already
+    holds the same bytes (the name is their hash). A stranger's file there is refused."""
+    if data_path.is_symlink() or (data_path.exists() and not data_path.is_file()):
+        raise UsageError(f"{data_path}: exists and is not a regular file; remove it")
+    if data_path.exists():
+        if _file_digest(data_path) == _file_digest(tmp):
+            return False
+        raise UsageError(f"{data_path}: exists with other content; remove it or choose another -o")
+    os.replace(tmp, data_path)
+    return True
+
+
+def _file_digest(path: Path) -> bytes:
+    digest = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as f:
+        while chunk := f.read(_COPY_CHUNK):
+            digest.update(chunk)
+    return digest.digest()
+
+
+def _data_name_pattern(name: str) -> re.Pattern:
+    return re.compile(rf"^{re.escape(name)}\.[0-9a-f]{{8}}\.data$")
+
+
+def _data_files_read_by(path: Path) -> set[Path]:
+    """Data files in ckpt's naming that the model now at ``path`` (the previous output) reads."""
+    if not path.is_file():
+        return set()
+    pattern = _data_name_pattern(path.name)
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception:  # not a model: it reads no data
+        return set()
+    files = set()
+    for t in external_tensors(model):
+        location = next((e.value for e in t.external_data if e.key == "location"), "")
+        if pattern.match(location):
+            files.add(path.parent / location)
+    return files
+
+
+def _remove_previous_data(previous: set[Path], written: list[Path]) -> None:
+    """Remove the previous output's data once the new model is in place; never a file that
+    the new output or a model loaded by this process (the input) reads."""
+    from .load import loaded_data_files
+
+    protected = {p.resolve() for p in written} | loaded_data_files()
+    for data in previous:
+        if data.resolve() not in protected:
+            data.unlink(missing_ok=True)
+
+
+class _HashingWriter:
+    """A binary file that hashes what is written to it."""
+
+    def __init__(self, f, digest) -> None:
+        self.f, self.digest = f, digest
+
+    def write(self, data: bytes) -> None:
+        self.f.write(data)
+        self.digest.update(data)
+
+    def tell(self) -> int:
+        return self.f.tell()
 
 
 def _set_external(t: onnx.TensorProto, location: str, offset: int, length: int) -> None:
@@ -144,6 +433,12 @@ def _set_external(t: onnx.TensorProto, location: str, offset: int, length: int) 
     t.data_location = onnx.TensorProto.EXTERNAL
 
 
+def _set_location(t: onnx.TensorProto, location: str) -> None:
+    for e in t.external_data:
+        if e.key == "location":
+            e.value = location
+
+
 def _align(out) -> int:
     pos = out.tell()
     pad = (-pos) % 64
@@ -152,27 +447,24 @@ def _align(out) -> int:
     return pos + pad
 
 
-def _copy_external(t: onnx.TensorProto, out, source_dir: Path, location: str) -> None:
-    fields = _external_fields(t)
-    src = source_dir / fields["location"]
-    offset = int(fields.get("offset", 0))
-    length = int(fields["length"]) if "length" in fields else src.stat().st_size - offset
+def _copy_external(t: onnx.TensorProto, out, source_dir: Path) -> None:
+    extent = locate(t, source_dir, source_dir)  # checked again: the file may have changed since loading
     start = _align(out)
-    with open(src, "rb") as f:
-        f.seek(offset)
-        left = length
+    with open(extent.file, "rb") as f:
+        f.seek(extent.offset)
+        left = extent.length
         while left:
             chunk = f.read(min(left, _COPY_CHUNK))
             if not chunk:
-                raise UsageError(f"{src}: external data of '{t.name}' is truncated")
+                raise UsageError(f"{extent.file}: external data of '{t.name}' is truncated")
             out.write(chunk)
             left -= len(chunk)
-    _set_external(t, location, start, length)
+    _set_external(t, "", start, extent.length)
 
 
-def _spill(t: onnx.TensorProto, out, location: str) -> None:
+def _spill(t: onnx.TensorProto, out) -> None:
     start = _align(out)
     out.write(t.raw_data)
     length = len(t.raw_data)
     t.ClearField("raw_data")
-    _set_external(t, location, start, length)
+    _set_external(t, "", start, length)
