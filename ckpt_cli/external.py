@@ -119,6 +119,9 @@ def locate(t: onnx.TensorProto, model_dir: Path, model_path: Path) -> Extent:
                          "model's folder; external data must lie beside the model")
     folder = model_dir.resolve()
     file = folder / location
+    if file.is_symlink():  # onnx.checker refuses links too
+        raise ModelError(f"{where}: external data '{location[:80]}' of tensor '{t.name}' is a symbolic link; "
+                         "ckpt reads only regular files beside the model")
     try:
         real = file.resolve(strict=True)
     except (OSError, RuntimeError):

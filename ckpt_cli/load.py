@@ -6,6 +6,7 @@ shapes, and the writer streams them from the source file when it saves.
 
 from __future__ import annotations
 
+from itertools import chain
 from pathlib import Path
 
 import onnx
@@ -86,6 +87,12 @@ def _run_checker(model: onnx.ModelProto, path: Path) -> None:
 def check_graph(graph: Graph, path: Path) -> None:
     """ckpt's own checks (also for graphs too large for onnx.checker): every tensor read is
     produced, fed or stored, every output is produced, and a file holds a typed graph."""
+    g = graph.model.graph
+    for v in chain(g.input, g.output, g.value_info):
+        if v.type.HasField("tensor_type"):
+            bad = [d.dim_value for d in v.type.tensor_type.shape.dim if d.dim_value < 0]
+            if bad:
+                raise ModelError(f"{path}: tensor '{v.name}' has a negative dimension {bad[0]}")
     available = set(graph.resident) | set(graph.producer)
     for node in graph.nodes:
         for t in node.reads:

@@ -311,7 +311,13 @@ def save_model(model: onnx.ModelProto, path: str | Path, source_dir: Path | None
 
 
 def _write_pair(model: onnx.ModelProto, path: Path, source_dir: Path, exclusive: bool) -> list[Path]:
-    external = external_tensors(model)
+    initializers = {id(t) for t in model.graph.initializer}
+    external = []
+    for t in external_tensors(model):
+        if id(t) in initializers:
+            external.append(t)
+        else:  # Constant values and other attributes: ORT resolves their files against the cwd
+            _embed(t, source_dir)
     embedded_bytes = sum(len(t.raw_data) for t in model.graph.initializer if t.HasField("raw_data"))
     spill = embedded_bytes > _EMBED_LIMIT
     written: list[Path] = []
@@ -460,6 +466,18 @@ def _copy_external(t: onnx.TensorProto, out, source_dir: Path) -> None:
             out.write(chunk)
             left -= len(chunk)
     _set_external(t, "", start, extent.length)
+
+
+def _embed(t: onnx.TensorProto, source_dir: Path) -> None:
+    extent = locate(t, source_dir, source_dir)
+    with open(extent.file, "rb") as f:
+        f.seek(extent.offset)
+        data = f.read(extent.length)
+    if len(data) != extent.length:
+        raise UsageError(f"{extent.file}: external data of '{t.name}' is truncated")
+    del t.external_data[:]
+    t.data_location = onnx.TensorProto.DEFAULT
+    t.raw_data = data
 
 
 def _spill(t: onnx.TensorProto, out) -> None:

@@ -102,8 +102,10 @@ def _forward_section_nodes(graph: Graph, is_forward: list[bool]) -> None:
     only forward tensors. PyTorch tags such nodes forward (BatchNorm statistics
     squeezes, max-pool index arithmetic): forward ops whose results only the backward
     reads. Nodes an ORT artifact marks "Backward pass" are never moved."""
-    forward_reads = {t for n in graph.nodes if is_forward[n.index] for t in n.inputs}
+    forward_reads = {t for n in graph.nodes if is_forward[n.index] for t in n.reads}
     seeds = {t for t in graph.inputs if t not in forward_reads}
+    if not seeds:  # the loss-gradient seed is computed in the graph: no input marks the backward's start
+        return
     depends = [False] * len(graph.nodes)
     cut = len(graph.nodes)
     preds = graph.preds
@@ -111,7 +113,7 @@ def _forward_section_nodes(graph: Graph, is_forward: list[bool]) -> None:
         node = graph.nodes[i]
         if is_forward[i]:
             continue
-        depends[i] = any(t in seeds for t in node.inputs) or any(depends[p] for p in preds[i])
+        depends[i] = any(t in seeds for t in node.reads) or any(depends[p] for p in preds[i])
         if depends[i]:
             cut = min(cut, i)
     for i in graph.topological_order():
