@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from .model import envelope
-from .render import _table
+from .model import envelope, unsized_rows
+from .render import _table, render_unsized
 from .units import human_bytes, human_flops, percent
 from .text import plain, safe
 
@@ -40,6 +40,7 @@ def plan_report(a, planned, result, rows: list[dict], output: str | None, option
         "regions": [{"name": r["name"], "nodes": len(r["nodes"]), "keep": len(r["keep"])}
                     for r in (plan_json or {}).get("regions", [])],
         "plan": plan_json,
+        "unsized": unsized_rows(a),
     }
 
 
@@ -68,3 +69,4 @@ def render_plan(r: dict, console: Console) -> None:
         console.print("[yellow]warning: this plan raises the predicted peak; the graph's peak is not in the "
                       "stashed activations it recomputes. Try another --auto strategy or --budget.[/yellow]")
     render_explanations(r["explanations"], console)
+    render_unsized(r, console)

@@ -74,11 +74,18 @@ def render_inspect(r: dict, console: Console) -> None:
                             [tl["backward_starts_at"]]):
         console.print(line, markup=False)
 
-    if r["unsized"]:
-        missing = sorted({safe(d) for u in r["unsized"] for d in u["missing_dims"]})
-        names = ", ".join(safe(u["tensor"]) for u in r["unsized"][:5])
-        console.print(f"[yellow]{len(r['unsized'])} tensors have unknown size[/yellow] (e.g. {names}); "
-                      f"missing dimensions: {', '.join(missing)}. Pass --dim NAME=VALUE for each.")
+    render_unsized(r, console)
+
+
+def render_unsized(r: dict, console: Console) -> None:
+    """Say that byte figures leave out tensors of unknown size, never print a silently partial total."""
+    rows = r.get("unsized") or []
+    if rows:
+        missing = sorted({safe(d) for u in rows for d in u["missing_dims"]})
+        names = ", ".join(safe(u["tensor"]) for u in rows[:5])
+        console.print(f"[yellow]warning: {len(rows)} tensors have unknown size[/yellow] (e.g. {names}; "
+                      f"unknown dimensions: {', '.join(missing)}): every byte figure above counts them as 0 B, "
+                      "so totals are lower bounds.")
 
 
 def render_rewrite(r: dict, console: Console) -> None:
@@ -116,6 +123,7 @@ def render_rewrite(r: dict, console: Console) -> None:
         console.print(line, markup=False)
     console.print("The saving is real only under these ONNX Runtime session settings:")
     console.print("\n".join(map(plain, r["session_settings"].splitlines())), markup=False)
+    render_unsized(r, console)
 
 
 def render_check(r: dict, console: Console) -> None:
