@@ -22,6 +22,8 @@ parse, or names a field that is missing or not a number, is a usage error (exit 
 
 from __future__ import annotations
 
+import math
+
 import operator
 import re
 from dataclasses import dataclass
@@ -70,6 +72,8 @@ def parse_value(text: str, ratio: bool, condition: str) -> float:
     if not m:
         raise UsageError(f"--fail-if '{condition}': '{text}' is not a number (expected {GRAMMAR_HELP})")
     number, unit = float(m.group("num")), m.group("unit")
+    if not math.isfinite(number):  # 1e999 parses as inf: a gate that can never hold
+        raise UsageError(f"--fail-if '{condition}': '{text}' is out of range")
     if not unit:
         return number
     if unit == "%":
@@ -79,7 +83,10 @@ def parse_value(text: str, ratio: bool, condition: str) -> float:
                          "B, KiB, MiB, GiB, TiB; or %)")
     if ratio:
         raise UsageError(f"--fail-if '{condition}': a ratio has no unit; write a number or a percentage")
-    return number * UNITS[unit.lower()]
+    value = number * UNITS[unit.lower()]
+    if not math.isfinite(value):
+        raise UsageError(f"--fail-if '{condition}': '{text}' is out of range")
+    return value
 
 
 def parse_condition(text: str) -> Condition:
