@@ -168,6 +168,14 @@ def write_target(path: str | Path) -> Path:
     return path
 
 
+def output_path(raw: str) -> Path:
+    """An ``-o`` value as a file path: a folder (existing, or written with a trailing slash,
+    which Path would drop) is refused rather than written as a file of that name."""
+    if raw.endswith(("/", os.sep)) or Path(raw).is_dir():
+        raise UsageError(f"{raw}: is a folder; give a file name (e.g. {raw.rstrip('/' + os.sep)}/model.ckpt.onnx)")
+    return Path(raw)
+
+
 def _commit(tmp: Path, path: Path, exclusive: bool) -> None:
     """Move the finished ``tmp`` to ``path``; with ``exclusive`` fail if ``path`` exists."""
     if not exclusive:

@@ -193,3 +193,26 @@ def test_os_errors_become_ckpt_errors(tmp_path, monkeypatch):
         save.write_text_atomic(tmp_path / "r.json", "{}")
     with pytest.raises(CkptError):
         save.write_text_atomic("/proc/x.json", "{}")
+
+
+def test_output_path_refuses_folders(tmp_path):
+    with pytest.raises(UsageError, match="is a folder"):
+        save.output_path(str(tmp_path / "newdir") + "/")
+    with pytest.raises(UsageError, match="is a folder"):
+        save.output_path(str(tmp_path))
+    assert save.output_path(str(tmp_path / "m.onnx")) == tmp_path / "m.onnx"
+
+
+def test_dims_out_of_range_are_refused(tmp_path):
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from chain import chain_model
+
+    m = chain_model(layers=2, batch=8, width=16)
+    m.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"
+    onnx.save(m, tmp_path / "sym.onnx")
+    code, out = ckpt("inspect", tmp_path / "sym.onnx", "--dim", "batch=" + "9" * 30)
+    assert code == 2 and "out of range" in out
+    code, out = ckpt("plan", tmp_path / "sym.onnx", "--dim", "batch=4", "--budget", "inf%")
+    assert code == 2 and "--budget" in out

@@ -15,10 +15,12 @@ from itertools import chain
 import numpy as np
 import onnx
 
+from ..errors import UsageError
 from ..graph import ABSENT, Graph
 
 _INLINE_INITIALIZER_BYTES = 4096  # small ones may hold shapes that inference must read
 _DIM_UNKNOWN = "?"
+_DIM_MAX = 2**40  # far beyond any memory, and products of a few such dims stay exact
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,9 @@ def symbolic_dims(graph: Graph) -> set[str]:
 def infer_tensors(graph: Graph, dims: dict[str, int] | None = None) -> dict[str, TensorInfo]:
     """Shape, dtype and bytes of every tensor in the graph that inference can reach."""
     dims = dims or {}
+    for name, value in dims.items():
+        if not 0 < value <= _DIM_MAX:
+            raise UsageError(f"--dim {name}={value}: out of range (1 to {_DIM_MAX})")
     src = graph.model.graph
     light = onnx.GraphProto(name=src.name)
     light.node.extend(n.proto for n in graph.nodes)

@@ -182,7 +182,7 @@ def parse_budget(text: str, reference_peak: int) -> int:
     try:
         if text.endswith("%"):
             share = float(text[:-1]) / 100
-            if not 0 < share:
+            if not 0 < share < float("inf"):
                 raise ValueError
             return int(reference_peak * share)
         return parse_bytes(text)
