@@ -20,6 +20,7 @@ _PROTOBUF_LIMIT = 2**31 - 1
 # onnx.checker took 2.3 s on a 99k-node graph (2-core machine); past this size only
 # ckpt's own checks run, to keep loading near the I/O floor.
 _CHECKER_MAX_NODES = 20_000
+_DATA_TYPES = frozenset(onnx.TensorProto.DataType.values())
 # Data files each loaded model reads (resolved), so writers can refuse to overwrite them.
 _data_files: dict[Path, set[Path]] = {}
 
@@ -93,6 +94,12 @@ def check_graph(graph: Graph, path: Path) -> None:
             bad = [d.dim_value for d in v.type.tensor_type.shape.dim if d.dim_value < 0]
             if bad:
                 raise ModelError(f"{path}: tensor '{v.name}' has a negative dimension {bad[0]}")
+            if v.type.tensor_type.elem_type not in _DATA_TYPES:
+                raise ModelError(f"{path}: tensor '{v.name}' has an unknown element type "
+                                 f"{v.type.tensor_type.elem_type}")
+    for t in g.initializer:
+        if t.data_type not in _DATA_TYPES or t.data_type == onnx.TensorProto.UNDEFINED:
+            raise ModelError(f"{path}: initializer '{t.name}' has an unknown element type {t.data_type}")
     available = set(graph.resident) | set(graph.producer)
     for node in graph.nodes:
         for t in node.reads:
