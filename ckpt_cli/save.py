@@ -85,7 +85,8 @@ def _pid_alive(pid: int) -> bool:
 
 def remove_stale_temps(path: Path) -> list[Path]:
     """Remove temporary files that killed ckpt runs left for ``path``: only ckpt's own
-    pattern, only files older than this process, and not those of a live process."""
+    pattern, only those whose writer (the pid in the name) is gone, or, for names without
+    a pid, older than this process."""
     pattern, removed = _temp_pattern(path.name), []
     try:
         entries = list(os.scandir(path.parent))
@@ -97,10 +98,13 @@ def remove_stale_temps(path: Path) -> list[Path]:
             continue
         try:
             st = entry.stat(follow_symlinks=False)
-            if not stat.S_ISREG(st.st_mode) or st.st_mtime >= _STARTED:
+            if not stat.S_ISREG(st.st_mode):
                 continue
             pid = int(entry.name.rsplit(".", 3)[-3]) if m.group(2) else None
-            if pid is not None and pid != os.getpid() and _pid_alive(pid):
+            if pid is None or pid == os.getpid():
+                if st.st_mtime >= _STARTED:  # not provably older than this process
+                    continue
+            elif _pid_alive(pid):  # another run is writing it
                 continue
             os.unlink(entry.path)
             removed.append(Path(entry.path))

@@ -134,12 +134,15 @@ def test_stale_temps_removed_only_if_ours_and_old(tmp_path):
     for p in (dead, old_style, foreign):
         p.write_bytes(b"x" * 100)
         os.utime(p, (time.time() - 3600, time.time() - 3600))
-    fresh = tmp_path / ".m.onnx.999999998.zzzzzzzz.tmp"
-    fresh.write_bytes(b"x")  # younger than this process? no: set it in the future
+    live = tmp_path / f".m.onnx.{os.getppid()}.zzzzzzzz.tmp"  # another run, still writing
+    live.write_bytes(b"x")
+    os.utime(live, (time.time() - 3600, time.time() - 3600))
+    fresh = tmp_path / ".m.onnx.zzzzzzzz.tmp"  # no pid, not older than this process
+    fresh.write_bytes(b"x")
     os.utime(fresh, (time.time() + 3600, time.time() + 3600))
     save.write_text_atomic(out, "{}")
     assert not dead.exists() and not old_style.exists()
-    assert foreign.exists() and fresh.exists()
+    assert foreign.exists() and live.exists() and fresh.exists()
 
 
 def test_sigterm_during_write_leaves_no_temp(tmp_path, monkeypatch):
