@@ -80,6 +80,8 @@ def load_graph(path: str | Path) -> Graph:
 def _run_checker(model: onnx.ModelProto, path: Path) -> None:
     try:  # by path: the checker then resolves external data beside the model
         onnx.checker.check_model(str(path) if any(True for _ in external_tensors(model)) else model)
+    except UnicodeDecodeError:
+        raise ModelError(f"{path}: names in the model are not valid UTF-8 text") from None
     except onnx.checker.ValidationError as e:
         first = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
         raise ModelError(f"{path}: not a valid ONNX model ({first[:300]})") from None
@@ -102,6 +104,8 @@ def check_graph(graph: Graph, path: Path) -> None:
             raise ModelError(f"{path}: initializer '{t.name}' has an unknown element type {t.data_type}")
     available = set(graph.resident) | set(graph.producer)
     for node in graph.nodes:
+        if type(node.name) is not str or any(type(t) is not str for t in chain(node.reads, node.outputs)):
+            raise ModelError(f"{path}: node {node.index} has names that are not valid UTF-8 text")
         for t in node.reads:
             if t != ABSENT and t not in available:
                 raise ModelError(f"{path}: node '{node.name}' ({node.op_type}) reads '{t}', which no node, "

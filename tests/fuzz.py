@@ -364,7 +364,8 @@ def _command(rng: random.Random, model: Path, out: Path) -> list[str]:
     return args
 
 
-def run_case(seed: Seed, rng: random.Random, work: Path, ort_every: int, case: int, summary: Summary) -> Outcome:
+def run_case(seed: Seed, rng: random.Random, work: Path, ort_every: int, case: int, summary: Summary,
+             debug: bool = False) -> Outcome:
     folder = work / f"case{case}"
     folder.mkdir()
     model = onnx.ModelProto()
@@ -387,6 +388,8 @@ def run_case(seed: Seed, rng: random.Random, work: Path, ort_every: int, case: i
     before = _digest(folder)
     out = folder / "out.onnx"
     args = _command(rng, path, out)
+    if debug:  # replaying one case: show the traceback
+        args = ["--debug", *args]
     signal.signal(signal.SIGALRM, _alarm)
     signal.alarm(CASE_SECONDS)
     try:
@@ -396,6 +399,10 @@ def run_case(seed: Seed, rng: random.Random, work: Path, ort_every: int, case: i
     finally:
         signal.alarm(0)
     code, text = result.exit_code, result.output
+    if debug:
+        print(args, code, text, sep="\n", file=sys.stderr)
+        args = args[1:]
+        text = text if code == 0 else text.strip().splitlines()[-1] + "\n"
     summary.exit_codes[code] += 1
     after = _digest(folder)
     changed = [k for k, v in before.items() if after.get(k) != v]
@@ -441,7 +448,7 @@ def main_command():
     return main
 
 
-def run_fuzz(cases: int, seed: int = 0, ort_every: int = 10, log=None) -> Summary:
+def run_fuzz(cases: int, seed: int = 0, ort_every: int = 10, log=None, only: int | None = None) -> Summary:
     rng = random.Random(seed)
     seeds = load_seeds()
     weights = [s.weight for s in seeds]
@@ -451,15 +458,19 @@ def run_fuzz(cases: int, seed: int = 0, ort_every: int = 10, log=None) -> Summar
         for case in range(cases):
             s = rng.choices(seeds, weights)[0]
             case_rng = random.Random(rng.getrandbits(64))
-            outcome = run_case(s, case_rng, work, ort_every, case, summary)
+            if only is not None and case != only:
+                continue
+            outcome = run_case(s, case_rng, work, ort_every, case, summary, debug=only is not None)
             summary.counts[outcome.kind] += 1
             if outcome.kind == "defect":
                 summary.defects.append({"case": case, "seed_model": s.name, "detail": outcome.detail})
-            shutil.rmtree(work / f"case{case}", ignore_errors=True)
+            if only is None:
+                shutil.rmtree(work / f"case{case}", ignore_errors=True)
             if log is not None and (case + 1) % 500 == 0:
                 log(f"{case + 1}/{cases}: {dict(summary.counts)}")
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if only is None:
+            shutil.rmtree(work, ignore_errors=True)
     return summary
 
 
@@ -469,9 +480,11 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--ort-every", type=int, default=10, help="load every Nth rewrite in ONNX Runtime")
     ap.add_argument("--json", dest="json_path", help="write the summary here")
+    ap.add_argument("--case", type=int, help="replay only this case, with --debug (its traceback)")
     a = ap.parse_args(argv)
     started = time.time()
-    summary = run_fuzz(a.cases, a.seed, a.ort_every, log=lambda m: print(m, file=sys.stderr, flush=True))
+    summary = run_fuzz(a.cases, a.seed, a.ort_every, log=lambda m: print(m, file=sys.stderr, flush=True),
+                       only=a.case)
     result = {"cases": a.cases, "seed": a.seed, "seconds": round(time.time() - started, 1), **summary.to_json()}
     text = json.dumps(result, indent=2)
     if a.json_path:

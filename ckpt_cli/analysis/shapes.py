@@ -15,7 +15,7 @@ from itertools import chain
 import numpy as np
 import onnx
 
-from ..errors import UsageError
+from ..errors import ModelError, UsageError
 from ..graph import ABSENT, Graph
 
 _INLINE_INITIALIZER_BYTES = 4096  # small ones may hold shapes that inference must read
@@ -115,9 +115,12 @@ def infer_tensors(graph: Graph, dims: dict[str, int] | None = None) -> dict[str,
     light.value_info.extend(src.value_info)
     model = onnx.ModelProto(ir_version=graph.model.ir_version, graph=light)
     model.opset_import.extend(graph.model.opset_import)
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True).graph
-    except Exception:  # inference is best effort: fall back to what the file declares
+    try:  # strict: shapes that contradict the ops (the file's or inferred) make an invalid model
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True).graph
+    except onnx.shape_inference.InferenceError as e:
+        first = next((line for line in str(e).splitlines() if line.strip()), "")
+        raise ModelError(f"{graph.path or 'model'}: shapes do not fit the ops ({first[:300]})") from None
+    except Exception:  # inference is best effort otherwise: fall back to what the file declares
         inferred = light
 
     tensors: dict[str, TensorInfo] = {}
