@@ -262,7 +262,7 @@ def check_output_path(output: Path, source: Path | None, force: bool) -> None:
         raise UsageError(f"{output}: exists; pass --force to overwrite it")
     if not target.parent.exists():
         raise UsageError(f"{target.parent}: output folder does not exist")
-    _checked[target.resolve()] = bool(force and target.exists())
+    _checked[target.resolve()] = bool(force)
 
 
 def output_ir_version(model: onnx.ModelProto) -> int:
