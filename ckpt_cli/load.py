@@ -68,18 +68,49 @@ def load_graph(path: str | Path) -> Graph:
     if not any(o.domain in ("", "ai.onnx") for o in model.opset_import):
         raise ModelError(f"{path}: no opset_import for the ONNX domain (a truncated file?)")
     files = check_external(model, path)
-    if len(model.graph.node) <= _CHECKER_MAX_NODES:
-        _run_checker(model, path)
     graph = Graph.from_model(model, path=path)
     check_graph(graph, path)
-    graph.topological_order()  # raises on a cycle
+    order = graph.topological_order()  # raises on a cycle
+    if len(model.graph.node) <= _CHECKER_MAX_NODES:
+        _run_checker(model, path, order)
     _data_files[path.resolve()] = files
     return graph
 
 
-def _run_checker(model: onnx.ModelProto, path: Path) -> None:
-    try:  # by path: the checker then resolves external data beside the model
-        onnx.checker.check_model(str(path) if any(True for _ in external_tensors(model)) else model)
+def _checked_copy(model: onnx.ModelProto, order: list[int]) -> onnx.ModelProto:
+    """What onnx.checker is given for a graph whose file order is not topological (ckpt
+    sorts it) or whose weights are external (ckpt checked them): nodes sorted, external
+    initializers as typed graph inputs."""
+    src = model.graph
+    light = onnx.ModelProto(ir_version=model.ir_version, producer_name=model.producer_name)
+    light.opset_import.extend(model.opset_import)
+    light.functions.extend(model.functions)
+    g = light.graph
+    g.name = src.name
+    g.node.extend(src.node[i] for i in order)
+    g.input.extend(src.input)
+    g.output.extend(src.output)
+    g.value_info.extend(src.value_info)
+    g.sparse_initializer.extend(src.sparse_initializer)
+    inputs = {v.name for v in src.input}
+    for t in src.initializer:
+        if t.data_location != onnx.TensorProto.EXTERNAL:
+            g.initializer.append(t)
+        elif t.name not in inputs:
+            g.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+    return light
+
+
+def _run_checker(model: onnx.ModelProto, path: Path, order: list[int]) -> None:
+    external = external_tensors(model)
+    in_attributes = len(external) > sum(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
+    try:
+        if in_attributes:  # by path: the checker then finds Constant values beside the model
+            onnx.checker.check_model(str(path))
+        elif external or order != list(range(len(order))):
+            onnx.checker.check_model(_checked_copy(model, order))
+        else:
+            onnx.checker.check_model(model)
     except UnicodeDecodeError:
         raise ModelError(f"{path}: names in the model are not valid UTF-8 text") from None
     except onnx.checker.ValidationError as e:

@@ -100,7 +100,7 @@ def infer_tensors(graph: Graph, dims: dict[str, int] | None = None) -> dict[str,
             raise UsageError(f"--dim {name}={value}: out of range (1 to {_DIM_MAX})")
     src = graph.model.graph
     light = onnx.GraphProto(name=src.name)
-    light.node.extend(n.proto for n in graph.nodes)
+    light.node.extend(graph.nodes[i].proto for i in graph.topological_order())  # strict inference needs it
     light.input.extend(_bind(v, dims) for v in src.input)
     known_inputs = {v.name for v in src.input}
     for t in src.initializer:
