@@ -44,3 +44,15 @@ def test_hostile_names_render_escaped(tmp_path, name, command):
     visible = plain(name)
     if command == "inspect":  # the activation is the largest stashed one: it is listed
         assert visible in r.output, r.output
+
+
+def test_unknown_sizes_are_announced_not_silent():
+    import io
+
+    from ckpt_cli.report.render import make_console, render_unsized
+
+    out = io.StringIO()
+    render_unsized({"unsized": [{"tensor": "nz[/]", "missing_dims": ["?"]}]}, make_console(file=out))
+    text = out.getvalue()
+    assert "1 tensors have unknown size" in text and "lower bounds" in text and "nz\\[/]" not in text
+    assert "nz[/]" in text
