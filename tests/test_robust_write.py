@@ -11,7 +11,7 @@ import onnx
 import pytest
 from click.testing import CliRunner
 
-from ckpt_cli import save
+from ckpt_cli import safewrite, save
 from ckpt_cli.cli import main
 from ckpt_cli.errors import CkptError, OutputError, UsageError
 from ckpt_cli.synthetic import save_transformer
@@ -191,7 +191,7 @@ def test_os_errors_become_ckpt_errors(tmp_path, monkeypatch):
     def full(*a, **k):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(save.tempfile, "mkstemp", full)
+    monkeypatch.setattr(safewrite.tempfile, "mkstemp", full)
     with pytest.raises(OutputError, match="no space left"):
         save.write_text_atomic(tmp_path / "r.json", "{}")
     with pytest.raises(CkptError):
