@@ -219,3 +219,16 @@ def test_dims_out_of_range_are_refused(tmp_path):
     assert code == 2 and "out of range" in out
     code, out = ckpt("plan", tmp_path / "sym.onnx", "--dim", "batch=4", "--budget", "inf%")
     assert code == 2 and "--budget" in out
+
+
+def test_rewrite_through_a_symlink_writes_its_target(ext_model, tmp_path):
+    real_dir = tmp_path / "real"
+    real_dir.mkdir()
+    (real_dir / "out.onnx").write_bytes(b"old")
+    link = ext_model.parent / "out.onnx"
+    link.symlink_to(real_dir / "out.onnx")
+    code, out = ckpt("rewrite", ext_model, "-o", link, "--force", "-q")
+    assert code == 0, out
+    assert link.is_symlink() and os.readlink(link) == str(real_dir / "out.onnx")
+    assert list(real_dir.glob("out.onnx.*.data")), "the data goes beside the real file"
+    onnx.checker.check_model(str(link))
