@@ -235,6 +235,9 @@ def check_output_path(output: Path, source: Path | None, force: bool) -> None:
     if source is not None and target.exists() and _same_file(target, source):
         raise UsageError(f"{output}: refusing to overwrite the input model; choose another -o")
     if source is not None:
+        if output.is_symlink() and _source_data_files(Path(source)):
+            raise UsageError(f"{output}: a symbolic link; a model with external data must be written to its "
+                             f"real path ({os.path.realpath(output)})")
         for data in _source_data_files(Path(source)):
             if _same_file(target, data) or target.resolve() == data:
                 raise UsageError(f"{output}: is the input model's external data file; choose another -o")

@@ -85,7 +85,12 @@ def save_model(model: onnx.ModelProto, path: str | Path, source_dir: Path | None
     """Write ``model`` atomically. Tensors stored externally in the source (relative to
     ``source_dir``) are streamed into ``<path>.<hash8>.data`` beside the output. ``force``
     False creates ``path`` exclusively; None takes what check_output_path was told.
-    Returns the files written, the model first."""
+    Returns the files written, the model first. A symbolic link as ``path`` has its target
+    replaced, unless the model has external data: loaders look for it beside the path they
+    were given, so no place serves both the link and its target."""
+    if Path(path).is_symlink() and external_tensors(model):
+        raise UsageError(f"{path}: a symbolic link; a model with external data must be written to its real "
+                         f"path ({os.path.realpath(path)})")
     path = write_target(path)
     source_dir = Path(source_dir or ".")
     exclusive = must_create(path) if force is None else not force
