@@ -495,6 +495,8 @@ def run_fuzz(cases: int, seed: int = 0, ort_every: int = 10, log=None, only: int
             summary.counts[outcome.kind] += 1
             if outcome.kind == "defect":
                 summary.defects.append({"case": case, "seed_model": s.name, "detail": outcome.detail})
+                if log is not None:
+                    log(f"defect in case {case} ({s.name}): {outcome.detail}")
             if only is None:
                 shutil.rmtree(work / f"case{case}", ignore_errors=True)
             if log is not None and (case + 1) % 500 == 0:
