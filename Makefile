@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 OUT    := out
 
-.PHONY: demo test test-fast samples bench bench-quick gpu-check test-ort-training clean
+.PHONY: demo test test-fast samples bench bench-quick gpu-check test-ort-training clean fuzz
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,6 +22,11 @@ demo: $(STAMP)
 ## test: the whole suite (CPU; CUDA tests skip without a GPU)
 test: $(STAMP)
 	$(BIN)/python -m pytest
+
+## fuzz: 10,000 mutated models through inspect/plan/rewrite; any crash or invalid output is a defect
+fuzz: $(STAMP)
+	mkdir -p $(OUT)
+	$(BIN)/python -m tests.fuzz --cases $(or $(CASES),10000) --seed $(or $(SEED),1) --json $(OUT)/fuzz.json
 
 ## samples: regenerate sample_models/ from PyTorch (needs torch 2.13 CPU from local disk)
 samples:

@@ -1227,7 +1227,7 @@ def bench_big_weights(work: Path, gigabytes: float = 2.1) -> dict:
                        ("rewrite", ["rewrite", str(src), "-o", str(src.parent / "out.onnx"), "--force", "--json"])):
         r = run_measured([*ckpt, *args])
         rows[name] = {"wall_s": r["wall_s"], "max_rss_bytes": r["max_rss_bytes"], "rc": r["rc"]}
-    out_data = src.parent / "out.onnx.data"
+    out_data = next(src.parent.glob("out.onnx.*.data"), src.parent / "out.onnx.data")
     return {"weights_bytes": weights, "generate_s": gen["wall_s"], "commands": rows,
             "output_data_bytes": out_data.stat().st_size if out_data.exists() else None}
 

@@ -50,16 +50,25 @@ class Node:
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     proto: onnx.NodeProto
+    # Outer-scope tensors its subgraphs (If/Loop/Scan bodies) read: it consumes them too,
+    # though they are not in ``inputs`` (which mirrors the proto's explicit inputs).
+    implicit: tuple[str, ...] = ()
 
     @classmethod
     def from_proto(cls, index: int, p: onnx.NodeProto) -> "Node":
-        return cls(index, p.name, p.op_type, p.domain, tuple(p.input), tuple(p.output), p)
+        return cls(index, p.name, p.op_type, p.domain, tuple(p.input), tuple(p.output), p, implicit_inputs(p))
 
     def at(self, index: int) -> "Node":
         """This node at another position (itself if it is already there)."""
         if index == self.index:
             return self
-        return Node(index, self.name, self.op_type, self.domain, self.inputs, self.outputs, self.proto)
+        return Node(index, self.name, self.op_type, self.domain, self.inputs, self.outputs, self.proto,
+                    self.implicit)
+
+    @property
+    def reads(self) -> tuple[str, ...]:
+        """Every tensor the node needs: explicit inputs, then its subgraphs' outer-scope reads."""
+        return self.inputs + self.implicit if self.implicit else self.inputs
 
     @property
     def has_subgraph(self) -> bool:
@@ -142,7 +151,7 @@ class Graph:
         producer: dict[str, int] = {}
         consumers: dict[str, list[int]] = {}
         for node in self.nodes:
-            for t in node.inputs:
+            for t in node.reads:
                 if t != ABSENT:
                     consumers.setdefault(t, []).append(node.index)
             for t in node.outputs:
@@ -165,7 +174,7 @@ class Graph:
         return None if i is None else self.nodes[i]
 
     def predecessors(self, node: Node) -> list[int]:
-        return [self.producer[t] for t in node.inputs if t in self.producer]
+        return [self.producer[t] for t in node.reads if t in self.producer]
 
     def successors(self, node: Node) -> list[int]:
         return [c for t in node.outputs for c in self.consumers.get(t, ())]
@@ -174,7 +183,7 @@ class Graph:
     def preds(self) -> list[list[int]]:
         """``predecessors`` of every node, by index (computed once)."""
         producer = self.producer
-        return [[producer[t] for t in n.inputs if t in producer] for n in self.nodes]
+        return [[producer[t] for t in n.reads if t in producer] for n in self.nodes]
 
     @cached_property
     def succs(self) -> list[list[int]]:
@@ -190,7 +199,7 @@ class Graph:
                  if t != ABSENT]
         of = {t: i for i, t in enumerate(names)}
         lookup = {**of, ABSENT: -1}.__getitem__
-        return TensorIds(names, of, [tuple(map(lookup, n.inputs)) for n in self.nodes],
+        return TensorIds(names, of, [tuple(map(lookup, n.reads)) for n in self.nodes],
                          [tuple(map(lookup, n.outputs)) for n in self.nodes])
 
     def topological_order(self) -> list[int]:
@@ -244,5 +253,44 @@ def _index_nodes(protos: list[onnx.NodeProto], rename: bool = True) -> list[Node
                 name, k = f"{base}_{k}", k + 1
             p.name = name
         seen.add(name)
-        nodes.append(Node(i, name, p.op_type, p.domain, tuple(p.input), tuple(p.output), p))
+        nodes.append(Node(i, name, p.op_type, p.domain, tuple(p.input), tuple(p.output), p, implicit_inputs(p)))
     return nodes
+
+
+# Standard ops with subgraph attributes; nodes of other domains are looked into as well.
+_CONTROL_FLOW = frozenset({"If", "Loop", "Scan", "SequenceMap"})
+_SUBGRAPH_TYPES = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+
+
+def implicit_inputs(p: onnx.NodeProto) -> tuple[str, ...]:
+    """Outer-scope tensors read by the node's subgraphs, in first-read order."""
+    if p.op_type not in _CONTROL_FLOW and p.domain in ("", "ai.onnx"):
+        return ()
+    graphs = [g for a in p.attribute if a.type in _SUBGRAPH_TYPES for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH
+                                                                            else a.graphs)]
+    if not graphs:
+        return ()
+    explicit = set(p.input)
+    reads: dict[str, None] = {}
+    for g in graphs:
+        for t in _outer_reads(g):
+            if t not in explicit:
+                reads[t] = None
+    return tuple(reads)
+
+
+def _outer_reads(g: onnx.GraphProto) -> list[str]:
+    """Names a subgraph (and its nested subgraphs) reads but does not define."""
+    defined = {v.name for v in g.input} | {t.name for t in g.initializer}
+    defined.update(s.values.name for s in g.sparse_initializer)
+    for n in g.node:
+        defined.update(n.output)
+    reads: dict[str, None] = {}
+    for n in g.node:
+        for t in chain(n.input, implicit_inputs(n)):
+            if t != ABSENT and t not in defined:
+                reads[t] = None
+    for v in g.output:  # an output may be an outer tensor passed through
+        if v.name not in defined:
+            reads[v.name] = None
+    return list(reads)

@@ -1,20 +1,37 @@
 """Writing graphs and reports: atomically, with external data streamed, ORT-loadable IR.
 
-Nothing is ever written over the input, and a failed write leaves no partial file:
-everything goes to a temporary file in the target folder and is renamed at the end.
+Nothing is ever written over the input or its external data, and no interruption leaves
+a partial file or a model paired with another model's data:
+- everything goes to a hidden temporary file in the target folder first; temporary files
+  of killed runs are removed by the next write there, and SIGTERM during a write removes
+  them at once (SIGKILL cannot be caught);
+- external data goes to ``<output>.<hash8>.data``, named by its content, so the new data
+  never replaces the data the previous output reads; the model is renamed into place last,
+  then the previous output's data file (ckpt's naming only) is removed;
+- a new output is created exclusively (a hard link, which fails if the name exists), so of
+  two runs writing the same new path without ``--force`` the second fails;
+- symbolic links are followed (the target is replaced, the link kept) and only regular files
+  are written: a device, FIFO or socket as an output is refused.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
-import tempfile
+import re
 from itertools import chain
 from pathlib import Path
 
 import onnx
 
 from .errors import UsageError
+from .external import external_tensors, locate
 from .graph import Graph, Node, gc_paused
+from .safewrite import (check_output_path, check_report_path, commit, exit_on_sigterm, must_create, os_errors,
+                        remove_stale_temps, temp_beside, write_target, write_text_atomic)
+
+__all__ = ["build_model", "save_model", "output_ir_version", "check_output_path", "check_report_path",
+           "remove_stale_temps", "write_target", "write_text_atomic"]
 
 # ORT 1.31 refuses IR 14, which onnx 1.23 writes by default (see ORT_FACTS.md §1).
 _PREFERRED_IR = 10
@@ -22,42 +39,6 @@ _MAX_ORT_IR = 13
 _EMBED_LIMIT = 1_800_000_000  # beyond this, large tensors go to external data
 _EXTERNAL_MIN_BYTES = 1024
 _COPY_CHUNK = 16 << 20
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def _temp_beside(path: Path) -> Path:
-    """A temporary file next to ``path`` with the permissions a new file would get
-    (mkstemp makes it private, and the rename would keep that)."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    os.chmod(tmp, 0o666 & ~_umask())
-    return Path(tmp)
-
-
-def write_text_atomic(path: str | Path, text: str) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _temp_beside(path)
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def check_output_path(output: Path, source: Path | None, force: bool) -> None:
-    """Refuse to overwrite the input or an existing file without ``force``."""
-    if source is not None and output.exists() and output.resolve() == source.resolve():
-        raise UsageError(f"{output}: refusing to overwrite the input model; choose another -o")
-    if output.exists() and not force:
-        raise UsageError(f"{output}: exists; pass --force to overwrite it")
-    if not output.parent.exists():
-        raise UsageError(f"{output.parent}: output folder does not exist")
 
 
 def output_ir_version(model: onnx.ModelProto) -> int:
@@ -99,41 +80,148 @@ def build_model(graph: Graph, nodes: list[onnx.NodeProto], metadata: dict[str, s
     return m
 
 
-def save_model(model: onnx.ModelProto, path: str | Path, source_dir: Path | None = None) -> list[Path]:
-    """Write ``model`` atomically. Initializers stored externally in the source (relative to
-    ``source_dir``) are streamed into ``<path>.data`` beside the output. Returns the files written."""
-    path = Path(path)
-    data_path = path.with_name(path.name + ".data")
-    external = [t for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+def save_model(model: onnx.ModelProto, path: str | Path, source_dir: Path | None = None,
+               force: bool | None = None) -> list[Path]:
+    """Write ``model`` atomically. Tensors stored externally in the source (relative to
+    ``source_dir``) are streamed into ``<path>.<hash8>.data`` beside the output. ``force``
+    False creates ``path`` exclusively; None takes what check_output_path was told.
+    Returns the files written, the model first. A symbolic link as ``path`` has its target
+    replaced, unless the model has external data: loaders look for it beside the path they
+    were given, so no place serves both the link and its target."""
+    if Path(path).is_symlink() and external_tensors(model):
+        raise UsageError(f"{path}: a symbolic link; a model with external data must be written to its real "
+                         f"path ({os.path.realpath(path)})")
+    path = write_target(path)
+    source_dir = Path(source_dir or ".")
+    exclusive = must_create(path) if force is None else not force
+    with os_errors(path):
+        remove_stale_temps(path)
+        previous = _data_files_read_by(path)
+        with exit_on_sigterm():
+            written = _write_pair(model, path, source_dir, exclusive)
+        _remove_previous_data(previous, written)
+    return written
+
+
+def _write_pair(model: onnx.ModelProto, path: Path, source_dir: Path, exclusive: bool) -> list[Path]:
+    initializers = {id(t) for t in model.graph.initializer}
+    external = []
+    for t in external_tensors(model):
+        if id(t) in initializers:
+            external.append(t)
+        else:  # Constant values and other attributes: ORT resolves their files against the cwd
+            _embed(t, source_dir)
     embedded_bytes = sum(len(t.raw_data) for t in model.graph.initializer if t.HasField("raw_data"))
     spill = embedded_bytes > _EMBED_LIMIT
     written: list[Path] = []
-    tmp_data = _temp_beside(data_path) if (external or spill) else None
-    tmp_model = _temp_beside(path)
+    created = False
+    tmp_data = temp_beside(path.with_name(path.name + ".data")) if (external or spill) else None
+    tmp_model: Path | None = None
     try:
         if tmp_data is not None:
-            with open(tmp_data, "wb") as out:
-                for t in model.graph.initializer:
-                    if t.data_location == onnx.TensorProto.EXTERNAL:
-                        _copy_external(t, out, source_dir or Path("."), data_path.name)
-                    elif spill and t.HasField("raw_data") and len(t.raw_data) >= _EXTERNAL_MIN_BYTES:
-                        _spill(t, out, data_path.name)
+            moved: list[onnx.TensorProto] = []
+            digest = hashlib.blake2b(digest_size=16)
+            with open(tmp_data, "wb") as f:
+                out = _HashingWriter(f, digest)
+                for t in external:
+                    _copy_external(t, out, source_dir)
+                    moved.append(t)
+                if spill:
+                    for t in model.graph.initializer:
+                        if t.HasField("raw_data") and len(t.raw_data) >= _EXTERNAL_MIN_BYTES:
+                            _spill(t, out)
+                            moved.append(t)
+                f.flush()
+                os.fsync(f.fileno())
+            data_path = path.with_name(f"{path.name}.{digest.hexdigest()[:8]}.data")
+            for t in moved:
+                _set_location(t, data_path.name)
+            created = _place_data(tmp_data, data_path)
+            written.append(data_path)
+        tmp_model = temp_beside(path)
         with open(tmp_model, "wb") as f:
             f.write(model.SerializeToString(deterministic=True))
-        if tmp_data is not None:
-            os.replace(tmp_data, data_path)
-            written.append(data_path)
-        os.replace(tmp_model, path)
+            f.flush()
+            os.fsync(f.fileno())
+        commit(tmp_model, path, exclusive)  # last: the model names data that is already in place
         written.insert(0, path)
+    except BaseException:
+        if created:
+            written[0].unlink(missing_ok=True)  # data of a model never committed
+        raise
     finally:
-        tmp_model.unlink(missing_ok=True)
+        if tmp_model is not None:
+            tmp_model.unlink(missing_ok=True)
         if tmp_data is not None:
             tmp_data.unlink(missing_ok=True)
     return written
 
 
-def _external_fields(t: onnx.TensorProto) -> dict[str, str]:
-    return {e.key: e.value for e in t.external_data}
+def _place_data(tmp: Path, data_path: Path) -> bool:
+    """Move finished data to its content-named place; False when a file of that name already
+    holds the same bytes (the name is their hash). A stranger's file there is refused."""
+    if data_path.is_symlink() or (data_path.exists() and not data_path.is_file()):
+        raise UsageError(f"{data_path}: exists and is not a regular file; remove it")
+    if data_path.exists():
+        if _file_digest(data_path) == _file_digest(tmp):
+            return False
+        raise UsageError(f"{data_path}: exists with other content; remove it or choose another -o")
+    os.replace(tmp, data_path)
+    return True
+
+
+def _file_digest(path: Path) -> bytes:
+    digest = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as f:
+        while chunk := f.read(_COPY_CHUNK):
+            digest.update(chunk)
+    return digest.digest()
+
+
+def _data_name_pattern(name: str) -> re.Pattern:
+    return re.compile(rf"^{re.escape(name)}\.[0-9a-f]{{8}}\.data$")
+
+
+def _data_files_read_by(path: Path) -> set[Path]:
+    """Data files in ckpt's naming that the model now at ``path`` (the previous output) reads."""
+    if not path.is_file():
+        return set()
+    pattern = _data_name_pattern(path.name)
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception:  # not a model: it reads no data
+        return set()
+    files = set()
+    for t in external_tensors(model):
+        location = next((e.value for e in t.external_data if e.key == "location"), "")
+        if pattern.match(location):
+            files.add(path.parent / location)
+    return files
+
+
+def _remove_previous_data(previous: set[Path], written: list[Path]) -> None:
+    """Remove the previous output's data once the new model is in place; never a file that
+    the new output or a model loaded by this process (the input) reads."""
+    from .load import loaded_data_files
+
+    protected = {p.resolve() for p in written} | loaded_data_files()
+    for data in previous:
+        if data.resolve() not in protected:
+            data.unlink(missing_ok=True)
+
+
+class _HashingWriter:
+    """A binary file that hashes what is written to it."""
+
+    def __init__(self, f, digest) -> None:
+        self.f, self.digest = f, digest
+
+    def write(self, data: bytes) -> None:
+        self.f.write(data)
+        self.digest.update(data)
+
+    def tell(self) -> int:
+        return self.f.tell()
 
 
 def _set_external(t: onnx.TensorProto, location: str, offset: int, length: int) -> None:
@@ -144,6 +232,12 @@ def _set_external(t: onnx.TensorProto, location: str, offset: int, length: int) 
     t.data_location = onnx.TensorProto.EXTERNAL
 
 
+def _set_location(t: onnx.TensorProto, location: str) -> None:
+    for e in t.external_data:
+        if e.key == "location":
+            e.value = location
+
+
 def _align(out) -> int:
     pos = out.tell()
     pad = (-pos) % 64
@@ -152,27 +246,36 @@ def _align(out) -> int:
     return pos + pad
 
 
-def _copy_external(t: onnx.TensorProto, out, source_dir: Path, location: str) -> None:
-    fields = _external_fields(t)
-    src = source_dir / fields["location"]
-    offset = int(fields.get("offset", 0))
-    length = int(fields["length"]) if "length" in fields else src.stat().st_size - offset
+def _copy_external(t: onnx.TensorProto, out, source_dir: Path) -> None:
+    extent = locate(t, source_dir, source_dir)  # checked again: the file may have changed since loading
     start = _align(out)
-    with open(src, "rb") as f:
-        f.seek(offset)
-        left = length
+    with open(extent.file, "rb") as f:
+        f.seek(extent.offset)
+        left = extent.length
         while left:
             chunk = f.read(min(left, _COPY_CHUNK))
             if not chunk:
-                raise UsageError(f"{src}: external data of '{t.name}' is truncated")
+                raise UsageError(f"{extent.file}: external data of '{t.name}' is truncated")
             out.write(chunk)
             left -= len(chunk)
-    _set_external(t, location, start, length)
+    _set_external(t, "", start, extent.length)
 
 
-def _spill(t: onnx.TensorProto, out, location: str) -> None:
+def _embed(t: onnx.TensorProto, source_dir: Path) -> None:
+    extent = locate(t, source_dir, source_dir)
+    with open(extent.file, "rb") as f:
+        f.seek(extent.offset)
+        data = f.read(extent.length)
+    if len(data) != extent.length:
+        raise UsageError(f"{extent.file}: external data of '{t.name}' is truncated")
+    del t.external_data[:]
+    t.data_location = onnx.TensorProto.DEFAULT
+    t.raw_data = data
+
+
+def _spill(t: onnx.TensorProto, out) -> None:
     start = _align(out)
     out.write(t.raw_data)
     length = len(t.raw_data)
     t.ClearField("raw_data")
-    _set_external(t, location, start, length)
+    _set_external(t, "", start, length)

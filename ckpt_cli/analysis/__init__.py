@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
 from functools import cached_property
 
+from ..errors import UsageError
 from ..graph import ABSENT, Graph, gc_paused
 from . import schedules
 from .cost import NodeCost, graph_costs
@@ -110,6 +112,20 @@ class Analysis:
                 if t != ABSENT and (t not in self.tensors or self.tensors[t].nbytes is None)}
 
 
+def _refuse_unbound_dims(graph: Graph, tensors: dict[str, TensorInfo], dims: dict[str, int]) -> None:
+    """Sizes that depend on a symbolic dimension nobody bound would make every total silently
+    partial: refuse, naming the ``--dim`` options that fix it."""
+    named = symbolic_dims(graph) - set(dims)
+    if not named:
+        return
+    unbound = sorted({d for t in chain(graph.resident, graph.producer) if t in tensors
+                      for d in tensors[t].missing if d in named})
+    if unbound:
+        raise UsageError("tensor sizes depend on symbolic dimension" + ("s " if len(unbound) > 1 else " ")
+                         + ", ".join(unbound) + "; give their values with "
+                         + " ".join(f"--dim {d}=N" for d in unbound))
+
+
 def buffer_bytes(buffers, tensors: dict[str, TensorInfo]) -> int:
     return sum((tensors[b].nbytes or 0) for b in buffers if b in tensors)
 
@@ -147,6 +163,7 @@ def analyse(graph: Graph, dims: dict[str, int] | None = None, loss: str | None =
     ``reuse_buffers`` (ORT's enable_mem_reuse) defaults to what the model asks for."""
     if tensors is None:
         tensors = infer_tensors(graph, dims)
+        _refuse_unbound_dims(graph, tensors, dims or {})
     if reuse_buffers is None:
         reuse_buffers = recommended_mem_reuse(graph)
     phases = classify(graph, loss, grad_outputs)

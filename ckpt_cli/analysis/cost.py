@@ -98,7 +98,10 @@ def node_flops(node: Node, tensors: dict[str, TensorInfo]) -> int | None:
 
 
 def node_cost(node: Node, tensors: dict[str, TensorInfo]) -> NodeCost:
-    flops = node_flops(node, tensors)
+    try:
+        flops = node_flops(node, tensors)
+    except (IndexError, TypeError, ValueError):  # shapes that do not fit the op (a rank-0 MatMul input)
+        flops = None
     get = tensors.get
     read = sum(info.nbytes or 0 for info in map(get, node.inputs) if info is not None)
     written = sum(info.nbytes or 0 for info in map(get, node.outputs) if info is not None)

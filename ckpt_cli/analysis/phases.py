@@ -102,8 +102,11 @@ def _forward_section_nodes(graph: Graph, is_forward: list[bool]) -> None:
     only forward tensors. PyTorch tags such nodes forward (BatchNorm statistics
     squeezes, max-pool index arithmetic): forward ops whose results only the backward
     reads. Nodes an ORT artifact marks "Backward pass" are never moved."""
-    forward_reads = {t for n in graph.nodes if is_forward[n.index] for t in n.inputs}
+    forward_reads = {t for n in graph.nodes if is_forward[n.index] for t in n.reads}
     seeds = {t for t in graph.inputs if t not in forward_reads}
+    # No seed input: the loss-gradient seed is computed in the graph (a Constant 1.0 or the
+    # like), so backward nodes that read nothing mark where the backward starts.
+    sources = set() if seeds else {n.index for n in graph.nodes if not is_forward[n.index] and not any(n.reads)}
     depends = [False] * len(graph.nodes)
     cut = len(graph.nodes)
     preds = graph.preds
@@ -111,7 +114,8 @@ def _forward_section_nodes(graph: Graph, is_forward: list[bool]) -> None:
         node = graph.nodes[i]
         if is_forward[i]:
             continue
-        depends[i] = any(t in seeds for t in node.inputs) or any(depends[p] for p in preds[i])
+        depends[i] = (i in sources or any(t in seeds for t in node.reads)
+                      or any(depends[p] for p in preds[i]))
         if depends[i]:
             cut = min(cut, i)
     for i in graph.topological_order():

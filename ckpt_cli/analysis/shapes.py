@@ -15,10 +15,12 @@ from itertools import chain
 import numpy as np
 import onnx
 
+from ..errors import ModelError, UsageError
 from ..graph import ABSENT, Graph
 
 _INLINE_INITIALIZER_BYTES = 4096  # small ones may hold shapes that inference must read
 _DIM_UNKNOWN = "?"
+_DIM_MAX = 2**40  # far beyond any memory, and products of a few such dims stay exact
 
 
 @dataclass(frozen=True)
@@ -96,9 +98,12 @@ def symbolic_dims(graph: Graph) -> set[str]:
 def infer_tensors(graph: Graph, dims: dict[str, int] | None = None) -> dict[str, TensorInfo]:
     """Shape, dtype and bytes of every tensor in the graph that inference can reach."""
     dims = dims or {}
+    for name, value in dims.items():
+        if not 0 < value <= _DIM_MAX:
+            raise UsageError(f"--dim {name}={value}: out of range (1 to {_DIM_MAX})")
     src = graph.model.graph
     light = onnx.GraphProto(name=src.name)
-    light.node.extend(n.proto for n in graph.nodes)
+    light.node.extend(graph.nodes[i].proto for i in graph.topological_order())  # strict inference needs it
     light.input.extend(_bind(v, dims) for v in src.input)
     known_inputs = {v.name for v in src.input}
     for t in src.initializer:
@@ -113,7 +118,7 @@ def infer_tensors(graph: Graph, dims: dict[str, int] | None = None) -> dict[str,
     light.value_info.extend(src.value_info)
     model = onnx.ModelProto(ir_version=graph.model.ir_version, graph=light)
     model.opset_import.extend(graph.model.opset_import)
-    tensors = _inferred(model, light)
+    tensors = _inferred(model, light, strict_for=graph.path or "model")
     blind = _ort_blind_values(graph)
     if blind:
         _mark_ort_static(model, tensors, blind)
@@ -168,10 +173,19 @@ def _mark_ort_static(model: onnx.ModelProto, tensors: dict[str, TensorInfo], bli
             tensors[t] = replace(info, static_shape=False)
 
 
-def _inferred(model: onnx.ModelProto, light: onnx.GraphProto) -> dict[str, TensorInfo]:
+def _inferred(model: onnx.ModelProto, light: onnx.GraphProto, strict_for: object = None) -> dict[str, TensorInfo]:
+    """Inferred tensor types. With ``strict_for`` (the model's name), shapes that contradict
+    the ops (the file's or inferred) make an invalid model."""
     try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True).graph
-    except Exception:  # inference is best effort: fall back to what the file declares
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=strict_for is not None,
+                                                     data_prop=True).graph
+    except onnx.shape_inference.InferenceError as e:
+        if strict_for is None:
+            inferred = light
+        else:
+            first = next((line for line in str(e).splitlines() if line.strip()), "")
+            raise ModelError(f"{strict_for}: shapes do not fit the ops ({first[:300]})") from None
+    except Exception:  # inference is best effort otherwise: fall back to what the file declares
         inferred = light
     tensors: dict[str, TensorInfo] = {}
     by_type: dict[bytes, TensorInfo] = {}  # a graph has few distinct tensor types

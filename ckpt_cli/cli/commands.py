@@ -33,7 +33,7 @@ def inspect(model: Path, dims, loss, grad_outputs, as_json, report_path, quiet) 
 
     protect_report(report_path, model)
     result = inspect_model(model, dims=parse_dims(dims), loss=loss, grad_outputs=list(grad_outputs))
-    emit(result.to_json(), render_inspect, as_json, report_path, quiet)
+    emit(result.to_json(), render_inspect, as_json, report_path, quiet, (model,))
 
 
 def default_output(model: Path) -> Path:
@@ -101,7 +101,7 @@ def rewrite(model: Path, output, force, patterns, scope, boundaries, plan_file, 
         if "check" in r:
             render_check({**r["check"], "model": r["model"], "rewritten_model": r["output"]}, console)
 
-    emit(result.to_json(), render, as_json, report_path, quiet)
+    emit(result.to_json(), render, as_json, report_path, quiet, (model, output, plan_file))
     if result.check is not None and not result.check.passed:
         sys.exit(1)
 
@@ -145,7 +145,7 @@ def plan(model: Path, output, force, auto, budget, dims, loss, grad_outputs, as_
         result = plan_model(model, auto=auto, budget=budget, dims=parse_dims(dims), loss=loss,
                             grad_outputs=list(grad_outputs), output=output, force=force,
                             progress=status.update if status is not None else None)
-    emit(result.to_json(), render_plan, as_json, report_path, quiet)
+    emit(result.to_json(), render_plan, as_json, report_path, quiet, (model, output))
 
 
 @main.command()
@@ -183,7 +183,7 @@ def check(original: Path, rewritten: Path, provider, runs, seed, feeds_file, pyt
     with busy(f"running both graphs on ONNX Runtime ({runs} runs each, plus ORT defaults)", quiet or as_json):
         result = check_models(original, rewritten, dims=parse_dims(dims), loss=loss,
                               grad_outputs=list(grad_outputs), options=options)
-    emit(result.to_json(), render_check, as_json, report_path, quiet)
+    emit(result.to_json(), render_check, as_json, report_path, quiet, (original, rewritten))
     if not result.passed:
         sys.exit(1)
 

@@ -23,8 +23,10 @@ from .options import emit, parse_dims, protect_report, report_options
               help="Also write the memory chart as a self-contained SVG file.")
 @click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE",
               help="Bind a symbolic dimension of the ONNX inputs (repeatable), e.g. --dim batch=8.")
+@click.option("--allow-mixed", is_flag=True,
+              help="Compare inputs about different original models (refused by default).")
 @report_options
-def compare(inputs, conditions, svg_path, dims, as_json, report_path, quiet) -> None:
+def compare(inputs, conditions, svg_path, dims, allow_mixed, as_json, report_path, quiet) -> None:
     """Compare reports and models side by side; with --fail-if, a CI memory gate.
 
     Each INPUT is a JSON report of `ckpt inspect`, `ckpt rewrite` (its rewritten
@@ -61,7 +63,7 @@ def compare(inputs, conditions, svg_path, dims, as_json, report_path, quiet) -> 
     parsed = [parse_condition(c) for c in conditions]
     protect_report(report_path, *map(Path, inputs), svg_path)
     protect_report(svg_path, *map(Path, inputs))
-    loaded = load_inputs(list(inputs), parse_dims(dims))
+    loaded = load_inputs(list(inputs), parse_dims(dims), allow_mixed=allow_mixed)
     charted = [i for i in loaded if i.series]
     if svg_path is not None and not charted:
         raise UsageError("--svg: no input has a memory timeline (check reports carry none; "
@@ -75,7 +77,7 @@ def compare(inputs, conditions, svg_path, dims, as_json, report_path, quiet) -> 
         title = "Memory over the schedule: " + " vs ".join(i.label for i in charted)
         write_text_atomic(svg_path, memory_chart_svg([(i.label, i.series) for i in charted],
                                                      [i.backward_starts_at for i in charted], title))
-    emit(report, render_compare, as_json, report_path, quiet)
+    emit(report, render_compare, as_json, report_path, quiet, (*map(Path, inputs), svg_path))
 
     held = [o for o in outcomes if o.held]
     for o in held:

@@ -87,18 +87,17 @@ def check_options_value(provider, runs, seed, feeds_file, python, rtol, atol, ti
 
 
 def protect_report(report_path: Path | None, *protected: Path | None) -> None:
-    """A report never replaces a file the command reads or writes (the model, its
-    external data, the rewritten model, a plan file)."""
+    """A report never replaces a file the command reads or writes: the models, their
+    external data (every data file a model loaded in this process keeps its weights in,
+    and ``<model>.data``), the rewritten model, a plan file. Checked before the work and
+    again before the report is written (when the data files are known)."""
     if report_path is None:
         return
-    target = report_path.resolve()
-    for p in protected:
-        if p is None:
-            continue
-        for candidate in (Path(p), Path(str(p) + ".data")):
-            if candidate.resolve() == target:
-                raise UsageError(f"--report {report_path}: that is {candidate}, which this command reads or "
-                                 "writes; choose another report file")
+    from ..load import loaded_data_files
+    from ..save import check_report_path
+
+    files = [Path(p) for p in protected if p is not None]
+    check_report_path(report_path, files + [Path(f"{p}.data") for p in files] + sorted(loaded_data_files()))
 
 
 def _finite(value):
@@ -123,13 +122,16 @@ def report_text(report: dict) -> str:
     return text
 
 
-def emit(report: dict, render, as_json: bool, report_path: Path | None, quiet: bool) -> None:
-    """Write the report where asked: JSON on stdout, a JSON file, or tables."""
+def emit(report: dict, render, as_json: bool, report_path: Path | None, quiet: bool,
+         protected: tuple = ()) -> None:
+    """Write the report where asked: JSON on stdout, a JSON file (never over ``protected``
+    files), or tables."""
     from ..report.render import make_console
     from ..save import write_text_atomic
 
     text = report_text(report) if (as_json or report_path is not None) else ""
     if report_path is not None:
+        protect_report(report_path, *protected)
         write_text_atomic(report_path, text + "\n")
     if not as_json:
         render(report, make_console(quiet=quiet))

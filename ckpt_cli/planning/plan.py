@@ -63,12 +63,28 @@ def read_plan_file(path: Path) -> dict:
         raise UsageError(f"{path}: no such plan file") from None
     except json.JSONDecodeError as e:
         raise UsageError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    except (OSError, UnicodeDecodeError, RecursionError, MemoryError) as e:
+        raise UsageError(f"{path}: cannot read the plan file ({getattr(e, 'strerror', None) or type(e).__name__})") from None
     if not isinstance(data, dict) or not isinstance(data.get("regions"), list):
         raise UsageError(f"{path}: a plan is an object with a 'regions' list (see ckpt rewrite --help)")
     version = data.get("ckpt_plan", PLAN_FORMAT)
-    if version != PLAN_FORMAT:
-        raise UsageError(f"{path}: plan format {version} is not supported (this ckpt reads {PLAN_FORMAT})")
+    if type(version) is not int or version != PLAN_FORMAT:  # True == 1 in Python: not a version
+        raise UsageError(f"{path}: plan format {json.dumps(version)[:40]} is not supported "
+                         f"(this ckpt reads \"ckpt_plan\": {PLAN_FORMAT})")
+    if not isinstance(data.get("strategy", ""), str):
+        raise UsageError(f"{path}: 'strategy' must be a string")
     for k, r in enumerate(data["regions"]):
         if not isinstance(r, dict) or not ("nodes" in r or "match" in r):
             raise UsageError(f"{path}: region {k} needs 'nodes' (a list of node names) or 'match' (a pattern)")
+        for key in ("nodes", "keep"):
+            if key in r and not (isinstance(r[key], list) and all(isinstance(x, str) for x in r[key])):
+                raise UsageError(f"{path}: region {k}: '{key}' must be a list of names, not {_kind(r[key])}")
+        for key in ("match", "name"):
+            if key in r and not isinstance(r[key], str):
+                raise UsageError(f"{path}: region {k}: '{key}' must be a string, not {_kind(r[key])}")
     return data
+
+
+def _kind(value) -> str:
+    return {str: "a string", list: "a list", dict: "an object", bool: "true/false", type(None): "null"}.get(
+        type(value), "a number")

@@ -225,6 +225,8 @@ def regions_from_plan(a: Analysis, data: dict) -> Plan:
         for t in keep:
             if t not in a.graph.producer:
                 raise UsageError(f"plan region '{name}': keep '{t}' is not a tensor made by a node")
+            if nodes and a.graph.producer[t] not in nodes:
+                raise UsageError(f"plan region '{name}': keep '{t}' is made outside the region")
         if not nodes:
             raise UsageError(f"plan region '{name}' has no nodes")
         regions.append(Region(name, nodes, keep))

@@ -123,7 +123,9 @@ def _analyse_model(path: Path, dims: dict[str, int]) -> tuple[dict, float, set[s
     names = symbolic_dims(graph)
     bound = {k: v for k, v in dims.items() if k in names}
     a = analyse(graph, bound)
-    return inspect_report(a, Source.of_file(path), {"dims": [f"{k}={v}" for k, v in bound.items()]}), _recompute_share_of(a), names
+    report = inspect_report(a, Source.of_file(path), {"dims": [f"{k}={v}" for k, v in bound.items()]})
+    report["written_by_ckpt"] = graph.model.producer_name == "ckpt"
+    return report, _recompute_share_of(a), names
 
 
 def _figures(kind: str, r: dict, source: str) -> dict[str, Any]:
@@ -221,15 +223,42 @@ def labels_for(paths: list[str]) -> list[str]:
     return out
 
 
-def load_inputs(paths: list[str], dims: dict[str, int] | None = None) -> list[Input]:
-    """Load every input; ``dims`` bind symbolic dimensions of the ONNX inputs that have them."""
+def load_inputs(paths: list[str], dims: dict[str, int] | None = None, allow_mixed: bool = False) -> list[Input]:
+    """Load every input; ``dims`` bind symbolic dimensions of the ONNX inputs that have them.
+    Inputs about different original models are refused unless ``allow_mixed``."""
     inputs = [load_input(p, label, dims) for p, label in zip(paths, labels_for(paths))]
+    if not allow_mixed:
+        check_same_model(inputs)
     known = set().union(*(i.dim_names for i in inputs))
     unknown = sorted(set(dims or {}) - known)
     if unknown:
         have = ", ".join(sorted(known)) or "none"
         raise UsageError(f"--dim {unknown[0]}: no ONNX input has this symbolic dimension (they have: {have})")
     return inputs
+
+
+def _original_sha(inp: Input) -> str | None:
+    """The SHA-256 of the original model an input is about, when it says: rewrite and check
+    reports name their input model, and an ONNX model not written by ckpt is its own original.
+    Inspect reports and ckpt-written models may be of a rewrite: they are not checked."""
+    r = inp.report
+    if inp.kind in ("rewrite", "check") or (inp.kind == "onnx" and not r.get("written_by_ckpt")):
+        sha = r.get("model_sha256")
+        return sha if isinstance(sha, str) else None
+    return None
+
+
+def check_same_model(inputs: list[Input]) -> None:
+    """Refuse to put side by side inputs about different original models."""
+    seen: dict[str, Input] = {}
+    for inp in inputs:
+        sha = _original_sha(inp)
+        if sha is not None:
+            seen.setdefault(sha, inp)
+    if len(seen) > 1:
+        (a, x), (b, y) = list(seen.items())[:2]
+        raise UsageError(f"{x.label} is about model sha256 {a[:12]} but {y.label} about {b[:12]}: "
+                         "these are different models (pass --allow-mixed to compare them anyway)")
 
 
 # ---------------------------------------------------------------------------------- comparing

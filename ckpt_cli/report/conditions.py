@@ -72,8 +72,8 @@ def parse_value(text: str, ratio: bool, condition: str) -> float:
     if not m:
         raise UsageError(f"--fail-if '{condition}': '{text}' is not a number (expected {GRAMMAR_HELP})")
     number, unit = float(m.group("num")), m.group("unit")
-    if not math.isfinite(number):
-        raise UsageError(f"--fail-if '{condition}': '{text}' is too large a number")
+    if not math.isfinite(number):  # 1e999 parses as inf: a gate that can never hold
+        raise UsageError(f"--fail-if '{condition}': '{text}' is out of range")
     if not unit:
         return number
     if unit == "%":
@@ -84,7 +84,10 @@ def parse_value(text: str, ratio: bool, condition: str) -> float:
                          "B, KiB, MiB, GiB, TiB, also written K/KB, M/MB, ...; or %)")
     if ratio:
         raise UsageError(f"--fail-if '{condition}': a ratio has no unit; write a number or a percentage")
-    return number * factor
+    value = number * factor
+    if not math.isfinite(value):
+        raise UsageError(f"--fail-if '{condition}': '{text}' is out of range")
+    return value
 
 
 def parse_condition(text: str) -> Condition:

@@ -114,7 +114,6 @@ def boundary_step(a: Analysis, order: tuple[int, ...]) -> int | None:
 def inspect_report(a: Analysis, source: Source | None, options: dict) -> dict:
     g = a.graph
     param_bytes = buffer_bytes(g.resident, a.tensors)
-    unsized = a.unsized()
     return {
         **envelope("inspect", source, options),
         "nodes": len(g.nodes),
@@ -135,7 +134,7 @@ def inspect_report(a: Analysis, source: Source | None, options: dict) -> dict:
         "backward_flops": a.backward_flops,
         "top_stashed": stashed_rows(a),
         "scopes": scope_rows(a),
-        "unsized": [{"tensor": t, "missing_dims": list(m)} for t, m in sorted(unsized.items())],
+        "unsized": unsized_rows(a),
         "timeline": {
             "priority_based": list(a.priority.timeline),
             "ort_default": list(a.default.timeline),
@@ -220,7 +219,13 @@ def rewrite_report(before: Analysis, source: Source | None, result, output: str 
         "session_settings": settings_snippet,
         "enable_mem_reuse": result.mem_reuse,
         "plan": plan_json,
+        "unsized": unsized_rows(before),
     }
+
+
+def unsized_rows(a: Analysis) -> list[dict]:
+    """Tensors of unknown size (data-dependent shapes): every byte figure counts them as 0."""
+    return [{"tensor": t, "missing_dims": list(m)} for t, m in sorted(a.unsized().items())]
 
 
 def check_report(original: Source, rewritten: Source, figures: dict, options: dict) -> dict:

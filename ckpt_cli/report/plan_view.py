@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from .model import envelope
-from .render import _table
 from ..units import human_bytes, human_flops, percent
+from .model import envelope, unsized_rows
+from .render import _table, render_unsized
+from .text import plain, safe
 
 TOP_EXPLANATIONS = 12
 
@@ -39,6 +40,7 @@ def plan_report(a, source, planned, result, rows: list[dict], output: str | None
         "regions": [{"name": r["name"], "nodes": len(r["nodes"]), "keep": len(r["keep"])}
                     for r in (plan_json or {}).get("regions", [])],
         "plan": plan_json,
+        "unsized": unsized_rows(a),
     }
 
 
@@ -48,15 +50,17 @@ def render_explanations(rows: list[dict], console: Console, limit: int = TOP_EXP
                console, ("tensor", "left"), ("bytes", "right"), ("recompute", "right"), ("status", "left"),
                ("why", "left"))
     for r in rows[:limit]:
-        t.add_row(r["tensor"], human_bytes(r["bytes"]), human_flops(r["recompute_flops"]), r["status"], r["why"])
+        t.add_row(safe(r["tensor"]), human_bytes(r["bytes"]), human_flops(r["recompute_flops"]), safe(r["status"]),
+                  safe(r["why"]))
     console.print(t)
 
 
 def render_plan(r: dict, console: Console) -> None:
     target = f", budget {human_bytes(r['budget_bytes'])}" if r["budget_bytes"] is not None else ""
-    console.print(f"[bold]{r['model']}[/bold]: plan '{r['strategy']}'{target} -> {r['output'] or '(not written)'}")
+    console.print(f"[bold]{safe(r['model'])}[/bold]: plan '{safe(r['strategy'])}'{target} -> "
+                  f"{safe(r['output'] or '(not written)')}")
     for note in r["notes"]:
-        console.print(f"  {note}")
+        console.print(f"  {plain(note)}", markup=False)
     console.print(f"predicted peak {human_bytes(r['peak_bytes_before'])} -> {human_bytes(r['peak_bytes_after'])} "
                   f"({percent(r['peak_bytes_after'] - r['peak_bytes_before'], r['peak_bytes_before'])}); "
                   f"recompute {human_flops(r['recompute_flops'])} = {100 * r['recompute_share_of_step']:.1f}% "
@@ -65,3 +69,4 @@ def render_plan(r: dict, console: Console) -> None:
         console.print("[yellow]warning: this plan raises the predicted peak; the graph's peak is not in the "
                       "stashed activations it recomputes. Try another --auto strategy or --budget.[/yellow]")
     render_explanations(r["explanations"], console)
+    render_unsized(r, console)

@@ -7,11 +7,11 @@ import sys
 
 from rich import box
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from .charts import memory_chart
 from ..units import human_bytes, human_flops, percent
+from .text import plain, safe
 
 
 class _Console(Console):
@@ -38,19 +38,19 @@ def _table(title: str, console: Console, *columns: tuple[str, str]) -> Table:
 
 
 def chart_lines(console: Console, series, boundaries, width: int = 80) -> list[str]:
-    return memory_chart(series, width=min(width, console.width or width), boundaries=boundaries,
-                        ascii_only=console.no_color)
+    return [plain(line) for line in memory_chart(series, width=min(width, console.width or width),
+                                                 boundaries=boundaries, ascii_only=console.no_color)]
 
 
 def render_inspect(r: dict, console: Console) -> None:
-    console.print(f"[bold]{r['model']}[/bold]  {r['nodes']} nodes: "
+    console.print(f"[bold]{safe(r['model'])}[/bold]  {r['nodes']} nodes: "
                   f"{r['forward_nodes']} forward, {r['backward_nodes']} backward; "
-                  f"loss '{r['loss']}', {r['gradient_outputs']} gradient outputs")
+                  f"loss '{safe(r['loss'])}', {r['gradient_outputs']} gradient outputs")
     t = _table("Memory (predicted)", console, ("", "left"), ("bytes", "right"), ("", "left"))
     t.add_row("parameters + inputs (resident)", human_bytes(r["resident_bytes"]), "")
     t.add_row("stashed activations", human_bytes(r["stashed_bytes"]),
               f"{r['stashed_tensors']} tensors kept from forward to backward")
-    t.add_row("peak, PRIORITY_BASED (file order)", human_bytes(r["peak_bytes"]), f"at {r['peak_node']}")
+    t.add_row("peak, PRIORITY_BASED (file order)", human_bytes(r["peak_bytes"]), f"at {safe(r['peak_node'])}")
     t.add_row("peak, ORT DEFAULT order", human_bytes(r["peak_bytes_ort_default"]), "")
     t.add_row("ORT CPU arena at that peak", human_bytes(r["arena_in_use_bytes"]),
               f"in use (what ORT's profiler reports); {human_bytes(r['arena_held_bytes'])} reserved")
@@ -62,15 +62,16 @@ def render_inspect(r: dict, console: Console) -> None:
                ("tensor", "left"), ("shape", "left"), ("dtype", "left"), ("bytes", "right"),
                ("producer", "left"), ("scope", "left"))
     for row in r["top_stashed"]:
-        t.add_row(row["name"], "x".join(map(str, row["shape"])) if row["shape"] is not None else "?",
-                  row["dtype"], human_bytes(row["bytes"]), row["producer_op"] or "", row["scope"] or "")
+        t.add_row(safe(row["name"]), safe("x".join(map(str, row["shape"]))) if row["shape"] is not None else "?",
+                  safe(row["dtype"]), human_bytes(row["bytes"]), safe(row["producer_op"] or ""),
+                  safe(row["scope"] or ""))
     console.print(t)
 
     if r["scopes"]:
         t = _table("Stashed bytes by scope", console, ("scope", "left"), ("bytes", "right"),
                    ("share", "right"), ("tensors", "right"))
         for row in r["scopes"]:
-            t.add_row(row["scope"], human_bytes(row["stashed_bytes"]),
+            t.add_row(safe(row["scope"]), human_bytes(row["stashed_bytes"]),
                       percent(row["stashed_bytes"], r["stashed_bytes"]), str(row["tensors"]))
         console.print(t)
 
@@ -80,18 +81,25 @@ def render_inspect(r: dict, console: Console) -> None:
                             [tl["backward_starts_at"]]):
         console.print(line, markup=False)
 
-    if r["unsized"]:
-        missing = sorted({d for u in r["unsized"] for d in u["missing_dims"]})
-        names = ", ".join(u["tensor"] for u in r["unsized"][:5])
-        console.print(f"[yellow]{len(r['unsized'])} tensors have unknown size[/yellow] (e.g. {names}); "
-                      f"missing dimensions: {', '.join(missing)}. Pass --dim NAME=VALUE for each.")
+    render_unsized(r, console)
+
+
+def render_unsized(r: dict, console: Console) -> None:
+    """Say that byte figures leave out tensors of unknown size, never print a silently partial total."""
+    rows = r.get("unsized") or []
+    if rows:
+        missing = sorted({safe(d) for u in rows for d in u["missing_dims"]})
+        names = ", ".join(safe(u["tensor"]) for u in rows[:5])
+        console.print(f"[yellow]warning: {len(rows)} tensors have unknown size[/yellow] (e.g. {names}; "
+                      f"unknown dimensions: {', '.join(missing)}): every byte figure above counts them as 0 B, "
+                      "so totals are lower bounds.")
 
 
 def render_rewrite(r: dict, console: Console) -> None:
     b, a = r["before"], r["after"]
-    console.print(f"[bold]{r['model']}[/bold] -> [bold]{r['output']}[/bold]  ({r['strategy']})")
+    console.print(f"[bold]{safe(r['model'])}[/bold] -> [bold]{safe(r['output'])}[/bold]  ({safe(r['strategy'])})")
     for note in r["plan_notes"]:
-        console.print(f"  {note}")
+        console.print(f"  {plain(note)}", markup=False)
     t = _table("Before / after (predicted, PRIORITY_BASED order)", console, ("", "left"), ("before", "right"),
                ("after", "right"), ("change", "right"))
     for label, key, fmt in (("peak memory", "peak_bytes", human_bytes),
@@ -110,10 +118,10 @@ def render_rewrite(r: dict, console: Console) -> None:
         for row in r["regions"]:
             notes = []
             if row["kept_random"]:
-                notes.append(f"kept random: {', '.join(row['kept_random'][:3])}")
+                notes.append(f"kept random: {', '.join(map(safe, row['kept_random'][:3]))}")
             if row["kept_subgraph"]:
-                notes.append(f"kept subgraph: {', '.join(row['kept_subgraph'][:3])}")
-            t.add_row(row["name"], str(row["nodes"]), str(row["recompute_nodes"]), human_bytes(row["freed_bytes"]),
+                notes.append(f"kept subgraph: {', '.join(map(safe, row['kept_subgraph'][:3]))}")
+            t.add_row(safe(row["name"]), str(row["nodes"]), str(row["recompute_nodes"]), human_bytes(row["freed_bytes"]),
                       human_flops(row["recompute_flops"]), "; ".join(notes))
         console.print(t)
     console.print("Memory over the schedule (before vs after)")
@@ -121,12 +129,13 @@ def render_rewrite(r: dict, console: Console) -> None:
                             [b["backward_starts_at"], a["backward_starts_at"]]):
         console.print(line, markup=False)
     console.print("The saving is real only under these ONNX Runtime session settings:")
-    console.print(r["session_settings"], markup=False)
+    console.print("\n".join(map(plain, r["session_settings"].splitlines())), markup=False)
+    render_unsized(r, console)
 
 
 def render_check(r: dict, console: Console) -> None:
     o, w, d = r["original"], r["rewritten"], r["original_ort_default"]
-    console.print(f"[bold]{r['model']}[/bold] vs [bold]{r['rewritten_model']}[/bold] on {r['provider']} "
+    console.print(f"[bold]{safe(r['model'])}[/bold] vs [bold]{safe(r['rewritten_model'])}[/bold] on {r['provider']} "
                   f"(ONNX Runtime {r['ort_version']})")
     t = _table("Measured (median of runs) and predicted", console, ("", "left"), ("peak in use", "right"),
                ("predicted", "right"), ("tensor bytes", "right"), ("predicted", "right"), ("step time", "right"))
@@ -159,11 +168,11 @@ def render_check(r: dict, console: Console) -> None:
             console.print(f"prediction vs measured {label}: {', '.join(errs)}")
     bad = [name for name, e in r["outputs"].items() if not e["bit_identical"]][:5]
     if bad:
-        console.print(f"outputs that differ: {', '.join(bad)}")
+        console.print(f"outputs that differ: {', '.join(map(safe, bad))}")
     for note in r.get("notes", []):
-        console.print(f"note: {escape(note)}")
+        console.print(f"note: {safe(note)}")
     for failure in r.get("failures", []):
-        console.print(f"[red]failed:[/red] {escape(failure)}")
+        console.print(f"[red]failed:[/red] {safe(failure)}")
     console.print(f"verdict: {verdict}")
 
 
@@ -207,12 +216,12 @@ def render_compare(r: dict, console: Console) -> None:
     from .compare import FIGURES
 
     cols = r["inputs"]
-    console.print(f"[bold]Comparing {len(cols)} inputs[/bold] (second lines: change vs {escape(cols[0]['label'])}; "
+    console.print(f"[bold]Comparing {len(cols)} inputs[/bold] (second lines: change vs {safe(cols[0]['label'])}; "
                   "lower is green)")
     for k, c in enumerate(cols, 1):
-        console.print(f"  {k}. {c['label']}: {c['description']}", markup=False)
+        console.print(plain(f"  {k}. {c['label']}: {c['description']}"), markup=False)
 
-    t = _table("Figures", console, ("", "left"), *((escape(c["label"]), "right") for c in cols))
+    t = _table("Figures", console, ("", "left"), *((safe(c["label"]), "right") for c in cols))
     for key, label, kind in FIGURES:
         values = [c["figures"][key] for c in cols]
         if all(v is None for v in values):
@@ -231,7 +240,7 @@ def render_compare(r: dict, console: Console) -> None:
     if r["scopes"] and len(scoped) >= 2:
         base = scoped[0]
         t = _table("Stashed bytes by scope, largest changes", console, ("scope", "left"),
-                   *((escape(cols[k]["label"]), "right") for k in scoped))
+                   *((safe(cols[k]["label"]), "right") for k in scoped))
         for row in r["scopes"]:
             vals = row["stashed_bytes"]
             cells = []
@@ -242,15 +251,15 @@ def render_compare(r: dict, console: Console) -> None:
                     colour = "green" if d < 0 else "red" if d > 0 else "dim"
                     text += f" [{colour}]{'+' if d >= 0 else '-'}{human_bytes(abs(d))}[/{colour}]"
                 cells.append(text)
-            t.add_row(escape(row["scope"]), *cells)
+            t.add_row(safe(row["scope"]), *cells)
         console.print(t)
 
     for c in cols:
         if c["regions"]:
-            t = _table(f"{escape(c['label'])}: regions that free the most", console, ("region", "left"),
+            t = _table(f"{safe(c['label'])}: regions that free the most", console, ("region", "left"),
                        ("no longer stashed", "right"), ("recompute FLOPs", "right"))
             for g in c["regions"][:5]:
-                t.add_row(escape(g["name"]), human_bytes(g["freed_bytes"]), human_flops(g["recompute_flops"]))
+                t.add_row(safe(g["name"]), human_bytes(g["freed_bytes"]), human_flops(g["recompute_flops"]))
             console.print(t)
 
     charted = [c for c in cols if c["timeline"]]
@@ -262,7 +271,7 @@ def render_compare(r: dict, console: Console) -> None:
 
     for o in r["conditions"]:
         verdict = "[red]holds: FAIL[/red]" if o["held"] else "[green]ok[/green]"
-        console.print(f"--fail-if {escape(o['condition'])}: "
+        console.print(f"--fail-if {safe(o['condition'])}: "
                       f"{condition_value_text(o['operand'], o['actual'])} -> {verdict}")
 
 

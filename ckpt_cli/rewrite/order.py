@@ -37,7 +37,7 @@ def prune_dead(nodes: list[Node], graph_outputs: set[str]) -> list[Node]:
         n = nodes[k]
         if any(t != ABSENT and t in needed for t in n.outputs):
             keep[k] = True
-            needed.update(t for t in n.inputs if t != ABSENT)
+            needed.update(t for t in n.reads if t != ABSENT)
     return [n for n, kept in zip(nodes, keep) if kept]
 
 

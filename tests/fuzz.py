@@ -1,0 +1,534 @@
+"""Fuzzing ckpt's command line with mutated models.
+
+Each case takes a seed model (the samples, a small hand-made training graph, one with
+external data), applies one to three protobuf-level or graph-level mutations (delete,
+duplicate or rewire nodes; change shapes, types, attributes, opsets, external-data
+fields and names; flip, cut or insert bytes), runs ``ckpt inspect``, ``plan`` or
+``rewrite`` in-process (click's CliRunner, no ``--check``) and classifies the outcome:
+
+- ``clean_error``: exit 2 or 3, one line ``ckpt: error: ...``, no traceback;
+- ``correct``: exit 0; a rewrite's output passes onnx.checker and, for a sample of
+  cases, loads in ONNX Runtime (or the input itself does not: garbage in, same out);
+- ``defect``: anything else (exit 70, a traceback, a hang, an input changed, exit 0 with
+  an invalid output).
+
+    python -m tests.fuzz --cases 10000 --seed 1        # make fuzz
+    python -m tests.fuzz --cases 200 --seed 0          # what tests/test_fuzz.py runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import random
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+from click.testing import CliRunner
+from onnx import TensorProto, helper, numpy_helper
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLES = ROOT / "sample_models"
+CASE_SECONDS = 60
+HOSTILE_NAMES = ["[/]", "[link=http://x]a[/link]", "\x1b]8;;x\x07", "", "a" * 300, "x/../y", "\u202e"]
+
+
+# ------------------------------------------------------------------------------ seed models
+def _small_training_graph() -> onnx.ModelProto:
+    """relu(x @ W1) @ W2 summed, with its backward and an If reading an outer tensor."""
+    rng = np.random.default_rng(0)
+    branch = helper.make_graph([helper.make_node("Identity", ["h"], ["hb"], name="branch_id")], "b", [],
+                               [helper.make_tensor_value_info("hb", TensorProto.FLOAT, [8, 16])])
+    nodes = [
+        helper.make_node("MatMul", ["x", "W1"], ["h"], name="/l0/MatMul"),
+        helper.make_node("Relu", ["h"], ["r"], name="/l0/Relu"),
+        helper.make_node("MatMul", ["r", "W2"], ["y"], name="/l1/MatMul"),
+        helper.make_node("ReduceSum", ["y"], ["loss"], keepdims=0, name="/loss/ReduceSum"),
+        helper.make_node("Shape", ["y"], ["ys"], name="/bwd/Shape"),
+        helper.make_node("Expand", ["tangent", "ys"], ["dy"], name="/bwd/Expand"),
+        helper.make_node("Transpose", ["r"], ["rt"], perm=[1, 0], name="/bwd/Transpose_r"),
+        helper.make_node("MatMul", ["rt", "dy"], ["W2_grad"], name="/bwd/MatMul_dW2"),
+        helper.make_node("Transpose", ["W2"], ["W2t"], perm=[1, 0], name="/bwd/Transpose_W2"),
+        helper.make_node("MatMul", ["dy", "W2t"], ["dr"], name="/bwd/MatMul_dr"),
+        helper.make_node("If", ["cond"], ["hh"], then_branch=branch, else_branch=branch, name="/bwd/If"),
+        helper.make_node("Relu", ["hh"], ["hm"], name="/bwd/Relu_mask"),
+        helper.make_node("Sign", ["hm"], ["mask"], name="/bwd/Sign"),
+        helper.make_node("Mul", ["dr", "mask"], ["dh"], name="/bwd/Mul"),
+        helper.make_node("Transpose", ["x"], ["xt"], perm=[1, 0], name="/bwd/Transpose_x"),
+        helper.make_node("MatMul", ["xt", "dh"], ["W1_grad"], name="/bwd/MatMul_dW1"),
+    ]
+    graph = helper.make_graph(
+        nodes, "small",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 4]),
+         helper.make_tensor_value_info("tangent", TensorProto.FLOAT, [])],
+        [helper.make_tensor_value_info("loss", TensorProto.FLOAT, []),
+         helper.make_tensor_value_info("W1_grad", TensorProto.FLOAT, [4, 16]),
+         helper.make_tensor_value_info("W2_grad", TensorProto.FLOAT, [16, 8])],
+        initializer=[numpy_helper.from_array(rng.standard_normal((4, 16)).astype(np.float32), "W1"),
+                     numpy_helper.from_array(rng.standard_normal((16, 8)).astype(np.float32), "W2"),
+                     numpy_helper.from_array(np.array(True), "cond")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+@dataclass
+class Seed:
+    name: str
+    model: onnx.ModelProto
+    data: bytes | None = None  # external data file contents, saved as <name>.data
+    weight: float = 1.0
+
+
+def load_seeds() -> list[Seed]:
+    seeds = [Seed("small", _small_training_graph(), weight=4)]
+    for name, weight in (("mlp", 3), ("cnn", 1), ("gpt", 0.5)):
+        path = SAMPLES / f"{name}.onnx"
+        if path.exists():
+            seeds.append(Seed(name, onnx.load(path), weight=weight))
+    ext = _small_training_graph()
+    with tempfile.TemporaryDirectory() as d:
+        onnx.save(ext, Path(d) / "ext.onnx", save_as_external_data=True, location="ext.onnx.data",
+                  size_threshold=0)
+        seeds.append(Seed("ext", onnx.load(Path(d) / "ext.onnx", load_external_data=False),
+                          (Path(d) / "ext.onnx.data").read_bytes(), weight=2))
+    return seeds
+
+
+# ------------------------------------------------------------------------------ mutations
+def _tensor_names(m: onnx.ModelProto) -> list[str]:
+    g = m.graph
+    names = {v.name for v in g.input} | {t.name for t in g.initializer}
+    for n in g.node:
+        names.update(n.input)
+        names.update(n.output)
+    names.discard("")
+    return sorted(names)
+
+
+def m_delete_node(m, rng):
+    if len(m.graph.node) > 1:
+        del m.graph.node[rng.randrange(len(m.graph.node))]
+
+
+def m_duplicate_node(m, rng):
+    n = m.graph.node[rng.randrange(len(m.graph.node))]
+    copy = onnx.NodeProto()
+    copy.CopyFrom(n)
+    if rng.random() < 0.5:
+        copy.name += "_dup"
+        copy.output[:] = [o + "_dup" if o else o for o in copy.output]
+    m.graph.node.insert(rng.randrange(len(m.graph.node) + 1), copy)
+
+
+def m_rewire(m, rng):
+    names = _tensor_names(m)
+    n = m.graph.node[rng.randrange(len(m.graph.node))]
+    if n.input:
+        n.input[rng.randrange(len(n.input))] = rng.choice(names + ["", "nowhere"])
+
+
+def m_swap_nodes(m, rng):
+    k = len(m.graph.node)
+    i, j = rng.randrange(k), rng.randrange(k)
+    a, b = onnx.NodeProto(), onnx.NodeProto()
+    a.CopyFrom(m.graph.node[i])
+    b.CopyFrom(m.graph.node[j])
+    m.graph.node[i].CopyFrom(b)
+    m.graph.node[j].CopyFrom(a)
+
+
+def m_rename(m, rng):
+    target = rng.choice(["node", "tensor", "output"])
+    new = rng.choice(HOSTILE_NAMES + [rng.choice(_tensor_names(m))])
+    if target == "node":
+        m.graph.node[rng.randrange(len(m.graph.node))].name = new
+    elif target == "tensor":
+        old = rng.choice(_tensor_names(m))
+        for n in m.graph.node:
+            n.input[:] = [new if t == old else t for t in n.input]
+            n.output[:] = [new if t == old else t for t in n.output]
+        for v in list(m.graph.input) + list(m.graph.output) + list(m.graph.initializer):
+            if v.name == old:
+                v.name = new
+    elif m.graph.output:
+        m.graph.output[rng.randrange(len(m.graph.output))].name = new
+
+
+def _value_infos(m):
+    return list(m.graph.input) + list(m.graph.output) + list(m.graph.value_info)
+
+
+def m_shape(m, rng):
+    vs = [v for v in _value_infos(m) if v.type.HasField("tensor_type")]
+    if not vs:
+        return
+    v = rng.choice(vs)
+    dims = v.type.tensor_type.shape.dim
+    choice = rng.random()
+    if dims and choice < 0.7:
+        d = dims[rng.randrange(len(dims))]
+        value = rng.choice([0, 1, 3, -1, -7, 2**40, 2**62, 10**6])
+        if rng.random() < 0.3:
+            d.dim_param = rng.choice(["batch", "seq", "", "[/]"])
+        else:
+            d.dim_value = value
+    elif choice < 0.85:
+        v.type.tensor_type.shape.dim.add().dim_value = rng.choice([1, 2, 5])
+    else:
+        v.type.tensor_type.ClearField("shape")
+
+
+def m_dtype(m, rng):
+    vs = [v for v in _value_infos(m) if v.type.HasField("tensor_type")]
+    ts = list(m.graph.initializer)
+    if vs and rng.random() < 0.6:
+        rng.choice(vs).type.tensor_type.elem_type = rng.choice([0, 1, 2, 6, 7, 8, 9, 10, 11, 16, 40, 99])
+    elif ts:
+        rng.choice(ts).data_type = rng.choice([0, 1, 6, 7, 10, 11, 99])
+
+
+def m_initializer(m, rng):
+    ts = list(m.graph.initializer)
+    if not ts:
+        return
+    t = rng.choice(ts)
+    r = rng.random()
+    if r < 0.4:
+        m.graph.initializer.remove(t)
+    elif r < 0.7:
+        t.dims[:] = [rng.choice([0, 1, 3, 100]) for _ in range(rng.randrange(0, 4))]
+    else:
+        t.raw_data = t.raw_data[: len(t.raw_data) // 2]
+
+
+def m_attribute(m, rng):
+    nodes = [n for n in m.graph.node if n.attribute]
+    if not nodes:
+        return
+    n = rng.choice(nodes)
+    a = n.attribute[rng.randrange(len(n.attribute))]
+    if a.type == onnx.AttributeProto.INT:
+        a.i = rng.choice([-5, -1, 0, 1, 7, 2**40])
+    elif a.type == onnx.AttributeProto.INTS:
+        a.ints[:] = [rng.choice([-1, 0, 1, 2, 9]) for _ in range(rng.randrange(0, 4))]
+    elif a.type == onnx.AttributeProto.FLOAT:
+        a.f = rng.choice([float("nan"), float("inf"), -1.0, 0.0])
+    elif rng.random() < 0.5:
+        n.attribute.remove(a)
+
+
+def m_op_type(m, rng):
+    n = m.graph.node[rng.randrange(len(m.graph.node))]
+    n.op_type = rng.choice(["Relu", "MatMul", "Add", "NoSuchOp", "Dropout", "Loop", "Constant", "Identity"])
+    if rng.random() < 0.2:
+        n.domain = rng.choice(["com.microsoft", "x.custom", "ai.onnx"])
+
+
+def m_opset(m, rng):
+    r = rng.random()
+    if r < 0.3 or not m.opset_import:
+        del m.opset_import[:]
+    elif r < 0.6:
+        m.opset_import[0].version = rng.choice([1, 7, 13, 99, 0])
+    elif r < 0.8:
+        m.ir_version = rng.choice([0, 3, 7, 14, 99])
+    else:
+        m.opset_import.add(domain="com.microsoft", version=1)
+
+
+def m_outputs(m, rng):
+    r = rng.random()
+    if r < 0.4 and m.graph.output:
+        del m.graph.output[rng.randrange(len(m.graph.output))]
+    elif r < 0.7:
+        m.graph.output.add().CopyFrom(helper.make_tensor_value_info(rng.choice(_tensor_names(m) + ["ghost"]),
+                                                                    TensorProto.FLOAT, None))
+    else:
+        m.graph.input.add().CopyFrom(helper.make_tensor_value_info(rng.choice(["extra", "W1", "x"]),
+                                                                   TensorProto.FLOAT, [2]))
+
+
+def m_external(m, rng):
+    ts = [t for t in m.graph.initializer if t.data_location == TensorProto.EXTERNAL]
+    if not ts:
+        t = rng.choice(list(m.graph.initializer)) if m.graph.initializer else None
+        if t is not None:  # claim external data that is not there
+            t.data_location = TensorProto.EXTERNAL
+            e = t.external_data.add()
+            e.key, e.value = "location", rng.choice(["x.data", "/etc/passwd", "../x"])
+        return
+    t = rng.choice(ts)
+    fields = {e.key: e for e in t.external_data}
+    key = rng.choice(["location", "offset", "length", "drop", "flag", "checksum"])
+    if key == "drop" and t.external_data:
+        del t.external_data[rng.randrange(len(t.external_data))]
+    elif key == "flag":
+        t.data_location = TensorProto.DEFAULT
+    else:
+        value = rng.choice({
+            "location": ["/etc/passwd", "../../../../etc/passwd", "/dev/zero", "nothere.data", "", ".",
+                         "ext.onnx.data/../ext.onnx.data", "\0", "fifo.data", "link.data"],
+            "offset": ["-1", "abc", "99999999999", "1", "0", "1e3", ""],
+            "length": ["-1", "abc", "99999999999", "0", "4", ""],
+            "checksum": ["x"],
+        }[key])
+        if key in fields:
+            fields[key].value = value
+        else:
+            e = t.external_data.add()
+            e.key, e.value = key, value
+
+
+def m_shuffle_nodes(m, rng):
+    """A valid graph in another file order: ckpt sorts it; its output must be sorted."""
+    nodes = list(m.graph.node)
+    rng.shuffle(nodes)
+    copies = []
+    for n in nodes:
+        c = onnx.NodeProto()
+        c.CopyFrom(n)
+        copies.append(c)
+    del m.graph.node[:]
+    m.graph.node.extend(copies)
+
+
+def m_names_only(m, rng):
+    """Hostile but valid node names, doc strings and metadata."""
+    for n in m.graph.node:
+        if rng.random() < 0.3:
+            n.name = rng.choice(HOSTILE_NAMES[:3] + ["[bold]x[/bold]", "\x9b31m"]) + n.name
+    m.doc_string = rng.choice(HOSTILE_NAMES)
+    entry = m.metadata_props.add()
+    entry.key, entry.value = rng.choice(["ckpt.enable_mem_reuse", "x", ""]), rng.choice(["0", "1", "[/]"])
+
+
+def m_drop_value_info(m, rng):
+    del m.graph.value_info[:]
+
+
+GRAPH_MUTATIONS = [m_delete_node, m_duplicate_node, m_rewire, m_swap_nodes, m_rename, m_shape, m_dtype,
+                   m_initializer, m_attribute, m_op_type, m_opset, m_outputs, m_external]
+BENIGN_MUTATIONS = [m_shuffle_nodes, m_names_only, m_drop_value_info]
+
+
+def mutate_bytes(data: bytes, rng: random.Random) -> bytes:
+    r = rng.random()
+    b = bytearray(data)
+    if r < 0.35:
+        return bytes(b[: rng.randrange(len(b))])
+    if r < 0.7:
+        for _ in range(rng.randrange(1, 8)):
+            b[rng.randrange(len(b))] = rng.randrange(256)
+        return bytes(b)
+    pos = rng.randrange(len(b))
+    return bytes(b[:pos] + rng.randbytes(rng.randrange(1, 32)) + b[pos:])
+
+
+# ------------------------------------------------------------------------------ running
+@dataclass
+class Outcome:
+    kind: str  # correct, clean_error, garbage_passthrough, defect
+    detail: str = ""
+
+
+@dataclass
+class Summary:
+    counts: Counter = field(default_factory=Counter)
+    exit_codes: Counter = field(default_factory=Counter)
+    defects: list[dict] = field(default_factory=list)
+    ort_loaded: int = 0
+
+    def to_json(self) -> dict:
+        return {"counts": dict(self.counts), "exit_codes": {str(k): v for k, v in sorted(self.exit_codes.items())},
+                "ort_loaded": self.ort_loaded, "defects": self.defects[:50]}
+
+
+class _Timeout(Exception):
+    pass
+
+
+def _alarm(signum, frame):
+    raise _Timeout()
+
+
+def _digest(folder: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())
+            if p.is_file() and not p.is_symlink()}
+
+
+def _ort_loads(path: Path) -> tuple[bool, str]:
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.log_severity_level = 4
+    try:
+        ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        return True, ""
+    except Exception as e:  # noqa: BLE001 - any refusal by ORT
+        return False, str(e).splitlines()[0][:200]
+
+
+def _command(rng: random.Random, model: Path, out: Path) -> list[str]:
+    kind = rng.choices(["inspect", "rewrite", "plan"], weights=[3, 5, 2])[0]
+    args = [kind, str(model)]
+    if kind == "rewrite":
+        args += ["-o", str(out)]
+        args += rng.choice([[], [], ["--auto", "sqrt"], ["--no-recompute"], ["--budget", "90%"], ["--json"]])
+    elif kind == "plan":
+        args += rng.choice([["--auto", "sqrt"], ["--auto", "layers"], ["--budget", "80%"], ["--json"]])
+    elif rng.random() < 0.3:
+        args.append("--json")
+    if rng.random() < 0.1:
+        args += ["--dim", "batch=2"]
+    return args
+
+
+def run_case(seed: Seed, rng: random.Random, work: Path, ort_every: int, case: int, summary: Summary,
+             debug: bool = False) -> Outcome:
+    folder = work / f"case{case}"
+    folder.mkdir()
+    model = onnx.ModelProto()
+    model.CopyFrom(seed.model)
+    if rng.random() < 0.3:  # exercise the success path too
+        rng.choice(BENIGN_MUTATIONS)(model, rng)
+    else:
+        for _ in range(rng.choice([1, 1, 1, 2, 3])):
+            mutation = rng.choice(GRAPH_MUTATIONS)
+            try:
+                mutation(model, rng)
+            except (IndexError, ValueError, TypeError):  # it does not apply to what earlier ones left
+                pass
+    name = "ext.onnx" if seed.data is not None else f"{seed.name}.onnx"
+    path = folder / name
+    try:
+        data = model.SerializeToString()
+    except Exception:  # noqa: BLE001 - a mutation protobuf itself refuses to encode
+        data = seed.model.SerializeToString()
+    if rng.random() < 0.15:
+        data = mutate_bytes(data, rng)
+    path.write_bytes(data)
+    if seed.data is not None:
+        (folder / "ext.onnx.data").write_bytes(seed.data)
+        (folder / "link.data").symlink_to("/etc/hostname")
+    (folder / "unrelated.txt").write_text("keep me")
+    before = _digest(folder)
+    out = folder / "out.onnx"
+    args = _command(rng, path, out)
+    if debug:  # replaying one case: show the traceback
+        args = ["--debug", *args]
+    signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(CASE_SECONDS)
+    try:
+        result = CliRunner().invoke(main_command(), args)
+    except _Timeout:
+        return Outcome("defect", f"hang over {CASE_SECONDS}s: {args}")
+    finally:
+        signal.alarm(0)
+    code, text = result.exit_code, result.output
+    if debug:
+        print(args, code, text, sep="\n", file=sys.stderr)
+        args = args[1:]
+        text = text if code == 0 else text.strip().splitlines()[-1] + "\n"
+    summary.exit_codes[code] += 1
+    after = _digest(folder)
+    changed = [k for k, v in before.items() if after.get(k) != v]
+    if changed:
+        return Outcome("defect", f"input files changed {changed}: {args}")
+    if isinstance(result.exception, _Timeout):
+        return Outcome("defect", f"hang over {CASE_SECONDS}s: {args}")
+    if "Traceback" in text or code not in (0, 2, 3):
+        return Outcome("defect", f"exit {code}: {text.strip()[-300:]} ({args[0]})")
+    if code != 0:
+        lines = text.strip().splitlines()
+        if len(lines) == 1 and lines[0].startswith("ckpt: error:"):
+            if out.exists():
+                return Outcome("defect", f"output written despite exit {code}")
+            return Outcome("clean_error")
+        return Outcome("defect", f"exit {code} with a message of {len(lines)} lines: {text[:300]!r}")
+    if args[0] != "rewrite":
+        return Outcome("correct")
+    try:
+        onnx.checker.check_model(str(out))
+    except Exception as e:  # noqa: BLE001
+        try:
+            onnx.checker.check_model(str(path))
+            return Outcome("defect", f"rewrite exit 0, output fails the checker: {str(e)[:200]}")
+        except Exception:  # noqa: BLE001 - the input fails it too: ckpt should have refused it
+            return Outcome("defect", f"accepted an input the checker refuses: {str(e)[:200]}")
+    if case % ort_every == 0:
+        ok, why = _ort_loads(out)
+        summary.ort_loaded += ok
+        if not ok:
+            if _ort_loads(path)[0]:
+                return Outcome("defect", f"output does not load in ORT but the input does: {why}")
+            return Outcome("garbage_passthrough", why)
+    leftovers = [p.name for p in folder.iterdir() if p.name.endswith(".tmp")]
+    if leftovers:
+        return Outcome("defect", f"temporary files left: {leftovers}")
+    return Outcome("correct")
+
+
+def main_command():
+    from ckpt_cli.cli import main
+
+    return main
+
+
+def run_fuzz(cases: int, seed: int = 0, ort_every: int = 10, log=None, only: int | None = None) -> Summary:
+    rng = random.Random(seed)
+    seeds = load_seeds()
+    weights = [s.weight for s in seeds]
+    summary = Summary()
+    work = Path(tempfile.mkdtemp(prefix="ckpt_fuzz_"))
+    try:
+        for case in range(cases):
+            s = rng.choices(seeds, weights)[0]
+            case_rng = random.Random(rng.getrandbits(64))
+            if only is not None and case != only:
+                continue
+            outcome = run_case(s, case_rng, work, ort_every, case, summary, debug=only is not None)
+            summary.counts[outcome.kind] += 1
+            if outcome.kind == "defect":
+                summary.defects.append({"case": case, "seed_model": s.name, "detail": outcome.detail})
+                if log is not None:
+                    log(f"defect in case {case} ({s.name}): {outcome.detail}")
+            if only is None:
+                shutil.rmtree(work / f"case{case}", ignore_errors=True)
+            if log is not None and (case + 1) % 500 == 0:
+                log(f"{case + 1}/{cases}: {dict(summary.counts)}")
+    finally:
+        if only is None:
+            shutil.rmtree(work, ignore_errors=True)
+    return summary
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tests.fuzz", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cases", type=int, default=10000)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--ort-every", type=int, default=10, help="load every Nth rewrite in ONNX Runtime")
+    ap.add_argument("--json", dest="json_path", help="write the summary here")
+    ap.add_argument("--case", type=int, help="replay only this case, with --debug (its traceback)")
+    a = ap.parse_args(argv)
+    started = time.time()
+    summary = run_fuzz(a.cases, a.seed, a.ort_every, log=lambda m: print(m, file=sys.stderr, flush=True),
+                       only=a.case)
+    result = {"cases": a.cases, "seed": a.seed, "seconds": round(time.time() - started, 1), **summary.to_json()}
+    text = json.dumps(result, indent=2)
+    if a.json_path:
+        Path(a.json_path).write_text(text + "\n")
+    print(text)
+    return 1 if summary.counts.get("defect") else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

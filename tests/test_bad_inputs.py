@@ -1,0 +1,196 @@
+"""The bad-input matrix (issue 11): every row runs the command line on something wrong and
+asserts the documented exit code, one line on stderr starting ``ckpt: error:``, no
+traceback, and that no file in the folder changed and none appeared."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Callable
+
+import onnx
+import pytest
+from click.testing import CliRunner
+from onnx import TensorProto, helper
+
+from chain import chain_model
+from ckpt_cli.cli import main
+from conftest import SAMPLES
+
+
+def _chain(folder: Path, change: Callable[[onnx.ModelProto], None] | None = None, name="m.onnx") -> Path:
+    m = chain_model(layers=2, batch=8, width=16)
+    if change:
+        change(m)
+    onnx.save(m, folder / name)
+    return folder / name
+
+
+def _ext(folder: Path, **fields) -> Path:
+    """The chain with its weights in ``m.onnx.data``; ``fields`` override a tensor's external data."""
+    m = chain_model(layers=2, batch=8, width=16)
+    keep = [v for v in m.graph.input if not v.name.startswith("layers.")]
+    for v in [v for v in m.graph.input if v.name.startswith("layers.")]:
+        m.graph.initializer.append(onnx.numpy_helper.from_array(
+            __import__("numpy").ones((16, 16), "float32"), v.name))
+    del m.graph.input[:]
+    m.graph.input.extend(keep)
+    onnx.save(m, folder / "m.onnx", save_as_external_data=True, location="m.onnx.data", size_threshold=0)
+    if fields:
+        m = onnx.load(folder / "m.onnx", load_external_data=False)
+        t = next(t for t in m.graph.initializer if t.data_location == TensorProto.EXTERNAL)
+        for e in t.external_data:
+            if e.key in fields:
+                e.value = fields.pop(e.key)
+        for k, v in fields.items():
+            entry = t.external_data.add()
+            entry.key, entry.value = k, v
+        onnx.save(m, folder / "m.onnx")
+    return folder / "m.onnx"
+
+
+def _write(folder: Path, name: str, data: bytes | str) -> Path:
+    p = folder / name
+    p.write_bytes(data if isinstance(data, bytes) else data.encode())
+    return p
+
+
+def _cycle(m):
+    m.graph.node[0].input[0] = m.graph.node[1].output[0]
+
+
+def _inference(m):
+    del m.graph.output[1:]
+
+
+def _dangling_read(m):
+    m.graph.node[1].input[0] = "ghost"
+
+
+def _phantom_output(m):
+    m.graph.output.append(helper.make_tensor_value_info("phantom", TensorProto.FLOAT, [1]))
+
+
+def _no_opset(m):
+    del m.opset_import[:]
+
+
+def _negative_dim(m):
+    m.graph.input[0].type.tensor_type.shape.dim[0].dim_value = -3
+
+
+def _symbolic(m):
+    m.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"
+
+
+def _bad_dtype(m):
+    m.graph.input[0].type.tensor_type.elem_type = 99
+
+
+def _fifo(folder: Path, name: str) -> Path:
+    os.mkfifo(folder / name)
+    return folder / name
+
+
+def _plan(folder: Path, plan) -> Path:
+    return _write(folder, "plan.json", json.dumps(plan))
+
+
+# Each row: id, setup(folder) -> argv (paths as str), expected exit code, a word of the message.
+ROWS: list[tuple[str, Callable[[Path], list], int, str]] = [
+    ("missing file", lambda f: ["inspect", f / "nope.onnx"], 2, "no such file"),
+    ("folder as model", lambda f: ["inspect", f], 2, "directory"),
+    ("empty file", lambda f: ["inspect", _write(f, "e.onnx", b"")], 2, "empty"),
+    ("text file", lambda f: ["inspect", _write(f, "t.onnx", "hello, world\n" * 20)], 2, "ONNX"),
+    ("truncated gpt", lambda f: ["rewrite", _write(f, "t.onnx", (SAMPLES / "gpt.onnx").read_bytes()[:444298]),
+                                 "-o", f / "o.onnx"], 2, ""),
+    ("cycle", lambda f: ["inspect", _chain(f, _cycle)], 2, ""),
+    ("inference model", lambda f: ["rewrite", _chain(f, _inference), "-o", f / "o.onnx"], 2, "backward"),
+    ("region matching nothing", lambda f: ["rewrite", _chain(f), "--region", "nothing*", "-o", f / "o.onnx"],
+     2, "nothing"),
+    ("-o the input", lambda f: ["rewrite", _chain(f), "-o", f / "m.onnx", "--force"], 2, "input"),
+    ("-o a link to the input", lambda f: ["rewrite", _chain(f), "-o", _link(f, "l.onnx", "m.onnx"), "--force"],
+     2, "input"),
+    ("-o exists", lambda f: ["rewrite", _chain(f), "-o", _write(f, "o.onnx", "old")], 2, "--force"),
+    ("-o the input's data", lambda f: ["rewrite", _ext(f), "-o", f / "m.onnx.data", "--force"], 2, "external data"),
+    ("-o /dev/null", lambda f: ["rewrite", _chain(f), "-o", "/dev/null", "--force"], 2, "regular file"),
+    ("-o a FIFO", lambda f: ["rewrite", _chain(f), "-o", _fifo(f, "p"), "--force"], 2, "regular file"),
+    ("plan -o a FIFO", lambda f: ["plan", _chain(f), "-o", _fifo(f, "p"), "--force"], 2, "regular file"),
+    ("-o in a missing folder", lambda f: ["rewrite", _chain(f), "-o", f / "no" / "o.onnx"], 2, "folder"),
+    ("--report /dev/full", lambda f: ["inspect", _chain(f), "--report", "/dev/full"], 2, "regular file"),
+    ("--report /dev/stdout", lambda f: ["inspect", _chain(f), "--report", "/dev/stdout"], 2, "/dev/stdout"),
+    ("plan -o a dangling link", lambda f: ["plan", _chain(f), "-o", _link(f, "d.json", "gone/x.json"), "--force"],
+     2, "symbolic link"),
+    ("plan -o /proc", lambda f: ["plan", _chain(f), "-o", "/proc/x.json"], 2, "cannot write"),
+    ("read never produced", lambda f: ["inspect", _chain(f, _dangling_read)], 2, "ghost"),
+    ("output never produced", lambda f: ["rewrite", _chain(f, _phantom_output), "-o", f / "o.onnx"], 2, "phantom"),
+    ("no opset", lambda f: ["rewrite", _chain(f, _no_opset), "-o", f / "o.onnx"], 2, "opset"),
+    ("negative dim", lambda f: ["inspect", _chain(f, _negative_dim)], 2, "negative"),
+    ("unknown dtype", lambda f: ["inspect", _chain(f, _bad_dtype)], 2, ""),
+    ("unbound symbolic dim", lambda f: ["plan", _chain(f, _symbolic)], 2, "--dim batch=N"),
+    ("huge --dim", lambda f: ["inspect", _chain(f, _symbolic), "--dim", "batch=" + "9" * 30], 2, "out of range"),
+    ("unknown --dim", lambda f: ["inspect", _chain(f), "--dim", "nosuch=3"], 2, "nosuch"),
+    ("data at /etc/passwd", lambda f: ["rewrite", _ext(f, location="/etc/passwd"), "-o", f / "o.onnx"], 2,
+     "absolute"),
+    ("data via ..", lambda f: ["rewrite", _ext(f, location="../../../../etc/passwd"), "-o", f / "o.onnx"], 2,
+     "outside"),
+    ("data in a FIFO", lambda f: ["rewrite", _ext(f, location="p"), "-o", f / "o.onnx"] if _fifo(f, "p") else [],
+     2, "regular file"),
+    ("data link to /dev/zero", lambda f: ["inspect", _ext(f, location="z")] if _link(f, "z", "/dev/zero") else [],
+     2, "symbolic link"),
+    ("data offset beyond", lambda f: ["inspect", _ext(f, offset="99999999")], 2, "only"),
+    ("data offset malformed", lambda f: ["inspect", _ext(f, offset="1e3")], 2, "malformed"),
+    ("data missing", lambda f: ["inspect", _ext(f, location="gone.data")], 2, "missing"),
+    ("plan: string for a list", lambda f: ["rewrite", _chain(f), "--plan", _plan(f, {"regions": [{"nodes": "abc"}]}),
+                                           "-o", f / "o.onnx"], 2, "list"),
+    ("plan: ckpt_plan true", lambda f: ["rewrite", _chain(f), "--plan",
+                                        _plan(f, {"ckpt_plan": True, "regions": [{"match": "*"}]}),
+                                        "-o", f / "o.onnx"], 2, "not supported"),
+    ("plan: keep outside", lambda f: ["rewrite", _chain(f), "--plan", _plan(
+        f, {"regions": [{"nodes": ["/layers.0/MatMul"], "keep": ["a1"]}]}), "-o", f / "o.onnx"], 2, "outside"),
+    ("plan: not JSON", lambda f: ["rewrite", _chain(f), "--plan", _write(f, "plan.json", "{"), "-o", f / "o.onnx"],
+     2, "JSON"),
+    ("compare different models", lambda f: ["compare", SAMPLES / "mlp.onnx", SAMPLES / "cnn.onnx"], 2, "different"),
+    ("compare a bad report", lambda f: ["compare", _chain(f), _write(f, "r.json", '{"command": "inspect"}')], 2,
+     "schema_version"),
+    ("--fail-if infinite", lambda f: ["compare", _chain(f), "--fail-if", "peak_bytes>1e999"], 2, "out of range"),
+    ("--budget unreachable", lambda f: ["plan", _chain(f), "--budget", "1KiB"], 3, ""),
+    ("--budget inf%", lambda f: ["plan", _chain(f), "--budget", "inf%"], 2, "--budget"),
+]
+
+
+def _link(folder: Path, name: str, target: str) -> Path:
+    os.symlink(target, folder / name)
+    return folder / name
+
+
+def _state(folder: Path) -> dict[str, str]:
+    out = {}
+    for p in sorted(folder.rglob("*")):
+        if p.is_symlink():
+            out[str(p)] = "link:" + os.readlink(p)
+        elif p.is_file():
+            out[str(p)] = hashlib.sha256(p.read_bytes()).hexdigest()
+        else:
+            out[str(p)] = "other"
+    return out
+
+
+@pytest.mark.parametrize("case", ROWS, ids=[r[0] for r in ROWS])
+def test_bad_input(tmp_path, case):
+    _, setup, code, word = case
+    folder = tmp_path / "work"
+    folder.mkdir()
+    _write(folder, "unrelated.txt", "keep me")
+    argv = [str(a) for a in setup(folder)]
+    before = _state(folder)
+    r = CliRunner().invoke(main, argv)
+    assert r.exit_code == code, (argv, r.output)
+    assert "Traceback" not in r.output
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ckpt: error:"), r.stderr
+    assert word in lines[0], lines[0]
+    assert _state(folder) == before, "a file changed or appeared"
+    assert Path("/dev/null").is_char_device() and Path("/dev/full").is_char_device()

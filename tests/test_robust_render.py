@@ -1,0 +1,58 @@
+"""Model-controlled names reach the terminal escaped (issue 11, item 9): Rich markup in a
+node or tensor name neither crashes nor styles the output, and terminal escape sequences
+are shown as text, never sent to the terminal."""
+
+import onnx
+import pytest
+from click.testing import CliRunner
+
+from chain import chain_model
+from ckpt_cli.cli import main
+from ckpt_cli.report.text import plain, safe
+
+HOSTILE = ["[/]", "[link=http://x]a[/link]", "\x1b]8;;x\x07", "[bold red]spoof[/bold red]\x9b2J"]
+
+
+def hostile_chain(name: str) -> onnx.ModelProto:
+    """The chain graph with its first activation, its producer and a scope named ``name``."""
+    m = chain_model(layers=2, batch=8, width=16)
+    for n in m.graph.node:
+        n.input[:] = [name if t == "a0" else t for t in n.input]
+        n.output[:] = [name if t == "a0" else t for t in n.output]
+        if n.name == "/layers.0/Relu":
+            n.name = f"/layers.0/{name}"
+    return m
+
+
+def test_text_helpers():
+    assert plain("a\x1b]8;;x\x07b") == "a\\x1b]8;;x\\x07b"
+    assert plain("\u202eevil") == "\\u202eevil"
+    assert safe("[link=http://x]a[/link]") == "\\[link=http://x]a\\[/link]"
+
+
+@pytest.mark.parametrize("name", HOSTILE)
+@pytest.mark.parametrize("command", ["inspect", "rewrite", "plan"])
+def test_hostile_names_render_escaped(tmp_path, name, command):
+    path = tmp_path / "hostile.onnx"
+    onnx.save(hostile_chain(name), path)
+    args = [command, str(path)]
+    if command == "rewrite":
+        args += ["-o", str(tmp_path / "out.onnx"), "--region", "/layers.0/*"]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0, r.output
+    assert "\x1b" not in r.output and "\x07" not in r.output and "\x9b" not in r.output
+    visible = plain(name)
+    if command == "inspect":  # the activation is the largest stashed one: it is listed
+        assert visible in r.output, r.output
+
+
+def test_unknown_sizes_are_announced_not_silent():
+    import io
+
+    from ckpt_cli.report.render import make_console, render_unsized
+
+    out = io.StringIO()
+    render_unsized({"unsized": [{"tensor": "nz[/]", "missing_dims": ["?"]}]}, make_console(file=out))
+    text = out.getvalue()
+    assert "1 tensors have unknown size" in text and "lower bounds" in text and "nz\\[/]" not in text
+    assert "nz[/]" in text
