@@ -67,6 +67,12 @@ def _evaluate(node: Node, values: dict[str, np.ndarray], tensors: dict[str, Tens
     names = [t for t in node.inputs if t != ABSENT]
     if any(t not in values for t in names):
         return None
+    fast = _FAST.get(node.op_type)
+    if fast is not None and (node.op_type not in _AXES_INPUT or opset >= 13):
+        try:
+            return np.asarray(fast(node, *(values[t] for t in names)))
+        except (ValueError, IndexError, TypeError, ZeroDivisionError):
+            return None
     inputs = [helper.make_tensor_value_info(t, helper.np_dtype_to_tensor_dtype(values[t].dtype), values[t].shape)
               for t in dict.fromkeys(names)]
     g = helper.make_graph([node.proto], "fold", inputs, [helper.make_empty_tensor_value_info(node.outputs[0])])
@@ -77,3 +83,31 @@ def _evaluate(node: Node, values: dict[str, np.ndarray], tensors: dict[str, Tens
         return np.asarray(ReferenceEvaluator(model).run(None, {t: values[t] for t in names})[0])
     except Exception:  # an op the evaluator rejects leaves the value unknown
         return None
+
+
+def _div(node: Node, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    if a.dtype.kind not in "iu" or b.dtype.kind not in "iu" or not np.all(b):
+        raise ValueError("not an integer division")
+    q = np.abs(a) // np.abs(b)  # C++ integer division truncates toward zero
+    return np.where((a < 0) != (b < 0), -q, q).astype(np.result_type(a, b))
+
+
+def _axes(a: np.ndarray, axes: np.ndarray | None = None) -> tuple[int, ...] | None:
+    return None if axes is None else tuple(int(x) for x in axes.reshape(-1))
+
+
+# numpy for the common ops (the reference evaluator costs about 1.5 ms a node); from
+# opset 13 on, Squeeze and Unsqueeze take their axes as an input.
+_AXES_INPUT = frozenset({"Squeeze", "Unsqueeze"})
+_FAST = {
+    "Identity": lambda n, a: a,
+    "Add": lambda n, a, b: a + b,
+    "Sub": lambda n, a, b: a - b,
+    "Mul": lambda n, a, b: a * b,
+    "Div": _div,
+    "Concat": lambda n, *xs: np.concatenate(xs, axis=n.attr("axis", 0)),
+    "Gather": lambda n, a, i: np.take(a, i, axis=n.attr("axis", 0)),
+    "Unsqueeze": lambda n, a, axes: np.expand_dims(a, tuple(
+        x % (a.ndim + len(_axes(a, axes))) for x in _axes(a, axes))),
+    "Squeeze": lambda n, a, axes=None: np.squeeze(a, _axes(a, axes)),
+}
