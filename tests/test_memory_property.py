@@ -101,13 +101,9 @@ def compare(seeds: range) -> list[Case]:
 def test_memory_model_matches_ort_at_every_node():
     cases = compare(range(GRAPHS))
     assert all(c.order_ok for c in cases), "ORT did not execute ckpt's PRIORITY_BASED schedule"
-    # Where ckpt knows every tensor's size it is exact. Reshape targets computed with int64
-    # Div have no size before the run (ONNX's data propagation stops there), and ckpt
-    # reports those tensors as unsized; they are about a tenth of these graphs.
-    sized = [c for c in cases if not c.unsized]
-    assert len(sized) >= 0.8 * len(cases)
-    wrong = [c for c in sized if not c.exact]
-    assert not wrong, f"{len(wrong)} of {len(sized)} cases differ from ORT's profiler, e.g. {wrong[:3]}"
+    assert not any(c.unsized for c in cases), "ckpt left tensors unsized"
+    wrong = [c for c in cases if not c.exact]
+    assert not wrong, f"{len(wrong)} of {len(cases)} cases differ from ORT's profiler, e.g. {wrong[:3]}"
 
 
 @pytest.mark.parametrize("sample", ["mlp", "gpt", "cnn"])
@@ -138,6 +134,52 @@ def test_samples_requested_bytes_at_every_node(sample):
         assert names == list(measured.names)
         assert tuple(predicted.timeline_requested) == measured.requested
         assert abs(predicted.peak_in_use_bytes - max(measured.in_use)) <= 0.001 * max(measured.in_use)
+
+
+def _int64(values, name):
+    return onnx.numpy_helper.from_array(np.array(values, np.int64), name)
+
+
+# Reshape targets computed from a shape, and whether ORT knows the result before the run.
+SHAPE_PATTERNS = {
+    "Shape": (True, [("Shape", ["x"], "s", {}), ("Reshape", ["a", "s"], "t", {})], []),
+    "Expand to Shape": (True, [("Shape", ["x"], "s", {}), ("Expand", ["a", "s"], "t", {})], []),
+    "Slice, Concat": (False, [("Shape", ["x"], "s", {}), ("Slice", ["s", "i0", "i1"], "s0", {}),
+                              ("Slice", ["s", "i1", "i2"], "s1", {}), ("Concat", ["s0", "s1"], "c", {"axis": 0}),
+                              ("Reshape", ["a", "c"], "t", {})], []),
+    "Div, Mul": (False, [("Shape", ["x"], "s", {}), ("Div", ["s", "k"], "s0", {}), ("Mul", ["s0", "k"], "c", {}),
+                         ("Reshape", ["a", "c"], "t", {})], [_int64([1, 1], "k")]),
+    "guard": (False, [("Shape", ["x"], "s", {}), ("Size", ["x"], "z", {}), ("Unsqueeze", ["z", "i0"], "z1", {}),
+                      ("Slice", ["z1", "i0", "i0"], "e", {}), ("Concat", ["s", "e"], "c", {"axis": 0}),
+                      ("Reshape", ["a", "c"], "t", {})], []),
+}
+
+
+@pytest.mark.parametrize("pattern", list(SHAPE_PATTERNS))
+def test_shapes_ort_knows_before_the_run(pattern):
+    """t = Reshape(a, <shape computed from x's shape>); u, v, w = Neg chain; w can take u's
+    freed buffer only if ORT knows their shape."""
+    from onnx import TensorProto, helper
+
+    from ckpt_cli.analysis.shapes import infer_tensors
+
+    static, steps, inits = SHAPE_PATTERNS[pattern]
+    nodes = [helper.make_node("Neg", ["x"], ["a"], name="a")]
+    nodes += [helper.make_node(op, ins, [out], name=out, **attrs) for op, ins, out, attrs in steps]
+    nodes += [helper.make_node("Neg", [i], [o], name=o) for i, o in (("t", "u"), ("u", "v"), ("v", "w"), ("x", "y"))]
+    nodes.append(helper.make_node("Add", ["w", "y"], ["out"], name="out"))
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.DOUBLE, [128, 64])],
+                          [helper.make_tensor_value_info("out", TensorProto.DOUBLE, [128, 64])],
+                          [*inits, _int64([0], "i0"), _int64([1], "i1"), _int64([2], "i2")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 9
+    graph = Graph.from_model(model)
+    tensors = infer_tensors(graph)
+    assert tensors["u"].nbytes == 128 * 64 * 8 and tensors["u"].static_shape == static
+    order = schedules.priority_based(graph)
+    predicted = predict_in_use(graph, simulate(graph, order, tensors), tensors)
+    (measured,) = node_memory_in_child([(model, {"x": np.ones((128, 64))}, True)])
+    assert tuple(predicted.timeline_requested) == measured.requested
 
 
 def main() -> None:

@@ -494,9 +494,11 @@ SMALL_INITIALIZER_BYTES = 128  # ORT keeps initializers below this size in the a
 
 
 def small_initializer_bytes(graph, tensors) -> int:
-    """Bytes of the initializers ORT places in the arena for the whole session."""
+    """Bytes of the initializers ORT places in the arena for the whole session (it drops
+    those no node reads)."""
+    used = set(graph.consumers) | set(graph.outputs)
     return sum(info.nbytes for t in graph.initializers
-               if (info := tensors.get(t)) is not None and info.nbytes is not None
+               if t in used and (info := tensors.get(t)) is not None and info.nbytes is not None
                and info.nbytes < SMALL_INITIALIZER_BYTES)
 
 

@@ -14,9 +14,11 @@ from itertools import chain
 
 import numpy as np
 import onnx
+from onnx import numpy_helper
 
 from ..errors import ModelError, UsageError
 from ..graph import ABSENT, Graph
+from .shape_values import FOLDABLE, ORT_FOLDABLE, ORT_SCALAR_FOLDABLE, fold
 
 _INLINE_INITIALIZER_BYTES = 4096  # small ones may hold shapes that inference must read
 _DIM_UNKNOWN = "?"
@@ -118,27 +120,23 @@ def infer_tensors(graph: Graph, dims: dict[str, int] | None = None) -> dict[str,
     light.value_info.extend(src.value_info)
     model = onnx.ModelProto(ir_version=graph.model.ir_version, graph=light)
     model.opset_import.extend(graph.model.opset_import)
-    tensors = _inferred(model, light, strict_for=graph.path or "model")
-    blind = _ort_blind_values(graph)
+    tensors = _with_shape_values(graph, model, _inferred(model, light, strict_for=graph.path or "model"), FOLDABLE)
+    blind = _ort_blind_values(graph, tensors)
     if blind:
-        _mark_ort_static(model, tensors, blind)
+        _mark_ort_static(graph, model, tensors, blind)
     for t in src.initializer:
         tensors[t.name] = _info(t.data_type, tuple(t.dims))
     _fill_custom_op_shapes(graph, tensors)
     return tensors
 
 
-# ORT 1.31 computes shape values statically from Shape and Size through these ops only
-# (measured: not through Slice, Concat or Reshape; onnxruntime/core/graph/data_propagation/).
-_ORT_VALUE_OPS = frozenset({"Shape", "Size", "Constant", "Gather", "Squeeze", "Unsqueeze", "Add", "Sub", "Mul",
-                            "Div"})
-
-
-def _ort_blind_values(graph: Graph) -> list[str]:
+def _ort_blind_values(graph: Graph, tensors: dict[str, TensorInfo]) -> list[str]:
     """Shape values that ONNX's data propagation computes and ORT does not: outputs of other
     ops whose inputs are all shape values (or initializers)."""
     derived: set[str] = set()  # computed from Shape or Size
     blind: list[str] = []
+    if not any(n.op_type in ("Shape", "Size") for n in graph.nodes):
+        return blind
     consts = graph.initializers
     for i in graph.topological_order():
         node = graph.nodes[i]
@@ -148,14 +146,16 @@ def _ort_blind_values(graph: Graph) -> list[str]:
         elif ins and all(t in derived or t in consts for t in ins) and any(t in derived for t in ins):
             outs = [t for t in node.outputs if t != ABSENT]
             derived.update(outs)
-            if node.op_type not in _ORT_VALUE_OPS:
+            scalar = node.op_type in ORT_SCALAR_FOLDABLE and all(
+                t in tensors and tensors[t].shape == () for t in outs)
+            if node.op_type not in ORT_FOLDABLE and not scalar:
                 blind.extend(outs)
     return blind
 
 
-def _mark_ort_static(model: onnx.ModelProto, tensors: dict[str, TensorInfo], blind: list[str]) -> None:
-    """Infer again with ``blind`` values unknown: what is no longer sized there, ORT's
-    planner does not know before the run."""
+def _mark_ort_static(graph: Graph, model: onnx.ModelProto, tensors: dict[str, TensorInfo], blind: list[str]) -> None:
+    """Infer again with ``blind`` values unknown and only ORT's value propagation: what is
+    no longer sized there, ORT's planner does not know before the run."""
     cut = set(blind)
     light = model.graph
     g = onnx.GraphProto(name=light.name)
@@ -167,10 +167,35 @@ def _mark_ort_static(model: onnx.ModelProto, tensors: dict[str, TensorInfo], bli
     g.output.extend(light.output)
     m = onnx.ModelProto(ir_version=model.ir_version, graph=g)
     m.opset_import.extend(model.opset_import)
-    seen = _inferred(m, g)
+    seen = _with_shape_values(graph, m, _inferred(m, g), FOLDABLE, frozenset(cut))
     for t, info in tensors.items():
         if info.nbytes is not None and t not in cut and (t not in seen or seen[t].shape != info.shape):
             tensors[t] = replace(info, static_shape=False)
+
+
+def _with_shape_values(graph: Graph, model: onnx.ModelProto, tensors: dict[str, TensorInfo], ops: frozenset[str],
+                       skip: frozenset[str] = frozenset()) -> dict[str, TensorInfo]:
+    """Where tensors are unsized, evaluate shape values through ``ops`` and infer again with
+    them as constants (a few rounds: a value can size the input of the next Shape)."""
+    made = [t for n in graph.nodes for t in n.outputs if t != ABSENT]
+    folded: dict = {}
+    for _ in range(4):
+        if all(t in tensors and tensors[t].nbytes is not None for t in made):
+            break
+        values = fold(graph, tensors, ops, skip)
+        if values.keys() <= folded.keys():
+            break
+        folded.update(values)
+        g = onnx.GraphProto()
+        g.CopyFrom(model.graph)
+        del g.node[:]
+        g.node.extend(n for n in model.graph.node if not folded.keys() & set(n.output))
+        g.initializer.extend(numpy_helper.from_array(v, t) for t, v in folded.items())
+        m = onnx.ModelProto(ir_version=model.ir_version, graph=g)
+        m.opset_import.extend(model.opset_import)
+        tensors = {**tensors, **{t: info for t, info in _inferred(m, g).items()
+                                 if info.nbytes is not None and (t not in tensors or tensors[t].nbytes is None)}}
+    return tensors
 
 
 def _inferred(model: onnx.ModelProto, light: onnx.GraphProto, strict_for: object = None) -> dict[str, TensorInfo]:

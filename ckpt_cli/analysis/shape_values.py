@@ -1,0 +1,113 @@
+"""Shape values: small integer tensors computed from static shapes (Shape, Size and the
+arithmetic on them), evaluated before the run.
+
+ONNX's data propagation stops at some of these ops (int64 Div; Size feeding arithmetic),
+ORT's at others (Slice, Concat, Reshape). ckpt evaluates them itself with ONNX's reference
+evaluator, restricted to the ops the caller names, and shape inference then reads them
+as constants.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from typing import TYPE_CHECKING
+
+from ..graph import ABSENT, Graph, Node
+
+if TYPE_CHECKING:
+    from .shapes import TensorInfo
+
+# Ops ckpt evaluates on shape values.
+FOLDABLE = frozenset({"Shape", "Size", "Constant", "Gather", "Squeeze", "Unsqueeze", "Add", "Sub", "Mul", "Div",
+                      "Concat", "Slice", "Cast", "Reshape", "Identity"})
+# ORT 1.31 computes shape values from Shape and Size through these ops only, and through
+# scalar arithmetic (onnxruntime/core/graph/data_propagation/; measured: not through Slice,
+# Concat, Reshape or arithmetic on whole shapes).
+ORT_FOLDABLE = frozenset({"Shape", "Size", "Constant", "Gather", "Squeeze", "Unsqueeze"})
+ORT_SCALAR_FOLDABLE = frozenset({"Add", "Sub", "Mul", "Div"})
+_MAX_ELEMENTS = 64
+_INTEGER = (onnx.TensorProto.INT64, onnx.TensorProto.INT32)
+
+
+def fold(graph: Graph, tensors: dict[str, TensorInfo], ops: frozenset[str],
+         skip: frozenset[str] = frozenset()) -> dict[str, np.ndarray]:
+    """Values of node outputs computable from static shapes and small integer
+    initializers through ``ops`` (outputs in ``skip`` stay unknown)."""
+    values: dict[str, np.ndarray] = {
+        name: numpy_helper.to_array(t) for name, t in graph.initializers.items()
+        if t.data_type in _INTEGER and t.data_location != onnx.TensorProto.EXTERNAL
+        and math.prod(t.dims) <= _MAX_ELEMENTS}
+    made: dict[str, np.ndarray] = {}
+    opset = graph.opset("") or 18
+    for i in graph.topological_order():
+        node = graph.nodes[i]
+        if (node.op_type not in ops or node.domain not in ("", "ai.onnx") or len(node.outputs) != 1
+                or node.outputs[0] in skip):
+            continue
+        value = _evaluate(node, values, tensors, opset)
+        if value is not None and value.dtype.kind in "iu" and value.size <= _MAX_ELEMENTS:
+            values[node.outputs[0]] = made[node.outputs[0]] = value
+    return made
+
+
+def _evaluate(node: Node, values: dict[str, np.ndarray], tensors: dict[str, TensorInfo],
+              opset: int) -> np.ndarray | None:
+    if node.op_type in ("Shape", "Size"):
+        info = tensors.get(node.inputs[0])
+        if info is None or info.shape is None or not all(isinstance(d, int) for d in info.shape):
+            return None
+        if node.op_type == "Size":
+            return np.array(math.prod(info.shape), np.int64)
+        return np.array(info.shape[node.attr("start", 0):node.attr("end", None)], np.int64)
+    names = [t for t in node.inputs if t != ABSENT]
+    if any(t not in values for t in names):
+        return None
+    fast = _FAST.get(node.op_type)
+    if fast is not None and (node.op_type not in _AXES_INPUT or opset >= 13):
+        try:
+            return np.asarray(fast(node, *(values[t] for t in names)))
+        except (ValueError, IndexError, TypeError, ZeroDivisionError):
+            return None
+    inputs = [helper.make_tensor_value_info(t, helper.np_dtype_to_tensor_dtype(values[t].dtype), values[t].shape)
+              for t in dict.fromkeys(names)]
+    g = helper.make_graph([node.proto], "fold", inputs, [helper.make_empty_tensor_value_info(node.outputs[0])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    try:
+        from onnx.reference import ReferenceEvaluator
+
+        return np.asarray(ReferenceEvaluator(model).run(None, {t: values[t] for t in names})[0])
+    except Exception:  # an op the evaluator rejects leaves the value unknown
+        return None
+
+
+def _div(node: Node, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    if a.dtype.kind not in "iu" or b.dtype.kind not in "iu" or not np.all(b):
+        raise ValueError("not an integer division")
+    q = np.abs(a) // np.abs(b)  # C++ integer division truncates toward zero
+    return np.where((a < 0) != (b < 0), -q, q).astype(np.result_type(a, b))
+
+
+def _axes(a: np.ndarray, axes: np.ndarray | None = None) -> tuple[int, ...] | None:
+    return None if axes is None else tuple(int(x) for x in axes.reshape(-1))
+
+
+# numpy for the common ops (the reference evaluator costs about 1.5 ms a node); from
+# opset 13 on, Squeeze and Unsqueeze take their axes as an input.
+_AXES_INPUT = frozenset({"Squeeze", "Unsqueeze"})
+_FAST = {
+    "Identity": lambda n, a: a,
+    "Add": lambda n, a, b: a + b,
+    "Sub": lambda n, a, b: a - b,
+    "Mul": lambda n, a, b: a * b,
+    "Div": _div,
+    "Concat": lambda n, *xs: np.concatenate(xs, axis=n.attr("axis", 0)),
+    "Gather": lambda n, a, i: np.take(a, i, axis=n.attr("axis", 0)),
+    "Unsqueeze": lambda n, a, axes: np.expand_dims(a, tuple(
+        x % (a.ndim + len(_axes(a, axes))) for x in _axes(a, axes))),
+    "Squeeze": lambda n, a, axes=None: np.squeeze(a, _axes(a, axes)),
+}
