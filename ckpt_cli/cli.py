@@ -212,13 +212,15 @@ def default_output(model: Path) -> Path:
 @click.option("--plan", "plan_file", type=click.Path(dir_okay=False, path_type=Path),
               help="A JSON plan file (the 'plan' of a rewrite --json report, or written by hand; see README).")
 @click.option("--no-recompute", is_flag=True, help="Only write the memory-efficient order, no recompute.")
+@click.option("--pin/--no-pin", default=True, show_default=True,
+              help="Hold the written order in the data flow (guard nodes), so that it survives any ORT session.")
 @auto_options
 @click.option("--check", "run_the_check", is_flag=True,
               help="Then run `ckpt check` on the result (exit 1 if it fails).")
 @check_options
 @analysis_options
 @report_options
-def rewrite(model: Path, output, force, patterns, scope, boundaries, plan_file, no_recompute, auto, budget,
+def rewrite(model: Path, output, force, patterns, scope, boundaries, plan_file, no_recompute, pin, auto, budget,
             run_the_check, provider, runs, seed, feeds_file, python, rtol, atol, dims, loss, grad_outputs, as_json,
             report_path, quiet) -> None:
     """Rewrite a training graph to recompute activations instead of stashing them.
@@ -253,11 +255,11 @@ def rewrite(model: Path, output, force, patterns, scope, boundaries, plan_file, 
         planned = None if no_recompute else make_plan(a, auto, budget, list(patterns), scope, list(boundaries),
                                                        plan_file, progress=status and status.update)
     plan = planned.plan if planned else None
-    result = rewrite_plan(a, planned)
+    result = rewrite_plan(a, planned, pin)
     written = save_model(to_model(result), output,
                          source_dir=model.parent)
     options = {"regions": list(patterns), "regions_by_scope": scope, "boundaries": list(boundaries),
-               "plan": str(plan_file) if plan_file else None, "no_recompute": no_recompute, "auto": auto,
+               "plan": str(plan_file) if plan_file else None, "no_recompute": no_recompute, "pin": pin, "auto": auto,
                "budget": budget, "dims": list(dims), "loss": loss, "grad_outputs": list(grad_outputs)}
     report = rewrite_report(a, result, str(written[0]),
                             plan.to_json([n.name for n in a.graph.nodes]) if plan else None,

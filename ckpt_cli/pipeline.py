@@ -60,11 +60,11 @@ class Planned:
     result: RewriteResult | None = None  # the search's own rewrite of ``plan``, when it has one
 
 
-def rewrite_plan(a: Analysis, planned: Planned | None) -> RewriteResult:
-    """``rewrite(a, planned.plan)``, reusing the search's rewrite of it when there is one."""
-    if planned is not None and planned.result is not None:
+def rewrite_plan(a: Analysis, planned: Planned | None, pin: bool = True) -> RewriteResult:
+    """``rewrite(a, planned.plan, pin)``, reusing the search's (pinned) rewrite of it when there is one."""
+    if pin and planned is not None and planned.result is not None:
         return planned.result
-    return rewrite(a, planned.plan if planned is not None else None)
+    return rewrite(a, planned.plan if planned is not None else None, pin)
 
 
 def make_plan(a: Analysis, auto: str | None = None, budget: str | None = None, patterns=None, scope=None,

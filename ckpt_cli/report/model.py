@@ -202,8 +202,17 @@ def rewrite_report(before: Analysis, result, output: str | None, plan_json: dict
         "recompute_share_of_step": result.recompute_flops / step_flops if step_flops else 0.0,
         "session_settings": settings_snippet,
         "enable_mem_reuse": result.mem_reuse,
+        "pin": _pin_row(result.pinned),
         "plan": plan_json,
     }
+
+
+def _pin_row(pinned) -> dict | None:
+    """What holding the order in the data flow added (None: written with --no-pin)."""
+    if pinned is None:
+        return None
+    return {"guard_nodes": pinned.guard_nodes, "guarded_inputs": pinned.guarded_inputs,
+            "tied_outputs": pinned.tied_outputs, "blocks": pinned.blocks}
 
 
 def check_report(original: Analysis, rewritten: Analysis, figures: dict, options: dict) -> dict:

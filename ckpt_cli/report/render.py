@@ -113,6 +113,11 @@ def render_rewrite(r: dict, console: Console) -> None:
     for line in chart_lines(console, [("before", b["timeline"]), ("after", a["timeline"])],
                             [b["backward_starts_at"], a["backward_starts_at"]]):
         console.print(line, markup=False)
+    pin = r.get("pin")
+    if pin and pin["guard_nodes"]:
+        console.print(f"Order pinned: {pin['guard_nodes']} guard nodes ({pin['guarded_inputs']} guarded inputs, "
+                      f"{pin['tied_outputs']} tied gradients, {pin['blocks']} blocks) keep recompute blocks in the "
+                      "backward under any execution order and optimization level.")
     console.print("The saving is real only under these ONNX Runtime session settings:")
     console.print(r["session_settings"], markup=False)
 
