@@ -12,6 +12,7 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from .errors import ModelError
+from .expand import expand_functions
 from .graph import Graph, gc_paused
 
 _PROTOBUF_LIMIT = 2**31 - 1
@@ -45,7 +46,7 @@ def load_graph(path: str | Path) -> Graph:
     if model.ir_version == 0 or not model.HasField("graph") or not model.graph.node:
         raise ModelError(f"{path}: not an ONNX model (no graph with nodes in it)")
     _check_external_files(model, path)
-    graph = Graph.from_model(model, path=path)
+    graph = expand_functions(Graph.from_model(model, path=path))  # plan on the nodes ORT runs
     graph.topological_order()  # raises on a cycle
     return graph
 

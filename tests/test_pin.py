@@ -113,10 +113,8 @@ def test_pinned_rewrite_on_ort(name, workdir):
     assert all(np.array_equal(a[k], b[k]) for k in a)
     a, b = outputs[("pin", "ckpt")], outputs[("orig", "ckpt")]
     assert all(np.array_equal(a[k], b[k]) for k in a)
-    # Under the recorded settings ORT runs the file order, guards included (the synthetic
-    # graph's SoftmaxCrossEntropyLoss is a function op ORT expands: ckpt_cli/expand.py).
-    if name != "synthetic":
-        assert ckpt["executed"] == [n.name for n in pinned.graph.nodes]
+    # Under the recorded settings ORT runs the file order, guards included.
+    assert ckpt["executed"] == [n.name for n in pinned.graph.nodes]
     if name == "mlp":
         return  # the default plan raises the mlp's peak over ORT's defaults (never-worse: not done)
     # Under ORT's defaults the memory pattern takes one power-of-two arena chunk: on the gpt
