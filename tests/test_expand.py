@@ -55,6 +55,6 @@ def test_expanded_rewrite_runs_in_the_written_order(synthetic, tmp_path):
     save_model(to_model(result), out)
     make_feeds(synthetic, feeds)
     measured = measure(out, "ckpt", feeds)
-    assert measured["executed"] == [n.name for n in result.graph.nodes]
+    assert measured["executed"] == [n.name for n in result.graph.nodes if n.op_type != "Constant"]
     predicted = result.after.arena_in_use(result.mem_reuse)
     assert abs(measured["peak_bytes"] - predicted) <= 0.10 * measured["peak_bytes"]

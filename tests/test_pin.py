@@ -113,8 +113,9 @@ def test_pinned_rewrite_on_ort(name, workdir):
     assert all(np.array_equal(a[k], b[k]) for k in a)
     a, b = outputs[("pin", "ckpt")], outputs[("orig", "ckpt")]
     assert all(np.array_equal(a[k], b[k]) for k in a)
-    # Under the recorded settings ORT runs the file order, guards included.
-    assert ckpt["executed"] == [n.name for n in pinned.graph.nodes]
+    # Under the recorded settings ORT runs the file order, guards included (Constant nodes
+    # become initializers: ORT runs no kernel for them).
+    assert ckpt["executed"] == [n.name for n in pinned.graph.nodes if n.op_type != "Constant"]
     if name == "mlp":
         return  # the default plan raises the mlp's peak over ORT's defaults (never-worse: not done)
     # Under ORT's defaults the memory pattern takes one power-of-two arena chunk: on the gpt

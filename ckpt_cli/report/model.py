@@ -203,6 +203,8 @@ def rewrite_report(before: Analysis, result, output: str | None, plan_json: dict
         "session_settings": settings_snippet,
         "enable_mem_reuse": result.mem_reuse,
         "pin": _pin_row(result.pinned),
+        "no_gain_reason": result.no_gain_reason,
+        "warning": result.warning,
         "plan": plan_json,
     }
 

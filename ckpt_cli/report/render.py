@@ -113,6 +113,10 @@ def render_rewrite(r: dict, console: Console) -> None:
     for line in chart_lines(console, [("before", b["timeline"]), ("after", a["timeline"])],
                             [b["backward_starts_at"], a["backward_starts_at"]]):
         console.print(line, markup=False)
+    if r.get("no_gain_reason"):
+        console.print(f"[yellow]No gain:[/yellow] {r['no_gain_reason']}.")
+    if r.get("warning"):
+        console.print(f"[yellow]Warning:[/yellow] {r['warning']}.")
     pin = r.get("pin")
     if pin and pin["guard_nodes"]:
         console.print(f"Order pinned: {pin['guard_nodes']} guard nodes ({pin['guarded_inputs']} guarded inputs, "

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import onnx
 
-from ..analysis import MEM_REUSE_META, Analysis, analyse
+from ..analysis import MEM_REUSE_META, Analysis, analyse, schedules
 from ..analysis.arena import predict_in_use
 from ..analysis.cost import node_cost
 from ..analysis.memory import buffer_roots, simulate
@@ -28,6 +28,8 @@ class RewriteResult:
     recompute_flops: int
     mem_reuse: bool = True  # the SessionOptions.enable_mem_reuse the written graph should run with
     pinned: PinResult | None = None  # the guards that hold the order (None: --no-pin)
+    no_gain_reason: str | None = None  # set when the plan was dropped because it lowered nothing
+    warning: str | None = None  # set when a user's plan raises the predicted peak
 
     @property
     def guard_nodes(self) -> int:
@@ -75,8 +77,11 @@ def rewrite(a: Analysis, plan: Plan | None, pin: bool = True) -> RewriteResult:
     sizes = {t: info.nbytes for t, info in tensors.items() if info.nbytes}
     order = memory_aware(new, sizes, buffer_roots(new), [n.name not in forward_names for n in new.nodes],
                          [n.name in copy_names for n in new.nodes])
+    # ORT's DEFAULT order is a candidate too: where the peak is set by the order rather than
+    # by stashed activations it can beat both.
     chosen, profile, mem_reuse = _choose_order_and_reuse(
-        a, [executed_order(new, order), executed_order(new)], tensors)
+        a, [executed_order(new, order), executed_order(new), executed_order(new, schedules.ort_default(new))],
+        tensors)
     new = _mark_early_backward(chosen, forward_names)
     pinned = None
     if pin:
@@ -91,6 +96,16 @@ def rewrite(a: Analysis, plan: Plan | None, pin: bool = True) -> RewriteResult:
     copies = [n for n in new.nodes if n.name in copy_names]
     flops = sum(node_cost(n, tensors).flops for n in copies)  # not after.costs: that prices every node
     return RewriteResult(new, after, regions, len(copies), flops, mem_reuse, pinned)
+
+
+def original_best(a: Analysis) -> tuple[int, str]:
+    """The original's lowest predicted arena peak over the orders and buffer-reuse settings a
+    user can pick (ORT's defaults included; fusions are not simulated), and which it is."""
+    from ..analysis.arena import predict_in_use
+
+    return min((a.arena_in_use(True), "its file order"),
+               (a.arena_in_use(False), "its file order with enable_mem_reuse=False"),
+               (predict_in_use(a.graph, a.default, a.tensors).peak_in_use_bytes, "ORT's DEFAULT order"))
 
 
 # The written model records how many guard nodes pin added.
@@ -153,7 +168,6 @@ def to_model(result: RewriteResult) -> onnx.ModelProto:
     if pinned is not None and pinned.guard_nodes:
         # Guards read shapes from a runtime tensor: onnx inference cannot follow them, so
         # their outputs' types are written out (same as their inputs).
-        model.graph.initializer.extend(pinned.zeros.values())
         guarded = {n.outputs[0]: n.inputs[0] for n in result.graph.nodes
                    if n.op_type == "Reshape" and n.meta(GUARD_META) is not None}
         for out, x in guarded.items():

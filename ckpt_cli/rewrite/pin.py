@@ -40,16 +40,10 @@ _INT64 = onnx.TensorProto.INT64
 class PinResult:
     graph: Graph
     tensors: dict[str, TensorInfo]
-    guard_nodes: int  # nodes added (Size, Max, Mul, Reshape)
+    guard_nodes: int  # nodes added (Constant, Size, Max, Mul, Reshape)
     guarded_inputs: int  # block inputs read through a guard
     tied_outputs: int  # weight gradients tied into a later block's trigger
     blocks: int  # recompute blocks pinned
-    zeros: dict[str, onnx.TensorProto]  # new initializers (int64 zeros, one per rank)
-
-
-def _zeros(rank: int) -> tuple[str, onnx.TensorProto]:
-    name = f"ckpt_pin_zeros_{rank}"
-    return name, onnx.numpy_helper.from_array(np.zeros(rank, np.int64), name)
 
 
 def _node(op: str, inputs: list[str], output: str, name: str, region: str) -> onnx.NodeProto:
@@ -93,7 +87,7 @@ def pin(graph: Graph, tensors: dict[str, TensorInfo], forward: set[str]) -> PinR
             copies.setdefault(n.meta(REGION_META) or n.name, []).append(n)
     tensors = dict(tensors)
     if not copies:
-        return PinResult(graph, tensors, 0, 0, 0, 0, {})
+        return PinResult(graph, tensors, 0, 0, 0, 0)
     copy_index = {n.index for block in copies.values() for n in block}
     outputs = set(graph.outputs)
     resident = set(graph.resident)
@@ -105,7 +99,7 @@ def pin(graph: Graph, tensors: dict[str, TensorInfo], forward: set[str]) -> PinR
     taken = set(graph.producer) | resident | {n.name for n in nodes}
     new_protos: dict[int, list[onnx.NodeProto]] = {}  # position -> guard nodes written before it
     rewired: dict[int, onnx.NodeProto] = {}
-    zeros: dict[str, onnx.TensorProto] = {}
+    zeros: dict[int, str] = {}  # rank -> a Constant of that many int64 zeros (one per graph)
     counts = {"nodes": 0, "inputs": 0, "ties": 0}
 
     def fresh(base: str) -> str:
@@ -148,12 +142,16 @@ def pin(graph: Graph, tensors: dict[str, TensorInfo], forward: set[str]) -> PinR
                 if info is None or info.shape is None:
                     continue  # rank unknown: no zeros vector fits (the copy stays unpinned)
                 rank = len(info.shape)
+                if rank not in zeros:
+                    zeros[rank] = fresh(f"ckpt_pin_zeros_{rank}")
+                    p = _node("Constant", [], zeros[rank], zeros[rank], region)
+                    p.attribute.append(onnx.helper.make_attribute(
+                        "value", onnx.numpy_helper.from_array(np.zeros(rank, np.int64))))
+                    guards.append(p)
+                    tensors[zeros[rank]] = TensorInfo(_INT64, (rank,), 8 * rank)
                 if rank not in by_rank:
-                    zname, ztensor = _zeros(rank)
-                    zeros[zname] = ztensor
-                    tensors.setdefault(zname, TensorInfo(_INT64, (rank,), 8 * rank))
                     shape = by_rank[rank] = fresh(f"{region}_ckpt_shape{rank}")
-                    guards.append(_node("Mul", [gate, zname], shape, shape, region))
+                    guards.append(_node("Mul", [gate, zeros[rank]], shape, shape, region))
                     tensors[shape] = TensorInfo(_INT64, (rank,), 8 * rank)
                 out = guarded[x] = fresh(f"{x}_ckpt_pinned")
                 guards.append(_node("Reshape", [x, by_rank[rank]], out, out, region))
@@ -171,7 +169,5 @@ def pin(graph: Graph, tensors: dict[str, TensorInfo], forward: set[str]) -> PinR
             protos.append(rewired[n.index])
         else:
             protos.append(_unmarked(n.proto) if n.index in copy_index else n.proto)
-    pinned = graph.with_nodes(protos)
-    pinned.initializers.update(zeros)
-    return PinResult(executed_order(pinned), tensors, counts["nodes"], counts["inputs"], counts["ties"],
-                     len(new_protos), zeros)
+    return PinResult(executed_order(graph.with_nodes(protos)), tensors, counts["nodes"], counts["inputs"],
+                     counts["ties"], len(new_protos))
