@@ -77,11 +77,12 @@ def rewrite(a: Analysis, plan: Plan | None, pin: bool = True) -> RewriteResult:
     sizes = {t: info.nbytes for t, info in tensors.items() if info.nbytes}
     order = memory_aware(new, sizes, buffer_roots(new), [n.name not in forward_names for n in new.nodes],
                          [n.name in copy_names for n in new.nodes])
-    # ORT's DEFAULT order is a candidate too: where the peak is set by the order rather than
-    # by stashed activations it can beat both.
-    chosen, profile, mem_reuse = _choose_order_and_reuse(
-        a, [executed_order(new, order), executed_order(new), executed_order(new, schedules.ort_default(new))],
-        tensors)
+    candidates = [executed_order(new, order), executed_order(new)]
+    if not copy_names:
+        # Reordering only: ORT's DEFAULT order is a candidate too (where the order sets the
+        # peak it can beat both). With copies it would run them right after their inputs.
+        candidates.append(executed_order(new, schedules.ort_default(new)))
+    chosen, profile, mem_reuse = _choose_order_and_reuse(a, candidates, tensors)
     new = _mark_early_backward(chosen, forward_names)
     pinned = None
     if pin:
