@@ -25,7 +25,14 @@ from ckpt_cli.synthetic import build_transformer
 sys.path.insert(0, str(ROOT))
 from bench.sessions import make_feeds, measure  # noqa: E402
 
-MODELS = ["gpt", "mlp", "cnn", "synthetic"]
+MODELS = ["gpt", "mlp", "cnn", "synthetic", "gpt12", "resnet18"]
+# Sessions in which the pinned rewrite measures below the original under ORT's defaults
+# (bench/SESSIONS.md has the figures). The mlp's default plan raises its peak and resnet18's
+# is set by the order (ORT's DEFAULT order beats both; never-worse drops those plans in
+# rewrite_plan, tests/test_no_gain.py); test_pin forces the plans to test the guards.
+BELOW = {"gpt": ("default_all", "ckpt"), "cnn": ("default_all", "ckpt"), "mlp": (),
+         "synthetic": ("plain", "default_all", "ckpt"), "gpt12": ("plain", "default_all", "ckpt"),
+         "resnet18": ("ckpt",)}
 GUARD_SLACK = 1024  # the guards' Size/Mul/Max outputs: a few tiny tensors live at once (arena blocks of 64 B)
 
 
@@ -116,11 +123,10 @@ def test_pinned_rewrite_on_ort(name, workdir):
     # Under the recorded settings ORT runs the file order, guards included (Constant nodes
     # become initializers: ORT runs no kernel for them).
     assert ckpt["executed"] == [n.name for n in pinned.graph.nodes if n.op_type != "Constant"]
-    if name == "mlp":
-        return  # the default plan raises the mlp's peak over ORT's defaults (never-worse: not done)
-    # Under ORT's defaults the memory pattern takes one power-of-two arena chunk: on the gpt
-    # and cnn samples both graphs get the same 8 MiB chunk, plus the guards' few bytes.
-    assert peaks["plain"] <= original + GUARD_SLACK
-    assert peaks["default_all"] < original and peaks["ckpt"] < original
-    if name == "gpt":  # issue 14's goal for (c); (a) <= 0.5x is not reached (see README)
+    assert all(peaks[s] < original for s in BELOW[name]), (peaks, original)
+    if name in ("gpt", "cnn"):
+        # Under ORT's defaults the memory pattern takes one power-of-two arena chunk: both
+        # graphs get the same 8 MiB chunk, plus the guards' few bytes.
+        assert peaks["plain"] <= original + GUARD_SLACK
+    if name.startswith("gpt"):  # issue 14's goal for (c)
         assert peaks["ckpt"] <= 0.4 * original
