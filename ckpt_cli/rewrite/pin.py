@@ -100,6 +100,7 @@ def pin(graph: Graph, tensors: dict[str, TensorInfo], forward: set[str]) -> PinR
     new_protos: dict[int, list[onnx.NodeProto]] = {}  # position -> guard nodes written before it
     rewired: dict[int, onnx.NodeProto] = {}
     zeros: dict[int, str] = {}  # rank -> a Constant of that many int64 zeros (one per graph)
+    unpinned: set[int] = set()  # copies that read only tensors of unknown rank
     counts = {"nodes": 0, "inputs": 0, "ties": 0}
 
     def fresh(base: str) -> str:
@@ -115,7 +116,8 @@ def pin(graph: Graph, tensors: dict[str, TensorInfo], forward: set[str]) -> PinR
         ties = [t for k in range(previous, start) if nodes[k].name not in forward and k not in copy_index
                 for t in nodes[k].outputs if t in outputs and t not in resident and t != trigger]
         previous = start
-        if trigger is None:
+        if trigger is None:  # nothing is written before the block: it keeps its CSE marks
+            unpinned.update(n.index for n in block)
             continue
         guards: list[onnx.NodeProto] = []
         sizes = []
@@ -140,7 +142,8 @@ def pin(graph: Graph, tensors: dict[str, TensorInfo], forward: set[str]) -> PinR
             info = tensors.get(x)
             if x not in guarded:
                 if info is None or info.shape is None:
-                    continue  # rank unknown: no zeros vector fits (the copy stays unpinned)
+                    unpinned.add(n.index)  # rank unknown: no zeros vector fits; it keeps its CSE mark
+                    continue
                 rank = len(info.shape)
                 if rank not in zeros:
                     zeros[rank] = fresh(f"ckpt_pin_zeros_{rank}")
@@ -168,6 +171,6 @@ def pin(graph: Graph, tensors: dict[str, TensorInfo], forward: set[str]) -> PinR
         if n.index in rewired:
             protos.append(rewired[n.index])
         else:
-            protos.append(_unmarked(n.proto) if n.index in copy_index else n.proto)
+            protos.append(_unmarked(n.proto) if n.index in copy_index - unpinned else n.proto)
     return PinResult(executed_order(graph.with_nodes(protos)), tensors, counts["nodes"], counts["inputs"],
                      counts["ties"], len(new_protos))
