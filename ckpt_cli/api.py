@@ -24,6 +24,7 @@ import onnx
 from . import __version__
 from .analysis import Analysis, analyse, symbolic_dims
 from .errors import ModelError, UsageError
+from .expand import expand_functions
 from .graph import Graph
 from .load import load_graph
 from .pipeline import Planned, make_plan, plan_rows, rewrite_plan
@@ -59,6 +60,7 @@ def load_input(model: ModelInput) -> Loaded:
         proto.CopyFrom(model)  # the caller's model is never modified
         graph = Graph.from_model(proto)
         graph.topological_order()  # raises on a cycle
+        graph = expand_functions(graph)  # plan on the nodes ORT runs
         return Loaded(graph, Source.of_proto(model), None, Path("."))
     path = Path(model)
     graph = load_graph(path)
@@ -242,14 +244,15 @@ def rewrite_model(model: ModelInput, output: str | Path | None = None, *, force:
                   regions: list[str] | None = None, regions_by_scope: str | None = None,
                   boundaries: list[str] | None = None, plan: str | Path | None = None,
                   auto: str | None = None, budget: str | None = None, no_recompute: bool = False,
-                  dims: dict[str, int] | None = None, loss: str | None = None, grad_outputs: list[str] | None = None,
+                  pin: bool = True, dims: dict[str, int] | None = None, loss: str | None = None, grad_outputs: list[str] | None = None,
                   check: bool | CheckOptions = False, progress: Callable[[str], None] | None = None
                   ) -> RewriteModelResult:
     """Rewrite a training graph to recompute activations instead of stashing them.
 
     Regions come from ``regions`` (globs or ``re:`` regexes over node names),
     ``regions_by_scope``, ``boundaries`` ('IN1,IN2:OUT1'), a ``plan`` file, ``auto`` or
-    ``budget``; with none, one region per repeated layer. The rewritten ModelProto is in
+    ``budget``; with none, the lowest-peak plan. ``pin`` holds the written order in the
+    data flow (guard nodes), so that any ORT session runs it. The rewritten ModelProto is in
     the result; it is written only when ``output`` is given (atomically, never over the
     input). ``check`` (True or CheckOptions) runs both models on ONNX Runtime."""
     regions, boundaries = list(regions or []), list(boundaries or [])
@@ -262,9 +265,9 @@ def rewrite_model(model: ModelInput, output: str | Path | None = None, *, force:
     planned = None if no_recompute else make_plan(a, auto, budget, regions, regions_by_scope, boundaries,
                                                    Path(plan) if plan else None, progress=progress)
     chosen = planned.plan if planned else None
-    result = rewrite_plan(a, planned)
+    result = rewrite_plan(a, planned, pin)
     options = {"regions": regions, "regions_by_scope": regions_by_scope, "boundaries": boundaries,
-               "plan": str(plan) if plan else None, "no_recompute": no_recompute, "auto": auto,
+               "plan": str(plan) if plan else None, "no_recompute": no_recompute, "pin": pin, "auto": auto,
                "budget": budget, **_analysis_options(dims, loss, grad_outputs)}
     rewritten = to_model(result, _provenance(options, result, chosen))
     written = save_model(rewritten, Path(output), source_dir=loaded.data_dir) if output is not None else []

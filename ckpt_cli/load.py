@@ -13,6 +13,7 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from .errors import ModelError
+from .expand import expand_functions
 from .external import check_external, external_tensors
 from .graph import ABSENT, Graph, gc_paused
 
@@ -74,6 +75,8 @@ def load_graph(path: str | Path) -> Graph:
     if len(model.graph.node) <= _CHECKER_MAX_NODES:
         _run_checker(model, path, order)
     _data_files[path.resolve()] = files
+    graph = expand_functions(graph)  # plan on the nodes ORT runs
+    graph.topological_order()
     return graph
 
 

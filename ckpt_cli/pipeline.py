@@ -15,8 +15,8 @@ from .planning.explain import explain
 from .planning.search import Intervals
 from .planning.solver import optimal_plan
 from .planning.strategies import STRATEGIES, BudgetResult, PlanCost, budget_plan, parse_budget
-from .units import human_flops
-from .rewrite import RewriteResult, rewrite
+from .units import human_bytes, human_flops
+from .rewrite import RewriteResult, original_best, rewrite
 
 AUTO_NAMES = ("layers", "sqrt", "balanced", "budget", "optimal")
 
@@ -27,15 +27,16 @@ def _cost(result: RewriteResult) -> PlanCost:
 
 
 def plan_cost(a: Analysis, plan: Plan) -> PlanCost:
-    """The cost model of plan searches: rewrite the graph and simulate its memory."""
-    return _cost(rewrite(a, plan))
+    """The cost model of plan searches: rewrite the graph and simulate its memory. Searches
+    rewrite without pin: its guards change the peak by a few bytes and cost half the time."""
+    return _cost(rewrite(a, plan, pin=False))
 
 
 def keep_intervals(a: Analysis, plan: Plan) -> Intervals:
     """The linear model of plan searches: on the schedule of ``plan`` rewritten, the steps
     where keeping each recomputed activation would add its bytes (after its last forward
     use, before its copy is born)."""
-    result = rewrite(a, plan)
+    result = rewrite(a, plan, pin=False)
     g = result.graph
     by_name = {n.name: n for n in a.graph.nodes}
     spans: dict[str, tuple[int, int]] = {}
@@ -57,14 +58,36 @@ class Planned:
     plan: Plan | None
     budget: int | None = None
     search: BudgetResult | None = None
-    result: RewriteResult | None = None  # the search's own rewrite of ``plan``, when it has one
+    result: RewriteResult | None = None  # the search's own (unpinned) rewrite of ``plan``, when it has one
+    user: bool = False  # regions or a strategy the user chose (--region, --plan, --auto): warned about, never dropped
 
 
-def rewrite_plan(a: Analysis, planned: Planned | None) -> RewriteResult:
-    """``rewrite(a, planned.plan)``, reusing the search's rewrite of it when there is one."""
-    if planned is not None and planned.result is not None:
-        return planned.result
-    return rewrite(a, planned.plan if planned is not None else None)
+def rewrite_plan(a: Analysis, planned: Planned | None, pin: bool = True) -> RewriteResult:
+    """``rewrite(a, planned.plan, pin)``, reusing the search's rewrite of it when that is what is asked.
+
+    Never worse by default: a chosen plan whose predicted peak is not below the original's
+    under its best order and settings is dropped for the reordered graph, with the reason
+    in ``no_gain_reason``; a user's plan is kept with a ``warning``. A budget is the user's
+    own limit and is kept as it is."""
+    plan = planned.plan if planned is not None else None
+    if not pin and planned is not None and planned.result is not None:
+        result = planned.result
+    else:
+        result = rewrite(a, plan, pin)
+    if plan is None or planned.budget is not None:
+        return result
+    best, how = original_best(a)
+    peak = result.after.arena_in_use(result.mem_reuse)
+    if peak < best:
+        return result
+    line = (f"the plan's predicted peak {human_bytes(peak)} is not below the original's "
+            f"{human_bytes(best)} under {how}")
+    if planned.user:
+        result.warning = line
+        return result
+    reordered = rewrite(a, None, pin)
+    reordered.no_gain_reason = line + "; wrote the reordered graph without recompute"
+    return reordered
 
 
 def make_plan(a: Analysis, auto: str | None = None, budget: str | None = None, patterns=None, scope=None,
@@ -94,7 +117,7 @@ def make_plan(a: Analysis, auto: str | None = None, budget: str | None = None, p
             return what
 
         def cost(plan: Plan) -> PlanCost:
-            result = rewrite(a, plan)
+            result = rewrite(a, plan, pin=False)
             fits = result.after.priority.peak_bytes <= limit
             if fits and ("result" not in kept or result.recompute_flops < kept["result"].recompute_flops):
                 kept["plan"], kept["result"] = plan, result
@@ -109,8 +132,8 @@ def make_plan(a: Analysis, auto: str | None = None, budget: str | None = None, p
         plan = STRATEGIES[auto](a)
         if plan is None:
             raise UsageError(f"--auto {auto}: no repeated layers found in this graph; try --auto sqrt")
-        return Planned(plan)
-    return Planned(choose_plan(a, patterns, scope, boundaries, plan_file))
+        return Planned(plan, user=True)
+    return Planned(choose_plan(a, patterns, scope, boundaries, plan_file), user=manual)
 
 
 def plan_rows(a: Analysis, planned: Planned, result: RewriteResult) -> list[dict]:

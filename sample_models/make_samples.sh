@@ -37,7 +37,7 @@ if ! "$TRAIN/bin/python" -c "import onnxruntime.capi._pybind_state as C, onnx, n
     "$TRAIN/bin/pip" install --quiet "onnxruntime-training-cpu==1.19.2" "numpy<2" "onnx==1.16.2"
 fi
 
-echo "== generate.py (torch joint graphs: mlp, gpt, cnn)"
+echo "== generate.py (torch joint graphs: mlp, gpt, cnn, gpt12, resnet18)"
 # Quiet the exporter's progress lines and warnings; errors still surface.
 "$GEN/bin/python" -W ignore sample_models/generate.py "$@" 2> >(grep -v -e '^W[0-9]\{4\} ' -e 'torchvision is not installed' >&2)
 

@@ -144,7 +144,7 @@ def test_rewriting_a_rewritten_graph_nests_nothing(tmp_path):
 def test_check_json_contract_and_corrupted_rewrite(tmp_path):
     src = SAMPLES / "mlp.onnx"
     out = tmp_path / "mlp.ckpt.onnx"
-    assert run("rewrite", src, "-o", out, "-q")[0] == 0
+    assert run("rewrite", src, "-o", out, "-q", "--auto", "layers")[0] == 0
     code, text = run("check", src, out, "--json", "--runs", "1", "--provider", "cpu")
     assert code == 0, text
     r = json.loads(text)

@@ -8,7 +8,7 @@ from conftest import SAMPLES
 from ckpt_cli.analysis.phases import BACKWARD, FORWARD, classify
 from ckpt_cli.load import load_graph
 
-MODELS = ["mlp", "gpt", "cnn"]
+MODELS = ["mlp", "gpt", "cnn", "gpt12", "resnet18"]
 
 
 def _compare(name):

@@ -54,13 +54,15 @@ def default_output(model: Path) -> Path:
 @click.option("--plan", "plan_file", type=click.Path(dir_okay=False, path_type=Path),
               help="A JSON plan file (the 'plan' of a rewrite --json report, or written by hand; see README).")
 @click.option("--no-recompute", is_flag=True, help="Only write the memory-efficient order, no recompute.")
+@click.option("--pin/--no-pin", default=True, show_default=True,
+              help="Hold the written order in the data flow (guard nodes), so that it survives any ORT session.")
 @auto_options
 @click.option("--check", "run_the_check", is_flag=True,
               help="Then run `ckpt check` on the result (exit 1 if it fails).")
 @check_options
 @analysis_options
 @report_options
-def rewrite(model: Path, output, force, patterns, scope, boundaries, plan_file, no_recompute, auto, budget,
+def rewrite(model: Path, output, force, patterns, scope, boundaries, plan_file, no_recompute, pin, auto, budget,
             run_the_check, provider, runs, seed, feeds_file, python, rtol, atol, timeout, max_prediction_error,
             dims, loss, grad_outputs, as_json, report_path, quiet) -> None:
     """Rewrite a training graph to recompute activations instead of stashing them.
@@ -90,7 +92,7 @@ def rewrite(model: Path, output, force, patterns, scope, boundaries, plan_file, 
               quiet or as_json) as status:
         result = rewrite_model(model, output, force=force, regions=list(patterns), regions_by_scope=scope,
                                boundaries=list(boundaries), plan=plan_file, auto=auto, budget=budget,
-                               no_recompute=no_recompute, dims=parse_dims(dims), loss=loss,
+                               no_recompute=no_recompute, pin=pin, dims=parse_dims(dims), loss=loss,
                                grad_outputs=list(grad_outputs), check=check,
                                progress=status.update if status is not None and (auto or budget) else None)
 

@@ -128,6 +128,15 @@ def render_rewrite(r: dict, console: Console) -> None:
     for line in chart_lines(console, [("before", b["timeline"]), ("after", a["timeline"])],
                             [b["backward_starts_at"], a["backward_starts_at"]]):
         console.print(line, markup=False)
+    if r.get("no_gain_reason"):
+        console.print(f"[yellow]No gain:[/yellow] {r['no_gain_reason']}.")
+    if r.get("warning"):
+        console.print(f"[yellow]Warning:[/yellow] {r['warning']}.")
+    pin = r.get("pin")
+    if pin and pin["guard_nodes"]:
+        console.print(f"Order pinned: {pin['guard_nodes']} guard nodes ({pin['guarded_inputs']} guarded inputs, "
+                      f"{pin['tied_outputs']} tied gradients, {pin['blocks']} blocks) keep recompute blocks in the "
+                      "backward under any execution order and optimization level.")
     console.print("The saving is real only under these ONNX Runtime session settings:")
     console.print("\n".join(map(plain, r["session_settings"].splitlines())), markup=False)
     render_unsized(r, console)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import onnx
 
-from ..analysis import MEM_REUSE_META, Analysis, analyse
+from ..analysis import MEM_REUSE_META, Analysis, analyse, schedules
 from ..analysis.arena import predict_in_use
 from ..analysis.cost import node_cost
 from ..analysis.memory import buffer_roots, simulate
@@ -14,6 +14,7 @@ from ..analysis.phases import BACKWARD, PHASE_META
 from ..graph import Graph, Node, gc_paused
 from ..planning.plan import Plan
 from .order import executed_order, interleave, memory_aware, prune_dead
+from .pin import GUARD_META, PinResult, pin as pin_schedule
 from .recompute import (CSE_GUARD_ATTR, RANDOM_OPS, REGION_META, SUFFIX, RegionResult,
                         drop_unused_optional_outputs, plan_recompute, rewire_backward)
 
@@ -26,11 +27,19 @@ class RewriteResult:
     recompute_nodes: int
     recompute_flops: int
     mem_reuse: bool = True  # the SessionOptions.enable_mem_reuse the written graph should run with
+    pinned: PinResult | None = None  # the guards that hold the order (None: --no-pin)
+    no_gain_reason: str | None = None  # set when the plan was dropped because it lowered nothing
+    warning: str | None = None  # set when a user's plan raises the predicted peak
+
+    @property
+    def guard_nodes(self) -> int:
+        return self.pinned.guard_nodes if self.pinned is not None else 0
 
 
 @gc_paused
-def rewrite(a: Analysis, plan: Plan | None) -> RewriteResult:
-    """Apply ``plan`` to the analysed graph; ``plan=None`` only reorders (``--no-recompute``)."""
+def rewrite(a: Analysis, plan: Plan | None, pin: bool = True) -> RewriteResult:
+    """Apply ``plan`` to the analysed graph; ``plan=None`` only reorders (``--no-recompute``).
+    ``pin`` adds the guards that keep the written order under any session (``rewrite/pin.py``)."""
     g = a.graph
     order = a.priority.order
     if plan is None or not plan.regions:
@@ -68,17 +77,40 @@ def rewrite(a: Analysis, plan: Plan | None) -> RewriteResult:
     sizes = {t: info.nbytes for t, info in tensors.items() if info.nbytes}
     order = memory_aware(new, sizes, buffer_roots(new), [n.name not in forward_names for n in new.nodes],
                          [n.name in copy_names for n in new.nodes])
-    chosen, profile, mem_reuse = _choose_order_and_reuse(
-        a, [executed_order(new, order), executed_order(new)], tensors)
+    candidates = [executed_order(new, order), executed_order(new)]
+    if not copy_names:
+        # Reordering only: ORT's DEFAULT order is a candidate too (where the order sets the
+        # peak it can beat both). With copies it would run them right after their inputs.
+        candidates.append(executed_order(new, schedules.ort_default(new)))
+    chosen, profile, mem_reuse = _choose_order_and_reuse(a, candidates, tensors)
     new = _mark_early_backward(chosen, forward_names)
+    pinned = None
+    if pin:
+        pinned = pin_schedule(new, tensors, forward_names)
+        if pinned.guard_nodes:
+            new, tensors = pinned.graph, pinned.tensors
+            profile = simulate(new, list(range(len(new.nodes))), tensors, reuse_buffers=mem_reuse)
     # The written order is its own PRIORITY_BASED order (executed_order), so the
     # simulation above is the after-analysis's; phase markers change no tensor.
     after = analyse(new, loss=a.phases.loss, grad_outputs=list(a.phases.grad_outputs), tensors=tensors,
                     priority=profile, reuse_buffers=mem_reuse)
     copies = [n for n in new.nodes if n.name in copy_names]
     flops = sum(node_cost(n, tensors).flops for n in copies)  # not after.costs: that prices every node
-    return RewriteResult(new, after, regions, len(copies), flops, mem_reuse)
+    return RewriteResult(new, after, regions, len(copies), flops, mem_reuse, pinned)
 
+
+def original_best(a: Analysis) -> tuple[int, str]:
+    """The original's lowest predicted arena peak over the orders and buffer-reuse settings a
+    user can pick (ORT's defaults included; fusions are not simulated), and which it is."""
+    from ..analysis.arena import predict_in_use
+
+    return min((a.arena_in_use(True), "its file order"),
+               (a.arena_in_use(False), "its file order with enable_mem_reuse=False"),
+               (predict_in_use(a.graph, a.default, a.tensors).peak_in_use_bytes, "ORT's DEFAULT order"))
+
+
+# The written model records how many guard nodes pin added.
+PIN_META = "ckpt.pinned"
 
 # Turning ORT's buffer reuse off must win by this much: the arena model is exact with
 # reuse on, within a few percent with it off.
@@ -131,8 +163,20 @@ def to_model(result: RewriteResult, metadata: dict[str, str] | None = None) -> o
     from ..save import build_model
 
     metadata = {**(metadata or {}), MEM_REUSE_META: "1" if result.mem_reuse else "0"}
+    pinned = result.pinned
+    if pinned is not None and pinned.guard_nodes:
+        metadata[PIN_META] = str(pinned.guard_nodes)
     model = build_model(result.graph, [n.proto for n in result.graph.nodes], metadata)
     model.graph.value_info.extend(_copy_value_info(result))
+    if pinned is not None and pinned.guard_nodes:
+        # Guards read shapes from a runtime tensor: onnx inference cannot follow them, so
+        # their outputs' types are written out (same as their inputs).
+        guarded = {n.outputs[0]: n.inputs[0] for n in result.graph.nodes
+                   if n.op_type == "Reshape" and n.meta(GUARD_META) is not None}
+        for out, x in guarded.items():
+            info = result.after.tensors.get(x)
+            if info is not None and info.shape is not None:
+                model.graph.value_info.append(onnx.helper.make_tensor_value_info(out, info.dtype, list(info.shape)))
     return model
 
 

@@ -1,0 +1,139 @@
+"""Peak memory of a model under the sessions people actually run (issue 14).
+
+Each measurement runs in a fresh child process: one warm-up run, then one profiled run;
+the peak is the most ORT's CPU arena had in use during that run (profiler
+``mem_bytes_in_use``, ORT_FACTS §4), one intra-op thread (§7). Outputs of the warm-up
+are dropped before the measured run (§8).
+
+    python -m bench.sessions                  # writes bench/SESSIONS.md
+    python -m bench.sessions MODEL [...]      # one row per model and session, to stdout
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+# name -> (execution order, optimization level, memory pattern, buffer reuse as recorded)
+SESSIONS: dict[str, tuple[str | None, str | None, bool | None, bool]] = {
+    "plain": (None, None, None, False),  # InferenceSession(path): nothing set
+    "default_all": ("DEFAULT", "ORT_ENABLE_ALL", False, False),
+    "ckpt": ("PRIORITY_BASED", "ORT_DISABLE_ALL", False, True),  # what the model's metadata asks for
+    "priority_basic": ("PRIORITY_BASED", "ORT_ENABLE_BASIC", False, False),
+    "priority_extended": ("PRIORITY_BASED", "ORT_ENABLE_EXTENDED", False, False),
+    "priority_all": ("PRIORITY_BASED", "ORT_ENABLE_ALL", False, False),
+}
+
+
+def _child(spec: dict) -> dict:
+    import gc
+    import time
+
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+
+    order, level, pattern, recorded = SESSIONS[spec["session"]]
+    so = ort.SessionOptions()
+    if order is not None:
+        so.execution_order = getattr(ort.ExecutionOrder, order)
+    if level is not None:
+        so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
+    if pattern is not None:
+        so.enable_mem_pattern = pattern
+    model = onnx.load(spec["model"], load_external_data=False)
+    meta = {p.key: p.value for p in model.metadata_props}
+    if recorded and meta.get("ckpt.enable_mem_reuse") == "0":
+        so.enable_mem_reuse = False
+    so.intra_op_num_threads = 1
+    so.enable_profiling = True
+    so.profile_file_prefix = os.path.join(spec["dir"], "p")
+    so.log_severity_level = 3
+    sess = ort.InferenceSession(spec["model"], so, providers=["CPUExecutionProvider"])
+    feeds = dict(np.load(spec["feeds"]))
+    sess.run(None, feeds)
+    gc.collect()
+    t0 = time.perf_counter()
+    out = sess.run(None, feeds)
+    elapsed = time.perf_counter() - t0
+    times = []
+    for _ in range(spec.get("timed_runs", 0)):
+        out = None
+        t0 = time.perf_counter()
+        out = sess.run(None, feeds)
+        times.append(time.perf_counter() - t0)
+    events = json.load(open(sess.end_profiling()))
+    runs = [e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"]
+    run = runs[1]
+    nodes = [e for e in events if e.get("cat") == "Node" and run["ts"] <= e["ts"] <= run["ts"] + run["dur"]
+             and e["name"].endswith("_kernel_time")]
+    peak = max((int(e["args"].get("mem_bytes_in_use", 0)) for e in nodes), default=0)
+    if spec.get("outputs"):
+        np.savez(spec["outputs"], **{o.name: v for o, v in zip(sess.get_outputs(), out)})
+    times = sorted(times) or [elapsed]
+    return {"peak_bytes": peak, "time_s": times[len(times) // 2],
+            "executed": [e["name"][: -len("_kernel_time")] for e in nodes]}
+
+
+def make_feeds(model_path: str | Path, path: str | Path, seed: int = 0) -> None:
+    """Deterministic feeds: floats uniform in [-0.1, 0.1), integers alternate 0 and 1 (valid
+    token ids and labels for any vocabulary), the backward seed (a scalar float) 1.0."""
+    import numpy as np
+    import onnx
+
+    model = onnx.load(str(model_path), load_external_data=False)
+    init = {t.name for t in model.graph.initializer}
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for v in model.graph.input:
+        if v.name in init:
+            continue
+        t = v.type.tensor_type
+        shape = [d.dim_value if d.HasField("dim_value") else 1 for d in t.shape.dim]
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(t.elem_type)
+        if np.issubdtype(dtype, np.floating):
+            value = np.ones(shape, dtype) if not shape else rng.uniform(-0.1, 0.1, shape).astype(dtype)
+        else:
+            value = (np.arange(int(np.prod(shape)), dtype=np.int64) % 2).reshape(shape).astype(dtype)
+        feeds[v.name] = value
+    np.savez(path, **feeds)
+
+
+def measure(model: str | Path, session: str, feeds: str | Path, outputs: str | Path | None = None,
+            timed_runs: int = 0, python: str | None = None) -> dict:
+    """Measure ``model`` under ``session`` (a key of SESSIONS) in a fresh child process:
+    ``peak_bytes``, ``time_s`` (median of ``timed_runs``, else the profiled run) and the
+    ``executed`` node order."""
+    with tempfile.TemporaryDirectory(prefix="ckpt_sessions_") as tmp:
+        spec = {"model": os.path.abspath(model), "session": session, "feeds": os.path.abspath(feeds),
+                "dir": tmp, "outputs": os.path.abspath(outputs) if outputs else None, "timed_runs": timed_runs}
+        spec_path = os.path.join(tmp, "spec.json")
+        Path(spec_path).write_text(json.dumps(spec))
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        done = subprocess.run([python or sys.executable, __file__, "--child", spec_path], capture_output=True,
+                              text=True, env=env, timeout=600)
+        if done.returncode != 0:
+            raise RuntimeError(f"measuring {model} under {session} failed: {done.stderr.strip()[-2000:]}")
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["--child"]:
+        print(json.dumps(_child(json.loads(Path(argv[1]).read_text()))))
+        return 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for model in argv:
+            feeds = os.path.join(tmp, "feeds.npz")
+            make_feeds(model, feeds)
+            for name in SESSIONS:
+                r = measure(model, name, feeds)
+                print(f"{model}\t{name}\t{r['peak_bytes'] / 2**20:.2f} MiB\t{len(r['executed'])} nodes")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,176 @@
+"""Pin the written schedule into the data flow, so that ONNX Runtime keeps it under any
+execution order and optimization level (ORT_FACTS §8).
+
+Each recompute block reads its inputs through guards that depend on the backward tensor
+written just before the block (its trigger): ``Reshape(x, Mul(Size(trigger), zeros))``
+is ``x`` itself (a shape entry 0 copies the input's dimension), costs no copy (Reshape is
+a view) and cannot run before the trigger exists. ORT constant-folds ``Shape`` but never
+``Size``, and the guarded copies read tensors their originals do not, so neither
+ConstantFolding nor CSE can undo it. Weight gradients written before a block are tied
+into its trigger (``Max`` of their sizes): fused weight-gradient nodes that ORT adds
+with the highest indices cannot be pushed past the next block, where they would keep
+their inputs alive.
+
+Only copies none of whose inputs come from another copy of the block get a guard (on
+one input): every other copy depends on those. Every copy then reads a tensor its
+original does not, so CSE cannot merge them and the ``__ckpt_recompute`` attribute is
+dropped: ORT's fusions copy attributes into fused nodes (Gemm + Relu into FusedGemm
+gets ``activation___ckpt_recompute``), which makes the session fail to load.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+from ..analysis.phases import RECOMPUTE_META
+from ..analysis.shapes import TensorInfo
+from ..graph import ABSENT, Graph, Node
+from .order import executed_order
+from .recompute import CSE_GUARD_ATTR, REGION_META
+
+GUARD_META = "ckpt.guard"  # on every node pin adds: the region whose block it gates
+_SHAPE_ONLY = frozenset({"Shape", "Size"})
+_INT64 = onnx.TensorProto.INT64
+
+
+@dataclass(frozen=True)
+class PinResult:
+    graph: Graph
+    tensors: dict[str, TensorInfo]
+    guard_nodes: int  # nodes added (Constant, Size, Max, Mul, Reshape)
+    guarded_inputs: int  # block inputs read through a guard
+    tied_outputs: int  # weight gradients tied into a later block's trigger
+    blocks: int  # recompute blocks pinned
+
+
+def _node(op: str, inputs: list[str], output: str, name: str, region: str) -> onnx.NodeProto:
+    p = onnx.helper.make_node(op, inputs, [output], name=name)
+    entry = p.metadata_props.add()
+    entry.key, entry.value = GUARD_META, region
+    return p
+
+
+def _unmarked(proto: onnx.NodeProto) -> onnx.NodeProto:
+    """A copy of ``proto`` without the CSE guard attribute."""
+    p = onnx.NodeProto()
+    p.CopyFrom(proto)
+    kept = [a for a in p.attribute if a.name != CSE_GUARD_ATTR]
+    del p.attribute[:]
+    p.attribute.extend(kept)
+    return p
+
+
+def _trigger(graph: Graph, position: int, skip: set[int]) -> str | None:
+    """The output of the nearest node written before ``position`` that computes data
+    (not a copy, guard, Shape or Size)."""
+    for k in range(position - 1, -1, -1):
+        node = graph.nodes[k]
+        if k in skip or node.op_type in _SHAPE_ONLY:
+            continue
+        out = next((t for t in node.outputs if t != ABSENT), None)
+        if out is not None:
+            return out
+    return None
+
+
+def pin(graph: Graph, tensors: dict[str, TensorInfo], forward: set[str]) -> PinResult:
+    """Add guards to every recompute block of ``graph`` (nodes in the written order, copies
+    tagged with ``ckpt.recompute_of``) and return the graph in its new executed order.
+    ``forward`` names the forward nodes (their outputs are never tied)."""
+    nodes = graph.nodes
+    copies: dict[str, list[Node]] = {}  # region -> its copies in written order
+    for n in nodes:
+        if n.meta(RECOMPUTE_META) is not None:
+            copies.setdefault(n.meta(REGION_META) or n.name, []).append(n)
+    tensors = dict(tensors)
+    if not copies:
+        return PinResult(graph, tensors, 0, 0, 0, 0)
+    copy_index = {n.index for block in copies.values() for n in block}
+    outputs = set(graph.outputs)
+    resident = set(graph.resident)
+    # Blocks by the position of their first copy; weight gradients written in between are
+    # tied into the next block.
+    blocks = sorted(copies.items(), key=lambda kv: kv[1][0].index)
+    starts = [block[0].index for _, block in blocks]
+
+    taken = set(graph.producer) | resident | {n.name for n in nodes}
+    new_protos: dict[int, list[onnx.NodeProto]] = {}  # position -> guard nodes written before it
+    rewired: dict[int, onnx.NodeProto] = {}
+    zeros: dict[int, str] = {}  # rank -> a Constant of that many int64 zeros (one per graph)
+    unpinned: set[int] = set()  # copies that read only tensors of unknown rank
+    counts = {"nodes": 0, "inputs": 0, "ties": 0}
+
+    def fresh(base: str) -> str:
+        name, k = base, 2
+        while name in taken:
+            name, k = f"{base}_{k}", k + 1
+        taken.add(name)
+        return name
+
+    previous = 0
+    for (region, block), start in zip(blocks, starts):
+        trigger = _trigger(graph, start, copy_index)
+        ties = [t for k in range(previous, start) if nodes[k].name not in forward and k not in copy_index
+                for t in nodes[k].outputs if t in outputs and t not in resident and t != trigger]
+        previous = start
+        if trigger is None:  # nothing is written before the block: it keeps its CSE marks
+            unpinned.update(n.index for n in block)
+            continue
+        guards: list[onnx.NodeProto] = []
+        sizes = []
+        for t in [trigger] + ties:
+            s = fresh(f"{t}_ckpt_size")
+            guards.append(_node("Size", [t], s, s, region))
+            tensors[s] = TensorInfo(_INT64, (), 8)
+            sizes.append(s)
+        gate = sizes[0]
+        if len(sizes) > 1:
+            gate = fresh(f"{region}_ckpt_gate")
+            guards.append(_node("Max", sizes, gate, gate, region))
+            tensors[gate] = TensorInfo(_INT64, (), 8)
+        counts["ties"] += len(ties)
+        produced = {t for n in block for t in n.outputs}
+        by_rank: dict[int, str] = {}
+        guarded: dict[str, str] = {}
+        for n in block:
+            if any(t in produced for t in n.inputs) or not any(t != ABSENT for t in n.inputs):
+                continue
+            x = next((t for t in n.inputs if t in guarded), None) or next(t for t in n.inputs if t != ABSENT)
+            info = tensors.get(x)
+            if x not in guarded:
+                if info is None or info.shape is None:
+                    unpinned.add(n.index)  # rank unknown: no zeros vector fits; it keeps its CSE mark
+                    continue
+                rank = len(info.shape)
+                if rank not in zeros:
+                    zeros[rank] = fresh(f"ckpt_pin_zeros_{rank}")
+                    p = _node("Constant", [], zeros[rank], zeros[rank], region)
+                    p.attribute.append(onnx.helper.make_attribute(
+                        "value", onnx.numpy_helper.from_array(np.zeros(rank, np.int64))))
+                    guards.append(p)
+                    tensors[zeros[rank]] = TensorInfo(_INT64, (rank,), 8 * rank)
+                if rank not in by_rank:
+                    shape = by_rank[rank] = fresh(f"{region}_ckpt_shape{rank}")
+                    guards.append(_node("Mul", [gate, zeros[rank]], shape, shape, region))
+                    tensors[shape] = TensorInfo(_INT64, (rank,), 8 * rank)
+                out = guarded[x] = fresh(f"{x}_ckpt_pinned")
+                guards.append(_node("Reshape", [x, by_rank[rank]], out, out, region))
+                tensors[out] = info
+            rewired[n.index] = p = _unmarked(n.proto)
+            p.input[list(n.inputs).index(x)] = guarded[x]
+        counts["inputs"] += len(guarded)
+        counts["nodes"] += len(guards)
+        new_protos[start] = guards
+
+    protos: list[onnx.NodeProto] = []
+    for n in nodes:
+        protos.extend(new_protos.get(n.index, ()))
+        if n.index in rewired:
+            protos.append(rewired[n.index])
+        else:
+            protos.append(_unmarked(n.proto) if n.index in copy_index - unpinned else n.proto)
+    return PinResult(executed_order(graph.with_nodes(protos)), tensors, counts["nodes"], counts["inputs"],
+                     counts["ties"], len(new_protos))

@@ -1,0 +1,134 @@
+"""The pinned rewrite (rewrite/pin.py) keeps its saving in sessions ckpt does not control:
+guards invisible to the outputs, every copy held behind its trigger, and measured peaks on
+ONNX Runtime under (a) a plain InferenceSession, (b) DEFAULT order + ORT_ENABLE_ALL and
+(c) the settings the model records, against the original under ORT's defaults."""
+
+from __future__ import annotations
+
+import functools
+import sys
+
+import numpy as np
+import onnx
+import pytest
+
+from conftest import ROOT, SAMPLES
+from ckpt_cli.analysis import analyse
+from ckpt_cli.analysis.phases import RECOMPUTE_META
+from ckpt_cli.graph import Graph
+from ckpt_cli.load import load_graph
+from ckpt_cli.planning import choose_plan
+from ckpt_cli.rewrite import CSE_GUARD_ATTR, GUARD_META, PIN_META, rewrite, to_model
+from ckpt_cli.save import save_model
+from ckpt_cli.synthetic import build_transformer
+
+sys.path.insert(0, str(ROOT))
+from bench.sessions import make_feeds, measure  # noqa: E402
+
+MODELS = ["gpt", "mlp", "cnn", "synthetic", "gpt12", "resnet18"]
+# Sessions in which the pinned rewrite measures below the original under ORT's defaults
+# (bench/SESSIONS.md has the figures). The mlp's default plan raises its peak and resnet18's
+# is set by the order (ORT's DEFAULT order beats both; never-worse drops those plans in
+# rewrite_plan, tests/test_no_gain.py); test_pin forces the plans to test the guards.
+BELOW = {"gpt": ("default_all", "ckpt"), "cnn": ("default_all", "ckpt"), "mlp": (),
+         "synthetic": ("plain", "default_all", "ckpt"), "gpt12": ("plain", "default_all", "ckpt"),
+         "resnet18": ("ckpt",)}
+GUARD_SLACK = 1024  # the guards' Size/Mul/Max outputs: a few tiny tensors live at once (arena blocks of 64 B)
+
+
+def _source(name: str, tmp: str) -> str:
+    if name != "synthetic":
+        return str(SAMPLES / f"{name}.onnx")
+    path = f"{tmp}/synthetic.onnx"
+    onnx.save(build_transformer(2), path)
+    return path
+
+
+@functools.lru_cache(maxsize=None)
+def _rewritten(name: str, tmp: str):
+    source = _source(name, tmp)
+    a = analyse(load_graph(source))
+    plan = choose_plan(a)
+    pinned, plain = rewrite(a, plan), rewrite(a, plan, pin=False)
+    paths = {}
+    for tag, result in (("pin", pinned), ("nopin", plain)):
+        paths[tag] = f"{tmp}/{name}.{tag}.onnx"
+        save_model(to_model(result), paths[tag])
+    feeds = f"{tmp}/{name}.feeds.npz"
+    make_feeds(source, feeds)
+    return source, feeds, pinned, plain, paths
+
+
+def _without_guards(g: Graph) -> list[tuple]:
+    """(name, op, inputs) of the non-guard nodes, guard outputs read as the tensor they guard."""
+    alias = {n.outputs[0]: n.inputs[0] for n in g.nodes if n.meta(GUARD_META) and n.op_type == "Reshape"}
+    return [(n.name, n.op_type, tuple(alias.get(t, t) for t in n.inputs)) for n in g.nodes if not n.meta(GUARD_META)]
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("pin"))
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_pin_only_adds_guards_and_holds_every_copy(name, workdir):
+    _, _, pinned, plain, _ = _rewritten(name, workdir)
+    g = pinned.graph
+    assert pinned.guard_nodes == sum(1 for n in g.nodes if n.meta(GUARD_META)) > 0
+    # --no-pin is today's graph: no guards, copies marked for CSE; pin changes nothing else.
+    assert plain.pinned is None and not any(n.meta(GUARD_META) for n in plain.graph.nodes)
+    copies = [n for n in plain.graph.nodes if n.meta(RECOMPUTE_META)]
+    copy_outputs = {t for n in copies for t in n.outputs}
+    roots = [n for n in copies if not copy_outputs.intersection(n.inputs)]  # CSE could merge only these
+    assert roots and all(any(a.name == CSE_GUARD_ATTR for a in n.proto.attribute) for n in roots)
+    assert sorted(_without_guards(g)) == sorted(_without_guards(plain.graph))
+    # Every copy depends on a Size guard of a tensor written before its block.
+    held: set[int] = set()
+    for n in g.nodes:
+        if n.meta(GUARD_META) and n.op_type == "Size":
+            held.add(n.index)
+        if any(p in held for p in g.preds[n.index]):
+            held.add(n.index)
+    assert all(n.index in held for n in g.nodes if n.meta(RECOMPUTE_META))
+    # Written order = the executed (PRIORITY_BASED) order; the simulation knows the guards.
+    assert list(pinned.after.priority.order) == list(range(len(g.nodes)))
+    assert all(pinned.after.tensors[t].nbytes is not None for n in g.nodes if n.meta(GUARD_META) for t in n.outputs)
+    model = to_model(pinned)
+    assert {p.key: p.value for p in model.metadata_props}[PIN_META] == str(pinned.guard_nodes)
+    onnx.checker.check_model(model, full_check=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", MODELS)
+def test_pinned_rewrite_on_ort(name, workdir):
+    source, feeds, pinned, _, paths = _rewritten(name, workdir)
+    outputs = {}
+
+    def run(model, session, tag):
+        out = f"{workdir}/{name}.{tag}.{session}.npz"
+        r = measure(model, session, feeds, outputs=out)
+        outputs[(tag, session)] = dict(np.load(out))
+        return r
+
+    original = run(source, "plain", "orig")["peak_bytes"]
+    run(source, "ckpt", "orig")
+    peaks = {s: run(paths["pin"], s, "pin")["peak_bytes"] for s in ("plain", "default_all")}
+    ckpt = run(paths["pin"], "ckpt", "pin")
+    peaks["ckpt"] = ckpt["peak_bytes"]
+    run(paths["nopin"], "plain", "nopin")
+    # Guards are invisible to the outputs: bit-identical to the unpinned graph under ORT's
+    # defaults, and to the original where ORT runs the graph as written.
+    a, b = outputs[("pin", "plain")], outputs[("nopin", "plain")]
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    a, b = outputs[("pin", "ckpt")], outputs[("orig", "ckpt")]
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    # Under the recorded settings ORT runs the file order, guards included (Constant nodes
+    # become initializers: ORT runs no kernel for them).
+    assert ckpt["executed"] == [n.name for n in pinned.graph.nodes if n.op_type != "Constant"]
+    assert all(peaks[s] < original for s in BELOW[name]), (peaks, original)
+    if name in ("gpt", "cnn"):
+        # Under ORT's defaults the memory pattern takes one power-of-two arena chunk: both
+        # graphs get the same 8 MiB chunk, plus the guards' few bytes.
+        assert peaks["plain"] <= original + GUARD_SLACK
+    if name.startswith("gpt"):  # issue 14's goal for (c)
+        assert peaks["ckpt"] <= 0.4 * original
