@@ -14,7 +14,8 @@ from .planning import Plan, choose_plan
 from .planning.explain import explain
 from .planning.search import Intervals
 from .planning.solver import optimal_plan
-from .planning.strategies import STRATEGIES, BudgetResult, PlanCost, budget_plan, parse_budget
+from .planning.cutsearch import cut_budget_plan
+from .planning.strategies import LARGE_GRAPH_NODES, STRATEGIES, BudgetResult, PlanCost, budget_plan, parse_budget
 from .report.units import human_flops
 from .rewrite import RewriteResult, rewrite
 
@@ -101,7 +102,10 @@ def make_plan(a: Analysis, auto: str | None = None, budget: str | None = None, p
             return told(_cost(result))
 
         solve = optimal_plan if auto == "optimal" else budget_plan
-        search = solve(a, limit, cost, lambda p: told(keep_intervals(a, p)))
+        strategy = auto or "budget"
+        thorough = auto == "optimal" or len(a.graph.nodes) <= LARGE_GRAPH_NODES
+        search = cut_budget_plan(a, limit, cost, lambda: solve(a, limit, cost, lambda p: told(keep_intervals(a, p))),
+                                 thorough=thorough, strategy=strategy)
         return Planned(search.plan, limit, search, kept["result"] if kept.get("plan") is search.plan else None)
     if auto is not None:
         if auto not in STRATEGIES:
