@@ -109,3 +109,21 @@ def test_budget_uses_the_cut_where_it_recomputes_less(gpt):
     planned = make_plan(gpt, budget="75%")
     assert planned.search.peak_bytes <= int(gpt.priority.peak_bytes * 0.75)
     assert any("tensor-level" in n for n in planned.plan.notes), planned.plan.notes
+
+
+def test_the_front_dominates_pytorchs_min_cut_at_half_and_a_fifth(gpt, gpt_front):
+    """bench/peer_pytorch.json: PyTorch's partitioner on the model the gpt sample comes from."""
+    import json
+
+    from bench.peer import matmul_flops
+    from conftest import ROOT
+
+    problem, _ = gpt_front
+    peer = json.loads((ROOT / "bench" / "peer_pytorch.json").read_text())["models"][0]
+    assert peer["model"] == "gpt"
+    for point in peer["points"]:
+        if point["budget"] not in (0.5, 0.2):
+            continue
+        cut = mincut.solve_bytes(problem, point["activation_bytes"])
+        assert rewrite(gpt, mincut.to_plan(gpt, cut)).after.stashed_bytes <= point["activation_bytes"]
+        assert matmul_flops(gpt, cut.copied) <= point["recompute_matmul_flops"], point["budget"]
