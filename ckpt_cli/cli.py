@@ -11,6 +11,7 @@ import click
 
 from . import __version__
 from .errors import CkptError, UsageError
+from .plan_options import policy_from, policy_options
 
 EXIT_INTERNAL = 70
 PRETTY_JSON_LIMIT = 1 << 20  # larger reports (100k-node graphs) are written compact
@@ -213,13 +214,14 @@ def default_output(model: Path) -> Path:
               help="A JSON plan file (the 'plan' of a rewrite --json report, or written by hand; see README).")
 @click.option("--no-recompute", is_flag=True, help="Only write the memory-efficient order, no recompute.")
 @auto_options
+@policy_options
 @click.option("--check", "run_the_check", is_flag=True,
               help="Then run `ckpt check` on the result (exit 1 if it fails).")
 @check_options
 @analysis_options
 @report_options
 def rewrite(model: Path, output, force, patterns, scope, boundaries, plan_file, no_recompute, auto, budget,
-            run_the_check, provider, runs, seed, feeds_file, python, rtol, atol, dims, loss, grad_outputs, as_json,
+            recompute_ops, keep_ops, run_the_check, provider, runs, seed, feeds_file, python, rtol, atol, dims, loss, grad_outputs, as_json,
             report_path, quiet) -> None:
     """Rewrite a training graph to recompute activations instead of stashing them.
 
@@ -251,7 +253,8 @@ def rewrite(model: Path, output, force, patterns, scope, boundaries, plan_file, 
         raise UsageError("--no-recompute takes no region options")
     with _busy("planning", quiet or as_json or not (auto or budget)) as status:
         planned = None if no_recompute else make_plan(a, auto, budget, list(patterns), scope, list(boundaries),
-                                                       plan_file, progress=status and status.update)
+                                                       plan_file, progress=status and status.update,
+                                                       policy=policy_from(recompute_ops, keep_ops))
     plan = planned.plan if planned else None
     result = rewrite_plan(a, planned)
     written = save_model(to_model(result), output,
@@ -296,9 +299,13 @@ def rewrite(model: Path, output, force, patterns, scope, boundaries, plan_file, 
               help="Write the plan (JSON, editable) here; read it back with `ckpt rewrite --plan`.")
 @click.option("--force", is_flag=True, help="Overwrite the output if it exists.")
 @auto_options
+@policy_options
+@click.option("--sweep", is_flag=True, help="Print predicted peak against recompute over the min-cut front.")
+@click.option("--svg", type=click.Path(dir_okay=False, path_type=Path), help="With --sweep: write the chart as SVG.")
 @analysis_options
 @report_options
-def plan(model: Path, output, force, auto, budget, dims, loss, grad_outputs, as_json, report_path, quiet) -> None:
+def plan(model: Path, output, force, auto, budget, recompute_ops, keep_ops, sweep, svg, dims, loss, grad_outputs,
+         as_json, report_path, quiet) -> None:
     """Choose checkpoint regions automatically and explain the choice, without rewriting.
 
     Strategies: layers (one region per repeated layer), sqrt (about sqrt(n) segments cut
@@ -319,10 +326,17 @@ def plan(model: Path, output, force, auto, budget, dims, loss, grad_outputs, as_
     from .save import check_output_path, write_text_atomic
 
     a = _load_and_analyse(model, dims, loss, grad_outputs)
+    if sweep:
+        from .pipeline import sweep as run_sweep
+        from .report.sweep_view import render_sweep
+
+        return emit(run_sweep(a, svg, {"sweep": True}, policy_from(recompute_ops, keep_ops)), render_sweep, as_json,
+                    report_path, quiet)
     if output is not None:
         check_output_path(output, model, force)
     with _busy("planning", quiet or as_json) as status:
-        planned = make_plan(a, auto, budget, progress=status and status.update)
+        planned = make_plan(a, auto, budget, progress=status and status.update,
+                            policy=policy_from(recompute_ops, keep_ops))
         result = rewrite_plan(a, planned)
     report = plan_report(a, planned, result, plan_rows(a, planned, result), str(output) if output else None,
                          {"auto": auto, "budget": budget, "dims": list(dims), "loss": loss,

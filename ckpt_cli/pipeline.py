@@ -4,6 +4,7 @@ it predicts, so the budget search gets ``rewrite + simulate`` as its cost model.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 from .analysis import Analysis
@@ -12,9 +13,10 @@ from .analysis.phases import RECOMPUTE_META
 from .errors import UsageError
 from .planning import Plan, choose_plan
 from .planning.explain import explain
+from .planning.plan import Policy, apply_policy
 from .planning.search import Intervals
 from .planning.solver import optimal_plan
-from .planning.cutsearch import cut_budget_plan
+from .planning.cutsearch import cut_budget_plan, lowest_peak_plan
 from .planning.strategies import LARGE_GRAPH_NODES, STRATEGIES, BudgetResult, PlanCost, budget_plan, parse_budget
 from .report.units import human_flops
 from .rewrite import RewriteResult, rewrite
@@ -64,14 +66,28 @@ class Planned:
 def rewrite_plan(a: Analysis, planned: Planned | None) -> RewriteResult:
     """``rewrite(a, planned.plan)``, reusing the search's rewrite of it when there is one."""
     if planned is not None and planned.result is not None:
-        return planned.result
-    return rewrite(a, planned.plan if planned is not None else None)
+        result = planned.result
+    else:
+        result = rewrite(a, planned.plan if planned is not None else None)
+    if planned is not None and planned.plan is not None:
+        for r in result.regions:
+            note = (f"region '{r.name}' recomputes nothing: the backward reads none of its activations, or the "
+                    "plan keeps all of them")
+            if not r.copies and note not in planned.plan.notes:
+                planned.plan.notes.append(note)
+    return result
 
 
 def make_plan(a: Analysis, auto: str | None = None, budget: str | None = None, patterns=None, scope=None,
-              boundaries=None, plan_file=None, progress: Callable[[str], None] | None = None) -> Planned:
+              boundaries=None, plan_file=None, progress: Callable[[str], None] | None = None,
+              policy: Policy | None = None) -> Planned:
     """The plan for these options: user-marked regions, a named strategy, or a budget.
-    ``progress`` hears how a budget search is going (plans evaluated, best so far)."""
+    ``progress`` hears how a budget search is going (plans evaluated, best so far).
+    ``policy`` (per-op rules) is honoured by every strategy, and judged with it."""
+    policy = policy or Policy()
+
+    def ruled(plan: Plan) -> Plan:
+        return apply_policy(plan, policy, a.graph)
     manual = bool(patterns or scope or boundaries or plan_file)
     if budget is not None and auto not in (None, "budget", "optimal"):
         raise UsageError(f"--budget goes with --auto budget (the default) or optimal, not --auto {auto}")
@@ -95,7 +111,7 @@ def make_plan(a: Analysis, auto: str | None = None, budget: str | None = None, p
             return what
 
         def cost(plan: Plan) -> PlanCost:
-            result = rewrite(a, plan)
+            result = rewrite(a, ruled(plan))
             fits = result.after.priority.peak_bytes <= limit
             if fits and ("result" not in kept or result.recompute_flops < kept["result"].recompute_flops):
                 kept["plan"], kept["result"] = plan, result
@@ -104,17 +120,35 @@ def make_plan(a: Analysis, auto: str | None = None, budget: str | None = None, p
         solve = optimal_plan if auto == "optimal" else budget_plan
         strategy = auto or "budget"
         thorough = auto == "optimal" or len(a.graph.nodes) <= LARGE_GRAPH_NODES
-        search = cut_budget_plan(a, limit, cost, lambda: solve(a, limit, cost, lambda p: told(keep_intervals(a, p))),
-                                 thorough=thorough, strategy=strategy)
-        return Planned(search.plan, limit, search, kept["result"] if kept.get("plan") is search.plan else None)
+
+        def structure_search() -> BudgetResult:
+            return solve(a, limit, cost, lambda p: told(keep_intervals(a, ruled(p))))
+
+        search = cut_budget_plan(a, limit, cost, structure_search,
+                                 thorough=thorough, strategy=strategy, policy=policy)
+        return Planned(ruled(search.plan), limit, search,
+                       kept["result"] if kept.get("plan") is search.plan else None)
     if auto is not None:
         if auto not in STRATEGIES:
             raise UsageError(f"unknown --auto strategy '{auto}' (choose from {', '.join(AUTO_NAMES)})")
         plan = STRATEGIES[auto](a)
         if plan is None:
             raise UsageError(f"--auto {auto}: no repeated layers found in this graph; try --auto sqrt")
-        return Planned(plan)
-    return Planned(choose_plan(a, patterns, scope, boundaries, plan_file))
+        return Planned(ruled(plan))
+    if manual:
+        return Planned(ruled(choose_plan(a, patterns, scope, boundaries, plan_file)))
+    results: dict[int, RewriteResult] = {}
+
+    def judge(plan: Plan) -> PlanCost:
+        results[id(plan)] = result = rewrite(a, plan)
+        return told(_cost(result)) if progress is not None else _cost(result)
+
+    def told(cost: PlanCost) -> PlanCost:
+        progress(f"planning: {len(results)} plans evaluated")
+        return cost
+
+    plan, _ = lowest_peak_plan(a, judge, thorough=len(a.graph.nodes) <= LARGE_GRAPH_NODES, policy=policy)
+    return Planned(plan, result=results[id(plan)])
 
 
 def plan_rows(a: Analysis, planned: Planned, result: RewriteResult) -> list[dict]:
@@ -124,3 +158,21 @@ def plan_rows(a: Analysis, planned: Planned, result: RewriteResult) -> list[dict
     recomputed = {t for r in result.regions for name in r.copies for t in by_name[name].outputs
                   if by_name[name].op_type not in VIEW_OPS}
     return explain(a, planned.plan or Plan([], "none"), recomputed)
+
+
+def sweep(a: Analysis, svg: Path | None, options: dict, policy: Policy | None = None) -> dict:
+    """``ckpt plan --sweep``: the report of predicted peak against recompute over the
+    min-cut front (and the SVG chart, written where asked)."""
+    from .planning.sweep import sweep_points
+    from .report.sweep_view import sweep_report, sweep_svg
+    from .save import write_text_atomic
+
+    policy = policy or Policy()
+    points = sweep_points(a, lambda p: plan_cost(a, p), policy)
+    notes = [policy.describe()] if policy else []
+    if svg is not None:
+        write_text_atomic(svg, sweep_svg(points, f"{a.graph.path.name if a.graph.path else 'model'}: "
+                                                 "predicted peak against recompute"))
+        notes.append(f"chart written to {svg}")
+    return sweep_report(a, points, options, notes)
+

@@ -17,7 +17,8 @@ from typing import Callable
 from ..analysis import Analysis
 from ..errors import BudgetUnreachable
 from .mincut import MAX_SOLVES, Cut, Policy, Problem, build, front, solve_bytes, to_plan
-from .plan import Plan
+from .plan import Plan, apply_policy
+from .regions import default_regions
 from .search import PlanCost
 from .strategies import BudgetResult
 
@@ -111,7 +112,8 @@ def _refine(problem: Problem, corners: list[Cut], best: Judged, judge, fits) -> 
             hi = mid
 
 
-def cut_budget_plan(a: Analysis, budget: int, evaluate: Callable[[Plan], PlanCost], fallback: Callable[[], BudgetResult],
+def cut_budget_plan(a: Analysis, budget: int, evaluate: Callable[[Plan], PlanCost],
+                    fallback: Callable[[], BudgetResult],
                     *, thorough: bool, policy: Policy = Policy(), strategy: str = "budget") -> BudgetResult:
     """The fitting plan with the fewest recompute FLOPs from the tensor-level cuts and from
     ``fallback`` (the region-structure search): on small graphs both run, on large ones
@@ -135,3 +137,33 @@ def cut_budget_plan(a: Analysis, budget: int, evaluate: Callable[[Plan], PlanCos
     best.plan.notes.append(f"predicted peak {best.cost.peak_bytes} <= budget {budget} bytes "
                            f"({evaluations} evaluations)")
     return BudgetResult(best.plan, best.cost.peak_bytes, best.cost.recompute_flops, [], [], evaluations)
+
+
+# The default plan: the lowest predicted peak, then, among plans this close to it, the
+# fewest recompute FLOPs (a near-lowest peak for far less recompute is the better trade).
+NEAR_LOWEST = 0.02
+LARGE_DEFAULT_CORNERS = 2  # corners judged on large graphs, next to the one that recomputes the most
+
+
+def lowest_peak_plan(a: Analysis, evaluate: Callable[[Plan], PlanCost], *, thorough: bool,
+                     policy: Policy = Policy()) -> tuple[Plan, PlanCost]:
+    """The default plan: among the region structures' floors (everything recomputed) and
+    the corners of the min-cut front, the lowest real peak, then among those within
+    NEAR_LOWEST of it the fewest recompute FLOPs; never above the original (its
+    reordering alone is a candidate)."""
+    from .strategies import structures
+
+    corners = front(build(a, policy), MAX_SOLVES if thorough else LARGE_SOLVES)
+    if not thorough:
+        corners = corners[-1 - LARGE_DEFAULT_CORNERS:-1]
+    options: list[Plan] = [Plan([], "none", ["reordering alone gives the lowest peak"])]
+    options += structures(a) if thorough else [default_regions(a)]
+    options += [to_plan(a, c, "lowest") for c in corners]
+    options = [apply_policy(p, policy, a.graph) for p in options]
+    judged = [(plan, evaluate(plan)) for plan in options]
+    lowest = min(cost.peak_bytes for _, cost in judged)
+    near = [(plan, cost) for plan, cost in judged if cost.peak_bytes <= lowest * (1 + NEAR_LOWEST)]
+    plan, cost = min(near, key=lambda pc: (pc[1].recompute_flops, pc[1].peak_bytes))
+    plan.notes.append(f"the default: lowest predicted peak of {len(judged)} plans ({lowest} bytes); this one is within "
+                      f"{NEAR_LOWEST:.0%} of it with the fewest recompute FLOPs")
+    return plan, cost

@@ -30,6 +30,7 @@ sets needed: every input of a region is kept), so plan files, explanations and
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -39,7 +40,7 @@ from ..analysis.memory import VIEW_OPS
 from ..analysis.ops import is_recomputable
 from ..analysis.scopes import layer_of
 from ..graph import ABSENT
-from .plan import Plan, Region
+from .plan import Plan, Policy, Region
 
 # A byte moved by a recompute costs as much as this many FLOPs (a CPU core does a few
 # FLOPs per byte of memory bandwidth; pointwise ops are bandwidth-bound).
@@ -52,26 +53,6 @@ FINITE_TOTAL = 1 << 29
 INFINITE = (1 << 31) - 1
 # Price sweeps stop after this many max-flow solves (each is milliseconds at 10k nodes).
 MAX_SOLVES = 40
-
-
-@dataclass(frozen=True)
-class Policy:
-    """Per-op rules: ``keep_ops`` outputs are never recomputed, ``recompute_ops``
-    outputs are never kept (recomputed whenever the backward needs them)."""
-
-    keep_ops: frozenset[str] = frozenset()
-    recompute_ops: frozenset[str] = frozenset()
-
-    def __bool__(self) -> bool:
-        return bool(self.keep_ops or self.recompute_ops)
-
-    def describe(self) -> str:
-        parts = []
-        if self.recompute_ops:
-            parts.append("always recomputes " + ",".join(sorted(self.recompute_ops)))
-        if self.keep_ops:
-            parts.append("always keeps " + ",".join(sorted(self.keep_ops)))
-        return "policy: " + "; ".join(parts)
 
 
 @dataclass
@@ -287,10 +268,12 @@ def to_plan(a: Analysis, cut: Cut, strategy: str = "mincut") -> Plan:
     for i in cut.copied:
         parts.setdefault(find(i), set()).add(i)
     for part in parts.values():
-        first = min(part, key=rank.__getitem__)
-        label = layer_of(a.scopes[first]) or g.nodes[first].name
+        labels = Counter(layer_of(a.scopes[i]) or a.scopes[i].split("/")[0] for i in part)
+        labels.pop("", None)
+        label = labels.most_common(1)[0][0] if labels else "recompute"
         groups.setdefault(label.replace("/", "."), set()).update(part)
-    regions = [Region(name, nodes) for name, nodes in sorted(groups.items(), key=lambda kv: min(rank[i] for i in kv[1]))]
+    ordered = sorted(groups.items(), key=lambda kv: min(rank[i] for i in kv[1]))
+    regions = [Region(name, nodes) for name, nodes in ordered]
     plan = Plan(regions, strategy)
     how = (f"min cut at {cut.price:.3g} FLOP per byte" if cut.price == cut.price
            else "MILP between two corners of the min-cut front")  # NaN price: from solve_bytes

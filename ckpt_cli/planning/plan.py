@@ -51,6 +51,48 @@ class Plan:
         }
 
 
+@dataclass(frozen=True)
+class Policy:
+    """Per-op rules: ``keep_ops`` outputs are never recomputed, ``recompute_ops``
+    outputs are never kept (recomputed whenever the backward needs them)."""
+
+    keep_ops: frozenset[str] = frozenset()
+    recompute_ops: frozenset[str] = frozenset()
+
+    def __bool__(self) -> bool:
+        return bool(self.keep_ops or self.recompute_ops)
+
+    def describe(self) -> str:
+        parts = []
+        if self.recompute_ops:
+            parts.append("always recomputes " + ",".join(sorted(self.recompute_ops)))
+        if self.keep_ops:
+            parts.append("always keeps " + ",".join(sorted(self.keep_ops)))
+        return "policy: " + "; ".join(parts)
+
+
+def apply_policy(plan: Plan, policy: Policy, graph) -> Plan:
+    """``plan`` with the policy honoured inside its regions: outputs of ``keep_ops`` are
+    kept, outputs of ``recompute_ops`` are not (a node outside every region is never
+    recomputed, whatever its op)."""
+    if not policy:
+        return plan
+    regions = []
+    for r in plan.regions:
+        keep = set(r.keep)
+        for i in r.nodes:
+            node = graph.nodes[i]
+            if node.op_type in policy.keep_ops:
+                keep.update(t for t in node.outputs if t)
+            elif node.op_type in policy.recompute_ops:
+                keep.difference_update(node.outputs)
+        regions.append(Region(r.name, set(r.nodes), keep))
+    notes = list(plan.notes)
+    if policy.describe() not in notes:
+        notes.append(policy.describe())
+    return Plan(regions, plan.strategy, notes)
+
+
 def _natural(s: str):
     import re
     return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", s)]
