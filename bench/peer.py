@@ -63,7 +63,8 @@ def _check(model: Path, plan: dict, work: Path, runs: int) -> dict:
     r = json.loads(out.stdout)
     c = r["check"]
     return {"predicted_peak": r["after"]["peak_bytes"], "predicted_in_use": c["predicted_in_use"]["rewritten"],
-            "measured_in_use": c["rewritten"]["peak_bytes"], "measured_requested": c["rewritten"]["peak_requested_bytes"],
+            "measured_in_use": c["rewritten"]["peak_bytes"],
+            "measured_requested": c["rewritten"]["peak_requested_bytes"],
             "prediction_error": c["prediction_error"]["rewritten"],
             "prediction_error_in_use": c["prediction_error_in_use"]["rewritten"],
             "outputs_equal": c["outputs_equal"], "time_s": c["rewritten"]["time_s"],
@@ -135,7 +136,8 @@ def render(res: dict, add) -> None:
             err = (f"{c['prediction_error_in_use']:+.1%} / {c['prediction_error']:+.1%}"
                    if "prediction_error" in c else c.get("error", "n/a"))
             slow = f"{c['time_s'] / c['original_time_s']:.2f}×" if c.get("original_time_s") else "n/a"
-            add(f"| {row['budget']} | {_mib(t['activation_bytes'])} | {tm:.1%} | {t['recompute_element_flops'] / 1e6:.2f} M "
+            add(f"| {row['budget']} | {_mib(t['activation_bytes'])} | {tm:.1%} "
+                f"| {t['recompute_element_flops'] / 1e6:.2f} M "
                 f"| {_mib(c['activation_bytes'])} | {cm:.1%} | {c['recompute_element_flops'] / 1e6:.2f} M | {ratio} "
                 f"| {_mib(c.get('predicted_in_use'))} | {_mib(c.get('measured_in_use'))} | {err} "
                 f"| {c.get('outputs_equal', 'n/a')} | {slow} |")
