@@ -10,7 +10,7 @@ from typing import Callable
 from .analysis import Analysis
 from .analysis.memory import VIEW_OPS
 from .analysis.phases import RECOMPUTE_META
-from .errors import UsageError
+from .errors import BudgetUnreachable, UsageError
 from .planning import Plan, choose_plan
 from .planning.explain import explain
 from .planning.plan import Policy, apply_policy
@@ -122,7 +122,22 @@ def make_plan(a: Analysis, auto: str | None = None, budget: str | None = None, p
         thorough = auto == "optimal" or len(a.graph.nodes) <= LARGE_GRAPH_NODES
 
         def structure_search() -> BudgetResult:
-            return solve(a, limit, cost, lambda p: told(keep_intervals(a, ruled(p))))
+            def run(solver) -> BudgetResult:
+                return solver(a, limit, cost, lambda p: told(keep_intervals(a, ruled(p))))
+
+            if solve is budget_plan:
+                return run(budget_plan)
+            # optimal is the reference: the exact MILP's fit, or the heuristic's where the MILP's linear
+            # model finds none (it can miss a fit the greedy keep set reaches)
+            try:
+                exact = run(optimal_plan)
+            except BudgetUnreachable:
+                return run(budget_plan)
+            try:
+                heuristic = run(budget_plan)
+            except BudgetUnreachable:
+                return exact
+            return exact if exact.recompute_flops <= heuristic.recompute_flops else heuristic
 
         search = cut_budget_plan(a, limit, cost, structure_search,
                                  thorough=thorough, strategy=strategy, policy=policy)
@@ -148,7 +163,7 @@ def make_plan(a: Analysis, auto: str | None = None, budget: str | None = None, p
         return cost
 
     plan, _ = lowest_peak_plan(a, judge, thorough=len(a.graph.nodes) <= LARGE_GRAPH_NODES, policy=policy)
-    return Planned(plan, result=results[id(plan)])
+    return Planned(plan, result=results.get(id(plan)))
 
 
 def plan_rows(a: Analysis, planned: Planned, result: RewriteResult) -> list[dict]:

@@ -127,3 +127,13 @@ def test_the_front_dominates_pytorchs_min_cut_at_half_and_a_fifth(gpt, gpt_front
         cut = mincut.solve_bytes(problem, point["activation_bytes"])
         assert rewrite(gpt, mincut.to_plan(gpt, cut)).after.stashed_bytes <= point["activation_bytes"]
         assert matmul_flops(gpt, cut.copied) <= point["recompute_matmul_flops"], point["budget"]
+
+
+@pytest.mark.parametrize("model,share", [("mlp", 90), ("gpt", 60), ("cnn", 75)])
+def test_budget_and_optimal_agree_within_3_percent(model, share):
+    a = analyse(load_graph(SAMPLES / f"{model}.onnx"))
+    heuristic = make_plan(a, budget=f"{share}%").search
+    exact = make_plan(a, auto="optimal", budget=f"{share}%").search
+    limit = int(a.priority.peak_bytes * share / 100)
+    assert heuristic.peak_bytes <= limit and exact.peak_bytes <= limit
+    assert exact.recompute_flops <= heuristic.recompute_flops <= 1.03 * exact.recompute_flops

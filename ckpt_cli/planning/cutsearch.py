@@ -142,26 +142,30 @@ def cut_budget_plan(a: Analysis, budget: int, evaluate: Callable[[Plan], PlanCos
 # The default plan: the lowest predicted peak, then, among plans this close to it, the
 # fewest recompute FLOPs (a near-lowest peak for far less recompute is the better trade).
 NEAR_LOWEST = 0.02
-LARGE_DEFAULT_CORNERS = 2  # corners judged on large graphs, next to the one that recomputes the most
+LARGE_DEFAULT_CORNERS = 1  # corners judged on large graphs, next to the one that recomputes the most
 
 
 def lowest_peak_plan(a: Analysis, evaluate: Callable[[Plan], PlanCost], *, thorough: bool,
-                     policy: Policy = Policy()) -> tuple[Plan, PlanCost]:
+                     policy: Policy = Policy()) -> tuple[Plan, PlanCost | None]:
     """The default plan: among the region structures' floors (everything recomputed) and
     the corners of the min-cut front, the lowest real peak, then among those within
-    NEAR_LOWEST of it the fewest recompute FLOPs; never above the original (its
-    reordering alone is a candidate)."""
+    NEAR_LOWEST of it the fewest recompute FLOPs; never above the original (reordering
+    alone is a candidate; on large graphs, where each judgement is a rewrite of the whole
+    graph, it is taken without one when nothing beats the original's peak)."""
     from .strategies import structures
 
     corners = front(build(a, policy), MAX_SOLVES if thorough else LARGE_SOLVES)
     if not thorough:
         corners = corners[-1 - LARGE_DEFAULT_CORNERS:-1]
-    options: list[Plan] = [Plan([], "none", ["reordering alone gives the lowest peak"])]
+    reorder = Plan([], "none", ["reordering alone gives the lowest peak"])
+    options: list[Plan] = [reorder] if thorough else []
     options += structures(a) if thorough else [default_regions(a)]
     options += [to_plan(a, c, "lowest") for c in corners]
     options = [apply_policy(p, policy, a.graph) for p in options]
     judged = [(plan, evaluate(plan)) for plan in options]
     lowest = min(cost.peak_bytes for _, cost in judged)
+    if lowest > a.priority.peak_bytes:
+        return reorder, None
     near = [(plan, cost) for plan, cost in judged if cost.peak_bytes <= lowest * (1 + NEAR_LOWEST)]
     plan, cost = min(near, key=lambda pc: (pc[1].recompute_flops, pc[1].peak_bytes))
     plan.notes.append(f"the default: lowest predicted peak of {len(judged)} plans ({lowest} bytes); this one is within "

@@ -41,6 +41,7 @@ class Plan:
     regions: list[Region]
     strategy: str
     notes: list[str] = field(default_factory=list)  # what was decided and why, for the report
+    tensor_level: bool = False  # regions from a min cut: every tensor it keeps is kept on purpose
 
     def to_json(self, node_names: list[str]) -> dict:
         return {
@@ -90,7 +91,7 @@ def apply_policy(plan: Plan, policy: Policy, graph) -> Plan:
     notes = list(plan.notes)
     if policy.describe() not in notes:
         notes.append(policy.describe())
-    return Plan(regions, plan.strategy, notes)
+    return Plan(regions, plan.strategy, notes, plan.tensor_level)
 
 
 def _natural(s: str):
