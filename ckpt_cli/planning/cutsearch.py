@@ -23,8 +23,13 @@ from .search import PlanCost
 from .strategies import BudgetResult
 
 REFINE_STEPS = 6  # byte limits tried between two corners on small graphs
-LARGE_CORNER_JUDGEMENTS = 3  # rewrites per large graph (0.3 s each at 10k nodes, 5 s at 100k)
-LARGE_SOLVES = 16  # price sweeps on large graphs stop sooner
+
+
+def large_judgements(nodes: int) -> int:
+    """Rewrites a large graph's corner bisection may spend: 0.3 s each at 10k nodes and
+    5 s at 100k (bench/ section 1), to plan within 2 s at 10k and 20 s at 100k."""
+    return 4 if nodes <= 20_000 else 2
+LARGE_SOLVES = 16  # price sweeps on large graphs stop sooner (50 ms a max-flow at 10k nodes)
 
 
 @dataclass
@@ -63,7 +68,7 @@ def search_cuts(a: Analysis, budget: int, evaluate: Callable[[Plan], PlanCost], 
         for cut in corners:
             judge(cut)
     else:
-        _bisect(corners, judge, fits, LARGE_CORNER_JUDGEMENTS)
+        _bisect(corners, judge, fits, large_judgements(len(a.graph.nodes)))
     best = _best(judged.values(), budget)
     if thorough and best is not None and best.cost.recompute_flops:
         _refine(problem, corners, best, judge, fits)
@@ -78,10 +83,15 @@ def _best(judged, budget: int) -> Judged | None:
 
 
 def _bisect(corners: list[Cut], judge, fits, judgements: int) -> None:
-    """The corner keeping the most bytes that fits, assuming the real peak falls with
-    the kept bytes over the corners tried (it rises again only near recomputing all)."""
-    lo, hi = 0, len(corners) - 1  # corners[hi] recomputes the most
-    for _ in range(judgements):
+    """The corner keeping the most bytes that fits, by bisection over the corners,
+    assuming the real peak falls with the kept bytes (the kept bytes are no estimate of
+    the peak itself: they are not all live at once). The corner next to recomputing all
+    goes first: when it does not fit, none is likely to (an unreachable budget then costs
+    one rewrite); recomputing all is never tried (its copies all live at once)."""
+    if len(corners) < 2 or not fits(judge(corners[-2])):
+        return
+    lo, hi = 0, len(corners) - 3  # corners[-2] fits: look for one that keeps more
+    for _ in range(judgements - 1):
         if lo > hi:
             return
         mid = (lo + hi) // 2
@@ -112,17 +122,27 @@ def _refine(problem: Problem, corners: list[Cut], best: Judged, judge, fits) -> 
             hi = mid
 
 
+# Above this many nodes only the region-structure search runs: with the two or three
+# rewrites a 100k-node graph allows (5 s each), it recomputed 2.49 GFLOP at a 65% budget
+# against the cuts' 3.16 (at 10k nodes, with four rewrites, the cuts recompute 15 MFLOP
+# against its 175).
+STRUCTURES_FIRST_NODES = 20_000
+
+
 def cut_budget_plan(a: Analysis, budget: int, evaluate: Callable[[Plan], PlanCost],
                     fallback: Callable[[], BudgetResult],
                     *, thorough: bool, policy: Policy = Policy(), strategy: str = "budget") -> BudgetResult:
     """The fitting plan with the fewest recompute FLOPs from the tensor-level cuts and from
     ``fallback`` (the region-structure search): on small graphs both run, on large ones
-    the fallback only when no cut fits. Raises BudgetUnreachable when neither fits."""
+    the cuts and the fallback only when no cut fits, on the largest (STRUCTURES_FIRST_NODES)
+    the fallback alone. Raises BudgetUnreachable when nothing fits."""
     base = a.priority.peak_bytes
     if base <= budget:
         return fallback()  # the original fits: its empty plan, without a sweep
-    found = search_cuts(a, budget, evaluate, thorough=thorough, policy=policy, strategy=strategy)
     old: BudgetResult | None = None
+    if not thorough and len(a.graph.nodes) > STRUCTURES_FIRST_NODES:
+        return fallback()
+    found = search_cuts(a, budget, evaluate, thorough=thorough, policy=policy, strategy=strategy)
     if thorough or found.best is None:
         try:
             old = fallback()
@@ -143,6 +163,9 @@ def cut_budget_plan(a: Analysis, budget: int, evaluate: Callable[[Plan], PlanCos
 # fewest recompute FLOPs (a near-lowest peak for far less recompute is the better trade).
 NEAR_LOWEST = 0.02
 LARGE_DEFAULT_CORNERS = 1  # corners judged on large graphs, next to the one that recomputes the most
+# Above this the default is the per-layer plan without judging others: each judgement is a
+# rewrite of the whole graph (5 s at 100k nodes), and a plain rewrite should stay one rewrite.
+DEFAULT_SEARCH_NODES = 20_000
 
 
 def lowest_peak_plan(a: Analysis, evaluate: Callable[[Plan], PlanCost], *, thorough: bool,
@@ -154,6 +177,10 @@ def lowest_peak_plan(a: Analysis, evaluate: Callable[[Plan], PlanCost], *, thoro
     graph, it is taken without one when nothing beats the original's peak)."""
     from .strategies import structures
 
+    if len(a.graph.nodes) > DEFAULT_SEARCH_NODES:
+        plan = apply_policy(default_regions(a), policy, a.graph)
+        plan.notes.append(f"the default on graphs above {DEFAULT_SEARCH_NODES} nodes: no search among plans")
+        return plan, None
     corners = front(build(a, policy), MAX_SOLVES if thorough else LARGE_SOLVES)
     if not thorough:
         corners = corners[-1 - LARGE_DEFAULT_CORNERS:-1]
