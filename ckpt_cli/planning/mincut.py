@@ -173,9 +173,10 @@ def solve(problem: Problem, price: float) -> Cut:
     caps = np.concatenate([rec, keep, np.full(len(p.heads), INFINITE), np.full(len(p.read_backward), INFINITE)])
     keep_edges = caps > 0
     tails, heads, caps = tails[keep_edges], heads[keep_edges], caps[keep_edges]
-    graph = csr_matrix((caps.astype(np.int32), (tails, heads)), shape=(size, size))
+    graph = csr_matrix((caps, (tails, heads)), shape=(size, size))  # int64: duplicates sum without overflow
     graph.sum_duplicates()
-    graph.data = np.minimum(graph.data.astype(np.int64), INFINITE).astype(np.int32)
+    graph.data = np.minimum(graph.data, INFINITE)
+    graph = graph.astype(np.int32)
     flow = maximum_flow(graph, source, sink, method="dinic")
     residual = graph - flow.flow
     residual.data = np.where(residual.data > 0, 1, 0).astype(np.int32)
