@@ -9,7 +9,20 @@ on both peak and recompute are marked as not on the front.
 from __future__ import annotations
 
 from ..analysis import Analysis
-from .mincut import Policy, build, front, to_plan
+from .mincut import MAX_SOLVES, Policy, build, front, to_plan
+
+SWEEP_SOLVES_LARGE = 16
+# A plan whose peak is within this of another's and recomputes more is not on the front:
+# a few hundred bytes of peak are not worth any recompute.
+SAME_PEAK = 0.005
+
+
+def _dominates(q: dict, p: dict) -> bool:
+    if q is p:
+        return False
+    near = q["peak_bytes"] <= p["peak_bytes"] * (1 + SAME_PEAK)
+    return (near and q["recompute_flops"] < p["recompute_flops"]) or (
+        q["peak_bytes"] < p["peak_bytes"] and q["recompute_flops"] <= p["recompute_flops"])
 
 
 def sweep_points(a: Analysis, evaluate, policy: Policy = Policy()) -> list[dict]:
@@ -18,7 +31,11 @@ def sweep_points(a: Analysis, evaluate, policy: Policy = Policy()) -> list[dict]
 
     step_flops = max(1, a.forward_flops + a.backward_flops)
     points = []
-    cuts = [None] + front(build(a, policy))
+    from .strategies import LARGE_GRAPH_NODES
+
+    # every corner is a rewrite of the whole graph: fewer of them on large graphs
+    solves = MAX_SOLVES if len(a.graph.nodes) <= LARGE_GRAPH_NODES else SWEEP_SOLVES_LARGE
+    cuts = [None] + front(build(a, policy), solves)
     for cut in cuts:
         plan = Plan([], "none") if cut is None else to_plan(a, cut, "sweep")
         cost = evaluate(plan)
@@ -27,9 +44,7 @@ def sweep_points(a: Analysis, evaluate, policy: Policy = Policy()) -> list[dict]
                        "peak_bytes": cost.peak_bytes, "recompute_flops": cost.recompute_flops,
                        "recompute_share": cost.recompute_flops / step_flops, "regions": len(plan.regions)})
     for p in points:
-        p["pareto"] = not any(q["peak_bytes"] <= p["peak_bytes"] and q["recompute_flops"] <= p["recompute_flops"]
-                              and (q["peak_bytes"], q["recompute_flops"]) != (p["peak_bytes"], p["recompute_flops"])
-                              for q in points)
+        p["pareto"] = not any(_dominates(q, p) for q in points)
     unique: dict[tuple, dict] = {}
     for p in points:
         unique.setdefault((p["peak_bytes"], p["recompute_flops"]), p)
