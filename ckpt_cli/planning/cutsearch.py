@@ -140,8 +140,8 @@ def cut_budget_plan(a: Analysis, budget: int, evaluate: Callable[[Plan], PlanCos
     if base <= budget:
         return fallback()  # the original fits: its empty plan, without a sweep
     old: BudgetResult | None = None
-    if not thorough and len(a.graph.nodes) > STRUCTURES_FIRST_NODES:
-        return fallback()
+    if budget < a.lower_bound_bytes or (not thorough and len(a.graph.nodes) > STRUCTURES_FIRST_NODES):
+        return fallback()  # below the bound no plan fits: the fallback says what the lowest peak is
     found = search_cuts(a, budget, evaluate, thorough=thorough, policy=policy, strategy=strategy)
     if thorough or found.best is None:
         try:
