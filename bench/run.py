@@ -22,6 +22,9 @@ Writes ``bench/RESULTS.md`` (tables) and ``bench/results.json`` (every raw figur
    ``optimal`` MILP (exact for the linear memory model, verified with the real cost model).
 4. GPT targets: from the gpt sweep, the lowest reachable peak and its recompute share, and what
    the bytes live at the floor's peak are.
+6. Against PyTorch's min-cut partitioner (``bench/peer.py``): at PyTorch's activation bytes per
+   ``activation_memory_budget`` (``bench/peer_pytorch.json``), ckpt's tensor-level cut, its
+   recompute FLOPs, and its rewrite checked on ORT (measured peak, bit-identical outputs).
 """
 
 from __future__ import annotations
@@ -1016,6 +1019,12 @@ def render_md(res: dict) -> str:
     # 3 ------------------------------------------------------------------------------
     _render_plan_quality(res.get("plan_quality"), add)
     _render_big_weights(res, add)
+    add("## 6. Against PyTorch's min-cut partitioner")
+    add("")
+    if not _missing(res.get("peer"), add):
+        from bench.peer import render as render_peer
+
+        render_peer(res["peer"], add)
     if res.get("notes"):
         add("## Notes")
         add("")
@@ -1297,6 +1306,7 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-memory", action="store_true")
     ap.add_argument("--skip-big", action="store_true", help="skip the 2 GB external-data model")
     ap.add_argument("--skip-plan-quality", action="store_true")
+    ap.add_argument("--skip-peer", action="store_true", help="skip the comparison with PyTorch's partitioner")
     ap.add_argument("--out-dir", type=Path, default=BENCH, help="where RESULTS.md and results.json go")
     ap.add_argument("--keep", action="store_true", help="keep the scratch directory")
     a = ap.parse_args(argv)
@@ -1350,6 +1360,16 @@ def main(argv=None) -> int:
 
                 traceback.print_exc()
                 res["plan_quality"] = {"error": f"{type(e).__name__}: {e}"}
+        if not a.skip_peer:
+            try:
+                from bench.peer import bench_peer
+
+                res["peer"] = bench_peer(runs=a.runs)
+            except Exception as e:  # noqa: BLE001
+                import traceback
+
+                traceback.print_exc()
+                res["peer"] = {"error": f"{type(e).__name__}: {e}"}
     finally:
         if a.keep:
             log(f"kept {work}")

@@ -13,7 +13,7 @@ model needs. The ``ckpt`` command line is a thin layer over these functions.
 
 __version__ = "0.1.0"
 
-_API = ("inspect_model", "plan_model", "rewrite_model", "check_models", "CheckOptions")
+_API = ("inspect_model", "plan_model", "sweep_model", "rewrite_model", "check_models", "CheckOptions")
 
 __all__ = [*_API, "session_options", "__version__"]
 

@@ -27,7 +27,8 @@ from .errors import ModelError, UsageError
 from .expand import expand_functions
 from .graph import Graph
 from .load import load_graph
-from .pipeline import Planned, make_plan, plan_rows, rewrite_plan
+from .pipeline import Planned, make_plan, plan_cost, plan_rows, rewrite_plan
+from .planning.plan import Policy
 from .report.model import Source, check_report, inspect_report, rewrite_report
 from .report.plan_view import plan_report, planning_section
 from .rewrite import RewriteResult, to_model
@@ -99,6 +100,11 @@ def inspect_model(model: ModelInput, *, dims: dict[str, int] | None = None, loss
     return InspectResult(a, inspect_report(a, loaded.source, _analysis_options(dims, loss, grad_outputs)))
 
 
+def _policy_options(policy: Policy | None) -> dict:
+    return {"recompute_ops": sorted(policy.recompute) if policy else [],
+            "keep_ops": sorted(policy.keep) if policy else []}
+
+
 def _analysis_options(dims, loss, grad_outputs) -> dict:
     return {"dims": [f"{k}={v}" for k, v in (dims or {}).items()], "loss": loss,
             "grad_outputs": list(grad_outputs or [])}
@@ -119,11 +125,12 @@ class PlanResult:
 
 
 def plan_model(model: ModelInput, *, auto: str | None = None, budget: str | None = None,
-               dims: dict[str, int] | None = None, loss: str | None = None, grad_outputs: list[str] | None = None,
-               output: str | Path | None = None, force: bool = False,
+               policy: Policy | None = None, dims: dict[str, int] | None = None, loss: str | None = None,
+               grad_outputs: list[str] | None = None, output: str | Path | None = None, force: bool = False,
                progress: Callable[[str], None] | None = None) -> PlanResult:
     """Choose regions (``auto``: layers, sqrt, balanced, budget, optimal; ``budget``: '2GiB'
-    or '40%') and explain the choice; with ``output``, write the plan file there."""
+    or '40%'; ``policy``: per-op rules) and explain the choice; with ``output``, write the
+    plan file there."""
     from .save import write_text_atomic
     import json
 
@@ -131,14 +138,37 @@ def plan_model(model: ModelInput, *, auto: str | None = None, budget: str | None
     a = analyse_input(loaded, dims, loss, grad_outputs)
     if output is not None:
         check_output_path(Path(output), loaded.path, force)
-    planned = make_plan(a, auto, budget, progress=progress)
+    planned = make_plan(a, auto, budget, progress=progress, policy=policy)
     result = rewrite_plan(a, planned)
-    options = {"auto": auto, "budget": budget, **_analysis_options(dims, loss, grad_outputs)}
+    options = {"auto": auto, "budget": budget, **_policy_options(policy), **_analysis_options(dims, loss, grad_outputs)}
     report = plan_report(a, loaded.source, planned, result, plan_rows(a, planned, result),
                          str(output) if output else None, options)
     if output is not None:
         write_text_atomic(Path(output), json.dumps(report["plan"], indent=2) + "\n")
     return PlanResult(a, planned, result, report)
+
+
+def sweep_model(model: ModelInput, *, svg: str | Path | None = None, policy: Policy | None = None,
+                dims: dict[str, int] | None = None, loss: str | None = None,
+                grad_outputs: list[str] | None = None) -> PlanResult | dict:
+    """``ckpt plan --sweep``: predicted peak against recompute share over the min-cut
+    front (each point a real rewrite), as a report; with ``svg``, the chart there too."""
+    from .planning.sweep import sweep_points
+    from .report.sweep_view import sweep_report, sweep_svg
+    from .save import write_text_atomic
+
+    loaded = load_input(model)
+    a = analyse_input(loaded, dims, loss, grad_outputs)
+    policy = policy or Policy()
+    points = sweep_points(a, lambda p: plan_cost(a, p), policy)
+    notes = [policy.describe()] if policy else []
+    if svg is not None:
+        name = loaded.path.name if loaded.path else "model"
+        write_text_atomic(Path(svg), sweep_svg(points, f"{name}: predicted peak against recompute"))
+        notes.append(f"chart written to {svg}")
+    options = {"sweep": True, "svg": str(svg) if svg else None, **_policy_options(policy),
+               **_analysis_options(dims, loss, grad_outputs)}
+    return sweep_report(a, loaded.source, points, options, notes)
 
 
 # ----------------------------------------------------------------------------- check
@@ -244,7 +274,7 @@ def rewrite_model(model: ModelInput, output: str | Path | None = None, *, force:
                   regions: list[str] | None = None, regions_by_scope: str | None = None,
                   boundaries: list[str] | None = None, plan: str | Path | None = None,
                   auto: str | None = None, budget: str | None = None, no_recompute: bool = False,
-                  pin: bool = True, dims: dict[str, int] | None = None, loss: str | None = None, grad_outputs: list[str] | None = None,
+                  pin: bool = True, policy: Policy | None = None, dims: dict[str, int] | None = None, loss: str | None = None, grad_outputs: list[str] | None = None,
                   check: bool | CheckOptions = False, progress: Callable[[str], None] | None = None
                   ) -> RewriteModelResult:
     """Rewrite a training graph to recompute activations instead of stashing them.
@@ -263,12 +293,12 @@ def rewrite_model(model: ModelInput, output: str | Path | None = None, *, force:
         check_output_path(Path(output), loaded.path, force)
     a = analyse_input(loaded, dims, loss, grad_outputs)
     planned = None if no_recompute else make_plan(a, auto, budget, regions, regions_by_scope, boundaries,
-                                                   Path(plan) if plan else None, progress=progress)
+                                                   Path(plan) if plan else None, progress=progress, policy=policy)
     chosen = planned.plan if planned else None
     result = rewrite_plan(a, planned, pin)
     options = {"regions": regions, "regions_by_scope": regions_by_scope, "boundaries": boundaries,
                "plan": str(plan) if plan else None, "no_recompute": no_recompute, "pin": pin, "auto": auto,
-               "budget": budget, **_analysis_options(dims, loss, grad_outputs)}
+               "budget": budget, **_policy_options(policy), **_analysis_options(dims, loss, grad_outputs)}
     rewritten = to_model(result, _provenance(options, result, chosen))
     written = save_model(rewritten, Path(output), source_dir=loaded.data_dir) if output is not None else []
     report = rewrite_report(a, loaded.source, result, str(written[0]) if written else None,

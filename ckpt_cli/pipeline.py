@@ -9,12 +9,14 @@ from typing import Callable
 from .analysis import Analysis
 from .analysis.memory import VIEW_OPS
 from .analysis.phases import RECOMPUTE_META
-from .errors import UsageError
+from .errors import BudgetUnreachable, UsageError
 from .planning import Plan, choose_plan
 from .planning.explain import explain
+from .planning.plan import Policy, apply_policy
 from .planning.search import Intervals
 from .planning.solver import optimal_plan
-from .planning.strategies import STRATEGIES, BudgetResult, PlanCost, budget_plan, parse_budget
+from .planning.cutsearch import cut_budget_plan, lowest_peak_plan
+from .planning.strategies import LARGE_GRAPH_NODES, STRATEGIES, BudgetResult, PlanCost, budget_plan, parse_budget
 from .units import human_bytes, human_flops
 from .rewrite import RewriteResult, original_best, rewrite
 
@@ -74,6 +76,12 @@ def rewrite_plan(a: Analysis, planned: Planned | None, pin: bool = True) -> Rewr
         result = planned.result
     else:
         result = rewrite(a, plan, pin)
+    if plan is not None:
+        for r in result.regions:
+            note = (f"region '{r.name}' recomputes nothing: the backward reads none of its activations, or the "
+                    "plan keeps all of them")
+            if not r.copies and note not in plan.notes:
+                plan.notes.append(note)
     if plan is None or planned.budget is not None:
         return result
     best, how = original_best(a)
@@ -91,9 +99,15 @@ def rewrite_plan(a: Analysis, planned: Planned | None, pin: bool = True) -> Rewr
 
 
 def make_plan(a: Analysis, auto: str | None = None, budget: str | None = None, patterns=None, scope=None,
-              boundaries=None, plan_file=None, progress: Callable[[str], None] | None = None) -> Planned:
+              boundaries=None, plan_file=None, progress: Callable[[str], None] | None = None,
+              policy: Policy | None = None) -> Planned:
     """The plan for these options: user-marked regions, a named strategy, or a budget.
-    ``progress`` hears how a budget search is going (plans evaluated, best so far)."""
+    ``progress`` hears how a budget search is going (plans evaluated, best so far).
+    ``policy`` (per-op rules) is honoured by every strategy, and judged with it."""
+    policy = policy or Policy()
+
+    def ruled(plan: Plan) -> Plan:
+        return apply_policy(plan, policy, a.graph)
     manual = bool(patterns or scope or boundaries or plan_file)
     if budget is not None and auto not in (None, "budget", "optimal"):
         raise UsageError(f"--budget goes with --auto budget (the default) or optimal, not --auto {auto}")
@@ -117,23 +131,59 @@ def make_plan(a: Analysis, auto: str | None = None, budget: str | None = None, p
             return what
 
         def cost(plan: Plan) -> PlanCost:
-            result = rewrite(a, plan, pin=False)
+            result = rewrite(a, ruled(plan), pin=False)
             fits = result.after.priority.peak_bytes <= limit
             if fits and ("result" not in kept or result.recompute_flops < kept["result"].recompute_flops):
                 kept["plan"], kept["result"] = plan, result
             return told(_cost(result))
 
         solve = optimal_plan if auto == "optimal" else budget_plan
-        search = solve(a, limit, cost, lambda p: told(keep_intervals(a, p)))
-        return Planned(search.plan, limit, search, kept["result"] if kept.get("plan") is search.plan else None)
+        strategy = auto or "budget"
+        thorough = auto == "optimal" or len(a.graph.nodes) <= LARGE_GRAPH_NODES
+
+        def structure_search() -> BudgetResult:
+            def run(solver) -> BudgetResult:
+                return solver(a, limit, cost, lambda p: told(keep_intervals(a, ruled(p))))
+
+            if solve is budget_plan:
+                return run(budget_plan)
+            # optimal is the reference: the exact MILP's fit, or the heuristic's where the MILP's linear
+            # model finds none (it can miss a fit the greedy keep set reaches)
+            try:
+                exact = run(optimal_plan)
+            except BudgetUnreachable:
+                return run(budget_plan)
+            try:
+                heuristic = run(budget_plan)
+            except BudgetUnreachable:
+                return exact
+            return exact if exact.recompute_flops <= heuristic.recompute_flops else heuristic
+
+        search = cut_budget_plan(a, limit, cost, structure_search,
+                                 thorough=thorough, strategy=strategy, policy=policy)
+        return Planned(ruled(search.plan), limit, search,
+                       kept["result"] if kept.get("plan") is search.plan else None)
     if auto is not None:
         if auto not in STRATEGIES:
             raise UsageError(f"unknown --auto strategy '{auto}' (choose from {', '.join(AUTO_NAMES)})")
         plan = STRATEGIES[auto](a)
         if plan is None:
             raise UsageError(f"--auto {auto}: no repeated layers found in this graph; try --auto sqrt")
-        return Planned(plan, user=True)
-    return Planned(choose_plan(a, patterns, scope, boundaries, plan_file), user=manual)
+        return Planned(ruled(plan), user=True)
+    if manual:
+        return Planned(ruled(choose_plan(a, patterns, scope, boundaries, plan_file)), user=True)
+    results: dict[int, RewriteResult] = {}
+
+    def judge(plan: Plan) -> PlanCost:
+        results[id(plan)] = result = rewrite(a, plan, pin=False)
+        return told(_cost(result)) if progress is not None else _cost(result)
+
+    def told(cost: PlanCost) -> PlanCost:
+        progress(f"planning: {len(results)} plans evaluated")
+        return cost
+
+    plan, _ = lowest_peak_plan(a, judge, thorough=len(a.graph.nodes) <= LARGE_GRAPH_NODES, policy=policy)
+    return Planned(plan, result=results.get(id(plan)))
 
 
 def plan_rows(a: Analysis, planned: Planned, result: RewriteResult) -> list[dict]:

@@ -64,7 +64,7 @@ def test_rewrite_json_contract_and_files(tmp_path):
     r = json.loads(text)
     assert REWRITE_KEYS <= set(r)
     assert {"peak_bytes", "stashed_bytes", "nodes"} <= set(r["before"]) & set(r["after"])
-    assert [x["name"] for x in r["regions"]] == [f"blocks.{i}" for i in range(4)]
+    assert {f"blocks.{i}" for i in range(4)} <= {x["name"] for x in r["regions"]}
     assert r["after"]["peak_bytes"] < r["before"]["peak_bytes"]
     assert sha(src) == before, "the input must never be modified"
     m = onnx.load(out)
@@ -144,7 +144,7 @@ def test_rewriting_a_rewritten_graph_nests_nothing(tmp_path):
 def test_check_json_contract_and_corrupted_rewrite(tmp_path):
     src = SAMPLES / "mlp.onnx"
     out = tmp_path / "mlp.ckpt.onnx"
-    assert run("rewrite", src, "-o", out, "-q", "--auto", "layers")[0] == 0
+    assert run("rewrite", src, "-o", out, "--auto", "layers", "-q")[0] == 0  # the default only reorders mlp
     code, text = run("check", src, out, "--json", "--runs", "1", "--provider", "cpu")
     assert code == 0, text
     r = json.loads(text)

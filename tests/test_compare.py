@@ -43,7 +43,8 @@ def mlp(tmp_path_factory):
     paths = {"dir": tmp, "model": MLP, "rewritten": tmp / "mlp.ckpt.onnx", "inspect": tmp / "inspect.json",
              "rewrite": tmp / "rewrite.json", "check": tmp / "check.json"}
     for args in (["inspect", MLP, "-q", "--report", paths["inspect"]],
-                 ["rewrite", MLP, "-o", paths["rewritten"], "-q", "--auto", "layers", "--check", "--runs", 1, "--provider", "cpu",
+                 ["rewrite", MLP, "-o", paths["rewritten"], "--auto", "layers", "-q", "--check", "--runs", 1,
+                  "--provider", "cpu",
                   "--report", paths["rewrite"]],
                  ["check", MLP, paths["rewritten"], "-q", "--runs", 1, "--provider", "cpu",
                   "--report", paths["check"]]):

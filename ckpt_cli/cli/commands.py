@@ -7,9 +7,10 @@ from pathlib import Path
 
 import click
 
+from ..errors import UsageError
 from . import main
 from .options import (analysis_options, auto_options, busy, check_options, check_options_value, emit,
-                      parse_dims, protect_report, report_options)
+                      parse_dims, policy_from, policy_options, protect_report, report_options)
 
 
 @main.command()
@@ -57,21 +58,24 @@ def default_output(model: Path) -> Path:
 @click.option("--pin/--no-pin", default=True, show_default=True,
               help="Hold the written order in the data flow (guard nodes), so that it survives any ORT session.")
 @auto_options
+@policy_options
 @click.option("--check", "run_the_check", is_flag=True,
               help="Then run `ckpt check` on the result (exit 1 if it fails).")
 @check_options
 @analysis_options
 @report_options
 def rewrite(model: Path, output, force, patterns, scope, boundaries, plan_file, no_recompute, pin, auto, budget,
-            run_the_check, provider, runs, seed, feeds_file, python, rtol, atol, timeout, max_prediction_error,
+            recompute_ops, keep_ops, run_the_check, provider, runs, seed, feeds_file, python, rtol, atol, timeout, max_prediction_error,
             dims, loss, grad_outputs, as_json, report_path, quiet) -> None:
     """Rewrite a training graph to recompute activations instead of stashing them.
 
     Marked regions of the forward pass keep only their inputs for the backward pass;
     the backward recomputes the rest right before it needs it. The graph is written
     in the order ONNX Runtime must execute it (run it with the session settings the
-    report prints, or `ckpt session OUTPUT`). With no region option, ckpt uses one
-    region per repeated layer, or sqrt(n) segments when it finds no layers.
+    report prints, or `ckpt session OUTPUT`). With no region option, ckpt takes the plan
+    with the lowest predicted peak (per-layer regions, segments or a tensor-level min cut),
+    the fewest recompute FLOPs among those within 2% of it, and never one above the
+    original (then it writes the reordered graph and says why).
 
     \b
     Examples:
@@ -92,7 +96,8 @@ def rewrite(model: Path, output, force, patterns, scope, boundaries, plan_file, 
               quiet or as_json) as status:
         result = rewrite_model(model, output, force=force, regions=list(patterns), regions_by_scope=scope,
                                boundaries=list(boundaries), plan=plan_file, auto=auto, budget=budget,
-                               no_recompute=no_recompute, pin=pin, dims=parse_dims(dims), loss=loss,
+                               no_recompute=no_recompute, pin=pin, policy=policy_from(recompute_ops, keep_ops),
+                               dims=parse_dims(dims), loss=loss,
                                grad_outputs=list(grad_outputs), check=check,
                                progress=status.update if status is not None and (auto or budget) else None)
 
@@ -121,9 +126,15 @@ def _output_file(output: Path, model: Path) -> Path:
               help="Write the plan (JSON, editable) here; read it back with `ckpt rewrite --plan`.")
 @click.option("--force", is_flag=True, help="Overwrite the output if it exists.")
 @auto_options
+@policy_options
+@click.option("--sweep", is_flag=True,
+              help="Print predicted peak against recompute share over the min-cut front (each point a real "
+                   "rewrite), to pick a --budget by looking.")
+@click.option("--svg", type=click.Path(dir_okay=False, path_type=Path), help="With --sweep: write the chart as SVG.")
 @analysis_options
 @report_options
-def plan(model: Path, output, force, auto, budget, dims, loss, grad_outputs, as_json, report_path, quiet) -> None:
+def plan(model: Path, output, force, auto, budget, recompute_ops, keep_ops, sweep, svg, dims, loss, grad_outputs,
+         as_json, report_path, quiet) -> None:
     """Choose checkpoint regions automatically and explain the choice, without rewriting.
 
     Strategies: layers (one region per repeated layer), sqrt (about sqrt(n) segments cut
@@ -139,12 +150,24 @@ def plan(model: Path, output, force, auto, budget, dims, loss, grad_outputs, as_
       ckpt rewrite sample_models/gpt.onnx --plan plan.json -o gpt.ckpt.onnx
       ckpt plan model.onnx --auto balanced --json | jq '.explanations[:5]'
     """
-    from ..api import plan_model
+    from ..api import plan_model, sweep_model
     from ..report.plan_view import render_plan
 
-    protect_report(report_path, model, output)
+    protect_report(report_path, model, output, svg)
+    policy = policy_from(recompute_ops, keep_ops)
+    if sweep:
+        from ..report.sweep_view import render_sweep
+
+        protect_report(svg, model)
+        with busy("sweeping the min-cut front", quiet or as_json):
+            report = sweep_model(model, svg=svg, policy=policy, dims=parse_dims(dims), loss=loss,
+                                 grad_outputs=list(grad_outputs))
+        emit(report, render_sweep, as_json, report_path, quiet, (model, svg))
+        return
+    if svg is not None:
+        raise UsageError("--svg goes with --sweep")
     with busy("planning", quiet or as_json) as status:
-        result = plan_model(model, auto=auto, budget=budget, dims=parse_dims(dims), loss=loss,
+        result = plan_model(model, auto=auto, budget=budget, policy=policy, dims=parse_dims(dims), loss=loss,
                             grad_outputs=list(grad_outputs), output=output, force=force,
                             progress=status.update if status is not None else None)
     emit(result.to_json(), render_plan, as_json, report_path, quiet, (model, output))

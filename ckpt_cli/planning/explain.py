@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..analysis import Analysis
-from ..analysis.ops import RANDOM_OPS
+from ..analysis.ops import RANDOM_OPS, is_recomputable
 from .plan import Plan
 from .strategies import EXPENSIVE_OPS
 
@@ -34,6 +34,8 @@ def explain(a: Analysis, plan: Plan, recomputed: set[str]) -> list[dict]:
             why = "recomputed from the region's kept inputs"
         elif not plan.regions:
             why = "no recompute needed: the original already fits"
+        elif plan.tensor_level and is_recomputable(node):
+            why = "min cut: recomputing it (and the inputs it needs) costs more than its bytes are worth here"
         elif region is None:
             why = "outside every region"
         elif node.op_type in RANDOM_OPS:

@@ -41,6 +41,7 @@ class Plan:
     regions: list[Region]
     strategy: str
     notes: list[str] = field(default_factory=list)  # what was decided and why, for the report
+    tensor_level: bool = False  # regions from a min cut: every tensor it keeps is kept on purpose
 
     def to_json(self, node_names: list[str]) -> dict:
         return {
@@ -49,6 +50,48 @@ class Plan:
             "regions": [{"name": r.name, "nodes": sorted((node_names[i] for i in r.nodes), key=_natural),
                          "keep": sorted(r.keep)} for r in self.regions],
         }
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Per-op rules: ``keep_ops`` outputs are never recomputed, ``recompute_ops``
+    outputs are never kept (recomputed whenever the backward needs them)."""
+
+    keep_ops: frozenset[str] = frozenset()
+    recompute_ops: frozenset[str] = frozenset()
+
+    def __bool__(self) -> bool:
+        return bool(self.keep_ops or self.recompute_ops)
+
+    def describe(self) -> str:
+        parts = []
+        if self.recompute_ops:
+            parts.append("always recomputes " + ",".join(sorted(self.recompute_ops)))
+        if self.keep_ops:
+            parts.append("always keeps " + ",".join(sorted(self.keep_ops)))
+        return "policy: " + "; ".join(parts)
+
+
+def apply_policy(plan: Plan, policy: Policy, graph) -> Plan:
+    """``plan`` with the policy honoured inside its regions: outputs of ``keep_ops`` are
+    kept, outputs of ``recompute_ops`` are not (a node outside every region is never
+    recomputed, whatever its op)."""
+    if not policy:
+        return plan
+    regions = []
+    for r in plan.regions:
+        keep = set(r.keep)
+        for i in r.nodes:
+            node = graph.nodes[i]
+            if node.op_type in policy.keep_ops:
+                keep.update(t for t in node.outputs if t)
+            elif node.op_type in policy.recompute_ops:
+                keep.difference_update(node.outputs)
+        regions.append(Region(r.name, set(r.nodes), keep))
+    notes = list(plan.notes)
+    if policy.describe() not in notes:
+        notes.append(policy.describe())
+    return Plan(regions, plan.strategy, notes, plan.tensor_level)
 
 
 def _natural(s: str):

@@ -1,0 +1,167 @@
+"""ckpt's tensor-level front against PyTorch's min-cut partitioner, point by point.
+
+    python -m bench.peer            # writes bench/PEER.md and bench/peer_results.json
+
+The PyTorch figures come from ``bench/peer_pytorch.json`` (``bench/peer_pytorch.py``,
+run with torch). For each PyTorch point, ckpt's plan is the cut with the least
+recompute cost (ckpt's own objective: FLOPs plus bytes moved) that keeps at most
+PyTorch's activation bytes (``mincut.solve_bytes``). Both sides count recompute the
+same two ways: ``matmul`` (2*M*N*K of matmul-class ops, as torch's flop counter) and
+``elements`` (matmul FLOPs plus one per output element of every other recomputed op
+that is not a view or a shape read). ckpt's activation bytes are the rewritten graph's
+stashed bytes; each ckpt plan is rewritten and checked on ONNX Runtime (``ckpt rewrite
+--plan P --check``): measured peak, prediction error, bit-identical outputs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+PEER_JSON = BENCH / "peer_pytorch.json"
+COMPARED = (0.5, 0.2)  # the budgets the issue's done-when compares at
+
+
+def element_flops(a, nodes) -> int:
+    from ckpt_cli.analysis.memory import VIEW_OPS
+    from ckpt_cli.planning.mincut import MATMUL_OPS, SHAPE_OPS
+
+    total = 0
+    for i in nodes:
+        n = a.graph.nodes[i]
+        if n.op_type in MATMUL_OPS:
+            total += a.costs[i].flops
+        elif n.op_type not in VIEW_OPS and n.op_type not in SHAPE_OPS:
+            info = a.tensors.get(n.outputs[0])
+            if info is not None and info.shape is not None and all(isinstance(d, int) for d in info.shape):
+                total += math.prod(info.shape)
+    return total
+
+
+def matmul_flops(a, nodes) -> int:
+    from ckpt_cli.planning.mincut import MATMUL_OPS
+
+    return sum(a.costs[i].flops for i in nodes if a.graph.nodes[i].op_type in MATMUL_OPS)
+
+
+def _check(model: Path, plan: dict, work: Path, runs: int) -> dict:
+    plan_path = work / "plan.json"
+    plan_path.write_text(json.dumps(plan))
+    from bench.run import ckpt_cmd
+
+    out = subprocess.run([*ckpt_cmd(), "rewrite", str(model), "--plan", str(plan_path),
+                          "-o", str(work / "out.onnx"), "--force", "--check", "--provider", "cpu", "--runs", str(runs),
+                          "--json"], capture_output=True, text=True, cwd=REPO)
+    if out.returncode not in (0, 1):
+        return {"error": out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit {out.returncode}"}
+    r = json.loads(out.stdout)
+    c = r["check"]
+    return {"predicted_peak": r["after"]["peak_bytes"], "predicted_in_use": c["predicted_in_use"]["rewritten"],
+            "measured_in_use": c["rewritten"]["peak_bytes"],
+            "measured_requested": c["rewritten"]["peak_requested_bytes"],
+            "prediction_error": c["prediction_error"]["rewritten"],
+            "prediction_error_in_use": c["prediction_error_in_use"]["rewritten"],
+            "outputs_equal": c["outputs_equal"], "time_s": c["rewritten"]["time_s"],
+            "original_time_s": c["original"]["time_s"], "original_in_use": c["original"]["peak_bytes"]}
+
+
+def bench_peer(runs: int = 3) -> dict:
+    from ckpt_cli.analysis import analyse
+    from ckpt_cli.load import load_graph
+    from ckpt_cli.planning import mincut
+    from ckpt_cli.rewrite import rewrite
+
+    peer = json.loads(PEER_JSON.read_text())
+    out: dict = {"torch": peer["torch"], "models": []}
+    for m in peer["models"]:
+        model = REPO / "sample_models" / f"{m['model']}.onnx"
+        a = analyse(load_graph(model))
+        problem = mincut.build(a)
+        fwd = [i for i in range(len(a.graph.nodes)) if a.phases.is_forward[i]]
+        entry = {"model": m["model"], "ckpt_forward_matmul_flops": matmul_flops(a, fwd),
+                 "torch_forward_matmul_flops": m["forward_matmul_flops"], "stashed_bytes": a.stashed_bytes,
+                 "points": [], "front": []}
+        for cut in mincut.front(problem):
+            entry["front"].append({"kept_bytes": cut.kept_bytes, "matmul_flops": cut.matmul_flops,
+                                   "element_flops": element_flops(a, cut.copied)})
+        with tempfile.TemporaryDirectory(prefix="ckpt_peer_") as tmp:
+            for pt in m["points"]:
+                if pt["partitioner"] != "min_cut":
+                    continue
+                cut = mincut.solve_bytes(problem, pt["activation_bytes"])
+                plan = mincut.to_plan(a, cut, "mincut")
+                result = rewrite(a, plan)
+                row = {"budget": pt["budget"], "torch": pt,
+                       "ckpt": {"activation_bytes": result.after.stashed_bytes, "kept_bytes": cut.kept_bytes,
+                                "recompute_matmul_flops": matmul_flops(a, cut.copied),
+                                "recompute_element_flops": element_flops(a, cut.copied),
+                                "recompute_flops": result.recompute_flops,
+                                **_check(model, plan.to_json([n.name for n in a.graph.nodes]), Path(tmp), runs)}}
+                entry["points"].append(row)
+        out["models"].append(entry)
+    return out
+
+
+def _mib(x) -> str:
+    return "n/a" if x is None else f"{x / 2**20:.3f} MiB"
+
+
+def render(res: dict, add) -> None:
+    add(f"PyTorch {res['torch']} `min_cut_rematerialization_partition` with `activation_memory_budget` "
+        "(figures from `bench/peer_pytorch.py`, committed in `bench/peer_pytorch.json`) against ckpt's "
+        "tensor-level cut keeping at most PyTorch's activation bytes (`mincut.solve_bytes`, ckpt's own "
+        "objective), rewritten and checked on ORT CPU. Recompute as a share of each side's forward matmul "
+        "FLOPs; *elements*: matmul FLOPs plus one per output element of other non-view recomputed ops.")
+    add("")
+    for m in res["models"]:
+        add(f"**{m['model']}** (forward matmul FLOPs: ckpt {m['ckpt_forward_matmul_flops']:,}, "
+            f"torch {m['torch_forward_matmul_flops']:,}; ckpt counts Gemm's bias add)")
+        add("")
+        add("| budget | torch activations | torch matmul recompute | torch elements | ckpt activations | "
+            "ckpt matmul recompute | ckpt elements | matmul ratio ckpt/torch | ckpt predicted (in use) | "
+            "measured (in use) | error (in use / requested) | outputs equal | step time × original |")
+        add("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        for row in m["points"]:
+            t, c = row["torch"], row["ckpt"]
+            tm = t["recompute_matmul_flops"] / m["torch_forward_matmul_flops"]
+            cm = c["recompute_matmul_flops"] / m["ckpt_forward_matmul_flops"]
+            ratio = (f"{c['recompute_matmul_flops'] / t['recompute_matmul_flops']:.2f}"
+                     if t["recompute_matmul_flops"] else ("0 = 0" if not c["recompute_matmul_flops"] else "n/a"))
+            err = (f"{c['prediction_error_in_use']:+.1%} / {c['prediction_error']:+.1%}"
+                   if "prediction_error" in c else c.get("error", "n/a"))
+            slow = f"{c['time_s'] / c['original_time_s']:.2f}×" if c.get("original_time_s") else "n/a"
+            add(f"| {row['budget']} | {_mib(t['activation_bytes'])} | {tm:.1%} "
+                f"| {t['recompute_element_flops'] / 1e6:.2f} M "
+                f"| {_mib(c['activation_bytes'])} | {cm:.1%} | {c['recompute_element_flops'] / 1e6:.2f} M | {ratio} "
+                f"| {_mib(c.get('predicted_in_use'))} | {_mib(c.get('measured_in_use'))} | {err} "
+                f"| {c.get('outputs_equal', 'n/a')} | {slow} |")
+        add("")
+        dominated = [row["budget"] for row in m["points"] if row["budget"] in COMPARED
+                     and row["ckpt"]["activation_bytes"] <= row["torch"]["activation_bytes"]
+                     and row["ckpt"]["recompute_matmul_flops"] <= row["torch"]["recompute_matmul_flops"]]
+        add(f"ckpt's front dominates PyTorch's at budgets {dominated or 'none'} of {list(COMPARED)} "
+            "(activation bytes ≤ and matmul recompute FLOPs ≤).")
+        add("")
+        add("ckpt's min-cut front (corners of the price sweep): " + ", ".join(
+            f"{_mib(f['kept_bytes'])} @ {f['matmul_flops'] / m['ckpt_forward_matmul_flops']:.1%}" for f in m["front"]))
+        add("")
+
+
+def main() -> int:
+    res = bench_peer()
+    (BENCH / "peer_results.json").write_text(json.dumps(res, indent=1) + "\n")
+    lines: list[str] = ["# ckpt against PyTorch's min-cut partitioner", "", "Generated by `python -m bench.peer`.", ""]
+    render(res, lines.append)
+    (BENCH / "PEER.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

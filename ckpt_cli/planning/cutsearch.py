@@ -1,0 +1,200 @@
+"""The budget search over tensor-level cuts (``mincut``), judged by the real cost model.
+
+The price sweep gives the corners of the (kept bytes, recompute cost) front; each
+corner becomes a plan whose real peak (rewrite + arena simulation) decides whether it
+fits. Kept bytes are not the peak: recomputed tensors live in the backward too, so
+recomputing the most can raise the peak again. Small graphs judge every corner, then
+fill the gap between the cheapest corner that fits and its costlier neighbour that
+overshoots with the byte-budget MILP (a few byte limits, bisected); large graphs
+bisect the corners only (each judgement is a rewrite of the whole graph).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from ..analysis import Analysis
+from ..errors import BudgetUnreachable
+from .mincut import MAX_SOLVES, Cut, Policy, Problem, build, front, solve_bytes, to_plan
+from .plan import Plan, apply_policy
+from .regions import default_regions
+from .search import PlanCost
+from .strategies import BudgetResult
+
+REFINE_STEPS = 6  # byte limits tried between two corners on small graphs
+
+
+def large_judgements(nodes: int) -> int:
+    """Rewrites a large graph's corner bisection may spend: 0.3 s each at 10k nodes and
+    5 s at 100k (bench/ section 1), to plan within 2 s at 10k and 20 s at 100k."""
+    return 4 if nodes <= 20_000 else 2
+LARGE_SOLVES = 16  # price sweeps on large graphs stop sooner (50 ms a max-flow at 10k nodes)
+
+
+@dataclass
+class Judged:
+    cut: Cut
+    plan: Plan
+    cost: PlanCost
+
+
+@dataclass
+class CutSearch:
+    best: Judged | None  # the fitting plan with the fewest recompute FLOPs
+    judged: list[Judged]
+    lowest: PlanCost | None  # the lowest real peak seen
+
+
+def search_cuts(a: Analysis, budget: int, evaluate: Callable[[Plan], PlanCost], *, thorough: bool,
+                policy: Policy = Policy(), strategy: str = "budget", problem: Problem | None = None) -> CutSearch:
+    problem = problem or build(a, policy)
+    corners = front(problem, MAX_SOLVES if thorough else LARGE_SOLVES)  # most kept bytes first
+    judged: dict[tuple, Judged] = {}
+
+    def judge(cut: Cut) -> Judged:
+        key = (cut.copied, cut.kept)
+        if key not in judged:
+            plan = to_plan(a, cut, strategy)
+            if policy:
+                plan.notes.append(policy.describe())
+            judged[key] = Judged(cut, plan, evaluate(plan))
+        return judged[key]
+
+    def fits(j: Judged) -> bool:
+        return j.cost.peak_bytes <= budget
+
+    if thorough:
+        for cut in corners:
+            judge(cut)
+    else:
+        _bisect(corners, judge, fits, large_judgements(len(a.graph.nodes)))
+    best = _best(judged.values(), budget)
+    if thorough and best is not None and best.cost.recompute_flops:
+        _refine(problem, corners, best, judge, fits)
+        best = _best(judged.values(), budget)
+    lowest = min((j.cost for j in judged.values()), key=lambda c: c.peak_bytes, default=None)
+    return CutSearch(best, list(judged.values()), lowest)
+
+
+def _best(judged, budget: int) -> Judged | None:
+    fitting = [j for j in judged if j.cost.peak_bytes <= budget]
+    return min(fitting, key=lambda j: (j.cost.recompute_flops, j.cost.peak_bytes), default=None)
+
+
+def _bisect(corners: list[Cut], judge, fits, judgements: int) -> None:
+    """The corner keeping the most bytes that fits, by bisection over the corners,
+    assuming the real peak falls with the kept bytes (the kept bytes are no estimate of
+    the peak itself: they are not all live at once). The corner next to recomputing all
+    goes first: when it does not fit, none is likely to (an unreachable budget then costs
+    one rewrite); recomputing all is never tried (its copies all live at once)."""
+    if len(corners) < 2 or not fits(judge(corners[-2])):
+        return
+    lo, hi = 0, len(corners) - 3  # corners[-2] fits: look for one that keeps more
+    for _ in range(judgements - 1):
+        if lo > hi:
+            return
+        mid = (lo + hi) // 2
+        if fits(judge(corners[mid])):
+            hi = mid - 1
+        else:
+            lo = mid + 1
+
+
+def _refine(problem: Problem, corners: list[Cut], best: Judged, judge, fits) -> None:
+    """Between the cheapest fitting corner and the corner before it (more kept bytes,
+    less recompute, over the budget), the byte-budget MILP at bisected byte limits."""
+    richer = [c for c in corners if c.kept_bytes > best.cut.kept_bytes]
+    if not richer:
+        return
+    lo, hi = best.cut.kept_bytes, min(c.kept_bytes for c in richer)
+    for _ in range(REFINE_STEPS):
+        if hi - lo <= 1:
+            return
+        mid = (lo + hi) // 2
+        cut = solve_bytes(problem, mid)
+        if cut is None:
+            lo = mid
+            continue
+        if fits(judge(cut)):
+            lo = max(mid, cut.kept_bytes)
+        else:
+            hi = mid
+
+
+# Above this many nodes only the region-structure search runs: with the two or three
+# rewrites a 100k-node graph allows (5 s each), it recomputed 2.49 GFLOP at a 65% budget
+# against the cuts' 3.16 (at 10k nodes, with four rewrites, the cuts recompute 15 MFLOP
+# against its 175).
+STRUCTURES_FIRST_NODES = 20_000
+
+
+def cut_budget_plan(a: Analysis, budget: int, evaluate: Callable[[Plan], PlanCost],
+                    fallback: Callable[[], BudgetResult],
+                    *, thorough: bool, policy: Policy = Policy(), strategy: str = "budget") -> BudgetResult:
+    """The fitting plan with the fewest recompute FLOPs from the tensor-level cuts and from
+    ``fallback`` (the region-structure search): on small graphs both run, on large ones
+    the cuts and the fallback only when no cut fits, on the largest (STRUCTURES_FIRST_NODES)
+    the fallback alone. Raises BudgetUnreachable when nothing fits."""
+    base = a.priority.peak_bytes
+    if base <= budget:
+        return fallback()  # the original fits: its empty plan, without a sweep
+    old: BudgetResult | None = None
+    if budget < a.lower_bound_bytes or (not thorough and len(a.graph.nodes) > STRUCTURES_FIRST_NODES):
+        return fallback()  # below the bound no plan fits: the fallback says what the lowest peak is
+    found = search_cuts(a, budget, evaluate, thorough=thorough, policy=policy, strategy=strategy)
+    if thorough or found.best is None:
+        try:
+            old = fallback()
+        except BudgetUnreachable:
+            if found.best is None:
+                raise
+    evaluations = len(found.judged) + (old.evaluations if old is not None else 0)
+    if found.best is None or (old is not None and old.recompute_flops < found.best.cost.recompute_flops):
+        old.evaluations = evaluations
+        return old
+    best = found.best
+    best.plan.notes.append(f"predicted peak {best.cost.peak_bytes} <= budget {budget} bytes "
+                           f"({evaluations} evaluations)")
+    return BudgetResult(best.plan, best.cost.peak_bytes, best.cost.recompute_flops, [], [], evaluations)
+
+
+# The default plan: the lowest predicted peak, then, among plans this close to it, the
+# fewest recompute FLOPs (a near-lowest peak for far less recompute is the better trade).
+NEAR_LOWEST = 0.02
+LARGE_DEFAULT_CORNERS = 1  # corners judged on large graphs, next to the one that recomputes the most
+# Above this the default is the per-layer plan without judging others: each judgement is a
+# rewrite of the whole graph (5 s at 100k nodes), and a plain rewrite should stay one rewrite.
+DEFAULT_SEARCH_NODES = 20_000
+
+
+def lowest_peak_plan(a: Analysis, evaluate: Callable[[Plan], PlanCost], *, thorough: bool,
+                     policy: Policy = Policy()) -> tuple[Plan, PlanCost | None]:
+    """The default plan: among the region structures' floors (everything recomputed) and
+    the corners of the min-cut front, the lowest real peak, then among those within
+    NEAR_LOWEST of it the fewest recompute FLOPs; never above the original (reordering
+    alone is a candidate; on large graphs, where each judgement is a rewrite of the whole
+    graph, it is taken without one when nothing beats the original's peak)."""
+    from .strategies import structures
+
+    if len(a.graph.nodes) > DEFAULT_SEARCH_NODES:
+        plan = apply_policy(default_regions(a), policy, a.graph)
+        plan.notes.append(f"the default on graphs above {DEFAULT_SEARCH_NODES} nodes: no search among plans")
+        return plan, None
+    corners = front(build(a, policy), MAX_SOLVES if thorough else LARGE_SOLVES)
+    if not thorough:
+        corners = corners[-1 - LARGE_DEFAULT_CORNERS:-1]
+    reorder = Plan([], "none", ["reordering alone gives the lowest peak"])
+    options: list[Plan] = [reorder] if thorough else []
+    options += structures(a) if thorough else [default_regions(a)]
+    options += [to_plan(a, c, "lowest") for c in corners]
+    options = [apply_policy(p, policy, a.graph) for p in options]
+    judged = [(plan, evaluate(plan)) for plan in options]
+    lowest = min(cost.peak_bytes for _, cost in judged)
+    if lowest > a.priority.peak_bytes:
+        return reorder, None
+    near = [(plan, cost) for plan, cost in judged if cost.peak_bytes <= lowest * (1 + NEAR_LOWEST)]
+    plan, cost = min(near, key=lambda pc: (pc[1].recompute_flops, pc[1].peak_bytes))
+    plan.notes.append(f"the default: lowest predicted peak of {len(judged)} plans ({lowest} bytes); this one is within "
+                      f"{NEAR_LOWEST:.0%} of it with the fewest recompute FLOPs")
+    return plan, cost

@@ -1,0 +1,51 @@
+"""``ckpt plan --sweep``: predicted peak against recompute share over the min-cut front,
+so a user can pick a budget by looking (as PyTorch's ``visualize_memory_budget_pareto``).
+
+Each corner of the price sweep is rewritten and simulated (the real cost model), so a
+point's peak is what ``--budget`` would be judged by; corners that another point beats
+on both peak and recompute are marked as not on the front.
+"""
+
+from __future__ import annotations
+
+from ..analysis import Analysis
+from .mincut import MAX_SOLVES, Policy, build, front, to_plan
+
+SWEEP_SOLVES_LARGE = 16
+# A plan whose peak is within this of another's and recomputes more is not on the front:
+# a few hundred bytes of peak are not worth any recompute.
+SAME_PEAK = 0.005
+
+
+def _dominates(q: dict, p: dict) -> bool:
+    if q is p:
+        return False
+    near = q["peak_bytes"] <= p["peak_bytes"] * (1 + SAME_PEAK)
+    return (near and q["recompute_flops"] < p["recompute_flops"]) or (
+        q["peak_bytes"] < p["peak_bytes"] and q["recompute_flops"] <= p["recompute_flops"])
+
+
+def sweep_points(a: Analysis, evaluate, policy: Policy = Policy()) -> list[dict]:
+    """One point per corner (plus the original, reordered), least recompute first."""
+    from .plan import Plan
+
+    step_flops = max(1, a.forward_flops + a.backward_flops)
+    points = []
+    from .strategies import LARGE_GRAPH_NODES
+
+    # every corner is a rewrite of the whole graph: fewer of them on large graphs
+    solves = MAX_SOLVES if len(a.graph.nodes) <= LARGE_GRAPH_NODES else SWEEP_SOLVES_LARGE
+    cuts = [None] + front(build(a, policy), solves)
+    for cut in cuts:
+        plan = Plan([], "none") if cut is None else to_plan(a, cut, "sweep")
+        cost = evaluate(plan)
+        points.append({"price_flops_per_byte": None if cut is None else cut.price,
+                       "kept_bytes": a.stashed_bytes if cut is None else cut.kept_bytes,
+                       "peak_bytes": cost.peak_bytes, "recompute_flops": cost.recompute_flops,
+                       "recompute_share": cost.recompute_flops / step_flops, "regions": len(plan.regions)})
+    for p in points:
+        p["pareto"] = not any(_dominates(q, p) for q in points)
+    unique: dict[tuple, dict] = {}
+    for p in points:
+        unique.setdefault((p["peak_bytes"], p["recompute_flops"]), p)
+    return sorted(unique.values(), key=lambda p: (p["recompute_flops"], p["peak_bytes"]))
