@@ -97,6 +97,8 @@ def _checked_copy(model: onnx.ModelProto, order: list[int]) -> onnx.ModelProto:
         if t.data_location != onnx.TensorProto.EXTERNAL:
             g.initializer.append(t)
         elif t.name not in inputs:
+            if model.ir_version < 4:  # what the checker says of the original
+                raise onnx.checker.ValidationError(f"{t.name} in initializer but not in graph input")
             g.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
     return light
 

@@ -261,3 +261,11 @@ def test_names_that_are_not_utf8_are_refused(tmp_path, where):
     path.write_bytes(path.read_bytes().replace(mark.encode(), b"\xff\xfeMARK\xc3("))
     code, text = ckpt("rewrite", path, "-o", tmp_path / "o.onnx")
     assert code == 2 and "UTF-8" in text and text.count("\n") == 1, text
+
+
+def test_ir3_external_initializer_not_an_input_is_refused(ext_dir):
+    m = onnx.load(ext_dir / "e.onnx", load_external_data=False)
+    m.ir_version = 3
+    onnx.save(m, ext_dir / "ir3.onnx")
+    code, text = ckpt("rewrite", ext_dir / "ir3.onnx", "-o", ext_dir / "o.onnx")
+    assert code == 2 and "not in graph input" in text, text
