@@ -145,6 +145,9 @@ def check_graph(graph: Graph, path: Path) -> None:
             if v.type.tensor_type.elem_type not in _DATA_TYPES:
                 raise ModelError(f"{path}: tensor '{v.name}' has an unknown element type "
                                  f"{v.type.tensor_type.elem_type}")
+    for v in chain(g.input, g.output):
+        if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type == onnx.TensorProto.UNDEFINED:
+            raise ModelError(f"{path}: graph {'input' if v in g.input else 'output'} '{v.name}' has no element type")
     for t in g.initializer:
         if t.data_type not in _DATA_TYPES or t.data_type == onnx.TensorProto.UNDEFINED:
             raise ModelError(f"{path}: initializer '{t.name}' has an unknown element type {t.data_type}")
