@@ -9,6 +9,7 @@ import math
 import os
 import stat
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 from typing import Iterator
 
@@ -72,8 +73,11 @@ def external_tensors(model: onnx.ModelProto) -> list[onnx.TensorProto]:
     return [t for t in graph_tensors(model.graph) if is_external(t)]
 
 
-def _fields(t: onnx.TensorProto) -> dict[str, str]:
-    return {e.key: e.value for e in t.external_data}
+def _fields(t: onnx.TensorProto, where: Path) -> dict[str, str]:
+    fields = {e.key: e.value for e in t.external_data}
+    if any(type(v) is not str for v in chain(fields, fields.values())):  # protobuf gives bytes for bad UTF-8
+        raise ModelError(f"{where}: tensor '{t.name!s}' has external-data fields that are not valid UTF-8 text")
+    return fields
 
 
 def _int_field(t: onnx.TensorProto, fields: dict[str, str], key: str, where: Path) -> int | None:
@@ -105,9 +109,9 @@ def expected_bytes(t: onnx.TensorProto) -> int | None:
 def locate(t: onnx.TensorProto, model_dir: Path, model_path: Path) -> Extent:
     """The checked extent of one external tensor; ModelError for a location outside the
     model's folder, a file that is not regular, or an offset/length beyond the file."""
-    fields = _fields(t)
-    location = fields.get("location")
     where = model_path
+    fields = _fields(t, where)
+    location = fields.get("location")
     if not location:
         raise ModelError(f"{where}: tensor '{t.name}' is stored externally but names no location")
     if "\0" in location or os.path.isabs(location) or location.startswith(("/", "\\")):

@@ -100,6 +100,8 @@ def _checked_copy(model: onnx.ModelProto, order: list[int]) -> onnx.ModelProto:
         if t.data_location != onnx.TensorProto.EXTERNAL:
             g.initializer.append(t)
         elif t.name not in inputs:
+            if model.ir_version < 4:  # what the checker says of the original
+                raise onnx.checker.ValidationError(f"{t.name} in initializer but not in graph input")
             g.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
     return light
 
@@ -121,6 +123,19 @@ def _run_checker(model: onnx.ModelProto, path: Path, order: list[int]) -> None:
         raise ModelError(f"{path}: not a valid ONNX model ({first[:300]})") from None
 
 
+def _check_text(graph: Graph, path: Path) -> None:
+    """Every name and metadata string ckpt reads is text: protobuf hands invalid UTF-8 over as bytes."""
+    g = graph.model.graph
+    strings = chain((v.name for v in chain(g.input, g.output, g.value_info, g.initializer)),
+                    (x for p in graph.model.metadata_props for x in (p.key, p.value)))
+    for node in graph.nodes:
+        if any(type(t) is not str for t in chain((node.name, node.op_type, node.domain), node.reads, node.outputs,
+                                                  (x for p in node.proto.metadata_props for x in (p.key, p.value)))):
+            raise ModelError(f"{path}: node {node.index} has names that are not valid UTF-8 text")
+    if any(type(t) is not str for t in strings):
+        raise ModelError(f"{path}: names or metadata in the model are not valid UTF-8 text")
+
+
 def check_graph(graph: Graph, path: Path) -> None:
     """ckpt's own checks (also for graphs too large for onnx.checker): every tensor read is
     produced, fed or stored, every output is produced, and a file holds a typed graph."""
@@ -133,13 +148,15 @@ def check_graph(graph: Graph, path: Path) -> None:
             if v.type.tensor_type.elem_type not in _DATA_TYPES:
                 raise ModelError(f"{path}: tensor '{v.name}' has an unknown element type "
                                  f"{v.type.tensor_type.elem_type}")
+    for v in chain(g.input, g.output):
+        if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type == onnx.TensorProto.UNDEFINED:
+            raise ModelError(f"{path}: graph {'input' if v in g.input else 'output'} '{v.name}' has no element type")
     for t in g.initializer:
         if t.data_type not in _DATA_TYPES or t.data_type == onnx.TensorProto.UNDEFINED:
             raise ModelError(f"{path}: initializer '{t.name}' has an unknown element type {t.data_type}")
+    _check_text(graph, path)
     available = set(graph.resident) | set(graph.producer)
     for node in graph.nodes:
-        if type(node.name) is not str or any(type(t) is not str for t in chain(node.reads, node.outputs)):
-            raise ModelError(f"{path}: node {node.index} has names that are not valid UTF-8 text")
         for t in node.reads:
             if t != ABSENT and t not in available:
                 raise ModelError(f"{path}: node '{node.name}' ({node.op_type}) reads '{t}', which no node, "

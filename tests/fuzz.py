@@ -344,11 +344,13 @@ class Summary:
     counts: Counter = field(default_factory=Counter)
     exit_codes: Counter = field(default_factory=Counter)
     defects: list[dict] = field(default_factory=list)
+    passthrough: list[dict] = field(default_factory=list)  # inputs ORT refuses as it refuses the output
     ort_loaded: int = 0
 
     def to_json(self) -> dict:
         return {"counts": dict(self.counts), "exit_codes": {str(k): v for k, v in sorted(self.exit_codes.items())},
-                "ort_loaded": self.ort_loaded, "defects": self.defects[:50]}
+                "ort_loaded": self.ort_loaded, "defects": self.defects[:50],
+                "garbage_passthrough_examples": self.passthrough}
 
 
 class _Timeout(Exception):
@@ -497,6 +499,8 @@ def run_fuzz(cases: int, seed: int = 0, ort_every: int = 10, log=None, only: int
                 continue
             outcome = run_case(s, case_rng, work, ort_every, case, summary, debug=only is not None)
             summary.counts[outcome.kind] += 1
+            if outcome.kind == "garbage_passthrough" and len(summary.passthrough) < 20:
+                summary.passthrough.append({"case": case, "seed_model": s.name, "ort_says": outcome.detail})
             if outcome.kind == "defect":
                 summary.defects.append({"case": case, "seed_model": s.name, "detail": outcome.detail})
                 if log is not None:

@@ -89,6 +89,10 @@ def _bad_dtype(m):
     m.graph.input[0].type.tensor_type.elem_type = 99
 
 
+def _untyped_output(m):
+    m.graph.output[-1].type.tensor_type.elem_type = TensorProto.UNDEFINED
+
+
 def _fifo(folder: Path, name: str) -> Path:
     os.mkfifo(folder / name)
     return folder / name
@@ -129,6 +133,7 @@ ROWS: list[tuple[str, Callable[[Path], list], int, str]] = [
     ("no opset", lambda f: ["rewrite", _chain(f, _no_opset), "-o", f / "o.onnx"], 2, "opset"),
     ("negative dim", lambda f: ["inspect", _chain(f, _negative_dim)], 2, "negative"),
     ("unknown dtype", lambda f: ["inspect", _chain(f, _bad_dtype)], 2, ""),
+    ("untyped output", lambda f: ["rewrite", _chain(f, _untyped_output), "-o", f / "o.onnx"], 2, "element type"),
     ("unbound symbolic dim", lambda f: ["plan", _chain(f, _symbolic)], 2, "--dim batch=N"),
     ("huge --dim", lambda f: ["inspect", _chain(f, _symbolic), "--dim", "batch=" + "9" * 30], 2, "out of range"),
     ("unknown --dim", lambda f: ["inspect", _chain(f), "--dim", "nosuch=3"], 2, "nosuch"),

@@ -241,3 +241,31 @@ def test_links_and_special_files_as_external_data(ext_dir, tmp_path):
     os.symlink(tmp_path, ext_dir / "sub")
     with pytest.raises(ModelError, match="outside"):  # a linked folder in the path
         load_graph(_relocate(ext_dir, location="sub/secret.bin"))
+
+
+@pytest.mark.parametrize("where", ["node", "metadata", "location"])
+def test_names_that_are_not_utf8_are_refused(tmp_path, where):
+    model = if_training_graph()
+    mark = "MARKMARK"
+    if where == "node":
+        model.graph.node[1].name = mark
+    elif where == "metadata":
+        entry = model.graph.node[1].metadata_props.add()
+        entry.key, entry.value = "pkg.torch.onnx.name_scopes", mark
+    path = tmp_path / "u.onnx"
+    if where == "location":
+        onnx.save(model, path, save_as_external_data=True, location=mark, size_threshold=0)
+        (tmp_path / mark).rename(tmp_path / "data")
+    else:
+        onnx.save(model, path)
+    path.write_bytes(path.read_bytes().replace(mark.encode(), b"\xff\xfeMARK\xc3("))
+    code, text = ckpt("rewrite", path, "-o", tmp_path / "o.onnx")
+    assert code == 2 and "UTF-8" in text and text.count("\n") == 1, text
+
+
+def test_ir3_external_initializer_not_an_input_is_refused(ext_dir):
+    m = onnx.load(ext_dir / "e.onnx", load_external_data=False)
+    m.ir_version = 3
+    onnx.save(m, ext_dir / "ir3.onnx")
+    code, text = ckpt("rewrite", ext_dir / "ir3.onnx", "-o", ext_dir / "o.onnx")
+    assert code == 2 and "not in graph input" in text, text
