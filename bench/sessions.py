@@ -5,7 +5,7 @@ the peak is the most ORT's CPU arena had in use during that run (profiler
 ``mem_bytes_in_use``, ORT_FACTS §4), one intra-op thread (§7). Outputs of the warm-up
 are dropped before the measured run (§8).
 
-    python -m bench.sessions                  # writes bench/SESSIONS.md
+    python -m bench.sessions                  # rewrites the samples, writes bench/SESSIONS.md
     python -m bench.sessions MODEL [...]      # one row per model and session, to stdout
 """
 
@@ -27,6 +27,23 @@ SESSIONS: dict[str, tuple[str | None, str | None, bool | None, bool]] = {
     "priority_extended": ("PRIORITY_BASED", "ORT_ENABLE_EXTENDED", False, False),
     "priority_all": ("PRIORITY_BASED", "ORT_ENABLE_ALL", False, False),
 }
+
+
+_HEADER = """# Peak memory of the default rewrite under the sessions people run
+
+`python -m bench.sessions` (ORT CPU, one intra-op thread; peak = ORT's arena bytes in use
+during one run after a warm-up, profiler `mem_bytes_in_use`). Ratios are against the
+original graph in a plain `InferenceSession(path)` (ORT's defaults).
+Sessions: `plain` = nothing set (DEFAULT order, ORT_ENABLE_ALL, memory pattern on) (a);
+`default_all` = DEFAULT order + ORT_ENABLE_ALL, memory pattern off (b); `ckpt` = the
+settings the model records (PRIORITY_BASED, ORT_DISABLE_ALL, its enable_mem_reuse) (c);
+`priority_*` = PRIORITY_BASED at each optimization level. Under `plain` the memory pattern
+puts all intermediates into one block the arena serves from a power-of-two chunk, so small
+graphs land on the same 4 or 8 MiB whatever the schedule. Step time: the fastest of 10 runs
+(two alternating rounds of 5 per graph) under (c), ORT's profiler on; the
+machine is shared, so only large differences mean anything.
+
+"""
 
 
 def _child(spec: dict) -> dict:
@@ -75,7 +92,7 @@ def _child(spec: dict) -> dict:
     if spec.get("outputs"):
         np.savez(spec["outputs"], **{o.name: v for o, v in zip(sess.get_outputs(), out)})
     times = sorted(times) or [elapsed]
-    return {"peak_bytes": peak, "time_s": times[len(times) // 2],
+    return {"peak_bytes": peak, "time_s": times[len(times) // 2], "min_s": times[0],
             "executed": [e["name"][: -len("_kernel_time")] for e in nodes]}
 
 
@@ -107,7 +124,7 @@ def measure(model: str | Path, session: str, feeds: str | Path, outputs: str | P
             timed_runs: int = 0, python: str | None = None) -> dict:
     """Measure ``model`` under ``session`` (a key of SESSIONS) in a fresh child process:
     ``peak_bytes``, ``time_s`` (median of ``timed_runs``, else the profiled run) and the
-    ``executed`` node order."""
+    ``executed`` node order (``min_s``: the fastest timed run)."""
     with tempfile.TemporaryDirectory(prefix="ckpt_sessions_") as tmp:
         spec = {"model": os.path.abspath(model), "session": session, "feeds": os.path.abspath(feeds),
                 "dir": tmp, "outputs": os.path.abspath(outputs) if outputs else None, "timed_runs": timed_runs}
@@ -121,9 +138,72 @@ def measure(model: str | Path, session: str, feeds: str | Path, outputs: str | P
         return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLES = ("gpt", "gpt12", "mlp", "cnn", "resnet18", "synthetic")
+MiB = 2**20
+
+
+def _rewrite(source: Path, out: Path, pin: bool):
+    from ckpt_cli.analysis import analyse
+    from ckpt_cli.load import load_graph
+    from ckpt_cli.pipeline import make_plan, rewrite_plan
+    from ckpt_cli.rewrite import to_model
+    from ckpt_cli.save import save_model
+
+    a = analyse(load_graph(source))
+    result = rewrite_plan(a, make_plan(a), pin)
+    save_model(to_model(result), out)
+    return result
+
+
+def table(tmp: Path, timed_runs: int = 5) -> str:
+    """The session matrix of every sample's default rewrite, as Markdown."""
+    import onnx
+
+    from ckpt_cli.synthetic import build_transformer
+
+    names = list(SESSIONS)
+    head = ("| sample | original, ORT defaults | " + " | ".join(f"rewrite: {n}" for n in names)
+            + " | guard nodes | step time (c), pinned / --no-pin |")
+    lines = [head, "|" + "---|" * (len(names) + 4)]
+    for name in SAMPLES:
+        source = ROOT / "sample_models" / f"{name}.onnx"
+        if name == "synthetic":
+            source = tmp / "synthetic.onnx"
+            onnx.save(build_transformer(4), source)
+        if not source.exists():
+            continue
+        feeds = tmp / f"{name}.npz"
+        make_feeds(source, feeds)
+        pinned = _rewrite(source, tmp / f"{name}.pin.onnx", True)
+        _rewrite(source, tmp / f"{name}.nopin.onnx", False)
+        original = measure(source, "plain", feeds)["peak_bytes"]
+        cells = []
+        for session in names:
+            peak = measure(tmp / f"{name}.pin.onnx", session, feeds)["peak_bytes"]
+            cells.append(f"{peak / MiB:.2f} ({peak / original:.2f}x)")
+        # Alternate the two graphs and keep each one's fastest run: on a shared machine the
+        # minimum is what the graph costs, the median mostly what the neighbours cost.
+        t_pin = t_nopin = float("inf")
+        for _ in range(2):
+            t_pin = min(t_pin, measure(tmp / f"{name}.pin.onnx", "ckpt", feeds, timed_runs=timed_runs)["min_s"])
+            t_nopin = min(t_nopin, measure(tmp / f"{name}.nopin.onnx", "ckpt", feeds, timed_runs=timed_runs)["min_s"])
+        note = " (no gain: reordered only)" if pinned.no_gain_reason else ""
+        lines.append(f"| {name}{note} | {original / MiB:.2f} | " + " | ".join(cells)
+                     + f" | {pinned.guard_nodes} | {t_pin * 1e3:.1f} / {t_nopin * 1e3:.1f} ms |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--child"]:
         print(json.dumps(_child(json.loads(Path(argv[1]).read_text()))))
+        return 0
+    if not argv:
+        with tempfile.TemporaryDirectory() as tmp:
+            rows = table(Path(tmp))
+        text = (_HEADER + rows)
+        (ROOT / "bench" / "SESSIONS.md").write_text(text)
+        print(text)
         return 0
     with tempfile.TemporaryDirectory() as tmp:
         for model in argv:

@@ -6,6 +6,7 @@ ONNX Runtime under (a) a plain InferenceSession, (b) DEFAULT order + ORT_ENABLE_
 from __future__ import annotations
 
 import functools
+import json
 import sys
 
 import numpy as np
@@ -132,3 +133,22 @@ def test_pinned_rewrite_on_ort(name, workdir):
         assert peaks["plain"] <= original + GUARD_SLACK
     if name.startswith("gpt"):  # issue 14's goal for (c)
         assert peaks["ckpt"] <= 0.4 * original
+
+
+def test_cli_reports_the_guards_and_no_pin_writes_none(tmp_path):
+    from click.testing import CliRunner
+
+    from ckpt_cli.cli import main
+
+    reports = {}
+    for flag in ("--pin", "--no-pin"):
+        out = tmp_path / f"gpt{flag}.onnx"
+        done = CliRunner().invoke(main, ["rewrite", str(SAMPLES / "gpt.onnx"), "-o", str(out), flag, "--json"])
+        assert done.exit_code == 0, done.output
+        model = onnx.load(str(out))
+        guards = sum(1 for n in model.graph.node if any(p.key == GUARD_META for p in n.metadata_props))
+        reports[flag] = (json.loads(done.stdout), guards, {p.key: p.value for p in model.metadata_props})
+    report, guards, meta = reports["--pin"]
+    assert report["pin"]["guard_nodes"] == guards == int(meta[PIN_META]) > 0
+    report, guards, meta = reports["--no-pin"]
+    assert report["pin"] is None and guards == 0 and PIN_META not in meta

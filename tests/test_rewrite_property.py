@@ -146,14 +146,15 @@ def _check_written(model: onnx.ModelProto, a, plan: Plan, res, previous_copies: 
     assert len(new_copies) == res.recompute_nodes
     sources = [_meta(n, RECOMPUTE_META) for n in new_copies]
     assert len(sources) == len(set(sources)), "a source node was copied twice"
-    copy_outputs = {t for n in nodes if _is_copy(n) for t in n.output}
     for n in nodes:  # every copy, old or new, is marked the same way
         if _is_copy(n):
             assert SUFFIX in n.name
             assert _meta(n, REGION_META)
-            # CSE merges only nodes with equal inputs: a copy reading another copy differs already.
-            if not copy_outputs.intersection(n.input):
-                assert any(at.name == CSE_GUARD_ATTR for at in n.attribute), f"{n.name} lacks the CSE guard"
+            # CSE cannot merge a copy into its source: it carries the guard attribute, or (pinned)
+            # reads a tensor its source does not.
+            source = source_nodes.get(_meta(n, RECOMPUTE_META))
+            assert (any(at.name == CSE_GUARD_ATTR for at in n.attribute)
+                    or source is None or list(n.input) != list(source.input)), f"{n.name} lacks the CSE guard"
     for copy, source in zip(new_copies, sources):
         assert source in fwd_names, f"{copy.name} copies {source}, not a forward node"
         assert source in region_names, f"{copy.name} copies {source}, which is in no region"

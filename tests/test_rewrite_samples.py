@@ -70,7 +70,8 @@ def test_rewrite_is_identical_and_smaller_on_ort(name, plan_name, workdir):
 
     cmp = rt.compare_outputs(before_out, dict(np.load(out)))
     assert cmp["all_bit_identical"], {k: v for k, v in cmp["outputs"].items() if not v["bit_identical"]}
-    assert after["executed_order"] == [n.name for n in result.graph.nodes]
+    # ORT runs no kernel for Constant nodes (pin's zeros): they become initializers.
+    assert after["executed_order"] == [n.name for n in result.graph.nodes if n.op_type != "Constant"]
 
     assert after["peak_bytes"] < before["peak_bytes"], (after["peak_bytes"], before["peak_bytes"])
     if not result.mem_reuse:  # the saving from recompute alone: the original under the same settings

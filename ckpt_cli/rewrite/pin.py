@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from ..analysis.phases import RECOMPUTE_META
+from ..analysis.phases import BACKWARD, PHASE_META, RECOMPUTE_META
 from ..analysis.shapes import TensorInfo
 from ..graph import ABSENT, Graph, Node
 from .order import executed_order
@@ -48,8 +48,11 @@ class PinResult:
 
 def _node(op: str, inputs: list[str], output: str, name: str, region: str) -> onnx.NodeProto:
     p = onnx.helper.make_node(op, inputs, [output], name=name)
-    entry = p.metadata_props.add()
-    entry.key, entry.value = GUARD_META, region
+    # Backward nodes, also for a re-analysis of the written file (which would put a guard
+    # written among forward nodes into the forward, where a plan could copy it).
+    for key, value in ((GUARD_META, region), (PHASE_META, BACKWARD)):
+        entry = p.metadata_props.add()
+        entry.key, entry.value = key, value
     return p
 
 
@@ -63,14 +66,16 @@ def _unmarked(proto: onnx.NodeProto) -> onnx.NodeProto:
     return p
 
 
-def _trigger(graph: Graph, position: int, skip: set[int]) -> str | None:
-    """The output of the nearest node written before ``position`` that computes data
-    (not a copy, guard, Shape or Size)."""
+def _trigger(graph: Graph, position: int, skip: set[int], forward: set[str]) -> str | None:
+    """The output of the nearest node written before ``position`` that computes data (not
+    a copy, guard, Shape or Size). A forward tensor only if it is a graph output (the loss):
+    under ORT's DEFAULT order the guard's read could keep any other one alive until the block."""
+    outputs = set(graph.outputs)
     for k in range(position - 1, -1, -1):
         node = graph.nodes[k]
         if k in skip or node.op_type in _SHAPE_ONLY:
             continue
-        out = next((t for t in node.outputs if t != ABSENT), None)
+        out = next((t for t in node.outputs if t != ABSENT and (node.name not in forward or t in outputs)), None)
         if out is not None:
             return out
     return None
@@ -112,7 +117,7 @@ def pin(graph: Graph, tensors: dict[str, TensorInfo], forward: set[str]) -> PinR
 
     previous = 0
     for (region, block), start in zip(blocks, starts):
-        trigger = _trigger(graph, start, copy_index)
+        trigger = _trigger(graph, start, copy_index, forward)
         ties = [t for k in range(previous, start) if nodes[k].name not in forward and k not in copy_index
                 for t in nodes[k].outputs if t in outputs and t not in resident and t != trigger]
         previous = start
