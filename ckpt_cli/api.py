@@ -303,8 +303,9 @@ def rewrite_model(model: ModelInput, output: str | Path | None = None, *, force:
     written = save_model(rewritten, Path(output), source_dir=loaded.data_dir) if output is not None else []
     report = rewrite_report(a, loaded.source, result, str(written[0]) if written else None,
                             chosen.to_json([n.name for n in a.graph.nodes]) if chosen else None,
-                            chosen.notes if chosen else [], settings_snippet("cpu", result.mem_reuse,
-                                                                             str(written[0]) if written else None),
+                            chosen.notes if chosen else [],
+                            settings_snippet("cpu", result.mem_reuse, str(written[0]) if written else None,
+                                             result.session),
                             options)
     if planned is not None:
         report["planning"] = planning_section(a, planned, result, plan_rows(a, planned, result))

@@ -18,7 +18,7 @@ from .planning.solver import optimal_plan
 from .planning.cutsearch import cut_budget_plan, lowest_peak_plan
 from .planning.strategies import LARGE_GRAPH_NODES, STRATEGIES, BudgetResult, PlanCost, budget_plan, parse_budget
 from .units import human_bytes, human_flops
-from .rewrite import RewriteResult, original_best, rewrite
+from .rewrite import RewriteResult, original_best, rewrite, unchanged
 
 AUTO_NAMES = ("layers", "sqrt", "balanced", "budget", "optimal")
 
@@ -68,7 +68,7 @@ def rewrite_plan(a: Analysis, planned: Planned | None, pin: bool = True) -> Rewr
     """``rewrite(a, planned.plan, pin)``, reusing the search's rewrite of it when that is what is asked.
 
     Never worse by default: a chosen plan whose predicted peak is not below the original's
-    under its best order and settings is dropped for the reordered graph, with the reason
+    under its best order and settings is dropped for the unchanged graph, with the reason
     in ``no_gain_reason``; a user's plan is kept with a ``warning``. A budget is the user's
     own limit and is kept as it is."""
     plan = planned.plan if planned is not None else None
@@ -93,9 +93,9 @@ def rewrite_plan(a: Analysis, planned: Planned | None, pin: bool = True) -> Rewr
     if planned.user:
         result.warning = line
         return result
-    reordered = rewrite(a, None, pin)
-    reordered.no_gain_reason = line + "; wrote the reordered graph without recompute"
-    return reordered
+    kept = unchanged(a)
+    kept.no_gain_reason = line + "; wrote the graph unchanged (run it as the original, with ORT's defaults)"
+    return kept
 
 
 def make_plan(a: Analysis, auto: str | None = None, budget: str | None = None, patterns=None, scope=None,

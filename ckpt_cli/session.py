@@ -11,9 +11,9 @@ from pathlib import Path
 
 import onnx
 
-from .analysis import MEM_REUSE_META
+from .analysis import MEM_REUSE_META, SESSION_META
 from .errors import ModelError
-from .verify.settings import ckpt_session_settings
+from .verify.settings import ckpt_session_settings, ort_default_session_settings
 
 
 def recorded_settings(path: str | Path) -> dict:
@@ -24,6 +24,8 @@ def recorded_settings(path: str | Path) -> dict:
     except Exception as e:  # noqa: BLE001 - any decode failure: not a model
         raise ModelError(f"{path}: not a readable ONNX model ({type(e).__name__})") from None
     meta = {p.key: p.value for p in model.metadata_props}
+    if meta.get(SESSION_META) == "ort_default":  # ckpt changed nothing that needs settings
+        return dict(ort_default_session_settings("cpu"), enable_mem_reuse=True)
     settings = ckpt_session_settings("cpu")
     settings["enable_mem_reuse"] = meta.get(MEM_REUSE_META, "1") != "0"
     return settings

@@ -147,6 +147,9 @@ def find_stashed(graph: Graph, phases: Phases, roots: dict[str, str]) -> tuple[S
 
 # ckpt records in the models it writes whether ORT's buffer reuse should be off for them.
 MEM_REUSE_META = "ckpt.enable_mem_reuse"
+# The session a written model is for: "ckpt" (its recorded settings) or "ort_default" (ckpt
+# changed nothing that needs settings).
+SESSION_META = "ckpt.session"
 
 
 def recommended_mem_reuse(graph: Graph) -> bool:

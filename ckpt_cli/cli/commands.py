@@ -237,4 +237,4 @@ def session(model: Path, provider, as_json) -> None:
     if as_json:
         click.echo(json.dumps({"model": str(model), "session_settings": settings}, indent=2))
     else:
-        click.echo(settings_snippet(provider, settings["enable_mem_reuse"], str(model)), nl=False)
+        click.echo(settings_snippet(provider, settings["enable_mem_reuse"], str(model), settings["settings"]), nl=False)

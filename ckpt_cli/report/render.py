@@ -137,7 +137,8 @@ def render_rewrite(r: dict, console: Console) -> None:
         console.print(f"Order pinned: {pin['guard_nodes']} guard nodes ({pin['guarded_inputs']} guarded inputs, "
                       f"{pin['tied_outputs']} tied gradients, {pin['blocks']} blocks) keep recompute blocks in the "
                       "backward under any execution order and optimization level.")
-    console.print("The saving is real only under these ONNX Runtime session settings:")
+    if not r.get("no_gain_reason"):
+        console.print("The saving is measured under these ONNX Runtime session settings (`ckpt session OUTPUT`):")
     console.print("\n".join(map(plain, r["session_settings"].splitlines())), markup=False)
     render_unsized(r, console)
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import onnx
 
-from ..analysis import MEM_REUSE_META, Analysis, analyse, schedules
+from ..analysis import MEM_REUSE_META, SESSION_META, Analysis, analyse, schedules
 from ..analysis.arena import predict_in_use
 from ..analysis.cost import node_cost
 from ..analysis.memory import buffer_roots, simulate
@@ -30,6 +30,7 @@ class RewriteResult:
     pinned: PinResult | None = None  # the guards that hold the order (None: --no-pin)
     no_gain_reason: str | None = None  # set when the plan was dropped because it lowered nothing
     warning: str | None = None  # set when a user's plan raises the predicted peak
+    session: str = "ckpt"  # the session the written graph is for: "ckpt" settings, or "ort_default"
 
     @property
     def guard_nodes(self) -> int:
@@ -99,6 +100,13 @@ def rewrite(a: Analysis, plan: Plan | None, pin: bool = True) -> RewriteResult:
     return RewriteResult(new, after, regions, len(copies), flops, mem_reuse, pinned)
 
 
+def unchanged(a: Analysis) -> RewriteResult:
+    """The input graph as it is: what ckpt writes when no plan lowers the peak. Every
+    session then runs it exactly as it runs the original (a reordered file can run worse
+    under ORT's defaults than the original's own order), so it is never worse."""
+    return RewriteResult(a.graph, a, [], 0, 0, session="ort_default")
+
+
 def original_best(a: Analysis) -> tuple[int, str]:
     """The original's lowest predicted arena peak over the orders and buffer-reuse settings a
     user can pick (ORT's defaults included; fusions are not simulated), and which it is."""
@@ -162,7 +170,8 @@ def to_model(result: RewriteResult, metadata: dict[str, str] | None = None) -> o
     with ``metadata`` (provenance) beside it."""
     from ..save import build_model
 
-    metadata = {**(metadata or {}), MEM_REUSE_META: "1" if result.mem_reuse else "0"}
+    metadata = {**(metadata or {}), MEM_REUSE_META: "1" if result.mem_reuse else "0",
+                SESSION_META: result.session}
     pinned = result.pinned
     if pinned is not None and pinned.guard_nodes:
         metadata[PIN_META] = str(pinned.guard_nodes)

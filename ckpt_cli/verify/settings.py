@@ -64,9 +64,21 @@ def ort_default_session_settings(provider: str = "cpu") -> dict:
     }
 
 
-def settings_snippet(provider: str = "cpu", enable_mem_reuse: bool = True, model_path: str | None = None) -> str:
-    """A copy-pasteable Python snippet that builds the "ckpt" session for ``model_path``."""
+def settings_snippet(provider: str = "cpu", enable_mem_reuse: bool = True, model_path: str | None = None,
+                     session: str = "ckpt") -> str:
+    """A copy-pasteable Python snippet that builds the session ``model_path`` is for: ckpt's
+    settings, or (``session="ort_default"``, a graph ckpt left unchanged) ORT's defaults."""
     s = ckpt_session_settings(provider)
+    if session == "ort_default":
+        return "\n".join([
+            "import onnxruntime as ort",
+            "",
+            "# ckpt found no plan that lowers the peak and wrote the graph unchanged:",
+            "# run it as the original, with ORT's default settings.",
+            "providers = " + (f"[({s['provider']!r}, {{}}), 'CPUExecutionProvider']" if provider == "cuda"
+                              else "['CPUExecutionProvider']"),
+            f'session = ort.InferenceSession({(model_path or "model.ckpt.onnx")!r}, providers=providers)',
+        ]) + "\n"
     lines = [
         "import onnxruntime as ort",
         "",
