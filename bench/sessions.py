@@ -36,7 +36,8 @@ during one run after a warm-up, profiler `mem_bytes_in_use`). Ratios are against
 original graph in a plain `InferenceSession(path)` (ORT's defaults).
 Sessions: `plain` = nothing set (DEFAULT order, ORT_ENABLE_ALL, memory pattern on) (a);
 `default_all` = DEFAULT order + ORT_ENABLE_ALL, memory pattern off (b); `ckpt` = the
-settings the model records (PRIORITY_BASED, ORT_DISABLE_ALL, its enable_mem_reuse) (c);
+settings the model records (`ckpt_cli.session_options`: PRIORITY_BASED, ORT_DISABLE_ALL,
+its enable_mem_reuse; ORT's defaults for a graph written unchanged) (c);
 `priority_*` = PRIORITY_BASED at each optimization level. Under `plain` the memory pattern
 puts all intermediates into one block the arena serves from a power-of-two chunk, so small
 graphs land on the same 4 or 8 MiB whatever the schedule. Step time: the fastest of 10 runs
@@ -55,6 +56,11 @@ def _child(spec: dict) -> dict:
     import onnxruntime as ort
 
     order, level, pattern, recorded = SESSIONS[spec["session"]]
+    if recorded:  # what the model's metadata asks for (ORT's defaults for a graph ckpt left unchanged)
+        from ckpt_cli.session import recorded_settings
+
+        s = recorded_settings(spec["model"])
+        order, level, pattern = s["execution_order"], s["graph_optimization_level"], s["enable_mem_pattern"]
     so = ort.SessionOptions()
     if order is not None:
         so.execution_order = getattr(ort.ExecutionOrder, order)
@@ -188,7 +194,7 @@ def table(tmp: Path, timed_runs: int = 5) -> str:
         for _ in range(2):
             t_pin = min(t_pin, measure(tmp / f"{name}.pin.onnx", "ckpt", feeds, timed_runs=timed_runs)["min_s"])
             t_nopin = min(t_nopin, measure(tmp / f"{name}.nopin.onnx", "ckpt", feeds, timed_runs=timed_runs)["min_s"])
-        note = " (no gain: reordered only)" if pinned.no_gain_reason else ""
+        note = " (no gain: written unchanged)" if pinned.no_gain_reason else ""
         lines.append(f"| {name}{note} | {original / MiB:.2f} | " + " | ".join(cells)
                      + f" | {pinned.guard_nodes} | {t_pin * 1e3:.1f} / {t_nopin * 1e3:.1f} ms |")
     return "\n".join(lines) + "\n"

@@ -104,7 +104,9 @@ def unchanged(a: Analysis) -> RewriteResult:
     """The input graph as it is: what ckpt writes when no plan lowers the peak. Every
     session then runs it exactly as it runs the original (a reordered file can run worse
     under ORT's defaults than the original's own order), so it is never worse."""
-    return RewriteResult(a.graph, a, [], 0, 0, session="ort_default")
+    order = list(a.priority.order)  # the file order, sorted where the file is not
+    graph = a.graph if order == list(range(len(order))) else a.graph.reordered(order)
+    return RewriteResult(graph, a, [], 0, 0, session="ort_default")
 
 
 def original_best(a: Analysis) -> tuple[int, str]:

@@ -96,6 +96,8 @@ def prepare_feeds(model, out_path: Path, seed: int, dims: dict[str, int], feeds_
         feeds = load_feeds(feeds_file, model) if feeds_file is not None else make_feeds(model, seed, dims)
     except FeedError as e:
         raise UsageError(str(e)) from None
+    except (MemoryError, ValueError) as e:  # numpy: too large an array for this machine
+        raise UsageError(f"cannot make the feeds: {type(e).__name__}: {e} (a --dim too large?)") from None
     save_feeds(out_path, feeds)
 
 
