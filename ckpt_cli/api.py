@@ -101,8 +101,8 @@ def inspect_model(model: ModelInput, *, dims: dict[str, int] | None = None, loss
 
 
 def _policy_options(policy: Policy | None) -> dict:
-    return {"recompute_ops": sorted(policy.recompute) if policy else [],
-            "keep_ops": sorted(policy.keep) if policy else []}
+    return {"recompute_ops": sorted(policy.recompute_ops) if policy else [],
+            "keep_ops": sorted(policy.keep_ops) if policy else []}
 
 
 def _analysis_options(dims, loss, grad_outputs) -> dict:
