@@ -80,6 +80,10 @@ def test_output_folder_gets_the_default_name(tmp_path):
     code, out, err = run("rewrite", SAMPLES / "mlp.onnx", "-o", str(folder) + "/", "--json", "-q")
     assert code == 0, err
     assert (folder / "mlp.ckpt.onnx").exists()
+    missing = tmp_path / "newdir"
+    code, _, err = run("rewrite", SAMPLES / "mlp.onnx", "-o", str(missing) + "/")
+    assert code == 2 and "does not exist" in one_error_line(err)
+    assert not missing.exists()  # no file named like the folder
 
 
 def test_unwritable_output_is_a_clean_error(tmp_path):

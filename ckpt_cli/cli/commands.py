@@ -43,8 +43,9 @@ def default_output(model: Path) -> Path:
 
 @main.command()
 @click.argument("model", type=click.Path(path_type=Path))
-@click.option("-o", "--output", type=click.Path(path_type=Path),
-              help="Where to write the rewritten model (default: <model>.ckpt.onnx beside it).")
+@click.option("-o", "--output", type=click.Path(),  # a str: Path() would drop the trailing slash of DIR/
+              help="Where to write the rewritten model (default: <model>.ckpt.onnx beside it; a folder: "
+                   "<model>.ckpt.onnx in it).")
 @click.option("--force", is_flag=True, help="Overwrite the output if it exists.")
 @click.option("--region", "patterns", multiple=True, metavar="PATTERN",
               help="A region: forward nodes whose name matches a glob, or a regex with re: (repeatable).")
@@ -113,11 +114,11 @@ def rewrite(model: Path, output, force, patterns, scope, boundaries, plan_file, 
         sys.exit(1)
 
 
-def _output_file(output: Path, model: Path) -> Path:
+def _output_file(output: str | Path, model: Path) -> Path:
     """``-o DIR/`` or an existing folder means ``DIR/<model>.ckpt.onnx``."""
-    if str(output).endswith(("/", "\\")) or output.is_dir():
-        return output / default_output(model).name
-    return output
+    if str(output).endswith(("/", "\\")) or Path(output).is_dir():
+        return Path(output) / default_output(model).name
+    return Path(output)
 
 
 @main.command()
