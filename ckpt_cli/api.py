@@ -150,7 +150,7 @@ def plan_model(model: ModelInput, *, auto: str | None = None, budget: str | None
 
 def sweep_model(model: ModelInput, *, svg: str | Path | None = None, policy: Policy | None = None,
                 dims: dict[str, int] | None = None, loss: str | None = None,
-                grad_outputs: list[str] | None = None) -> PlanResult | dict:
+                grad_outputs: list[str] | None = None) -> dict:
     """``ckpt plan --sweep``: predicted peak against recompute share over the min-cut
     front (each point a real rewrite), as a report; with ``svg``, the chart there too."""
     from .planning.sweep import sweep_points

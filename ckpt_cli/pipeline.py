@@ -176,11 +176,9 @@ def make_plan(a: Analysis, auto: str | None = None, budget: str | None = None, p
 
     def judge(plan: Plan) -> PlanCost:
         results[id(plan)] = result = rewrite(a, plan, pin=False)
-        return told(_cost(result)) if progress is not None else _cost(result)
-
-    def told(cost: PlanCost) -> PlanCost:
-        progress(f"planning: {len(results)} plans evaluated")
-        return cost
+        if progress is not None:
+            progress(f"planning: {len(results)} plans evaluated")
+        return _cost(result)
 
     plan, _ = lowest_peak_plan(a, judge, thorough=len(a.graph.nodes) <= LARGE_GRAPH_NODES, policy=policy)
     return Planned(plan, result=results.get(id(plan)))

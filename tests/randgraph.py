@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
-from onnx import GraphProto, TensorProto, helper, numpy_helper
+from onnx import GraphProto, helper, numpy_helper
 
 OPSET = 18
 IR_VERSION = 10

@@ -25,7 +25,6 @@ import tempfile
 import numpy as np
 import onnx
 import onnxruntime as ort
-import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 

@@ -2,7 +2,6 @@
 items 3 and 14): the output is always the old model with its data or the new one with
 its data, never a mix, and no temporary file survives the next run."""
 
-import os
 import random
 import signal
 import subprocess
