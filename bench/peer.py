@@ -16,7 +16,6 @@ stashed bytes; each ckpt plan is rewritten and checked on ONNX Runtime (``ckpt r
 from __future__ import annotations
 
 import json
-import math
 import subprocess
 import sys
 import tempfile
@@ -29,25 +28,13 @@ COMPARED = (0.5, 0.2)  # the budgets the issue's done-when compares at
 
 
 def element_flops(a, nodes) -> int:
-    from ckpt_cli.analysis.memory import VIEW_OPS
-    from ckpt_cli.planning.mincut import MATMUL_OPS, SHAPE_OPS
+    from ckpt_cli.analysis.cost import element_flops as of_node
 
-    total = 0
-    for i in nodes:
-        n = a.graph.nodes[i]
-        if n.op_type in MATMUL_OPS:
-            total += a.costs[i].flops
-        elif n.op_type not in VIEW_OPS and n.op_type not in SHAPE_OPS:
-            info = a.tensors.get(n.outputs[0])
-            if info is not None and info.shape is not None and all(isinstance(d, int) for d in info.shape):
-                total += math.prod(info.shape)
-    return total
+    return sum(of_node(a.graph.nodes[i], a.tensors) for i in nodes)
 
 
 def matmul_flops(a, nodes) -> int:
-    from ckpt_cli.planning.mincut import MATMUL_OPS
-
-    return sum(a.costs[i].flops for i in nodes if a.graph.nodes[i].op_type in MATMUL_OPS)
+    return sum(a.costs[i].matmul_flops for i in nodes)
 
 
 def _check(model: Path, plan: dict, work: Path, runs: int) -> dict:

@@ -640,8 +640,8 @@ def _run_planner(fn, a, limit: int, cost, intervals) -> dict:
 def _floor_breakdown(a, structure) -> dict:
     """Rewrite with every stashed activation of ``structure`` recomputed (its floor) and
     sort the bytes live at the predicted peak into categories."""
+    from ckpt_cli.markers import is_recompute_copy
     from ckpt_cli.rewrite import rewrite
-    from ckpt_cli.rewrite.recompute import SUFFIX
 
     r = rewrite(a, structure)
     pr = r.after.priority
@@ -655,7 +655,7 @@ def _floor_breakdown(a, structure) -> dict:
         nb = (info.nbytes or 0) if info is not None else 0
         if t in outputs:
             k = "gradient outputs"
-        elif t.endswith(SUFFIX):
+        elif t in g.producer and is_recompute_copy(g.nodes[g.producer[t]]):
             k = "recompute copies"
         elif t in g.producer and r.after.phases.is_forward[g.producer[t]]:
             k = "kept forward tensors"
@@ -1195,7 +1195,7 @@ def _render_gpt_targets(pq: dict, add) -> None:
         f"`planning.strategies.structures(a)`), peak {nbytes(f['peak_bytes'])}. The "
         f"{f['live_tensors']} tensors holding buffers live at that peak (`after.priority.live_at_peak`), by "
         "category: parameters + inputs = `after.priority.resident_bytes`; gradient outputs = graph outputs; "
-        "recompute copies = names ending in `_recompute`; kept forward tensors = produced by a forward node; "
+        "recompute copies = made by ckpt's copies (node metadata `ckpt.recompute_of`); kept forward tensors = produced by a forward node; "
         "backward temporaries = the rest.")
     add("")
     add("| category | bytes | share of peak | largest tensors |")

@@ -55,6 +55,8 @@ def _child(spec: dict) -> dict:
     import onnx
     import onnxruntime as ort
 
+    from ckpt_cli.markers import MEM_REUSE_META
+
     order, level, pattern, recorded = SESSIONS[spec["session"]]
     if recorded:  # what the model's metadata asks for (ORT's defaults for a graph ckpt left unchanged)
         from ckpt_cli.session import recorded_settings
@@ -70,7 +72,7 @@ def _child(spec: dict) -> dict:
         so.enable_mem_pattern = pattern
     model = onnx.load(spec["model"], load_external_data=False)
     meta = {p.key: p.value for p in model.metadata_props}
-    if recorded and meta.get("ckpt.enable_mem_reuse") == "0":
+    if recorded and meta.get(MEM_REUSE_META) == "0":
         so.enable_mem_reuse = False
     so.intra_op_num_threads = 1
     so.enable_profiling = True
@@ -153,8 +155,8 @@ def _rewrite(source: Path, out: Path, pin: bool):
     from ckpt_cli.analysis import analyse
     from ckpt_cli.load import load_graph
     from ckpt_cli.pipeline import make_plan, rewrite_plan
-    from ckpt_cli.rewrite import to_model
     from ckpt_cli.save import save_model
+    from ckpt_cli.written import to_model
 
     a = analyse(load_graph(source))
     result = rewrite_plan(a, make_plan(a), pin)

@@ -11,7 +11,7 @@ here); ``session_options(path)`` gives the ``onnxruntime.SessionOptions`` a writ
 model needs. The ``ckpt`` command line is a thin layer over these functions.
 """
 
-__version__ = "0.1.0"
+from .version import __version__
 
 _API = ("inspect_model", "plan_model", "sweep_model", "rewrite_model", "check_models", "CheckOptions")
 

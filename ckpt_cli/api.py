@@ -21,24 +21,25 @@ from typing import Callable, Union
 
 import onnx
 
-from . import __version__
+from .version import __version__
 from .analysis import Analysis, analyse, symbolic_dims
 from .errors import ModelError, UsageError
 from .expand import expand_functions
 from .graph import Graph
+from .markers import PROVENANCE_PREFIX
 from .load import load_graph
 from .pipeline import Planned, make_plan, plan_cost, plan_rows, rewrite_plan
 from .planning.plan import Policy
 from .report.model import Source, check_report, inspect_report, rewrite_report
 from .report.plan_view import plan_report, planning_section
-from .rewrite import RewriteResult, to_model
+from .rewrite import RewriteResult
 from .save import check_output_path, save_model
 from .verify.settings import settings_snippet
 from .verify.stage import DEFAULT_MAX_PREDICTION_ERROR, CheckFigures, Prediction, check_files
+from .written import to_model
 
 ModelInput = Union[str, Path, onnx.ModelProto]
 
-PROVENANCE_PREFIX = "ckpt."
 
 
 @dataclass

@@ -17,6 +17,7 @@ from pathlib import Path
 import onnx
 
 from .errors import ModelError
+from .ops import CONTROL_FLOW_OPS
 
 # Tensors with a name of "" are absent optional inputs/outputs in ONNX.
 ABSENT = ""
@@ -257,14 +258,12 @@ def _index_nodes(protos: list[onnx.NodeProto], rename: bool = True) -> list[Node
     return nodes
 
 
-# Standard ops with subgraph attributes; nodes of other domains are looked into as well.
-_CONTROL_FLOW = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 _SUBGRAPH_TYPES = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
 
 
 def implicit_inputs(p: onnx.NodeProto) -> tuple[str, ...]:
     """Outer-scope tensors read by the node's subgraphs, in first-read order."""
-    if p.op_type not in _CONTROL_FLOW and p.domain in ("", "ai.onnx"):
+    if p.op_type not in CONTROL_FLOW_OPS and p.domain in ("", "ai.onnx"):
         return ()
     graphs = [g for a in p.attribute if a.type in _SUBGRAPH_TYPES for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH
                                                                             else a.graphs)]

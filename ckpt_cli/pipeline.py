@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .analysis import Analysis
-from .analysis.memory import VIEW_OPS
-from .analysis.phases import RECOMPUTE_META
 from .errors import BudgetUnreachable, UsageError
+from .markers import recompute_source
+from .ops import VIEW_OPS
 from .planning import Plan, choose_plan
 from .planning.explain import explain
 from .planning.plan import Policy, apply_policy
@@ -43,7 +43,7 @@ def keep_intervals(a: Analysis, plan: Plan) -> Intervals:
     by_name = {n.name: n for n in a.graph.nodes}
     spans: dict[str, tuple[int, int]] = {}
     for node in g.nodes:
-        source = node.meta(RECOMPUTE_META)
+        source = recompute_source(node)
         if source is None or by_name[source].op_type in VIEW_OPS:
             continue
         for t in by_name[source].outputs:

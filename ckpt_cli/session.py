@@ -11,7 +11,7 @@ from pathlib import Path
 
 import onnx
 
-from .analysis import MEM_REUSE_META, SESSION_META
+from .markers import MEM_REUSE_META, SESSION_META
 from .errors import ModelError
 from .verify.settings import ckpt_session_settings, ort_default_session_settings
 

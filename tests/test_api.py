@@ -13,6 +13,7 @@ from conftest import ROOT, SAMPLES
 
 import ckpt_cli
 from ckpt_cli.cli import main
+from ckpt_cli.markers import is_recompute_copy
 
 pytestmark = pytest.mark.slow
 
@@ -117,7 +118,7 @@ def test_readme_library_example_runs(tmp_path, monkeypatch):
 def test_recompute_tensors_carry_type_and_shape():
     result = ckpt_cli.rewrite_model(SAMPLES / "gpt.onnx")
     typed = {v.name: v for v in result.model.graph.value_info}
-    copies = [n for n in result.model.graph.node if any(p.key == "ckpt.region" for p in n.metadata_props)]
+    copies = [n for n in result.model.graph.node if is_recompute_copy(n)]
     assert copies
     for node in copies:
         for t in node.output:

@@ -11,6 +11,7 @@ from click.testing import CliRunner
 
 from conftest import SAMPLES
 from ckpt_cli.cli import main
+from ckpt_cli.markers import is_recompute_copy
 
 INSPECT_KEYS = {"forward_nodes", "backward_nodes", "phases", "stashed_bytes", "resident_bytes", "peak_bytes",
                 "peak_bytes_ort_default", "forward_flops", "backward_flops"}
@@ -153,7 +154,7 @@ def test_check_json_contract_and_corrupted_rewrite(tmp_path):
     assert {"peak_bytes", "time_s"} <= set(r["original"]) & set(r["rewritten"]) & set(r["original_ort_default"])
 
     broken = onnx.load(out)  # a wrong rewrite: one recompute copy computes something else
-    copy = next(n for n in broken.graph.node if n.name.endswith("_recompute") and n.op_type == "Gemm")
+    copy = next(n for n in broken.graph.node if is_recompute_copy(n) and n.op_type == "Gemm")
     copy.op_type, copy.input[:] = "MatMul", list(copy.input[:2])
     for a in list(copy.attribute):
         copy.attribute.remove(a)

@@ -8,7 +8,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from ckpt_cli.analysis.cost import NodeCost, graph_costs, node_cost, node_flops
+from ckpt_cli.analysis.cost import NodeCost, element_flops, graph_costs, node_cost, node_flops
 from ckpt_cli.analysis.shapes import TensorInfo
 from ckpt_cli.graph import Graph
 
@@ -91,3 +91,15 @@ def test_graph_costs_follow_node_order():
     for n, c in matmuls:
         a, y = tensors[n.inputs[0]].shape, tensors[n.outputs[0]].shape
         assert c.flops == 2 * a[0] * a[1] * y[1]
+
+
+def test_the_peer_comparison_notions():
+    """matmul-only FLOPs and element counts, the two narrower notions PyTorch's side uses."""
+    matmul, tensors = _one_node("MatMul", [(3, 5), (5, 7)])
+    assert node_cost(matmul.nodes[0], tensors).matmul_flops == 2 * 3 * 7 * 5
+    assert element_flops(matmul.nodes[0], tensors) == 2 * 3 * 7 * 5
+    sigmoid, tensors = _one_node("Sigmoid", [(4, 6)])
+    assert node_cost(sigmoid.nodes[0], tensors).matmul_flops == 0
+    assert element_flops(sigmoid.nodes[0], tensors) == 4 * 6  # one per output element, not 4
+    flatten, tensors = _one_node("Flatten", [(4, 6)])
+    assert element_flops(flatten.nodes[0], tensors) == 0  # a view computes nothing

@@ -13,7 +13,8 @@ from conftest import ROOT, SAMPLES
 from ckpt_cli.analysis import analyse
 from ckpt_cli.load import load_graph
 from ckpt_cli.planning import choose_plan
-from ckpt_cli.rewrite import rewrite, to_model
+from ckpt_cli.rewrite import rewrite
+from ckpt_cli.written import to_model
 from ckpt_cli.save import save_model
 from ckpt_cli.synthetic import build_transformer
 

@@ -21,7 +21,7 @@ def test_default_plan_that_lowers_nothing_is_dropped_with_its_reason(tmp_path):
     every session then runs it exactly as it runs the original (a reordered file ran 1.31x
     the original in a plain session)."""
     import ckpt_cli
-    from ckpt_cli.rewrite import to_model
+    from ckpt_cli.written import to_model
 
     a = _analysis("mlp")
     result = rewrite_plan(a, make_plan(a))

@@ -15,11 +15,12 @@ import pytest
 
 from conftest import ROOT, SAMPLES
 from ckpt_cli.analysis import analyse
-from ckpt_cli.analysis.phases import RECOMPUTE_META
 from ckpt_cli.graph import Graph
 from ckpt_cli.load import load_graph
 from ckpt_cli.planning import choose_plan
-from ckpt_cli.rewrite import CSE_GUARD_ATTR, GUARD_META, PIN_META, rewrite, to_model
+from ckpt_cli.markers import CSE_GUARD_ATTR, GUARD_META, PIN_META, is_recompute_copy
+from ckpt_cli.rewrite import rewrite
+from ckpt_cli.written import to_model
 from ckpt_cli.save import save_model
 from ckpt_cli.synthetic import build_transformer
 
@@ -78,7 +79,7 @@ def test_pin_only_adds_guards_and_holds_every_copy(name, workdir):
     assert pinned.guard_nodes == sum(1 for n in g.nodes if n.meta(GUARD_META)) > 0
     # --no-pin is today's graph: no guards, copies marked for CSE; pin changes nothing else.
     assert plain.pinned is None and not any(n.meta(GUARD_META) for n in plain.graph.nodes)
-    copies = [n for n in plain.graph.nodes if n.meta(RECOMPUTE_META)]
+    copies = [n for n in plain.graph.nodes if is_recompute_copy(n)]
     copy_outputs = {t for n in copies for t in n.outputs}
     roots = [n for n in copies if not copy_outputs.intersection(n.inputs)]  # CSE could merge only these
     assert roots and all(any(a.name == CSE_GUARD_ATTR for a in n.proto.attribute) for n in roots)
@@ -90,7 +91,7 @@ def test_pin_only_adds_guards_and_holds_every_copy(name, workdir):
             held.add(n.index)
         if any(p in held for p in g.preds[n.index]):
             held.add(n.index)
-    assert all(n.index in held for n in g.nodes if n.meta(RECOMPUTE_META))
+    assert all(n.index in held for n in g.nodes if is_recompute_copy(n))
     # Written order = the executed (PRIORITY_BASED) order; the simulation knows the guards.
     assert list(pinned.after.priority.order) == list(range(len(g.nodes)))
     assert all(pinned.after.tensors[t].nbytes is not None for n in g.nodes if n.meta(GUARD_META) for t in n.outputs)

@@ -31,12 +31,12 @@ from hypothesis import strategies as st
 from randgraph import random_feeds, training_graphs
 
 from ckpt_cli.analysis import analyse, schedules
-from ckpt_cli.analysis.phases import RECOMPUTE_META
 from ckpt_cli.graph import Graph
 from ckpt_cli.load import load_graph
 from ckpt_cli.planning import sqrt_regions
 from ckpt_cli.planning.plan import Plan, Region
-from ckpt_cli.rewrite import CSE_GUARD_ATTR, REGION_META, SUFFIX, rewrite
+from ckpt_cli.markers import CSE_GUARD_ATTR, REGION_META, SUFFIX, is_recompute_copy, recompute_source
+from ckpt_cli.rewrite import rewrite
 from ckpt_cli.save import build_model, save_model
 
 PROPERTY_SETTINGS = settings(max_examples=40, deadline=None, derandomize=True, database=None,
@@ -49,10 +49,6 @@ GRAPHS = 500  # random graphs the main property rewrites (about 70 ms each)
 
 def _meta(node: onnx.NodeProto, key: str) -> str | None:
     return next((p.value for p in node.metadata_props if p.key == key), None)
-
-
-def _is_copy(node: onnx.NodeProto) -> bool:
-    return _meta(node, RECOMPUTE_META) is not None
 
 
 def _run(model: onnx.ModelProto, feeds: dict) -> dict:
@@ -141,17 +137,17 @@ def _check_written(model: onnx.ModelProto, a, plan: Plan, res, previous_copies: 
     source_nodes = {n.name: n.proto for n in src.nodes}
     kept = set().union(*(r.keep for r in plan.regions))
 
-    new_copies = [n for n in nodes if _is_copy(n) and n.name not in previous_copies]
+    new_copies = [n for n in nodes if is_recompute_copy(n) and n.name not in previous_copies]
     assert len(new_copies) == res.recompute_nodes
-    sources = [_meta(n, RECOMPUTE_META) for n in new_copies]
+    sources = [recompute_source(n) for n in new_copies]
     assert len(sources) == len(set(sources)), "a source node was copied twice"
     for n in nodes:  # every copy, old or new, is marked the same way
-        if _is_copy(n):
+        if is_recompute_copy(n):
             assert SUFFIX in n.name
             assert _meta(n, REGION_META)
             # CSE cannot merge a copy into its source: it carries the guard attribute, or (pinned)
             # reads a tensor its source does not.
-            source = source_nodes.get(_meta(n, RECOMPUTE_META))
+            source = source_nodes.get(recompute_source(n))
             assert (any(at.name == CSE_GUARD_ATTR for at in n.attribute)
                     or source is None or list(n.input) != list(source.input)), f"{n.name} lacks the CSE guard"
     for copy, source in zip(new_copies, sources):
@@ -211,7 +207,7 @@ def test_rewrite_of_rewritten_graph(model, data):
     res1 = rewrite(a1, plan1)
     with tempfile.TemporaryDirectory(prefix="ckpt_prop_") as tmp:
         first, first_path = _write_and_reload(res1, tmp, "first.onnx")
-        first_copies = {n.name for n in first.graph.node if _is_copy(n)}
+        first_copies = {n.name for n in first.graph.node if is_recompute_copy(n)}
         a2 = analyse(load_graph(first_path))
         # copies are backward nodes, so no plan built over forward nodes can hold one
         copy_idx = [n.index for n in a2.graph.nodes if n.name in first_copies]
@@ -228,7 +224,7 @@ def test_rewrite_of_rewritten_graph(model, data):
     # nodes of the original: see test_phases_survive_a_rewrite.)
     original_names = {n.name for n in model.graph.node}
     for n in new:
-        assert _meta(n, RECOMPUTE_META) in original_names
+        assert recompute_source(n) in original_names
     feeds = random_feeds(model, seed=2)
     expected = _run(model, feeds)
     _assert_bit_identical(expected, _run(first, feeds))

@@ -19,7 +19,7 @@ from ckpt_cli.rewrite import rewrite
 from ckpt_cli import verify as rt
 from ckpt_cli.verify.feeds import make_feeds, save_feeds
 from ckpt_cli.analysis.memory import simulate
-from ckpt_cli.rewrite import to_model
+from ckpt_cli.written import to_model
 from ckpt_cli.save import save_model
 
 MODELS = ["mlp", "gpt", "cnn"]

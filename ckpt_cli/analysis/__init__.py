@@ -8,6 +8,7 @@ from functools import cached_property
 
 from ..errors import UsageError
 from ..graph import ABSENT, Graph, gc_paused
+from ..markers import MEM_REUSE_META, is_recompute_copy
 from . import schedules
 from .cost import NodeCost, graph_costs
 from .memory import MemoryProfile, buffer_roots, simulate
@@ -105,6 +106,11 @@ class Analysis:
     def backward_flops(self) -> int:
         return sum(c.flops for c, f in zip(self.costs, self.phases.is_forward) if not f)
 
+    @property
+    def recompute_flops(self) -> int:
+        """FLOPs of ckpt's recompute copies in the graph (0 for a graph ckpt did not write)."""
+        return sum(c.flops for c, n in zip(self.costs, self.graph.nodes) if is_recompute_copy(n))
+
     def unsized(self) -> dict[str, tuple[str, ...]]:
         """Tensors produced by nodes whose size is unknown, with the missing dimensions."""
         return {t: self.tensors[t].missing if t in self.tensors else ("?",)
@@ -143,13 +149,6 @@ def find_stashed(graph: Graph, phases: Phases, roots: dict[str, str]) -> tuple[S
             if users:
                 out.append(Stashed(t, roots.get(t, t), node.index, users))
     return tuple(out)
-
-
-# ckpt records in the models it writes whether ORT's buffer reuse should be off for them.
-MEM_REUSE_META = "ckpt.enable_mem_reuse"
-# The session a written model is for: "ckpt" (its recorded settings) or "ort_default" (ckpt
-# changed nothing that needs settings).
-SESSION_META = "ckpt.session"
 
 
 def recommended_mem_reuse(graph: Graph) -> bool:

@@ -1,7 +1,13 @@
 """A FLOP and memory-traffic cost model per node.
 
-FLOPs count a multiply-add as two. Ops whose size is unknown cost 0 and are
-counted in ``NodeCosts.unknown`` so reports can say how much was not priced.
+This is ckpt's one FLOP source: every recompute FLOP figure (plans, rewrite, reports,
+compare) sums ``node_cost(...).flops``. FLOPs count a multiply-add as two. Ops whose size
+is unknown cost 0 and are marked ``known=False`` so reports can say how much was not priced.
+
+Two narrower notions exist on purpose, for comparing with PyTorch's partitioner, which
+weighs only matmuls: ``NodeCost.matmul_flops`` (the FLOPs of ``MATMUL_OPS``, also the
+min-cut's exact objective) and ``element_flops`` (matmul FLOPs plus one per output
+element of every other op that computes data).
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ import math
 from dataclasses import dataclass
 
 from ..graph import ABSENT, Graph, Node
+from ..ops import MATMUL_OPS, SHAPE_ONLY_OPS, VIEW_OPS
 from .shapes import TensorInfo
 
 # Elementwise-style ops: FLOPs per output element.
@@ -46,6 +53,7 @@ class NodeCost:
     bytes_read: int
     bytes_written: int
     known: bool
+    matmul_flops: int = 0  # ``flops`` when the op is one of MATMUL_OPS, else 0
 
 
 def _elems(info: TensorInfo | None) -> int | None:
@@ -105,7 +113,18 @@ def node_cost(node: Node, tensors: dict[str, TensorInfo]) -> NodeCost:
     get = tensors.get
     read = sum(info.nbytes or 0 for info in map(get, node.inputs) if info is not None)
     written = sum(info.nbytes or 0 for info in map(get, node.outputs) if info is not None)
-    return NodeCost(flops or 0, read, written, flops is not None)
+    known, flops = flops is not None, flops or 0
+    return NodeCost(flops, read, written, known, flops if node.op_type in MATMUL_OPS else 0)
+
+
+def element_flops(node: Node, tensors: dict[str, TensorInfo]) -> int:
+    """The peer comparison's count: a matmul's FLOPs, one per output element of any other
+    op that computes data, nothing for views and shape reads."""
+    if node.op_type in MATMUL_OPS:
+        return node_cost(node, tensors).flops
+    if node.op_type in VIEW_OPS or node.op_type in SHAPE_ONLY_OPS:
+        return 0
+    return _elems(tensors.get(node.outputs[0])) or 0
 
 
 def graph_costs(graph: Graph, tensors: dict[str, TensorInfo]) -> list[NodeCost]:

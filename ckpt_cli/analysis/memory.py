@@ -15,12 +15,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..graph import ABSENT, Graph
+from ..ops import VIEW_OPS
 from .lifetimes import lifetimes
-from .planner import IN_PLACE_OPS, VIEW_OPS, plan_buffers
+from .planner import plan_buffers
 from .shapes import TensorInfo
 from .timeline import bytes_in_use, live_at, peak_of
 
-__all__ = ["IN_PLACE_OPS", "VIEW_OPS", "MemoryProfile", "buffer_roots", "resident_bytes", "simulate"]
+__all__ = ["MemoryProfile", "buffer_roots", "resident_bytes", "simulate"]
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from ..errors import ModelError, UsageError
 from ..graph import Graph
+from ..markers import PHASE_META, is_recompute_copy
 
 FORWARD = "forward"
 BACKWARD = "backward"
@@ -21,10 +22,6 @@ BACKWARD = "backward"
 _GRAD_NAME = re.compile(r"(^|[._/:\-])grad(s|ient|ients)?($|[._/:\-\d])|_grad", re.IGNORECASE)
 _LOSS_NAME = re.compile(r"loss", re.IGNORECASE)
 _ORT_BACKWARD_DOC = "Backward pass"
-# Recompute copies made by ckpt carry their source's metadata but are backward nodes.
-RECOMPUTE_META = "ckpt.recompute_of"
-# ckpt marks backward nodes it writes among forward ones, so re-analysis keeps them backward.
-PHASE_META = "ckpt.phase"
 
 
 @dataclass(frozen=True)
@@ -120,7 +117,7 @@ def _forward_section_nodes(graph: Graph, is_forward: list[bool]) -> None:
             cut = min(cut, i)
     for i in graph.topological_order():
         node = graph.nodes[i]
-        if (is_forward[i] or i >= cut or node.meta(RECOMPUTE_META) or node.meta(PHASE_META) == BACKWARD
+        if (is_forward[i] or i >= cut or is_recompute_copy(node) or node.meta(PHASE_META) == BACKWARD
                 or node.proto.doc_string == _ORT_BACKWARD_DOC):
             continue
         if all(is_forward[p] for p in preds[i]):

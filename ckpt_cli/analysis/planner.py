@@ -27,16 +27,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..graph import Graph
+from ..ops import IN_PLACE_OPS, VIEW_OPS
 from .lifetimes import Lifetimes
 from .shapes import TensorInfo, itemsize
 
-# The CPU kernels of these ops alias output 0 to input 0 (measured on ORT 1.31).
-VIEW_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"})
-# The CPU kernels of these ops may write output 0 into input 0 (``MayInplace(0, 0)``;
-# measured on ORT 1.31: not Exp, Neg, binary ops, Dropout, Expand, Transpose, ScatterND).
-IN_PLACE_OPS = frozenset({"ScatterElements", "Relu", "LeakyRelu", "Elu", "Selu", "Celu", "Sigmoid",
-                          "HardSigmoid", "Tanh", "Softplus", "Softsign", "Clip", "Shrink", "ThresholdedRelu",
-                          "Softmax", "LogSoftmax", "Cast"})
 _VIEW, _IN_PLACE = 1, 2
 _OP_KINDS = {**{op: _IN_PLACE for op in IN_PLACE_OPS}, **{op: _VIEW for op in VIEW_OPS}}
 

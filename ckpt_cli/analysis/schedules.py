@@ -10,9 +10,7 @@ from __future__ import annotations
 import heapq
 
 from ..graph import Graph
-
-# Under PRIORITY_BASED these ops run as soon as they are ready, before anything else.
-_HIGH_PRIORITY_OPS = frozenset({"Shape", "Size"})
+from ..ops import HIGH_PRIORITY_OPS
 
 
 def priority_based(graph: Graph, file_order: list[int] | None = None) -> list[int]:
@@ -26,7 +24,7 @@ def priority_based(graph: Graph, file_order: list[int] | None = None) -> list[in
     position = [0] * len(at)
     for p, i in enumerate(at):
         position[i] = p
-    rank = [0 if n.op_type in _HIGH_PRIORITY_OPS else 1 for n in graph.nodes]
+    rank = [0 if n.op_type in HIGH_PRIORITY_OPS else 1 for n in graph.nodes]
     indegree = [len(p) for p in graph.preds]
     ready = [(rank[i], position[i]) for i, d in enumerate(indegree) if d == 0]
     heapq.heapify(ready)

@@ -25,11 +25,6 @@ if TYPE_CHECKING:
 # Ops ckpt evaluates on shape values.
 FOLDABLE = frozenset({"Shape", "Size", "Constant", "Gather", "Squeeze", "Unsqueeze", "Add", "Sub", "Mul", "Div",
                       "Concat", "Slice", "Cast", "Reshape", "Identity"})
-# ORT 1.31 computes shape values from Shape and Size through these ops only, and through
-# scalar arithmetic (onnxruntime/core/graph/data_propagation/; measured: not through Slice,
-# Concat, Reshape or arithmetic on whole shapes).
-ORT_FOLDABLE = frozenset({"Shape", "Size", "Constant", "Gather", "Squeeze", "Unsqueeze"})
-ORT_SCALAR_FOLDABLE = frozenset({"Add", "Sub", "Mul", "Div"})
 _MAX_ELEMENTS = 64
 _INTEGER = (onnx.TensorProto.INT64, onnx.TensorProto.INT32)
 

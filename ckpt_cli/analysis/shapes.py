@@ -18,7 +18,8 @@ from onnx import numpy_helper
 
 from ..errors import ModelError, UsageError
 from ..graph import ABSENT, Graph
-from .shape_values import FOLDABLE, ORT_FOLDABLE, ORT_SCALAR_FOLDABLE, fold
+from ..ops import ORT_FOLDABLE, ORT_SCALAR_FOLDABLE
+from .shape_values import FOLDABLE, fold
 
 _INLINE_INITIALIZER_BYTES = 4096  # small ones may hold shapes that inference must read
 _DIM_UNKNOWN = "?"

@@ -10,7 +10,7 @@ import traceback
 
 import click
 
-from .. import __version__
+from ..version import __version__
 from ..errors import EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_TERMINATED, CkptError
 
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as shells report a reader that went away

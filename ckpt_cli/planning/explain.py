@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from ..analysis import Analysis
-from ..analysis.ops import RANDOM_OPS, is_recomputable
+from ..ops import EXPENSIVE_OPS, RANDOM_OPS, is_recomputable
 from .plan import Plan
-from .strategies import EXPENSIVE_OPS
 
 
 

@@ -36,17 +36,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..analysis import Analysis
-from ..analysis.memory import VIEW_OPS
-from ..analysis.ops import is_recomputable
 from ..analysis.scopes import layer_of
 from ..graph import ABSENT
+from ..ops import SHAPE_ONLY_OPS, VIEW_OPS, is_recomputable
 from .plan import Plan, Policy, Region
 
 # A byte moved by a recompute costs as much as this many FLOPs (a CPU core does a few
 # FLOPs per byte of memory bandwidth; pointwise ops are bandwidth-bound).
 BYTE_COST = 1
 # Reading only a tensor's shape moves none of its bytes.
-SHAPE_OPS = frozenset({"Shape", "Size"})
 SHAPE_OP_COST = 1
 # Capacities are int32 in scipy's max-flow; finite ones are scaled to sum below this.
 FINITE_TOTAL = 1 << 29
@@ -73,9 +71,6 @@ class Problem:
     flops: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
-MATMUL_OPS = frozenset({"MatMul", "Gemm", "FusedMatMul", "Conv", "ConvTranspose", "Einsum", "MatMulInteger"})
-
-
 def build(a: Analysis, policy: Policy = Policy()) -> Problem:
     g = a.graph
     fwd = [i for i in a.priority.order if a.phases.is_forward[i]]
@@ -94,10 +89,10 @@ def build(a: Analysis, policy: Policy = Policy()) -> Problem:
     for k, i in enumerate(nodes):
         n, c = g.nodes[i], a.costs[i]
         flops[k] = c.flops
-        matmul[k] = c.flops if n.op_type in MATMUL_OPS else 0
+        matmul[k] = c.matmul_flops
         if n.op_type in VIEW_OPS:
             cost[k] = 0
-        elif n.op_type in SHAPE_OPS:
+        elif n.op_type in SHAPE_ONLY_OPS:
             cost[k] = SHAPE_OP_COST
         else:
             cost[k] = c.flops + BYTE_COST * (c.bytes_read + c.bytes_written)
@@ -130,7 +125,7 @@ def build(a: Analysis, policy: Policy = Policy()) -> Problem:
                 heads.append(index[t])
                 tails.append(k)
     read = sorted({index[t] for t in index for c in g.consumers.get(t, ())
-                   if not a.phases.is_forward[c] and g.nodes[c].op_type not in SHAPE_OPS})
+                   if not a.phases.is_forward[c] and g.nodes[c].op_type not in SHAPE_ONLY_OPS})
     return Problem(nodes, cost, tensors, np.asarray(nbytes, dtype=np.int64), np.asarray(must, dtype=bool),
                    np.asarray(prod, dtype=np.int64), np.asarray(heads, dtype=np.int64),
                    np.asarray(tails, dtype=np.int64), np.asarray(read, dtype=np.int64), buffers, matmul, flops)

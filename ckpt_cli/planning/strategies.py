@@ -13,16 +13,11 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..analysis import Analysis
-from ..analysis.memory import VIEW_OPS
 from ..errors import BudgetUnreachable, UsageError
+from ..ops import EXPENSIVE_OPS, VIEW_OPS
 from .plan import Plan, Region
 from .regions import default_regions, layer_regions, sqrt_regions
 from .search import LOOSENING, Fitted, Intervals, PlanCost, search_limits
-
-# Outputs of these ops are never recomputed by ``balanced`` (compute-bound ops).
-EXPENSIVE_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "FusedMatMul", "Attention",
-                           "MultiHeadAttention", "MatMulInteger", "QLinearMatMul", "QLinearConv"})
-
 
 # Above this, searches are lean: one structure that fits, a few evaluations (each is a
 # rewrite of the whole graph; the thorough search makes about 100 on a small graph).

@@ -101,19 +101,18 @@ def _looks_like_json(path: Path) -> bool:
     return head.startswith(b"{") or path.suffix.lower() == ".json"
 
 
-def _recompute_share_of(analysis) -> float:
-    """Recompute FLOPs of a model written by ``ckpt rewrite`` over the FLOPs of the
-    step without them (nodes carrying the ``ckpt.region`` metadata are the copies)."""
-    from ..rewrite import REGION_META
-
-    recompute = sum(analysis.costs[n.index].flops for n in analysis.graph.nodes
-                    if n.meta(REGION_META) is not None)
-    rest = analysis.forward_flops + analysis.backward_flops - recompute
+def _recompute_share(r: dict, source: str) -> float | None:
+    """FLOPs of ckpt's recompute copies in an inspected model over the FLOPs of the step
+    without them; None for a report written before inspect counted the copies."""
+    recompute = r.get("recompute_flops")
+    if recompute is None:
+        return None
+    rest = _need(r, "forward_flops", source) + _need(r, "backward_flops", source) - recompute
     return recompute / rest if rest else 0.0
 
 
-def _analyse_model(path: Path, dims: dict[str, int]) -> tuple[dict, float, set[str]]:
-    """inspect report, recompute share and symbolic dimension names of an ONNX model.
+def _analyse_model(path: Path, dims: dict[str, int]) -> tuple[dict, set[str]]:
+    """inspect report and symbolic dimension names of an ONNX model.
     ``dims`` naming dimensions this model does not have are ignored here."""
     from ..analysis import analyse, symbolic_dims
     from ..load import load_graph
@@ -125,7 +124,7 @@ def _analyse_model(path: Path, dims: dict[str, int]) -> tuple[dict, float, set[s
     a = analyse(graph, bound)
     report = inspect_report(a, Source.of_file(path), {"dims": [f"{k}={v}" for k, v in bound.items()]})
     report["written_by_ckpt"] = graph.model.producer_name == "ckpt"
-    return report, _recompute_share_of(a), names
+    return report, names
 
 
 def _figures(kind: str, r: dict, source: str) -> dict[str, Any]:
@@ -134,11 +133,7 @@ def _figures(kind: str, r: dict, source: str) -> dict[str, Any]:
         f["peak_bytes"] = _need(r, "peak_bytes", source)
         f["stashed_bytes"] = _need(r, "stashed_bytes", source)
         f["nodes"] = _need(r, "nodes", source)
-        phases = r.get("phases") or {}
-        # An inspect report has no FLOPs per node: a graph without ckpt's copies recomputes
-        # nothing; for one with copies the share is unknown (compare the model itself).
-        if not any(name.endswith("_recompute") for name in phases):
-            f["recompute_share"] = 0.0
+        f["recompute_share"] = _recompute_share(r, source)
     elif kind == "plan":
         f["peak_bytes"] = _need(r, "peak_bytes_after", source)
         f["recompute_share"] = _need(r, "recompute_share_of_step", source)
@@ -169,17 +164,16 @@ def load_input(path: str | Path, label: str, dims: dict[str, int] | None = None)
         raise ModelError(f"{p}: is a directory, expected a report (.json) or a model (.onnx)")
     if p.stat().st_size == 0:
         raise ModelError(f"{p}: empty file, neither a report nor a model")
-    share, names = None, set()
+    names: set[str] = set()
     if _looks_like_json(p):
         report = _read_report(p)
         kind = report["command"]
     else:
-        report, share, names = _analyse_model(p, dims or {})
+        report, names = _analyse_model(p, dims or {})
         kind = "onnx"
     src = str(p)
     if kind == "onnx":
         inp = _make_input(src, label, kind, report)
-        inp.figures["recompute_share"] = share
         inp.dim_names = names
         return inp
     try:

@@ -8,11 +8,12 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import __version__
 from ..analysis import Analysis, buffer_bytes
 from ..analysis.cost import node_cost
 from ..analysis.scopes import UNSCOPED, top_scope
 from ..graph import gc_paused
+from ..markers import REGION_META, is_recompute_copy
+from ..version import __version__
 
 SCHEMA_VERSION = 1
 TOP_STASHED = 15
@@ -132,6 +133,9 @@ def inspect_report(a: Analysis, source: Source | None, options: dict) -> dict:
         **_arena(a),
         "forward_flops": a.forward_flops,
         "backward_flops": a.backward_flops,
+        # ckpt's copies already in the graph (a model ckpt wrote): compare reads its share
+        "recompute_nodes": sum(1 for n in g.nodes if is_recompute_copy(n)),
+        "recompute_flops": a.recompute_flops,
         "top_stashed": stashed_rows(a),
         "scopes": scope_rows(a),
         "unsized": unsized_rows(a),
@@ -144,8 +148,6 @@ def inspect_report(a: Analysis, source: Source | None, options: dict) -> dict:
 
 
 def _region_rows(before: Analysis, result) -> list[dict]:
-    from ..rewrite import REGION_META
-
     after = result.after
     still = {s.buffer for s in after.stashed}
     freed_by: dict[int, set[str]] = defaultdict(set)  # producer -> stashed buffers no longer stashed
@@ -155,9 +157,8 @@ def _region_rows(before: Analysis, result) -> list[dict]:
     name_to_index = {n.name: n.index for n in before.graph.nodes}
     flops: dict[str, int] = defaultdict(int)
     for n in after.graph.nodes:
-        region = n.meta(REGION_META)
-        if region is not None:
-            flops[region] += node_cost(n, after.tensors).flops  # only copies: after.costs prices every node
+        if is_recompute_copy(n):
+            flops[n.meta(REGION_META)] += node_cost(n, after.tensors).flops  # after.costs would price every node
     rows = []
     for r in result.regions:
         freed = set().union(*(freed_by[name_to_index[c]] for c in r.copies))

@@ -6,17 +6,17 @@ from dataclasses import dataclass
 
 import onnx
 
-from ..analysis import MEM_REUSE_META, SESSION_META, Analysis, analyse, schedules
+from ..analysis import Analysis, analyse, schedules
 from ..analysis.arena import predict_in_use
 from ..analysis.cost import node_cost
 from ..analysis.memory import buffer_roots, simulate
-from ..analysis.phases import BACKWARD, PHASE_META
+from ..analysis.phases import BACKWARD
 from ..graph import Graph, Node, gc_paused
+from ..markers import PHASE_META
 from ..planning.plan import Plan
 from .order import executed_order, interleave, memory_aware, prune_dead
-from .pin import GUARD_META, PinResult, pin as pin_schedule
-from .recompute import (CSE_GUARD_ATTR, RANDOM_OPS, REGION_META, SUFFIX, RegionResult,
-                        drop_unused_optional_outputs, plan_recompute, rewire_backward)
+from .pin import PinResult, pin as pin_schedule
+from .recompute import (RegionResult, drop_unused_optional_outputs, plan_recompute, rewire_backward)
 
 
 @dataclass
@@ -119,9 +119,6 @@ def original_best(a: Analysis) -> tuple[int, str]:
                (predict_in_use(a.graph, a.default, a.tensors).peak_in_use_bytes, "ORT's DEFAULT order"))
 
 
-# The written model records how many guard nodes pin added.
-PIN_META = "ckpt.pinned"
-
 # Turning ORT's buffer reuse off must win by this much: the arena model is exact with
 # reuse on, within a few percent with it off.
 MEM_REUSE_OFF_MARGIN = 0.05
@@ -166,46 +163,6 @@ def _choose_order_and_reuse(a: Analysis, candidates: list[Graph], tensors) -> tu
     return best[3:]
 
 
-def to_model(result: RewriteResult, metadata: dict[str, str] | None = None) -> onnx.ModelProto:
-    """The ModelProto to save: nodes in the written order, and the session setting the
-    rewrite chose recorded in the model's metadata (ckpt check and inspect read it),
-    with ``metadata`` (provenance) beside it."""
-    from ..save import build_model
-
-    metadata = {**(metadata or {}), MEM_REUSE_META: "1" if result.mem_reuse else "0",
-                SESSION_META: result.session}
-    pinned = result.pinned
-    if pinned is not None and pinned.guard_nodes:
-        metadata[PIN_META] = str(pinned.guard_nodes)
-    model = build_model(result.graph, [n.proto for n in result.graph.nodes], metadata)
-    model.graph.value_info.extend(_copy_value_info(result))
-    if pinned is not None and pinned.guard_nodes:
-        # Guards read shapes from a runtime tensor: onnx inference cannot follow them, so
-        # their outputs' types are written out (same as their inputs).
-        guarded = {n.outputs[0]: n.inputs[0] for n in result.graph.nodes
-                   if n.op_type == "Reshape" and n.meta(GUARD_META) is not None}
-        for out, x in guarded.items():
-            info = result.after.tensors.get(x)
-            if info is not None and info.shape is not None:
-                model.graph.value_info.append(onnx.helper.make_tensor_value_info(out, info.dtype, list(info.shape)))
-    return model
-
-
-def _copy_value_info(result: RewriteResult) -> list[onnx.ValueInfoProto]:
-    """Type and shape of every tensor a recompute copy makes (viewers such as Netron
-    label edges with them; the originals' value_info does not name the copies)."""
-    tensors = result.after.tensors
-    out = []
-    for node in result.graph.nodes:
-        if node.meta(REGION_META) is None:
-            continue
-        for t in node.outputs:
-            info = tensors.get(t)
-            if t and info is not None and info.dtype and info.shape is not None:
-                out.append(onnx.helper.make_tensor_value_info(t, info.dtype, list(info.shape)))
-    return out
-
-
 def _mark_early_backward(graph: Graph, forward_names: set[str]) -> Graph:
     """Tag backward nodes written before the last forward node (the memory-aware order
     runs some early), so that analysing the written file classifies them the same."""
@@ -220,4 +177,4 @@ def _mark_early_backward(graph: Graph, forward_names: set[str]) -> Graph:
     return graph.replaced(marked) if marked else graph
 
 
-__all__ = ["rewrite", "to_model", "RewriteResult", "RegionResult", "CSE_GUARD_ATTR", "RANDOM_OPS", "REGION_META", "SUFFIX"]
+__all__ = ["rewrite", "RewriteResult", "RegionResult"]

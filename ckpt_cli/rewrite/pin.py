@@ -25,14 +25,12 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from ..analysis.phases import BACKWARD, PHASE_META, RECOMPUTE_META
+from ..analysis.phases import BACKWARD
 from ..analysis.shapes import TensorInfo
 from ..graph import ABSENT, Graph, Node
+from ..markers import CSE_GUARD_ATTR, GUARD_META, PHASE_META, REGION_META, is_recompute_copy
+from ..ops import SHAPE_ONLY_OPS
 from .order import executed_order
-from .recompute import CSE_GUARD_ATTR, REGION_META
-
-GUARD_META = "ckpt.guard"  # on every node pin adds: the region whose block it gates
-_SHAPE_ONLY = frozenset({"Shape", "Size"})
 _INT64 = onnx.TensorProto.INT64
 
 
@@ -73,7 +71,7 @@ def _trigger(graph: Graph, position: int, skip: set[int], forward: set[str]) -> 
     outputs = set(graph.outputs)
     for k in range(position - 1, -1, -1):
         node = graph.nodes[k]
-        if k in skip or node.op_type in _SHAPE_ONLY:
+        if k in skip or node.op_type in SHAPE_ONLY_OPS:
             continue
         out = next((t for t in node.outputs if t != ABSENT and (node.name not in forward or t in outputs)), None)
         if out is not None:
@@ -88,7 +86,7 @@ def pin(graph: Graph, tensors: dict[str, TensorInfo], forward: set[str]) -> PinR
     nodes = graph.nodes
     copies: dict[str, list[Node]] = {}  # region -> its copies in written order
     for n in nodes:
-        if n.meta(RECOMPUTE_META) is not None:
+        if is_recompute_copy(n):
             copies.setdefault(n.meta(REGION_META) or n.name, []).append(n)
     tensors = dict(tensors)
     if not copies:

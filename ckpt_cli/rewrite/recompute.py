@@ -14,22 +14,12 @@ from dataclasses import dataclass, field
 import onnx
 
 from ..analysis import Analysis
-from ..analysis.ops import RANDOM_OPS, is_recomputable
-from ..analysis.phases import RECOMPUTE_META
 from ..analysis.shapes import TensorInfo
 from ..graph import ABSENT, Graph, Node
+from ..markers import CSE_GUARD_ATTR, RECOMPUTE_META, REGION_META, SUFFIX
+from ..ops import RANDOM_OPS, SHAPE_ONLY_OPS, is_recomputable
 from ..planning.plan import Plan
 
-# Reading only a tensor's shape does not need its data: such readers stay on the original,
-# and ORT's PRIORITY_BASED order runs them as soon as the original exists.
-SHAPE_ONLY_OPS = frozenset({"Shape", "Size"})
-SUFFIX = "_recompute"
-REGION_META = "ckpt.region"
-SOURCE_META = RECOMPUTE_META
-# An attribute ONNX's checker ignores (leading "__"); it makes a copy that reads only
-# original tensors differ from its original for ORT's common-subexpression elimination,
-# which would merge them back (and then every copy downstream of it).
-CSE_GUARD_ATTR = "__ckpt_recompute"
 
 
 @dataclass
@@ -158,7 +148,7 @@ def _copy_node(node: Node, local: dict[str, str], name: str, region: str,
         # already. An attribute on it could also travel into a fused node that refuses it
         # (GemmActivationFusion copies an activation's attributes into FusedGemm).
         p.attribute.append(guard)
-    for k, v in ((REGION_META, region), (SOURCE_META, node.name)):
+    for k, v in ((REGION_META, region), (RECOMPUTE_META, node.name)):
         entry = p.metadata_props.add()
         entry.key, entry.value = k, v
     return p

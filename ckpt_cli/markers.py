@@ -1,0 +1,54 @@
+"""The marks ckpt writes into the models it rewrites, and the one test for a copy.
+
+Node metadata marks what ckpt added; model metadata records how to run the model and
+where it came from. Names are never a mark: the copies are named ``<node>_recompute``,
+but a name already taken gets ``_recompute_2`` and a user's node may end in
+``_recompute`` too.
+"""
+
+from __future__ import annotations
+
+import onnx
+
+from .graph import Node
+
+# Node metadata: every recompute copy names the node it copies and its region.
+RECOMPUTE_META = "ckpt.recompute_of"
+REGION_META = "ckpt.region"
+# Node metadata: ckpt marks backward nodes it writes among forward ones, so that
+# re-analysis keeps them backward.
+PHASE_META = "ckpt.phase"
+# Node metadata: on every node pin adds, the region whose block it gates.
+GUARD_META = "ckpt.guard"
+
+# Model metadata: whether ORT's buffer reuse should be off for the written model.
+MEM_REUSE_META = "ckpt.enable_mem_reuse"
+# Model metadata: the session a written model is for: "ckpt" (its recorded settings) or
+# "ort_default" (ckpt changed nothing that needs settings).
+SESSION_META = "ckpt.session"
+# Model metadata: how many guard nodes pin added.
+PIN_META = "ckpt.pinned"
+# Model metadata: provenance keys (version, options, plan summary) start with this.
+PROVENANCE_PREFIX = "ckpt."
+
+# An attribute ONNX's checker ignores (leading "__"); it makes a copy that reads only
+# original tensors differ from its original for ORT's common-subexpression elimination,
+# which would merge them back (and then every copy downstream of it).
+CSE_GUARD_ATTR = "__ckpt_recompute"
+
+# How copies and their outputs are named (a taken name gets a number after it).
+SUFFIX = "_recompute"
+
+
+def _props(node: Node | onnx.NodeProto):
+    return node.proto.metadata_props if isinstance(node, Node) else node.metadata_props
+
+
+def recompute_source(node: Node | onnx.NodeProto) -> str | None:
+    """The name of the node this recompute copy copies, or None for any other node."""
+    return next((p.value for p in _props(node) if p.key == RECOMPUTE_META), None)
+
+
+def is_recompute_copy(node: Node | onnx.NodeProto) -> bool:
+    """Whether ckpt's rewrite made this node as a recompute copy (by its metadata)."""
+    return recompute_source(node) is not None

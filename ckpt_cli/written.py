@@ -1,0 +1,51 @@
+"""The ModelProto a rewrite is saved as (save stage: the rewrite itself writes nothing)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import onnx
+
+from .markers import GUARD_META, MEM_REUSE_META, PIN_META, SESSION_META, is_recompute_copy
+from .save import build_model
+
+if TYPE_CHECKING:
+    from .rewrite import RewriteResult
+
+
+def to_model(result: RewriteResult, metadata: dict[str, str] | None = None) -> onnx.ModelProto:
+    """The ModelProto to save: nodes in the written order, and the session setting the
+    rewrite chose recorded in the model's metadata (ckpt check and inspect read it),
+    with ``metadata`` (provenance) beside it."""
+    metadata = {**(metadata or {}), MEM_REUSE_META: "1" if result.mem_reuse else "0",
+                SESSION_META: result.session}
+    pinned = result.pinned
+    if pinned is not None and pinned.guard_nodes:
+        metadata[PIN_META] = str(pinned.guard_nodes)
+    model = build_model(result.graph, [n.proto for n in result.graph.nodes], metadata)
+    model.graph.value_info.extend(_copy_value_info(result))
+    if pinned is not None and pinned.guard_nodes:
+        # Guards read shapes from a runtime tensor: onnx inference cannot follow them, so
+        # their outputs' types are written out (same as their inputs).
+        guarded = {n.outputs[0]: n.inputs[0] for n in result.graph.nodes
+                   if n.op_type == "Reshape" and n.meta(GUARD_META) is not None}
+        for out, x in guarded.items():
+            info = result.after.tensors.get(x)
+            if info is not None and info.shape is not None:
+                model.graph.value_info.append(onnx.helper.make_tensor_value_info(out, info.dtype, list(info.shape)))
+    return model
+
+
+def _copy_value_info(result: RewriteResult) -> list[onnx.ValueInfoProto]:
+    """Type and shape of every tensor a recompute copy makes (viewers such as Netron
+    label edges with them; the originals' value_info does not name the copies)."""
+    tensors = result.after.tensors
+    out = []
+    for node in result.graph.nodes:
+        if not is_recompute_copy(node):
+            continue
+        for t in node.outputs:
+            info = tensors.get(t)
+            if t and info is not None and info.dtype and info.shape is not None:
+                out.append(onnx.helper.make_tensor_value_info(t, info.dtype, list(info.shape)))
+    return out
