@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import functools
 import json
-import sys
 
 import numpy as np
 import onnx
 import pytest
 
-from conftest import ROOT, SAMPLES
+from conftest import SAMPLES
 from ckpt_cli.analysis import analyse
 from ckpt_cli.analysis.phases import RECOMPUTE_META
 from ckpt_cli.graph import Graph
@@ -21,10 +20,9 @@ from ckpt_cli.load import load_graph
 from ckpt_cli.planning import choose_plan
 from ckpt_cli.rewrite import CSE_GUARD_ATTR, GUARD_META, PIN_META, rewrite, to_model
 from ckpt_cli.save import save_model
-from ckpt_cli.synthetic import build_transformer
 
-sys.path.insert(0, str(ROOT))
-from bench.sessions import make_feeds, measure  # noqa: E402
+from bench.sessions import make_feeds, measure
+from bench.synthetic import build_transformer
 
 MODELS = ["gpt", "mlp", "cnn", "synthetic", "gpt12", "resnet18"]
 # Sessions in which the pinned rewrite measures below the original under ORT's defaults
