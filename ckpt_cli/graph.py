@@ -169,10 +169,6 @@ class Graph:
         """Tensors that exist before any node runs: graph inputs and initializers."""
         return self.inputs + list(self.initializers)
 
-    def node_of(self, tensor: str) -> Node | None:
-        i = self.producer.get(tensor)
-        return None if i is None else self.nodes[i]
-
     def predecessors(self, node: Node) -> list[int]:
         return [self.producer[t] for t in node.reads if t in self.producer]
 
