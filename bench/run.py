@@ -7,7 +7,7 @@ Run from the repository root (``make bench`` / ``make bench-quick``)::
 
 Writes ``bench/RESULTS.md`` (tables) and ``bench/results.json`` (every raw figure).
 
-1. Speed: synthetic transformer training graphs (``ckpt_cli.synthetic``, 142*L+48 nodes).
+1. Speed: synthetic transformer training graphs (``bench.synthetic``, 142*L+48 nodes).
    Every command is a fresh subprocess, timed by wall clock, with its peak RSS read by GNU
    time (``os.wait4`` when GNU time is missing). The floor is ``onnx.load`` + ``onnx.save``
    of the same file in a fresh interpreter. Commands of one size run interleaved, in a
@@ -305,7 +305,7 @@ def _profile(cmd_args: list[str], work: Path, label: str) -> dict:
 
 
 def bench_speed(sizes: list[tuple[str, int]], repeats: int, work: Path, profile: str) -> dict:
-    from ckpt_cli.synthetic import save_transformer
+    from bench.synthetic import save_transformer
 
     ckpt = ckpt_cmd()
     # warm the OS page cache and .pyc files once, so the first measured run is not special
@@ -838,7 +838,7 @@ def render_md(res: dict) -> str:
     add("## 1. Speed against the I/O floor")
     add("")
     if not _missing(sp, add):
-        add("Synthetic transformer training graphs from `ckpt_cli.synthetic` (d_model 64, seq 32, "
+        add("Synthetic transformer training graphs from `bench.synthetic` (d_model 64, seq 32, "
             "142·L+48 nodes, no embedded weights). Each command is a fresh subprocess; wall time, "
             "median of the repeats; commands of one size run interleaved. **floor** = "
             "`python -c 'onnx.save(onnx.load(F), OUT)'`; **inspect** = `ckpt inspect F --json > /dev/null`; "
@@ -1225,7 +1225,7 @@ def bench_big_weights(work: Path, gigabytes: float = 2.1) -> dict:
     ckpt = ckpt_cmd()
     src = work / "big" / "big.onnx"
     src.parent.mkdir(exist_ok=True)
-    gen = run_measured([sys.executable, "-m", "ckpt_cli.synthetic", "--layers", "2", "--big-weights",
+    gen = run_measured([sys.executable, "-m", "bench.synthetic", "--layers", "2", "--big-weights",
                         str(gigabytes), "--external-data", "-o", str(src)])
     if gen["rc"] != 0:
         return {"error": f"generator failed: {gen['stderr_tail'][-300:]}"}
@@ -1246,7 +1246,7 @@ def _render_big_weights(res: dict, add) -> None:
     add("## 5. A model with over 2 GB of weights (external data)")
     add("")
     if not _missing(b, add, skipped="Skipped (`--quick` or `--skip-big`)."):
-        add(f"`python -m ckpt_cli.synthetic --layers 2 --big-weights 2.1 --external-data` "
+        add(f"`python -m bench.synthetic --layers 2 --big-weights 2.1 --external-data` "
             f"({nbytes(b['weights_bytes'])} on disk). ckpt reads only the graph and the tensors' shapes; "
             "the rewrite streams the weights into the output's external data file "
             f"({nbytes(b['output_data_bytes'])}).")

@@ -168,7 +168,7 @@ def table(tmp: Path, timed_runs: int = 5) -> str:
     """The session matrix of every sample's default rewrite, as Markdown."""
     import onnx
 
-    from ckpt_cli.synthetic import build_transformer
+    from bench.synthetic import build_transformer
 
     names = list(SESSIONS)
     head = ("| sample | original, ORT defaults | " + " | ".join(f"rewrite: {n}" for n in names)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import onnx
 
-from .graph import ABSENT, Graph
+from .graph import ABSENT, Graph, weightless_copy
 
 _INLINE_LIMIT = 1024  # initializers above this many bytes are passed to ORT as inputs
 # (op, domain, opset) of function ops ORT was seen to run as they are (it has a kernel):
@@ -33,34 +33,13 @@ def _has_function(op_type: str, domain: str, opset: int) -> bool:
     return bool(schema.has_function or schema.has_context_dependent_function)
 
 
-def _light(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The model without weight bytes: large or external initializers become inputs."""
-    light = onnx.ModelProto(ir_version=model.ir_version, opset_import=model.opset_import,
-                            functions=model.functions)
-    g = model.graph
-    lg = light.graph
-    lg.name = g.name
-    lg.node.extend(g.node)
-    lg.input.extend(g.input)
-    lg.output.extend(g.output)
-    lg.value_info.extend(g.value_info)
-    declared = {v.name for v in g.input}
-    for t in g.initializer:
-        external = t.data_location == onnx.TensorProto.EXTERNAL
-        if not external and len(t.raw_data) <= _INLINE_LIMIT:
-            lg.initializer.append(t)
-        elif t.name not in declared:
-            lg.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
-    return light
-
-
 def _resolved(model: onnx.ModelProto) -> onnx.ModelProto | None:
     """The graph ORT runs at ORT_DISABLE_ALL on the CPU provider, or None if it cannot load it."""
     import onnxruntime as ort
 
     with tempfile.TemporaryDirectory(prefix="ckpt_expand_") as tmp:
         src, out = Path(tmp) / "model.onnx", Path(tmp) / "resolved.onnx"
-        onnx.save(_light(model), src)
+        onnx.save(weightless_copy(model, inline_bytes=_INLINE_LIMIT), src)
         so = ort.SessionOptions()
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         so.optimized_model_filepath = str(out)

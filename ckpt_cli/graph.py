@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from functools import cached_property, wraps
 from itertools import chain
 from pathlib import Path
+from typing import Iterable
 
 import onnx
 
@@ -170,10 +171,6 @@ class Graph:
         """Tensors that exist before any node runs: graph inputs and initializers."""
         return self.inputs + list(self.initializers)
 
-    def node_of(self, tensor: str) -> Node | None:
-        i = self.producer.get(tensor)
-        return None if i is None else self.nodes[i]
-
     def predecessors(self, node: Node) -> list[int]:
         return [self.producer[t] for t in node.reads if t in self.producer]
 
@@ -293,3 +290,28 @@ def _outer_reads(g: onnx.GraphProto) -> list[str]:
         if v.name not in defined:
             reads[v.name] = None
     return list(reads)
+
+
+def weightless_copy(model: onnx.ModelProto, nodes: Iterable[onnx.NodeProto] | None = None,
+                    inline_bytes: int | None = None) -> onnx.ModelProto:
+    """``model`` without weight bytes, for the checker, shape inference and ORT: external
+    initializers, and with ``inline_bytes`` embedded ones of more raw bytes, become typed
+    graph inputs. ``nodes`` replaces the file's node list (a sorted order)."""
+    src = model.graph
+    light = onnx.ModelProto(ir_version=model.ir_version, producer_name=model.producer_name)
+    light.opset_import.extend(model.opset_import)
+    light.functions.extend(model.functions)
+    g = light.graph
+    g.name = src.name
+    g.node.extend(src.node if nodes is None else nodes)
+    g.input.extend(src.input)
+    g.output.extend(src.output)
+    g.value_info.extend(src.value_info)
+    g.sparse_initializer.extend(src.sparse_initializer)
+    declared = {v.name for v in src.input}
+    for t in src.initializer:
+        if t.data_location != onnx.TensorProto.EXTERNAL and (inline_bytes is None or len(t.raw_data) <= inline_bytes):
+            g.initializer.append(t)
+        elif t.name not in declared:
+            g.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+    return light

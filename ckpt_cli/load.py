@@ -15,7 +15,7 @@ from google.protobuf.message import DecodeError
 from .errors import ModelError
 from .expand import expand_functions
 from .external import check_external, external_tensors
-from .graph import ABSENT, Graph, gc_paused
+from .graph import ABSENT, Graph, gc_paused, weightless_copy
 
 _PROTOBUF_LIMIT = 2**31 - 1
 # onnx.checker took 2.3 s on a 99k-node graph (2-core machine); past this size only
@@ -84,26 +84,12 @@ def _checked_copy(model: onnx.ModelProto, order: list[int]) -> onnx.ModelProto:
     """What onnx.checker is given for a graph whose file order is not topological (ckpt
     sorts it) or whose weights are external (ckpt checked them): nodes sorted, external
     initializers as typed graph inputs."""
-    src = model.graph
-    light = onnx.ModelProto(ir_version=model.ir_version, producer_name=model.producer_name)
-    light.opset_import.extend(model.opset_import)
-    light.functions.extend(model.functions)
-    g = light.graph
-    g.name = src.name
-    g.node.extend(src.node[i] for i in order)
-    g.input.extend(src.input)
-    g.output.extend(src.output)
-    g.value_info.extend(src.value_info)
-    g.sparse_initializer.extend(src.sparse_initializer)
-    inputs = {v.name for v in src.input}
-    for t in src.initializer:
-        if t.data_location != onnx.TensorProto.EXTERNAL:
-            g.initializer.append(t)
-        elif t.name not in inputs:
-            if model.ir_version < 4:  # what the checker says of the original
+    if model.ir_version < 4:  # what the checker says of the original
+        inputs = {v.name for v in model.graph.input}
+        for t in model.graph.initializer:
+            if t.data_location == onnx.TensorProto.EXTERNAL and t.name not in inputs:
                 raise onnx.checker.ValidationError(f"{t.name} in initializer but not in graph input")
-            g.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
-    return light
+    return weightless_copy(model, (model.graph.node[i] for i in order))
 
 
 def _run_checker(model: onnx.ModelProto, path: Path, order: list[int]) -> None:

@@ -23,11 +23,41 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from ckpt_cli.analysis import arena as A  # noqa: E402
-from ckpt_cli.analysis.arena import BFCArena, arena_peak, kernel_plans, replay, requests_replay  # noqa: E402
+from ckpt_cli.analysis.arena import BFCArena, arena_peak, kernel_plans, replay  # noqa: E402
 
 KiB = 1 << 10
 MiB = 1 << 20
 SAMPLES = ROOT / "sample_models"
+NUM_BINS = 21  # kNumBins
+
+
+def bin_num_for_size(n: int) -> int:
+    """ORT's ``BFCArena::BinNumForSize``, which the model replaces by one sorted list."""
+    v = max(n, 256) >> 8
+    return min(NUM_BINS - 1, v.bit_length() - 1)
+
+
+def requests_replay(requests: list[tuple[str, int]], arena: BFCArena | None = None) -> BFCArena:
+    """("a", n) allocates (named by position), ("f", i) frees request i."""
+    arena = arena if arena is not None else BFCArena()
+    ptrs: list[int | None] = []
+    for op, v in requests:
+        if op == "a":
+            ptrs.append(arena.alloc(v))
+        else:
+            arena.free(ptrs[v])
+    return arena
+
+
+def chunks(arena: BFCArena) -> list[tuple[int, int, bool]]:
+    """(address, size, in use) of every chunk, region by region in creation order."""
+    out = []
+    for base, _ in arena.regions:
+        p: int | None = base
+        while p is not None:
+            out.append((p, arena.size[p], p in arena.requested))
+            p = arena.next[p]
+    return out
 
 
 # --------------------------------------------------------------------------- rules
@@ -37,10 +67,15 @@ def test_rounding_and_bins():
     assert A.rounded_bytes(1) == 256
     assert A.rounded_bytes(256) == 256
     assert A.rounded_bytes(257) == 512
-    assert A.bin_num_for_size(256) == 0
-    assert A.bin_num_for_size(511) == 0
-    assert A.bin_num_for_size(512) == 1
-    assert A.bin_num_for_size(1 << 40) == A.NUM_BINS - 1
+    assert bin_num_for_size(256) == 0
+    assert bin_num_for_size(511) == 0
+    assert bin_num_for_size(512) == 1
+    assert bin_num_for_size(1 << 40) == NUM_BINS - 1
+    # the bins partition the sizes in increasing order, so ORT's scan from the request's
+    # bin upwards finds the smallest fitting chunk, as the model's one sorted list does
+    sizes = [A.rounded_bytes(n) for n in range(1, 1 << 22, 4093)] + [1 << k for k in range(8, 41)]
+    bins = [bin_num_for_size(n) for n in sorted(sizes)]
+    assert bins == sorted(bins) and set(bins) == set(range(NUM_BINS))
 
 
 def test_zero_bytes_allocate_nothing():
@@ -53,7 +88,7 @@ def test_first_request_creates_initial_region_and_splits():
     a = requests_replay([("a", 1000)])
     assert a.regions and a.held == 1 * MiB
     assert a.in_use == 1024 and a.requested_in_use == 1000
-    assert [(s, used) for _, s, used in a.chunks()] == [(1024, True), (MiB - 1024, False)]
+    assert [(s, used) for _, s, used in chunks(a)] == [(1024, True), (MiB - 1024, False)]
 
 
 def test_chunk_too_small_to_split_is_in_use_whole():
@@ -77,19 +112,19 @@ def test_best_fit_smallest_chunk_then_lowest_address():
     # holes of 8 KiB (first) and 4 KiB (later): a 3 KiB request takes the 4 KiB hole
     a = requests_replay([("a", 8 * KiB), ("a", KiB), ("a", 4 * KiB), ("a", KiB), ("f", 0), ("f", 2),
                          ("a", 3 * KiB)])
-    p = a.chunks()
+    p = chunks(a)
     assert [s for _, s, used in p if used] == [KiB, 4 * KiB, KiB]  # whole 4 KiB hole (4096 < 6144)
     # two equal holes: the lower address wins
     b = requests_replay([("a", 4 * KiB), ("a", KiB), ("a", 4 * KiB), ("a", KiB), ("f", 0), ("f", 2), ("a", 4 * KiB)])
-    used = [(addr, s) for addr, s, u in b.chunks() if u and s == 4 * KiB]
-    assert used == [(min(addr for addr, s, u in b.chunks() if s == 4 * KiB), 4 * KiB)]
+    used = [(addr, s) for addr, s, u in chunks(b) if u and s == 4 * KiB]
+    assert used == [(min(addr for addr, s, u in chunks(b) if s == 4 * KiB), 4 * KiB)]
 
 
 def test_coalescing_restores_whole_region_in_any_order():
     for order in ([0, 1, 2], [2, 0, 1], [1, 2, 0], [0, 2, 1]):
         a = requests_replay([("a", 100 * KiB), ("a", 200 * KiB), ("a", 300 * KiB)] + [("f", i) for i in order])
         assert a.in_use == 0
-        assert a.chunks() == [(a.regions[0][0], MiB, False)]
+        assert chunks(a) == [(a.regions[0][0], MiB, False)]
         assert a.free_chunks == [(MiB, a.regions[0][0])]
         a.alloc(MiB)  # fits without growing
         assert a.held == MiB
@@ -97,7 +132,7 @@ def test_coalescing_restores_whole_region_in_any_order():
 
 def test_coalescing_merges_next_and_previous_neighbours():
     a = requests_replay([("a", KiB), ("a", KiB), ("a", KiB), ("a", KiB), ("f", 0), ("f", 2), ("f", 1)])
-    sizes = [(s, u) for _, s, u in a.chunks()]
+    sizes = [(s, u) for _, s, u in chunks(a)]
     assert sizes == [(3 * KiB, False), (KiB, True), (MiB - 4 * KiB, False)]
 
 
@@ -135,23 +170,11 @@ def test_extension_doubling_is_capped():
     assert a.regions[-1][1] == 8 * MiB
 
 
-def test_same_as_requested_grows_by_the_request():
-    a = BFCArena(extend_strategy="same_as_requested")
-    a.alloc(1000)
-    a.alloc(3 * MiB)
-    assert [s for _, s in a.regions] == [1024, 3 * MiB]
-    assert a.in_use == a.held == 1024 + 3 * MiB
-
-
-def test_new_regions_go_below_old_ones_by_default():
+def test_new_regions_go_below_old_ones():
     a = BFCArena()
     a.alloc(MiB)
     a.alloc(MiB)
     assert a.regions[1][0] < a.regions[0][0]
-    b = BFCArena(region_order="up")
-    b.alloc(MiB)
-    b.alloc(MiB)
-    assert b.regions[1][0] > b.regions[0][0]
 
 
 # --------------------------------------------------------------------------- replay

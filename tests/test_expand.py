@@ -4,22 +4,19 @@ order is the executed order and the prediction holds."""
 
 from __future__ import annotations
 
-import sys
-
 import onnx
 import pytest
 
-from conftest import ROOT, SAMPLES
+from conftest import SAMPLES
 from ckpt_cli.analysis import analyse
 from ckpt_cli.load import load_graph
 from ckpt_cli.planning import choose_plan
 from ckpt_cli.rewrite import rewrite
 from ckpt_cli.written import to_model
 from ckpt_cli.save import save_model
-from ckpt_cli.synthetic import build_transformer
 
-sys.path.insert(0, str(ROOT))
-from bench.sessions import make_feeds, measure  # noqa: E402
+from bench.sessions import make_feeds, measure
+from bench.synthetic import build_transformer
 
 LOSS = "/loss/SoftmaxCrossEntropyLoss"
 

@@ -26,7 +26,7 @@ STAGES: tuple[tuple[str, ...], ...] = (
     ("report",),
     ("pipeline",),
     ("api", "session"),
-    ("cli", "__init__", "synthetic"),
+    ("cli", "__init__"),
 )
 STAGE_OF = {name: k for k, names in enumerate(STAGES) for name in names}
 

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import functools
 import json
-import sys
 
 import numpy as np
 import onnx
 import pytest
 
-from conftest import ROOT, SAMPLES
+from conftest import SAMPLES
 from ckpt_cli.analysis import analyse
 from ckpt_cli.graph import Graph
 from ckpt_cli.load import load_graph
@@ -22,10 +21,9 @@ from ckpt_cli.markers import CSE_GUARD_ATTR, GUARD_META, PIN_META, is_recompute_
 from ckpt_cli.rewrite import rewrite
 from ckpt_cli.written import to_model
 from ckpt_cli.save import save_model
-from ckpt_cli.synthetic import build_transformer
 
-sys.path.insert(0, str(ROOT))
-from bench.sessions import make_feeds, measure  # noqa: E402
+from bench.sessions import make_feeds, measure
+from bench.synthetic import build_transformer
 
 MODELS = ["gpt", "mlp", "cnn", "synthetic", "gpt12", "resnet18"]
 # Sessions in which the pinned rewrite measures below the original under ORT's defaults

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from ckpt_cli import safewrite, save
 from ckpt_cli.cli import main
 from ckpt_cli.errors import CkptError, OutputError, UsageError
-from ckpt_cli.synthetic import save_transformer
+from bench.synthetic import save_transformer
 
 sys.path.insert(0, str(Path(__file__).parent))
 

@@ -1,4 +1,4 @@
-"""Checks for the two training-graph generators: ckpt_cli.synthetic and tests/randgraph."""
+"""Checks for the two training-graph generators: bench.synthetic and tests/randgraph."""
 
 from __future__ import annotations
 
@@ -13,12 +13,11 @@ from hypothesis import HealthCheck, given, settings
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, _HERE)
-sys.path.insert(0, os.path.dirname(_HERE))  # repo root, for ckpt_cli
 
 from randgraph import build_random_training_graph, param_names, random_feeds, training_graphs  # noqa: E402
 
-from ckpt_cli import synthetic  # noqa: E402
-from ckpt_cli.synthetic import build_transformer, estimate_nodes, save_transformer  # noqa: E402
+from bench import synthetic  # noqa: E402
+from bench.synthetic import build_transformer, estimate_nodes, save_transformer  # noqa: E402
 
 TINY = dict(layers=2, d_model=16, heads=4, seq=8, batch=2, vocab=32)
 

@@ -44,18 +44,17 @@ samples (Where, Conv, ConvTranspose).
 Validated on ORT 1.31.1 CPU (ckpt's measurement settings: ORT_DISABLE_ALL, mem pattern
 off, arena on, one thread): given the request sequence ORT's planner really makes, the
 predicted ``mem_bytes_in_use`` equals the profiler's at every node of mlp/gpt/cnn, both
-orders, original and rewritten, and ``held_bytes`` / ``max_in_use_bytes`` equal
-``mem_arena_held`` / ``mem_in_use_peak`` (tests/test_arena.py).
+orders, original and rewritten, and ``held_bytes`` equals ``mem_arena_held``
+(tests/test_arena.py).
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left, insort
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Sequence
 
 MIN_ALLOCATION_BYTES = 256  # kMinAllocationSize
-NUM_BINS = 21  # kNumBins
 DEFAULT_INITIAL_CHUNK_SIZE_BYTES = 1 << 20  # BFCArena::DEFAULT_INITIAL_CHUNK_SIZE_BYTES
 DEFAULT_MAX_DEAD_BYTES_PER_CHUNK = 128 << 20
 DEFAULT_MAX_POWER_OF_TWO_EXTEND_BYTES = 1 << 30
@@ -68,12 +67,6 @@ def rounded_bytes(n: int) -> int:
     return MIN_ALLOCATION_BYTES * ((n + MIN_ALLOCATION_BYTES - 1) // MIN_ALLOCATION_BYTES)
 
 
-def bin_num_for_size(n: int) -> int:
-    """``BFCArena::BinNumForSize`` (kept for reference and tests)."""
-    v = max(n, 256) >> 8
-    return min(NUM_BINS - 1, v.bit_length() - 1)
-
-
 class BFCArena:
     """Best-fit with coalescing, as ORT's ``BFCArena`` with ``kNextPowerOfTwo`` growth.
 
@@ -81,31 +74,19 @@ class BFCArena:
     ``in_use`` / ``requested_in_use`` / ``held`` mirror ``stats_.bytes_in_use``, the sum of
     requested sizes and ``stats_.total_allocated_bytes``.
 
-    ``region_order``: where a new region lies relative to the earlier ones, which only
-    decides ties between equal-size free chunks.  "down" (default) is what glibc's mmap
-    does (ckpt's worker sets MALLOC_MMAP_THRESHOLD_=65536, so every region is mmapped and
-    new mappings go below the old ones); "up" for a heap that grows upwards.
-    ``extend_strategy``: "next_power_of_two" (ORT's default, kNextPowerOfTwo) or
-    "same_as_requested" (kSameAsRequested: a new region of exactly the rounded request;
-    what ckpt asks of the CUDA arena; not measured here).
+    A new region lies below the earlier ones, which only decides ties between equal-size
+    free chunks: glibc's mmap does so, and ckpt's worker sets MALLOC_MMAP_THRESHOLD_=65536,
+    so every region is mmapped.
     """
 
     def __init__(self, initial_chunk_size_bytes: int = DEFAULT_INITIAL_CHUNK_SIZE_BYTES,
                  max_dead_bytes_per_chunk: int = DEFAULT_MAX_DEAD_BYTES_PER_CHUNK,
-                 max_power_of_two_extend_bytes: int = DEFAULT_MAX_POWER_OF_TWO_EXTEND_BYTES,
-                 region_order: str = "down", extend_strategy: str = "next_power_of_two"):
-        if region_order not in ("down", "up"):
-            raise ValueError(f"region_order must be 'down' or 'up', not {region_order!r}")
-        if extend_strategy not in ("next_power_of_two", "same_as_requested"):
-            raise ValueError(f"unknown extend_strategy {extend_strategy!r}")
-        self.extend_strategy = extend_strategy
+                 max_power_of_two_extend_bytes: int = DEFAULT_MAX_POWER_OF_TWO_EXTEND_BYTES):
         self.curr_region_allocation_bytes = rounded_bytes(initial_chunk_size_bytes)
         self.max_dead_bytes_per_chunk = max_dead_bytes_per_chunk
         self.max_power_of_two_extend_bytes = max_power_of_two_extend_bytes
-        self.region_order = region_order
         self.regions: list[tuple[int, int]] = []  # (base address, size) in creation order
-        self._low = _ADDRESS_TOP  # lowest address used ("down")
-        self._high = 0  # highest address used ("up")
+        self._low = _ADDRESS_TOP  # lowest address used
         # chunk state, keyed by address
         self.size: dict[int, int] = {}
         self.prev: dict[int, int | None] = {}
@@ -115,13 +96,9 @@ class BFCArena:
         self.in_use = 0
         self.requested_in_use = 0
         self.held = 0
-        self.max_in_use = 0
 
     # -- growth -----------------------------------------------------------------------
     def _extend(self, rounded: int) -> None:
-        if self.extend_strategy == "same_as_requested":  # kSameAsRequested (ckpt's CUDA setting)
-            self._add_region(rounded)
-            return
         increased = False
         while rounded > self.curr_region_allocation_bytes:
             self.curr_region_allocation_bytes *= 2
@@ -136,12 +113,8 @@ class BFCArena:
         self._add_region(nbytes)
 
     def _add_region(self, nbytes: int) -> None:
-        if self.region_order == "down":
-            self._low -= nbytes
-            base = self._low
-        else:
-            base = self._high
-            self._high += nbytes
+        self._low -= nbytes
+        base = self._low
         self.regions.append((base, nbytes))
         self.held += nbytes
         self.size[base] = nbytes
@@ -173,8 +146,6 @@ class BFCArena:
         self.requested[ptr] = num_bytes
         self.in_use += csize
         self.requested_in_use += num_bytes
-        if self.in_use > self.max_in_use:
-            self.max_in_use = self.in_use
         return ptr
 
     def _remove_free(self, ptr: int) -> None:
@@ -207,17 +178,6 @@ class BFCArena:
         self.size[a] += self.size[b]
         del self.size[b], self.prev[b], self.next[b]
 
-    # -- inspection -------------------------------------------------------------------
-    def chunks(self) -> list[tuple[int, int, bool]]:
-        """(address, size, in use) of every chunk, region by region in creation order."""
-        out = []
-        for base, _ in self.regions:
-            p: int | None = base
-            while p is not None:
-                out.append((p, self.size[p], p in self.requested))
-                p = self.next[p]
-        return out
-
 
 @dataclass(frozen=True)
 class ArenaResult:
@@ -225,20 +185,12 @@ class ArenaResult:
     peak_step: int  # position in the order
     timeline_in_use: tuple[int, ...]  # per step: after the node's allocations, before its frees
     timeline_requested: tuple[int, ...]  # same, exact requested bytes (mem_bytes_requested_in_use)
-    timeline_kernel_peak: tuple[int, ...]  # per step: highest in-use while the node ran (temporaries)
     held_bytes: int  # bytes of all regions the arena reserved (+ reserved bytes): what it holds
-    max_in_use_bytes: int  # lifetime maximum over all runs, temporaries included (mem_in_use_peak)
     regions: tuple[int, ...]  # region sizes in creation order
-    first_run_peak_in_use_bytes: int  # peak of the first run (a fresh session)
 
     @property
     def peak_requested_bytes(self) -> int:
         return max(self.timeline_requested, default=0)
-
-    @property
-    def peak_kernel_bytes(self) -> int:
-        """The real in-use peak of the measured run, kernel temporaries included."""
-        return max(self.timeline_kernel_peak, default=0)
 
 
 # A kernel plan lists what one node does with the arena, in order:
@@ -352,23 +304,8 @@ def arena_peak(profile, small_initializer_bytes: int = 0, *, runs: int = 2,
         peak, peak_step = small_initializer_bytes, 0
     return ArenaResult(peak_in_use_bytes=peak, peak_step=peak_step,
                        timeline_in_use=tuple(tl), timeline_requested=tuple(last.requested),
-                       timeline_kernel_peak=tuple(last.kernel_peak),
                        held_bytes=arena.held + small_initializer_bytes,
-                       max_in_use_bytes=arena.max_in_use + small_initializer_bytes,
-                       regions=tuple(s for _, s in arena.regions),
-                       first_run_peak_in_use_bytes=max(traces[0].in_use, default=small_initializer_bytes))
-
-
-def requests_replay(requests: Iterable[tuple[str, int]], arena: BFCArena | None = None) -> BFCArena:
-    """Helper for tests: ("a", n) allocates (names by position), ("f", i) frees request i."""
-    arena = arena if arena is not None else BFCArena()
-    ptrs: list[int | None] = []
-    for op, v in requests:
-        if op == "a":
-            ptrs.append(arena.alloc(v))
-        else:
-            arena.free(ptrs[v])
-    return arena
+                       regions=tuple(s for _, s in arena.regions))
 
 
 # --------------------------------------------------------------------------- kernel plans

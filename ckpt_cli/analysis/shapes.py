@@ -17,7 +17,7 @@ import onnx
 from onnx import numpy_helper
 
 from ..errors import ModelError, UsageError
-from ..graph import ABSENT, Graph
+from ..graph import ABSENT, Graph, weightless_copy
 from ..ops import ORT_FOLDABLE, ORT_SCALAR_FOLDABLE
 from .shape_values import FOLDABLE, fold
 
@@ -79,14 +79,11 @@ def _shape_of(type_proto: onnx.TypeProto) -> tuple[int, tuple | None]:
     return tt.elem_type, tuple(dims)
 
 
-def _bind(value: onnx.ValueInfoProto, dims: dict[str, int]) -> onnx.ValueInfoProto:
-    v = onnx.ValueInfoProto()
-    v.CopyFrom(value)
+def _bind(v: onnx.ValueInfoProto, dims: dict[str, int]) -> None:
     if v.type.HasField("tensor_type"):
         for d in v.type.tensor_type.shape.dim:
             if d.HasField("dim_param") and d.dim_param in dims:
                 d.dim_value = dims[d.dim_param]
-    return v
 
 
 def symbolic_dims(graph: Graph) -> set[str]:
@@ -105,22 +102,14 @@ def infer_tensors(graph: Graph, dims: dict[str, int] | None = None) -> dict[str,
         if not 0 < value <= _DIM_MAX:
             raise UsageError(f"--dim {name}={value}: out of range (1 to {_DIM_MAX})")
     src = graph.model.graph
-    light = onnx.GraphProto(name=src.name)
-    light.node.extend(graph.nodes[i].proto for i in graph.topological_order())  # strict inference needs it
-    light.input.extend(_bind(v, dims) for v in src.input)
-    known_inputs = {v.name for v in src.input}
-    for t in src.initializer:
-        raw = t.raw_data if t.HasField("raw_data") else None
-        small = t.data_location != onnx.TensorProto.EXTERNAL and (
-            raw is None or len(raw) <= _INLINE_INITIALIZER_BYTES)
-        if small:
-            light.initializer.append(t)
-        elif t.name not in known_inputs:
-            light.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
-    light.output.extend(src.output)
-    light.value_info.extend(src.value_info)
-    model = onnx.ModelProto(ir_version=graph.model.ir_version, graph=light)
-    model.opset_import.extend(graph.model.opset_import)
+    order = graph.topological_order()  # strict inference needs it
+    model = weightless_copy(graph.model, (graph.nodes[i].proto for i in order), _INLINE_INITIALIZER_BYTES)
+    # Local functions stay opaque to inference, as they always were here: checking their
+    # bodies strictly could turn a model that loads into an error.
+    del model.functions[:]
+    light = model.graph
+    for v in light.input:
+        _bind(v, dims)
     tensors = _with_shape_values(graph, model, _inferred(model, light, strict_for=graph.path or "model"), FOLDABLE)
     blind = _ort_blind_values(graph, tensors)
     if blind:

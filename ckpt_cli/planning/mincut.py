@@ -178,10 +178,10 @@ def solve(problem: Problem, price: float) -> Cut:
     residual.eliminate_zeros()
     reached = np.zeros(size, dtype=bool)
     reached[breadth_first_order(residual, source, directed=True, return_predecessors=False)] = True
-    return _cut(p, price, ~reached[y0:z0], ~reached[z0:])
+    return _cut(p, price, ~reached[y0:z0])
 
 
-def _cut(p: Problem, price: float, copied_mask: np.ndarray, needed_mask: np.ndarray) -> Cut:
+def _cut(p: Problem, price: float, copied_mask: np.ndarray) -> Cut:
     """The cut's plan, pruned to what the backward really needs (nodes copied for free
     that nothing needs are dropped), and its exact (unscaled) costs."""
     needed = np.zeros(len(p.tensors), dtype=bool)
@@ -338,4 +338,4 @@ def solve_bytes(problem: Problem, max_bytes: int, matmul_first: bool = False,
     if result.x is None:
         return None
     x = result.x > 0.5
-    return _cut(p, float("nan"), x[y:z], x[z:k])
+    return _cut(p, float("nan"), x[y:z])

@@ -19,8 +19,8 @@ external data file, so generating a > 2 GB model needs little RAM.
 
 CLI::
 
-    python -m ckpt_cli.synthetic --layers 12 -o gpt12.onnx
-    python -m ckpt_cli.synthetic --layers 4 --big-weights 2.5 -o big.onnx   # > 2 GB, external
+    python -m bench.synthetic --layers 12 -o gpt12.onnx
+    python -m bench.synthetic --layers 4 --big-weights 2.5 -o big.onnx   # > 2 GB, external
 """
 
 from __future__ import annotations
@@ -573,7 +573,7 @@ def build_transformer(
     model = helper.make_model(
         g,
         opset_imports=[helper.make_opsetid("", OPSET)],
-        producer_name="ckpt_cli.synthetic",
+        producer_name="bench.synthetic",
         ir_version=IR_VERSION,
     )
     meta = {"layers": layers, "d_model": d_model, "heads": heads, "seq": seq, "batch": batch,
@@ -639,7 +639,7 @@ def save_transformer(path: str, *, external_data: bool | None = None, **kw) -> d
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m ckpt_cli.synthetic", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.synthetic", description=__doc__.split("\n\n")[0])
     ap.add_argument("--layers", type=int, required=True)
     ap.add_argument("--d-model", type=int, default=64)
     ap.add_argument("--heads", type=int, default=4)
