@@ -143,7 +143,8 @@ def cut_budget_plan(a: Analysis, budget: int, evaluate: Callable[[Plan], PlanCos
     if budget < a.lower_bound_bytes or (not thorough and len(a.graph.nodes) > STRUCTURES_FIRST_NODES):
         return fallback()  # below the bound no plan fits: the fallback says what the lowest peak is
     found = search_cuts(a, budget, evaluate, thorough=thorough, policy=policy, strategy=strategy)
-    if thorough or found.best is None:
+    free = found.best is not None and not found.best.cost.recompute_flops  # no search can recompute less
+    if (thorough and not free) or found.best is None:
         try:
             old = fallback()
         except BudgetUnreachable:
