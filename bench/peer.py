@@ -9,7 +9,7 @@ PyTorch's activation bytes (``mincut.solve_bytes``). Both sides count recompute 
 same two ways: ``matmul`` (2*M*N*K of matmul-class ops, as torch's flop counter) and
 ``elements`` (matmul FLOPs plus one per output element of every other recomputed op
 that is not a view or a shape read). ckpt's activation bytes are the rewritten graph's
-stashed bytes; each ckpt plan is rewritten and checked on ONNX Runtime (``ckpt rewrite
+stashed bytes (without pin's guard scalars, a few bytes, reported apart); each ckpt plan is rewritten and checked on ONNX Runtime (``ckpt rewrite
 --plan P --check``): measured peak, prediction error, bit-identical outputs.
 """
 
@@ -75,7 +75,7 @@ def bench_peer(runs: int = 3) -> dict:
                  "torch_forward_matmul_flops": m["forward_matmul_flops"], "stashed_bytes": a.stashed_bytes,
                  "points": [], "front": []}
         for cut in mincut.front(problem):
-            entry["front"].append({"kept_bytes": cut.kept_bytes, "matmul_flops": cut.matmul_flops,
+            entry["front"].append({"kept_bytes": cut.kept_bytes, "matmul_flops": matmul_flops(a, cut.copied),
                                    "element_flops": element_flops(a, cut.copied)})
         with tempfile.TemporaryDirectory(prefix="ckpt_peer_") as tmp:
             for pt in m["points"]:
@@ -83,9 +83,12 @@ def bench_peer(runs: int = 3) -> dict:
                     continue
                 cut = mincut.solve_bytes(problem, pt["activation_bytes"])
                 plan = mincut.to_plan(a, cut, "mincut")
-                result = rewrite(a, plan)
+                # The plan's activations; pinning adds a few bytes of guard scalars (counted apart).
+                result = rewrite(a, plan, pin=False)
+                pinned = rewrite(a, plan).after.stashed_bytes
                 row = {"budget": pt["budget"], "torch": pt,
                        "ckpt": {"activation_bytes": result.after.stashed_bytes, "kept_bytes": cut.kept_bytes,
+                                "pin_guard_bytes": pinned - result.after.stashed_bytes,
                                 "recompute_matmul_flops": matmul_flops(a, cut.copied),
                                 "recompute_element_flops": element_flops(a, cut.copied),
                                 "recompute_flops": result.recompute_flops,
@@ -99,16 +102,25 @@ def _mib(x) -> str:
     return "n/a" if x is None else f"{x / 2**20:.3f} MiB"
 
 
+def _ratio(ours: int, theirs: int) -> str:
+    if not theirs:
+        return "0 = 0" if not ours else "n/a"
+    return f"{ours / theirs:.3f}"
+
+
 def render(res: dict, add) -> None:
     add(f"PyTorch {res['torch']} `min_cut_rematerialization_partition` with `activation_memory_budget` "
         "(figures from `bench/peer_pytorch.py`, committed in `bench/peer_pytorch.json`) against ckpt's "
         "tensor-level cut keeping at most PyTorch's activation bytes (`mincut.solve_bytes`, ckpt's own "
         "objective), rewritten and checked on ORT CPU. Recompute as a share of each side's forward matmul "
-        "FLOPs; *elements*: matmul FLOPs plus one per output element of other non-view recomputed ops.")
+        "FLOPs; *elements*: matmul FLOPs plus one per output element of other non-view recomputed ops. "
+        "ckpt activations exclude the pinned rewrite's guard scalars (a few bytes, `pin_guard_bytes` in "
+        "`bench/peer_results.json`). Step time: the rewritten graph's ORT step against the original's, "
+        "from `ckpt check` (a small shared CPU machine: indicative only).")
     add("")
     for m in res["models"]:
         add(f"**{m['model']}** (forward matmul FLOPs: ckpt {m['ckpt_forward_matmul_flops']:,}, "
-            f"torch {m['torch_forward_matmul_flops']:,}; ckpt counts Gemm's bias add)")
+            f"torch {m['torch_forward_matmul_flops']:,}; both 2·M·N·K, as torch's flop counter)")
         add("")
         add("| budget | torch activations | torch matmul recompute | torch elements | ckpt activations | "
             "ckpt matmul recompute | ckpt elements | matmul ratio ckpt/torch | ckpt predicted (in use) | "
@@ -118,8 +130,7 @@ def render(res: dict, add) -> None:
             t, c = row["torch"], row["ckpt"]
             tm = t["recompute_matmul_flops"] / m["torch_forward_matmul_flops"]
             cm = c["recompute_matmul_flops"] / m["ckpt_forward_matmul_flops"]
-            ratio = (f"{c['recompute_matmul_flops'] / t['recompute_matmul_flops']:.2f}"
-                     if t["recompute_matmul_flops"] else ("0 = 0" if not c["recompute_matmul_flops"] else "n/a"))
+            ratio = _ratio(c["recompute_matmul_flops"], t["recompute_matmul_flops"])
             err = (f"{c['prediction_error_in_use']:+.1%} / {c['prediction_error']:+.1%}"
                    if "prediction_error" in c else c.get("error", "n/a"))
             slow = f"{c['time_s'] / c['original_time_s']:.2f}×" if c.get("original_time_s") else "n/a"
@@ -133,7 +144,11 @@ def render(res: dict, add) -> None:
                      and row["ckpt"]["activation_bytes"] <= row["torch"]["activation_bytes"]
                      and row["ckpt"]["recompute_matmul_flops"] <= row["torch"]["recompute_matmul_flops"]]
         add(f"ckpt's front dominates PyTorch's at budgets {dominated or 'none'} of {list(COMPARED)} "
-            "(activation bytes ≤ and matmul recompute FLOPs ≤).")
+            "(activation bytes ≤ and matmul recompute FLOPs ≤). Ratios ckpt/torch: " + "; ".join(
+                f"{row['budget']}: activations {_ratio(row['ckpt']['activation_bytes'], row['torch']['activation_bytes'])}, "
+                f"matmul recompute {_ratio(row['ckpt']['recompute_matmul_flops'], row['torch']['recompute_matmul_flops'])}, "
+                f"elements {_ratio(row['ckpt']['recompute_element_flops'], row['torch']['recompute_element_flops'])}"
+                for row in m["points"] if row["budget"] in COMPARED) + ".")
         add("")
         add("ckpt's min-cut front (corners of the price sweep): " + ", ".join(
             f"{_mib(f['kept_bytes'])} @ {f['matmul_flops'] / m['ckpt_forward_matmul_flops']:.1%}" for f in m["front"]))

@@ -1,9 +1,9 @@
-"""PyTorch's min-cut partitioner on the model the gpt sample comes from: the peer figures
-that ``bench/peer.py`` compares ckpt's front against.
+"""PyTorch's min-cut partitioner on the models the gpt and gpt12 samples come from: the
+peer figures that ``bench/peer.py`` compares ckpt's front against.
 
 Run with a torch venv (torch 2.13 CPU; never imported by ckpt)::
 
-    python bench/peer_pytorch.py [--only gpt] [-o bench/peer_pytorch.json]
+    python bench/peer_pytorch.py [--only gpt,gpt12] [-o bench/peer_pytorch.json]
 
 For each model: the joint graph as ``sample_models/generate.py`` captures it (same
 module, seed, inputs and decompositions), partitioned by
@@ -136,7 +136,7 @@ def measure(name: str) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--only", default="gpt")
+    p.add_argument("--only", default="gpt,gpt12")
     p.add_argument("-o", "--output", default=str(HERE / "peer_pytorch.json"))
     args = p.parse_args(argv)
     results = {"torch": torch.__version__, "models": [measure(m) for m in args.only.split(",")]}

@@ -16,12 +16,15 @@ Writes ``bench/RESULTS.md`` (tables) and ``bench/results.json`` (every raw figur
    original (ckpt settings and ORT default settings) and the rewritten graph on ORT CPU in
    child processes and reads the peaks from ORT's profiler. Budget rows (``--budget 75%/50%/30%``)
    and ``--auto balanced`` too; an unreachable budget (exit 3) records ckpt's one-line error.
-   Section 1 also times ``ckpt plan F --budget 50% --json`` (and a reachable 75 %) against the
-   issue targets (< 2 s at 10k nodes, < 20 s at 100k), stopped after 300 s.
+   Section 1 also times ``ckpt plan F --json`` (the default plan) and ``ckpt plan F --budget 50% --json``
+   (and a reachable 65 %) against the issue targets (< 2 s at 10k nodes, < 20 s at 100k), stopped
+   after 300 s. Only some rows: ``--sizes 10k,100k --commands plan_default,plan,plan_reachable
+   --skip-memory --skip-big --skip-plan-quality --skip-peer --out-dir DIR``.
 3. Plan quality: in process, a sweep of budgets per sample, the ``budget`` heuristic against the
    ``optimal`` MILP (exact for the linear memory model, verified with the real cost model).
 4. GPT targets: from the gpt sweep, the lowest reachable peak and its recompute share, and what
    the bytes live at the floor's peak are.
+7. ``budget`` against ``optimal`` on every sample (``bench/agreement.py``), through ``make_plan``.
 6. Against PyTorch's min-cut partitioner (``bench/peer.py``): at PyTorch's activation bytes per
    ``activation_memory_budget`` (``bench/peer_pytorch.json``), ckpt's tensor-level cut, its
    recompute FLOPs, and its rewrite checked on ORT (measured peak, bit-identical outputs).
@@ -304,7 +307,12 @@ def _profile(cmd_args: list[str], work: Path, label: str) -> dict:
             "top_own_time": [{k: v for k, v in x.items() if k != "where"} for x in by_own[:8]]}
 
 
-def bench_speed(sizes: list[tuple[str, int]], repeats: int, work: Path, profile: str) -> dict:
+SPEED_COMMANDS = ("floor", "inspect", "rewrite", "plan", "plan_reachable", "plan_default")
+PLAN_COMMANDS = ("plan", "plan_reachable", "plan_default")
+
+
+def bench_speed(sizes: list[tuple[str, int]], repeats: int, work: Path, profile: str,
+                commands: tuple[str, ...] = SPEED_COMMANDS) -> dict:
     from bench.synthetic import save_transformer
 
     ckpt = ckpt_cmd()
@@ -335,8 +343,10 @@ def bench_speed(sizes: list[tuple[str, int]], repeats: int, work: Path, profile:
                         "--force", "--json"],
             "plan": [*ckpt, "plan", str(src), "--budget", SPEED_PLAN_BUDGET, "--json"],
             "plan_reachable": [*ckpt, "plan", str(src), "--budget", SPEED_PLAN_REACHABLE, "--json"],
+            "plan_default": [*ckpt, "plan", str(src), "--json"],
         }
-        plan_names = ("plan", "plan_reachable")
+        cmds = {k: v for k, v in cmds.items() if k in commands}
+        plan_names = PLAN_COMMANDS
         ckpt_args[label] = {k: v[len(ckpt):] for k, v in cmds.items() if k != "floor"}
         runs: dict[str, list[dict]] = {k: [] for k in cmds}
         rewrite_json = None
@@ -363,14 +373,14 @@ def bench_speed(sizes: list[tuple[str, int]], repeats: int, work: Path, profile:
                 elif r["rc"] != 0 and not (name in plan_names and r["rc"] in PLAN_OK_RCS):
                     log(f"  {name} failed (exit {r['rc']}): {r['stderr_tail'][-300:]}")
             # the slow-size rule looks at the original three commands (plan runs once there anyway)
-            first = sum(runs[k][-1]["wall_s"] for k in ("floor", "inspect", "rewrite"))
+            first = sum(runs[k][-1]["wall_s"] for k in ("floor", "inspect", "rewrite") if k in runs)
             if rep == 0 and label in ("50k", "100k") and first > SLOW_REPEAT_S:
                 n_rep = 1
                 log(f"  first repeat took {first:.0f} s > {SLOW_REPEAT_S:.0f} s: one repeat at this size")
             rep += 1
         row = {"size": label, "layers": layers, "nodes": info["nodes"], "nodes_expected": expect,
                "file_bytes": info["bytes"], "generate_s": gen_s, "repeats": n_rep, "commands": {}}
-        floor = median(r["wall_s"] for r in runs["floor"])
+        floor = median(r["wall_s"] for r in runs.get("floor", []))
         for name, rs in runs.items():
             oks = PLAN_OK_RCS if name in plan_names else (0,)
             ok = [r for r in rs if r["rc"] in oks and not r["timed_out"]]
@@ -395,6 +405,9 @@ def bench_speed(sizes: list[tuple[str, int]], repeats: int, work: Path, profile:
                                    (wall is not None and wall < target and not any(r["timed_out"] for r in rs))),
                     "result": plan_json.get(name),
                 })
+        for name in SPEED_COMMANDS:  # left out by --commands: empty cells, same table
+            row["commands"].setdefault(name, {"wall_s": None, "max_rss_bytes": None, "ratio_to_floor": None,
+                                              "failures": [], "skipped": True})
         if rewrite_json:
             row["rewrite"] = {
                 "strategy": rewrite_json.get("strategy"),
@@ -901,6 +914,19 @@ def render_md(res: dict) -> str:
                 f"| {_target_cell(pr)} | {after} | {pct(rr.get('recompute_share_of_step'))} "
                 f"| {rr.get('evaluations', 'n/a')} |")
         add("")
+        add("Planning time against the issue targets (the default plan, `ckpt plan F --json`, and the two "
+            "`--budget` plans above; wall time of the whole command, load and report included):")
+        add("")
+        add(f"| size | nodes | default plan | exit | target | --budget {SPEED_PLAN_BUDGET} | target "
+            f"| --budget {SPEED_PLAN_REACHABLE} | target |")
+        add("|---|---|---|---|---|---|---|---|---|")
+        for r in sp["sizes"]:
+            c = r["commands"]
+            cells = [(c.get(k) or {}) for k in ("plan_default", "plan", "plan_reachable")]
+            add(f"| {r['size']} | {r['nodes']:,} | {_plan_cell(cells[0])} | {_exit_codes(cells[0])} "
+                f"| {_target_cell(cells[0])} | {_plan_cell(cells[1])} | {_target_cell(cells[1])} "
+                f"| {_plan_cell(cells[2])} | {_target_cell(cells[2])} |")
+        add("")
         st = sp["startup"]
         add("Fixed start-up cost (median of 3): " + "; ".join(
             f"`{k}` {secs(x['wall_s'])}, {nbytes(x['max_rss_bytes'])} RSS" for k, x in st.items()) + ".")
@@ -1025,6 +1051,12 @@ def render_md(res: dict) -> str:
         from bench.peer import render as render_peer
 
         render_peer(res["peer"], add)
+    add("## 7. `budget` against `optimal` on every sample")
+    add("")
+    if not _missing(res.get("agreement"), add):
+        from bench.agreement import render as render_agreement
+
+        render_agreement(res["agreement"], add)
     if res.get("notes"):
         add("## Notes")
         add("")
@@ -1302,11 +1334,13 @@ def main(argv=None) -> int:
     prof.add_argument("--profile", dest="profile", action="store_const", const="always",
                       help="profile the slowest ckpt command at the largest size (default in full runs)")
     prof.add_argument("--no-profile", dest="profile", action="store_const", const="never")
+    ap.add_argument("--commands", help=f"comma-separated subset of the speed rows: {','.join(SPEED_COMMANDS)}")
     ap.add_argument("--skip-speed", action="store_true")
     ap.add_argument("--skip-memory", action="store_true")
     ap.add_argument("--skip-big", action="store_true", help="skip the 2 GB external-data model")
     ap.add_argument("--skip-plan-quality", action="store_true")
     ap.add_argument("--skip-peer", action="store_true", help="skip the comparison with PyTorch's partitioner")
+    ap.add_argument("--skip-agreement", action="store_true", help="skip budget against optimal on every sample")
     ap.add_argument("--out-dir", type=Path, default=BENCH, help="where RESULTS.md and results.json go")
     ap.add_argument("--keep", action="store_true", help="keep the scratch directory")
     a = ap.parse_args(argv)
@@ -1323,6 +1357,12 @@ def main(argv=None) -> int:
     else:
         labels = list(QUICK_SIZES) if a.quick else list(by_label)
     sizes = [(s, by_label[s]) for s in labels]
+    commands = SPEED_COMMANDS
+    if a.commands:
+        commands = tuple(c.strip() for c in a.commands.split(",") if c.strip())
+        bad = [c for c in commands if c not in SPEED_COMMANDS]
+        if bad:
+            ap.error(f"unknown command {bad[0]} (choose from {', '.join(SPEED_COMMANDS)})")
     mem_repeats = a.memory_repeats or (1 if a.quick else 3)
 
     t0 = time.perf_counter()
@@ -1333,7 +1373,7 @@ def main(argv=None) -> int:
     try:
         if not a.skip_speed:
             try:
-                res["speed"] = bench_speed(sizes, max(1, a.repeats), work, profile)
+                res["speed"] = bench_speed(sizes, max(1, a.repeats), work, profile, commands)
             except Exception as e:  # noqa: BLE001 - record and go on to the next section
                 import traceback
 
@@ -1360,6 +1400,16 @@ def main(argv=None) -> int:
 
                 traceback.print_exc()
                 res["plan_quality"] = {"error": f"{type(e).__name__}: {e}"}
+        if not a.skip_agreement:
+            try:
+                from bench.agreement import bench_agreement
+
+                res["agreement"] = bench_agreement()
+            except Exception as e:  # noqa: BLE001
+                import traceback
+
+                traceback.print_exc()
+                res["agreement"] = {"error": f"{type(e).__name__}: {e}"}
         if not a.skip_peer:
             try:
                 from bench.peer import bench_peer

@@ -5,9 +5,9 @@ compare) sums ``node_cost(...).flops``. FLOPs count a multiply-add as two. Ops w
 is unknown cost 0 and are marked ``known=False`` so reports can say how much was not priced.
 
 Two narrower notions exist on purpose, for comparing with PyTorch's partitioner, which
-weighs only matmuls: ``NodeCost.matmul_flops`` (the FLOPs of ``MATMUL_OPS``, also the
-min-cut's exact objective) and ``element_flops`` (matmul FLOPs plus one per output
-element of every other op that computes data).
+weighs only matmuls: ``NodeCost.matmul_flops`` (2·M·N·K of ``MATMUL_OPS`` as torch counts
+it, without a Gemm's bias add; also the min-cut's exact objective) and ``element_flops``
+(matmul FLOPs plus one per output element of every other op that computes data).
 """
 
 from __future__ import annotations
@@ -114,14 +114,24 @@ def node_cost(node: Node, tensors: dict[str, TensorInfo]) -> NodeCost:
     read = sum(info.nbytes or 0 for info in map(get, node.inputs) if info is not None)
     written = sum(info.nbytes or 0 for info in map(get, node.outputs) if info is not None)
     known, flops = flops is not None, flops or 0
-    return NodeCost(flops, read, written, known, flops if node.op_type in MATMUL_OPS else 0)
+    return NodeCost(flops, read, written, known, _matmul_part(node, flops, tensors))
+
+
+def _matmul_part(node: Node, flops: int, tensors: dict[str, TensorInfo]) -> int:
+    """2*M*N*K of a matmul-class op, as torch's flop counter counts it: a Gemm's bias add
+    is not counted (addmm's is not either), other ops 0."""
+    if node.op_type not in MATMUL_OPS:
+        return 0
+    if node.op_type == "Gemm" and len(node.inputs) > 2 and node.inputs[2] != ABSENT:
+        return flops - (_elems(tensors.get(node.outputs[0])) or 0)
+    return flops
 
 
 def element_flops(node: Node, tensors: dict[str, TensorInfo]) -> int:
     """The peer comparison's count: a matmul's FLOPs, one per output element of any other
     op that computes data, nothing for views and shape reads."""
     if node.op_type in MATMUL_OPS:
-        return node_cost(node, tensors).flops
+        return node_cost(node, tensors).matmul_flops
     if node.op_type in VIEW_OPS or node.op_type in SHAPE_ONLY_OPS:
         return 0
     return _elems(tensors.get(node.outputs[0])) or 0
