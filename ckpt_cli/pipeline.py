@@ -141,14 +141,14 @@ def make_plan(a: Analysis, auto: str | None = None, budget: str | None = None, p
         strategy = auto or "budget"
         thorough = auto == "optimal" or len(a.graph.nodes) <= LARGE_GRAPH_NODES
 
-        def structure_search() -> BudgetResult:
+        def structure_search(exact: bool = False) -> BudgetResult:
             def run(solver) -> BudgetResult:
                 return solver(a, limit, cost, lambda p: told(keep_intervals(a, ruled(p))))
 
-            if solve is budget_plan:
+            if solve is budget_plan and not exact:
                 return run(budget_plan)
-            # optimal is the reference: the exact MILP's fit, or the heuristic's where the MILP's linear
-            # model finds none (it can miss a fit the greedy keep set reaches)
+            # the exact MILP's fit, or the heuristic's where the MILP's linear model finds none
+            # (it can miss a fit the greedy keep set reaches); the cheaper of the two
             try:
                 exact = run(optimal_plan)
             except BudgetUnreachable:
