@@ -203,11 +203,11 @@ def _judge(f: CheckFigures, tolerant: bool) -> None:
         f.failures.append(f"outputs differ (first: {first}, max |diff| {f.max_abs_diff})")
     plain = f.unoptimized_vs_rewritten
     if f.reference_level is not None and plain is not None:
-        f.notes.append(f"outputs compared with the original run at {f.reference_level}: the rewritten file holds "
-                       "ORT's fusions, which round differently from the unfused ops; against the original as it "
-                       "runs under ckpt's settings "
-                       + ("every output is bit-identical" if plain["all_bit_identical"] else
-                          f"{plain['n_failed']} outputs differ (max |diff| {plain['max_abs_diff']})"))
+        f.notes.append(f"outputs compared with the original run at {f.reference_level}, as the rewritten file "
+                       "holds ORT's fusions made at that level; against the original under ckpt's settings "
+                       + ("every output is bit-identical too" if plain["all_bit_identical"] else
+                          f"{plain['n_failed']} outputs differ (max |diff| {plain['max_abs_diff']}): fused "
+                          "kernels round differently from the ops they replace"))
     o, r = f.original.peak_bytes, f.rewritten.peak_bytes
     if o is not None and r is not None and r > o + _noise(f.rewritten, o):
         f.memory_lower = False
