@@ -133,3 +133,16 @@ def test_fused_ops_are_priced_and_recomputable():
     assert is_recomputable(fused)
     assert not is_recomputable(_node("BiasDropout", ["a"], ["y"], "com.microsoft"))
     assert not is_recomputable(_node("FusedMatMul", ["a", "b"], ["y"], "com.example"))
+
+
+def test_external_data_is_written_beside_the_output(tmp_path):
+    src = tmp_path / "gpt.onnx"
+    onnx.save(onnx.load(str(GPT)), src, save_as_external_data=True, all_tensors_to_one_file=True,
+              location="gpt.data", size_threshold=1024)
+    out = tmp_path / "out.onnx"
+    result = ckpt_cli.rewrite_model(src, out, ort_optimize="cpu")
+    data = [p for p in result.written if p.suffix == ".data"]
+    assert len(data) == 1 and data[0].parent == tmp_path and data[0].name.startswith("out.onnx.")
+    model = onnx.load(str(out))  # resolves the data beside it
+    assert any(t.name and t.raw_data for t in model.graph.initializer)
+    assert ckpt_cli.inspect_model(out).analysis.unsized() == {}
