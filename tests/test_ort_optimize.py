@@ -13,12 +13,11 @@ from conftest import SAMPLES
 
 import ckpt_cli
 from ckpt_cli.analysis.cost import node_flops
-from ckpt_cli.analysis.ops import is_recomputable
-from ckpt_cli.analysis.phases import RECOMPUTE_META
 from ckpt_cli.analysis.shapes import TensorInfo
 from ckpt_cli.cli import main
 from ckpt_cli.graph import Node
-from ckpt_cli.rewrite.pin import GUARD_META
+from ckpt_cli.markers import GUARD_META, RECOMPUTE_META
+from ckpt_cli.ops import is_recomputable
 from ckpt_cli.session import recorded_settings
 
 pytestmark = pytest.mark.slow
