@@ -246,12 +246,19 @@ def _source(model: ModelInput) -> Source:
 
 
 def _check_paths(paths: dict[str, Path], analysed: dict[str, Analysis], dims, options: CheckOptions) -> CheckFigures:
+    from .session import ort_optimized
+
     reuse = analysed["rewritten"].reuse_buffers  # both run with the setting the rewrite asks for
+    # A file ORT optimized offline runs on the provider it was optimized for, and its fusions
+    # round like the original's at that optimization level: compare outputs with that.
+    optimized = ort_optimized(analysed["rewritten"].graph.model, paths["rewritten"])
+    provider = optimized["provider"] if optimized and options.provider == "auto" else options.provider
     return check_files(paths["original"], paths["rewritten"], {k: predict(a, reuse) for k, a in analysed.items()},
                        enable_mem_reuse=reuse, feeds_model=analysed["original"].graph.model,
-                       provider=options.provider, runs=options.runs, seed=options.seed, dims=dims,
+                       provider=provider, runs=options.runs, seed=options.seed, dims=dims,
                        feeds_file=options.feeds_file, python=options.python, rtol=options.rtol, atol=options.atol,
-                       timeout=options.timeout, max_prediction_error=options.max_prediction_error)
+                       timeout=options.timeout, max_prediction_error=options.max_prediction_error,
+                       reference_level=optimized["level"] if optimized else None)
 
 
 # ----------------------------------------------------------------------------- rewrite
@@ -276,8 +283,8 @@ def rewrite_model(model: ModelInput, output: str | Path | None = None, *, force:
                   boundaries: list[str] | None = None, plan: str | Path | None = None,
                   auto: str | None = None, budget: str | None = None, no_recompute: bool = False,
                   pin: bool = True, policy: Policy | None = None, dims: dict[str, int] | None = None, loss: str | None = None, grad_outputs: list[str] | None = None,
-                  check: bool | CheckOptions = False, progress: Callable[[str], None] | None = None
-                  ) -> RewriteModelResult:
+                  check: bool | CheckOptions = False, progress: Callable[[str], None] | None = None,
+                  ort_optimize: str | None = None) -> RewriteModelResult:
     """Rewrite a training graph to recompute activations instead of stashing them.
 
     Regions come from ``regions`` (globs or ``re:`` regexes over node names),
@@ -285,8 +292,12 @@ def rewrite_model(model: ModelInput, output: str | Path | None = None, *, force:
     ``budget``; with none, the lowest-peak plan. ``pin`` holds the written order in the
     data flow (guard nodes), so that any ORT session runs it. The rewritten ModelProto is in
     the result; it is written only when ``output`` is given (atomically, never over the
-    input). ``check`` (True or CheckOptions) runs both models on ONNX Runtime."""
+    input). ``check`` (True or CheckOptions) runs both models on ONNX Runtime.
+    ``ort_optimize`` ("cpu" or "cuda") then lets ORT fuse the rewritten graph for that
+    provider (ORT_ENABLE_EXTENDED) and writes ORT's graph, re-sorted and re-simulated."""
     regions, boundaries = list(regions or []), list(boundaries or [])
+    if ort_optimize not in (None, "cpu", "cuda"):
+        raise UsageError(f"--ort-optimize {ort_optimize}: choose cpu or cuda")
     if no_recompute and (regions or regions_by_scope or boundaries or plan or auto or budget):
         raise UsageError("--no-recompute takes no region options")
     loaded = load_input(model)
@@ -299,15 +310,23 @@ def rewrite_model(model: ModelInput, output: str | Path | None = None, *, force:
     result = rewrite_plan(a, planned, pin)
     options = {"regions": regions, "regions_by_scope": regions_by_scope, "boundaries": boundaries,
                "plan": str(plan) if plan else None, "no_recompute": no_recompute, "pin": pin, "auto": auto,
-               "budget": budget, **_policy_options(policy), **_analysis_options(dims, loss, grad_outputs)}
+               "budget": budget, "ort_optimize": ort_optimize, **_policy_options(policy),
+               **_analysis_options(dims, loss, grad_outputs)}
     rewritten = to_model(result, _provenance(options, result, chosen))
-    written = save_model(rewritten, Path(output), source_dir=loaded.data_dir) if output is not None else []
+    optimized, notes = None, list(chosen.notes if chosen else [])
+    if ort_optimize is not None and result.session == "ort_default":
+        # A graph written unchanged runs under ORT's defaults, which optimize it themselves.
+        notes.append("--ort-optimize: nothing to optimize offline, the graph is written unchanged for ORT's defaults")
+    elif ort_optimize is not None:
+        rewritten, result, written, optimized = _ort_optimized(rewritten, result, a, ort_optimize, loaded, output)
+    if optimized is None:
+        written = save_model(rewritten, Path(output), source_dir=loaded.data_dir) if output is not None else []
     report = rewrite_report(a, loaded.source, result, str(written[0]) if written else None,
-                            chosen.to_json([n.name for n in a.graph.nodes]) if chosen else None,
-                            chosen.notes if chosen else [],
-                            settings_snippet("cpu", result.mem_reuse, str(written[0]) if written else None,
-                                             result.session),
+                            chosen.to_json([n.name for n in a.graph.nodes]) if chosen else None, notes,
+                            settings_snippet(ort_optimize if optimized else "cpu", result.mem_reuse,
+                                             str(written[0]) if written else None, result.session),
                             options)
+    report["ort_optimize"] = optimized.to_json() if optimized else None
     if planned is not None:
         report["planning"] = planning_section(a, planned, result, plan_rows(a, planned, result))
     out = RewriteModelResult(rewritten, result, a, planned, report, written)
@@ -316,6 +335,21 @@ def rewrite_model(model: ModelInput, output: str | Path | None = None, *, force:
                                    else CheckOptions())
         report["check"] = out.check.to_json()
     return out
+
+
+def _ort_optimized(rewritten: onnx.ModelProto, result: RewriteResult, a: Analysis, provider: str, loaded: Loaded,
+                  output: str | Path | None):
+    """ORT's optimization of the rewrite (``ckpt_cli/ort_optimize.py``), written to ``output``
+    when given: (model, result, files written, Optimized)."""
+    from .ort_optimize import ort_optimize
+
+    with tempfile.TemporaryDirectory(prefix="ckpt_ortopt_") as tmp:
+        optimized = ort_optimize(rewritten, result, a, provider, Path(tmp), loaded.data_dir)
+        model = optimized.model
+        written = save_model(model, Path(output), source_dir=Path(tmp)) if output is not None else []
+        if output is None and optimized.external:
+            onnx.load_external_data_for_model(model, tmp)  # the folder goes away with the block
+    return model, optimized.result, written, optimized
 
 
 def _check_rewrite(model: ModelInput, loaded: Loaded, a: Analysis, out: RewriteModelResult, dims,

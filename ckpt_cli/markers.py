@@ -28,6 +28,9 @@ MEM_REUSE_META = "ckpt.enable_mem_reuse"
 SESSION_META = "ckpt.session"
 # Model metadata: how many guard nodes pin added.
 PIN_META = "ckpt.pinned"
+# Model metadata: a graph ORT optimized offline after the rewrite (--ort-optimize): its
+# provider, level and ORT version, as JSON.
+ORT_OPTIMIZE_META = "ckpt.ort_optimize"
 # Model metadata: provenance keys (version, options, plan summary) start with this.
 PROVENANCE_PREFIX = "ckpt."
 

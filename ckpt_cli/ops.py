@@ -50,6 +50,20 @@ ORT_SCALAR_FOLDABLE = frozenset({"Add", "Sub", "Mul", "Div"})
 CONTROL_FLOW_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 
 
+# Deterministic ONNX Runtime contrib ops (com.microsoft) that ORT's graph optimizations make
+# from standard ones (fusions): running one twice gives the same bits, like the ops it replaced.
+CONTRIB_DOMAIN = "com.microsoft"
+DETERMINISTIC_CONTRIB_OPS = frozenset({
+    "FusedMatMul", "FusedGemm", "FusedConv", "Gelu", "FastGelu", "BiasGelu", "QuickGelu", "BiasAdd",
+    "SkipLayerNormalization", "SkipSimplifiedLayerNormalization", "LayerNormalization",
+    "SimplifiedLayerNormalization", "BiasSoftmax", "Softmax", "Sigmoid", "Relu", "Tanh"})
+
+
 def is_recomputable(node: Node) -> bool:
-    """Deterministic, standard-domain and without subgraphs: safe to run twice."""
-    return node.op_type not in RANDOM_OPS and not node.has_subgraph and node.domain in ("", "ai.onnx")
+    """Deterministic, without subgraphs, and a standard op or one of ORT's deterministic
+    fused contrib ops: safe to run twice."""
+    if node.op_type in RANDOM_OPS or node.has_subgraph:
+        return False
+    if node.domain in ("", "ai.onnx"):
+        return True
+    return node.domain == CONTRIB_DOMAIN and node.op_type in DETERMINISTIC_CONTRIB_OPS

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import onnx
 
-from .markers import MEM_REUSE_META, SESSION_META
+import json
+
+from .markers import MEM_REUSE_META, ORT_OPTIMIZE_META, SESSION_META
 from .errors import ModelError
 from .verify.settings import ckpt_session_settings, ort_default_session_settings
 
@@ -26,9 +28,34 @@ def recorded_settings(path: str | Path) -> dict:
     meta = {p.key: p.value for p in model.metadata_props}
     if meta.get(SESSION_META) == "ort_default":  # ckpt changed nothing that needs settings
         return dict(ort_default_session_settings("cpu"), enable_mem_reuse=True)
-    settings = ckpt_session_settings("cpu")
+    optimized = _ort_optimized(meta, path)
+    # A graph ORT optimized offline holds its fusions already: ORT_DISABLE_ALL runs it as
+    # written, on the provider it was optimized for (fused kernels are provider-specific).
+    settings = ckpt_session_settings(optimized["provider"] if optimized else "cpu")
     settings["enable_mem_reuse"] = meta.get(MEM_REUSE_META, "1") != "0"
+    if optimized:
+        settings["ort_optimize"] = optimized
     return settings
+
+
+_LEVELS = ("ORT_ENABLE_BASIC", "ORT_ENABLE_EXTENDED", "ORT_ENABLE_ALL")
+
+
+def ort_optimized(model: onnx.ModelProto, path) -> dict | None:
+    """What ``--ort-optimize`` recorded in ``model`` (provider, level, onnxruntime), or None."""
+    return _ort_optimized({p.key: p.value for p in model.metadata_props}, path)
+
+
+def _ort_optimized(meta: dict[str, str], path) -> dict | None:
+    if ORT_OPTIMIZE_META not in meta:
+        return None
+    try:
+        value = json.loads(meta[ORT_OPTIMIZE_META])
+        if value["provider"] in ("cpu", "cuda") and value["level"] in _LEVELS:
+            return value
+    except (ValueError, TypeError, KeyError):
+        pass
+    raise ModelError(f"{path}: metadata {ORT_OPTIMIZE_META} is not what ckpt writes ({meta[ORT_OPTIMIZE_META][:80]!r})")
 
 
 def session_options(path: str | Path):

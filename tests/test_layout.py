@@ -21,7 +21,7 @@ STAGES: tuple[tuple[str, ...], ...] = (
     ("analysis",),
     ("planning",),
     ("rewrite",),
-    ("save", "safewrite", "written"),
+    ("save", "safewrite", "written", "ort_optimize"),  # ort_optimize: saves, has ORT optimize, loads back
     ("verify",),
     ("report",),
     ("pipeline",),

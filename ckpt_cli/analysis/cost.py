@@ -29,7 +29,7 @@ _PER_OUTPUT = {
     "Not": 1, "And": 1, "Or": 1, "Xor": 1, "Sign": 1, "Clip": 2, "Floor": 1, "Ceil": 1,
     "Round": 1, "Cast": 1, "Sin": 4, "Cos": 4, "IsNaN": 1, "IsInf": 1, "BitShift": 1,
     "Sum": 1, "Mean": 1, "Scale": 1, "ReluGrad": 1, "GeluGrad": 12, "FastGeluGrad": 12,
-    "SigmoidGrad": 3, "TanhGrad": 3, "Dropout": 2, "BiasGelu": 11, "QuickGelu": 5,
+    "SigmoidGrad": 3, "TanhGrad": 3, "Dropout": 2, "BiasGelu": 11, "QuickGelu": 5, "BiasAdd": 2,
 }
 # Ops that read their whole input once: FLOPs per input element.
 _PER_INPUT = {
@@ -43,7 +43,8 @@ _PER_INPUT = {
     "SoftmaxCrossEntropyLossInternal": 6, "SoftmaxCrossEntropyLossGrad": 3,
     "SoftmaxCrossEntropyLossInternalGrad": 3, "MaxPool": 1, "AveragePool": 1,
     "GlobalAveragePool": 1, "GlobalMaxPool": 1, "MaxPoolGrad": 1, "TopK": 2,
-    "CumSum": 1, "InPlaceAccumulatorV2": 1,
+    "CumSum": 1, "InPlaceAccumulatorV2": 1, "SkipLayerNormalization": 10,
+    "SkipSimplifiedLayerNormalization": 8, "BiasSoftmax": 6,
 }
 
 
@@ -77,19 +78,22 @@ def node_flops(node: Node, tensors: dict[str, TensorInfo]) -> int | None:
         a, y = _shape(get(node.inputs[0])), _elems(out)
         if a is None or y is None:
             return None
-        return 2 * y * a[-1]
-    if op == "Gemm":
+        # FusedMatMul (ORT's MatMul with transposed inputs and a scale) reads A transposed
+        k = a[-2] if len(a) > 1 and node.attr("transA", 0) else a[-1]
+        return 2 * y * k
+    if op in ("Gemm", "FusedGemm"):
         a, y = _shape(get(node.inputs[0])), _elems(out)
         if a is None or y is None:
             return None
         k = a[0] if node.attr("transA", 0) else a[-1]
-        return 2 * y * k + (y if len(node.inputs) > 2 else 0)
-    if op in ("Conv", "ConvGrad"):
-        w, y = _shape(get(node.inputs[1])), _elems(out if op == "Conv" else get(node.inputs[0]))
+        activation = y if op == "FusedGemm" else 0  # a pointwise activation on the result
+        return 2 * y * k + (y if len(node.inputs) > 2 else 0) + activation
+    if op in ("Conv", "ConvGrad", "FusedConv"):
+        w, y = _shape(get(node.inputs[1])), _elems(get(node.inputs[0]) if op == "ConvGrad" else out)
         if w is None or y is None:
             return None
         per_output = 2 * math.prod(w[1:])  # C_in/group * kernel
-        return y * per_output * (1 if op == "Conv" else 2)
+        return y * per_output * (2 if op == "ConvGrad" else 1)
     if op == "ConvTranspose":
         x, w = _elems(get(node.inputs[0])), _shape(get(node.inputs[1]))
         if x is None or w is None:

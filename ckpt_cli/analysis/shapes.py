@@ -229,6 +229,11 @@ _SAME_AS_INPUT: dict[str, dict[int, int]] = {
     "MaxPoolGrad": {0: 1},
     "LayerNormalizationGrad": {0: 1, 1: 2, 2: 2},
     "SimplifiedLayerNormalizationGrad": {0: 1, 1: 2},
+    # ORT's fused forward ops (shapes of the others, FusedMatMul among them, come from the
+    # value_info ORT writes with an optimized model)
+    "SkipLayerNormalization": {0: 0, 3: 0},
+    "SkipSimplifiedLayerNormalization": {0: 0, 3: 0},
+    "BiasSoftmax": {0: 0},
 }
 
 
@@ -240,7 +245,8 @@ def _fill_custom_op_shapes(graph: Graph, tensors: dict[str, TensorInfo]) -> None
         rule = _SAME_AS_INPUT.get(node.op_type)
         if rule is None:
             # Elementwise gradient ops (ReluGrad, GeluGrad, ...) and Scale keep input 0's shape.
-            rule = {0: 0} if node.op_type.endswith("Grad") or node.op_type in ("Scale", "Gelu", "FastGelu") else {}
+            rule = {0: 0} if node.op_type.endswith("Grad") or node.op_type in (
+                "Scale", "Gelu", "FastGelu", "BiasGelu", "QuickGelu", "BiasAdd") else {}
         for out_pos, in_pos in rule.items():
             if out_pos >= len(node.outputs) or in_pos >= len(node.inputs):
                 continue

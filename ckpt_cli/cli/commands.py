@@ -58,6 +58,9 @@ def default_output(model: Path) -> Path:
 @click.option("--no-recompute", is_flag=True, help="Only write the memory-efficient order, no recompute.")
 @click.option("--pin/--no-pin", default=True, show_default=True,
               help="Hold the written order in the data flow (guard nodes), so that it survives any ORT session.")
+@click.option("--ort-optimize", "ort_optimize", type=click.Choice(["cpu", "cuda"]), default=None,
+              help="Then let ONNX Runtime fuse the rewritten graph for this provider (ORT_ENABLE_EXTENDED) and "
+                   "write ORT's graph, re-sorted and re-simulated (run it with ORT_DISABLE_ALL, as recorded).")
 @auto_options
 @policy_options
 @click.option("--check", "run_the_check", is_flag=True,
@@ -65,7 +68,8 @@ def default_output(model: Path) -> Path:
 @check_options
 @analysis_options
 @report_options
-def rewrite(model: Path, output, force, patterns, scope, boundaries, plan_file, no_recompute, pin, auto, budget,
+def rewrite(model: Path, output, force, patterns, scope, boundaries, plan_file, no_recompute, pin, ort_optimize,
+            auto, budget,
             recompute_ops, keep_ops, run_the_check, provider, runs, seed, feeds_file, python, rtol, atol, timeout, max_prediction_error,
             dims, loss, grad_outputs, as_json, report_path, quiet) -> None:
     """Rewrite a training graph to recompute activations instead of stashing them.
@@ -84,6 +88,7 @@ def rewrite(model: Path, output, force, patterns, scope, boundaries, plan_file, 
       ckpt rewrite model.onnx --regions-by-scope 'layers\\.(\\d+)' --json
       ckpt rewrite model.onnx --boundary 'x:h3' --force
       ckpt rewrite model.onnx --plan plan.json
+      ckpt rewrite sample_models/gpt.onnx --ort-optimize cpu --check
     """
     from ..api import rewrite_model
     from ..report.plan_view import render_explanations
@@ -99,7 +104,7 @@ def rewrite(model: Path, output, force, patterns, scope, boundaries, plan_file, 
                                boundaries=list(boundaries), plan=plan_file, auto=auto, budget=budget,
                                no_recompute=no_recompute, pin=pin, policy=policy_from(recompute_ops, keep_ops),
                                dims=parse_dims(dims), loss=loss,
-                               grad_outputs=list(grad_outputs), check=check,
+                               grad_outputs=list(grad_outputs), check=check, ort_optimize=ort_optimize,
                                progress=status.update if status is not None and (auto or budget) else None)
 
     def render(r, console):
@@ -216,8 +221,9 @@ def check(original: Path, rewritten: Path, provider, runs, seed, feeds_file, pyt
 
 @main.command()
 @click.argument("model", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--provider", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
-              help="The execution provider the session will use.")
+@click.option("--provider", type=click.Choice(["cpu", "cuda"]), default=None,
+              help="The execution provider the session will use (default: the one the model was optimized for "
+                   "with --ort-optimize, else cpu).")
 @click.option("--json", "as_json", is_flag=True, help="Print the settings as one JSON object.")
 def session(model: Path, provider, as_json) -> None:
     """Print the ONNX Runtime session a ckpt-written model needs, as Python to paste.
@@ -235,6 +241,7 @@ def session(model: Path, provider, as_json) -> None:
     from ..verify.settings import settings_snippet
 
     settings = recorded_settings(model)
+    provider = provider or settings.get("ort_optimize", {}).get("provider", "cpu")
     if as_json:
         click.echo(json.dumps({"model": str(model), "session_settings": settings}, indent=2))
     else:

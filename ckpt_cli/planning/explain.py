@@ -41,8 +41,8 @@ def explain(a: Analysis, plan: Plan, recomputed: set[str]) -> list[dict]:
             why = "random op: a recompute would draw different numbers"
         elif node.has_subgraph:
             why = "node with a subgraph (If/Loop/Scan) is never recomputed"
-        elif node.domain not in ("", "ai.onnx"):
-            why = f"{node.domain} op is never recomputed"
+        elif not is_recomputable(node):
+            why = f"{node.domain} op {node.op_type} is not known to be deterministic: never recomputed"
         elif s.buffer in region_inputs:
             why = "region boundary: another region recomputes from it (checkpoint)"
         elif s.buffer in region.keep and plan.strategy == "balanced" and node.op_type in EXPENSIVE_OPS:

@@ -137,6 +137,15 @@ def render_rewrite(r: dict, console: Console) -> None:
         console.print(f"Order pinned: {pin['guard_nodes']} guard nodes ({pin['guarded_inputs']} guarded inputs, "
                       f"{pin['tied_outputs']} tied gradients, {pin['blocks']} blocks) keep recompute blocks in the "
                       "backward under any execution order and optimization level.")
+    opt = r.get("ort_optimize")
+    if opt:
+        fused = ", ".join(f"{n} {op}" for op, n in opt["fused_ops"].items()) or "no contrib ops"
+        kept = ", ".join(f"{n} {op}" for op, n in opt["not_recomputable"].items())
+        console.print(f"Optimized by ONNX Runtime {opt['onnxruntime']} for {opt['provider']} ({opt['level']}): "
+                      f"{opt['nodes_before']} -> {opt['nodes_after']} nodes ({safe(fused)}); "
+                      f"{opt['guard_nodes_after']} of {opt['guard_nodes_before']} guard nodes remain; the figures "
+                      "above are the optimized graph's."
+                      + (f" Forward ops ckpt cannot recompute (kept): {safe(kept)}." if kept else ""))
     if not r.get("no_gain_reason"):
         console.print("The saving is measured under these ONNX Runtime session settings (`ckpt session OUTPUT`):")
     console.print("\n".join(map(plain, r["session_settings"].splitlines())), markup=False)

@@ -193,7 +193,7 @@ def check_pair(original, rewritten, feeds_path, *, provider: str = "auto", runs:
                python: str | None = None, rtol: float = DEFAULT_RTOL,
                atol: float = DEFAULT_ATOL, timeout: float | None = DEFAULT_TIMEOUT_S,
                with_ort_default: bool = True, enable_mem_reuse: bool = True, seed: int = 0,
-               expected_order: list[str] | None = None) -> dict:
+               expected_order: list[str] | None = None, reference_level: str | None = None) -> dict:
     """Run original and rewritten graphs under the "ckpt" settings, and both under ORT's
     defaults (an untouched session: what a user gets without ckpt, and what a user who
     loads the rewrite without ckpt's settings gets); compare outputs and check the
@@ -205,6 +205,10 @@ def check_pair(original, rewritten, feeds_path, *, provider: str = "auto", runs:
     "original", "rewritten", "original_ort_default", "rewritten_ort_default" (None if
     skipped), "ort_default_vs_ckpt" (output comparison summary), "order_matches",
     "order", "session_settings", "settings_snippet"}.
+
+    ``reference_level`` (a rewritten file ORT optimized offline at that level): the outputs
+    are compared with the original run at that level, whose fusions round as the file's
+    do; "unoptimized_vs_rewritten" then summarises the comparison with the original as is.
     """
     prov = resolve_provider(provider, python)
 
@@ -218,6 +222,16 @@ def check_pair(original, rewritten, feeds_path, *, provider: str = "auto", runs:
         orig = measure(original, "ckpt", o_out)
         rew = measure(rewritten, "ckpt", r_out)
         o_vals, r_vals = _load_npz(o_out), _load_npz(r_out)
+        unoptimized_cmp = None
+        if reference_level is not None:
+            ref_out = os.path.join(tmp, "reference.npz")
+            run_model(original, feeds_path, provider=prov, runs=1, python=python, outputs_path=ref_out,
+                      timeout=timeout, seed=seed, session=dict(settings_for("ckpt", prov, enable_mem_reuse),
+                                                               graph_optimization_level=reference_level))
+            uc = compare_outputs(o_vals, r_vals, rtol=rtol, atol=atol)
+            unoptimized_cmp = {k: uc[k] for k in ("all_bit_identical", "all_within_tolerance", "max_abs_diff",
+                                                  "n_failed")}
+            o_vals = _load_npz(ref_out)
         default = rew_default = default_cmp = None
         if with_ort_default:
             d_out = os.path.join(tmp, "default.npz")
@@ -245,6 +259,8 @@ def check_pair(original, rewritten, feeds_path, *, provider: str = "auto", runs:
                                   else None),
         "rewritten_ort_default_error": rew_default.get("failed") if rew_default is not None else None,
         "ort_default_vs_ckpt": default_cmp,
+        "reference_level": reference_level,
+        "unoptimized_vs_rewritten": unoptimized_cmp,
         "order_matches": order["matches"],
         "order": order,
         "session_settings": settings_for("ckpt", prov, enable_mem_reuse),

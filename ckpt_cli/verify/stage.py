@@ -78,6 +78,8 @@ class CheckFigures:
     max_prediction_error: float
     memory_lower: bool
     enable_mem_reuse: bool
+    reference_level: str | None = None  # outputs compared with the original at this ORT level (--ort-optimize)
+    unoptimized_vs_rewritten: dict | None = None  # then: the comparison with the original as it is
     failures: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -138,13 +140,16 @@ def check_files(original: str | Path, rewritten: str | Path, predicted: dict[str
                 seed: int = 0, dims: dict[str, int] | None = None, feeds_file: Path | None = None,
                 python: str | None = None, rtol: float | None = None, atol: float | None = None,
                 timeout: float | None = driver.DEFAULT_TIMEOUT_S,
-                max_prediction_error: float = DEFAULT_MAX_PREDICTION_ERROR) -> CheckFigures:
+                max_prediction_error: float = DEFAULT_MAX_PREDICTION_ERROR,
+                reference_level: str | None = None) -> CheckFigures:
     """Measure both files and judge the rewrite.
 
     ``predicted`` maps "original"/"rewritten" to ckpt's predictions for those files
     under the check's settings (``enable_mem_reuse`` is the setting the rewritten file
     asks for; both run with it). Outputs must be bit-identical unless ``rtol``/``atol``
     are given. ``feeds_model`` is the original ModelProto when already loaded.
+    ``reference_level``: the rewritten file holds ORT's fusions made at this optimization
+    level; its outputs are compared with the original's at that level.
     """
     import onnx
 
@@ -155,7 +160,8 @@ def check_files(original: str | Path, rewritten: str | Path, predicted: dict[str
         prepare_feeds(model, feeds_path, seed, dims or {}, feeds_file)
         result = _run(Path(original), Path(rewritten), feeds_path, provider, runs=runs, python=python,
                       rtol=rtol or 0.0, atol=atol or 0.0, enable_mem_reuse=enable_mem_reuse, seed=seed,
-                      timeout=timeout, expected_order=list(predicted["rewritten"].order) or None)
+                      timeout=timeout, expected_order=list(predicted["rewritten"].order) or None,
+                      reference_level=reference_level)
     sides = ("original", "rewritten")
     measured = {k: Measurement.of(result[k]) for k in sides}
     tensor_pred = {k: predicted[k].tensor_bytes for k in sides}
@@ -182,6 +188,8 @@ def check_files(original: str | Path, rewritten: str | Path, predicted: dict[str
         max_prediction_error=max_prediction_error,
         memory_lower=True,
         enable_mem_reuse=enable_mem_reuse,
+        reference_level=reference_level,
+        unoptimized_vs_rewritten=result.get("unoptimized_vs_rewritten"),
     )
     _judge(figures, tolerant)
     return figures
@@ -193,6 +201,13 @@ def _judge(f: CheckFigures, tolerant: bool) -> None:
         first = next((k for k, e in f.outputs.items() if not (e["within_tolerance"] if tolerant
                                                                else e["bit_identical"])), None)
         f.failures.append(f"outputs differ (first: {first}, max |diff| {f.max_abs_diff})")
+    plain = f.unoptimized_vs_rewritten
+    if f.reference_level is not None and plain is not None:
+        f.notes.append(f"outputs compared with the original run at {f.reference_level}, as the rewritten file "
+                       "holds ORT's fusions made at that level; against the original under ckpt's settings "
+                       + ("every output is bit-identical too" if plain["all_bit_identical"] else
+                          f"{plain['n_failed']} outputs differ (max |diff| {plain['max_abs_diff']}): fused "
+                          "kernels round differently from the ops they replace"))
     o, r = f.original.peak_bytes, f.rewritten.peak_bytes
     if o is not None and r is not None and r > o + _noise(f.rewritten, o):
         f.memory_lower = False
