@@ -80,10 +80,13 @@ def policy_reason(action: str, op: str) -> Reason:
     return Reason("policy", f"policy: {op} outputs are always recomputed (--recompute-ops)")
 
 
+BUDGET_CODE = "budget"
+
+
 def budget_reason(d: Decision) -> Reason:
     text = (f"the budget has room for it (recomputing costs {d.flops / d.bytes:.1f} FLOP per byte)" if d.bytes
             else "kept within the budget")
-    return Reason("budget", text)
+    return Reason(BUDGET_CODE, text)
 
 
 def buffers(a: Analysis) -> dict[str, Decision]:

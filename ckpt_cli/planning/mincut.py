@@ -276,7 +276,7 @@ def to_plan(a: Analysis, cut: Cut, strategy: str = "mincut") -> Plan:
         groups.setdefault(label.replace("/", "."), set()).update(part)
     ordered = sorted(groups.items(), key=lambda kv: min(rank[i] for i in kv[1]))
     regions = [Region(name, nodes) for name, nodes in ordered]
-    plan = Plan(regions, strategy, tensor_level=True, decisions=cut_decisions(a, cut.copied))
+    plan = Plan(regions, strategy, decisions=cut_decisions(a, cut.copied))
     how = (f"min cut at {cut.price:.3g} FLOP per byte" if cut.price == cut.price
            else "MILP between two corners of the min-cut front")  # NaN price: from solve_bytes
     plan.notes.append(f"tensor-level {how}: keeps {len(cut.kept)} tensors ({cut.kept_bytes} bytes), "

@@ -42,7 +42,6 @@ class Plan:
     regions: list[Region]
     strategy: str
     notes: list[str] = field(default_factory=list)  # what was decided and why, for the report
-    tensor_level: bool = False  # regions from a min cut: every tensor it keeps is kept on purpose
     decisions: dict[str, Decision] = field(default_factory=dict)  # per stashed buffer, by whoever chose it
 
     def to_json(self, node_names: list[str]) -> dict:
@@ -93,7 +92,7 @@ def apply_policy(plan: Plan, policy: Policy, graph) -> Plan:
     notes = list(plan.notes)
     if policy.describe() not in notes:
         notes.append(policy.describe())
-    return Plan(regions, plan.strategy, notes, plan.tensor_level, _policy_decisions(plan, policy, graph))
+    return Plan(regions, plan.strategy, notes, _policy_decisions(plan, policy, graph))
 
 
 def _policy_decisions(plan: Plan, policy: Policy, graph) -> dict[str, Decision]:

@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 import onnx
 
 from ..analysis import Analysis
+from ..analysis.memory import VIEW_OPS
 from ..analysis.ops import RANDOM_OPS, is_recomputable
 from ..analysis.phases import RECOMPUTE_META
 from ..analysis.shapes import TensorInfo
 from ..graph import ABSENT, Graph, Node
-from ..analysis.memory import VIEW_OPS
 from ..planning.decision import CHECKPOINT, VIEW_KEPT, Reason, fixed_reason, record
 from ..planning.plan import Plan
 
