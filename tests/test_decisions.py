@@ -97,3 +97,19 @@ def test_settle_keeps_the_most_fundamental_reason():
     # the plan keeps it, the rewrite recomputes it with its node's other output
     made = settle({"t": d(KEEP, budget)}, {}, {"t"})["t"]
     assert (made.action, made.reason.code) == (RECOMPUTE, "with_node")
+
+
+def test_random_ops_are_kept_for_that_reason():
+    from chain import chain_model
+    from ckpt_cli.analysis import analyse
+    from ckpt_cli.api import load_input
+    from ckpt_cli.planning.mincut import build, front, to_plan
+
+    model = chain_model(layers=4, batch=64, width=64, dropout_layer=1)
+    for auto in ("layers", None):  # the region strategy, the default: the rewrite finds the Dropout
+        rows = {row["tensor"]: row for row in plan_model(model, auto=auto).report["explanations"]}
+        assert {(rows[t]["status"], rows[t]["reason"]) for t in ("d1", "m1")} == {("kept", "random")}, auto
+    a = analyse(load_input(model).graph)
+    for cut in front(build(a)):  # the min cut never copies it, and says why
+        decisions = to_plan(a, cut).decisions
+        assert {decisions[t].reason.code for t in ("d1", "m1")} == {"random"}
