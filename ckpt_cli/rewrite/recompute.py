@@ -155,14 +155,33 @@ def plan_recompute(a: Analysis, plan: Plan) -> Recompute:
         for t in needed[r]:
             renamed[t] = local[t]
         results[r].recomputed = sorted(needed[r])
-    # a copied node's output is recomputed unless the backward or a copy still reads the original
-    # (a kept output of a node copied for another one, a kept input of a copied view)
-    still_read = {s.buffer for s in a.stashed if s.tensor not in renamed and _data_readers(a, s.tensor)}
-    still_read.update(a.roots.get(t, t) for i, p in copies.items() if g.nodes[i].op_type not in SHAPE_ONLY_OPS
-                      for t in p.input if t in g.producer and a.phases.is_forward[g.producer[t]])
-    recomputed = {t for i in copies if g.nodes[i].op_type not in VIEW_OPS
-                  for t in g.nodes[i].outputs if t != ABSENT and t not in still_read}
+    recomputed = _recomputed_buffers(a, copies, renamed, found)
     return Recompute(copies, renamed, blocks, results, info, found, recomputed)
+
+
+def _recomputed_buffers(a: Analysis, copies: dict[int, onnx.NodeProto], renamed: dict[str, str],
+                        found: dict[str, Reason]) -> set[str]:
+    """Outputs of copied nodes that the backward no longer reads as they are: not a kept
+    output of a node copied for another one, nor a buffer that the backward or a copy
+    still reads through an original view (that one is noted in ``found``)."""
+    g = a.graph
+    still_read: set[str] = set()
+    for s in a.stashed:
+        if s.tensor not in renamed and _data_readers(a, s.tensor):
+            still_read.add(s.buffer)
+            if s.tensor != s.buffer:
+                record(found, s.buffer, VIEW_KEPT)
+    for i, p in copies.items():
+        if g.nodes[i].op_type in SHAPE_ONLY_OPS:
+            continue
+        for t in p.input:
+            if t in g.producer and a.phases.is_forward[g.producer[t]]:
+                root = a.roots.get(t, t)
+                still_read.add(root)
+                if root != t:
+                    record(found, root, VIEW_KEPT)
+    return {t for i in copies if g.nodes[i].op_type not in VIEW_OPS
+            for t in g.nodes[i].outputs if t != ABSENT and t not in still_read}
 
 
 def _copy_node(node: Node, local: dict[str, str], name: str, region: str,
