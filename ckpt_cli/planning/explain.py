@@ -16,12 +16,9 @@ def explain(a: Analysis, plan: Plan, decisions: Mapping[str, Decision]) -> list[
     ones (``RewriteResult.decisions``)."""
     g = a.graph
     region_of = {i: r.name for r in plan.regions for i in r.nodes}
-    made_by: dict[str, int] = {}  # the first stashed tensor of each buffer (a view's node for a stashed view)
-    for s in a.stashed:
-        made_by.setdefault(s.buffer, s.producer)
     rows = []
     for t, d in decisions.items():
-        node = made_by.get(t, g.producer.get(t))
+        node = g.producer.get(t)  # the buffer's own node (a stashed view's reason is its buffer's)
         rows.append({
             "tensor": t,
             "status": "recomputed" if d.action == RECOMPUTE else "kept",
