@@ -39,6 +39,9 @@ class Region:
 
 @dataclass
 class Plan:
+    """Regions, how they were chosen, and per stashed buffer what the strategy meant to do
+    and why (``decision.py``; plan files carry regions only, and read back as regions)."""
+
     regions: list[Region]
     strategy: str
     notes: list[str] = field(default_factory=list)  # what was decided and why, for the report
