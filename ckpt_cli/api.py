@@ -29,6 +29,7 @@ from .graph import Graph
 from .markers import PROVENANCE_PREFIX
 from .load import load_graph
 from .pipeline import Planned, make_plan, plan_cost, plan_rows, rewrite_plan
+from .planning.decision import Decision
 from .planning.plan import Policy
 from .report.model import Source, check_report, inspect_report, rewrite_report
 from .report.plan_view import plan_report, planning_section
@@ -120,6 +121,11 @@ class PlanResult:
     planned: Planned
     rewrite: RewriteResult  # the plan applied (in memory), which the figures describe
     report: dict
+
+    @property
+    def decisions(self) -> dict[str, Decision]:
+        """Per stashed buffer of the input: kept or recomputed, and why (the rewrite's final word)."""
+        return self.rewrite.decisions
 
     def to_json(self) -> dict:
         return self.report
@@ -273,6 +279,11 @@ class RewriteModelResult:
     report: dict
     written: list[Path] = field(default_factory=list)  # the model file (and its .data), when written
     check: CheckFigures | None = None
+
+    @property
+    def decisions(self) -> dict[str, Decision]:
+        """Per stashed buffer of the input: kept or recomputed, and why (empty with no_recompute)."""
+        return self.result.decisions
 
     def to_json(self) -> dict:
         return self.report

@@ -11,6 +11,7 @@ from .errors import BudgetUnreachable, UsageError
 from .markers import recompute_source
 from .ops import VIEW_OPS
 from .planning import Plan, choose_plan
+from .planning.decision import NO_GAIN, all_kept
 from .planning.explain import explain
 from .planning.plan import Policy, apply_policy
 from .planning.search import Intervals
@@ -95,6 +96,7 @@ def rewrite_plan(a: Analysis, planned: Planned | None, pin: bool = True) -> Rewr
         return result
     kept = unchanged(a)
     kept.no_gain_reason = line + "; wrote the graph unchanged (run it as the original, with ORT's defaults)"
+    kept.decisions = all_kept(a, NO_GAIN)
     return kept
 
 
@@ -185,9 +187,5 @@ def make_plan(a: Analysis, auto: str | None = None, budget: str | None = None, p
 
 
 def plan_rows(a: Analysis, planned: Planned, result: RewriteResult) -> list[dict]:
-    """Explanations per stashed buffer; a buffer counts as recomputed when the node that
-    owns it was copied (a recomputed view of a kept buffer costs nothing)."""
-    by_name = {n.name: n for n in a.graph.nodes}
-    recomputed = {t for r in result.regions for name in r.copies for t in by_name[name].outputs
-                  if by_name[name].op_type not in VIEW_OPS}
-    return explain(a, planned.plan or Plan([], "none"), recomputed)
+    """Explanations per stashed buffer, from the decisions the rewrite settled."""
+    return explain(a, planned.plan or Plan([], "none"), result.decisions)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from ..analysis import Analysis
 from ..errors import UsageError
+from .decision import region_decisions
 from .plan import Plan, Region, read_plan_file
 from .regions import (default_regions, layer_regions, region_from_boundary, regions_by_scope, regions_from_patterns,
                       regions_from_plan, sqrt_regions)
@@ -22,8 +23,8 @@ def choose_plan(a: Analysis, patterns: list[str] | None = None, scope: str | Non
     if scope:
         return regions_by_scope(a, scope)
     if boundaries:
-        plans = [region_from_boundary(a, b) for b in boundaries]
-        return Plan([r for p in plans for r in p.regions], "boundary")
+        regions = [r for b in boundaries for r in region_from_boundary(a, b).regions]
+        return Plan(regions, "boundary", decisions=region_decisions(a, regions))
     if plan_file is not None:
         return regions_from_plan(a, read_plan_file(plan_file))
     return default_regions(a)

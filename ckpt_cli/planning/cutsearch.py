@@ -16,6 +16,7 @@ from typing import Callable
 
 from ..analysis import Analysis
 from ..errors import BudgetUnreachable
+from .decision import REORDER, all_kept
 from .mincut import MAX_SOLVES, Cut, Policy, Problem, build, front, solve_bytes, to_plan
 from .plan import Plan, apply_policy
 from .regions import default_regions
@@ -193,7 +194,7 @@ def lowest_peak_plan(a: Analysis, evaluate: Callable[[Plan], PlanCost], *, thoro
     corners = front(build(a, policy), MAX_SOLVES if thorough else LARGE_SOLVES)
     if not thorough:
         corners = corners[-1 - LARGE_DEFAULT_CORNERS:-1]
-    reorder = Plan([], "none", ["reordering alone gives the lowest peak"])
+    reorder = Plan([], "none", ["reordering alone gives the lowest peak"], decisions=all_kept(a, REORDER))
     options: list[Plan] = [reorder] if thorough else []
     options += structures(a) if thorough else [default_regions(a)]
     options += [to_plan(a, c, "lowest") for c in corners]

@@ -39,6 +39,7 @@ from ..analysis import Analysis
 from ..analysis.scopes import layer_of
 from ..graph import ABSENT
 from ..ops import SHAPE_ONLY_OPS, VIEW_OPS, is_recomputable
+from .decision import cut_decisions
 from .plan import Plan, Policy, Region
 
 # A byte moved by a recompute costs as much as this many FLOPs (a CPU core does a few
@@ -270,7 +271,7 @@ def to_plan(a: Analysis, cut: Cut, strategy: str = "mincut") -> Plan:
         groups.setdefault(label.replace("/", "."), set()).update(part)
     ordered = sorted(groups.items(), key=lambda kv: min(rank[i] for i in kv[1]))
     regions = [Region(name, nodes) for name, nodes in ordered]
-    plan = Plan(regions, strategy, tensor_level=True)
+    plan = Plan(regions, strategy, decisions=cut_decisions(a, cut.copied))
     how = (f"min cut at {cut.price:.3g} FLOP per byte" if cut.price == cut.price
            else "MILP between two corners of the min-cut front")  # NaN price: from solve_bytes
     plan.notes.append(f"tensor-level {how}: keeps {len(cut.kept)} tensors ({cut.kept_bytes} bytes), "

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import UsageError
+from .decision import KEEP, OUTSIDE, RECOMPUTE, Decision, policy_reason
 
 PLAN_FORMAT = 1
 
@@ -38,10 +39,13 @@ class Region:
 
 @dataclass
 class Plan:
+    """Regions, how they were chosen, and per stashed buffer what the strategy meant to do
+    and why (``decision.py``; plan files carry regions only, and read back as regions)."""
+
     regions: list[Region]
     strategy: str
     notes: list[str] = field(default_factory=list)  # what was decided and why, for the report
-    tensor_level: bool = False  # regions from a min cut: every tensor it keeps is kept on purpose
+    decisions: dict[str, Decision] = field(default_factory=dict)  # per stashed buffer, by whoever chose it
 
     def to_json(self, node_names: list[str]) -> dict:
         return {
@@ -91,7 +95,23 @@ def apply_policy(plan: Plan, policy: Policy, graph) -> Plan:
     notes = list(plan.notes)
     if policy.describe() not in notes:
         notes.append(policy.describe())
-    return Plan(regions, plan.strategy, notes, plan.tensor_level)
+    return Plan(regions, plan.strategy, notes, _policy_decisions(plan, policy, graph))
+
+
+def _policy_decisions(plan: Plan, policy: Policy, graph) -> dict[str, Decision]:
+    """The plan's decisions with the policy's reason where it decides: a ``keep_ops``
+    output the plan could recompute (in a region, or any a min cut built under the
+    policy left out), a ``recompute_ops`` output in a region."""
+    inside = {i for r in plan.regions for i in r.nodes}
+    out = dict(plan.decisions)
+    for t, d in plan.decisions.items():
+        i = graph.producer.get(t)
+        op = graph.nodes[i].op_type if i is not None else None
+        if op in policy.keep_ops and d.reason.code != OUTSIDE.code:
+            out[t] = Decision(t, KEEP, policy_reason(KEEP, op), d.bytes, d.flops)
+        elif op in policy.recompute_ops and i in inside:
+            out[t] = Decision(t, RECOMPUTE, policy_reason(RECOMPUTE, op), d.bytes, d.flops)
+    return out
 
 
 def _natural(s: str):

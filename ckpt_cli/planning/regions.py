@@ -14,6 +14,7 @@ from collections import defaultdict
 from ..analysis import Analysis
 from ..analysis.scopes import layer_of
 from ..errors import UsageError
+from .decision import region_decisions
 from .plan import Plan, Region
 
 
@@ -40,7 +41,7 @@ def regions_from_patterns(a: Analysis, patterns: list[str]) -> Plan:
         if not nodes:
             raise UsageError(f"--region '{p}' matches no forward node")
         regions.append(Region(p, nodes))
-    return Plan(regions, "patterns")
+    return Plan(regions, "patterns", decisions=region_decisions(a, regions))
 
 
 def regions_by_scope(a: Analysis, regex: str) -> Plan:
@@ -62,7 +63,8 @@ def regions_by_scope(a: Analysis, regex: str) -> Plan:
             labels.setdefault(m.group(1), m.group(0).strip("/."))
     if not groups:
         raise UsageError(f"--regions-by-scope '{regex}' matches no forward node")
-    return Plan([Region(labels[k], v) for k, v in groups.items()], "scope")
+    regions = [Region(labels[k], v) for k, v in groups.items()]
+    return Plan(regions, "scope", decisions=region_decisions(a, regions))
 
 
 def region_from_boundary(a: Analysis, spec: str) -> Plan:
@@ -95,7 +97,8 @@ def region_from_boundary(a: Analysis, spec: str) -> Plan:
         stack.extend(p for p in g.predecessors(g.nodes[i]) if p not in up)
     if not up:
         raise UsageError(f"--boundary '{spec}' encloses no forward node")
-    return Plan([Region(spec, up)], "boundary")
+    regions = [Region(spec, up)]
+    return Plan(regions, "boundary", decisions=region_decisions(a, regions))
 
 
 def layer_regions(a: Analysis) -> Plan | None:
@@ -106,7 +109,8 @@ def layer_regions(a: Analysis) -> Plan | None:
         if layer:
             groups[layer].add(i)
     if len(groups) >= 2:
-        plan = Plan([Region(k.replace("/", "."), v) for k, v in groups.items()], "layers")
+        regions = [Region(k.replace("/", "."), v) for k, v in groups.items()]
+        plan = Plan(regions, "layers", decisions=region_decisions(a, regions))
         plan.notes.append(f"{len(groups)} repeated layers detected from name scopes and parameter names")
         return plan
     return repeated_structure_layers(a)
@@ -146,7 +150,7 @@ def repeated_structure_layers(a: Analysis) -> Plan | None:
     length, period, start = min((r for r in runs if r[0] + r[1] >= 0.9 * longest), key=lambda r: r[1])
     count = (length + period) // period
     regions = [Region(f"layer.{k}", set(fwd[start + k * period:start + (k + 1) * period])) for k in range(count)]
-    plan = Plan(regions, "layers")
+    plan = Plan(regions, "layers", decisions=region_decisions(a, regions))
     plan.notes.append(f"{count} repeated layers of {period} forward nodes detected from the graph's structure "
                       "(no layer names in the graph)")
     return plan
@@ -169,7 +173,7 @@ def sqrt_regions(a: Analysis, segments: int | None = None) -> Plan:
     bounds = [0] + cuts + [n]
     regions = [Region(f"segment.{s}", set(fwd[bounds[s]:bounds[s + 1]]))
                for s in range(len(bounds) - 1) if bounds[s + 1] > bounds[s]]
-    plan = Plan(regions, "sqrt")
+    plan = Plan(regions, "sqrt", decisions=region_decisions(a, regions))
     plan.notes.append(f"{len(regions)} segments of ~{n // max(1, len(regions))} forward nodes, "
                       "cut where the fewest activation bytes cross")
     return plan
@@ -230,4 +234,4 @@ def regions_from_plan(a: Analysis, data: dict) -> Plan:
         if not nodes:
             raise UsageError(f"plan region '{name}' has no nodes")
         regions.append(Region(name, nodes, keep))
-    return Plan(regions, str(data.get("strategy", "plan file")))
+    return Plan(regions, str(data.get("strategy", "plan file")), decisions=region_decisions(a, regions))

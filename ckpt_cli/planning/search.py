@@ -30,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
+from .decision import budget_reason, kept_instead
 from .plan import Plan, Region
 
 MAX_TIGHTENING = 8  # evaluations per start while the real peak overshoots
@@ -77,7 +78,7 @@ def with_keep(plan: Plan, keep: set[str], strategy: str, producer: Mapping[str, 
         if k is not None:
             extra[k].add(t)
     regions = [Region(r.name, set(r.nodes), set(r.keep) | extra[k]) for k, r in enumerate(plan.regions)]
-    return Plan(regions, strategy, list(plan.notes))
+    return Plan(regions, strategy, list(plan.notes), decisions=kept_instead(plan.decisions, keep, budget_reason))
 
 
 def search_limits(structure: Plan, strategy: str, choose: Callable[[int], set[str] | None],

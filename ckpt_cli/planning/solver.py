@@ -20,6 +20,7 @@ import numpy as np
 
 from ..analysis import Analysis
 from ..errors import BudgetUnreachable
+from .decision import NOTHING, all_kept
 from .plan import Plan
 from .search import Intervals, search_limits
 from .strategies import (BudgetResult, Candidate, Evaluate, PlanCost, candidates, over_structures, result_of,
@@ -69,7 +70,8 @@ def optimal_plan(a: Analysis, budget: int, evaluate: Evaluate, intervals_of: Int
     linear model above, verified with ``evaluate``), over the same structures as ``budget``."""
     base = a.priority.peak_bytes
     if base <= budget:
-        return BudgetResult(Plan([], "optimal", ["the original already fits the budget"]), base, 0, [], [], 0)
+        plan = Plan([], "optimal", ["the original already fits the budget"], decisions=all_kept(a, NOTHING))
+        return BudgetResult(plan, base, 0, [], [], 0)
 
     def search(structure: Plan, floor: Intervals) -> tuple[BudgetResult | None, int]:
         ranked = candidates(a, structure)[:MAX_CANDIDATES]

@@ -15,6 +15,7 @@ from typing import Callable
 from ..analysis import Analysis
 from ..errors import BudgetUnreachable, UsageError
 from ..ops import EXPENSIVE_OPS, VIEW_OPS
+from .decision import COMPUTE_BOUND, NOTHING, all_kept, kept_instead
 from .plan import Plan, Region
 from .regions import default_regions, layer_regions, sqrt_regions
 from .search import LOOSENING, Fitted, Intervals, PlanCost, search_limits
@@ -110,10 +111,12 @@ def balanced(a: Analysis) -> Plan:
     base = default_regions(a)
     g = a.graph
     regions = []
+    expensive: set[str] = set()
     for r in base.regions:
         keep = {t for i in r.nodes if g.nodes[i].op_type in EXPENSIVE_OPS for t in g.nodes[i].outputs if t}
+        expensive |= keep
         regions.append(Region(r.name, set(r.nodes), keep | set(r.keep)))
-    plan = Plan(regions, "balanced", list(base.notes))
+    plan = Plan(regions, "balanced", list(base.notes), decisions=kept_instead(base.decisions, expensive, COMPUTE_BOUND))
     plan.notes.append("compute-bound outputs (MatMul, Gemm, Conv) are kept; cheap ops are recomputed")
     return plan
 
@@ -286,7 +289,8 @@ def budget_plan(a: Analysis, budget: int, evaluate: Evaluate, intervals_of: Call
     """
     base = a.priority.peak_bytes
     if base <= budget:
-        plan = Plan([], "budget", [f"the original already fits the budget ({base} <= {budget} bytes)"])
+        plan = Plan([], "budget", [f"the original already fits the budget ({base} <= {budget} bytes)"],
+                    decisions=all_kept(a, NOTHING))
         return BudgetResult(plan, base, 0, [], [], 0)
     exhaustive = len(a.graph.nodes) <= LARGE_GRAPH_NODES
 

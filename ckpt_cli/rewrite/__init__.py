@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import onnx
 
@@ -13,6 +13,7 @@ from ..analysis.memory import buffer_roots, simulate
 from ..analysis.phases import BACKWARD
 from ..graph import Graph, Node, gc_paused
 from ..markers import PHASE_META
+from ..planning.decision import Decision, region_decisions, settle
 from ..planning.plan import Plan
 from .order import executed_order, interleave, memory_aware, prune_dead
 from .pin import PinResult, pin as pin_schedule
@@ -31,6 +32,7 @@ class RewriteResult:
     no_gain_reason: str | None = None  # set when the plan was dropped because it lowered nothing
     warning: str | None = None  # set when a user's plan raises the predicted peak
     session: str = "ckpt"  # the session the written graph is for: "ckpt" settings, or "ort_default"
+    decisions: dict[str, Decision] = field(default_factory=dict)  # per stashed buffer of the input: the final word
 
     @property
     def guard_nodes(self) -> int:
@@ -48,6 +50,7 @@ def rewrite(a: Analysis, plan: Plan | None, pin: bool = True) -> RewriteResult:
         regions: list[RegionResult] = []
         tensors = a.tensors
         copy_names: set[str] = set()
+        rec = None
     else:
         rec = plan_recompute(a, plan)
         # Indexed nodes rather than protos from here on: reading protos back is slow.
@@ -97,7 +100,11 @@ def rewrite(a: Analysis, plan: Plan | None, pin: bool = True) -> RewriteResult:
                     priority=profile, reuse_buffers=mem_reuse)
     copies = [n for n in new.nodes if n.name in copy_names]
     flops = sum(node_cost(n, tensors).flops for n in copies)  # not after.costs: that prices every node
-    return RewriteResult(new, after, regions, len(copies), flops, mem_reuse, pinned)
+    decisions = dict(plan.decisions) if plan is not None else {}
+    if rec is not None:
+        # a plan made by hand (no strategy) states no intent: its regions are it
+        decisions = settle(plan.decisions or region_decisions(a, plan.regions), rec.found, rec.recomputed)
+    return RewriteResult(new, after, regions, len(copies), flops, mem_reuse, pinned, decisions=decisions)
 
 
 def unchanged(a: Analysis) -> RewriteResult:

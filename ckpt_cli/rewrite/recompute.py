@@ -17,7 +17,8 @@ from ..analysis import Analysis
 from ..analysis.shapes import TensorInfo
 from ..graph import ABSENT, Graph, Node
 from ..markers import CSE_GUARD_ATTR, RECOMPUTE_META, REGION_META, SUFFIX
-from ..ops import RANDOM_OPS, SHAPE_ONLY_OPS, is_recomputable
+from ..ops import RANDOM_OPS, SHAPE_ONLY_OPS, VIEW_OPS, is_recomputable
+from ..planning.decision import CHECKPOINT, VIEW_KEPT, Reason, fixed_reason, record
 from ..planning.plan import Plan
 
 
@@ -42,6 +43,8 @@ class Recompute:
     blocks: list[list[int]]  # per region: original indices of its copies, in base order
     regions: list[RegionResult]
     tensors: dict[str, TensorInfo]
+    found: dict[str, Reason] = field(default_factory=dict)  # buffer -> why the rewrite keeps it after all
+    recomputed: set[str] = field(default_factory=set)  # buffers the backward no longer reads: copies replace them
 
 
 def _unique(name: str, taken: set[str]) -> str:
@@ -69,14 +72,19 @@ def plan_recompute(a: Analysis, plan: Plan) -> Recompute:
 
     recomputable = {i: is_recomputable(g.nodes[i]) for i in owner}
     kept: set[str] = set().union(*(region.keep for region in plan.regions)) if plan.regions else set()
+    found: dict[str, Reason] = {}
     for i, r in owner.items():
         node = g.nodes[i]
         if not recomputable[i]:
             kept.update(t for t in node.outputs if t != ABSENT)
+            for t in node.outputs:
+                if t != ABSENT:
+                    record(found, a.roots.get(t, t), fixed_reason(node))
         for t in node.inputs:  # a region's inputs from another region are its checkpoints
             p = g.producer.get(t)
             if p is not None and owner.get(p, r) != r:
                 kept.add(t)
+                record(found, a.roots.get(t, t), CHECKPOINT)
 
     results = [RegionResult(region.name, sum(1 for i in region.nodes if owner.get(i) == r))
                for r, region in enumerate(plan.regions)]
@@ -105,6 +113,11 @@ def plan_recompute(a: Analysis, plan: Plan) -> Recompute:
                 continue
             copy_sets[r].add(i)
             stack.extend(g.producer[t] for t in g.nodes[i].inputs if in_region(t, r))
+    for i, r in owner.items():  # recomputable, not kept, yet no backward reader needs a copy
+        if i not in copy_sets[r]:
+            for t in g.nodes[i].outputs:
+                if t != ABSENT and in_region(t, r):
+                    record(found, a.roots.get(t, t), VIEW_KEPT)
 
     taken_nodes = {n.name for n in g.nodes}
     taken_tensors = set(g.producer) | set(g.resident)
@@ -131,7 +144,33 @@ def plan_recompute(a: Analysis, plan: Plan) -> Recompute:
         for t in needed[r]:
             renamed[t] = local[t]
         results[r].recomputed = sorted(needed[r])
-    return Recompute(copies, renamed, blocks, results, info)
+    recomputed = _recomputed_buffers(a, copies, renamed, found)
+    return Recompute(copies, renamed, blocks, results, info, found, recomputed)
+
+
+def _recomputed_buffers(a: Analysis, copies: dict[int, onnx.NodeProto], renamed: dict[str, str],
+                        found: dict[str, Reason]) -> set[str]:
+    """Outputs of copied nodes that the backward no longer reads as they are: not a kept
+    output of a node copied for another one, nor a buffer that the backward or a copy
+    still reads through an original view (that one is noted in ``found``)."""
+    g = a.graph
+    still_read: set[str] = set()
+    for s in a.stashed:
+        if s.tensor not in renamed and _data_readers(a, s.tensor):
+            still_read.add(s.buffer)
+            if s.tensor != s.buffer:
+                record(found, s.buffer, VIEW_KEPT)
+    for i, p in copies.items():
+        if g.nodes[i].op_type in SHAPE_ONLY_OPS:
+            continue
+        for t in p.input:
+            if t in g.producer and a.phases.is_forward[g.producer[t]]:
+                root = a.roots.get(t, t)
+                still_read.add(root)
+                if root != t:
+                    record(found, root, VIEW_KEPT)
+    return {t for i in copies if g.nodes[i].op_type not in VIEW_OPS
+            for t in g.nodes[i].outputs if t != ABSENT and t not in still_read}
 
 
 def _copy_node(node: Node, local: dict[str, str], name: str, region: str,
