@@ -165,6 +165,8 @@ def _mark_ort_static(graph: Graph, model: onnx.ModelProto, tensors: dict[str, Te
                    for t in blind if t in tensors and tensors[t].shape is not None)
     g.initializer.extend(light.initializer)
     g.output.extend(light.output)
+    # ORT merges the file's value_info into what it infers: a declared shape stays known.
+    g.value_info.extend(v for v in light.value_info if v.name not in cut)
     m = onnx.ModelProto(ir_version=model.ir_version, graph=g)
     m.opset_import.extend(model.opset_import)
     seen = _with_shape_values(graph, m, _inferred(m, g), FOLDABLE, frozenset(cut))

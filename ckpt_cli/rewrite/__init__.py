@@ -13,6 +13,7 @@ from ..analysis.memory import buffer_roots, simulate
 from ..analysis.phases import BACKWARD, PHASE_META
 from ..graph import Graph, Node, gc_paused
 from ..planning.plan import Plan
+from .fresh import FRESH_META, FreshResult, unshare
 from .order import executed_order, interleave, memory_aware, prune_dead
 from .pin import GUARD_META, PinResult, pin as pin_schedule
 from .recompute import (CSE_GUARD_ATTR, RANDOM_OPS, REGION_META, SUFFIX, RegionResult,
@@ -28,6 +29,7 @@ class RewriteResult:
     recompute_flops: int
     mem_reuse: bool = True  # the SessionOptions.enable_mem_reuse the written graph should run with
     pinned: PinResult | None = None  # the guards that hold the order (None: --no-pin)
+    fresh: FreshResult | None = None  # tensors hidden from ORT's buffer reuse (with --pin)
     no_gain_reason: str | None = None  # set when the plan was dropped because it lowered nothing
     warning: str | None = None  # set when a user's plan raises the predicted peak
     session: str = "ckpt"  # the session the written graph is for: "ckpt" settings, or "ort_default"
@@ -85,11 +87,15 @@ def rewrite(a: Analysis, plan: Plan | None, pin: bool = True) -> RewriteResult:
         candidates.append(executed_order(new, schedules.ort_default(new)))
     chosen, profile, mem_reuse = _choose_order_and_reuse(a, candidates, tensors)
     new = _mark_early_backward(chosen, forward_names)
-    pinned = None
+    pinned = fresh = None
     if pin:
         pinned = pin_schedule(new, tensors, forward_names)
         if pinned.guard_nodes:
             new, tensors = pinned.graph, pinned.tensors
+            # Only with copies: buffers parked across the recompute gap are theirs to lose.
+            fresh = unshare(new, tensors)
+            if fresh.guard_nodes:
+                new, tensors = fresh.graph, fresh.tensors
             profile = simulate(new, list(range(len(new.nodes))), tensors, reuse_buffers=mem_reuse)
     # The written order is its own PRIORITY_BASED order (executed_order), so the
     # simulation above is the after-analysis's; phase markers change no tensor.
@@ -97,7 +103,7 @@ def rewrite(a: Analysis, plan: Plan | None, pin: bool = True) -> RewriteResult:
                     priority=profile, reuse_buffers=mem_reuse)
     copies = [n for n in new.nodes if n.name in copy_names]
     flops = sum(node_cost(n, tensors).flops for n in copies)  # not after.costs: that prices every node
-    return RewriteResult(new, after, regions, len(copies), flops, mem_reuse, pinned)
+    return RewriteResult(new, after, regions, len(copies), flops, mem_reuse, pinned, fresh)
 
 
 def unchanged(a: Analysis) -> RewriteResult:
@@ -177,7 +183,16 @@ def to_model(result: RewriteResult, metadata: dict[str, str] | None = None) -> o
     pinned = result.pinned
     if pinned is not None and pinned.guard_nodes:
         metadata[PIN_META] = str(pinned.guard_nodes)
+    fresh = result.fresh
+    if fresh is not None and fresh.guard_nodes:
+        metadata[FRESH_META] = str(len(fresh.fresh))
     model = build_model(result.graph, [n.proto for n in result.graph.nodes], metadata)
+    if fresh is not None and fresh.guard_nodes:
+        # ORT merges value_info into the shapes it infers: declaring every other tensor
+        # leaves exactly the fresh tensors (and their guard views) unknown to it.
+        del model.graph.value_info[:]
+        model.graph.value_info.extend(_static_value_info(result))
+        return model
     model.graph.value_info.extend(_copy_value_info(result))
     if pinned is not None and pinned.guard_nodes:
         # Guards read shapes from a runtime tensor: onnx inference cannot follow them, so
@@ -189,6 +204,21 @@ def to_model(result: RewriteResult, metadata: dict[str, str] | None = None) -> o
             if info is not None and info.shape is not None:
                 model.graph.value_info.append(onnx.helper.make_tensor_value_info(out, info.dtype, list(info.shape)))
     return model
+
+
+def _static_value_info(result: RewriteResult) -> list[onnx.ValueInfoProto]:
+    """Type and shape of every node output whose shape ORT should know before the run."""
+    tensors = result.after.tensors
+    graph = result.graph
+    skip = set(graph.outputs) | set(graph.resident)
+    out = []
+    for node in graph.nodes:
+        for t in node.outputs:
+            info = tensors.get(t)
+            if (t and t not in skip and info is not None and info.static_shape and info.dtype
+                    and info.shape is not None and all(isinstance(d, int) for d in info.shape)):
+                out.append(onnx.helper.make_tensor_value_info(t, info.dtype, list(info.shape)))
+    return out
 
 
 def _copy_value_info(result: RewriteResult) -> list[onnx.ValueInfoProto]:

@@ -1,0 +1,192 @@
+"""Keep ORT's buffer reuse from parking memory across the recompute gap (issue 14).
+
+With ``enable_mem_reuse`` on (ORT's default) a freed buffer goes to the next tensor of the
+same shape and stays allocated from its first holder's birth to its last holder's death.
+In a recomputed backward that next holder often comes much later (a recompute copy, a
+gradient of the same shape), so the buffer sits idle across the gap and the saving is
+lost. ORT's planner only reuses buffers of tensors whose shape it knows before the run;
+a tensor made by a node that reads an input of unknown shape, with no ``value_info``
+for it in the file, gets a buffer of its own, released at its last read.
+
+So the tensors that would pick up an idle buffer at the peak are made "fresh": their
+producer reads its data inputs through ``Reshape(x, z)``, an identity view whose shape
+``z`` is all zeros (a 0 copies the input's dimension) computed as
+``Slice(Mul(Size(input), zeros), 0, rank)``. ORT propagates shape values through Size and
+Mul but not through Slice, so it cannot size the view; it never folds Size either. The
+written model declares the shapes of every other tensor (``value_info``), which ORT merges
+into what it infers: exactly the chosen tensors are unknown to it. The choice is greedy on
+ckpt's planner model: simulate the written order and ORT's DEFAULT order with reuse on,
+take the buffers that are idle at the higher peak, mark the tensor that would take each
+of them next, and repeat while the peak drops (keeping the best set).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+import onnx
+
+from ..analysis import schedules
+from ..analysis.lifetimes import lifetimes
+from ..analysis.phases import BACKWARD, PHASE_META
+from ..analysis.planner import plan_buffers
+from ..analysis.shapes import TensorInfo
+from ..analysis.timeline import bytes_in_use, peak_of
+from ..graph import ABSENT, Graph
+from .order import executed_order
+
+FRESH_META = "ckpt.fresh"  # on every node this module adds
+_INT64 = onnx.TensorProto.INT64
+_ROUNDS = 400  # greedy rounds at most; each adds the takers of the buffers idle at the peak
+# Ops whose output dimensions all come from their data inputs' dimensions (onnx shape
+# inference leaves them unknown when those are unknown). Others (Expand, Reshape to a
+# constant, ConstantOfShape, ...) take their shape from values, so guards would not help.
+_SHAPE_FROM_INPUTS = frozenset({
+    "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Where", "Equal", "Less", "Greater", "And", "Or", "Not",
+    "Neg", "Exp", "Log", "Sqrt", "Reciprocal", "Abs", "Erf", "Tanh", "Sigmoid", "Relu", "LeakyRelu", "Gelu",
+    "Softmax", "LogSoftmax", "LayerNormalization", "MatMul", "Gemm", "Transpose", "Concat", "Cast",
+    "ReduceSum", "ReduceMean", "ReduceMax", "Gather", "Slice", "ScatterND", "ScatterElements", "Clip",
+})
+
+
+@dataclass(frozen=True)
+class FreshResult:
+    graph: Graph
+    tensors: dict[str, TensorInfo]
+    fresh: tuple[str, ...]  # tensors ORT now allocates on their own (no reuse, no in-place)
+    guard_nodes: int  # nodes added
+
+
+def _eligible(graph: Graph, tensors: dict[str, TensorInfo]) -> list[bool]:
+    """Per tensor id: a node output this module can hide the shape of."""
+    ids = graph.ids
+    constants = set(graph.initializers) | {t for n in graph.nodes if n.op_type == "Constant" for t in n.outputs}
+    outputs = set(graph.outputs)
+    ok = [False] * len(ids.names)
+    for i, node in enumerate(graph.nodes):
+        if node.op_type not in _SHAPE_FROM_INPUTS or node.domain not in ("", "ai.onnx"):
+            continue
+        if not any(_rank(tensors.get(t)) for t in node.inputs if t != ABSENT and t not in constants):
+            continue
+        for t in ids.outputs[i]:
+            if t >= 0 and ids.names[t] not in outputs:
+                ok[t] = True
+    return ok
+
+
+def _rank(info: TensorInfo | None) -> int:
+    return len(info.shape) if info is not None and info.shape is not None else 0
+
+
+def choose(graph: Graph, tensors: dict[str, TensorInfo], orders: list[list[int]]) -> set[str]:
+    """The tensors to make fresh: greedy on the highest peak over ``orders`` with reuse on."""
+    names = graph.ids.names
+    eligible = _eligible(graph, tensors)
+    lives = [lifetimes(graph, o) for o in orders]
+    fresh: set[int] = set()
+    best: tuple[int, set[int]] | None = None
+    for _ in range(_ROUNDS):
+        infos = {**tensors, **{names[t]: replace(tensors[names[t]], static_shape=False) for t in fresh}}
+        worst = None
+        for order, life in zip(orders, lives):
+            buffers = plan_buffers(graph, order, infos, life, True)
+            peak, step = peak_of(bytes_in_use(buffers, len(order), 0), 0)
+            if worst is None or peak > worst[0]:
+                worst = (peak, step, buffers, life)
+        peak, step, buffers, life = worst
+        if best is None or peak < best[0]:
+            best = (peak, set(fresh))
+        takers = set()
+        for b, (born, dies) in enumerate(zip(buffers.born, buffers.dies)):
+            if not born <= step <= dies:
+                continue
+            holders = buffers.holders[b]
+            if any(k <= step and (life.last_read[t] < 0 or step <= life.last_read[t]) for k, t in holders):
+                continue  # in use at the peak, not idle
+            after = [t for k, t in holders if k > step]
+            if after and eligible[after[0]]:
+                takers.add(after[0])
+        if not takers - fresh:
+            break
+        fresh |= takers
+    return {names[t] for t in best[1]} if best else set()
+
+
+def _node(op: str, inputs: list[str], output: str, **attrs) -> onnx.NodeProto:
+    p = onnx.helper.make_node(op, inputs, [output], name=output, **attrs)
+    for key, value in ((FRESH_META, "1"), (PHASE_META, BACKWARD)):
+        entry = p.metadata_props.add()
+        entry.key, entry.value = key, value
+    return p
+
+
+def _const(name: str, values: list[int]) -> onnx.NodeProto:
+    return _node("Constant", [], name, value=onnx.numpy_helper.from_array(np.array(values, np.int64)))
+
+
+def apply(graph: Graph, tensors: dict[str, TensorInfo], fresh: set[str]) -> FreshResult:
+    """Write the guards that hide the shapes of ``fresh`` from ORT, and mark those tensors
+    (and the guard views) as shapes ORT does not know."""
+    tensors = dict(tensors)
+    if not fresh:
+        return FreshResult(graph, tensors, (), 0)
+    constants = set(graph.initializers) | {t for n in graph.nodes if n.op_type == "Constant" for t in n.outputs}
+    source = next(t for t in graph.resident if _rank(tensors.get(t)) and tensors[t].nbytes)
+    taken = set(graph.producer) | set(graph.resident) | {n.name for n in graph.nodes}
+
+    def fresh_name(base: str) -> str:
+        name, k = base, 2
+        while name in taken:
+            name, k = f"{base}_{k}", k + 1
+        taken.add(name)
+        return name
+
+    size = fresh_name("ckpt_fresh_size")
+    head = [_node("Size", [source], size)]
+    tensors[size] = TensorInfo(_INT64, (), 8)
+    zeros: dict[int, str] = {}
+
+    def zero_shape(rank: int) -> str:
+        if rank not in zeros:
+            z, m, s, e, out = (fresh_name(f"ckpt_fresh_{k}{rank}") for k in ("zeros", "mul", "start", "end", "shape"))
+            head.extend([_const(z, [0] * rank), _node("Mul", [size, z], m), _const(s, [0]), _const(e, [rank]),
+                         _node("Slice", [m, s, e], out)])
+            for t, n in ((z, rank), (m, rank), (s, 1), (e, 1)):
+                tensors[t] = TensorInfo(_INT64, (n,), 8 * n)
+            tensors[out] = TensorInfo(_INT64, (rank,), 8 * rank, static_shape=False)
+            zeros[rank] = out
+        return zeros[rank]
+
+    views: dict[str, str] = {}
+    before: dict[int, list[onnx.NodeProto]] = {}
+    rewired: dict[int, onnx.NodeProto] = {}
+    for node in graph.nodes:
+        if not fresh.intersection(node.outputs):
+            continue
+        p = onnx.NodeProto()
+        p.CopyFrom(node.proto)
+        for j, x in enumerate(node.inputs):
+            if x == ABSENT or x in constants or not _rank(tensors.get(x)):
+                continue
+            if x not in views:
+                views[x] = fresh_name(f"{x}_ckpt_fresh")
+                before.setdefault(node.index, []).append(_node("Reshape", [x, zero_shape(_rank(tensors[x]))], views[x]))
+                tensors[views[x]] = replace(tensors[x], static_shape=False)
+            p.input[j] = views[x]
+        rewired[node.index] = p
+        for t in node.outputs:
+            if t in fresh:
+                tensors[t] = replace(tensors[t], static_shape=False)
+    protos = list(head)
+    for node in graph.nodes:
+        protos.extend(before.get(node.index, ()))
+        protos.append(rewired.get(node.index, node.proto))
+    new = executed_order(graph.with_nodes(protos))
+    return FreshResult(new, tensors, tuple(sorted(fresh)), len(protos) - len(graph.nodes))
+
+
+def unshare(graph: Graph, tensors: dict[str, TensorInfo]) -> FreshResult:
+    """Choose the fresh tensors for the written order and ORT's DEFAULT order, and write them."""
+    orders = [list(range(len(graph.nodes))), schedules.ort_default(graph)]
+    return apply(graph, tensors, choose(graph, tensors, orders))
