@@ -137,7 +137,8 @@ def _ort_blind_values(graph: Graph, tensors: dict[str, TensorInfo]) -> list[str]
     blind: list[str] = []
     if not any(n.op_type in ("Shape", "Size") for n in graph.nodes):
         return blind
-    consts = graph.initializers
+    # ORT turns Constant nodes into initializers before it infers shapes.
+    consts = set(graph.initializers) | {t for n in graph.nodes if n.op_type == "Constant" for t in n.outputs}
     for i in graph.topological_order():
         node = graph.nodes[i]
         ins = [t for t in node.inputs if t != ABSENT]

@@ -154,7 +154,7 @@ def apply(graph: Graph, tensors: dict[str, TensorInfo], fresh: set[str]) -> Fres
                          _node("Slice", [m, s, e], out)])
             for t, n in ((z, rank), (m, rank), (s, 1), (e, 1)):
                 tensors[t] = TensorInfo(_INT64, (n,), 8 * n)
-            tensors[out] = TensorInfo(_INT64, (rank,), 8 * rank, static_shape=False)
+            tensors[out] = TensorInfo(_INT64, (rank,), 8 * rank)  # its shape is known, its value is not
             zeros[rank] = out
         return zeros[rank]
 
