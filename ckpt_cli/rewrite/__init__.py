@@ -93,7 +93,7 @@ def rewrite(a: Analysis, plan: Plan | None, pin: bool = True) -> RewriteResult:
         if pinned.guard_nodes:
             new, tensors = pinned.graph, pinned.tensors
             # Only with copies: buffers parked across the recompute gap are theirs to lose.
-            fresh = unshare(new, tensors)
+            fresh = unshare(new, tensors, mem_reuse, frozenset(forward_names))
             if fresh.guard_nodes:
                 new, tensors = fresh.graph, fresh.tensors
             profile = simulate(new, list(range(len(new.nodes))), tensors, reuse_buffers=mem_reuse)
