@@ -207,7 +207,8 @@ def to_model(result: RewriteResult, metadata: dict[str, str] | None = None) -> o
 
 
 def _static_value_info(result: RewriteResult) -> list[onnx.ValueInfoProto]:
-    """Type and shape of every node output whose shape ORT should know before the run."""
+    """Type and shape of every node output whose shape ORT should know before the run; the
+    type alone of the others (viewers label edges with it; a shape would undo fresh.py)."""
     tensors = result.after.tensors
     graph = result.graph
     skip = set(graph.outputs) | set(graph.resident)
@@ -215,9 +216,12 @@ def _static_value_info(result: RewriteResult) -> list[onnx.ValueInfoProto]:
     for node in graph.nodes:
         for t in node.outputs:
             info = tensors.get(t)
-            if (t and t not in skip and info is not None and info.static_shape and info.dtype
-                    and info.shape is not None and all(isinstance(d, int) for d in info.shape)):
+            if not t or t in skip or info is None or not info.dtype:
+                continue
+            if info.static_shape and info.shape is not None and all(isinstance(d, int) for d in info.shape):
                 out.append(onnx.helper.make_tensor_value_info(t, info.dtype, list(info.shape)))
+            else:
+                out.append(onnx.helper.make_tensor_value_info(t, info.dtype, None))
     return out
 
 
