@@ -62,14 +62,15 @@ class FreshResult:
     guard_nodes: int  # nodes added
 
 
-def _eligible(graph: Graph, tensors: dict[str, TensorInfo]) -> list[bool]:
-    """Per tensor id: a node output this module can hide the shape of."""
+def _eligible(graph: Graph, tensors: dict[str, TensorInfo], forward: frozenset[str]) -> list[bool]:
+    """Per tensor id: a backward node's output this module can hide the shape of (guards in
+    the forward would be recomputed by a second rewrite like any forward node)."""
     ids = graph.ids
     constants = set(graph.initializers) | {t for n in graph.nodes if n.op_type == "Constant" for t in n.outputs}
     outputs = set(graph.outputs)
     ok = [False] * len(ids.names)
     for i, node in enumerate(graph.nodes):
-        if node.op_type not in _SHAPE_FROM_INPUTS or node.domain not in ("", "ai.onnx"):
+        if node.op_type not in _SHAPE_FROM_INPUTS or node.domain not in ("", "ai.onnx") or node.name in forward:
             continue
         if not any(_rank(tensors.get(t)) for t in node.inputs if t != ABSENT and t not in constants):
             continue
@@ -83,11 +84,12 @@ def _rank(info: TensorInfo | None) -> int:
     return len(info.shape) if info is not None and info.shape is not None else 0
 
 
-def candidates(graph: Graph, tensors: dict[str, TensorInfo], orders: list[list[int]]) -> list[set[str]]:
+def candidates(graph: Graph, tensors: dict[str, TensorInfo], orders: list[list[int]],
+               forward: frozenset[str] = frozenset()) -> list[set[str]]:
     """Sets of tensors to make fresh, best first: the rounds of a greedy on the highest peak
     over ``orders`` with reuse on that end below the peak with none."""
     names = graph.ids.names
-    eligible = _eligible(graph, tensors)
+    eligible = _eligible(graph, tensors, forward)
     lives = [lifetimes(graph, o) for o in orders]
     fresh: set[int] = set()
     rounds: list[tuple[int, set[int]]] = []
@@ -242,7 +244,7 @@ def unshare(graph: Graph, tensors: dict[str, TensorInfo], recorded_reuse: bool =
     ``enable_mem_reuse``: what the rewrite was chosen for); none if there is no such set."""
     orders = [list(range(len(graph.nodes))), schedules.ort_default(graph)]
     limit = _recorded_peak(graph, orders[0], tensors, recorded_reuse)
-    sets = candidates(graph, tensors, orders)[:_TRIES]
+    sets = candidates(graph, tensors, orders, forward)[:_TRIES]
     for local in (False, True):
         for fresh in sets:
             result = apply(graph, tensors, fresh, local, forward)
