@@ -28,6 +28,9 @@ MEM_REUSE_META = "ckpt.enable_mem_reuse"
 SESSION_META = "ckpt.session"
 # Model metadata: how many guard nodes pin added.
 PIN_META = "ckpt.pinned"
+# On every node rewrite/fresh.py adds, and in model metadata: how many tensors it hid from
+# ORT's buffer reuse.
+FRESH_META = "ckpt.fresh"
 # Model metadata: a graph ORT optimized offline after the rewrite (--ort-optimize): its
 # provider, level and ORT version, as JSON.
 ORT_OPTIMIZE_META = "ckpt.ort_optimize"

@@ -58,6 +58,16 @@ DETERMINISTIC_CONTRIB_OPS = frozenset({
     "SkipLayerNormalization", "SkipSimplifiedLayerNormalization", "LayerNormalization",
     "SimplifiedLayerNormalization", "BiasSoftmax", "Softmax", "Sigmoid", "Relu", "Tanh"})
 
+# Ops whose output dimensions all come from their data inputs' dimensions (onnx shape
+# inference leaves them unknown when those are unknown). Others (Expand, Reshape to a
+# constant, ConstantOfShape, ...) take their shape from values, so guards would not help.
+SHAPE_FROM_INPUTS_OPS = frozenset({
+    "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Where", "Equal", "Less", "Greater", "And", "Or", "Not",
+    "Neg", "Exp", "Log", "Sqrt", "Reciprocal", "Abs", "Erf", "Tanh", "Sigmoid", "Relu", "LeakyRelu", "Gelu",
+    "Softmax", "LogSoftmax", "LayerNormalization", "MatMul", "Gemm", "Transpose", "Concat", "Cast",
+    "ReduceSum", "ReduceMean", "ReduceMax", "Gather", "Slice", "ScatterND", "ScatterElements", "Clip",
+})
+
 
 def is_recomputable(node: Node) -> bool:
     """Deterministic, without subgraphs, and a standard op or one of ORT's deterministic

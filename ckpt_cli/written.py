@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import onnx
 
-from .markers import GUARD_META, MEM_REUSE_META, PIN_META, SESSION_META, is_recompute_copy
+from .markers import FRESH_META, GUARD_META, MEM_REUSE_META, PIN_META, SESSION_META, is_recompute_copy
 from .save import build_model
 
 if TYPE_CHECKING:
@@ -22,7 +22,16 @@ def to_model(result: RewriteResult, metadata: dict[str, str] | None = None) -> o
     pinned = result.pinned
     if pinned is not None and pinned.guard_nodes:
         metadata[PIN_META] = str(pinned.guard_nodes)
+    fresh = result.fresh
+    if fresh is not None and fresh.guard_nodes:
+        metadata[FRESH_META] = str(len(fresh.fresh))
     model = build_model(result.graph, [n.proto for n in result.graph.nodes], metadata)
+    if fresh is not None and fresh.guard_nodes:
+        # ORT merges value_info into the shapes it infers: declaring every other tensor
+        # leaves exactly the fresh tensors (and their guard views) unknown to it.
+        del model.graph.value_info[:]
+        model.graph.value_info.extend(_static_value_info(result))
+        return model
     model.graph.value_info.extend(_copy_value_info(result))
     if pinned is not None and pinned.guard_nodes:
         # Guards read shapes from a runtime tensor: onnx inference cannot follow them, so
@@ -34,6 +43,25 @@ def to_model(result: RewriteResult, metadata: dict[str, str] | None = None) -> o
             if info is not None and info.shape is not None:
                 model.graph.value_info.append(onnx.helper.make_tensor_value_info(out, info.dtype, list(info.shape)))
     return model
+
+
+def _static_value_info(result: RewriteResult) -> list[onnx.ValueInfoProto]:
+    """Type and shape of every node output whose shape ORT should know before the run; the
+    type alone of the others (viewers label edges with it; a shape would undo fresh.py)."""
+    tensors = result.after.tensors
+    graph = result.graph
+    skip = set(graph.outputs) | set(graph.resident)
+    out = []
+    for node in graph.nodes:
+        for t in node.outputs:
+            info = tensors.get(t)
+            if not t or t in skip or info is None or not info.dtype:
+                continue
+            if info.static_shape and info.shape is not None and all(isinstance(d, int) for d in info.shape):
+                out.append(onnx.helper.make_tensor_value_info(t, info.dtype, list(info.shape)))
+            else:
+                out.append(onnx.helper.make_tensor_value_info(t, info.dtype, None))
+    return out
 
 
 def _copy_value_info(result: RewriteResult) -> list[onnx.ValueInfoProto]:

@@ -35,7 +35,7 @@ from ckpt_cli.graph import Graph
 from ckpt_cli.load import load_graph
 from ckpt_cli.planning import sqrt_regions
 from ckpt_cli.planning.plan import Plan, Region
-from ckpt_cli.markers import CSE_GUARD_ATTR, REGION_META, SUFFIX, is_recompute_copy, recompute_source
+from ckpt_cli.markers import CSE_GUARD_ATTR, FRESH_META, REGION_META, SUFFIX, is_recompute_copy, recompute_source
 from ckpt_cli.rewrite import rewrite
 from ckpt_cli.save import build_model, save_model
 
@@ -170,10 +170,15 @@ def _check_written(model: onnx.ModelProto, a, plan: Plan, res, previous_copies: 
 
     # the backward reads no recomputed original's data any more (only forward nodes do;
     # Shape and Size read only its shape, and PRIORITY_BASED runs them as soon as it exists)
+    def readers(t: str) -> list[int]:
+        """Who reads ``t``, through fresh.py's identity views (they feed one node each)."""
+        return [r for c in consumers.get(t, ())
+                for r in (readers(nodes[c].output[0]) if _meta(nodes[c], FRESH_META) else [c])]
+
     for r in res.regions:
         for t in r.recomputed:
             assert t not in kept
-            late = [nodes[c].name for c in consumers.get(t, ())
+            late = [nodes[c].name for c in readers(t)
                     if nodes[c].name not in fwd_names and nodes[c].op_type not in ("Shape", "Size")]
             assert not late, f"{t} is still read by backward nodes {late}"
     return new_copies

@@ -127,7 +127,8 @@ def _ort_blind_values(graph: Graph, tensors: dict[str, TensorInfo]) -> list[str]
     blind: list[str] = []
     if not any(n.op_type in ("Shape", "Size") for n in graph.nodes):
         return blind
-    consts = graph.initializers
+    # ORT turns Constant nodes into initializers before it infers shapes.
+    consts = set(graph.initializers) | {t for n in graph.nodes if n.op_type == "Constant" for t in n.outputs}
     for i in graph.topological_order():
         node = graph.nodes[i]
         ins = [t for t in node.inputs if t != ABSENT]
@@ -155,6 +156,8 @@ def _mark_ort_static(graph: Graph, model: onnx.ModelProto, tensors: dict[str, Te
                    for t in blind if t in tensors and tensors[t].shape is not None)
     g.initializer.extend(light.initializer)
     g.output.extend(light.output)
+    # ORT merges the file's value_info into what it infers: a declared shape stays known.
+    g.value_info.extend(v for v in light.value_info if v.name not in cut)
     m = onnx.ModelProto(ir_version=model.ir_version, graph=g)
     m.opset_import.extend(model.opset_import)
     seen = _with_shape_values(graph, m, _inferred(m, g), FOLDABLE, frozenset(cut))

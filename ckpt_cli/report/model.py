@@ -219,7 +219,7 @@ def rewrite_report(before: Analysis, source: Source | None, result, output: str 
         "recompute_share_of_step": result.recompute_flops / step_flops if step_flops else 0.0,
         "session_settings": settings_snippet,
         "enable_mem_reuse": result.mem_reuse,
-        "pin": _pin_row(result.pinned),
+        "pin": _pin_row(result.pinned, result.fresh),
         "no_gain_reason": result.no_gain_reason,
         "warning": result.warning,
         "plan": plan_json,
@@ -227,12 +227,15 @@ def rewrite_report(before: Analysis, source: Source | None, result, output: str 
     }
 
 
-def _pin_row(pinned) -> dict | None:
-    """What holding the order in the data flow added (None: written with --no-pin)."""
+def _pin_row(pinned, fresh) -> dict | None:
+    """What holding the order in the data flow added (None: written with --no-pin), and the
+    fresh tensors' guards (rewrite/fresh.py)."""
     if pinned is None:
         return None
     return {"guard_nodes": pinned.guard_nodes, "guarded_inputs": pinned.guarded_inputs,
-            "tied_outputs": pinned.tied_outputs, "blocks": pinned.blocks}
+            "tied_outputs": pinned.tied_outputs, "blocks": pinned.blocks,
+            "fresh_tensors": len(fresh.fresh) if fresh is not None else 0,
+            "fresh_nodes": fresh.guard_nodes if fresh is not None else 0}
 
 
 def unsized_rows(a: Analysis) -> list[dict]:

@@ -137,6 +137,10 @@ def render_rewrite(r: dict, console: Console) -> None:
         console.print(f"Order pinned: {pin['guard_nodes']} guard nodes ({pin['guarded_inputs']} guarded inputs, "
                       f"{pin['tied_outputs']} tied gradients, {pin['blocks']} blocks) keep recompute blocks in the "
                       "backward under any execution order and optimization level.")
+    if pin and pin.get("fresh_tensors"):
+        console.print(f"Fresh tensors: {pin['fresh_tensors']} tensors get a buffer of their own under ORT's buffer "
+                      f"reuse ({pin['fresh_nodes']} guard nodes hide their shapes), so no freed buffer is held "
+                      "idle across the recompute gap.")
     opt = r.get("ort_optimize")
     if opt:
         fused = ", ".join(f"{n} {op}" for op, n in opt["fused_ops"].items()) or "no contrib ops"

@@ -15,6 +15,7 @@ from ..graph import Graph, Node, gc_paused
 from ..markers import PHASE_META
 from ..planning.decision import Decision, region_decisions, settle
 from ..planning.plan import Plan
+from .fresh import FreshResult, unshare
 from .order import executed_order, interleave, memory_aware, prune_dead
 from .pin import PinResult, pin as pin_schedule
 from .recompute import (RegionResult, drop_unused_optional_outputs, plan_recompute, rewire_backward)
@@ -29,6 +30,7 @@ class RewriteResult:
     recompute_flops: int
     mem_reuse: bool = True  # the SessionOptions.enable_mem_reuse the written graph should run with
     pinned: PinResult | None = None  # the guards that hold the order (None: --no-pin)
+    fresh: FreshResult | None = None  # tensors hidden from ORT's buffer reuse (with --pin)
     no_gain_reason: str | None = None  # set when the plan was dropped because it lowered nothing
     warning: str | None = None  # set when a user's plan raises the predicted peak
     session: str = "ckpt"  # the session the written graph is for: "ckpt" settings, or "ort_default"
@@ -88,11 +90,15 @@ def rewrite(a: Analysis, plan: Plan | None, pin: bool = True) -> RewriteResult:
         candidates.append(executed_order(new, schedules.ort_default(new)))
     chosen, profile, mem_reuse = _choose_order_and_reuse(a, candidates, tensors)
     new = _mark_early_backward(chosen, forward_names)
-    pinned = None
+    pinned = fresh = None
     if pin:
         pinned = pin_schedule(new, tensors, forward_names)
         if pinned.guard_nodes:
             new, tensors = pinned.graph, pinned.tensors
+            # Only with copies: buffers parked across the recompute gap are theirs to lose.
+            fresh = unshare(new, tensors, mem_reuse, frozenset(forward_names))
+            if fresh.guard_nodes:
+                new, tensors = fresh.graph, fresh.tensors
             profile = simulate(new, list(range(len(new.nodes))), tensors, reuse_buffers=mem_reuse)
     # The written order is its own PRIORITY_BASED order (executed_order), so the
     # simulation above is the after-analysis's; phase markers change no tensor.
@@ -104,7 +110,7 @@ def rewrite(a: Analysis, plan: Plan | None, pin: bool = True) -> RewriteResult:
     if rec is not None:
         # a plan made by hand (no strategy) states no intent: its regions are it
         decisions = settle(plan.decisions or region_decisions(a, plan.regions), rec.found, rec.recomputed)
-    return RewriteResult(new, after, regions, len(copies), flops, mem_reuse, pinned, decisions=decisions)
+    return RewriteResult(new, after, regions, len(copies), flops, mem_reuse, pinned, fresh, decisions=decisions)
 
 
 def unchanged(a: Analysis) -> RewriteResult:
