@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from ..graph import Graph
 from . import schedules
-from .arena import BFCArena, kernel_plans, replay, small_initializer_bytes
+from .arena import SMALL_INITIALIZER_BYTES, BFCArena, kernel_plans, replay, small_initializer_bytes
 from .lifetimes import lifetimes
 from .planner import Buffers, plan_buffers
 from .shapes import TensorInfo
@@ -106,6 +106,16 @@ def pattern_size(buffers: Buffers, steps: int, outputs: list[bool]) -> int:
     return planner.size
 
 
+def session_bytes(graph: Graph, tensors: dict[str, TensorInfo]) -> int:
+    """The small initializers ORT keeps in the arena, Constant nodes included (ORT turns
+    them into initializers when it loads the graph; fresh.py's guards write such nodes)."""
+    used = set(graph.consumers) | set(graph.outputs)
+    constants = sum(info.nbytes for n in graph.nodes if n.op_type == "Constant" for t in n.outputs
+                    if t in used and (info := tensors.get(t)) is not None and info.nbytes is not None
+                    and info.nbytes < SMALL_INITIALIZER_BYTES)
+    return small_initializer_bytes(graph, tensors) + constants
+
+
 @dataclass(frozen=True)
 class PlainPrediction:
     peak_in_use_bytes: int  # the second run's peak of ``mem_bytes_in_use``, what bench.sessions reads
@@ -122,7 +132,7 @@ def predict_pattern(graph: Graph, order: list[int], tensors: dict[str, TensorInf
     buffers = plan_buffers(graph, order, tensors, lifetimes(graph, order), reuse_buffers)
     requests = list(zip(buffers.size, buffers.born, buffers.dies))
     plans = kernel_plans(graph, order, tensors)
-    base = small_initializer_bytes(graph, tensors)
+    base = session_bytes(graph, tensors)
     arena = BFCArena()
     first, arena = replay(requests, steps, runs=1, small_initializer_bytes=base, plans=plans, arena=arena)
     outputs = output_buffers(graph, buffers)
