@@ -27,6 +27,8 @@ SESSIONS: dict[str, tuple[str | None, str | None, bool | None, bool]] = {
     "priority_extended": ("PRIORITY_BASED", "ORT_ENABLE_EXTENDED", False, False),
     "priority_all": ("PRIORITY_BASED", "ORT_ENABLE_ALL", False, False),
 }
+# Measured but not in the table: the plain session without fusions (ckpt's model of it has none).
+EXTRA_SESSIONS = {"default_pattern": ("DEFAULT", "ORT_DISABLE_ALL", True, False)}
 
 
 _HEADER = """# Peak memory of the default rewrite under the sessions people run
@@ -57,7 +59,7 @@ def _child(spec: dict) -> dict:
 
     from ckpt_cli.markers import MEM_REUSE_META
 
-    order, level, pattern, recorded = SESSIONS[spec["session"]]
+    order, level, pattern, recorded = {**SESSIONS, **EXTRA_SESSIONS}[spec["session"]]
     if recorded:  # what the model's metadata asks for (ORT's defaults for a graph ckpt left unchanged)
         from ckpt_cli.session import recorded_settings
 
