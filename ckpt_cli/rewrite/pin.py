@@ -169,11 +169,12 @@ def pin(graph: Graph, tensors: dict[str, TensorInfo], forward: set[str]) -> PinR
         new_protos[start] = guards
 
     protos: list[onnx.NodeProto] = []
+    unmark = copy_index - unpinned
     for n in nodes:
         protos.extend(new_protos.get(n.index, ()))
         if n.index in rewired:
             protos.append(rewired[n.index])
         else:
-            protos.append(_unmarked(n.proto) if n.index in copy_index - unpinned else n.proto)
+            protos.append(_unmarked(n.proto) if n.index in unmark else n.proto)
     return PinResult(executed_order(graph.with_nodes(protos)), tensors, counts["nodes"], counts["inputs"],
                      counts["ties"], len(new_protos))
