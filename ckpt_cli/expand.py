@@ -6,17 +6,26 @@ nodes ORT never runs and miss the ones it does (ORT_FACTS §8). ORT itself write
 resolved graph (``optimized_model_filepath`` at ORT_DISABLE_ALL); its new nodes replace
 the op they expand, at that op's place in the file order, named after it and carrying
 its metadata. Weights never travel: ORT sees them as graph inputs.
+
+ORT is given only the nodes whose fate it decides (a session of the whole graph took 2 s
+of CPU at 10k nodes): the function ops, the ops of other domains (ORT refuses the graph
+when it has no kernel for one: then nothing is expanded) and the Constant nodes (ORT turns
+them into initializers, and the splice below keeps what ORT made of them). Their inputs
+are typed as the graph types them. A graph this cannot stand for exactly (model-local
+functions, subgraphs, untyped inputs, names ORT's inliner could collide with) goes to
+ORT whole.
 """
 
 from __future__ import annotations
 
 import tempfile
 from functools import lru_cache
+from itertools import chain
 from pathlib import Path
 
 import onnx
 
-from .graph import ABSENT, Graph, weightless_copy
+from .graph import ABSENT, Graph, Node, weightless_copy
 
 _INLINE_LIMIT = 1024  # initializers above this many bytes are passed to ORT as inputs
 # (op, domain, opset) of function ops ORT was seen to run as they are (it has a kernel):
@@ -51,6 +60,52 @@ def _resolved(model: onnx.ModelProto) -> onnx.ModelProto | None:
         return onnx.load(str(out))
 
 
+def _typed(model: onnx.ModelProto, names: set[str]) -> dict[str, onnx.ValueInfoProto] | None:
+    """The graph's types of ``names`` (declared, else onnx's shape inference), or None
+    when one has no element type."""
+    g = model.graph
+    known = {v.name: v for v in chain(g.input, g.value_info, g.output) if v.name in names}
+    if len(known) < len(names):
+        inferred = onnx.shape_inference.infer_shapes(weightless_copy(model, inline_bytes=0)).graph
+        known.update((v.name, v) for v in chain(inferred.value_info, inferred.output)
+                     if v.name in names and v.name not in known)
+    if len(known) < len(names) or any(not v.type.HasField("tensor_type") or not v.type.tensor_type.elem_type
+                                      for v in known.values()):
+        return None
+    return known
+
+
+def _excerpt(graph: Graph, functions: set[str]) -> tuple[onnx.ModelProto, set[str]] | None:
+    """A model of the nodes ORT's resolution changes or may refuse (function ops, other
+    domains, Constants), with their inputs as the graph has them, and those nodes' names;
+    None when such a model cannot stand for the whole graph."""
+    src = graph.model.graph
+    nodes = [n for n in graph.nodes if n.name in functions or n.op_type == "Constant"
+             or n.domain not in ("", "ai.onnx")]
+    if graph.model.functions or any(n.implicit or n.has_subgraph for n in nodes):
+        return None
+    made = {t for n in nodes for t in n.outputs}
+    needed = {t for n in nodes for t in n.inputs if t != ABSENT and t not in made}
+    small = {t.name: t for t in src.initializer if t.name in needed
+             and t.data_location != onnx.TensorProto.EXTERNAL and len(t.raw_data) <= _INLINE_LIMIT}
+    big = {t.name: t for t in src.initializer if t.name in needed and t.name not in small}
+    types = _typed(graph.model, needed - set(small) - set(big))
+    if types is None:
+        return None
+    model = onnx.ModelProto(ir_version=graph.model.ir_version, producer_name=graph.model.producer_name)
+    model.opset_import.extend(graph.model.opset_import)
+    g = model.graph
+    g.name = src.name
+    g.node.extend(n.proto for n in nodes)
+    g.initializer.extend(small.values())
+    g.input.extend(types[t] for t in sorted(types))
+    g.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in big.values())
+    # what the rest of the graph reads stays used (ORT drops unused initializers, Constants included)
+    read = set(graph.consumers) | set(graph.outputs)
+    g.output.extend(onnx.ValueInfoProto(name=t) for t in sorted(made & read) if t != ABSENT)
+    return model, {n.name for n in nodes}
+
+
 def expand_functions(graph: Graph) -> Graph:
     """``graph`` with the function ops ORT expands replaced by ORT's expansion (the same
     graph when there is none)."""
@@ -58,16 +113,34 @@ def expand_functions(graph: Graph) -> Graph:
                  if (key := (n.op_type, n.domain, graph.opset(n.domain) or 1)) not in _RUN_AS_IS and _has_function(*key)}
     if not functions:
         return graph
-    resolved = _resolved(graph.model)
-    if resolved is None:
-        return graph
-    names = {n.name for n in graph.nodes}
-    kept = {n.name for n in resolved.graph.node if n.name in names}
+    excerpt = _excerpt(graph, set(functions))
+    if excerpt is not None:
+        spliced = _splice(graph, functions, *excerpt)
+        if spliced is not None:
+            return spliced
+    return _splice(graph, functions, graph.model, {n.name for n in graph.nodes}) or graph
+
+
+def _splice(graph: Graph, functions: dict[str, tuple[str, str, int]], model: onnx.ModelProto,
+            names: set[str]) -> Graph | None:
+    """``graph`` with ORT's resolution of ``model`` (the nodes ``names`` of it) spliced in;
+    None when ``model`` is an excerpt ORT refuses or whose expansion uses a name the rest of
+    the graph has."""
+    resolved = _resolved(model)
+    if resolved is None:  # an excerpt ORT refuses goes whole: ORT may refuse the graph, or only the excerpt
+        return graph if model is graph.model else None
+    kept = {n.name for n in resolved.graph.node if n.name in names} | ({n.name for n in graph.nodes} - names)
     _RUN_AS_IS.update(key for name, key in functions.items() if name in kept)
     removed = {n.name: r for r, n in enumerate(n for n in graph.nodes if n.name not in kept)}
     new = [p for p in resolved.graph.node if p.name not in names]
     if not removed:
         return graph
+    if model is not graph.model:
+        own = {t for n in graph.nodes if n.name not in kept for t in n.outputs}
+        made = {t for p in new for t in p.output} | {t.name for t in resolved.graph.initializer}
+        taken = (set(graph.producer) | set(graph.consumers) | set(graph.initializers) | set(graph.inputs)) - own
+        if made & taken - {t.name for t in model.graph.initializer} - {v.name for v in model.graph.input}:
+            return None
     # Each new node belongs to the removed op whose outputs it computes.
     producer = {t: k for k, p in enumerate(new) for t in p.output}
     owner: dict[int, int] = {}
@@ -85,15 +158,18 @@ def expand_functions(graph: Graph) -> Graph:
     if len(owner) != len(new):
         return graph  # nodes ORT added for no op of the file: not an expansion we understand
     protos: list[onnx.NodeProto] = []
+    index: list[Node | None] = []  # per proto, its node when it is the graph's (its index entry is reused)
     for node in graph.nodes:
         if node.name in kept:
             protos.append(node.proto)
+            index.append(node)
             continue
         r = removed[node.name]
         for k, p in enumerate(q for j, q in enumerate(new) if owner[j] == r):
             p.name = f"{node.name}/{p.op_type}_{k}"
             p.metadata_props.extend(node.proto.metadata_props)
             protos.append(p)
+            index.append(None)
     model = onnx.ModelProto()
     model.CopyFrom(graph.model)
     del model.graph.node[:]
@@ -103,4 +179,19 @@ def expand_functions(graph: Graph) -> Graph:
     known = {v.name for v in model.graph.value_info}
     produced = {t for p in protos for t in p.output if t != ABSENT}
     model.graph.value_info.extend(v for v in resolved.graph.value_info if v.name in produced and v.name not in known)
-    return Graph.from_model(model, path=graph.path)
+    return _indexed(model, index, graph.path)
+
+
+def _indexed(model: onnx.ModelProto, index: list[Node | None], path) -> Graph:
+    """``Graph.from_model(model)`` where the nodes in ``index`` are already indexed: only
+    the new ones are read (indexing every proto again took 1 s at 100k nodes)."""
+    nodes = [Node(k, n.name, n.op_type, n.domain, n.inputs, n.outputs, p, n.implicit) if n is not None
+             else Node.from_proto(k, p) for k, (n, p) in enumerate(zip(index, model.graph.node))]
+    if len({n.name for n in nodes}) < len(nodes) or not all(n.name for n in nodes):
+        return Graph.from_model(model, path=path)  # names from_model makes unique
+    g = model.graph
+    initializers = {t.name: t for t in g.initializer}
+    graph = Graph(model, nodes, [v.name for v in g.input if v.name not in initializers], [v.name for v in g.output],
+                  initializers, path=path)
+    graph._link()
+    return graph

