@@ -315,3 +315,12 @@ def weightless_copy(model: onnx.ModelProto, nodes: Iterable[onnx.NodeProto] | No
         elif t.name not in declared:
             g.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
     return light
+
+
+def unique_name(name: str, taken: set[str]) -> str:
+    """``name``, or ``name_2``, ``name_3``, ... the first not in ``taken``; added to it."""
+    out, k = name, 2
+    while out in taken:
+        out, k = f"{name}_{k}", k + 1
+    taken.add(out)
+    return out

@@ -1,5 +1,5 @@
 """A recompute copy is known by the metadata the rewrite writes, never by its name:
-``_unique()`` names a copy ``<node>_recompute_2`` when ``<node>_recompute`` is taken, and
+``unique_name()`` names a copy ``<node>_recompute_2`` when ``<node>_recompute`` is taken, and
 a user's node may be called ``..._recompute`` without being a copy."""
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ from ..analysis.phases import BACKWARD
 from ..analysis.planner import plan_buffers
 from ..analysis.shapes import TensorInfo
 from ..analysis.timeline import bytes_in_use, peak_of
-from ..graph import ABSENT, Graph
+from ..graph import ABSENT, Graph, unique_name
 from ..markers import FRESH_META, PHASE_META
 from ..ops import SHAPE_FROM_INPUTS_OPS
 from .order import executed_order
@@ -171,11 +171,7 @@ def apply(graph: Graph, tensors: dict[str, TensorInfo], fresh: set[str], local: 
     taken = set(graph.producer) | set(graph.resident) | {n.name for n in graph.nodes}
 
     def fresh_name(base: str) -> str:
-        name, k = base, 2
-        while name in taken:
-            name, k = f"{base}_{k}", k + 1
-        taken.add(name)
-        return name
+        return unique_name(base, taken)
 
     def zero_shape(source: str, rank: int, chain: list[onnx.NodeProto]) -> str:
         """A shape of ``rank`` zeros ORT cannot know, from ``Size(source)``."""

@@ -27,7 +27,7 @@ import onnx
 
 from ..analysis.phases import BACKWARD
 from ..analysis.shapes import TensorInfo
-from ..graph import ABSENT, Graph, Node
+from ..graph import ABSENT, Graph, Node, unique_name
 from ..markers import CSE_GUARD_ATTR, GUARD_META, PHASE_META, REGION_META, is_recompute_copy
 from ..ops import SHAPE_ONLY_OPS
 from .order import executed_order
@@ -107,11 +107,7 @@ def pin(graph: Graph, tensors: dict[str, TensorInfo], forward: set[str]) -> PinR
     counts = {"nodes": 0, "inputs": 0, "ties": 0}
 
     def fresh(base: str) -> str:
-        name, k = base, 2
-        while name in taken:
-            name, k = f"{base}_{k}", k + 1
-        taken.add(name)
-        return name
+        return unique_name(base, taken)
 
     previous = 0
     for (region, block), start in zip(blocks, starts):

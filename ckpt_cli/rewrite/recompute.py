@@ -15,7 +15,7 @@ import onnx
 
 from ..analysis import Analysis
 from ..analysis.shapes import TensorInfo
-from ..graph import ABSENT, Graph, Node
+from ..graph import ABSENT, Graph, Node, unique_name
 from ..markers import CSE_GUARD_ATTR, RECOMPUTE_META, REGION_META, SUFFIX
 from ..ops import RANDOM_OPS, SHAPE_ONLY_OPS, VIEW_OPS, is_recomputable
 from ..planning.decision import CHECKPOINT, VIEW_KEPT, Reason, fixed_reason, record
@@ -45,14 +45,6 @@ class Recompute:
     tensors: dict[str, TensorInfo]
     found: dict[str, Reason] = field(default_factory=dict)  # buffer -> why the rewrite keeps it after all
     recomputed: set[str] = field(default_factory=set)  # buffers the backward no longer reads: copies replace them
-
-
-def _unique(name: str, taken: set[str]) -> str:
-    out, k = name, 2
-    while out in taken:
-        out, k = f"{name}_{k}", k + 1
-    taken.add(out)
-    return out
 
 
 def _data_readers(a: Analysis, tensor: str) -> list[int]:
@@ -135,10 +127,10 @@ def plan_recompute(a: Analysis, plan: Plan) -> Recompute:
             node = g.nodes[i]
             for t in node.outputs:
                 if t != ABSENT:
-                    local[t] = _unique(t + SUFFIX, taken_tensors)
+                    local[t] = unique_name(t + SUFFIX, taken_tensors)
                     if t in info:
                         info[local[t]] = info[t]
-            copies[i] = _copy_node(node, local, _unique(node.name + SUFFIX, taken_nodes), plan.regions[r].name,
+            copies[i] = _copy_node(node, local, unique_name(node.name + SUFFIX, taken_nodes), plan.regions[r].name,
                                    guard)
             results[r].copies.append(node.name)
         for t in needed[r]:
