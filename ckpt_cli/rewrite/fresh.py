@@ -41,6 +41,7 @@ from ..graph import ABSENT, Graph, unique_name
 from ..markers import FRESH_META, PHASE_META
 from ..ops import SHAPE_FROM_INPUTS_OPS
 from .order import executed_order
+from .pin import trigger_of
 
 _INT64 = onnx.TensorProto.INT64
 _ROUNDS = 400  # greedy rounds at most; each adds the takers of the buffers idle at the peak
@@ -127,20 +128,6 @@ def _recorded_peak(graph: Graph, order: list[int], tensors: dict[str, TensorInfo
     return predict_in_use(graph, profile, tensors).peak_in_use_bytes
 
 
-def _trigger(graph: Graph, position: int, forward: frozenset[str]) -> str | None:
-    """Pin's trigger: the output of the nearest node written before ``position`` that computes
-    data at run time, a forward tensor only if it is a graph output."""
-    outputs = set(graph.outputs)
-    for k in range(position - 1, -1, -1):
-        node = graph.nodes[k]
-        if node.op_type in ("Constant", "Shape", "Size"):
-            continue  # ORT folds Constant and Shape; Size runs as soon as it can
-        out = next((t for t in node.outputs if t != ABSENT and (node.name not in forward or t in outputs)), None)
-        if out is not None:
-            return out
-    return None
-
-
 def _node(op: str, inputs: list[str], output: str, **attrs) -> onnx.NodeProto:
     p = onnx.helper.make_node(op, inputs, [output], name=output, **attrs)
     for key, value in ((FRESH_META, "1"), (PHASE_META, BACKWARD)):
@@ -198,7 +185,7 @@ def apply(graph: Graph, tensors: dict[str, TensorInfo], fresh: set[str], local: 
         p = onnx.NodeProto()
         p.CopyFrom(node.proto)
         data = [x for x in node.inputs if x != ABSENT and x not in constants and _rank(tensors.get(x))]
-        source = local and (_trigger(graph, node.index, forward)
+        source = local and (trigger_of(graph, node.index, forward)
                             or max(data, key=lambda x: position.get(x, -1), default=None))
         shapes = {} if local else shared
         chain = before.setdefault(node.index, [])

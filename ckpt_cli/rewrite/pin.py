@@ -64,14 +64,16 @@ def _unmarked(proto: onnx.NodeProto) -> onnx.NodeProto:
     return p
 
 
-def _trigger(graph: Graph, position: int, skip: set[int], forward: set[str]) -> str | None:
-    """The output of the nearest node written before ``position`` that computes data (not
-    a copy, guard, Shape or Size). A forward tensor only if it is a graph output (the loss):
-    under ORT's DEFAULT order the guard's read could keep any other one alive until the block."""
+def trigger_of(graph: Graph, position: int, forward: set[str] | frozenset[str],
+               skip: set[int] | frozenset[int] = frozenset()) -> str | None:
+    """The output of the nearest node written before ``position`` (not in ``skip``) that
+    computes data at run time: ORT folds Constant and Shape, and Size runs as soon as its
+    input exists. A forward tensor only if it is a graph output (the loss): under ORT's
+    DEFAULT order the guard's read could keep any other one alive until the block."""
     outputs = set(graph.outputs)
     for k in range(position - 1, -1, -1):
         node = graph.nodes[k]
-        if k in skip or node.op_type in SHAPE_ONLY_OPS:
+        if k in skip or node.op_type in SHAPE_ONLY_OPS or node.op_type == "Constant":
             continue
         out = next((t for t in node.outputs if t != ABSENT and (node.name not in forward or t in outputs)), None)
         if out is not None:
@@ -111,7 +113,7 @@ def pin(graph: Graph, tensors: dict[str, TensorInfo], forward: set[str]) -> PinR
 
     previous = 0
     for (region, block), start in zip(blocks, starts):
-        trigger = _trigger(graph, start, copy_index, forward)
+        trigger = trigger_of(graph, start, forward, copy_index)
         ties = [t for k in range(previous, start) if nodes[k].name not in forward and k not in copy_index
                 for t in nodes[k].outputs if t in outputs and t not in resident and t != trigger]
         previous = start
