@@ -47,6 +47,23 @@ ORT_FOLDABLE = frozenset({"Shape", "Size", "Constant", "Gather", "Squeeze", "Uns
 ORT_SCALAR_FOLDABLE = frozenset({"Add", "Sub", "Mul", "Div"})
 
 # Standard ops with subgraph attributes (nodes of other domains are looked into as well).
+# Copies ORT places between a GPU provider and CPU-placed nodes. They are ORT's own ops
+# (not ONNX), written into an optimized file and inserted again whenever ORT loads one.
+DEVICE_COPY_OPS = frozenset({"MemcpyToHost", "MemcpyFromHost"})
+
+# Inputs that GPU kernels read from host memory (shapes, axes, starts). A guard in front of
+# one runs on the device, and ORT then copies its output back (a Memcpy node it adds with
+# the highest index, which delays the reader under PRIORITY_BASED): never guard these.
+HOST_INPUT_SLOTS: dict[str, frozenset[int]] = {
+    "ConstantOfShape": frozenset({0}), "Reshape": frozenset({1}), "Expand": frozenset({1}),
+    "Tile": frozenset({1}), "Slice": frozenset({1, 2, 3, 4}), "Squeeze": frozenset({1}),
+    "Unsqueeze": frozenset({1}), "Split": frozenset({1}), "Pad": frozenset({1, 2, 3}), "TopK": frozenset({1}),
+    "Range": frozenset({0, 1, 2}), "OneHot": frozenset({1}), "Resize": frozenset({1, 2, 3}),
+    "Upsample": frozenset({1}), "ReduceSum": frozenset({1}), "ReduceMean": frozenset({1}),
+    "ReduceMax": frozenset({1}), "ReduceMin": frozenset({1}), "ReduceProd": frozenset({1}),
+    "ReduceL2": frozenset({1}), "ReduceSumSquare": frozenset({1}), "ReduceLogSumExp": frozenset({1}),
+}
+
 CONTROL_FLOW_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 
 

@@ -32,7 +32,7 @@ from .external import external_tensors
 from .graph import ABSENT, Graph
 from .load import load_graph
 from .markers import GUARD_META, ORT_OPTIMIZE_META, PIN_META, PROVENANCE_PREFIX, is_recompute_copy
-from .ops import is_recomputable
+from .ops import DEVICE_COPY_OPS, is_recomputable
 from .rewrite import RewriteResult
 from .rewrite.order import executed_order
 from .save import build_model, save_model
@@ -131,6 +131,7 @@ def ort_optimize(rewritten: onnx.ModelProto, result: RewriteResult, before: Anal
     written = save_model(rewritten, src, source_dir=source_dir, force=True)
     out = folder / "optimized.onnx"
     version = run_ort_optimizer(src, out, provider, "optimized.data" if len(written) > 1 else None)
+    _drop_device_copies(out)
     loaded = load_graph(out)
     graph, guards = _restore(loaded, result.graph)
     after = analyse(graph, loss=before.phases.loss, grad_outputs=list(before.phases.grad_outputs),
@@ -155,6 +156,53 @@ def ort_optimize(rewritten: onnx.ModelProto, result: RewriteResult, before: Anal
     kept = Counter(n.op_type for n in graph.nodes if after.phases.is_forward[n.index] and not is_recomputable(n))
     return Optimized(model, new, provider, version, len(result.graph.nodes), dict(sorted(fused.items())),
                      result.guard_nodes, guards, dict(sorted(kept.items())))
+
+
+def _drop_device_copies(path: Path) -> int:
+    """Remove the Memcpy nodes ORT wrote for a GPU provider (not ONNX ops; ORT places them
+    again at load). ORT renames the copied tensor (``x_CUDAExecutionProvider``) and gives the
+    copy its name; the producer gets the name back, so every tensor keeps the name (and the
+    size) the rewrite gave it. Returns how many copies there were."""
+    model = onnx.load(str(path), load_external_data=False)
+    graph = model.graph
+    copies = [n for n in graph.node if n.op_type in DEVICE_COPY_OPS and n.domain in ("", "ai.onnx")]
+    if not copies:
+        return 0
+    produced = {t for n in graph.node for t in n.output}
+    outside = {i.name for i in graph.input} | {i.name for i in graph.initializer}
+    rename: dict[str, str] = {}  # tensor -> the name it takes
+    dropped = set()
+    for n in copies:
+        src, dst = n.input[0], n.output[0]
+        if src in produced and src not in outside and src not in {o.name for o in graph.output}:
+            rename[src] = dst  # the producer writes the copy's (the rewrite's) name
+            dropped.add(id(n))
+        elif dst not in {o.name for o in graph.output}:
+            rename[dst] = src  # a graph input or initializer: readers read it directly
+            dropped.add(id(n))
+        else:
+            n.op_type, n.domain = "Identity", ""  # input to output: keep both names
+
+    def final(name: str) -> str:
+        seen = set()
+        while name in rename and name not in seen:
+            seen.add(name)
+            name = rename[name]
+        return name
+
+    keep = [n for n in graph.node if id(n) not in dropped]
+    for n in keep:
+        for k, name in enumerate(n.input):
+            n.input[k] = final(name)
+        for k, name in enumerate(n.output):
+            n.output[k] = final(name)
+    del graph.node[:]
+    graph.node.extend(keep)
+    kept_info = [v for v in graph.value_info if v.name not in rename]
+    del graph.value_info[:]
+    graph.value_info.extend(kept_info)
+    onnx.save(model, str(path))
+    return len(copies)
 
 
 def _tags(proto: onnx.NodeProto) -> list[tuple[str, str]]:

@@ -145,3 +145,33 @@ def test_external_data_is_written_beside_the_output(tmp_path):
     model = onnx.load(str(out))  # resolves the data beside it
     assert any(t.name and t.raw_data for t in model.graph.initializer)
     assert ckpt_cli.inspect_model(out).analysis.unsized() == {}
+
+
+def test_device_copies_ort_writes_for_cuda_are_dropped(tmp_path):
+    # ORT's CUDA optimization writes MemcpyToHost/FromHost nodes (not ONNX ops) into the file,
+    # renaming the copied tensor (r -> r_CUDAExecutionProvider) and giving the copy its name
+    # (as measured on an H200, gpt12). The copies go and every tensor keeps the rewrite's name.
+    from onnx import TensorProto, helper
+
+    from ckpt_cli.ort_optimize import _drop_device_copies
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])
+    s = helper.make_tensor_value_info("s", TensorProto.INT64, [])
+    nodes = [helper.make_node("Relu", ["x"], ["r_CUDAExecutionProvider"], name="relu"),
+             helper.make_node("MemcpyToHost", ["r_CUDAExecutionProvider"], ["r"], name="Memcpy"),
+             helper.make_node("Size", ["r"], ["s_cpu"], name="size"),
+             helper.make_node("MemcpyFromHost", ["s_cpu"], ["s"], name="Memcpy_token_1"),
+             helper.make_node("MemcpyFromHost", ["x"], ["x_copy"], name="Memcpy_token_2"),
+             helper.make_node("Neg", ["r"], ["n"], name="neg"),
+             helper.make_node("Add", ["n", "x_copy"], ["y"], name="add")]
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], [y, s]),
+                              opset_imports=[helper.make_opsetid("", 20)])
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    assert _drop_device_copies(path) == 3
+    out = onnx.load(str(path))
+    onnx.checker.check_model(out, full_check=True)
+    assert [(n.op_type, list(n.input), list(n.output)) for n in out.graph.node] == [
+        ("Relu", ["x"], ["r"]), ("Size", ["r"], ["s"]), ("Neg", ["r"], ["n"]), ("Add", ["n", "x"], ["y"])]
+    assert _drop_device_copies(path) == 0

@@ -215,6 +215,30 @@ def test_order_check_reports_mismatch():
     assert r["not_executed"] == ["const"] and r["not_in_file"] == ["Add_7"]
 
 
+def test_order_check_lists_provider_copies_apart():
+    # CUDA runs: ORT's Memcpy nodes between devices are listed, not failed; any other
+    # node ORT adds still is.
+    r = check.order_check(["a", "b"], ["a", "Memcpy", "b", "Add_7"], ["Add", "MemcpyToHost", "Mul", "Add"])
+    assert r["matches"] and r["provider_copies"] == ["Memcpy"] and r["n_provider_copies"] == 1
+    assert r["not_in_file"] == ["Add_7"] and r["n_not_in_file"] == 1
+
+
+def test_order_check_per_provider():
+    # CUDA runs a CPU stream beside the CUDA one and interleaves them at waits: each
+    # device's nodes must follow the file, their interleaving may differ.
+    file = ["size", "emb", "mul", "reshape", "mm"]
+    provs = {"size": "CPU", "mul": "CPU", "emb": "CUDA", "reshape": "CUDA", "mm": "CUDA"}
+    ran = ["emb", "size", "mul", "reshape", "mm"]
+    r = check.order_check(file, ran, None, [provs[n] for n in ran])
+    assert r["matches"] and r["nodes_per_provider"] == {"CUDA": 3, "CPU": 2}
+    ran = ["emb", "size", "mul", "mm", "reshape"]
+    r = check.order_check(file, ran, None, [provs[n] for n in ran])
+    assert not r["matches"] and r["first_mismatch"]["provider"] == "CUDA"
+    assert r["first_mismatch"]["file"] == "reshape" and r["first_mismatch"]["executed"] == "mm"
+    # One provider: the whole order is compared, as before.
+    assert not check.order_check(file, ran, None, ["CPU"] * 5)["matches"]
+
+
 # --------------------------------------------------------------------------- providers
 
 

@@ -29,7 +29,7 @@ from ..analysis.phases import BACKWARD
 from ..analysis.shapes import TensorInfo
 from ..graph import ABSENT, Graph, Node, unique_name
 from ..markers import CSE_GUARD_ATTR, GUARD_META, PHASE_META, REGION_META, is_recompute_copy
-from ..ops import SHAPE_ONLY_OPS
+from ..ops import HOST_INPUT_SLOTS, SHAPE_ONLY_OPS
 from .order import executed_order
 _INT64 = onnx.TensorProto.INT64
 
@@ -105,7 +105,7 @@ def pin(graph: Graph, tensors: dict[str, TensorInfo], forward: set[str]) -> PinR
     new_protos: dict[int, list[onnx.NodeProto]] = {}  # position -> guard nodes written before it
     rewired: dict[int, onnx.NodeProto] = {}
     zeros: dict[int, str] = {}  # rank -> a Constant of that many int64 zeros (one per graph)
-    unpinned: set[int] = set()  # copies that read only tensors of unknown rank
+    unpinned: set[int] = set()  # copies with nothing to guard: tensors of unknown rank, host inputs
     counts = {"nodes": 0, "inputs": 0, "ties": 0}
 
     def fresh(base: str) -> str:
@@ -137,9 +137,13 @@ def pin(graph: Graph, tensors: dict[str, TensorInfo], forward: set[str]) -> PinR
         by_rank: dict[int, str] = {}
         guarded: dict[str, str] = {}
         for n in block:
-            if any(t in produced for t in n.inputs) or not any(t != ABSENT for t in n.inputs):
+            host = HOST_INPUT_SLOTS.get(n.op_type, frozenset())
+            device = [t for k, t in enumerate(n.inputs) if t != ABSENT and k not in host]
+            if any(t in produced for t in n.inputs) or not device:
+                if not device and any(t != ABSENT for t in n.inputs) and not any(t in produced for t in n.inputs):
+                    unpinned.add(n.index)  # only host inputs (ConstantOfShape): it keeps its CSE mark
                 continue
-            x = next((t for t in n.inputs if t in guarded), None) or next(t for t in n.inputs if t != ABSENT)
+            x = next((t for t in device if t in guarded), None) or device[0]
             info = tensors.get(x)
             if x not in guarded:
                 if info is None or info.shape is None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..ops import DEVICE_COPY_OPS
+
 DEFAULT_RTOL = 1e-5
 DEFAULT_ATOL = 1e-6
 
@@ -85,33 +87,59 @@ def compare_outputs(a: dict, b: dict, *, rtol: float = DEFAULT_RTOL,
     }
 
 
+# ORT's copies between devices are not nodes ckpt could have written: listed, not failed.
+PROVIDER_COPY_OPS = DEVICE_COPY_OPS
 
 
-def order_check(file_order: list, executed: list) -> dict:
+def order_check(file_order: list, executed: list, executed_ops: list | None = None,
+                executed_providers: list | None = None) -> dict:
     """Does the executed order follow the file order?
 
     Compared on the nodes present in both: ORT runs no kernel for Constant nodes
     (they become initializers), and unnamed nodes get generated names in the
     profile, so both are left out of the comparison and listed instead.
+    Provider copies (``executed_ops`` in PROVIDER_COPY_OPS) are counted apart.
+
+    With several providers (CUDA plus the CPU nodes ORT places beside it), ORT runs one
+    stream per device and interleaves them at cross-device waits, so the order is
+    compared per provider: each device must run its nodes in file order.
     """
-    executed_set = set(executed)
     file_set = set(file_order)
-    a = [n for n in file_order if n in executed_set]
-    b = [n for n in executed if n in file_set]
-    mismatch = None
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            mismatch = {"position": i, "file": x, "executed": y}
+    ops = executed_ops or [""] * len(executed)
+    provs = executed_providers or [""] * len(executed)
+    copies = [n for n, op in zip(executed, ops) if op in PROVIDER_COPY_OPS and n not in file_set]
+    skip = set(copies)
+    kept = [(n, p) for n, p in zip(executed, provs) if n not in skip]
+    executed = [n for n, _ in kept]
+    executed_set = set(executed)
+    per_provider = {p: sum(1 for _, q in kept if q == p) for p in dict.fromkeys(q for _, q in kept)}
+    groups = sorted(per_provider) if len(per_provider) > 1 else [None]
+    mismatch, compared = None, 0
+    for group in groups:
+        mine = {n for n, p in kept if group is None or p == group}
+        a = [n for n in file_order if n in mine]
+        b = [n for n, p in kept if (group is None or p == group) and n in file_set]
+        compared += min(len(a), len(b))
+        for i, (x, y) in enumerate(zip(a, b)):
+            if x != y:
+                mismatch = {"position": i, "file": x, "executed": y}
+                break
+        if mismatch is None and len(a) != len(b):  # duplicate names
+            mismatch = {"position": min(len(a), len(b)), "file": None, "executed": None}
+        if mismatch is not None:
+            if group is not None:
+                mismatch["provider"] = group
             break
-    if mismatch is None and len(a) != len(b):  # duplicate names
-        mismatch = {"position": min(len(a), len(b)), "file": None, "executed": None}
     not_executed = [n for n in file_order if n not in executed_set]
     return {
         "matches": mismatch is None,
-        "compared": min(len(a), len(b)),
+        "compared": compared,
         "first_mismatch": mismatch,
         "not_executed": not_executed[:50],
         "n_not_executed": len(not_executed),
         "not_in_file": [n for n in executed if n not in file_set][:50],
         "n_not_in_file": sum(1 for n in executed if n not in file_set),
+        "provider_copies": copies[:50],
+        "n_provider_copies": len(copies),
+        "nodes_per_provider": per_provider if len(per_provider) > 1 or "" not in per_provider else {},
     }

@@ -189,6 +189,27 @@ def _summary(r: dict) -> dict:
                                   "provider", "ort_version", "warnings")}
 
 
+def _run_to_run_spread(original, feeds_path, prov: str, o_vals: dict, r_vals: dict, tmp: str, *, python,
+                       timeout, seed: int, reuse: bool, level: str | None) -> dict:
+    """Run the original once more, in a fresh process with the other buffer-reuse setting
+    (other addresses, same arithmetic). Per output that differs in either comparison: the
+    original's own spread, the rewrite's difference, and whether that is within the
+    default tolerance. The check judges them (``verify.stage``)."""
+    again = os.path.join(tmp, "original_again.npz")
+    session = dict(settings_for("ckpt", prov, not reuse))
+    if level is not None:
+        session["graph_optimization_level"] = level
+    run_model(original, feeds_path, provider=prov, runs=1, python=python, outputs_path=again,
+              timeout=timeout, seed=seed, session=session)
+    noise = compare_outputs(o_vals, _load_npz(again), rtol=DEFAULT_RTOL, atol=DEFAULT_ATOL)["outputs"]
+    diff = compare_outputs(o_vals, r_vals, rtol=DEFAULT_RTOL, atol=DEFAULT_ATOL)["outputs"]
+    return {name: {"original_spread": noise.get(name, {}).get("max_abs_diff") or 0.0,
+                   "rewrite_diff": d["max_abs_diff"] or 0.0, "within_tolerance": d["within_tolerance"],
+                   "bit_identical": d["bit_identical"]}
+            for name, d in diff.items()
+            if not d["bit_identical"] or not noise.get(name, {}).get("bit_identical", True)}
+
+
 def check_pair(original, rewritten, feeds_path, *, provider: str = "auto", runs: int = 3,
                python: str | None = None, rtol: float = DEFAULT_RTOL,
                atol: float = DEFAULT_ATOL, timeout: float | None = DEFAULT_TIMEOUT_S,
@@ -243,8 +264,13 @@ def check_pair(original, rewritten, feeds_path, *, provider: str = "auto", runs:
             dc = compare_outputs(o_vals, _load_npz(d_out), rtol=rtol, atol=atol)
             default_cmp = {k: dc[k] for k in ("all_bit_identical", "all_within_tolerance",
                                               "max_abs_diff", "n_failed")}
-    cmp = compare_outputs(o_vals, r_vals, rtol=rtol, atol=atol)
-    order = order_check(expected_order or file_node_order(rewritten), rew["executed_order"])
+        cmp = compare_outputs(o_vals, r_vals, rtol=rtol, atol=atol)
+        spread = None
+        if not cmp["all_bit_identical"] and rtol == 0 and atol == 0:
+            spread = _run_to_run_spread(original, feeds_path, prov, o_vals, r_vals, tmp, python=python,
+                                        timeout=timeout, seed=seed, reuse=enable_mem_reuse, level=reference_level)
+    order = order_check(expected_order or file_node_order(rewritten), rew["executed_order"],
+                        rew.get("executed_ops"), rew.get("executed_providers"))
     return {
         "provider": prov,
         "outputs_equal": cmp["all_bit_identical"],
@@ -261,6 +287,7 @@ def check_pair(original, rewritten, feeds_path, *, provider: str = "auto", runs:
         "ort_default_vs_ckpt": default_cmp,
         "reference_level": reference_level,
         "unoptimized_vs_rewritten": unoptimized_cmp,
+        "run_to_run": spread,
         "order_matches": order["matches"],
         "order": order,
         "session_settings": settings_for("ckpt", prov, enable_mem_reuse),

@@ -30,6 +30,8 @@ Result (one JSON object on stdout; everything else goes to stderr)::
      "baseline_bytes": int|null, "peak_above_baseline_bytes": int|null,
      "peak_requested_bytes": int|null,
      "executed_order": [node names, last measured run],
+     "executed_ops": [their op types, same length],
+     "executed_providers": [the provider that ran each, same length],
      "session_settings": {...}, "warnings": [...]}
     {"ok": false, "kind": "provider_unavailable" | "load_failed" | "run_failed"
                           | "bad_feeds" | "bad_spec", "message": "one line"}
@@ -378,10 +380,12 @@ def _measure_profiler(ort, np, spec, settings, feeds_path, warnings):
                         "memory numbers of cut runs are incomplete")
         order_src = fullest
     executed = [e["name"][: -len(KERNEL_SUFFIX)] for e in order_src]
+    executed_ops = [e.get("args", {}).get("op_name", "") for e in order_src]
+    executed_providers = [e.get("args", {}).get("provider", "") for e in order_src]
     has_mem = bool(per_run) and all(r["peak_bytes"] is not None for r in per_run)
     outputs = dict(zip(names, out))
     del sess
-    return per_run, times, executed, has_mem, outputs
+    return per_run, times, (executed, executed_ops, executed_providers), has_mem, outputs
 
 
 def _measure_process_peak(ort, np, spec, settings, feeds_path, warnings):
@@ -507,7 +511,7 @@ def run_spec(spec: dict) -> dict:
     warnings: list = []
     method = spec["memory_method"]
 
-    per_run, times, executed, has_mem, outputs = _measure_profiler(
+    per_run, times, (executed, executed_ops, executed_providers), has_mem, outputs = _measure_profiler(
         ort, np, spec, settings, spec["feeds"], warnings)
     timeline = per_run[-1]["_timeline"] if per_run else []
     for r in per_run:
@@ -557,6 +561,8 @@ def run_spec(spec: dict) -> dict:
             else (peak if used == "process_peak" else None)),
         "peak_requested_bytes": peak_req,
         "executed_order": executed,
+        "executed_ops": executed_ops,
+        "executed_providers": executed_providers,
         "session_settings": settings,
         "warnings": warnings,
     }
