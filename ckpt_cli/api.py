@@ -215,10 +215,14 @@ class CheckOptions:
                 "max_prediction_error": self.max_prediction_error}
 
 
-def predict(a: Analysis, reuse_buffers: bool) -> Prediction:
-    """ckpt's prediction for a graph run with ``enable_mem_reuse = reuse_buffers``."""
+def predict(a: Analysis, reuse_buffers: bool, plain: bool = False) -> Prediction:
+    """ckpt's prediction for a graph run with ``enable_mem_reuse = reuse_buffers``; with
+    ``plain``, also in a plain session (what an unmodified ``InferenceSession`` gets)."""
+    from .analysis.pattern import predict_plain
+
     return Prediction(a.profile(reuse_buffers).activation_peak_bytes, a.arena_in_use(reuse_buffers),
-                      tuple(a.graph.nodes[i].name for i in a.priority.order))
+                      tuple(a.graph.nodes[i].name for i in a.priority.order),
+                      predict_plain(a.graph, a.tensors).peak_in_use_bytes if plain else None)
 
 
 def _on_disk(model: ModelInput, folder: Path, name: str) -> Path:
@@ -259,7 +263,7 @@ def _check_paths(paths: dict[str, Path], analysed: dict[str, Analysis], dims, op
     # round like the original's at that optimization level: compare outputs with that.
     optimized = ort_optimized(analysed["rewritten"].graph.model, paths["rewritten"])
     provider = optimized["provider"] if optimized and options.provider == "auto" else options.provider
-    return check_files(paths["original"], paths["rewritten"], {k: predict(a, reuse) for k, a in analysed.items()},
+    return check_files(paths["original"], paths["rewritten"], {k: predict(a, reuse, plain=k == "rewritten") for k, a in analysed.items()},
                        enable_mem_reuse=reuse, feeds_model=analysed["original"].graph.model,
                        provider=provider, runs=options.runs, seed=options.seed, dims=dims,
                        feeds_file=options.feeds_file, python=options.python, rtol=options.rtol, atol=options.atol,

@@ -66,3 +66,22 @@ def test_plain_prediction_equals_ort(tmp_path_factory, side):
     else:
         # They shrink the original's block below 8 MiB; unfused it takes a 16 MiB region.
         assert plain < predicted.peak_in_use_bytes
+
+
+def test_check_reports_the_plain_session_prediction(tmp_path):
+    # `ckpt check` puts the plain-session model next to the rewrite's measured ORT-defaults
+    # peak (CPU): on the gpt rewrite, within 1 KiB.
+    import json
+
+    from click.testing import CliRunner
+
+    from ckpt_cli.cli import main
+
+    out = tmp_path / "gpt.ckpt.onnx"
+    runner = CliRunner()
+    assert runner.invoke(main, ["rewrite", str(SAMPLES / "gpt.onnx"), "-o", str(out), "-q"]).exit_code == 0
+    done = runner.invoke(main, ["check", str(SAMPLES / "gpt.onnx"), str(out), "--provider", "cpu", "--runs", "1",
+                                "--json"])
+    r = json.loads(done.output)
+    assert abs(r["predicted_plain"] - r["rewritten_ort_default"]["peak_bytes"]) < 1024
+    assert abs(r["prediction_error_plain"]) < 0.001

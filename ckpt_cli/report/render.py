@@ -167,8 +167,9 @@ def render_check(r: dict, console: Console) -> None:
                   f"{d['time_s'] * 1e3:.1f} ms")
     rd = r.get("rewritten_ort_default")
     if rd is not None:
-        t.add_row("rewritten, ORT default settings", human_bytes(rd["peak_bytes"]), "", "", "",
-                  f"{rd['time_s'] * 1e3:.1f} ms")
+        plain = r.get("predicted_plain")
+        t.add_row("rewritten, ORT default settings", human_bytes(rd["peak_bytes"]),
+                  human_bytes(plain) if plain is not None else "", "", "", f"{rd['time_s'] * 1e3:.1f} ms")
     for label, side, key in (("original, ckpt settings", o, "original"), ("rewritten, ckpt settings", w, "rewritten")):
         t.add_row(label, human_bytes(side["peak_bytes"]), human_bytes(r["predicted_in_use"][key]),
                   human_bytes(side["peak_requested_bytes"]), human_bytes(r["predicted"][key]),
@@ -189,6 +190,9 @@ def render_check(r: dict, console: Console) -> None:
         errs = [f"{k} {v * 100:+.1f}%" for k, v in r[key].items() if v is not None]
         if errs:
             console.print(f"prediction vs measured {label}: {', '.join(errs)}")
+    if r.get("prediction_error_plain") is not None:
+        console.print(f"prediction vs measured under ORT's defaults (rewritten; fusions not simulated): "
+                      f"{r['prediction_error_plain'] * 100:+.1f}%")
     bad = [name for name, e in r["outputs"].items() if not e["bit_identical"]][:5]
     if bad:
         console.print(f"outputs that differ: {', '.join(map(safe, bad))}")

@@ -30,6 +30,7 @@ class Prediction:
     tensor_bytes: int  # live tensor bytes at the peak (ORT's bytes requested)
     in_use_bytes: int | None  # the CPU arena's bytes in use at the peak
     order: tuple[str, ...] = ()  # node names in the order simulated (ORT's PRIORITY_BASED)
+    plain_in_use_bytes: int | None = None  # the CPU arena's peak in a plain InferenceSession (fusions aside)
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,8 @@ class CheckFigures:
     reference_level: str | None = None  # outputs compared with the original at this ORT level (--ort-optimize)
     unoptimized_vs_rewritten: dict | None = None  # then: the comparison with the original as it is
     run_to_run: dict | None = None  # outputs that differ: the original's own spread between two runs
+    predicted_plain: int | None = None  # the rewrite in a plain session (CPU: memory pattern, DEFAULT order)
+    prediction_error_plain: float | None = None  # against rewritten_ort_default's measured peak
     failures: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -193,6 +196,11 @@ def check_files(original: str | Path, rewritten: str | Path, predicted: dict[str
         unoptimized_vs_rewritten=result.get("unoptimized_vs_rewritten"),
         run_to_run=_with_kernels(result.get("run_to_run"), model),
     )
+    plain = predicted["rewritten"].plain_in_use_bytes
+    if figures.provider == "cpu" and plain is not None and figures.rewritten_ort_default is not None:
+        # the memory-pattern model is the CPU arena's; CUDA's plain session is not modelled
+        figures.predicted_plain = plain
+        figures.prediction_error_plain = _relative_error(plain, figures.rewritten_ort_default.peak_bytes)
     _judge(figures, tolerant)
     return figures
 
@@ -295,6 +303,11 @@ def _judge(f: CheckFigures, tolerant: bool) -> None:
     if f.rewritten_ort_default_error:
         f.failures.append("the rewritten model does not run in a session with ORT's default settings "
                           f"({f.rewritten_ort_default_error})")
+    err = f.prediction_error_plain
+    if err is not None and abs(err) > f.max_prediction_error:
+        f.notes.append(f"under ORT's default settings the rewrite measures {f.rewritten_ort_default.peak_bytes} B; "
+                       f"ckpt predicted {f.predicted_plain} B ({err:+.1%}): its model of a plain session "
+                       "(DEFAULT order, buffer reuse, memory pattern) does not simulate ORT_ENABLE_ALL's fusions")
     od, rd = f.original_ort_default, f.rewritten_ort_default
     if od is not None and rd is not None and od.peak_bytes is not None and rd.peak_bytes is not None:
         if rd.peak_bytes >= od.peak_bytes:
