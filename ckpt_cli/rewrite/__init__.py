@@ -116,7 +116,7 @@ def pinned(a: Analysis, result: RewriteResult) -> RewriteResult:
     fresh = unshare(new, tensors, result.mem_reuse, frozenset(forward_names))
     if fresh.guard_nodes:
         new, tensors = fresh.graph, fresh.tensors
-    profile = simulate(new, list(range(len(new.nodes))), tensors, reuse_buffers=result.mem_reuse)
+    profile = fresh.profile or simulate(new, list(range(len(new.nodes))), tensors, reuse_buffers=result.mem_reuse)
     after = analyse(new, loss=a.phases.loss, grad_outputs=list(a.phases.grad_outputs), tensors=tensors,
                     priority=profile, reuse_buffers=result.mem_reuse)
     return replace(result, graph=new, after=after, pinned=guarded, fresh=fresh)
