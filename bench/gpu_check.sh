@@ -9,7 +9,8 @@
 #   budget50  ckpt rewrite MODEL -o out/gpu/NAME.budget50.onnx --budget 50%
 #   ortopt    ckpt rewrite MODEL -o out/gpu/NAME.ortopt.onnx --ort-optimize cuda
 # then `ckpt check MODEL REWRITTEN --provider cuda --json` (original and rewrite under
-# ckpt's recorded settings, both under plain ORT defaults), one summary table, and
+# ckpt's recorded settings (c), both under plain ORT defaults (a)), the rewrite under
+# DEFAULT order + ORT_ENABLE_ALL (b) (bench/gpu_sessions.py), one summary table, and
 # bench/GPU_RESULTS.md. Samples: sample_models/*.onnx plus a ~5k-node synthetic
 # transformer (python -m bench.synthetic --layers 35).
 #
@@ -98,7 +99,7 @@ for name in "${SAMPLES[@]}"; do
     for config in "${CONFIGS[@]}"; do
         tag="$name.$config"
         rewritten="$OUT/$tag.onnx"
-        rm -f "$OUT/$tag".{check.json,check.err,rewrite.err,rewrite.rc,check.rc,seconds}
+        rm -f "$OUT/$tag".{check.json,check.err,rewrite.err,rewrite.rc,check.rc,seconds,default_all.json,default_all.err}
         t0=$(date +%s)
         if [[ -n "$PREBUILT" && -f "$PREBUILT/$tag.onnx" && "$config" != ortopt ]]; then
             cp "$PREBUILT/$tag.onnx" "$rewritten"; echo 0 >"$OUT/$tag.rewrite.rc"
@@ -115,6 +116,9 @@ for name in "${SAMPLES[@]}"; do
             timeout "$TIMEOUT" "$CKPT" check "$model" "$rewritten" --provider "$PROVIDER" --json ${GPU_CHECK_ARGS:-} \
                 >"$OUT/$tag.check.json" 2>"$OUT/$tag.check.err"
             echo $? >"$OUT/$tag.check.rc"
+            # session (b): DEFAULT order + ORT_ENABLE_ALL (the check measures (a) and (c))
+            timeout "$TIMEOUT" "$PY" bench/gpu_sessions.py "$model" "$rewritten" "$PROVIDER" \
+                "$OUT/$tag.default_all.json" 2>"$OUT/$tag.default_all.err"
         else
             echo "gpu-check: $tag: rewrite failed: $(tail -n 2 "$OUT/$tag.rewrite.err")" >&2
         fi

@@ -15,8 +15,9 @@ from pathlib import Path
 COLUMNS = [
     ("sample", "sample"), ("config", "rewrite"), ("outputs", "outputs"), ("order", "executed order"),
     ("peak_default", "original, ORT defaults"), ("peak_original", "original, ckpt settings"),
-    ("peak_rewritten", "rewrite, ckpt settings"), ("ratio", "rewrite / original ORT defaults"),
-    ("plain", "rewrite, ORT defaults"), ("error", "prediction error"),
+    ("peak_rewritten", "rewrite, ckpt settings (c)"), ("ratio", "rewrite / original ORT defaults"),
+    ("plain", "rewrite, ORT defaults (a)"), ("default_all", "rewrite, DEFAULT + ENABLE_ALL (b)"),
+    ("error", "prediction error"),
     ("step_default", "step, original ORT defaults"), ("step_rewritten", "step, rewrite"),
     ("step_ratio", "step ratio"), ("result", "result"),
 ]
@@ -57,6 +58,14 @@ def outputs_cell(r: dict) -> str:
             f"{verdict}")
 
 
+def default_all_cell(path: Path, base: int | None) -> str:
+    try:
+        peak = json.loads(path.read_text())["rewritten"]["peak_bytes"]
+    except (OSError, json.JSONDecodeError, KeyError):
+        return "n/a"
+    return f"{mib(peak)} ({peak / base:.2f}x)" if base and peak else mib(peak)
+
+
 def row_of(out: Path, name: str, config: str) -> tuple[dict, bool]:
     tag = f"{name}.{config}"
     row = {"sample": name, "config": config}
@@ -88,6 +97,7 @@ def row_of(out: Path, name: str, config: str) -> tuple[dict, bool]:
         "ratio": f"{w['peak_bytes'] / base:.2f}x" if base and w.get("peak_bytes") else "n/a",
         "plain": (f"{mib(rd.get('peak_bytes'))} ({rd['peak_bytes'] / base:.2f}x)"
                   if base and rd.get("peak_bytes") else "n/a"),
+        "default_all": default_all_cell(out / f"{tag}.default_all.json", base),
         "error": "n/a" if err is None else f"{err:+.1%}",
         "step_default": ms(d.get("time_s")),
         "step_rewritten": ms(w.get("time_s")),
@@ -119,7 +129,8 @@ def main() -> int:
           "`--ort-optimize cuda`), then `ckpt check MODEL REWRITE --provider cuda --json` (raw JSON in "
           "`out/gpu/NAME.CONFIG.check.json`). Peaks are the CUDA arena's bytes in use, the maximum of "
           "`mem_bytes_in_use` over the profiler's CUDA node events of one run (median of the runs). "
-          "\"ORT defaults\" is a session with only the providers set. The prediction error compares "
+          "\"ORT defaults\" (a) is a session with only the providers set; (b) is DEFAULT order + "
+          "ORT_ENABLE_ALL with the memory pattern off (`bench/gpu_sessions.py`). The prediction error compares "
           "ckpt's liveness prediction with the peak of bytes requested on the CUDA allocator. Step "
           "times are the median `session.run` wall time with profiling on.", "", *lines, ""]
     Path(env["RESULTS"]).write_text("\n".join(md))
