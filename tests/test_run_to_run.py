@@ -13,7 +13,7 @@ import pytest
 
 from ckpt_cli.verify import driver
 from ckpt_cli.verify.feeds import make_feeds, save_feeds
-from ckpt_cli.verify.stage import _judge, _kernel_of, _with_kernels
+from ckpt_cli.verify.stage import _judge, _kernel_of, _spread_verdict
 
 MLP = Path(__file__).resolve().parent.parent / "sample_models" / "mlp.onnx"
 
@@ -39,7 +39,7 @@ def _judged(mlp_run, model, r_vals):
     tmp, feeds, o_vals = mlp_run
     spread = driver._run_to_run_spread(MLP, feeds, "cpu", o_vals, r_vals, str(tmp), python=None,
                                        timeout=120, seed=0, reuse=True, level=None)
-    return _with_kernels(spread, model)
+    return _spread_verdict(spread, model)
 
 
 def test_a_real_difference_on_a_deterministic_provider_is_not_excused(mlp_run, grads):
@@ -93,7 +93,7 @@ def test_judge_names_the_kernel_and_fails_an_unexplained_output(grads):
     model, names = grads
     spread = {names[0]: {"original_spread": 1e-9, "rewrite_diff": 2e-9, "within_tolerance": True,
                          "bit_identical": False}}
-    rr = _with_kernels(spread, model)
+    rr = _spread_verdict(spread, model)
     kernel = rr["outputs"][names[0]]["kernel"]
     assert kernel and kernel not in ("Reshape", "Identity", "Transpose") and rr["accepted"]
     f = _Figures(rr)

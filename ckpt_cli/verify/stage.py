@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import ModelError, RunFailed, RuntimeUnavailable, UsageError
+from ..ops import VIEW_OPS
 from . import driver
 from .feeds import FeedError, load_feeds, make_feeds, save_feeds
 
@@ -194,7 +195,7 @@ def check_files(original: str | Path, rewritten: str | Path, predicted: dict[str
         enable_mem_reuse=enable_mem_reuse,
         reference_level=reference_level,
         unoptimized_vs_rewritten=result.get("unoptimized_vs_rewritten"),
-        run_to_run=_with_kernels(result.get("run_to_run"), model),
+        run_to_run=_spread_verdict(result.get("run_to_run"), model),
     )
     plain = predicted["rewritten"].plain_in_use_bytes
     if figures.provider == "cpu" and plain is not None and figures.rewritten_ort_default is not None:
@@ -205,7 +206,8 @@ def check_files(original: str | Path, rewritten: str | Path, predicted: dict[str
     return figures
 
 
-_VIEW_OPS = frozenset({"Reshape", "Identity", "Squeeze", "Unsqueeze", "Transpose", "Cast", "Flatten"})
+# Ops that move or relabel data: the kernel that computed an output sits above them.
+_PASS_THROUGH = VIEW_OPS | {"Transpose", "Cast"}
 
 
 # A rewrite's output that differs from the original's is accepted only when the kernel
@@ -217,12 +219,12 @@ SPREAD_FACTOR = 4.0
 
 def _kernel_of(producer: dict, name: str) -> str | None:
     node = producer.get(name)
-    while node is not None and node.op_type in _VIEW_OPS and node.input:
+    while node is not None and node.op_type in _PASS_THROUGH and node.input:
         node = producer.get(node.input[0])
     return node.op_type if node is not None else None
 
 
-def _with_kernels(spread: dict | None, model) -> dict | None:
+def _spread_verdict(spread: dict | None, model) -> dict | None:
     """Judge each differing output against the run-to-run spread of its kernel."""
     if spread is None:
         return None
