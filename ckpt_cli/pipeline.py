@@ -19,7 +19,7 @@ from .planning.solver import optimal_plan
 from .planning.cutsearch import cut_budget_plan, lowest_peak_plan
 from .planning.strategies import LARGE_GRAPH_NODES, STRATEGIES, BudgetResult, PlanCost, budget_plan, parse_budget
 from .units import human_bytes, human_flops
-from .rewrite import RewriteResult, original_best, pinned, rewrite, unchanged
+from .rewrite import RewriteResult, original_best, original_floor, pinned, rewrite, unchanged
 
 AUTO_NAMES = ("layers", "sqrt", "balanced", "budget", "optimal")
 
@@ -85,8 +85,10 @@ def rewrite_plan(a: Analysis, planned: Planned | None, pin: bool = True) -> Rewr
                 plan.notes.append(note)
     if plan is None or planned.budget is not None:
         return result
-    best, how = original_best(a)
     peak = result.after.arena_in_use(result.mem_reuse)
+    if peak < original_floor(a):  # below the original however it runs: no replay of it needed
+        return result
+    best, how = original_best(a)
     if peak < best:
         return result
     line = (f"the plan's predicted peak {human_bytes(peak)} is not below the original's "
