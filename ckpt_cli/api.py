@@ -263,7 +263,8 @@ def _check_paths(paths: dict[str, Path], analysed: dict[str, Analysis], dims, op
     # round like the original's at that optimization level: compare outputs with that.
     optimized = ort_optimized(analysed["rewritten"].graph.model, paths["rewritten"])
     provider = optimized["provider"] if optimized and options.provider == "auto" else options.provider
-    return check_files(paths["original"], paths["rewritten"], {k: predict(a, reuse, plain=k == "rewritten") for k, a in analysed.items()},
+    predicted = {k: predict(a, reuse, plain=k == "rewritten") for k, a in analysed.items()}
+    return check_files(paths["original"], paths["rewritten"], predicted,
                        enable_mem_reuse=reuse, feeds_model=analysed["original"].graph.model,
                        provider=provider, runs=options.runs, seed=options.seed, dims=dims,
                        feeds_file=options.feeds_file, python=options.python, rtol=options.rtol, atol=options.atol,

@@ -46,7 +46,6 @@ MATMUL_OPS = frozenset({"MatMul", "Gemm", "FusedMatMul", "Conv", "ConvTranspose"
 ORT_FOLDABLE = frozenset({"Shape", "Size", "Constant", "Gather", "Squeeze", "Unsqueeze"})
 ORT_SCALAR_FOLDABLE = frozenset({"Add", "Sub", "Mul", "Div"})
 
-# Standard ops with subgraph attributes (nodes of other domains are looked into as well).
 # Copies ORT places between a GPU provider and CPU-placed nodes. They are ORT's own ops
 # (not ONNX), written into an optimized file and inserted again whenever ORT loads one.
 DEVICE_COPY_OPS = frozenset({"MemcpyToHost", "MemcpyFromHost"})
@@ -64,6 +63,7 @@ HOST_INPUT_SLOTS: dict[str, frozenset[int]] = {
     "ReduceL2": frozenset({1}), "ReduceSumSquare": frozenset({1}), "ReduceLogSumExp": frozenset({1}),
 }
 
+# Standard ops with subgraph attributes (nodes of other domains are looked into as well).
 CONTROL_FLOW_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 
 

@@ -170,14 +170,15 @@ def _drop_device_copies(path: Path) -> int:
         return 0
     produced = {t for n in graph.node for t in n.output}
     outside = {i.name for i in graph.input} | {i.name for i in graph.initializer}
+    outputs = {o.name for o in graph.output}
     rename: dict[str, str] = {}  # tensor -> the name it takes
     dropped = set()
     for n in copies:
         src, dst = n.input[0], n.output[0]
-        if src in produced and src not in outside and src not in {o.name for o in graph.output}:
+        if src in produced and src not in outside and src not in outputs:
             rename[src] = dst  # the producer writes the copy's (the rewrite's) name
             dropped.add(id(n))
-        elif dst not in {o.name for o in graph.output}:
+        elif dst not in outputs:
             rename[dst] = src  # a graph input or initializer: readers read it directly
             dropped.add(id(n))
         else:

@@ -234,8 +234,8 @@ def unshare(graph: Graph, tensors: dict[str, TensorInfo], recorded_reuse: bool =
     sets = candidates(graph, tensors, orders, forward)
     # Whether a set fits the recorded settings turns on the construction, not on the set:
     # on gpt, gpt12 and cnn every candidate set fits, or none does, under each one. So the
-    # best set alone is tried, under both (trying the next ones cost a --budget 65% plan of
-    # 10k nodes 2.3 s, for twelve sets that all rose).
+    # best set alone is tried, under both (on a --budget 65% plan of 10k nodes the six tries,
+    # all rising, took rewrite_plan from 1.40 to 2.82 s).
     for local in (False, True):
         if not sets:
             break

@@ -139,8 +139,10 @@ def pin(graph: Graph, tensors: dict[str, TensorInfo], forward: set[str]) -> PinR
         for n in block:
             host = HOST_INPUT_SLOTS.get(n.op_type, frozenset())
             device = [t for k, t in enumerate(n.inputs) if t != ABSENT and k not in host]
-            if any(t in produced for t in n.inputs) or not device:
-                if not device and any(t != ABSENT for t in n.inputs) and not any(t in produced for t in n.inputs):
+            if any(t in produced for t in n.inputs):
+                continue  # it runs after an earlier copy of the block
+            if not device:
+                if any(t != ABSENT for t in n.inputs):
                     unpinned.add(n.index)  # only host inputs (ConstantOfShape): it keeps its CSE mark
                 continue
             x = next((t for t in device if t in guarded), None) or device[0]

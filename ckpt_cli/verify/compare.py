@@ -87,8 +87,6 @@ def compare_outputs(a: dict, b: dict, *, rtol: float = DEFAULT_RTOL,
     }
 
 
-# ORT's copies between devices are not nodes ckpt could have written: listed, not failed.
-PROVIDER_COPY_OPS = DEVICE_COPY_OPS
 
 
 def order_check(file_order: list, executed: list, executed_ops: list | None = None,
@@ -98,7 +96,8 @@ def order_check(file_order: list, executed: list, executed_ops: list | None = No
     Compared on the nodes present in both: ORT runs no kernel for Constant nodes
     (they become initializers), and unnamed nodes get generated names in the
     profile, so both are left out of the comparison and listed instead.
-    Provider copies (``executed_ops`` in PROVIDER_COPY_OPS) are counted apart.
+    ORT's copies between devices (``executed_ops`` in DEVICE_COPY_OPS) are not nodes ckpt
+    could have written: they are listed apart, not failed.
 
     With several providers (CUDA plus the CPU nodes ORT places beside it), ORT runs one
     stream per device and interleaves them at cross-device waits, so the order is
@@ -107,7 +106,7 @@ def order_check(file_order: list, executed: list, executed_ops: list | None = No
     file_set = set(file_order)
     ops = executed_ops or [""] * len(executed)
     provs = executed_providers or [""] * len(executed)
-    copies = [n for n, op in zip(executed, ops) if op in PROVIDER_COPY_OPS and n not in file_set]
+    copies = [n for n, op in zip(executed, ops) if op in DEVICE_COPY_OPS and n not in file_set]
     skip = set(copies)
     kept = [(n, p) for n, p in zip(executed, provs) if n not in skip]
     executed = [n for n, _ in kept]
@@ -141,5 +140,5 @@ def order_check(file_order: list, executed: list, executed_ops: list | None = No
         "n_not_in_file": sum(1 for n in executed if n not in file_set),
         "provider_copies": copies[:50],
         "n_provider_copies": len(copies),
-        "nodes_per_provider": per_provider if len(per_provider) > 1 or "" not in per_provider else {},
+        "nodes_per_provider": {p: n for p, n in per_provider.items() if p},
     }
