@@ -149,6 +149,22 @@ class Graph:
         return self.with_node_list([Node.from_proto(n.index, protos[n.index]) if n.index in protos else n
                                     for n in self.nodes])
 
+    def remarked(self, protos: dict[int, onnx.NodeProto]) -> "Graph":
+        """``replaced(protos)`` for protos that differ from the nodes' own only in metadata
+        or attributes (same name, op, inputs and outputs): the links and tensor ids are
+        kept, not rebuilt (a third of a second at 100k nodes)."""
+        nodes = list(self.nodes)
+        for i, p in protos.items():
+            n = nodes[i]
+            assert (p.name, p.op_type, tuple(p.input), tuple(p.output)) == (n.name, n.op_type, n.inputs, n.outputs)
+            nodes[i] = Node(i, n.name, n.op_type, n.domain, n.inputs, n.outputs, p, n.implicit)
+        graph = Graph(self.model, nodes, list(self.inputs), list(self.outputs), dict(self.initializers),
+                      self.producer, self.consumers)
+        for key in ("preds", "succs", "ids", "_topological"):
+            if key in self.__dict__:
+                graph.__dict__[key] = self.__dict__[key]
+        return graph
+
     def _link(self) -> None:
         producer: dict[str, int] = {}
         consumers: dict[str, list[int]] = {}

@@ -77,6 +77,7 @@ def rewrite_plan(a: Analysis, planned: Planned | None, pin: bool = True) -> Rewr
         result = pinned(a, planned.result) if pin else planned.result
     else:
         result = rewrite(a, plan, pin)
+    result.after.phases  # noqa: B018 (a written graph left without a backward is refused before it is saved)
     if plan is not None:
         for r in result.regions:
             note = (f"region '{r.name}' recomputes nothing: the backward reads none of its activations, or the "

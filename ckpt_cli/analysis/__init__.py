@@ -11,7 +11,7 @@ from ..graph import ABSENT, Graph, gc_paused
 from ..markers import MEM_REUSE_META, is_recompute_copy
 from . import schedules
 from .cost import NodeCost, graph_costs
-from .memory import MemoryProfile, buffer_roots, simulate
+from .memory import MemoryProfile, buffer_roots, simulate, simulate_deferred
 from .phases import Phases, classify
 from .scopes import node_scopes
 from .shapes import TensorInfo, infer_tensors, symbolic_dims
@@ -35,10 +35,22 @@ class Analysis:
 
     graph: Graph
     tensors: dict[str, TensorInfo]
-    phases: Phases
-    roots: dict[str, str]
     priority: MemoryProfile  # ORT PRIORITY_BASED order (the file order when sorted)
     reuse_buffers: bool = True  # ORT's enable_mem_reuse the simulations assume
+    loss_given: str | None = None  # --loss / --grad-output, which decide the phases
+    grad_outputs_given: tuple[str, ...] | None = None
+
+    @cached_property
+    @gc_paused
+    def phases(self) -> Phases:
+        """Forward and backward nodes (classified on first use: a plan search judges
+        rewritten graphs by their peak alone)."""
+        return classify(self.graph, self.loss_given, list(self.grad_outputs_given or ()) or None)
+
+    @cached_property
+    @gc_paused
+    def roots(self) -> dict[str, str]:
+        return buffer_roots(self.graph)
 
     @cached_property
     @gc_paused
@@ -67,6 +79,8 @@ class Analysis:
         if reuse_buffers == self.reuse_buffers:
             return self.priority
         cache = self.__dict__.setdefault("_profiles", {})
+        if reuse_buffers not in cache and not reuse_buffers and "_without_reuse" in self.__dict__:
+            cache[reuse_buffers] = self.__dict__.pop("_without_reuse")()
         if reuse_buffers not in cache:
             cache[reuse_buffers] = simulate(self.graph, self.priority.order, self.tensors,
                                             reuse_buffers=reuse_buffers)
@@ -159,21 +173,30 @@ def recommended_mem_reuse(graph: Graph) -> bool:
 @gc_paused
 def analyse(graph: Graph, dims: dict[str, int] | None = None, loss: str | None = None,
             grad_outputs: list[str] | None = None, tensors: dict[str, TensorInfo] | None = None, *,
-            priority: MemoryProfile | None = None, reuse_buffers: bool | None = None) -> Analysis:
+            priority: MemoryProfile | None = None, reuse_buffers: bool | None = None,
+            deferred: bool = False) -> Analysis:
     """Run every analysis on ``graph``. ``tensors`` may be passed to skip shape inference, and
     ``priority`` (the simulation of ``schedules.priority_based(graph)`` with them) to skip it.
-    ``reuse_buffers`` (ORT's enable_mem_reuse) defaults to what the model asks for."""
+    ``reuse_buffers`` (ORT's enable_mem_reuse) defaults to what the model asks for.
+    ``deferred`` leaves the phases to their first use (a graph ckpt wrote, whose phases
+    cannot fail), else they are classified now, so a model without a backward is refused here."""
     if tensors is None:
         tensors = infer_tensors(graph, dims)
         _refuse_unbound_dims(graph, tensors, dims or {})
     if reuse_buffers is None:
         reuse_buffers = recommended_mem_reuse(graph)
-    phases = classify(graph, loss, grad_outputs)
-    roots = buffer_roots(graph)
-    if priority is None:
+    without_reuse = None
+    if priority is None and reuse_buffers:
+        priority, without_reuse = simulate_deferred(graph, schedules.priority_based(graph), tensors)
+    elif priority is None:
         priority = simulate(graph, schedules.priority_based(graph), tensors, reuse_buffers=reuse_buffers)
-    return Analysis(graph=graph, tensors=tensors, phases=phases, roots=roots, priority=priority,
-                    reuse_buffers=reuse_buffers)
+    a = Analysis(graph=graph, tensors=tensors, priority=priority, reuse_buffers=reuse_buffers, loss_given=loss,
+                 grad_outputs_given=tuple(grad_outputs) if grad_outputs else None)
+    if not deferred:
+        a.phases  # noqa: B018 (classified now: its errors belong to loading)
+    if without_reuse is not None:
+        a.__dict__["_without_reuse"] = without_reuse  # profile(False) without walking the graph again
+    return a
 
 
 __all__ = ["Analysis", "Stashed", "analyse", "MemoryProfile", "Phases", "TensorInfo", "symbolic_dims",

@@ -13,15 +13,16 @@ Graph inputs and initializers are resident throughout and counted in every step.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from ..graph import ABSENT, Graph
 from ..ops import VIEW_OPS
 from .lifetimes import lifetimes
-from .planner import plan_buffers
+from .planner import Buffers, plan_buffers, without_reuse
 from .shapes import TensorInfo
 from .timeline import bytes_in_use, live_at, peak_of
 
-__all__ = ["MemoryProfile", "buffer_roots", "resident_bytes", "simulate"]
+__all__ = ["MemoryProfile", "buffer_roots", "resident_bytes", "simulate", "simulate_both", "simulate_deferred"]
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,28 @@ def simulate(graph: Graph, order: list[int] | tuple[int, ...], tensors: dict[str
     ``reuse_buffers=False`` models ORT's ``SessionOptions.enable_mem_reuse = False``: freed
     buffers are not reused (each one is released at its last read); in-place writes stay."""
     life = lifetimes(graph, order)
-    buffers = plan_buffers(graph, order, tensors, life, reuse_buffers)
+    return _profile(graph, order, tensors, plan_buffers(graph, order, tensors, life, reuse_buffers))
+
+
+def simulate_both(graph: Graph, order: list[int] | tuple[int, ...],
+                  tensors: dict[str, TensorInfo]) -> tuple[MemoryProfile, MemoryProfile]:
+    """``simulate`` with buffer reuse on and off, for the cost of one walk of the order."""
+    life = lifetimes(graph, order)
+    on = plan_buffers(graph, order, tensors, life, True)
+    return _profile(graph, order, tensors, on), _profile(graph, order, tensors, without_reuse(on, life))
+
+
+def simulate_deferred(graph: Graph, order: list[int] | tuple[int, ...], tensors: dict[str, TensorInfo]
+                      ) -> tuple[MemoryProfile, Callable[[], MemoryProfile]]:
+    """``simulate`` with reuse on, and a call that gives the same order with reuse off
+    from it (for a caller that may need both)."""
+    life = lifetimes(graph, order)
+    on = plan_buffers(graph, order, tensors, life, True)
+    return _profile(graph, order, tensors, on), lambda: _profile(graph, order, tensors, without_reuse(on, life))
+
+
+def _profile(graph: Graph, order: list[int] | tuple[int, ...], tensors: dict[str, TensorInfo],
+             buffers: Buffers) -> MemoryProfile:
     base = resident_bytes(graph, tensors)
     steps = len(order)
     tl = bytes_in_use(buffers, steps, base)

@@ -24,7 +24,7 @@ it (``GenerateDeallocationPlan``); a buffer nobody reads is held to the end of t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..graph import Graph
 from ..ops import IN_PLACE_OPS, VIEW_OPS
@@ -46,6 +46,9 @@ class Buffers:
     dies: list[int]
     holders: list[list[tuple[int, int]]]  # per buffer: (step, tensor id) in assignment order
     unsized: list[str]  # tensors of unknown size, given a buffer of 0 bytes
+    # (buffer, holder position) each time a buffer was allocated or taken from the free
+    # list, in order: with reuse off every take would have been an allocation of its own
+    takes: list[tuple[int, int]] = field(default_factory=list)
 
 
 def _reuse_key(info: TensorInfo | None):
@@ -98,6 +101,7 @@ def plan_buffers(graph: Graph, order: list[int] | tuple[int, ...], tensors: dict
     dies: list[int] = []
     holders: list[list[tuple[int, int]]] = []
     unsized: list[str] = []
+    takes: list[tuple[int, int]] = []
     free_lists: list[list[int]] = [[] for _ in range(n_classes)]
 
     kinds = [_OP_KINDS.get(n.op_type, 0) for n in graph.nodes]
@@ -122,6 +126,7 @@ def plan_buffers(graph: Graph, order: list[int] | tuple[int, ...], tensors: dict
                 b = -1
             else:
                 b = free_lists[reuse[t]].pop()
+                takes.append((b, len(holders[b])))
             if b < 0:  # a new buffer
                 b = len(left)
                 n = sizes[t]
@@ -134,6 +139,7 @@ def plan_buffers(graph: Graph, order: list[int] | tuple[int, ...], tensors: dict
                 born.append(k)
                 dies.append(-1)
                 holders.append([])
+                takes.append((b, 0))
             buffer_of[t] = b
             left[b] += uses[t]
             holders[b].append((k, t))
@@ -148,4 +154,35 @@ def plan_buffers(graph: Graph, order: list[int] | tuple[int, ...], tensors: dict
                         if left[b] == 0 and owner_class[b] >= 0:
                             free_lists[owner_class[b]].append(b)
     steps = life.steps
-    return Buffers(size, born, [steps if d < 0 else min(d, steps) for d in dies], holders, unsized)
+    return Buffers(size, born, [steps if d < 0 else min(d, steps) for d in dies], holders, unsized, takes)
+
+
+def without_reuse(buffers: Buffers, life: Lifetimes) -> Buffers:
+    """``plan_buffers(..., reuse_buffers=False)`` from the same order's plan with reuse on,
+    without walking the graph again: views and in-place writes do not depend on reuse
+    (a reused buffer's use count starts from zero like a new one's), so each take of a
+    freed buffer becomes an allocation of its own, holding the holders up to the next take."""
+    last_read, steps = life.last_read, life.steps
+    all_holders, takes = buffers.holders, buffers.takes
+    end = [0] * len(takes)  # per take: where its holders end
+    nxt: list[int] = [-1] * len(buffers.size)
+    for e in range(len(takes) - 1, -1, -1):
+        b, pos = takes[e]
+        end[e] = len(all_holders[b]) if nxt[b] < 0 else nxt[b]
+        nxt[b] = pos
+    size: list[int] = []
+    born: list[int] = []
+    dies: list[int] = []
+    holders: list[list[tuple[int, int]]] = []
+    for e, (b, pos) in enumerate(takes):
+        own = all_holders[b]
+        if pos == 0 and end[e] == len(own):  # never reused: the buffer as it is
+            dies.append(buffers.dies[b])
+        else:
+            own = own[pos:end[e]]
+            d = max(last_read[t] for _, t in own)
+            dies.append(steps if d < 0 else min(d, steps))
+        size.append(buffers.size[b])
+        born.append(own[0][0])
+        holders.append(own)
+    return Buffers(size, born, dies, holders, list(buffers.unsized), [(b, 0) for b in range(len(size))])

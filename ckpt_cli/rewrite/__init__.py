@@ -9,7 +9,7 @@ import onnx
 from ..analysis import Analysis, analyse, schedules
 from ..analysis.arena import predict_in_use
 from ..analysis.cost import node_cost
-from ..analysis.memory import buffer_roots, simulate
+from ..analysis.memory import buffer_roots, simulate, simulate_both
 from ..analysis.phases import BACKWARD
 from ..graph import Graph, Node, gc_paused
 from ..markers import PHASE_META
@@ -93,7 +93,7 @@ def rewrite(a: Analysis, plan: Plan | None, pin: bool = True) -> RewriteResult:
     # The written order is its own PRIORITY_BASED order (executed_order), so the
     # simulation above is the after-analysis's; phase markers change no tensor.
     after = analyse(new, loss=a.phases.loss, grad_outputs=list(a.phases.grad_outputs), tensors=tensors,
-                    priority=profile, reuse_buffers=mem_reuse)
+                    priority=profile, reuse_buffers=mem_reuse, deferred=True)
     copies = [n for n in new.nodes if n.name in copy_names]
     flops = sum(node_cost(n, tensors).flops for n in copies)  # not after.costs: that prices every node
     decisions = dict(plan.decisions) if plan is not None else {}
@@ -118,7 +118,7 @@ def pinned(a: Analysis, result: RewriteResult) -> RewriteResult:
         new, tensors = fresh.graph, fresh.tensors
     profile = fresh.profile or simulate(new, list(range(len(new.nodes))), tensors, reuse_buffers=result.mem_reuse)
     after = analyse(new, loss=a.phases.loss, grad_outputs=list(a.phases.grad_outputs), tensors=tensors,
-                    priority=profile, reuse_buffers=result.mem_reuse)
+                    priority=profile, reuse_buffers=result.mem_reuse, deferred=True)
     return replace(result, graph=new, after=after, pinned=guarded, fresh=fresh)
 
 
@@ -172,8 +172,7 @@ def _choose_order_and_reuse(a: Analysis, candidates: list[Graph], tensors) -> tu
         if names in seen:  # the heuristic order can be the plain one: simulate it once
             continue
         seen.append(names)
-        for reuse in (True, False):
-            profile = simulate(graph, list(range(len(graph.nodes))), tensors, reuse_buffers=reuse)
+        for reuse, profile in zip((True, False), simulate_both(graph, list(range(len(graph.nodes))), tensors)):
             scale = 1.0 if reuse else 1 / (1 - MEM_REUSE_OFF_MARGIN)
             simulated.append((profile.activation_peak_bytes * scale, len(simulated), graph, profile, reuse, scale))
     best = None
@@ -203,7 +202,7 @@ def _mark_early_backward(graph: Graph, forward_names: set[str]) -> Graph:
             p.CopyFrom(n.proto)  # the input graph's protos are never modified
             entry = p.metadata_props.add()
             entry.key, entry.value = PHASE_META, BACKWARD
-    return graph.replaced(marked) if marked else graph
+    return graph.remarked(marked) if marked else graph
 
 
 __all__ = ["rewrite", "pinned", "RewriteResult", "RegionResult"]
