@@ -60,13 +60,25 @@ def _resolved(model: onnx.ModelProto) -> onnx.ModelProto | None:
         return onnx.load(str(out))
 
 
-def _typed(model: onnx.ModelProto, names: set[str]) -> dict[str, onnx.ValueInfoProto] | None:
-    """The graph's types of ``names`` (declared, else onnx's shape inference), or None
-    when one has no element type."""
+def _typed(graph: Graph, names: set[str]) -> dict[str, onnx.ValueInfoProto] | None:
+    """The graph's types of ``names`` (declared, else onnx's shape inference over the nodes
+    they depend on), or None when one has no element type."""
+    model = graph.model
     g = model.graph
     known = {v.name: v for v in chain(g.input, g.value_info, g.output) if v.name in names}
     if len(known) < len(names):
-        inferred = onnx.shape_inference.infer_shapes(weightless_copy(model, inline_bytes=0)).graph
+        # Inference runs forward: the producers' ancestors decide these types (a loss's
+        # inputs need the forward only, a third of a training graph).
+        wanted = [graph.producer[t] for t in names if t not in known and t in graph.producer]
+        ancestors = set(wanted)
+        preds = graph.preds
+        while wanted:
+            for p in preds[wanted.pop()]:
+                if p not in ancestors:
+                    ancestors.add(p)
+                    wanted.append(p)
+        nodes = (graph.nodes[i].proto for i in graph.topological_order() if i in ancestors)
+        inferred = onnx.shape_inference.infer_shapes(weightless_copy(model, nodes, inline_bytes=0)).graph
         known.update((v.name, v) for v in chain(inferred.value_info, inferred.output)
                      if v.name in names and v.name not in known)
     if len(known) < len(names) or any(not v.type.HasField("tensor_type") or not v.type.tensor_type.elem_type
@@ -89,7 +101,7 @@ def _excerpt(graph: Graph, functions: set[str]) -> tuple[onnx.ModelProto, set[st
     small = {t.name: t for t in src.initializer if t.name in needed
              and t.data_location != onnx.TensorProto.EXTERNAL and len(t.raw_data) <= _INLINE_LIMIT}
     big = {t.name: t for t in src.initializer if t.name in needed and t.name not in small}
-    types = _typed(graph.model, needed - set(small) - set(big))
+    types = _typed(graph, needed - set(small) - set(big))
     if types is None:
         return None
     model = onnx.ModelProto(ir_version=graph.model.ir_version, producer_name=graph.model.producer_name)

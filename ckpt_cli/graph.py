@@ -168,17 +168,19 @@ class Graph:
     def _link(self) -> None:
         producer: dict[str, int] = {}
         consumers: dict[str, list[int]] = {}
+        add = consumers.setdefault
         for node in self.nodes:
-            for t in node.reads:
-                if t != ABSENT:
-                    consumers.setdefault(t, []).append(node.index)
+            i = node.index
+            for t in (node.inputs + node.implicit if node.implicit else node.inputs):
+                if t:  # ABSENT is ""
+                    add(t, []).append(i)
             for t in node.outputs:
-                if t == ABSENT:
+                if not t:
                     continue
                 if t in producer:
                     raise ModelError(f"tensor '{t}' is produced by two nodes: "
                                      f"'{self.nodes[producer[t]].name}' and '{node.name}'")
-                producer[t] = node.index
+                producer[t] = i
         self.producer, self.consumers = producer, consumers
 
     # ----- queries -------------------------------------------------------------------

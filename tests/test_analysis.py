@@ -124,3 +124,23 @@ def test_reuse_off_derived_from_reuse_on_is_the_same_simulation():
             assert off == simulate(g, order, tensors, reuse_buffers=False)
             split += len(off.buffers) > len(on.buffers)
     assert split >= 10  # the derivation had buffers to split, not only copies to make
+
+
+def test_remembered_arena_peaks_are_the_replayed_ones():
+    """The rewrite records the arena peaks it replayed while choosing (unpinned and pinned
+    graphs); each equals a fresh replay of the written graph."""
+    from pathlib import Path
+
+    from ckpt_cli.analysis.arena import predict_in_use
+    from ckpt_cli.analysis.memory import simulate
+    from ckpt_cli.pipeline import make_plan, rewrite_plan
+
+    samples = Path(__file__).resolve().parent.parent / "sample_models"
+    for name in ("gpt", "cnn"):
+        a = analyse(load_graph(samples / f"{name}.onnx"))
+        planned = make_plan(a)
+        for result in (rewrite(a, planned.plan, pin=False), rewrite_plan(a, planned)):
+            remembered = result.after.__dict__["_arena_in_use"][result.mem_reuse]
+            g = result.graph
+            profile = simulate(g, list(range(len(g.nodes))), result.after.tensors, reuse_buffers=result.mem_reuse)
+            assert remembered == predict_in_use(g, profile, result.after.tensors).peak_in_use_bytes

@@ -160,3 +160,24 @@ def test_budgets_below_every_standard_floor_scan_other_segmentations(gpt):
     result = budget_plan(gpt, limit, lambda p: plan_cost(gpt, p), lambda p: keep_intervals(gpt, p))
     assert result.peak_bytes <= limit and plan_cost(gpt, result.plan).peak_bytes == result.peak_bytes
     assert result.plan.regions and len(result.plan.regions) not in {len(s.regions) for s in structures(gpt)}
+
+
+def test_large_graph_unreachable_budget_stops_at_the_first_floor_far_above_it():
+    """Above LARGE_GRAPH_NODES the structures' floors lie within STRUCTURE_SPREAD of each
+    other: a budget far below the first floor is unreachable after that one rewrite (the
+    other structures' floors, each a whole-graph rewrite, are not taken)."""
+    from bench.synthetic import build_transformer
+    from ckpt_cli.graph import Graph
+    from ckpt_cli.pipeline import make_plan
+    from ckpt_cli.planning.cutsearch import THOROUGH_CUTS_NODES
+    from ckpt_cli.planning.strategies import LARGE_GRAPH_NODES, STRUCTURE_SPREAD, structures
+
+    a = analyse(Graph.from_model(build_transformer(16)))
+    assert len(a.graph.nodes) > max(LARGE_GRAPH_NODES, THOROUGH_CUTS_NODES) and len(structures(a)) >= 2
+    first = keep_intervals(a, structures(a)[0]).cost.peak_bytes
+    for budget in (int(first / (1 + 2 * STRUCTURE_SPREAD)), max(a.lower_bound_bytes, int(first * 0.85))):
+        told: list[str] = []
+        with pytest.raises(BudgetUnreachable):
+            make_plan(a, budget=str(budget), progress=told.append)
+        cut = int(budget >= a.lower_bound_bytes)  # the cut next to recomputing all, judged first
+        assert told[-1].startswith(f"planning: {cut + 1} plans evaluated"), (budget, told)

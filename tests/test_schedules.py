@@ -75,3 +75,44 @@ def test_priority_based_runs_shape_and_size_first():
             ready_at = max((position[p] for p in g.preds[i]), default=-1)
             assert position[i] == ready_at + 1 or all(
                 g.nodes[order[k]].op_type in ("Shape", "Size") for k in range(ready_at + 1, position[i]))
+
+
+def _kahn_reference(graph: Graph, file_order: list[int]) -> list[int]:
+    """PRIORITY_BASED the plain way: Kahn's algorithm over (Shape/Size first, file position)."""
+    import heapq
+
+    from ckpt_cli.ops import HIGH_PRIORITY_OPS
+
+    position = {i: p for p, i in enumerate(file_order)}
+    rank = [0 if n.op_type in HIGH_PRIORITY_OPS else 1 for n in graph.nodes]
+    indegree = [len(p) for p in graph.preds]
+    ready = [(rank[i], position[i], i) for i, d in enumerate(indegree) if d == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        i = heapq.heappop(ready)[2]
+        order.append(i)
+        for j in graph.succs[i]:
+            indegree[j] -= 1
+            if indegree[j] == 0:
+                heapq.heappush(ready, (rank[j], position[j], j))
+    return order
+
+
+def test_priority_based_shortcut_matches_kahn():
+    """priority_based returns a written order as it is when Kahn's rule would: checked
+    against the plain algorithm on random graphs, in their generated order, in random
+    topological orders, in their own executed order (where the shortcut applies) and in a
+    non-topological order."""
+    shortcut = 0
+    for seed in range(GRAPHS):
+        g = Graph.from_model(build_random_training_graph(seed, 10))
+        generated = list(range(len(g.nodes)))
+        shuffled = Graph.from_model(_shuffled(build_random_training_graph(seed, 10), seed))
+        for graph in (g, shuffled):
+            executed = _kahn_reference(graph, generated)
+            for order in (generated, executed, generated[::-1]):
+                got = schedules.priority_based(graph, order)
+                assert got == _kahn_reference(graph, order), (seed, order[:5])
+                shortcut += got == order
+    assert shortcut >= GRAPHS  # every executed order is its own, through the shortcut

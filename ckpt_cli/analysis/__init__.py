@@ -97,6 +97,10 @@ class Analysis:
             cache[reuse_buffers] = predict_in_use(self.graph, profile, self.tensors).peak_in_use_bytes
         return cache[reuse_buffers]
 
+    def remember_arena_in_use(self, reuse_buffers: bool, peak: int) -> None:
+        """Record ``arena_in_use(reuse_buffers)`` where a caller replayed it already."""
+        self.__dict__.setdefault("_arena_in_use", {})[reuse_buffers] = peak
+
     @property
     def output_bytes(self) -> int:
         """The graph's outputs (loss, gradients): ORT holds each until the run ends, so

@@ -21,23 +21,48 @@ def priority_based(graph: Graph, file_order: list[int] | None = None) -> list[in
     With ``file_order``, the order for the graph written with its nodes in that order
     (still as indices into ``graph.nodes``)."""
     at = list(range(len(graph.nodes))) if file_order is None else list(file_order)  # file position -> node
-    position = [0] * len(at)
+    n = len(at)
+    position = [0] * n
     for p, i in enumerate(at):
         position[i] = p
-    rank = [0 if n.op_type in HIGH_PRIORITY_OPS else 1 for n in graph.nodes]
-    indegree = [len(p) for p in graph.preds]
-    ready = [(rank[i], position[i]) for i, d in enumerate(indegree) if d == 0]
+    high = [n.op_type in HIGH_PRIORITY_OPS for n in graph.nodes]
+    preds = graph.preds
+    if _runs_as_written(at, position, preds, high):
+        return at
+    # one int per ready node: Shape and Size (rank 0) before the rest, then by position
+    key = [position[i] + (0 if high[i] else n) for i in range(n)]
+    indegree = [len(p) for p in preds]
+    ready = [key[i] for i, d in enumerate(indegree) if d == 0]
     heapq.heapify(ready)
     order: list[int] = []
     succs = graph.succs
+    pop, push = heapq.heappop, heapq.heappush
     while ready:
-        i = at[heapq.heappop(ready)[1]]
+        k = pop(ready)
+        i = at[k if k < n else k - n]
         order.append(i)
         for j in succs[i]:  # one entry per edge, as ORT counts them
             indegree[j] -= 1
             if indegree[j] == 0:
-                heapq.heappush(ready, (rank[j], position[j]))
+                push(ready, key[j])
     return order
+
+
+def _runs_as_written(at: list[int], position: list[int], preds: list[list[int]], high: list[bool]) -> bool:
+    """Whether Kahn's rule above gives ``at`` itself: it is topological, and no Shape or
+    Size node becomes ready before the other nodes written ahead of it have run (it would
+    jump the queue; only Shape and Size nodes may lie between it and its last input)."""
+    last_low = -1  # position of the last node written so far that is not Shape or Size
+    for k, i in enumerate(at):
+        ps = preds[i]
+        last = -1 if not ps else position[ps[0]] if len(ps) == 1 else max([position[p] for p in ps])
+        if last >= k:
+            return False
+        if not high[i]:
+            last_low = k
+        elif last < last_low:
+            return False
+    return True
 
 
 def ort_default(graph: Graph) -> list[int]:

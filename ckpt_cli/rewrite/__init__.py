@@ -8,7 +8,6 @@ import onnx
 
 from ..analysis import Analysis, analyse, schedules
 from ..analysis.arena import predict_in_use
-from ..analysis.cost import node_cost
 from ..analysis.memory import buffer_roots, simulate, simulate_both
 from ..analysis.phases import BACKWARD
 from ..graph import Graph, Node, gc_paused
@@ -88,14 +87,17 @@ def rewrite(a: Analysis, plan: Plan | None, pin: bool = True) -> RewriteResult:
         # Reordering only: ORT's DEFAULT order is a candidate too (where the order sets the
         # peak it can beat both). With copies it would run them right after their inputs.
         candidates.append(executed_order(new, schedules.ort_default(new)))
-    chosen, profile, mem_reuse = _choose_order_and_reuse(a, candidates, tensors)
+    chosen, profile, mem_reuse, in_use = _choose_order_and_reuse(a, candidates, tensors)
     new = _mark_early_backward(chosen, forward_names)
     # The written order is its own PRIORITY_BASED order (executed_order), so the
     # simulation above is the after-analysis's; phase markers change no tensor.
     after = analyse(new, loss=a.phases.loss, grad_outputs=list(a.phases.grad_outputs), tensors=tensors,
                     priority=profile, reuse_buffers=mem_reuse, deferred=True)
+    after.remember_arena_in_use(mem_reuse, in_use)
     copies = [n for n in new.nodes if n.name in copy_names]
-    flops = sum(node_cost(n, tensors).flops for n in copies)  # not after.costs: that prices every node
+    # A copy costs what its source costs (same op, same shapes): the input's costs, priced once.
+    source = {p.name: i for i, p in rec.copies.items()} if rec is not None else {}
+    flops = sum(a.costs[source[n.name]].flops for n in copies)
     decisions = dict(plan.decisions) if plan is not None else {}
     if rec is not None:
         # a plan made by hand (no strategy) states no intent: its regions are it
@@ -119,6 +121,8 @@ def pinned(a: Analysis, result: RewriteResult) -> RewriteResult:
     profile = fresh.profile or simulate(new, list(range(len(new.nodes))), tensors, reuse_buffers=result.mem_reuse)
     after = analyse(new, loss=a.phases.loss, grad_outputs=list(a.phases.grad_outputs), tensors=tensors,
                     priority=profile, reuse_buffers=result.mem_reuse, deferred=True)
+    if fresh.arena_in_use is not None:
+        after.remember_arena_in_use(result.mem_reuse, fresh.arena_in_use)
     return replace(result, graph=new, after=after, pinned=guarded, fresh=fresh)
 
 
@@ -185,7 +189,7 @@ def _choose_order_and_reuse(a: Analysis, candidates: list[Graph], tensors) -> tu
         in_use = predict_in_use(graph, profile, tensors).peak_in_use_bytes
         if not reuse and in_use > clearly_lower:
             continue
-        option = (in_use * scale, profile.peak_bytes, k, graph, profile, reuse)
+        option = (in_use * scale, profile.peak_bytes, k, graph, profile, reuse, in_use)
         if best is None or option[:3] < best[:3]:
             best = option
     return best[3:]

@@ -63,6 +63,7 @@ class FreshResult:
     fresh: tuple[str, ...]  # tensors ORT now allocates on their own (no reuse, no in-place)
     guard_nodes: int  # nodes added
     profile: MemoryProfile | None = None  # the written graph simulated with the recorded enable_mem_reuse
+    arena_in_use: int | None = None  # and its arena peak (predict_in_use) there
 
 
 def _eligible(graph: Graph, tensors: dict[str, TensorInfo], forward: frozenset[str]) -> list[bool]:
@@ -230,7 +231,7 @@ def unshare(graph: Graph, tensors: dict[str, TensorInfo], recorded_reuse: bool =
     if 2 * len(graph.nodes) * (_PROBE_ROUNDS + 1) > _STEP_BUDGET:
         # Too large for the greedy to probe within its budget (above ~41k nodes). On a
         # 100k-node transformer its two rounds found nothing, for 3.9 s of a 17 s rewrite.
-        return replace(apply(graph, tensors, set()), profile=profile)
+        return replace(apply(graph, tensors, set()), profile=profile, arena_in_use=limit)
     orders = [list(range(len(graph.nodes))), schedules.ort_default(graph)]
     sets = candidates(graph, tensors, orders, forward)
     # Whether a set fits the recorded settings turns on the construction, not on the set:
@@ -243,5 +244,5 @@ def unshare(graph: Graph, tensors: dict[str, TensorInfo], recorded_reuse: bool =
         result = apply(graph, tensors, sets[0], local, forward)
         peak, written = _recorded_peak(result.graph, result.tensors, recorded_reuse)
         if peak <= limit:
-            return replace(result, profile=written)
-    return replace(apply(graph, tensors, set()), profile=profile)
+            return replace(result, profile=written, arena_in_use=peak)
+    return replace(apply(graph, tensors, set()), profile=profile, arena_in_use=limit)
