@@ -44,6 +44,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import threading
 import time
@@ -294,7 +295,7 @@ def _profile(cmd_args: list[str], work: Path, label: str) -> dict:
         if any(w in fname for w in wrappers) or func in ("<module>",) or "builtins.exec" in func:
             continue
         short = fname
-        for marker in ("site-packages/", str(REPO) + "/"):
+        for marker in ("site-packages/", str(REPO) + "/", sysconfig.get_paths()["stdlib"] + "/"):  # no machine paths
             if marker in short:
                 short = short.split(marker, 1)[1]
         rows.append({"function": f"{short}:{line}({func})" if line else func, "ncalls": nc,

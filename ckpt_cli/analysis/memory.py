@@ -81,9 +81,8 @@ def simulate(graph: Graph, order: list[int] | tuple[int, ...], tensors: dict[str
 def simulate_both(graph: Graph, order: list[int] | tuple[int, ...],
                   tensors: dict[str, TensorInfo]) -> tuple[MemoryProfile, MemoryProfile]:
     """``simulate`` with buffer reuse on and off, for the cost of one walk of the order."""
-    life = lifetimes(graph, order)
-    on = plan_buffers(graph, order, tensors, life, True)
-    return _profile(graph, order, tensors, on), _profile(graph, order, tensors, without_reuse(on, life))
+    on, off = simulate_deferred(graph, order, tensors)
+    return on, off()
 
 
 def simulate_deferred(graph: Graph, order: list[int] | tuple[int, ...], tensors: dict[str, TensorInfo]

@@ -25,7 +25,7 @@ def priority_based(graph: Graph, file_order: list[int] | None = None) -> list[in
     position = [0] * n
     for p, i in enumerate(at):
         position[i] = p
-    high = [n.op_type in HIGH_PRIORITY_OPS for n in graph.nodes]
+    high = [node.op_type in HIGH_PRIORITY_OPS for node in graph.nodes]
     preds = graph.preds
     if _runs_as_written(at, position, preds, high):
         return at

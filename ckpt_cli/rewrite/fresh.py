@@ -91,7 +91,8 @@ def _rank(info: TensorInfo | None) -> int:
 def candidates(graph: Graph, tensors: dict[str, TensorInfo], orders: list[list[int]],
                forward: frozenset[str] = frozenset()) -> list[set[str]]:
     """Sets of tensors to make fresh, best first: the rounds of a greedy on the highest peak
-    over ``orders`` with reuse on that end below the peak with none."""
+    over ``orders`` with reuse on that end below the peak with none; none at all when its
+    first _PROBE_ROUNDS rounds lower that peak by under _PROBE_GAIN."""
     names = graph.ids.names
     eligible = _eligible(graph, tensors, forward)
     lives = [lifetimes(graph, o) for o in orders]
