@@ -152,7 +152,7 @@ class Graph:
     def remarked(self, protos: dict[int, onnx.NodeProto]) -> "Graph":
         """``replaced(protos)`` for protos that differ from the nodes' own only in metadata
         or attributes (same name, op, inputs and outputs): the links and tensor ids are
-        kept, not rebuilt (a third of a second at 100k nodes)."""
+        kept, not rebuilt (_mark_early_backward: 0.31 -> 0.04 s at 100k nodes)."""
         nodes = list(self.nodes)
         for i, p in protos.items():
             n = nodes[i]

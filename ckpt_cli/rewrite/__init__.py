@@ -8,7 +8,7 @@ import onnx
 
 from ..analysis import Analysis, analyse, schedules
 from ..analysis.arena import predict_in_use
-from ..analysis.memory import buffer_roots, simulate, simulate_both
+from ..analysis.memory import buffer_roots, simulate_both
 from ..analysis.phases import BACKWARD
 from ..graph import Graph, Node, gc_paused
 from ..markers import PHASE_META
@@ -113,17 +113,12 @@ def pinned(a: Analysis, result: RewriteResult) -> RewriteResult:
     guarded = pin_schedule(result.graph, result.after.tensors, forward_names)
     if not guarded.guard_nodes:
         return replace(result, pinned=guarded)
-    new, tensors = guarded.graph, guarded.tensors
     # Only with copies: buffers parked across the recompute gap are theirs to lose.
-    fresh = unshare(new, tensors, result.mem_reuse, frozenset(forward_names))
-    if fresh.guard_nodes:
-        new, tensors = fresh.graph, fresh.tensors
-    profile = fresh.profile or simulate(new, list(range(len(new.nodes))), tensors, reuse_buffers=result.mem_reuse)
-    after = analyse(new, loss=a.phases.loss, grad_outputs=list(a.phases.grad_outputs), tensors=tensors,
-                    priority=profile, reuse_buffers=result.mem_reuse, deferred=True)
-    if fresh.arena_in_use is not None:
-        after.remember_arena_in_use(result.mem_reuse, fresh.arena_in_use)
-    return replace(result, graph=new, after=after, pinned=guarded, fresh=fresh)
+    fresh = unshare(guarded.graph, guarded.tensors, result.mem_reuse, frozenset(forward_names))
+    after = analyse(fresh.graph, loss=a.phases.loss, grad_outputs=list(a.phases.grad_outputs), tensors=fresh.tensors,
+                    priority=fresh.profile, reuse_buffers=result.mem_reuse, deferred=True)
+    after.remember_arena_in_use(result.mem_reuse, fresh.arena_in_use)
+    return replace(result, graph=fresh.graph, after=after, pinned=guarded, fresh=fresh)
 
 
 def unchanged(a: Analysis) -> RewriteResult:

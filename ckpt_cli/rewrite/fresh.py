@@ -62,8 +62,9 @@ class FreshResult:
     tensors: dict[str, TensorInfo]
     fresh: tuple[str, ...]  # tensors ORT now allocates on their own (no reuse, no in-place)
     guard_nodes: int  # nodes added
-    profile: MemoryProfile | None = None  # the written graph simulated with the recorded enable_mem_reuse
-    arena_in_use: int | None = None  # and its arena peak (predict_in_use) there
+    # set by unshare: the written graph simulated with the recorded enable_mem_reuse, and its arena peak there
+    profile: MemoryProfile | None = None
+    arena_in_use: int | None = None
 
 
 def _eligible(graph: Graph, tensors: dict[str, TensorInfo], forward: frozenset[str]) -> list[bool]:

