@@ -117,8 +117,8 @@ def make_feeds(model_path: str | Path, path: str | Path, seed: int = 0) -> None:
     rng = np.random.default_rng(seed)
     feeds = {}
     for v in model.graph.input:
-        if v.name in init:
-            continue
+        if v.name in init or v.type.WhichOneof("value") != "tensor_type":
+            continue  # an optional input (ckpt's memory-pattern switch) is left out: ORT runs it as None
         t = v.type.tensor_type
         shape = [d.dim_value if d.HasField("dim_value") else 1 for d in t.shape.dim]
         dtype = onnx.helper.tensor_dtype_to_np_dtype(t.elem_type)

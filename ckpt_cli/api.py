@@ -33,7 +33,7 @@ from .planning.decision import Decision
 from .planning.plan import Policy
 from .report.model import Source, check_report, inspect_report, rewrite_report
 from .report.plan_view import plan_report, planning_section
-from .rewrite import RewriteResult
+from .rewrite import RewriteResult, without_mem_pattern
 from .save import check_output_path, save_model
 from .verify.settings import settings_snippet
 from .verify.stage import DEFAULT_MAX_PREDICTION_ERROR, CheckFigures, Prediction, check_files
@@ -298,7 +298,8 @@ def rewrite_model(model: ModelInput, output: str | Path | None = None, *, force:
                   regions: list[str] | None = None, regions_by_scope: str | None = None,
                   boundaries: list[str] | None = None, plan: str | Path | None = None,
                   auto: str | None = None, budget: str | None = None, no_recompute: bool = False,
-                  pin: bool = True, policy: Policy | None = None, dims: dict[str, int] | None = None, loss: str | None = None, grad_outputs: list[str] | None = None,
+                  pin: bool = True, keep_mem_pattern: bool = False, policy: Policy | None = None,
+                  dims: dict[str, int] | None = None, loss: str | None = None, grad_outputs: list[str] | None = None,
                   check: bool | CheckOptions = False, progress: Callable[[str], None] | None = None,
                   ort_optimize: str | None = None) -> RewriteModelResult:
     """Rewrite a training graph to recompute activations instead of stashing them.
@@ -306,7 +307,9 @@ def rewrite_model(model: ModelInput, output: str | Path | None = None, *, force:
     Regions come from ``regions`` (globs or ``re:`` regexes over node names),
     ``regions_by_scope``, ``boundaries`` ('IN1,IN2:OUT1'), a ``plan`` file, ``auto`` or
     ``budget``; with none, the lowest-peak plan. ``pin`` holds the written order in the
-    data flow (guard nodes), so that any ORT session runs it. The rewritten ModelProto is in
+    data flow (guard nodes), so that any ORT session runs it; unless ``keep_mem_pattern``, it
+    also turns ORT's memory pattern off where that predicts a lower plain-session peak (an
+    optional input nobody feeds, ``rewrite/mem_pattern.py``). The rewritten ModelProto is in
     the result; it is written only when ``output`` is given (atomically, never over the
     input). ``check`` (True or CheckOptions) runs both models on ONNX Runtime.
     ``ort_optimize`` ("cpu" or "cuda") then lets ORT fuse the rewritten graph for that
@@ -324,8 +327,15 @@ def rewrite_model(model: ModelInput, output: str | Path | None = None, *, force:
                                                    Path(plan) if plan else None, progress=progress, policy=policy)
     chosen = planned.plan if planned else None
     result = rewrite_plan(a, planned, pin)
+    if pin and not keep_mem_pattern:
+        result = without_mem_pattern(result)
+        if result.pattern_off is not None and result.no_gain_reason:
+            result.no_gain_reason = result.no_gain_reason.replace(
+                "wrote the graph unchanged", "wrote the graph unchanged but for the input that turns ORT's "
+                "memory pattern off")
     options = {"regions": regions, "regions_by_scope": regions_by_scope, "boundaries": boundaries,
-               "plan": str(plan) if plan else None, "no_recompute": no_recompute, "pin": pin, "auto": auto,
+               "plan": str(plan) if plan else None, "no_recompute": no_recompute, "pin": pin,
+               "keep_mem_pattern": keep_mem_pattern, "auto": auto,
                "budget": budget, "ort_optimize": ort_optimize, **_policy_options(policy),
                **_analysis_options(dims, loss, grad_outputs)}
     rewritten = to_model(result, _provenance(options, result, chosen))
@@ -340,7 +350,8 @@ def rewrite_model(model: ModelInput, output: str | Path | None = None, *, force:
     report = rewrite_report(a, loaded.source, result, str(written[0]) if written else None,
                             chosen.to_json([n.name for n in a.graph.nodes]) if chosen else None, notes,
                             settings_snippet(ort_optimize if optimized else "cpu", result.mem_reuse,
-                                             str(written[0]) if written else None, result.session),
+                                             str(written[0]) if written else None, result.session,
+                                             result.pattern_off.input if result.pattern_off else None),
                             options)
     report["ort_optimize"] = optimized.to_json() if optimized else None
     if planned is not None:

@@ -34,6 +34,12 @@ FRESH_META = "ckpt.fresh"
 # Model metadata: a graph ORT optimized offline after the rewrite (--ort-optimize): its
 # provider, level and ORT version, as JSON.
 ORT_OPTIMIZE_META = "ckpt.ort_optimize"
+# A graph input ckpt adds to turn ONNX Runtime's memory pattern off in every session: an
+# optional tensor that no node reads and nobody feeds (ORT runs it as None). ORT disables
+# the pattern when any graph input is not a tensor (SessionState::ResolveMemoryPatternFlag).
+PATTERN_OFF_INPUT = "ckpt_mem_pattern_off"
+# Model metadata: the name of that input, when the written model has it.
+MEM_PATTERN_META = "ckpt.mem_pattern_off"
 # Model metadata: provenance keys (version, options, plan summary) start with this.
 PROVENANCE_PREFIX = "ckpt."
 

@@ -13,7 +13,7 @@ import onnx
 
 import json
 
-from .markers import MEM_REUSE_META, ORT_OPTIMIZE_META, SESSION_META
+from .markers import MEM_PATTERN_META, MEM_REUSE_META, ORT_OPTIMIZE_META, SESSION_META
 from .errors import ModelError
 from .verify.settings import ckpt_session_settings, ort_default_session_settings
 
@@ -26,8 +26,11 @@ def recorded_settings(path: str | Path) -> dict:
     except Exception as e:  # noqa: BLE001 - any decode failure: not a model
         raise ModelError(f"{path}: not a readable ONNX model ({type(e).__name__})") from None
     meta = {p.key: p.value for p in model.metadata_props}
+    # With ckpt's input that turns the memory pattern off, ORT runs without it whatever is set.
+    pattern = ({"enable_mem_pattern": False, "mem_pattern_off_input": meta[MEM_PATTERN_META]}
+               if MEM_PATTERN_META in meta else {})
     if meta.get(SESSION_META) == "ort_default":  # ckpt changed nothing that needs settings
-        return dict(ort_default_session_settings("cpu"), enable_mem_reuse=True)
+        return dict(ort_default_session_settings("cpu"), enable_mem_reuse=True, **pattern)
     optimized = _ort_optimized(meta, path)
     # A graph ORT optimized offline holds its fusions already: ORT_DISABLE_ALL runs it as
     # written, on the provider it was optimized for (fused kernels are provider-specific).
@@ -35,7 +38,7 @@ def recorded_settings(path: str | Path) -> dict:
     settings["enable_mem_reuse"] = meta.get(MEM_REUSE_META, "1") != "0"
     if optimized:
         settings["ort_optimize"] = optimized
-    return settings
+    return {**settings, **pattern}
 
 
 _LEVELS = ("ORT_ENABLE_BASIC", "ORT_ENABLE_EXTENDED", "ORT_ENABLE_ALL")

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import onnx
 
-from .markers import FRESH_META, GUARD_META, MEM_REUSE_META, PIN_META, SESSION_META, is_recompute_copy
+from .markers import FRESH_META, GUARD_META, MEM_PATTERN_META, MEM_REUSE_META, PIN_META, SESSION_META, is_recompute_copy
 from .save import build_model
 
 if TYPE_CHECKING:
@@ -25,7 +25,11 @@ def to_model(result: RewriteResult, metadata: dict[str, str] | None = None) -> o
     fresh = result.fresh
     if fresh is not None and fresh.guard_nodes:
         metadata[FRESH_META] = str(len(fresh.fresh))
+    if result.pattern_off is not None:
+        metadata[MEM_PATTERN_META] = result.pattern_off.input
     model = build_model(result.graph, [n.proto for n in result.graph.nodes], metadata)
+    if result.pattern_off is not None:
+        model.graph.input.append(pattern_off_input(result.pattern_off.input))
     if fresh is not None and fresh.guard_nodes:
         # ORT merges value_info into the shapes it infers: declaring every other tensor
         # leaves exactly the fresh tensors (and their guard views) unknown to it.
@@ -43,6 +47,14 @@ def to_model(result: RewriteResult, metadata: dict[str, str] | None = None) -> o
             if info is not None and info.shape is not None:
                 model.graph.value_info.append(onnx.helper.make_tensor_value_info(out, info.dtype, list(info.shape)))
     return model
+
+
+def pattern_off_input(name: str) -> onnx.ValueInfoProto:
+    """The graph input that turns ORT's memory pattern off (``rewrite/mem_pattern.py``): an
+    optional float tensor no node reads; a session run without it gets None."""
+    tensor = onnx.helper.make_tensor_type_proto(onnx.TensorProto.FLOAT, None)
+    return onnx.helper.make_value_info(name, onnx.helper.make_optional_type_proto(tensor),
+                                       doc_string="ckpt: turns ONNX Runtime's memory pattern off; do not feed")
 
 
 def _static_value_info(result: RewriteResult) -> list[onnx.ValueInfoProto]:

@@ -89,6 +89,17 @@ def test_recorded_settings_run_the_file_as_written(optimized):
     assert so.graph_optimization_level.name == "ORT_DISABLE_ALL"
 
 
+def test_keeps_the_memory_pattern_switch_and_warns_of_nothing(optimized):
+    # ORT's optimized graph keeps ckpt's optional input; the result's fields are the rewrite's
+    # own (a positional constructor once shifted the session name into ``warning``).
+    out, result = optimized
+    model = onnx.load(str(out))
+    off = result.result.pattern_off
+    assert off is not None and off.input in {v.name for v in model.graph.input}
+    assert {p.key: p.value for p in model.metadata_props}["ckpt.mem_pattern_off"] == off.input
+    assert result.report["warning"] is None and result.result.session == "ckpt"
+
+
 def test_loads_back_through_ckpt_with_every_tensor_sized(optimized):
     out, result = optimized
     inspected = ckpt_cli.inspect_model(out)

@@ -79,7 +79,9 @@ def test_check_reports_the_plain_session_prediction(tmp_path):
 
     out = tmp_path / "gpt.ckpt.onnx"
     runner = CliRunner()
-    assert runner.invoke(main, ["rewrite", str(SAMPLES / "gpt.onnx"), "-o", str(out), "-q"]).exit_code == 0
+    # the pattern kept in the file: this tests its model (tests/test_mem_pattern.py the file without it)
+    assert runner.invoke(main, ["rewrite", str(SAMPLES / "gpt.onnx"), "-o", str(out), "-q",
+                                "--keep-mem-pattern"]).exit_code == 0
     done = runner.invoke(main, ["check", str(SAMPLES / "gpt.onnx"), str(out), "--provider", "cpu", "--runs", "1",
                                 "--json"])
     r = json.loads(done.output)

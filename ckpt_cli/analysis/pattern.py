@@ -22,8 +22,9 @@ from dataclasses import dataclass
 
 from ..graph import Graph
 from . import schedules
-from .arena import SMALL_INITIALIZER_BYTES, BFCArena, kernel_plans, replay, small_initializer_bytes
+from .arena import SMALL_INITIALIZER_BYTES, BFCArena, kernel_plans, predict_in_use, replay, small_initializer_bytes
 from .lifetimes import lifetimes
+from .memory import simulate
 from .planner import Buffers, plan_buffers
 from .shapes import TensorInfo
 
@@ -145,10 +146,31 @@ def predict_pattern(graph: Graph, order: list[int], tensors: dict[str, TensorInf
                            tuple(s for _, s in arena.regions))
 
 
+def pattern_allowed(graph: Graph) -> bool:
+    """Whether ORT can use its memory pattern for ``graph`` at all: it turns the pattern off
+    when a graph input is not a tensor (``SessionState::ResolveMemoryPatternFlag``; an
+    optional, sequence or map input), whatever the session options say."""
+    fed = set(graph.inputs)
+    return all(v.type.WhichOneof("value") in ("tensor_type", "sparse_tensor_type")
+               for v in graph.model.graph.input if v.name in fed)
+
+
+def predict_unpatterned(graph: Graph, tensors: dict[str, TensorInfo], order: list[int] | None = None
+                        ) -> PlainPrediction:
+    """ORT's arena peak for ``order`` (ORT's DEFAULT order by default) with buffer reuse on
+    and the memory pattern off: every run allocates as the first one does."""
+    order = schedules.ort_default(graph) if order is None else order
+    peak = predict_in_use(graph, simulate(graph, order, tensors, reuse_buffers=True), tensors).peak_in_use_bytes
+    return PlainPrediction(peak, 0, peak, ())
+
+
 def predict_plain(graph: Graph, tensors: dict[str, TensorInfo]) -> PlainPrediction:
     """``InferenceSession(path)`` with nothing set, fusions aside: ORT's DEFAULT order,
-    buffer reuse and the memory pattern on."""
+    buffer reuse, and the memory pattern where the graph allows it."""
+    if not pattern_allowed(graph):
+        return predict_unpatterned(graph, tensors)
     return predict_pattern(graph, schedules.ort_default(graph), tensors)
 
 
-__all__ = ["MemPatternPlanner", "PlainPrediction", "pattern_size", "predict_pattern", "predict_plain"]
+__all__ = ["MemPatternPlanner", "PlainPrediction", "pattern_allowed", "pattern_size", "predict_pattern", "predict_plain",
+           "predict_unpatterned"]

@@ -58,6 +58,9 @@ def default_output(model: Path) -> Path:
 @click.option("--no-recompute", is_flag=True, help="Only write the memory-efficient order, no recompute.")
 @click.option("--pin/--no-pin", default=True, show_default=True,
               help="Hold the written order in the data flow (guard nodes), so that it survives any ORT session.")
+@click.option("--keep-mem-pattern", is_flag=True,
+              help="Leave ORT's memory pattern to the session. By default, where ckpt predicts it raises a plain "
+                   "session's peak, the file turns it off itself with an optional input nobody feeds.")
 @click.option("--ort-optimize", "ort_optimize", type=click.Choice(["cpu", "cuda"]), default=None,
               help="Then let ONNX Runtime fuse the rewritten graph for this provider (ORT_ENABLE_EXTENDED) and "
                    "write ORT's graph, re-sorted and re-simulated (run it with ORT_DISABLE_ALL, as recorded).")
@@ -68,7 +71,8 @@ def default_output(model: Path) -> Path:
 @check_options
 @analysis_options
 @report_options
-def rewrite(model: Path, output, force, patterns, scope, boundaries, plan_file, no_recompute, pin, ort_optimize,
+def rewrite(model: Path, output, force, patterns, scope, boundaries, plan_file, no_recompute, pin, keep_mem_pattern,
+            ort_optimize,
             auto, budget,
             recompute_ops, keep_ops, run_the_check, provider, runs, seed, feeds_file, python, rtol, atol, timeout, max_prediction_error,
             dims, loss, grad_outputs, as_json, report_path, quiet) -> None:
@@ -102,7 +106,7 @@ def rewrite(model: Path, output, force, patterns, scope, boundaries, plan_file, 
               quiet or as_json) as status:
         result = rewrite_model(model, output, force=force, regions=list(patterns), regions_by_scope=scope,
                                boundaries=list(boundaries), plan=plan_file, auto=auto, budget=budget,
-                               no_recompute=no_recompute, pin=pin, policy=policy_from(recompute_ops, keep_ops),
+                               no_recompute=no_recompute, pin=pin, keep_mem_pattern=keep_mem_pattern, policy=policy_from(recompute_ops, keep_ops),
                                dims=parse_dims(dims), loss=loss,
                                grad_outputs=list(grad_outputs), check=check, ort_optimize=ort_optimize,
                                progress=status.update if status is not None and (auto or budget) else None)
@@ -245,4 +249,5 @@ def session(model: Path, provider, as_json) -> None:
     if as_json:
         click.echo(json.dumps({"model": str(model), "session_settings": settings}, indent=2))
     else:
-        click.echo(settings_snippet(provider, settings["enable_mem_reuse"], str(model), settings["settings"]), nl=False)
+        click.echo(settings_snippet(provider, settings["enable_mem_reuse"], str(model), settings["settings"],
+                                    settings.get("mem_pattern_off_input")), nl=False)

@@ -220,6 +220,7 @@ def rewrite_report(before: Analysis, source: Source | None, result, output: str 
         "session_settings": settings_snippet,
         "enable_mem_reuse": result.mem_reuse,
         "pin": _pin_row(result.pinned, result.fresh),
+        "mem_pattern_off": result.pattern_off.to_json() if result.pattern_off is not None else None,
         "no_gain_reason": result.no_gain_reason,
         "warning": result.warning,
         "plan": plan_json,

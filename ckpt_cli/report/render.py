@@ -141,6 +141,12 @@ def render_rewrite(r: dict, console: Console) -> None:
         console.print(f"Fresh tensors: {pin['fresh_tensors']} tensors get a buffer of their own under ORT's buffer "
                       f"reuse ({pin['fresh_nodes']} guard nodes hide their shapes), so no freed buffer is held "
                       "idle across the recompute gap.")
+    off = r.get("mem_pattern_off")
+    if off:
+        console.print(f"Memory pattern off: the optional input '{safe(off['input'])}' (nobody feeds it) makes ONNX "
+                      "Runtime drop its memory pattern in every session; a plain session's peak is predicted "
+                      f"{human_bytes(off['predicted_plain_without_pattern_bytes'])} without it, "
+                      f"{human_bytes(off['predicted_plain_with_pattern_bytes'])} with it.")
     opt = r.get("ort_optimize")
     if opt:
         fused = ", ".join(f"{n} {op}" for op, n in opt["fused_ops"].items()) or "no contrib ops"

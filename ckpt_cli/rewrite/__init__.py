@@ -15,6 +15,7 @@ from ..markers import PHASE_META
 from ..planning.decision import Decision, region_decisions, settle
 from ..planning.plan import Plan
 from .fresh import FreshResult, unshare
+from .mem_pattern import PatternOff, pattern_off
 from .order import executed_order, interleave, memory_aware, prune_dead
 from .pin import PinResult, pin as pin_schedule
 from .recompute import (RegionResult, drop_unused_optional_outputs, plan_recompute, rewire_backward)
@@ -30,6 +31,7 @@ class RewriteResult:
     mem_reuse: bool = True  # the SessionOptions.enable_mem_reuse the written graph should run with
     pinned: PinResult | None = None  # the guards that hold the order (None: --no-pin)
     fresh: FreshResult | None = None  # tensors hidden from ORT's buffer reuse (with --pin)
+    pattern_off: PatternOff | None = None  # the input that turns ORT's memory pattern off (written.py adds it)
     no_gain_reason: str | None = None  # set when the plan was dropped because it lowered nothing
     warning: str | None = None  # set when a user's plan raises the predicted peak
     session: str = "ckpt"  # the session the written graph is for: "ckpt" settings, or "ort_default"
@@ -121,6 +123,12 @@ def pinned(a: Analysis, result: RewriteResult) -> RewriteResult:
     return replace(result, graph=fresh.graph, after=after, pinned=guarded, fresh=fresh)
 
 
+def without_mem_pattern(result: RewriteResult) -> RewriteResult:
+    """``result``, to be written with the input that turns ORT's memory pattern off where
+    ckpt predicts that lowers a plain session's peak (``rewrite/mem_pattern.py``)."""
+    return replace(result, pattern_off=pattern_off(result.graph, result.after.tensors))
+
+
 def unchanged(a: Analysis) -> RewriteResult:
     """The input graph as it is: what ckpt writes when no plan lowers the peak. Every
     session then runs it exactly as it runs the original (a reordered file can run worse
@@ -204,4 +212,4 @@ def _mark_early_backward(graph: Graph, forward_names: set[str]) -> Graph:
     return graph.remarked(marked) if marked else graph
 
 
-__all__ = ["rewrite", "pinned", "RewriteResult", "RegionResult"]
+__all__ = ["rewrite", "pinned", "without_mem_pattern", "RewriteResult", "RegionResult", "PatternOff"]

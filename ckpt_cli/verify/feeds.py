@@ -1,7 +1,8 @@
 """Deterministic input feeds for ONNX training graphs, and validation of given feeds.
 
 ``make_feeds(model, seed, dims)`` builds one array per graph input (inputs that are
-also initializers are skipped: they have values already):
+also initializers are skipped: they have values already; so are optional inputs, which
+ORT runs as None):
 
 * float32 / float16 / float64: standard normal * 0.1, except
   - names starting with ``tangent`` (PyTorch joint graphs' loss-gradient seed) or
@@ -86,9 +87,10 @@ def _as_model(model) -> onnx.ModelProto:
 
 
 def graph_inputs(model: onnx.ModelProto) -> list:
-    """Graph inputs that need a feed (inputs that are initializers are skipped)."""
+    """Graph inputs that need a feed: initializers and optional inputs (ORT runs an
+    optional input left out as None, as ckpt's memory-pattern input is meant) are skipped."""
     inits = {t.name for t in model.graph.initializer}
-    return [vi for vi in model.graph.input if vi.name not in inits]
+    return [vi for vi in model.graph.input if vi.name not in inits and vi.type.WhichOneof("value") != "optional_type"]
 
 
 def _tensor_type(vi):

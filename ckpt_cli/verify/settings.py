@@ -65,16 +65,21 @@ def ort_default_session_settings(provider: str = "cpu") -> dict:
 
 
 def settings_snippet(provider: str = "cpu", enable_mem_reuse: bool = True, model_path: str | None = None,
-                     session: str = "ckpt") -> str:
+                     session: str = "ckpt", pattern_off_input: str | None = None) -> str:
     """A copy-pasteable Python snippet that builds the session ``model_path`` is for: ckpt's
-    settings, or (``session="ort_default"``, a graph ckpt left unchanged) ORT's defaults."""
+    settings, or (``session="ort_default"``, a graph ckpt left unchanged) ORT's defaults.
+    ``pattern_off_input``: the input the file turns ORT's memory pattern off with."""
     s = ckpt_session_settings(provider)
     if session == "ort_default":
+        said = (["# ckpt found no plan that lowers the peak by recompute; it only added the",
+                 f"# optional input {pattern_off_input!r} (never fed), which turns ORT's memory",
+                 "# pattern off: run it with ORT's default settings."] if pattern_off_input else
+                ["# ckpt found no plan that lowers the peak and wrote the graph unchanged:",
+                 "# run it as the original, with ORT's default settings."])
         return "\n".join([
             "import onnxruntime as ort",
             "",
-            "# ckpt found no plan that lowers the peak and wrote the graph unchanged:",
-            "# run it as the original, with ORT's default settings.",
+            *said,
             "providers = " + (f"[({s['provider']!r}, {{}}), 'CPUExecutionProvider']" if provider == "cuda"
                               else "['CPUExecutionProvider']"),
             f'session = ort.InferenceSession({(model_path or "model.ckpt.onnx")!r}, providers=providers)',
@@ -90,6 +95,8 @@ def settings_snippet(provider: str = "cpu", enable_mem_reuse: bool = True, model
         "# nodes that PRIORITY_BASED runs last; keep the graph as written.",
         f"so.graph_optimization_level = ort.GraphOptimizationLevel.{s['graph_optimization_level']}",
         f"so.enable_mem_pattern = {s['enable_mem_pattern']}",
+        *([f"# (the file turns it off by itself too: optional input {pattern_off_input!r}, never fed)"]
+          if pattern_off_input else []),
         *(["# ckpt predicts less memory for this graph when freed buffers are released",
            "# instead of parked for a later tensor of the same shape.",
            "so.enable_mem_reuse = False"] if not enable_mem_reuse else []),

@@ -205,6 +205,8 @@ def _load_feeds(np, path: str, session) -> dict:
         raise WorkerError("bad_feeds", f"feed {extra[0]!r} is not an input of the model "
                                        f"(inputs: {', '.join(names[:8])})")
     for inp in inputs:
+        if inp.name not in feeds and inp.type.startswith("optional("):
+            continue  # ORT runs a left-out optional input as None (ckpt's memory-pattern switch)
         if inp.name not in feeds:
             raise WorkerError("bad_feeds", f"missing feed for input {inp.name!r} "
                                            f"({inp.type} {list(inp.shape)})")
