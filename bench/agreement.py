@@ -18,7 +18,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 TARGET = 0.03
 # (sample, budget as % of the original predicted peak): reachable, and needing recompute.
-POINTS = (("mlp", 90), ("gpt", 60), ("cnn", 75), ("gpt12", 60), ("resnet18", 90), ("ort_artifact", 96))
+POINTS = (("mlp", 90), ("gpt", 60), ("cnn", 75), ("gpt12", 60), ("resnet18", 90), ("ort_artifact", 92))
 
 
 def _path(sample: str) -> Path:

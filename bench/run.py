@@ -19,7 +19,8 @@ Writes ``bench/RESULTS.md`` (tables) and ``bench/results.json`` (every raw figur
    Section 1 also times ``ckpt plan F --json`` (the default plan) and ``ckpt plan F --budget 50% --json``
    (and a reachable 65 %) against the issue targets (< 2 s at 10k nodes, < 20 s at 100k), stopped
    after 300 s. Only some rows: ``--sizes 10k,100k --commands plan_default,plan,plan_reachable
-   --skip-memory --skip-big --skip-plan-quality --skip-peer --out-dir DIR``.
+   --skip-memory --skip-big --skip-plan-quality --skip-peer --out-dir DIR``; ``--update`` merges
+   the sections run into the committed ``results.json`` instead of writing them alone.
 3. Plan quality: in process, a sweep of budgets per sample, the ``budget`` heuristic against the
    ``optimal`` MILP (exact for the linear memory model, verified with the real cost model).
 4. GPT targets: from the gpt sweep, the lowest reachable peak and its recompute share, and what
@@ -1291,6 +1292,18 @@ def _render_big_weights(res: dict, add) -> None:
     add("")
 
 
+def _agreement() -> dict:
+    from bench.agreement import bench_agreement
+
+    return bench_agreement()
+
+
+def _peer(runs: int) -> dict:
+    from bench.peer import bench_peer
+
+    return bench_peer(runs=runs)
+
+
 def _notes(res: dict) -> list[str]:
     """Plain observations computed from the figures (no judgement beyond the numbers)."""
     notes = []
@@ -1344,6 +1357,8 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-agreement", action="store_true", help="skip budget against optimal on every sample")
     ap.add_argument("--out-dir", type=Path, default=BENCH, help="where RESULTS.md and results.json go")
     ap.add_argument("--keep", action="store_true", help="keep the scratch directory")
+    ap.add_argument("--update", action="store_true",
+                    help="start from the committed results.json: sections skipped now keep their figures")
     a = ap.parse_args(argv)
     # full runs profile the slowest ckpt command at the largest size once (informational);
     # --quick profiles only a command over the threshold; --no-profile never does
@@ -1371,56 +1386,29 @@ def main(argv=None) -> int:
     res: dict = {"command": " ".join(["python -m bench.run", *(argv if argv is not None else sys.argv[1:])]),
                  "quick": a.quick, "machine": machine_info()}
     log(f"scratch {work}; sizes {', '.join(labels)}; {a.repeats} repeats; memory repeats {mem_repeats}")
+    sections = [
+        ("speed", a.skip_speed, lambda: bench_speed(sizes, max(1, a.repeats), work, profile, commands)),
+        ("memory", a.skip_memory, lambda: bench_memory(mem_repeats, a.runs, work)),
+        ("big_weights", a.quick or a.skip_big, lambda: bench_big_weights(work)),
+        ("plan_quality", a.skip_plan_quality, bench_plan_quality),
+        ("agreement", a.skip_agreement, _agreement),
+        ("peer", a.skip_peer, lambda: _peer(a.runs)),
+    ]
+    if a.update and (a.out_dir / "results.json").exists():  # keep the sections not run now
+        kept = json.loads((a.out_dir / "results.json").read_text())
+        res = {**kept, **{k: v for k, v in res.items() if k != "command"},
+               "command": f"{kept.get('command', '')}; then {res['command']}"}
     try:
-        if not a.skip_speed:
+        for key, skip, run_section in sections:
+            if skip:
+                continue
             try:
-                res["speed"] = bench_speed(sizes, max(1, a.repeats), work, profile, commands)
-            except Exception as e:  # noqa: BLE001 - record and go on to the next section
+                res[key] = run_section()
+            except Exception as e:  # noqa: BLE001 - record it and go on to the next section
                 import traceback
 
                 traceback.print_exc()
-                res["speed"] = {"error": f"{type(e).__name__}: {e}"}
-        if not a.skip_memory:
-            try:
-                res["memory"] = bench_memory(mem_repeats, a.runs, work)
-            except Exception as e:  # noqa: BLE001
-                import traceback
-
-                traceback.print_exc()
-                res["memory"] = {"error": f"{type(e).__name__}: {e}"}
-        if not (a.quick or a.skip_big):
-            try:
-                res["big_weights"] = bench_big_weights(work)
-            except Exception as e:  # noqa: BLE001
-                res["big_weights"] = {"error": f"{type(e).__name__}: {e}"}
-        if not a.skip_plan_quality:
-            try:
-                res["plan_quality"] = bench_plan_quality()
-            except Exception as e:  # noqa: BLE001
-                import traceback
-
-                traceback.print_exc()
-                res["plan_quality"] = {"error": f"{type(e).__name__}: {e}"}
-        if not a.skip_agreement:
-            try:
-                from bench.agreement import bench_agreement
-
-                res["agreement"] = bench_agreement()
-            except Exception as e:  # noqa: BLE001
-                import traceback
-
-                traceback.print_exc()
-                res["agreement"] = {"error": f"{type(e).__name__}: {e}"}
-        if not a.skip_peer:
-            try:
-                from bench.peer import bench_peer
-
-                res["peer"] = bench_peer(runs=a.runs)
-            except Exception as e:  # noqa: BLE001
-                import traceback
-
-                traceback.print_exc()
-                res["peer"] = {"error": f"{type(e).__name__}: {e}"}
+                res[key] = {"error": f"{type(e).__name__}: {e}"}
     finally:
         if a.keep:
             log(f"kept {work}")

@@ -6,6 +6,8 @@ the peak is the most ORT's CPU arena had in use during that run (profiler
 are dropped before the measured run (§8).
 
     python -m bench.sessions                  # rewrites the samples, writes bench/SESSIONS.md
+    python -m bench.sessions --update NAME..  # re-measures those samples' rows of bench/SESSIONS.md
+    python -m bench.sessions --sample NAME..  # those samples' rows, to stdout
     python -m bench.sessions MODEL [...]      # one row per model and session, to stdout
 """
 
@@ -46,7 +48,11 @@ plain session's peak (its one block takes a whole power-of-two arena chunk), the
 the pattern off itself with an optional input nobody feeds (`rewrite/mem_pattern.py`), so
 (a) then runs as (b) does. Step time: the fastest of 10 runs
 (two alternating rounds of 5 per graph) under (c), ORT's profiler on; the
-machine is shared, so only large differences mean anything.
+machine is shared, so only large differences mean anything. The ORT training artifact runs
+only in onnxruntime-training-cpu 1.19.2 (`.venv-ort-training`), whose profiler has no memory
+fields: its row is the process peak (VmHWM above the state before the run, ORT's arena off,
+median of 3 runs) through ckpt's check worker, in every column; the memory-pattern switch is
+not written into artifacts (the Module API would count it as a user input).
 
 """
 
@@ -150,8 +156,36 @@ def measure(model: str | Path, session: str, feeds: str | Path, outputs: str | P
         return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def measure_process_peak(model: str | Path, session: str, feeds: str | Path, python: str,
+                         runs: int = 3) -> dict:
+    """``measure`` for ORT builds whose profiler has no memory fields (onnxruntime-training
+    1.19.2, the only build that runs ORT training artifacts): ckpt's check worker under
+    ``python`` reads the process peak, VmHWM above the state before the run, with ORT's arena
+    off (``ckpt_cli/verify/worker.py``). ``peak_bytes`` is the median of ``runs``."""
+    from ckpt_cli.session import recorded_settings
+    from ckpt_cli.verify import driver
+    from ckpt_cli.verify.settings import ort_default_session_settings
+
+    order, level, pattern, recorded = SESSIONS[session]
+    if recorded:
+        settings = recorded_settings(model)
+    else:
+        settings = ort_default_session_settings("cpu")
+        for key, value in (("execution_order", order), ("graph_optimization_level", level),
+                           ("enable_mem_pattern", pattern)):
+            if value is not None:
+                settings[key] = value
+    r = driver.run_model(model, feeds, provider="cpu", session=settings, runs=runs, python=python,
+                         memory_method="process_peak")
+    return {"peak_bytes": r["peak_bytes"], "min_s": min(run["time_s"] for run in r["runs"]),
+            "executed": r["executed_order"]}
+
+
 ROOT = Path(__file__).resolve().parent.parent
-SAMPLES = ("gpt", "gpt12", "mlp", "cnn", "resnet18", "synthetic")
+SAMPLES = ("gpt", "gpt12", "mlp", "cnn", "resnet18", "synthetic", "ort_artifact")
+ARTIFACT = ROOT / "sample_models" / "ort_artifact" / "training_model.onnx"
+# An interpreter with onnxruntime-training-cpu 1.19.2 (tests/test_ort_training.py builds it).
+TRAINING_PYTHON = ROOT / ".venv-ort-training" / "bin" / "python"
 MiB = 2**20
 
 
@@ -171,41 +205,65 @@ def _rewrite(source: Path, out: Path, pin: bool):
     return result
 
 
-def table(tmp: Path, timed_runs: int = 5) -> str:
+def _source(name: str, tmp: Path) -> Path:
+    if name == "synthetic":
+        import onnx
+
+        from bench.synthetic import build_transformer
+
+        onnx.save(build_transformer(4), tmp / "synthetic.onnx")
+        return tmp / "synthetic.onnx"
+    return ARTIFACT if name == "ort_artifact" else ROOT / "sample_models" / f"{name}.onnx"
+
+
+def row(name: str, tmp: Path, timed_runs: int = 5, training_python: str | None = None) -> str | None:
+    """One sample's row of the session matrix; None when it cannot be measured here (the ORT
+    artifact without a training build of ORT)."""
+    source = _source(name, tmp)
+    feeds = tmp / f"{name}.npz"
+    label = name
+    if name == "ort_artifact":
+        if not training_python:
+            return None
+        label = f"{name} (training build, process peak)"
+    if not source.exists():
+        return None
+    make_feeds(source, feeds)
+
+    def run(model: Path, session: str, timed: int = 0) -> dict:
+        if name == "ort_artifact":
+            return measure_process_peak(model, session, feeds, training_python, runs=max(3, timed))
+        return measure(model, session, feeds, timed_runs=timed)
+
+    pinned = _rewrite(source, tmp / f"{name}.pin.onnx", True)
+    _rewrite(source, tmp / f"{name}.nopin.onnx", False)
+    original = run(source, "plain")["peak_bytes"]
+    cells = []
+    for session in SESSIONS:
+        peak = run(tmp / f"{name}.pin.onnx", session)["peak_bytes"]
+        cells.append(f"{peak / MiB:.2f} ({peak / original:.2f}x)")
+    # Alternate the two graphs and keep each one's fastest run: on a shared machine the
+    # minimum is what the graph costs, the median mostly what the neighbours cost.
+    t_pin = t_nopin = float("inf")
+    for _ in range(2):
+        t_pin = min(t_pin, run(tmp / f"{name}.pin.onnx", "ckpt", timed_runs)["min_s"])
+        t_nopin = min(t_nopin, run(tmp / f"{name}.nopin.onnx", "ckpt", timed_runs)["min_s"])
+    note = " (no gain: written unchanged)" if pinned.no_gain_reason else ""
+    return (f"| {label}{note} | {original / MiB:.2f} | " + " | ".join(cells)
+            + f" | {pinned.guard_nodes} | {t_pin * 1e3:.1f} / {t_nopin * 1e3:.1f} ms |")
+
+
+def table(tmp: Path, timed_runs: int = 5, training_python: str | None = None,
+          samples: tuple[str, ...] = SAMPLES) -> str:
     """The session matrix of every sample's default rewrite, as Markdown."""
-    import onnx
-
-    from bench.synthetic import build_transformer
-
     names = list(SESSIONS)
     head = ("| sample | original, ORT defaults | " + " | ".join(f"rewrite: {n}" for n in names)
             + " | guard nodes | step time (c), pinned / --no-pin |")
     lines = [head, "|" + "---|" * (len(names) + 4)]
-    for name in SAMPLES:
-        source = ROOT / "sample_models" / f"{name}.onnx"
-        if name == "synthetic":
-            source = tmp / "synthetic.onnx"
-            onnx.save(build_transformer(4), source)
-        if not source.exists():
-            continue
-        feeds = tmp / f"{name}.npz"
-        make_feeds(source, feeds)
-        pinned = _rewrite(source, tmp / f"{name}.pin.onnx", True)
-        _rewrite(source, tmp / f"{name}.nopin.onnx", False)
-        original = measure(source, "plain", feeds)["peak_bytes"]
-        cells = []
-        for session in names:
-            peak = measure(tmp / f"{name}.pin.onnx", session, feeds)["peak_bytes"]
-            cells.append(f"{peak / MiB:.2f} ({peak / original:.2f}x)")
-        # Alternate the two graphs and keep each one's fastest run: on a shared machine the
-        # minimum is what the graph costs, the median mostly what the neighbours cost.
-        t_pin = t_nopin = float("inf")
-        for _ in range(2):
-            t_pin = min(t_pin, measure(tmp / f"{name}.pin.onnx", "ckpt", feeds, timed_runs=timed_runs)["min_s"])
-            t_nopin = min(t_nopin, measure(tmp / f"{name}.nopin.onnx", "ckpt", feeds, timed_runs=timed_runs)["min_s"])
-        note = " (no gain: written unchanged)" if pinned.no_gain_reason else ""
-        lines.append(f"| {name}{note} | {original / MiB:.2f} | " + " | ".join(cells)
-                     + f" | {pinned.guard_nodes} | {t_pin * 1e3:.1f} / {t_nopin * 1e3:.1f} ms |")
+    for name in samples:
+        line = row(name, tmp, timed_runs, training_python)
+        if line is not None:
+            lines.append(line)
     return "\n".join(lines) + "\n"
 
 
@@ -213,9 +271,31 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["--child"]:
         print(json.dumps(_child(json.loads(Path(argv[1]).read_text()))))
         return 0
-    if not argv:
+    training = str(TRAINING_PYTHON) if TRAINING_PYTHON.exists() else None
+    if argv[:1] == ["--sample"]:  # rows to stdout
         with tempfile.TemporaryDirectory() as tmp:
-            rows = table(Path(tmp))
+            print(table(Path(tmp), training_python=training, samples=tuple(argv[1:])))
+        return 0
+    if argv[:1] == ["--update"]:  # re-measure some rows of the committed table
+        path = ROOT / "bench" / "SESSIONS.md"
+        lines = path.read_text().splitlines()
+        lines = lines[next(i for i, l in enumerate(lines) if l.startswith("| sample |")):]
+        with tempfile.TemporaryDirectory() as tmp:
+            for name in argv[1:]:
+                new_row = row(name, Path(tmp), training_python=training)
+                if new_row is None:
+                    raise SystemExit(f"cannot measure {name} here")
+                at = [i for i, l in enumerate(lines[2:], 2) if l.split("|")[1].split()[0] == name]
+                lines[at[0] if at else len(lines):at[0] + 1 if at else len(lines)] = [new_row]
+        path.write_text(_HEADER + "\n".join(lines) + "\n")
+        print(path.read_text())
+        return 0
+    if not argv:
+        if training is None:
+            print(f"no {TRAINING_PYTHON}: the ORT artifact's row needs onnxruntime-training-cpu 1.19.2 "
+                  "(`make recipe-ort-training` or the slow tests build it)", file=sys.stderr)
+        with tempfile.TemporaryDirectory() as tmp:
+            rows = table(Path(tmp), training_python=training)
         text = (_HEADER + rows)
         (ROOT / "bench" / "SESSIONS.md").write_text(text)
         print(text)

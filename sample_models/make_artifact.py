@@ -5,7 +5,9 @@ Run in an environment with onnxruntime-training-cpu 1.19.2, onnx 1.16.2 and nump
     python sample_models/make_artifact.py [--out-dir sample_models/ort_artifact]
 
 The forward model is built with ``onnx.helper``: an MLP
-``Gemm -> BatchNormalization -> Relu -> Gemm -> Relu -> Gemm`` (batch 16, 64 -> 128 -> 128 -> 10)
+of three ``Gemm -> BatchNormalization -> Relu`` blocks and a ``Gemm`` head (batch 256,
+256 -> 1024 -> 1024 -> 1024 -> 10: activations of 1 MiB, large enough for the process-peak
+measurement a training build of ORT allows)
 whose parameters are initializers named like PyTorch module paths (``fc1.weight``,
 ``bn1.running_mean``, ...). ``onnxruntime.training.artifacts.generate_artifacts`` adds a
 cross-entropy loss, builds the gradient graph and writes training/eval/optimizer models and a
@@ -31,7 +33,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-BATCH, D_IN, HIDDEN, N_CLASSES = 16, 64, 128, 10
+BATCH, D_IN, HIDDEN, BLOCKS, N_CLASSES = 256, 256, 1024, 3, 10
 OPSET = 17
 
 
@@ -45,31 +47,28 @@ def build_forward_model() -> onnx.ModelProto:
         return [numpy_helper.from_array(w, f"{name}.weight"),
                 numpy_helper.from_array(b, f"{name}.bias")]
 
-    inits = []
-    inits += linear("fc1", D_IN, HIDDEN)
-    inits += [
-        numpy_helper.from_array(np.ones(HIDDEN, np.float32), "bn1.weight"),
-        numpy_helper.from_array(np.zeros(HIDDEN, np.float32), "bn1.bias"),
-        numpy_helper.from_array(np.zeros(HIDDEN, np.float32), "bn1.running_mean"),
-        numpy_helper.from_array(np.ones(HIDDEN, np.float32), "bn1.running_var"),
-    ]
-    inits += linear("fc2", HIDDEN, HIDDEN)
+    inits, nodes, x, d_in = [], [], "input", D_IN
+    for i in range(1, BLOCKS + 1):
+        inits += linear(f"fc{i}", d_in, HIDDEN)
+        inits += [
+            numpy_helper.from_array(np.ones(HIDDEN, np.float32), f"bn{i}.weight"),
+            numpy_helper.from_array(np.zeros(HIDDEN, np.float32), f"bn{i}.bias"),
+            numpy_helper.from_array(np.zeros(HIDDEN, np.float32), f"bn{i}.running_mean"),
+            numpy_helper.from_array(np.ones(HIDDEN, np.float32), f"bn{i}.running_var"),
+        ]
+        nodes += [
+            helper.make_node("Gemm", [x, f"fc{i}.weight", f"fc{i}.bias"], [f"fc{i}_out"],
+                             name=f"fc{i}/Gemm", transB=1),
+            helper.make_node("BatchNormalization",
+                             [f"fc{i}_out", f"bn{i}.weight", f"bn{i}.bias", f"bn{i}.running_mean",
+                              f"bn{i}.running_var"], [f"bn{i}_out"],
+                             name=f"bn{i}/BatchNormalization", epsilon=1e-5, momentum=0.9),
+            helper.make_node("Relu", [f"bn{i}_out"], [f"relu{i}_out"], name=f"relu{i}/Relu"),
+        ]
+        x, d_in = f"relu{i}_out", HIDDEN
     inits += linear("head", HIDDEN, N_CLASSES)
-
-    nodes = [
-        helper.make_node("Gemm", ["input", "fc1.weight", "fc1.bias"], ["fc1_out"],
-                         name="fc1/Gemm", transB=1),
-        helper.make_node("BatchNormalization",
-                         ["fc1_out", "bn1.weight", "bn1.bias", "bn1.running_mean",
-                          "bn1.running_var"], ["bn1_out"],
-                         name="bn1/BatchNormalization", epsilon=1e-5, momentum=0.9),
-        helper.make_node("Relu", ["bn1_out"], ["relu1_out"], name="relu1/Relu"),
-        helper.make_node("Gemm", ["relu1_out", "fc2.weight", "fc2.bias"], ["fc2_out"],
-                         name="fc2/Gemm", transB=1),
-        helper.make_node("Relu", ["fc2_out"], ["relu2_out"], name="relu2/Relu"),
-        helper.make_node("Gemm", ["relu2_out", "head.weight", "head.bias"], ["logits"],
-                         name="head/Gemm", transB=1),
-    ]
+    nodes.append(helper.make_node("Gemm", [x, "head.weight", "head.bias"], ["logits"],
+                                  name="head/Gemm", transB=1))
     graph = helper.make_graph(
         nodes, "mlp_bn",
         [helper.make_tensor_value_info("input", TensorProto.FLOAT, [BATCH, D_IN])],

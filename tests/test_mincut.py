@@ -167,7 +167,7 @@ def test_the_front_dominates_pytorchs_min_cut_at_half_and_a_fifth(model):
         assert matmul_flops(a, cut.copied) <= point["recompute_matmul_flops"], point["budget"]
 
 
-@pytest.mark.parametrize("model,share", [("mlp", 90), ("gpt", 60), ("cnn", 75), ("ort_artifact/training_model", 96),
+@pytest.mark.parametrize("model,share", [("mlp", 90), ("gpt", 60), ("cnn", 75), ("ort_artifact/training_model", 92),
                                          ("resnet18", 90)])
 def test_budget_and_optimal_agree_within_3_percent(model, share):
     """gpt12 takes minutes under optimal: bench/agreement.py. On resnet18 no cut fits and
