@@ -329,10 +329,6 @@ def rewrite_model(model: ModelInput, output: str | Path | None = None, *, force:
     result = rewrite_plan(a, planned, pin)
     if pin and not keep_mem_pattern:
         result = without_mem_pattern(result)
-        if result.pattern_off is not None and result.no_gain_reason:
-            result.no_gain_reason = result.no_gain_reason.replace(
-                "wrote the graph unchanged", "wrote the graph unchanged but for the input that turns ORT's "
-                "memory pattern off")
     options = {"regions": regions, "regions_by_scope": regions_by_scope, "boundaries": boundaries,
                "plan": str(plan) if plan else None, "no_recompute": no_recompute, "pin": pin,
                "keep_mem_pattern": keep_mem_pattern, "auto": auto,

@@ -70,7 +70,7 @@ def rewrite_plan(a: Analysis, planned: Planned | None, pin: bool = True) -> Rewr
 
     Never worse by default: a chosen plan whose predicted peak is not below the original's
     under its best order and settings is dropped for the unchanged graph, with the reason
-    in ``no_gain_reason``; a user's plan is kept with a ``warning``. A budget is the user's
+    in ``no_gain``; a user's plan is kept with a ``warning``. A budget is the user's
     own limit and is kept as it is."""
     plan = planned.plan if planned is not None else None
     if planned is not None and planned.result is not None:
@@ -98,7 +98,7 @@ def rewrite_plan(a: Analysis, planned: Planned | None, pin: bool = True) -> Rewr
         result.warning = line
         return result
     kept = unchanged(a)
-    kept.no_gain_reason = line + "; wrote the graph unchanged (run it as the original, with ORT's defaults)"
+    kept.no_gain = line
     kept.decisions = all_kept(a, NO_GAIN)
     return kept
 

@@ -136,3 +136,14 @@ def test_not_for_ort_artifacts_or_graphs_that_have_it_off_already(tmp_path):
     onnx.save(model, tmp_path / "gpt_opt.onnx")
     b = analyse(load_graph(tmp_path / "gpt_opt.onnx"))
     assert not pattern_allowed(b.graph) and pattern_off(b.graph, b.tensors) is None
+
+
+def test_no_gain_line_says_what_was_written():
+    """A graph written unchanged for lack of a plan that helps says whether the switch went in."""
+    with_switch = rewrite_model(SAMPLES / "mlp.onnx").result
+    assert with_switch.no_gain and with_switch.pattern_off is not None
+    assert "wrote the graph unchanged but for the input that turns ORT's memory pattern off" in with_switch.no_gain_reason
+    without = rewrite_model(SAMPLES / "mlp.onnx", keep_mem_pattern=True).result
+    assert without.pattern_off is None
+    assert "wrote the graph unchanged (run it as the original" in without.no_gain_reason
+    assert with_switch.no_gain_reason.startswith(without.no_gain)

@@ -32,7 +32,7 @@ class RewriteResult:
     pinned: PinResult | None = None  # the guards that hold the order (None: --no-pin)
     fresh: FreshResult | None = None  # tensors hidden from ORT's buffer reuse (with --pin)
     pattern_off: PatternOff | None = None  # the input that turns ORT's memory pattern off (written.py adds it)
-    no_gain_reason: str | None = None  # set when the plan was dropped because it lowered nothing
+    no_gain: str | None = None  # why the plan was dropped for the unchanged graph (it lowered nothing)
     warning: str | None = None  # set when a user's plan raises the predicted peak
     session: str = "ckpt"  # the session the written graph is for: "ckpt" settings, or "ort_default"
     decisions: dict[str, Decision] = field(default_factory=dict)  # per stashed buffer of the input: the final word
@@ -40,6 +40,14 @@ class RewriteResult:
     @property
     def guard_nodes(self) -> int:
         return self.pinned.guard_nodes if self.pinned is not None else 0
+
+    @property
+    def no_gain_reason(self) -> str | None:
+        """The one line saying the plan was dropped, why, and what was written instead."""
+        if self.no_gain is None:
+            return None
+        but = " but for the input that turns ORT's memory pattern off" if self.pattern_off is not None else ""
+        return f"{self.no_gain}; wrote the graph unchanged{but} (run it as the original, with ORT's defaults)"
 
 
 @gc_paused
