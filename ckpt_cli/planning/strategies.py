@@ -17,6 +17,7 @@ from ..errors import BudgetUnreachable, UsageError
 from ..ops import EXPENSIVE_OPS, VIEW_OPS
 from .decision import COMPUTE_BOUND, NOTHING, all_kept, kept_instead
 from .plan import Plan, Region
+from .rangemax import RangeMax
 from .regions import default_regions, layer_regions, sqrt_regions
 from .search import LOOSENING, Fitted, Intervals, PlanCost, search_limits
 
@@ -197,45 +198,11 @@ def parse_budget(text: str, reference_peak: int) -> int:
         raise UsageError(f"--budget '{text}' is not a size (2GiB, 512MiB) or a share of the peak (40%)") from None
 
 
-class _RangeMax:
-    """Range add / range max over steps (a lazy segment tree)."""
-
-    def __init__(self, values) -> None:
-        n = 1
-        while n < max(1, len(values)):
-            n *= 2
-        self.n = n
-        self.top = [float("-inf")] * (2 * n)
-        self.lazy = [0.0] * (2 * n)
-        self.top[n:n + len(values)] = [float(v) for v in values]
-        for i in range(n - 1, 0, -1):
-            self.top[i] = max(self.top[2 * i], self.top[2 * i + 1])
-
-    def _apply(self, node: int, lo: int, hi: int, a: int, b: int, add: float) -> float:
-        if b < lo or hi < a:
-            return float("-inf")
-        if a <= lo and hi <= b:
-            self.top[node] += add
-            self.lazy[node] += add
-            return self.top[node]
-        mid = (lo + hi) // 2
-        left = self._apply(2 * node, lo, mid, a, b, add)
-        right = self._apply(2 * node + 1, mid + 1, hi, a, b, add)
-        self.top[node] = max(self.top[2 * node], self.top[2 * node + 1]) + self.lazy[node]
-        return max(left, right) + self.lazy[node]
-
-    def add(self, a: int, b: int, value: float) -> None:
-        self._apply(1, 0, self.n - 1, a, b, value)
-
-    def max(self, a: int, b: int) -> float:
-        return self._apply(1, 0, self.n - 1, a, b, 0.0)
-
-
 def fill_greedily(ranked: list[Candidate], timeline: tuple[int, ...], spans: dict[str, tuple[int, int]],
                   limit: int) -> set[str]:
     """Keep candidates, most FLOPs per byte first, whenever the linear memory model says
     every step of their span stays under ``limit``."""
-    steps = _RangeMax(timeline)
+    steps = RangeMax(timeline)
     kept: set[str] = set()
     for c in ranked:
         span = spans.get(c.tensor)
@@ -290,7 +257,7 @@ def budget_plan(a: Analysis, budget: int, evaluate: Evaluate, intervals_of: Call
     memory over the schedule is known). Keeping an activation instead costs its bytes
     between its last forward use and its recompute, and saves its producer's FLOPs:
     keep activations, most FLOPs per byte first, wherever every step stays under a
-    limit (a range-max tree makes this O(n log n)). ``search.search_limits`` moves that
+    limit (range-max blocks make this O(n sqrt n) in vectorised steps). ``search.search_limits`` moves that
     limit until the real cost model (``evaluate``) fits the budget with the fewest
     FLOPs. Small graphs try every structure (and, below all their floors, other
     segmentations); large ones stop at the first that fits. Raises BudgetUnreachable
