@@ -99,10 +99,11 @@ class Optimized:
                 "guard_nodes_after": self.guards_after, "not_recomputable": self.not_recomputable}
 
 
-def run_ort_optimizer(model_path: Path, output: Path, provider: str, external: str | None = None) -> str:
-    """Let ORT optimize ``model_path`` into ``output`` for ``provider`` ("cpu"/"cuda");
-    returns ORT's version. Raises RuntimeUnavailable when the provider cannot start."""
-    spec = {"model": str(model_path), "output": str(output), "provider": PROVIDERS[provider], "level": LEVEL,
+def run_ort_optimizer(model_path: Path, output: Path, provider: str, external: str | None = None,
+                      level: str = LEVEL) -> str:
+    """Let ORT optimize ``model_path`` into ``output`` for ``provider`` ("cpu"/"cuda") at
+    ``level``; returns ORT's version. Raises RuntimeUnavailable when the provider cannot start."""
+    spec = {"model": str(model_path), "output": str(output), "provider": PROVIDERS[provider], "level": level,
             "external": external}
     try:
         done = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(spec)], capture_output=True, text=True,

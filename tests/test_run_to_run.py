@@ -86,7 +86,7 @@ class _Figures:
         self.order = {"n_not_in_file": 0, "matches": True}
         self.prediction_error, self.max_prediction_error = {}, 0.1
         self.rewritten_ort_default_error = self.original_ort_default = self.rewritten_ort_default = None
-        self.prediction_error_plain = self.predicted_plain = None
+        self.prediction_error_plain = self.predicted_plain = self.prediction_error_plain_fused = None
 
 
 def test_judge_names_the_kernel_and_fails_an_unexplained_output(grads):

@@ -164,12 +164,12 @@ def predict_unpatterned(graph: Graph, tensors: dict[str, TensorInfo], order: lis
     return PlainPrediction(peak, 0, peak, ())
 
 
-def predict_plain(graph: Graph, tensors: dict[str, TensorInfo]) -> PlainPrediction:
-    """``InferenceSession(path)`` with nothing set, fusions aside: ORT's DEFAULT order,
-    buffer reuse, and the memory pattern where the graph allows it."""
+def predict_plain(graph: Graph, tensors: dict[str, TensorInfo], order: list[int] | None = None) -> PlainPrediction:
+    """``InferenceSession(path)`` with nothing set, fusions aside: ORT's DEFAULT order (or
+    ``order``), buffer reuse, and the memory pattern where the graph allows it."""
     if not pattern_allowed(graph):
-        return predict_unpatterned(graph, tensors)
-    return predict_pattern(graph, schedules.ort_default(graph), tensors)
+        return predict_unpatterned(graph, tensors, order)
+    return predict_pattern(graph, schedules.ort_default(graph) if order is None else order, tensors)
 
 
 __all__ = ["MemPatternPlanner", "PlainPrediction", "pattern_allowed", "pattern_size", "predict_pattern", "predict_plain",

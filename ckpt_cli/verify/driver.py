@@ -284,6 +284,8 @@ def check_pair(original, rewritten, feeds_path, *, provider: str = "auto", runs:
         "rewritten_ort_default": (_summary(rew_default) if rew_default is not None and "failed" not in rew_default
                                   else None),
         "rewritten_ort_default_error": rew_default.get("failed") if rew_default is not None else None,
+        "rewritten_ort_default_order": (rew_default.get("executed_order") if rew_default is not None
+                                        and "failed" not in rew_default else None),
         "ort_default_vs_ckpt": default_cmp,
         "reference_level": reference_level,
         "unoptimized_vs_rewritten": unoptimized_cmp,
