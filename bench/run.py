@@ -1292,6 +1292,19 @@ def _render_big_weights(res: dict, add) -> None:
     add("")
 
 
+def _merge_speed(kept: dict, new: dict) -> dict:
+    """``--update`` of section 1: the commands run now replace theirs, size by size; the
+    other rows keep their committed figures."""
+    sizes = {s["size"]: s for s in kept["sizes"]}
+    for s in new.get("sizes", []):
+        old = sizes.get(s["size"])
+        ran = {name: c for name, c in s["commands"].items() if not c.get("skipped")}
+        sizes[s["size"]] = {**old, "commands": {**old["commands"], **ran}} if old else s
+    order = [label for label, _ in SIZES]
+    return {**kept, **{k: v for k, v in new.items() if k != "sizes" and v is not None},
+            "sizes": sorted(sizes.values(), key=lambda s: order.index(s["size"]))}
+
+
 def _agreement() -> dict:
     from bench.agreement import bench_agreement
 
@@ -1403,7 +1416,10 @@ def main(argv=None) -> int:
             if skip:
                 continue
             try:
+                before = res.get(key)
                 res[key] = run_section()
+                if key == "speed" and a.update and isinstance(before, dict) and "sizes" in before:
+                    res[key] = _merge_speed(before, res[key])
             except Exception as e:  # noqa: BLE001 - record it and go on to the next section
                 import traceback
 
