@@ -12,10 +12,12 @@ then tells whether the model itself holds for the plain session, node for node.
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 from ..analysis import analyse
 from ..analysis.pattern import predict_plain
+from ..analysis.shapes import TensorInfo
 from ..errors import CkptError
 from ..load import load_graph
 from ..ort_optimize import run_ort_optimizer
@@ -23,10 +25,12 @@ from ..ort_optimize import run_ort_optimizer
 PLAIN_LEVEL = "ORT_ENABLE_ALL"  # what InferenceSession(path) builds
 
 
-def fused_plain_peak(model_path: str | Path, executed: list[str]) -> int | None:
+def fused_plain_peak(model_path: str | Path, executed: list[str], known: Mapping[str, TensorInfo]) -> int | None:
     """The CPU arena peak ckpt's model gives for ORT's ORT_ENABLE_ALL graph of ``model_path``
     run in ``executed`` (node names, as the profiler of a plain session reported them); None
-    when that graph cannot be had or its nodes are not exactly the ones that ran."""
+    when that graph cannot be had, its nodes are not exactly the ones that ran, or a tensor
+    of it has no known size. ``known``: the file's tensors; a fused node keeps the output
+    names of the nodes it replaces, and onnx's shape inference stops at ORT's contrib ops."""
     with tempfile.TemporaryDirectory(prefix="ckpt_plain_") as tmp:
         fused = Path(tmp) / "fused.onnx"
         try:
@@ -38,4 +42,8 @@ def fused_plain_peak(model_path: str | Path, executed: list[str]) -> int | None:
         order = [index.get(name, -1) for name in executed]
         if len(order) != len(index) or sorted(order) != list(range(len(index))):
             return None
-        return predict_plain(a.graph, a.tensors, order).peak_in_use_bytes
+        tensors = {t: known[t] if info.nbytes is None and t in known else info for t, info in a.tensors.items()}
+        produced = (t for n in a.graph.nodes for t in n.outputs if t)
+        if any(t not in tensors or tensors[t].nbytes is None for t in produced):
+            return None
+        return predict_plain(a.graph, tensors, order).peak_in_use_bytes

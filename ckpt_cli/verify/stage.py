@@ -12,9 +12,11 @@ is above the original's, or the prediction is further off than ``max_prediction_
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ..analysis.shapes import TensorInfo
 from ..errors import ModelError, RunFailed, RuntimeUnavailable, UsageError
 from ..ops import VIEW_OPS
 from . import driver
@@ -36,6 +38,8 @@ class Prediction:
     in_use_bytes: int | None  # the CPU arena's bytes in use at the peak
     order: tuple[str, ...] = ()  # node names in the order simulated (ORT's PRIORITY_BASED)
     plain_in_use_bytes: int | None = None  # the CPU arena's peak in a plain InferenceSession (fusions aside)
+    # the file's tensor sizes, for ORT's fused graph of it where shape inference stops at a contrib op
+    tensors: Mapping[str, TensorInfo] | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -213,7 +217,7 @@ def check_files(original: str | Path, rewritten: str | Path, predicted: dict[str
         figures.prediction_error_plain = _relative_error(plain, default.peak_bytes)
         executed = result.get("rewritten_ort_default_order")
         if executed and abs(figures.prediction_error_plain or 0.0) > PLAIN_FUSED_ABOVE:
-            figures.predicted_plain_fused = fused_plain_peak(rewritten, executed)
+            figures.predicted_plain_fused = fused_plain_peak(rewritten, executed, predicted["rewritten"].tensors or {})
             figures.prediction_error_plain_fused = _relative_error(figures.predicted_plain_fused, default.peak_bytes)
     _judge(figures, tolerant)
     return figures
