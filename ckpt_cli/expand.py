@@ -121,8 +121,9 @@ def _excerpt(graph: Graph, functions: set[str]) -> tuple[onnx.ModelProto, set[st
 def expand_functions(graph: Graph) -> Graph:
     """``graph`` with the function ops ORT expands replaced by ORT's expansion (the same
     graph when there is none)."""
+    opsets = {d: graph.opset(d) or 1 for d in {n.domain for n in graph.nodes}}
     functions = {n.name: key for n in graph.nodes
-                 if (key := (n.op_type, n.domain, graph.opset(n.domain) or 1)) not in _RUN_AS_IS and _has_function(*key)}
+                 if (key := (n.op_type, n.domain, opsets[n.domain])) not in _RUN_AS_IS and _has_function(*key)}
     if not functions:
         return graph
     excerpt = _excerpt(graph, set(functions))
