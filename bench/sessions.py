@@ -286,7 +286,10 @@ def main(argv: list[str]) -> int:
                 if new_row is None:
                     raise SystemExit(f"cannot measure {name} here")
                 at = [i for i, l in enumerate(lines[2:], 2) if l.split("|")[1].split()[0] == name]
-                lines[at[0] if at else len(lines):at[0] + 1 if at else len(lines)] = [new_row]
+                if at:
+                    lines[at[0]] = new_row
+                else:
+                    lines.append(new_row)
         path.write_text(_HEADER + "\n".join(lines) + "\n")
         print(path.read_text())
         return 0
