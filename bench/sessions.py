@@ -44,8 +44,8 @@ settings the model records (`ckpt_cli.session_options`: PRIORITY_BASED, ORT_DISA
 its enable_mem_reuse; ORT's defaults for a graph written unchanged) (c);
 `priority_*` = PRIORITY_BASED at each optimization level. `ckpt predicted (c)`: what ckpt
 predicts for (c) before any run (the arena peak of the file order; for a graph written
-unchanged its model of ORT's defaults, whose ORT_ENABLE_ALL fusions it does not simulate),
-and its error against the measured (c). The rewrites are written as
+unchanged, whose (c) is ORT's defaults, its model of the graph ORT builds at ORT_ENABLE_ALL,
+`ckpt_cli/verify/plain_model.py`), and its error against the measured (c). The rewrites are written as
 `ckpt rewrite` writes them by default: where ckpt predicts that ORT's memory pattern raises a
 plain session's peak (its one block takes a whole power-of-two arena chunk), the file turns
 the pattern off itself with an optional input nobody feeds (`rewrite/mem_pattern.py`), so
@@ -208,15 +208,21 @@ def _rewrite(source: Path, out: Path, pin: bool):
     return result
 
 
-def predicted_recorded(result, process_peak: bool = False) -> int:
-    """ckpt's prediction for session (c), the settings the written model records: the arena
-    peak of its file order, or for a graph written unchanged, its model of ORT's defaults
-    (fusions aside); with ``process_peak`` (ORT's arena off) the live tensor bytes."""
+def predicted_recorded(result, path: Path, process_peak: bool = False) -> int:
+    """ckpt's prediction, before any run, for session (c), the settings the written model
+    ``path`` records: the arena peak of its file order; for a graph written unchanged, whose
+    (c) is ORT's defaults, its model of ORT's own ORT_ENABLE_ALL graph (``fused_plain``; the
+    file's graph where that cannot be had); with ``process_peak`` (ORT's arena off) the
+    live tensor bytes."""
     from ckpt_cli.analysis.pattern import predict_plain
+    from ckpt_cli.verify.plain_model import fused_plain
 
     if process_peak:
         return result.after.profile(result.mem_reuse).activation_peak_bytes
     if result.session == "ort_default":
+        fused = fused_plain(path, result.after.tensors)
+        if fused is not None:
+            return fused.peak_in_use_bytes
         if result.pattern_off is not None:
             return result.pattern_off.without_pattern_bytes
         return predict_plain(result.graph, result.after.tensors).peak_in_use_bytes
@@ -261,7 +267,7 @@ def row(name: str, tmp: Path, timed_runs: int = 5, training_python: str | None =
         peak = run(tmp / f"{name}.pin.onnx", session)["peak_bytes"]
         cells.append(f"{peak / MiB:.2f} ({peak / original:.2f}x)")
         if session == "ckpt":
-            predicted = predicted_recorded(pinned, process_peak=name == "ort_artifact")
+            predicted = predicted_recorded(pinned, tmp / f"{name}.pin.onnx", process_peak=name == "ort_artifact")
             cells.append(f"{predicted / MiB:.2f} ({predicted / peak - 1:+.1%})")
     # Alternate the two graphs and keep each one's fastest run: on a shared machine the
     # minimum is what the graph costs, the median mostly what the neighbours cost.

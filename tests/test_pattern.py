@@ -94,7 +94,7 @@ def test_check_models_the_fused_plain_session_where_the_file_model_is_off(tmp_pa
     model of the file's graph; on ORT's own fused graph, in the order it ran, the same
     memory model is exact, and the note says the fusions explain the gap."""
     from ckpt_cli import api
-    from ckpt_cli.verify.plain_model import fused_plain_peak
+    from ckpt_cli.verify.plain_model import fused_plain
 
     out = tmp_path / "mlp.ckpt.onnx"
     api.rewrite_model(SAMPLES / "mlp.onnx", out)
@@ -104,31 +104,35 @@ def test_check_models_the_fused_plain_session_where_the_file_model_is_off(tmp_pa
     assert f.predicted_plain_fused == measured, (f.predicted_plain_fused, measured)
     assert any("the fusions, not the memory model, explain it" in n for n in f.notes), f.notes
     assert f.passed
-    # names that are not the fused graph's nodes: no figure rather than a wrong one
-    assert fused_plain_peak(out, ["no_such_node"], {}) is None
+    # before any run: the same figure, and ORT's written order is the order the session ran
+    known = api.analyse_input(api.load_input(out)).tensors
+    assert fused_plain(out, known).peak_in_use_bytes == measured
 
 
 def test_fused_figure_is_exact_or_absent(tmp_path):
     """On the synthetic transformer (ORT 1.31.1), ORT's fused graph of 1 layer has tensors
     past its FusedMatMul nodes whose size neither ORT's written shapes, onnx's shape
     inference nor the file gives: no figure rather than a low one. With 2 layers every size
-    is known and the figure is the measured peak to the byte."""
+    is known; the figure, made before the run, is the measured peak to the byte, and ORT
+    ran its fused graph in the order it wrote it."""
     import onnx
 
     from bench.synthetic import build_transformer
     from ckpt_cli import api
     from ckpt_cli.verify import driver
     from ckpt_cli.verify.feeds import make_feeds, save_feeds
-    from ckpt_cli.verify.plain_model import fused_plain_peak
+    from ckpt_cli.verify.plain_model import fused_plain
 
     figures = {}
     for layers in (1, 2):
         src, out = tmp_path / f"syn{layers}.onnx", tmp_path / f"syn{layers}.ckpt.onnx"
         onnx.save(build_transformer(layers), src)
         api.rewrite_model(src, out)
+        fused = fused_plain(out, api.analyse_input(api.load_input(out)).tensors)
         save_feeds(tmp_path / "feeds.npz", make_feeds(onnx.load(str(out))))
         ran = driver.run_model(out, tmp_path / "feeds.npz", provider="cpu", settings="ort_default", runs=1)
-        known = api.analyse_input(api.load_input(out)).tensors
-        figures[layers] = (fused_plain_peak(out, ran["executed_order"], known), ran["peak_bytes"])
+        figures[layers] = (fused, ran)
     assert figures[1][0] is None
-    assert figures[2][0] == figures[2][1]
+    fused, ran = figures[2]
+    assert list(fused.order) == ran["executed_order"]
+    assert fused.peak_in_use_bytes == ran["peak_bytes"]

@@ -200,7 +200,7 @@ def render_check(r: dict, console: Console) -> None:
         fused = r.get("prediction_error_plain_fused")
         console.print(f"prediction vs measured under ORT's defaults (rewritten; fusions not simulated): "
                       f"{r['prediction_error_plain'] * 100:+.1f}%"
-                      + (f"; on ORT's fused graph in its executed order: {fused * 100:+.1f}%" if fused is not None else ""))
+                      + (f"; on ORT's fused graph: {fused * 100:+.1f}%" if fused is not None else ""))
     bad = [name for name, e in r["outputs"].items() if not e["bit_identical"]][:5]
     if bad:
         console.print(f"outputs that differ: {', '.join(map(safe, bad))}")

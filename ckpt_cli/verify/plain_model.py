@@ -1,18 +1,19 @@
 """ckpt's memory model applied to the graph a plain ``InferenceSession(path)`` really runs.
 
-Before a run, ckpt predicts a plain session on the file's own graph (``predict_plain``):
-ORT_ENABLE_ALL's fusions are not simulated, and they move the peak (mlp's rewrite: 30%
-below that prediction). After the check has run the file under ORT's defaults, the fused
-graph and its order are known: ORT writes the graph it builds at ORT_ENABLE_ALL
-(``optimized_model_filepath``), and the profiler gave the order its nodes ran in. The same
-memory model (allocation planner, memory pattern, arena) over that graph in that order
-then tells whether the model itself holds for the plain session, node for node.
+``predict_plain`` models a plain session on the file's own graph: ORT_ENABLE_ALL's fusions
+are not simulated, and they move the peak (the mlp sample: 30% below that prediction).
+ORT writes the graph it builds at ORT_ENABLE_ALL (``optimized_model_filepath``), and it
+writes it in the order a plain session runs it (measured on ORT 1.31.1: the executed order
+of every sample's rewrite equals the written file's node order). The same memory model
+(allocation planner, memory pattern, arena) over that graph in that order predicts the
+plain session before any run.
 """
 
 from __future__ import annotations
 
 import tempfile
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..analysis import analyse
@@ -25,12 +26,17 @@ from ..ort_optimize import run_ort_optimizer
 PLAIN_LEVEL = "ORT_ENABLE_ALL"  # what InferenceSession(path) builds
 
 
-def fused_plain_peak(model_path: str | Path, executed: list[str], known: Mapping[str, TensorInfo]) -> int | None:
-    """The CPU arena peak ckpt's model gives for ORT's ORT_ENABLE_ALL graph of ``model_path``
-    run in ``executed`` (node names, as the profiler of a plain session reported them); None
-    when that graph cannot be had, its nodes are not exactly the ones that ran, or a tensor
-    of it has no known size. ``known``: the file's tensors; a fused node keeps the output
-    names of the nodes it replaces, and onnx's shape inference stops at ORT's contrib ops."""
+@dataclass(frozen=True)
+class FusedPlain:
+    peak_in_use_bytes: int  # the CPU arena peak predicted for a plain session
+    order: tuple[str, ...]  # the node names of ORT's fused graph, in the order ORT runs them
+
+
+def fused_plain(model_path: str | Path, known: Mapping[str, TensorInfo]) -> FusedPlain | None:
+    """ckpt's prediction of ``InferenceSession(model_path)`` on the CPU from ORT's own
+    ORT_ENABLE_ALL graph of it; None when ORT cannot write that graph or a tensor of it has
+    no known size. ``known``: the file's tensors; a fused node keeps the output names of the
+    nodes it replaces, and onnx's shape inference stops at ORT's contrib ops."""
     with tempfile.TemporaryDirectory(prefix="ckpt_plain_") as tmp:
         fused = Path(tmp) / "fused.onnx"
         try:
@@ -38,12 +44,10 @@ def fused_plain_peak(model_path: str | Path, executed: list[str], known: Mapping
             a = analyse(load_graph(fused))
         except (CkptError, OSError):
             return None
-        index = {n.name: n.index for n in a.graph.nodes}
-        order = [index.get(name, -1) for name in executed]
-        if len(order) != len(index) or sorted(order) != list(range(len(index))):
-            return None
         tensors = {t: known[t] if info.nbytes is None and t in known else info for t, info in a.tensors.items()}
         produced = (t for n in a.graph.nodes for t in n.outputs if t)
         if any(t not in tensors or tensors[t].nbytes is None for t in produced):
             return None
-        return predict_plain(a.graph, tensors, order).peak_in_use_bytes
+        order = list(range(len(a.graph.nodes)))  # ORT wrote them in the order it runs them
+        return FusedPlain(predict_plain(a.graph, tensors, order).peak_in_use_bytes,
+                          tuple(n.name for n in a.graph.nodes))
