@@ -280,14 +280,19 @@ def row(name: str, tmp: Path, timed_runs: int = 5, training_python: str | None =
             + f" | {pinned.guard_nodes} | {t_pin * 1e3:.1f} / {t_nopin * 1e3:.1f} ms |")
 
 
-def table(tmp: Path, timed_runs: int = 5, training_python: str | None = None,
-          samples: tuple[str, ...] = SAMPLES) -> str:
-    """The session matrix of every sample's default rewrite, as Markdown."""
+def _head() -> list[str]:
+    """The session matrix's header and separator lines."""
     names = [n for s in SESSIONS for n in ((s, "ckpt predicted (c)") if s == "ckpt" else (s,))]
     head = ("| sample | original, ORT defaults | "
             + " | ".join(n if n.startswith("ckpt predicted") else f"rewrite: {n}" for n in names)
             + " | guard nodes | step time (c), pinned / --no-pin |")
-    lines = [head, "|" + "---|" * (len(names) + 4)]
+    return [head, "|" + "---|" * (len(names) + 4)]
+
+
+def table(tmp: Path, timed_runs: int = 5, training_python: str | None = None,
+          samples: tuple[str, ...] = SAMPLES) -> str:
+    """The session matrix of every sample's default rewrite, as Markdown."""
+    lines = _head()
     for name in samples:
         line = row(name, tmp, timed_runs, training_python)
         if line is not None:
@@ -307,7 +312,8 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["--update"]:  # re-measure some rows of the committed table
         path = ROOT / "bench" / "SESSIONS.md"
         lines = path.read_text().splitlines()
-        lines = lines[next(i for i, l in enumerate(lines) if l.startswith("| sample |")):]
+        # this version's header: rows kept from before a column was added need a full run
+        lines = _head() + lines[next(i for i, l in enumerate(lines) if l.startswith("| sample |")) + 2:]
         with tempfile.TemporaryDirectory() as tmp:
             for name in argv[1:]:
                 new_row = row(name, Path(tmp), training_python=training)

@@ -16,9 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..analysis import analyse
 from ..analysis.pattern import predict_plain
-from ..analysis.shapes import TensorInfo
+from ..analysis.shapes import TensorInfo, infer_tensors
 from ..errors import CkptError
 from ..load import load_graph
 from ..ort_optimize import run_ort_optimizer
@@ -41,13 +40,15 @@ def fused_plain(model_path: str | Path, known: Mapping[str, TensorInfo]) -> Fuse
         fused = Path(tmp) / "fused.onnx"
         try:
             run_ort_optimizer(Path(model_path), fused, "cpu", external="fused.onnx.data", level=PLAIN_LEVEL)
-            a = analyse(load_graph(fused))
+            # the tensors only: a whole analysis would also simulate another order and
+            # classify phases, which a graph ORT fused need not pass
+            graph = load_graph(fused)
+            inferred = infer_tensors(graph)
         except (CkptError, OSError):
             return None
-        tensors = {t: known[t] if info.nbytes is None and t in known else info for t, info in a.tensors.items()}
-        produced = (t for n in a.graph.nodes for t in n.outputs if t)
+        tensors = {t: known[t] if info.nbytes is None and t in known else info for t, info in inferred.items()}
+        produced = (t for n in graph.nodes for t in n.outputs if t)
         if any(t not in tensors or tensors[t].nbytes is None for t in produced):
             return None
-        order = list(range(len(a.graph.nodes)))  # ORT wrote them in the order it runs them
-        return FusedPlain(predict_plain(a.graph, tensors, order).peak_in_use_bytes,
-                          tuple(n.name for n in a.graph.nodes))
+        order = list(range(len(graph.nodes)))  # ORT wrote them in the order it runs them
+        return FusedPlain(predict_plain(graph, tensors, order).peak_in_use_bytes, tuple(n.name for n in graph.nodes))

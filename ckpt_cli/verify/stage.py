@@ -93,7 +93,7 @@ class CheckFigures:
     run_to_run: dict | None = None  # outputs that differ: the original's own spread between two runs
     predicted_plain: int | None = None  # the rewrite in a plain session (CPU: memory pattern, DEFAULT order)
     prediction_error_plain: float | None = None  # against rewritten_ort_default's measured peak
-    # the same model on ORT's own ORT_ENABLE_ALL graph, in the order the plain session ran it
+    # the same model on ORT's own ORT_ENABLE_ALL graph, in the order ORT writes and runs it
     predicted_plain_fused: int | None = None
     prediction_error_plain_fused: float | None = None
     failures: list[str] = field(default_factory=list)
