@@ -120,6 +120,21 @@ def exit_on_sigterm() -> Iterator[None]:
 
 
 @contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM until the block ends: a step and the record of its having
+    happened (a rename and the flag that says the new file is in place) are one, so an
+    interruption cannot fall between them. A held signal is delivered at the end."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+@contextmanager
 def os_errors(path: Path) -> Iterator[None]:
     """Filesystem failures (read-only, disk full, no permission) as one-line OutputErrors."""
     try:

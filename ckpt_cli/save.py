@@ -28,7 +28,8 @@ from .errors import UsageError
 from .external import external_tensors, locate
 from .graph import Graph, Node, gc_paused
 from .safewrite import (check_output_path, check_report_path, commit, exit_on_sigterm, must_create, os_errors,
-                        remove_stale_temps, temp_beside, write_target, write_text_atomic)
+                        remove_stale_temps, signals_deferred, temp_beside, write_target,
+                        write_text_atomic)
 
 __all__ = ["build_model", "save_model", "output_ir_version", "check_output_path", "check_report_path",
            "remove_stale_temps", "write_target", "write_text_atomic"]
@@ -98,12 +99,15 @@ def save_model(model: onnx.ModelProto, path: str | Path, source_dir: Path | None
         remove_stale_temps(path)
         previous = _data_files_read_by(path)
         with exit_on_sigterm():
-            written = _write_pair(model, path, source_dir, exclusive)
-        _remove_previous_data(previous, written)
-    return written
+            return _write_pair(model, path, source_dir, exclusive, previous)
 
 
-def _write_pair(model: onnx.ModelProto, path: Path, source_dir: Path, exclusive: bool) -> list[Path]:
+def _write_pair(model: onnx.ModelProto, path: Path, source_dir: Path, exclusive: bool,
+                previous: set[Path]) -> list[Path]:
+    """Write data, then model; remove ``previous`` data once the model is in place. Each
+    rename and the flag recording it happen under held signals: a SIGINT that landed
+    between the model's rename and its flag used to make the cleanup delete the data the
+    model just put in place reads."""
     initializers = {id(t) for t in model.graph.initializer}
     external = []
     for t in external_tensors(model):
@@ -114,7 +118,8 @@ def _write_pair(model: onnx.ModelProto, path: Path, source_dir: Path, exclusive:
     embedded_bytes = sum(len(t.raw_data) for t in model.graph.initializer if t.HasField("raw_data"))
     spill = embedded_bytes > _EMBED_LIMIT
     written: list[Path] = []
-    created = False
+    created = committed = False
+    data_path: Path | None = None
     tmp_data = temp_beside(path.with_name(path.name + ".data")) if (external or spill) else None
     tmp_model: Path | None = None
     try:
@@ -136,18 +141,22 @@ def _write_pair(model: onnx.ModelProto, path: Path, source_dir: Path, exclusive:
             data_path = path.with_name(f"{path.name}.{digest.hexdigest()[:8]}.data")
             for t in moved:
                 _set_location(t, data_path.name)
-            created = _place_data(tmp_data, data_path)
+            with signals_deferred():
+                created = _place_data(tmp_data, data_path)
             written.append(data_path)
         tmp_model = temp_beside(path)
         with open(tmp_model, "wb") as f:
             f.write(model.SerializeToString(deterministic=True))
             f.flush()
             os.fsync(f.fileno())
-        commit(tmp_model, path, exclusive)  # last: the model names data that is already in place
-        written.insert(0, path)
+        with signals_deferred():
+            commit(tmp_model, path, exclusive)  # last: the model names data that is already in place
+            committed = True
+            written.insert(0, path)
+            _remove_previous_data(previous, written)
     except BaseException:
-        if created:
-            written[0].unlink(missing_ok=True)  # data of a model never committed
+        if created and not committed and data_path is not None:
+            data_path.unlink(missing_ok=True)  # data of a model never committed
         raise
     finally:
         if tmp_model is not None:

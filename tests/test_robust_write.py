@@ -164,6 +164,33 @@ def test_sigterm_during_write_leaves_no_temp(tmp_path, monkeypatch):
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_right_after_the_model_rename_keeps_its_data(ext_model, monkeypatch, sig):
+    """CI found it (SIGINT, 1 run in many): a signal between the model's rename and the flag
+    saying so made the cleanup delete the data of the model just put in place."""
+    folder = ext_model.parent
+    out = folder / "out.onnx"
+    assert ckpt("rewrite", ext_model, "-o", out, "-q")[0] == 0
+    other = folder / "other"
+    other.mkdir()
+    save_transformer(str(other / "b.onnx"), layers=1, embed_weights=True, external_data=True, seed=7)
+    real_commit = save.commit
+
+    def commit_then_signal(tmp, path, exclusive):
+        real_commit(tmp, path, exclusive)
+        os.kill(os.getpid(), sig)  # arrives the instant the new model is in place
+
+    monkeypatch.setattr(save, "commit", commit_then_signal)
+    model = onnx.load(other / "b.onnx", load_external_data=False)
+    with pytest.raises((KeyboardInterrupt, SystemExit)):
+        save.save_model(model, out, source_dir=other, force=True)
+    onnx.checker.check_model(str(out))
+    loaded = onnx.load(out)  # the new model, with the data it names, whole
+    names = {t.name for t in loaded.graph.initializer}
+    assert names == {t.name for t in onnx.load(other / "b.onnx").graph.initializer}
+    assert not [p for p in folder.iterdir() if p.name.endswith(".tmp")]
+
+
 def test_check_report_path(ext_model, tmp_path):
     folder = ext_model.parent
     (folder / "link.onnx").symlink_to("a.onnx")
