@@ -58,10 +58,17 @@ def _unmarked(proto: onnx.NodeProto) -> onnx.NodeProto:
     """A copy of ``proto`` without the CSE guard attribute."""
     p = onnx.NodeProto()
     p.CopyFrom(proto)
-    kept = [a for a in p.attribute if a.name != CSE_GUARD_ATTR]
-    del p.attribute[:]
-    p.attribute.extend(kept)
+    for k in range(len(p.attribute) - 1, -1, -1):
+        if p.attribute[k].name == CSE_GUARD_ATTR:
+            del p.attribute[k]
     return p
+
+
+def _same_node(n: Node, p: onnx.NodeProto, inputs: tuple[str, ...] | None = None) -> Node:
+    """``n`` made from ``p``, a copy of its proto with other attributes (and ``inputs``):
+    not indexed again (reading protos back was a tenth of a 100k-node pin)."""
+    return Node(n.index, n.name, n.op_type, n.domain, n.inputs if inputs is None else inputs, n.outputs, p,
+                n.implicit)
 
 
 def trigger_of(graph: Graph, position: int, forward: set[str] | frozenset[str],
@@ -70,15 +77,29 @@ def trigger_of(graph: Graph, position: int, forward: set[str] | frozenset[str],
     computes data at run time: ORT folds Constant and Shape, and Size runs as soon as its
     input exists. A forward tensor only if it is a graph output (the loss): under ORT's
     DEFAULT order the guard's read could keep any other one alive until the block."""
+    return triggers_of(graph, [position], forward, skip)[0]
+
+
+def triggers_of(graph: Graph, positions: list[int], forward: set[str] | frozenset[str],
+                skip: set[int] | frozenset[int] = frozenset()) -> list[str | None]:
+    """``trigger_of`` for each of ``positions``, each node looked at once at most: the
+    nearest one before a position lies after the previous position, or is that one's
+    (a scan per block from its start was 0.6 s of a 100k-node pin)."""
     outputs = set(graph.outputs)
-    for k in range(position - 1, -1, -1):
-        node = graph.nodes[k]
-        if k in skip or node.op_type in SHAPE_ONLY_OPS or node.op_type == "Constant":
-            continue
-        out = next((t for t in node.outputs if t != ABSENT and (node.name not in forward or t in outputs)), None)
-        if out is not None:
-            return out
-    return None
+    found: dict[int, str | None] = {}
+    previous, answer = 0, None
+    for position in sorted(set(positions)):
+        for k in range(position - 1, previous - 1, -1):
+            node = graph.nodes[k]
+            if k in skip or node.op_type in SHAPE_ONLY_OPS or node.op_type == "Constant":
+                continue
+            out = next((t for t in node.outputs if t != ABSENT and (node.name not in forward or t in outputs)), None)
+            if out is not None:
+                answer = out
+                break
+        found[position] = answer
+        previous = position
+    return [found[p] for p in positions]
 
 
 def pin(graph: Graph, tensors: dict[str, TensorInfo], forward: set[str]) -> PinResult:
@@ -116,8 +137,7 @@ def pin(graph: Graph, tensors: dict[str, TensorInfo], forward: set[str]) -> PinR
         return unique_name(base, taken)
 
     previous = 0
-    for (region, block), start in zip(blocks, starts):
-        trigger = trigger_of(graph, start, forward, copy_index)
+    for (region, block), start, trigger in zip(blocks, starts, triggers_of(graph, starts, forward, copy_index)):
         ties = [t for k in range(previous, start) if nodes[k].name not in forward and k not in copy_index
                 for t in nodes[k].outputs if t in outputs and t not in resident and t != trigger]
         previous = start
@@ -182,9 +202,10 @@ def pin(graph: Graph, tensors: dict[str, TensorInfo], forward: set[str]) -> PinR
     for n in nodes:
         written.extend(Node.from_proto(0, p) for p in new_protos.get(n.index, ()))
         if n.index in rewired:
-            written.append(Node.from_proto(0, rewired[n.index]))
+            p = rewired[n.index]
+            written.append(_same_node(n, p, tuple(p.input)))
         else:
-            written.append(Node.from_proto(0, _unmarked(n.proto)) if n.index in unmark else n)
+            written.append(_same_node(n, _unmarked(n.proto)) if n.index in unmark else n)
         written.extend(Node.from_proto(0, p) for p in sizes_after.get(n.index, ()))
     return PinResult(executed_order(graph.with_node_list(written)), tensors, counts["nodes"], counts["inputs"],
                      counts["ties"], len(new_protos))
