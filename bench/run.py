@@ -1409,8 +1409,10 @@ def main(argv=None) -> int:
     ]
     if a.update and (a.out_dir / "results.json").exists():  # keep the sections not run now
         kept = json.loads((a.out_dir / "results.json").read_text())
-        res = {**kept, **{k: v for k, v in res.items() if k != "command"},
-               "command": f"{kept.get('command', '')}; then {res['command']}"}
+        steps = kept.get("command", "").split("; then ")
+        if steps[-1] != res["command"]:  # the same update again adds no step
+            steps.append(res["command"])
+        res = {**kept, **{k: v for k, v in res.items() if k != "command"}, "command": "; then ".join(steps)}
     try:
         for key, skip, run_section in sections:
             if skip:

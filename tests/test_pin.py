@@ -159,3 +159,37 @@ def test_cli_reports_the_guards_and_no_pin_writes_none(tmp_path):
     assert report["pin"]["guard_nodes"] == guards == int(meta[PIN_META]) > 0
     report, guards, meta = reports["--no-pin"]
     assert report["pin"] is None and guards == 0 and PIN_META not in meta
+
+
+def test_triggers_of_equals_a_scan_per_position():
+    """triggers_of answers every position with one backward scan per gap: the same as the
+    plain scan from each position (a rewrite of the gpt sample, random positions and skips)."""
+    import random
+
+    from ckpt_cli.ops import SHAPE_ONLY_OPS
+    from ckpt_cli.planning.regions import default_regions
+    from ckpt_cli.rewrite.pin import triggers_of
+
+    g = load_graph(SAMPLES / "gpt.onnx")
+    a = analyse(g)
+    result = rewrite(a, default_regions(a), pin=False)
+    graph = result.graph
+    forward = {n.name for n in g.nodes if a.phases.is_forward[n.index]}
+    outputs = set(graph.outputs)
+
+    def scan(position, skip):
+        for k in range(position - 1, -1, -1):
+            node = graph.nodes[k]
+            if k in skip or node.op_type in SHAPE_ONLY_OPS or node.op_type == "Constant":
+                continue
+            out = next((t for t in node.outputs if t and (node.name not in forward or t in outputs)), None)
+            if out is not None:
+                return out
+        return None
+
+    rng = random.Random(0)
+    n = len(graph.nodes)
+    for _ in range(20):
+        skip = set(rng.sample(range(n), rng.randrange(n // 2)))
+        positions = [rng.randrange(n + 1) for _ in range(rng.randrange(1, 30))]
+        assert triggers_of(graph, positions, forward, skip) == [scan(p, skip) for p in positions]
