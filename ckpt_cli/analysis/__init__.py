@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import chain
+from typing import TYPE_CHECKING
 from functools import cached_property
 
 from ..errors import UsageError
@@ -15,6 +16,9 @@ from .memory import MemoryProfile, buffer_roots, simulate, simulate_deferred
 from .phases import Phases, classify
 from .scopes import node_scopes
 from .shapes import TensorInfo, infer_tensors, symbolic_dims
+
+if TYPE_CHECKING:
+    from .arena import ArenaResult
 
 
 @dataclass(frozen=True)
@@ -86,20 +90,23 @@ class Analysis:
                                             reuse_buffers=reuse_buffers)
         return cache[reuse_buffers]
 
-    def arena_in_use(self, reuse_buffers: bool) -> int:
-        """Predicted peak of ORT's arena in use for the PRIORITY_BASED order, with ORT's
-        buffer reuse on or off (computed once each)."""
-        cache = self.__dict__.setdefault("_arena_in_use", {})
+    def arena(self, reuse_buffers: bool) -> "ArenaResult":
+        """ORT's arena replayed for the PRIORITY_BASED order, with ORT's buffer reuse on or
+        off (computed once each)."""
+        cache = self.__dict__.setdefault("_arena", {})
         if reuse_buffers not in cache:
             from .arena import predict_in_use
 
-            profile = self.profile(reuse_buffers)
-            cache[reuse_buffers] = predict_in_use(self.graph, profile, self.tensors).peak_in_use_bytes
+            cache[reuse_buffers] = predict_in_use(self.graph, self.profile(reuse_buffers), self.tensors)
         return cache[reuse_buffers]
 
-    def remember_arena_in_use(self, reuse_buffers: bool, peak: int) -> None:
-        """Record ``arena_in_use(reuse_buffers)`` where a caller replayed it already."""
-        self.__dict__.setdefault("_arena_in_use", {})[reuse_buffers] = peak
+    def arena_in_use(self, reuse_buffers: bool) -> int:
+        """Predicted peak of ORT's arena in use for the PRIORITY_BASED order (``arena``)."""
+        return self.arena(reuse_buffers).peak_in_use_bytes
+
+    def remember_arena(self, reuse_buffers: bool, arena: "ArenaResult") -> None:
+        """Record ``arena(reuse_buffers)`` where a caller replayed it already."""
+        self.__dict__.setdefault("_arena", {})[reuse_buffers] = arena
 
     @property
     def output_bytes(self) -> int:

@@ -22,7 +22,8 @@ from .planner import Buffers, plan_buffers, without_reuse
 from .shapes import TensorInfo
 from .timeline import bytes_in_use, live_at, peak_of
 
-__all__ = ["MemoryProfile", "buffer_roots", "resident_bytes", "simulate", "simulate_both", "simulate_deferred"]
+__all__ = ["MemoryProfile", "buffer_roots", "profile_of", "resident_bytes", "simulate", "simulate_both",
+           "simulate_deferred"]
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,7 @@ def simulate(graph: Graph, order: list[int] | tuple[int, ...], tensors: dict[str
     ``reuse_buffers=False`` models ORT's ``SessionOptions.enable_mem_reuse = False``: freed
     buffers are not reused (each one is released at its last read); in-place writes stay."""
     life = lifetimes(graph, order)
-    return _profile(graph, order, tensors, plan_buffers(graph, order, tensors, life, reuse_buffers))
+    return profile_of(graph, order, tensors, plan_buffers(graph, order, tensors, life, reuse_buffers))
 
 
 def simulate_both(graph: Graph, order: list[int] | tuple[int, ...],
@@ -91,11 +92,12 @@ def simulate_deferred(graph: Graph, order: list[int] | tuple[int, ...], tensors:
     from it (for a caller that may need both)."""
     life = lifetimes(graph, order)
     on = plan_buffers(graph, order, tensors, life, True)
-    return _profile(graph, order, tensors, on), lambda: _profile(graph, order, tensors, without_reuse(on, life))
+    return profile_of(graph, order, tensors, on), lambda: profile_of(graph, order, tensors, without_reuse(on, life))
 
 
-def _profile(graph: Graph, order: list[int] | tuple[int, ...], tensors: dict[str, TensorInfo],
-             buffers: Buffers) -> MemoryProfile:
+def profile_of(graph: Graph, order: list[int] | tuple[int, ...], tensors: dict[str, TensorInfo],
+               buffers: Buffers) -> MemoryProfile:
+    """``simulate``'s result from the planner's buffers for ``order``."""
     base = resident_bytes(graph, tensors)
     steps = len(order)
     tl = bytes_in_use(buffers, steps, base)

@@ -24,7 +24,7 @@ from ..graph import Graph
 from . import schedules
 from .arena import SMALL_INITIALIZER_BYTES, BFCArena, kernel_plans, predict_in_use, replay, small_initializer_bytes
 from .lifetimes import lifetimes
-from .memory import simulate
+from .memory import profile_of, simulate
 from .planner import Buffers, plan_buffers
 from .shapes import TensorInfo
 
@@ -126,11 +126,13 @@ class PlainPrediction:
 
 
 def predict_pattern(graph: Graph, order: list[int], tensors: dict[str, TensorInfo],
-                    reuse_buffers: bool = True) -> PlainPrediction:
+                    reuse_buffers: bool = True, buffers: Buffers | None = None) -> PlainPrediction:
     """ORT's arena peak for ``order`` with the memory pattern on, in the second run of a
-    session (the first one records the pattern)."""
+    session (the first one records the pattern). ``buffers``: the planner's for ``order``
+    with ``reuse_buffers``, when the caller has them."""
     steps = len(order)
-    buffers = plan_buffers(graph, order, tensors, lifetimes(graph, order), reuse_buffers)
+    if buffers is None:
+        buffers = plan_buffers(graph, order, tensors, lifetimes(graph, order), reuse_buffers)
     requests = list(zip(buffers.size, buffers.born, buffers.dies))
     plans = kernel_plans(graph, order, tensors)
     base = session_bytes(graph, tensors)
@@ -155,12 +157,15 @@ def pattern_allowed(graph: Graph) -> bool:
                for v in graph.model.graph.input if v.name in fed)
 
 
-def predict_unpatterned(graph: Graph, tensors: dict[str, TensorInfo], order: list[int] | None = None
-                        ) -> PlainPrediction:
+def predict_unpatterned(graph: Graph, tensors: dict[str, TensorInfo], order: list[int] | None = None,
+                        buffers: Buffers | None = None) -> PlainPrediction:
     """ORT's arena peak for ``order`` (ORT's DEFAULT order by default) with buffer reuse on
-    and the memory pattern off: every run allocates as the first one does."""
+    and the memory pattern off: every run allocates as the first one does. ``buffers``: the
+    planner's for ``order`` with reuse on, when the caller has them."""
     order = schedules.ort_default(graph) if order is None else order
-    peak = predict_in_use(graph, simulate(graph, order, tensors, reuse_buffers=True), tensors).peak_in_use_bytes
+    profile = (simulate(graph, order, tensors, reuse_buffers=True) if buffers is None
+               else profile_of(graph, order, tensors, buffers))
+    peak = predict_in_use(graph, profile, tensors).peak_in_use_bytes
     return PlainPrediction(peak, 0, peak, ())
 
 

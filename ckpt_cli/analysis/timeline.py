@@ -2,33 +2,31 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from .planner import Buffers
 
 
 def bytes_in_use(buffers: Buffers, steps: int, base: int) -> list[int]:
     """After each node: ``base`` plus every buffer allocated so far and not yet released
     (a buffer released after step k still counts at step k)."""
-    alloc = [0] * (steps + 1)
-    free = [0] * (steps + 1)
-    for size, born, dies in zip(buffers.size, buffers.born, buffers.dies):
-        alloc[born] += size
-        free[dies] += size
-    live = base
-    out: list[int] = []
-    for k in range(steps):
-        live += alloc[k]
-        out.append(live)
-        live -= free[k]
-    return out
+    size = np.asarray(buffers.size, dtype=np.int64)
+    alloc = np.zeros(steps + 1, dtype=np.int64)
+    free = np.zeros(steps + 1, dtype=np.int64)
+    np.add.at(alloc, np.asarray(buffers.born, dtype=np.int64), size)
+    np.add.at(free, np.asarray(buffers.dies, dtype=np.int64), size)
+    # after step k: all allocated up to k, less all released before k
+    released_before = np.cumsum(free[:steps]) - free[:steps]
+    return (base + np.cumsum(alloc[:steps]) - released_before).tolist()
 
 
 def peak_of(timeline: list[int], base: int) -> tuple[int, int]:
     """(peak bytes, first step where it is reached); ``base`` at step 0 for an empty order."""
-    peak, step = base, 0
-    for k, v in enumerate(timeline):
-        if v > peak:
-            peak, step = v, k
-    return peak, step
+    if not timeline:
+        return base, 0
+    values = np.asarray(timeline, dtype=np.int64)
+    step = int(np.argmax(values))
+    return (int(values[step]), step) if values[step] > base else (base, 0)
 
 
 def live_at(buffers: Buffers, step: int, names: list[str]) -> tuple[str, ...]:

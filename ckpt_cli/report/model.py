@@ -179,9 +179,7 @@ def _arena(a: Analysis) -> dict:
     """What ORT's CPU arena will report for the PRIORITY_BASED order: bytes in use at the
     peak (the profiler's mem_bytes_in_use: activations, outputs and small initializers,
     rounded and fragmented as the arena does) and bytes it reserves."""
-    from ..analysis.arena import predict_in_use
-
-    arena = predict_in_use(a.graph, a.priority, a.tensors)
+    arena = a.arena(a.reuse_buffers)
     return {"arena_in_use_bytes": arena.peak_in_use_bytes, "arena_held_bytes": arena.held_bytes}
 
 

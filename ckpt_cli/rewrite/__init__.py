@@ -97,13 +97,13 @@ def rewrite(a: Analysis, plan: Plan | None, pin: bool = True) -> RewriteResult:
         # Reordering only: ORT's DEFAULT order is a candidate too (where the order sets the
         # peak it can beat both). With copies it would run them right after their inputs.
         candidates.append(executed_order(new, schedules.ort_default(new)))
-    chosen, profile, mem_reuse, in_use = _choose_order_and_reuse(a, candidates, tensors)
+    chosen, profile, mem_reuse, arena = _choose_order_and_reuse(a, candidates, tensors)
     new = _mark_early_backward(chosen, forward_names)
     # The written order is its own PRIORITY_BASED order (executed_order), so the
     # simulation above is the after-analysis's; phase markers change no tensor.
     after = analyse(new, loss=a.phases.loss, grad_outputs=list(a.phases.grad_outputs), tensors=tensors,
                     priority=profile, reuse_buffers=mem_reuse, deferred=True)
-    after.remember_arena_in_use(mem_reuse, in_use)
+    after.remember_arena(mem_reuse, arena)
     copies = [n for n in new.nodes if n.name in copy_names]
     # A copy costs what its source costs (same op, same shapes): the input's costs, priced once.
     source = {p.name: i for i, p in rec.copies.items()} if rec is not None else {}
@@ -127,7 +127,7 @@ def pinned(a: Analysis, result: RewriteResult) -> RewriteResult:
     fresh = unshare(guarded.graph, guarded.tensors, result.mem_reuse, frozenset(forward_names))
     after = analyse(fresh.graph, loss=a.phases.loss, grad_outputs=list(a.phases.grad_outputs), tensors=fresh.tensors,
                     priority=fresh.profile, reuse_buffers=result.mem_reuse, deferred=True)
-    after.remember_arena_in_use(result.mem_reuse, fresh.arena_in_use)
+    after.remember_arena(result.mem_reuse, fresh.arena)
     return replace(result, graph=fresh.graph, after=after, pinned=guarded, fresh=fresh)
 
 
@@ -197,10 +197,11 @@ def _choose_order_and_reuse(a: Analysis, candidates: list[Graph], tensors) -> tu
         clearly_lower = 0.0 if reuse else a.arena_in_use(False) * (1 - MEM_REUSE_OFF_MARGIN)
         if not reuse and profile.activation_peak_bytes > clearly_lower:
             continue
-        in_use = predict_in_use(graph, profile, tensors).peak_in_use_bytes
+        arena = predict_in_use(graph, profile, tensors)
+        in_use = arena.peak_in_use_bytes
         if not reuse and in_use > clearly_lower:
             continue
-        option = (in_use * scale, profile.peak_bytes, k, graph, profile, reuse, in_use)
+        option = (in_use * scale, profile.peak_bytes, k, graph, profile, reuse, arena)
         if best is None or option[:3] < best[:3]:
             best = option
     return best[3:]

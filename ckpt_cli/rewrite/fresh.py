@@ -30,7 +30,7 @@ import numpy as np
 import onnx
 
 from ..analysis import schedules
-from ..analysis.arena import predict_in_use
+from ..analysis.arena import ArenaResult, predict_in_use
 from ..analysis.lifetimes import lifetimes
 from ..analysis.memory import MemoryProfile, simulate
 from ..analysis.phases import BACKWARD
@@ -62,9 +62,13 @@ class FreshResult:
     tensors: dict[str, TensorInfo]
     fresh: tuple[str, ...]  # tensors ORT now allocates on their own (no reuse, no in-place)
     guard_nodes: int  # nodes added
-    # set by unshare: the written graph simulated with the recorded enable_mem_reuse, and its arena peak there
+    # set by unshare: the written graph simulated with the recorded enable_mem_reuse, and its arena there
     profile: MemoryProfile | None = None
-    arena_in_use: int | None = None
+    arena: ArenaResult | None = None
+
+    @property
+    def arena_in_use(self) -> int | None:
+        return self.arena.peak_in_use_bytes if self.arena is not None else None
 
 
 def _eligible(graph: Graph, tensors: dict[str, TensorInfo], forward: frozenset[str]) -> list[bool]:
@@ -133,10 +137,10 @@ def _hidden(tensors: dict[str, TensorInfo], names: list[str], fresh: set[int]) -
     return {**tensors, **{names[t]: replace(tensors[names[t]], static_shape=False) for t in fresh}}
 
 
-def _recorded_peak(graph: Graph, tensors: dict[str, TensorInfo], reuse: bool) -> tuple[int, MemoryProfile]:
-    """The arena peak ckpt predicts for the file order with ``enable_mem_reuse = reuse``."""
+def _recorded_peak(graph: Graph, tensors: dict[str, TensorInfo], reuse: bool) -> tuple[ArenaResult, MemoryProfile]:
+    """The arena ckpt predicts for the file order with ``enable_mem_reuse = reuse``."""
     profile = simulate(graph, list(range(len(graph.nodes))), tensors, reuse_buffers=reuse)
-    return predict_in_use(graph, profile, tensors).peak_in_use_bytes, profile
+    return predict_in_use(graph, profile, tensors), profile
 
 
 def _node(op: str, inputs: list[str], output: str, **attrs) -> onnx.NodeProto:
@@ -229,11 +233,12 @@ def unshare(graph: Graph, tensors: dict[str, TensorInfo], recorded_reuse: bool =
     them: the greedy's best set, in the first construction whose written graph ckpt predicts
     no higher a peak than without it under the settings the model records (its file order,
     its ``enable_mem_reuse``: what the rewrite was chosen for); none if neither does."""
-    limit, profile = _recorded_peak(graph, tensors, recorded_reuse)
+    unfresh, profile = _recorded_peak(graph, tensors, recorded_reuse)
+    limit = unfresh.peak_in_use_bytes
     if 2 * len(graph.nodes) * (_PROBE_ROUNDS + 1) > _STEP_BUDGET:
         # Too large for the greedy to probe within its budget (above ~41k nodes). On a
         # 100k-node transformer its two rounds found nothing, for 3.9 s of a 17 s rewrite.
-        return replace(apply(graph, tensors, set()), profile=profile, arena_in_use=limit)
+        return replace(apply(graph, tensors, set()), profile=profile, arena=unfresh)
     orders = [list(range(len(graph.nodes))), schedules.ort_default(graph)]
     sets = candidates(graph, tensors, orders, forward)
     # Whether a set fits the recorded settings turns on the construction, not on the set:
@@ -244,7 +249,7 @@ def unshare(graph: Graph, tensors: dict[str, TensorInfo], recorded_reuse: bool =
         if not sets:
             break
         result = apply(graph, tensors, sets[0], local, forward)
-        peak, written = _recorded_peak(result.graph, result.tensors, recorded_reuse)
-        if peak <= limit:
-            return replace(result, profile=written, arena_in_use=peak)
-    return replace(apply(graph, tensors, set()), profile=profile, arena_in_use=limit)
+        arena, written = _recorded_peak(result.graph, result.tensors, recorded_reuse)
+        if arena.peak_in_use_bytes <= limit:
+            return replace(result, profile=written, arena=arena)
+    return replace(apply(graph, tensors, set()), profile=profile, arena=unfresh)
