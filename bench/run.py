@@ -318,7 +318,11 @@ def bench_speed(sizes: list[tuple[str, int]], repeats: int, work: Path, profile:
     from bench.synthetic import save_transformer
 
     ckpt = ckpt_cmd()
-    # warm the OS page cache and .pyc files once, so the first measured run is not special
+    # ckpt's modules byte-compiled, as a pip install leaves them (an environment with
+    # PYTHONDONTWRITEBYTECODE would otherwise compile them in every run: 0.2 s a command)
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "ckpt_cli")],
+                   check=True, stdout=subprocess.DEVNULL)
+    # warm the OS page cache once, so the first measured run is not special
     run_measured([sys.executable, "-c", "import onnx, onnxruntime, numpy, click, rich, scipy"])
     run_measured([*ckpt, "--version"])
 
@@ -854,7 +858,8 @@ def render_md(res: dict) -> str:
     add("")
     if not _missing(sp, add):
         add("Synthetic transformer training graphs from `bench.synthetic` (d_model 64, seq 32, "
-            "142·L+48 nodes, no embedded weights). Each command is a fresh subprocess; wall time, "
+            "142·L+48 nodes, no embedded weights). Each command is a fresh subprocess, ckpt's modules "
+            "byte-compiled first as a pip install leaves them; wall time, "
             "median of the repeats; commands of one size run interleaved. **floor** = "
             "`python -c 'onnx.save(onnx.load(F), OUT)'`; **inspect** = `ckpt inspect F --json > /dev/null`; "
             "**rewrite** = `ckpt rewrite F -o OUT --force --json` (default regions: one per layer); "
