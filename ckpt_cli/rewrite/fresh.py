@@ -31,10 +31,10 @@ import onnx
 
 from ..analysis import schedules
 from ..analysis.arena import ArenaResult, predict_in_use
-from ..analysis.lifetimes import lifetimes
-from ..analysis.memory import MemoryProfile, simulate
+from ..analysis.lifetimes import Lifetimes, lifetimes
+from ..analysis.memory import MemoryProfile, profile_of
 from ..analysis.phases import BACKWARD
-from ..analysis.planner import plan_buffers
+from ..analysis.planner import Buffers, plan_buffers
 from ..analysis.shapes import TensorInfo
 from ..analysis.timeline import bytes_in_use, peak_of
 from ..graph import ABSENT, Graph, unique_name
@@ -94,13 +94,15 @@ def _rank(info: TensorInfo | None) -> int:
 
 
 def candidates(graph: Graph, tensors: dict[str, TensorInfo], orders: list[list[int]],
-               forward: frozenset[str] = frozenset()) -> list[set[str]]:
+               forward: frozenset[str] = frozenset(), first: tuple[Lifetimes, Buffers] | None = None
+               ) -> list[set[str]]:
     """Sets of tensors to make fresh, best first: the rounds of a greedy on the highest peak
     over ``orders`` with reuse on that end below the peak with none; none at all when its
     first _PROBE_ROUNDS rounds lower that peak by under _PROBE_GAIN."""
     names = graph.ids.names
     eligible = _eligible(graph, tensors, forward)
-    lives = [lifetimes(graph, o) for o in orders]
+    # ``first``: the first order's lifetimes and buffers with reuse on, when the caller has them
+    lives = [first[0] if first is not None and k == 0 else lifetimes(graph, o) for k, o in enumerate(orders)]
     fresh: set[int] = set()
     rounds: list[tuple[int, set[int]]] = []
     rounds_allowed = max(2, min(_ROUNDS, _STEP_BUDGET // max(1, sum(len(o) for o in orders))))
@@ -108,7 +110,8 @@ def candidates(graph: Graph, tensors: dict[str, TensorInfo], orders: list[list[i
         infos = _hidden(tensors, names, fresh)
         worst = None
         for order, life in zip(orders, lives):
-            buffers = plan_buffers(graph, order, infos, life, True)
+            reused = first is not None and not fresh and order is orders[0]
+            buffers = first[1] if reused else plan_buffers(graph, order, infos, life, True)
             peak, step = peak_of(bytes_in_use(buffers, len(order), 0), 0)
             if worst is None or peak > worst[0]:
                 worst = (peak, step, buffers, life)
@@ -137,10 +140,15 @@ def _hidden(tensors: dict[str, TensorInfo], names: list[str], fresh: set[int]) -
     return {**tensors, **{names[t]: replace(tensors[names[t]], static_shape=False) for t in fresh}}
 
 
-def _recorded_peak(graph: Graph, tensors: dict[str, TensorInfo], reuse: bool) -> tuple[ArenaResult, MemoryProfile]:
-    """The arena ckpt predicts for the file order with ``enable_mem_reuse = reuse``."""
-    profile = simulate(graph, list(range(len(graph.nodes))), tensors, reuse_buffers=reuse)
-    return predict_in_use(graph, profile, tensors), profile
+def _recorded_peak(graph: Graph, tensors: dict[str, TensorInfo], reuse: bool
+                   ) -> tuple[ArenaResult, MemoryProfile, tuple[Lifetimes, Buffers]]:
+    """The arena ckpt predicts for the file order with ``enable_mem_reuse = reuse``, its
+    simulation, and the lifetimes and buffers that gave it."""
+    order = list(range(len(graph.nodes)))
+    life = lifetimes(graph, order)
+    buffers = plan_buffers(graph, order, tensors, life, reuse)
+    profile = profile_of(graph, order, tensors, buffers)
+    return predict_in_use(graph, profile, tensors), profile, (life, buffers)
 
 
 def _node(op: str, inputs: list[str], output: str, **attrs) -> onnx.NodeProto:
@@ -233,14 +241,14 @@ def unshare(graph: Graph, tensors: dict[str, TensorInfo], recorded_reuse: bool =
     them: the greedy's best set, in the first construction whose written graph ckpt predicts
     no higher a peak than without it under the settings the model records (its file order,
     its ``enable_mem_reuse``: what the rewrite was chosen for); none if neither does."""
-    unfresh, profile = _recorded_peak(graph, tensors, recorded_reuse)
+    unfresh, profile, planned = _recorded_peak(graph, tensors, recorded_reuse)
     limit = unfresh.peak_in_use_bytes
     if 2 * len(graph.nodes) * (_PROBE_ROUNDS + 1) > _STEP_BUDGET:
         # Too large for the greedy to probe within its budget (above ~41k nodes). On a
         # 100k-node transformer its two rounds found nothing, for 3.9 s of a 17 s rewrite.
         return replace(apply(graph, tensors, set()), profile=profile, arena=unfresh)
     orders = [list(range(len(graph.nodes))), schedules.ort_default(graph)]
-    sets = candidates(graph, tensors, orders, forward)
+    sets = candidates(graph, tensors, orders, forward, planned if recorded_reuse else None)
     # Whether a set fits the recorded settings turns on the construction, not on the set:
     # on gpt, gpt12 and cnn every candidate set fits, or none does, under each one. So the
     # best set alone is tried, under both (on a --budget 65% plan of 10k nodes the six tries,
@@ -249,7 +257,7 @@ def unshare(graph: Graph, tensors: dict[str, TensorInfo], recorded_reuse: bool =
         if not sets:
             break
         result = apply(graph, tensors, sets[0], local, forward)
-        arena, written = _recorded_peak(result.graph, result.tensors, recorded_reuse)
+        arena, written, _ = _recorded_peak(result.graph, result.tensors, recorded_reuse)
         if arena.peak_in_use_bytes <= limit:
             return replace(result, profile=written, arena=arena)
     return replace(apply(graph, tensors, set()), profile=profile, arena=unfresh)
