@@ -123,15 +123,37 @@ def exit_on_sigterm() -> Iterator[None]:
 def signals_deferred() -> Iterator[None]:
     """Hold SIGINT and SIGTERM until the block ends: a step and the record of its having
     happened (a rename and the flag that says the new file is in place) are one, so an
-    interruption cannot fall between them. A held signal is delivered at the end."""
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+    interruption cannot fall between them. A held signal then gets the handling it would
+    have had (KeyboardInterrupt, exit_on_sigterm's exit, the default action).
+
+    Python-level handlers that only note the signal, not a signal mask: a mask holds a
+    signal for the calling thread only, and the kernel hands a signal sent to the process
+    to any other thread (numpy's BLAS threads), whose C handler still makes the main
+    thread raise at once. CI caught that."""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    held: list[int] = []
+
+    def note(signum, frame):
+        held.append(signum)
+
+    previous = {s: signal.signal(s, note) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        if held:
+            _deliver(held[0], previous[held[0]])
+
+
+def _deliver(signum: int, handler) -> None:
+    """Handle ``signum`` as ``handler`` (what signal.signal returned) would have."""
+    if callable(handler):
+        handler(signum, None)
+    elif handler == signal.SIG_DFL:
+        os.kill(os.getpid(), signum)  # the default action, now that the handler is back
 
 
 @contextmanager
