@@ -138,7 +138,9 @@ def signals_deferred() -> Iterator[None]:
     def note(signum, frame):
         held.append(signum)
 
-    previous = {s: signal.signal(s, note) for s in (signal.SIGINT, signal.SIGTERM)}
+    # a handler installed from C (getsignal: None) could not be put back: left alone
+    previous = {s: signal.signal(s, note) for s in (signal.SIGINT, signal.SIGTERM)
+                if signal.getsignal(s) is not None}
     try:
         yield
     finally:

@@ -273,3 +273,25 @@ def test_rewrite_through_a_symlink(ext_model, tmp_path):
     assert code == 0, out
     assert link.is_symlink() and os.readlink(link) == str(real_dir / "out.onnx")
     onnx.checker.check_model(str(link))
+
+
+def test_signals_deferred_delivers_after_the_block_as_before():
+    """Inside the block a signal is only noted; after it, the handler it would have met
+    runs (KeyboardInterrupt for SIGINT, nothing when ignored), and handlers are restored."""
+    steps = []
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt):
+        with safewrite.signals_deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+            steps.append("rest of the block")
+    assert steps == ["rest of the block"]
+    assert signal.getsignal(signal.SIGINT) is before
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        with safewrite.signals_deferred():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGTERM, previous)
