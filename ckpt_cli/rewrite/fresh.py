@@ -66,10 +66,6 @@ class FreshResult:
     profile: MemoryProfile | None = None
     arena: ArenaResult | None = None
 
-    @property
-    def arena_in_use(self) -> int | None:
-        return self.arena.peak_in_use_bytes if self.arena is not None else None
-
 
 def _eligible(graph: Graph, tensors: dict[str, TensorInfo], forward: frozenset[str]) -> list[bool]:
     """Per tensor id: a backward node's output this module can hide the shape of (guards in
@@ -98,10 +94,10 @@ def candidates(graph: Graph, tensors: dict[str, TensorInfo], orders: list[list[i
                ) -> list[set[str]]:
     """Sets of tensors to make fresh, best first: the rounds of a greedy on the highest peak
     over ``orders`` with reuse on that end below the peak with none; none at all when its
-    first _PROBE_ROUNDS rounds lower that peak by under _PROBE_GAIN."""
+    first _PROBE_ROUNDS rounds lower that peak by under _PROBE_GAIN. ``first``: the first
+    order's lifetimes and buffers with reuse on, when the caller has them."""
     names = graph.ids.names
     eligible = _eligible(graph, tensors, forward)
-    # ``first``: the first order's lifetimes and buffers with reuse on, when the caller has them
     lives = [first[0] if first is not None and k == 0 else lifetimes(graph, o) for k, o in enumerate(orders)]
     fresh: set[int] = set()
     rounds: list[tuple[int, set[int]]] = []
