@@ -169,6 +169,15 @@ def predict_unpatterned(graph: Graph, tensors: dict[str, TensorInfo], order: lis
     return PlainPrediction(peak, 0, peak, ())
 
 
+def predict_with_and_without_pattern(graph: Graph, tensors: dict[str, TensorInfo], order: list[int]
+                                     ) -> tuple[PlainPrediction, PlainPrediction]:
+    """``predict_pattern`` and ``predict_unpatterned`` for one ``order`` with buffer reuse
+    on, from one plan of ORT's buffers (both start from the same allocation plan)."""
+    buffers = plan_buffers(graph, order, tensors, lifetimes(graph, order), True)
+    return (predict_pattern(graph, order, tensors, buffers=buffers),
+            predict_unpatterned(graph, tensors, order, buffers))
+
+
 def predict_plain(graph: Graph, tensors: dict[str, TensorInfo], order: list[int] | None = None) -> PlainPrediction:
     """``InferenceSession(path)`` with nothing set, fusions aside: ORT's DEFAULT order (or
     ``order``), buffer reuse, and the memory pattern where the graph allows it."""
@@ -178,4 +187,4 @@ def predict_plain(graph: Graph, tensors: dict[str, TensorInfo], order: list[int]
 
 
 __all__ = ["MemPatternPlanner", "PlainPrediction", "pattern_allowed", "pattern_size", "predict_pattern", "predict_plain",
-           "predict_unpatterned"]
+           "predict_unpatterned", "predict_with_and_without_pattern"]

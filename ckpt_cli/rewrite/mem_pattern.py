@@ -16,10 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..analysis.pattern import pattern_allowed, predict_pattern, predict_unpatterned
+from ..analysis.pattern import pattern_allowed, predict_with_and_without_pattern
 from ..analysis import schedules
-from ..analysis.lifetimes import lifetimes
-from ..analysis.planner import plan_buffers
 from ..analysis.shapes import TensorInfo
 from ..graph import Graph, unique_name
 from ..markers import PATTERN_OFF_INPUT
@@ -55,10 +53,8 @@ def pattern_off(graph: Graph, tensors: dict[str, TensorInfo]) -> PatternOff | No
     memory pattern off, and the predictions that say so; None to leave it as it is."""
     if not pattern_allowed(graph) or is_ort_artifact(graph) or graph.model.ir_version < MIN_IR_VERSION:
         return None
-    order = schedules.ort_default(graph)
-    buffers = plan_buffers(graph, order, tensors, lifetimes(graph, order), True)  # the same for both predictions
-    with_pattern = predict_pattern(graph, order, tensors, buffers=buffers).peak_in_use_bytes
-    without = predict_unpatterned(graph, tensors, order, buffers).peak_in_use_bytes
+    patterned, unpatterned = predict_with_and_without_pattern(graph, tensors, schedules.ort_default(graph))
+    with_pattern, without = patterned.peak_in_use_bytes, unpatterned.peak_in_use_bytes
     if without > with_pattern * (1 - MARGIN):
         return None
     taken = set(tensors) | set(graph.inputs) | set(graph.initializers) | {n.name for n in graph.nodes}
