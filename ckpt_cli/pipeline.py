@@ -39,7 +39,11 @@ def keep_intervals(a: Analysis, plan: Plan) -> Intervals:
     """The linear model of plan searches: on the schedule of ``plan`` rewritten, the steps
     where keeping each recomputed activation would add its bytes (after its last forward
     use, before its copy is born)."""
-    result = rewrite(a, plan, pin=False)
+    return intervals_of(a, rewrite(a, plan, pin=False))
+
+
+def intervals_of(a: Analysis, result: RewriteResult) -> Intervals:
+    """``keep_intervals`` from the plan's (unpinned) rewrite."""
     g = result.graph
     by_name = {n.name: n for n in a.graph.nodes}
     spans: dict[str, tuple[int, int]] = {}
@@ -135,12 +139,18 @@ def make_plan(a: Analysis, auto: str | None = None, budget: str | None = None, p
                          + (f"recomputes {human_flops(best.recompute_flops)}" if best else "none"))
             return what
 
-        def cost(plan: Plan) -> PlanCost:
+        def measured(plan: Plan) -> RewriteResult:
             result = rewrite(a, ruled(plan), pin=False)
             fits = result.after.priority.peak_bytes <= limit
             if fits and ("result" not in kept or result.recompute_flops < kept["result"].recompute_flops):
                 kept["plan"], kept["result"] = plan, result
-            return told(_cost(result))
+            return told(result)
+
+        def cost(plan: Plan) -> PlanCost:
+            return _cost(measured(plan))
+
+        def intervals(plan: Plan) -> Intervals:
+            return intervals_of(a, measured(plan))
 
         solve = optimal_plan if auto == "optimal" else budget_plan
         strategy = auto or "budget"
@@ -148,7 +158,7 @@ def make_plan(a: Analysis, auto: str | None = None, budget: str | None = None, p
 
         def structure_search(exact: bool = False) -> BudgetResult:
             def run(solver) -> BudgetResult:
-                return solver(a, limit, cost, lambda p: told(keep_intervals(a, ruled(p))))
+                return solver(a, limit, cost, intervals)
 
             if solve is budget_plan and not exact:
                 return run(budget_plan)
@@ -165,7 +175,7 @@ def make_plan(a: Analysis, auto: str | None = None, budget: str | None = None, p
             return exact if exact.recompute_flops <= heuristic.recompute_flops else heuristic
 
         search = cut_budget_plan(a, limit, cost, structure_search,
-                                 thorough=thorough, strategy=strategy, policy=policy)
+                                 thorough=thorough, strategy=strategy, policy=policy, intervals_of=intervals)
         return Planned(ruled(search.plan), limit, search,
                        kept["result"] if kept.get("plan") is search.plan else None)
     if auto is not None:

@@ -1,0 +1,118 @@
+"""The large-graph corner search (``cutsearch._aim``): the corner next to recomputing all is
+rewritten, its memory over the schedule estimates the other corners' peaks, and only the
+corners that estimate says fit are judged. On a cost model whose error against the
+estimate is known, and on a 2.3k-node transformer against bisecting the corners."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from ckpt_cli.planning.cutsearch import _aim
+from ckpt_cli.planning.mincut import Cut
+from ckpt_cli.planning.search import Intervals
+
+FLOOR = 1000  # the floor corner's real peak, flat over its three steps
+STEP = 100  # bytes of each tensor, which the estimate adds over its whole span
+TENSORS = [f"t{i}" for i in range(4)]
+
+
+def corners() -> list[Cut]:
+    """Most kept bytes first: corner k keeps the first 4 - k tensors; corner 4 is the floor,
+    corner 5 recomputes all (never judged)."""
+    out = []
+    for k in range(6):
+        kept = frozenset(TENSORS[:max(0, 4 - k)])
+        out.append(Cut(float(k), frozenset({k}), kept, STEP * len(kept), 10 * k, 10 * k, 10 * k))
+    return out
+
+
+@dataclass
+class Cost:
+    peak_bytes: int
+
+
+@dataclass
+class Judged:
+    cut: Cut
+    cost: Cost
+
+
+def search(real_per_tensor: int, budget: int, original: int = 2000, judgements: int = 4) -> list[int]:
+    """The corners judged, in order (their index), when each kept tensor really adds
+    ``real_per_tensor`` bytes."""
+    cs = corners()
+    seen: list[int] = []
+    intervals = Intervals((FLOOR,) * 3, {t: (0, 2) for t in TENSORS}, Cost(FLOOR))
+
+    def judge(cut: Cut) -> Judged:
+        seen.append(cs.index(cut))
+        return Judged(cut, Cost(FLOOR + real_per_tensor * len(cut.kept)))
+
+    def floor(cut: Cut):
+        return judge(cut), intervals
+
+    _aim(cs, judge, floor, budget, original, {t: STEP for t in TENSORS}, judgements)
+    return seen
+
+
+def test_a_pessimistic_estimate_is_taken_as_an_upper_bound():
+    # estimate 1100 for corner 3 (real 1050), 1200 for corner 2: only corner 3 is judged
+    assert search(50, FLOOR + 150) == [4, 3]
+
+
+def test_an_optimistic_estimate_is_raised_by_the_shortfall_of_the_corner_judged():
+    # corner 2 is estimated at 1200 and overshoots (1300): the estimate is raised 1.5x,
+    # which puts corner 3 at 1150, judged and fitting
+    assert search(150, FLOOR + 250) == [4, 2, 3]
+
+
+def test_a_loose_budget_judges_the_corner_that_keeps_the_most_right_after_the_floor():
+    # halfway or more from the floor (1000) to the original (2000): corner 0 first, and it fits
+    assert search(50, FLOOR + 600) == [4, 0]
+    # it overshoots: the search aims below it
+    assert search(200, FLOOR + 600) == [4, 0, 1]  # raised 2x: corner 1 at 1600
+
+
+def test_a_floor_over_the_budget_ends_the_search_and_judgements_are_capped():
+    assert search(50, FLOOR - 1) == [4]
+    assert len(search(150, FLOOR + 250, judgements=2)) == 2
+
+
+@pytest.fixture(scope="module")
+def transformer():
+    from bench.synthetic import build_transformer
+    from ckpt_cli.analysis import analyse
+    from ckpt_cli.graph import Graph
+
+    return analyse(Graph.from_model(build_transformer(16)))
+
+
+@pytest.mark.parametrize("share", [0.6, 0.75, 0.9])
+def test_on_a_transformer_the_aimed_search_fits_and_recomputes_no_more_than_bisection(transformer, share):
+    """2.3k nodes: above THOROUGH_CUTS_NODES, where the corners are searched lean."""
+    from ckpt_cli.pipeline import keep_intervals, plan_cost
+    from ckpt_cli.planning.cutsearch import THOROUGH_CUTS_NODES, search_cuts
+
+    a = transformer
+    assert len(a.graph.nodes) > THOROUGH_CUTS_NODES
+    budget = int(a.priority.peak_bytes * share)
+    calls = {"aimed": 0, "bisected": 0}
+
+    def counted(key):
+        def evaluate(plan):
+            calls[key] += 1
+            return plan_cost(a, plan)
+        return evaluate
+
+    def intervals(plan):
+        calls["aimed"] += 1
+        return keep_intervals(a, plan)
+
+    aimed = search_cuts(a, budget, counted("aimed"), thorough=False, intervals_of=intervals).best
+    bisected = search_cuts(a, budget, counted("bisected"), thorough=False).best
+    assert aimed is not None and aimed.cost.peak_bytes <= budget
+    assert plan_cost(a, aimed.plan).peak_bytes == aimed.cost.peak_bytes
+    assert bisected is None or aimed.cost.recompute_flops <= bisected.cost.recompute_flops
+    assert calls["aimed"] <= calls["bisected"]
