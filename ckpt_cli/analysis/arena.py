@@ -212,7 +212,7 @@ class RunTrace:
 
 def replay(buffers: Sequence[tuple[int, int, int]], steps: int, *, runs: int = 2,
            small_initializer_bytes: int = 0, plans: dict[int, KernelPlan] | None = None,
-           arena: BFCArena | None = None) -> tuple[list[RunTrace], BFCArena]:
+           arena: BFCArena | None = None, last_only: bool = False) -> tuple[list[RunTrace], BFCArena]:
     """Replay the request sequence ``runs`` times through one arena.
 
     Within a step the node's new buffers are allocated in buffer id order (the order the
@@ -220,11 +220,14 @@ def replay(buffers: Sequence[tuple[int, int, int]], steps: int, *, runs: int = 2
     The release order does not matter: BFC coalescing gives the same free chunks in any
     order.  Buffers that live to the end (``last_step >= steps``: graph outputs, and in
     ORT outputs nobody reads) are released between runs, as when the caller drops a run's
-    outputs.  ``plans`` maps a step to its ``KernelPlan``.
+    outputs.  ``plans`` maps a step to its ``KernelPlan``. ``last_only``: trace the last
+    run alone (the earlier ones only grow the arena; a plan search replays every order it
+    judges).
     """
     arena = arena if arena is not None else BFCArena()
     alloc_at: list[list[int]] = [[] for _ in range(steps + 1)]
     free_at: list[list[int]] = [[] for _ in range(steps + 1)]
+    sizes = [size for size, _, _ in buffers]
     for b, (size, first, last) in enumerate(buffers):
         if size <= 0:
             continue
@@ -237,10 +240,13 @@ def replay(buffers: Sequence[tuple[int, int, int]], steps: int, *, runs: int = 2
     ptr: dict[int, int | None] = {}
     alloc, free = arena.alloc, arena.free
     base = small_initializer_bytes
-    for _ in range(max(1, runs)):
+    runs = max(1, runs)
+    for run in range(runs):
         tr = RunTrace([], [], [])
+        traced = not last_only or run == runs - 1
+        in_use, requested, kernel_peak = tr.in_use, tr.requested, tr.kernel_peak
         for k in range(steps):
-            plan = plans.get(k)
+            plan = plans.get(k) if plans else None
             if plan:
                 high = arena.in_use
                 outs_done = False
@@ -249,7 +255,7 @@ def replay(buffers: Sequence[tuple[int, int, int]], steps: int, *, runs: int = 2
                     if ev[0] == "out":
                         if not outs_done:
                             for b in alloc_at[k]:
-                                ptr[b] = alloc(buffers[b][0])
+                                ptr[b] = alloc(sizes[b])
                             outs_done = True
                     elif ev[0] == "tmp":
                         tmps.append(alloc(ev[1]))
@@ -262,24 +268,28 @@ def replay(buffers: Sequence[tuple[int, int, int]], steps: int, *, runs: int = 2
                         raise ValueError(f"unknown kernel plan event {ev!r}")
                 if not outs_done:
                     for b in alloc_at[k]:
-                        ptr[b] = alloc(buffers[b][0])
+                        ptr[b] = alloc(sizes[b])
                 high = max(high, arena.in_use)
                 for p in tmps:
                     free(p)
-                tr.kernel_peak.append(high + base)
+                if traced:
+                    kernel_peak.append(high + base)
             else:
                 for b in alloc_at[k]:
-                    ptr[b] = alloc(buffers[b][0])
-                tr.kernel_peak.append(arena.in_use + base)
-            tr.in_use.append(arena.in_use + base)
-            tr.requested.append(arena.requested_in_use + base)
+                    ptr[b] = alloc(sizes[b])
+                if traced:
+                    kernel_peak.append(arena.in_use + base)
+            if traced:
+                in_use.append(arena.in_use + base)
+                requested.append(arena.requested_in_use + base)
             for b in free_at[k]:
                 free(ptr.pop(b))
         for b in alloc_at[steps]:  # allocated "after the last node": nothing in practice
-            ptr[b] = alloc(buffers[b][0])
+            ptr[b] = alloc(sizes[b])
         for b in free_at[steps]:  # graph outputs, dropped by the caller between runs
             free(ptr.pop(b))
-        traces.append(tr)
+        if traced:
+            traces.append(tr)
     return traces, arena
 
 
@@ -294,7 +304,7 @@ def arena_peak(profile, small_initializer_bytes: int = 0, *, runs: int = 2,
     """
     steps = len(profile.order)
     traces, arena = replay(profile.buffers, steps, runs=runs, small_initializer_bytes=small_initializer_bytes,
-                           plans=plans, arena=arena)
+                           plans=plans, arena=arena, last_only=True)
     last = traces[-1]
     tl = last.in_use
     if tl:
