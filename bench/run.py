@@ -1304,7 +1304,9 @@ def _merge_speed(kept: dict, new: dict) -> dict:
     for s in new.get("sizes", []):
         old = sizes.get(s["size"])
         ran = {name: c for name, c in s["commands"].items() if not c.get("skipped")}
-        sizes[s["size"]] = {**old, "commands": {**old["commands"], **ran}} if old else s
+        # the rewrite's summary row goes with its command
+        summary = {"rewrite": s["rewrite"]} if "rewrite" in ran and s.get("rewrite") else {}
+        sizes[s["size"]] = {**old, "commands": {**old["commands"], **ran}, **summary} if old else s
     order = [label for label, _ in SIZES]
     return {**kept, **{k: v for k, v in new.items() if k != "sizes" and v is not None},
             "sizes": sorted(sizes.values(), key=lambda s: order.index(s["size"]))}
