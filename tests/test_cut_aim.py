@@ -116,3 +116,62 @@ def test_on_a_transformer_the_aimed_search_fits_and_recomputes_no_more_than_bise
     assert plan_cost(a, aimed.plan).peak_bytes == aimed.cost.peak_bytes
     assert bisected is None or aimed.cost.recompute_flops <= bisected.cost.recompute_flops
     assert calls["aimed"] <= calls["bisected"]
+
+
+@pytest.fixture(scope="module")
+def over_20k():
+    """A transformer just above STRUCTURES_FIRST_NODES, where only the structure search runs."""
+    from bench.synthetic import build_transformer
+    from ckpt_cli.analysis import analyse
+    from ckpt_cli.graph import Graph
+    from ckpt_cli.planning.cutsearch import STRUCTURES_FIRST_NODES
+
+    a = analyse(Graph.from_model(build_transformer(142)))
+    assert len(a.graph.nodes) > STRUCTURES_FIRST_NODES
+    return a
+
+
+def test_above_20k_nodes_a_tight_budget_costs_the_floor_model_and_one_rewrite(over_20k):
+    """The floor is a model-only rewrite (never the answer), the tightened keep set is the
+    one judged; keeping everything is not tried under a budget closer to the floor than to
+    the original's peak. The plan's prediction is what rewriting it gives."""
+    from ckpt_cli.pipeline import make_plan, plan_cost
+
+    a = over_20k
+    told: list[str] = []
+    planned = make_plan(a, budget="65%", progress=told.append)
+    assert told[-1].startswith("planning: 2 plans evaluated"), told
+    limit = int(a.priority.peak_bytes * 0.65)
+    assert planned.result is not None and planned.result.after.priority.peak_bytes <= limit
+    assert plan_cost(a, planned.plan).peak_bytes == planned.result.after.priority.peak_bytes
+    assert planned.result.recompute_flops > 0
+
+
+def test_above_20k_nodes_a_loose_budget_also_tries_keeping_everything(over_20k):
+    from ckpt_cli.pipeline import make_plan
+
+    a = over_20k
+    told: list[str] = []
+    planned = make_plan(a, budget="90%", progress=told.append)
+    assert told[-1].startswith("planning: 3 plans evaluated"), told
+    assert planned.result.after.priority.peak_bytes <= int(a.priority.peak_bytes * 0.9)
+    assert planned.result.recompute_flops == 0, "reordering alone fits 90% of this graph's peak"
+
+
+def test_a_model_only_rewrite_is_its_own_order_simulated_with_reuse_on():
+    from conftest import SAMPLES
+    from ckpt_cli.analysis import analyse
+    from ckpt_cli.analysis.memory import simulate
+    from ckpt_cli.load import load_graph
+    from ckpt_cli.planning.regions import default_regions
+    from ckpt_cli.rewrite import rewrite
+
+    a = analyse(load_graph(SAMPLES / "gpt.onnx"))
+    plan = default_regions(a)
+    model = rewrite(a, plan, pin=False, model_only=True)
+    exact = rewrite(a, plan, pin=False)
+    own = simulate(model.graph, list(range(len(model.graph.nodes))), model.after.tensors)
+    assert model.mem_reuse and model.after.priority.peak_bytes == own.peak_bytes
+    assert model.recompute_flops == exact.recompute_flops
+    if exact.mem_reuse:  # the model's order has the lowest tensor peak of the candidates
+        assert model.after.priority.peak_bytes <= exact.after.priority.peak_bytes

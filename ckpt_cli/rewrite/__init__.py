@@ -8,7 +8,7 @@ import onnx
 
 from ..analysis import Analysis, analyse, schedules
 from ..analysis.arena import predict_in_use
-from ..analysis.memory import buffer_roots, simulate_both
+from ..analysis.memory import buffer_roots, simulate, simulate_both
 from ..analysis.phases import BACKWARD
 from ..graph import Graph, Node, gc_paused
 from ..markers import PHASE_META
@@ -51,9 +51,13 @@ class RewriteResult:
 
 
 @gc_paused
-def rewrite(a: Analysis, plan: Plan | None, pin: bool = True) -> RewriteResult:
+def rewrite(a: Analysis, plan: Plan | None, pin: bool = True, model_only: bool = False) -> RewriteResult:
     """Apply ``plan`` to the analysed graph; ``plan=None`` only reorders (``--no-recompute``).
-    ``pin`` adds the guards that keep the written order under any session (``rewrite/pin.py``)."""
+    ``pin`` adds the guards that keep the written order under any session (``rewrite/pin.py``).
+    ``model_only``: the rewrite is a plan search's memory model, never written or judged
+    (the floor of a 100k-node structure search): its order is the one of lowest simulated
+    tensor peak with ORT's buffer reuse on, without the arena replays that choose a written
+    graph's order and reuse (two of them took 1.2 s of a 5.9 s floor rewrite there)."""
     g = a.graph
     order = a.priority.order
     if plan is None or not plan.regions:
@@ -97,13 +101,15 @@ def rewrite(a: Analysis, plan: Plan | None, pin: bool = True) -> RewriteResult:
         # Reordering only: ORT's DEFAULT order is a candidate too (where the order sets the
         # peak it can beat both). With copies it would run them right after their inputs.
         candidates.append(executed_order(new, schedules.ort_default(new)))
-    chosen, profile, mem_reuse, arena = _choose_order_and_reuse(a, candidates, tensors)
+    choose = _lowest_tensor_peak if model_only else _choose_order_and_reuse
+    chosen, profile, mem_reuse, arena = choose(a, candidates, tensors)
     new = _mark_early_backward(chosen, forward_names)
     # The written order is its own PRIORITY_BASED order (executed_order), so the
     # simulation above is the after-analysis's; phase markers change no tensor.
     after = analyse(new, loss=a.phases.loss, grad_outputs=list(a.phases.grad_outputs), tensors=tensors,
                     priority=profile, reuse_buffers=mem_reuse, deferred=True)
-    after.remember_arena(mem_reuse, arena)
+    if arena is not None:
+        after.remember_arena(mem_reuse, arena)
     copies = [n for n in new.nodes if n.name in copy_names]
     # A copy costs what its source costs (same op, same shapes): the input's costs, priced once.
     source = {p.name: i for i, p in rec.copies.items()} if rec is not None else {}
@@ -116,6 +122,7 @@ def rewrite(a: Analysis, plan: Plan | None, pin: bool = True) -> RewriteResult:
     return pinned(a, result) if pin else result
 
 
+@gc_paused
 def pinned(a: Analysis, result: RewriteResult) -> RewriteResult:
     """``rewrite(a, plan)`` from ``result = rewrite(a, plan, pin=False)``: its graph with
     pin's guards (a plan search's rewrite is not redone for the written one)."""
@@ -181,12 +188,7 @@ def _choose_order_and_reuse(a: Analysis, candidates: list[Graph], tensors) -> tu
     in use than the live tensors: options are replayed from the lowest tensor peak up, and
     one whose tensor peak already exceeds the best arena peak found is not replayed."""
     simulated = []
-    seen: list[list[str]] = []
-    for graph in candidates:
-        names = [n.name for n in graph.nodes]
-        if names in seen:  # the heuristic order can be the plain one: simulate it once
-            continue
-        seen.append(names)
+    for graph in _distinct(candidates):
         for reuse, profile in zip((True, False), simulate_both(graph, list(range(len(graph.nodes))), tensors)):
             scale = 1.0 if reuse else 1 / (1 - MEM_REUSE_OFF_MARGIN)
             simulated.append((profile.activation_peak_bytes * scale, len(simulated), graph, profile, reuse, scale))
@@ -205,6 +207,27 @@ def _choose_order_and_reuse(a: Analysis, candidates: list[Graph], tensors) -> tu
         if best is None or option[:3] < best[:3]:
             best = option
     return best[3:]
+
+
+def _distinct(candidates: list[Graph]) -> list[Graph]:
+    """The candidate orders, each once (the heuristic order can be the plain one)."""
+    seen: set[tuple[str, ...]] = set()
+    out = []
+    for graph in candidates:
+        names = tuple(n.name for n in graph.nodes)
+        if names not in seen:
+            seen.add(names)
+            out.append(graph)
+    return out
+
+
+def _lowest_tensor_peak(a: Analysis, candidates: list[Graph], tensors) -> tuple:
+    """``_choose_order_and_reuse`` for a ``model_only`` rewrite: reuse on, the order of lowest
+    simulated tensor peak (first on ties), no arena."""
+    options = [(simulate(graph, list(range(len(graph.nodes))), tensors), k, graph)
+               for k, graph in enumerate(_distinct(candidates))]
+    profile, _, graph = min(options, key=lambda o: (o[0].peak_bytes, o[1]))
+    return graph, profile, True, None
 
 
 def _mark_early_backward(graph: Graph, forward_names: set[str]) -> Graph:
