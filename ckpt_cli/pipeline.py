@@ -70,6 +70,7 @@ class Planned:
     user: bool = False  # regions or a strategy the user chose (--region, --plan, --auto): warned about, never dropped
 
 
+@gc_paused
 def rewrite_plan(a: Analysis, planned: Planned | None, pin: bool = True) -> RewriteResult:
     """``rewrite(a, planned.plan, pin)``, from the search's unpinned rewrite of that plan when it has one.
 
@@ -204,6 +205,7 @@ def make_plan(a: Analysis, auto: str | None = None, budget: str | None = None, p
     return Planned(plan, result=results.get(id(plan)))
 
 
+@gc_paused
 def plan_rows(a: Analysis, planned: Planned, result: RewriteResult) -> list[dict]:
     """Explanations per stashed buffer, from the decisions the rewrite settled."""
     return explain(a, planned.plan or Plan([], "none"), result.decisions)
