@@ -74,7 +74,7 @@ def analyse_input(loaded: Loaded, dims: dict[str, int] | None = None, loss: str 
                   grad_outputs: list[str] | None = None) -> Analysis:
     """``analyse`` with the option checks every command shares."""
     dims = dict(dims or {})
-    known = symbolic_dims(loaded.graph)
+    known = symbolic_dims(loaded.graph) if dims else set()  # only to check --dim (0.07 s at 100k nodes)
     unknown = set(dims) - known
     if unknown:
         have = ", ".join(sorted(known)) or "none"
