@@ -1,7 +1,8 @@
 """The large-graph corner search (``cutsearch._aim``): the corner next to recomputing all is
 rewritten, its memory over the schedule estimates the other corners' peaks, and only the
 corners that estimate says fit are judged. On a cost model whose error against the
-estimate is known, and on a 2.3k-node transformer against bisecting the corners."""
+estimate is known, on a 2.3k-node transformer against judging every corner, and above
+20k nodes, where the structure search alone runs."""
 
 from __future__ import annotations
 
@@ -90,15 +91,18 @@ def transformer():
 
 
 @pytest.mark.parametrize("share", [0.6, 0.75, 0.9])
-def test_on_a_transformer_the_aimed_search_fits_and_recomputes_no_more_than_bisection(transformer, share):
-    """2.3k nodes: above THOROUGH_CUTS_NODES, where the corners are searched lean."""
+def test_on_a_transformer_the_aimed_search_fits_in_two_to_four_rewrites_near_the_thorough_one(transformer, share):
+    """2.3k nodes: above THOROUGH_CUTS_NODES, where the corners are searched lean. Against
+    judging every corner and refining between two (17-23 rewrites there): at most 1% of
+    the forward's FLOPs more recompute (measured: +4% of the thorough plan's at 60%, 1.0
+    MFLOP against none at 75%, equal at 90%)."""
     from ckpt_cli.pipeline import keep_intervals, plan_cost
     from ckpt_cli.planning.cutsearch import THOROUGH_CUTS_NODES, search_cuts
 
     a = transformer
     assert len(a.graph.nodes) > THOROUGH_CUTS_NODES
     budget = int(a.priority.peak_bytes * share)
-    calls = {"aimed": 0, "bisected": 0}
+    calls = {"aimed": 0, "thorough": 0}
 
     def counted(key):
         def evaluate(plan):
@@ -111,11 +115,20 @@ def test_on_a_transformer_the_aimed_search_fits_and_recomputes_no_more_than_bise
         return keep_intervals(a, plan)
 
     aimed = search_cuts(a, budget, counted("aimed"), thorough=False, intervals_of=intervals).best
-    bisected = search_cuts(a, budget, counted("bisected"), thorough=False).best
+    thorough = search_cuts(a, budget, counted("thorough"), thorough=True).best
     assert aimed is not None and aimed.cost.peak_bytes <= budget
     assert plan_cost(a, aimed.plan).peak_bytes == aimed.cost.peak_bytes
-    assert bisected is None or aimed.cost.recompute_flops <= bisected.cost.recompute_flops
-    assert calls["aimed"] <= calls["bisected"]
+    assert 2 <= calls["aimed"] <= 4 < calls["thorough"]
+    assert aimed.cost.recompute_flops <= thorough.cost.recompute_flops + a.forward_flops // 100
+
+
+def test_a_lean_cut_search_needs_the_floor_model(transformer):
+    from ckpt_cli.pipeline import plan_cost
+    from ckpt_cli.planning.cutsearch import search_cuts
+
+    with pytest.raises(ValueError, match="intervals_of"):
+        search_cuts(transformer, transformer.priority.peak_bytes // 2, lambda p: plan_cost(transformer, p),
+                    thorough=False)
 
 
 @pytest.fixture(scope="module")

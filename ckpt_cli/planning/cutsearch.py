@@ -30,7 +30,7 @@ REFINE_STEPS = 6  # byte limits tried between two corners on small graphs
 
 
 def large_judgements(nodes: int) -> int:
-    """Rewrites a large graph's corner bisection may spend: 0.3 s each at 10k nodes and
+    """Rewrites a large graph's corner search may spend: 0.3 s each at 10k nodes and
     5 s at 100k (bench/ section 1), to plan within 2 s at 10k and 20 s at 100k."""
     return 4 if nodes <= 20_000 else 2
 LARGE_SOLVES = 16  # price sweeps on large graphs stop sooner (50 ms a max-flow at 10k nodes)
@@ -53,8 +53,8 @@ class CutSearch:
 def search_cuts(a: Analysis, budget: int, evaluate: Callable[[Plan], PlanCost], *, thorough: bool,
                 policy: Policy = Policy(), strategy: str = "budget", problem: Problem | None = None,
                 intervals_of: Callable[[Plan], Intervals] | None = None) -> CutSearch:
-    """``intervals_of`` (a plan's rewrite as the linear model's floor, ``pipeline.keep_intervals``)
-    lets a large graph's search aim at the corners by estimate; without it, it bisects them."""
+    """``intervals_of`` (a plan's rewrite as the linear model's floor, ``pipeline.keep_intervals``):
+    what a lean search (``thorough`` off) aims at the corners with."""
     problem = problem or build(a, policy)
     corners = front(problem, MAX_SOLVES if thorough else LARGE_SOLVES)  # most kept bytes first
     judged: dict[tuple, Judged] = {}
@@ -88,11 +88,11 @@ def search_cuts(a: Analysis, budget: int, evaluate: Callable[[Plan], PlanCost], 
     if thorough:
         for cut in corners:
             judge(cut)
-    elif intervals_of is not None:
+    else:
+        if intervals_of is None:
+            raise ValueError("a lean cut search aims by the floor corner's rewrite: it needs intervals_of")
         sizes = {t: info.nbytes for t, info in a.tensors.items() if info.nbytes}
         _aim(corners, judge, floor, budget, a.priority.peak_bytes, sizes, large_judgements(len(a.graph.nodes)))
-    else:
-        _bisect(corners, judge, fits, large_judgements(len(a.graph.nodes)))
     best = _best(judged.values(), budget)
     if thorough and best is not None and best.cost.recompute_flops:
         _refine(problem, corners, best, judge, fits)
@@ -106,38 +106,20 @@ def _best(judged, budget: int) -> Judged | None:
     return min(fitting, key=lambda j: (j.cost.recompute_flops, j.cost.peak_bytes), default=None)
 
 
-def _bisect(corners: list[Cut], judge, fits, judgements: int) -> None:
-    """The corner keeping the most bytes that fits, by bisection over the corners,
-    assuming the real peak falls with the kept bytes (the kept bytes are no estimate of
-    the peak itself: they are not all live at once). The corner next to recomputing all
-    goes first: when it does not fit, none is likely to (an unreachable budget then costs
-    one rewrite); recomputing all is never tried (its copies all live at once)."""
-    if len(corners) < 2 or not fits(judge(corners[-2])):
-        return
-    lo, hi = 0, len(corners) - 3  # corners[-2] fits: look for one that keeps more
-    for _ in range(judgements - 1):
-        if lo > hi:
-            return
-        mid = (lo + hi) // 2
-        if fits(judge(corners[mid])):
-            hi = mid - 1
-        else:
-            lo = mid + 1
-
-
 def _aim(corners: list[Cut], judge, floor, budget: int, original: int, sizes: dict[str, int],
          judgements: int) -> None:
     """The corner keeping the most bytes that fits, aimed by estimate. The corner next to
-    recomputing all goes first (as in ``_bisect``); its rewrite is the floor of the linear
-    model, which estimates each richer corner's peak: the floor's bytes after each step,
+    recomputing all goes first (when it does not fit, none is likely to: an unreachable
+    budget then costs one rewrite; recomputing all is never tried, its copies all live at
+    once); its rewrite is the floor of the linear model, which estimates each richer corner's peak: the floor's bytes after each step,
     plus the bytes of every tensor the corner keeps and the floor recomputes, over its span
     (last forward use to the copy's birth). On a 10k-node transformer the estimate is
     0.1-0.6% above the real peak for every corner but the richest (+40%); it is taken as
     an upper bound, raised by the share it fell short of the last corner judged: the
     richest corner estimated to fit is judged, and the bracket (richest fit, poorest
     overshoot) narrows until no corner in it is estimated to fit or the judgements are
-    spent. There a 65% budget takes two rewrites where bisection took four, for the same
-    corner. The richest corner, which recomputes almost nothing, is where the estimate is
+    spent. There a 65% budget takes two rewrites where bisecting the corners took four,
+    for the same corner. The richest corner, which recomputes almost nothing, is where the estimate is
     loosest (its order is close to reordering alone): under a loose budget (at least
     halfway from the floor's peak to the original's) it is judged right after the floor."""
     if len(corners) < 2:
