@@ -17,7 +17,7 @@ from .planning.explain import explain
 from .planning.plan import Policy, apply_policy
 from .planning.search import Intervals
 from .planning.solver import optimal_plan
-from .planning.cutsearch import STRUCTURES_FIRST_NODES, cut_budget_plan, lowest_peak_plan
+from .planning.cutsearch import cut_budget_plan, lowest_peak_plan, structures_only
 from .planning.strategies import LARGE_GRAPH_NODES, STRATEGIES, BudgetResult, PlanCost, budget_plan, parse_budget
 from .units import human_bytes, human_flops
 from .rewrite import RewriteResult, original_best, original_floor, pinned, rewrite, unchanged
@@ -153,14 +153,14 @@ def make_plan(a: Analysis, auto: str | None = None, budget: str | None = None, p
             return _cost(measured(plan))
 
         def intervals(plan: Plan) -> Intervals:
-            if structures_only:  # a structure's floor is the search's model, never its answer
+            if model_floors:  # a structure's floor is the search's model, never its answer
                 return told(intervals_of(a, rewrite(a, ruled(plan), pin=False, model_only=True)))
             return intervals_of(a, measured(plan))
 
         solve = optimal_plan if auto == "optimal" else budget_plan
         strategy = auto or "budget"
         thorough = auto == "optimal" or len(a.graph.nodes) <= LARGE_GRAPH_NODES
-        structures_only = not thorough and len(a.graph.nodes) > STRUCTURES_FIRST_NODES
+        model_floors = structures_only(a, thorough)
 
         def structure_search(exact: bool = False) -> BudgetResult:
             def run(solver) -> BudgetResult:

@@ -148,7 +148,7 @@ def _aim(corners: list[Cut], judge, floor, budget: int, original: int, sizes: di
         return peak <= budget
 
     spent = 1
-    if fit > 0 and judgements > 2 and 2 * (budget - ground) >= original - ground:
+    if fit > 0 and 2 * (budget - ground) >= original - ground:
         spent += 1
         if aim_at(0):
             return
@@ -191,6 +191,12 @@ THOROUGH_CUTS_NODES = 2_000
 STRUCTURES_FIRST_NODES = 20_000
 
 
+def structures_only(a: Analysis, thorough: bool) -> bool:
+    """Whether a budget search skips the cuts for the region-structure search alone, whose
+    floors are then the search's models, never its answer."""
+    return not thorough and len(a.graph.nodes) > STRUCTURES_FIRST_NODES
+
+
 def cut_budget_plan(a: Analysis, budget: int, evaluate: Callable[[Plan], PlanCost],
                     fallback: Callable[..., BudgetResult],
                     *, thorough: bool, policy: Policy = Policy(), strategy: str = "budget",
@@ -204,7 +210,7 @@ def cut_budget_plan(a: Analysis, budget: int, evaluate: Callable[[Plan], PlanCos
     if base <= budget:
         return fallback()  # the original fits: its empty plan, without a sweep
     old: BudgetResult | None = None
-    if budget < a.lower_bound_bytes or (not thorough and len(a.graph.nodes) > STRUCTURES_FIRST_NODES):
+    if budget < a.lower_bound_bytes or structures_only(a, thorough):
         return fallback()  # below the bound no plan fits: the fallback says what the lowest peak is
     cuts_thorough = thorough or len(a.graph.nodes) <= THOROUGH_CUTS_NODES
     found = search_cuts(a, budget, evaluate, thorough=cuts_thorough, policy=policy, strategy=strategy,

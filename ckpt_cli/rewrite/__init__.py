@@ -57,7 +57,8 @@ def rewrite(a: Analysis, plan: Plan | None, pin: bool = True, model_only: bool =
     ``model_only``: the rewrite is a plan search's memory model, never written or judged
     (the floor of a 100k-node structure search): its order is the one of lowest simulated
     tensor peak with ORT's buffer reuse on, without the arena replays that choose a written
-    graph's order and reuse (two of them took 1.2 s of a 5.9 s floor rewrite there)."""
+    graph's order and reuse (the per-layer floor of a 704-layer transformer: 5.5 s against
+    7.4 s, the same order and peak)."""
     g = a.graph
     order = a.priority.order
     if plan is None or not plan.regions:
