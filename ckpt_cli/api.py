@@ -31,8 +31,7 @@ from .load import load_graph
 from .pipeline import Planned, make_plan, plan_cost, plan_rows, rewrite_plan
 from .planning.decision import Decision
 from .planning.plan import Policy
-from .report.model import Source, check_report, inspect_report, rewrite_report
-from .report.plan_view import plan_report, planning_section
+from .report.model import Source, check_report, inspect_report, plan_report, planning_section, rewrite_report
 from .rewrite import RewriteResult, without_mem_pattern
 from .save import check_output_path, save_model
 from .verify.settings import settings_snippet

@@ -40,45 +40,66 @@ class Judged:
     cost: Cost
 
 
-def search(real_per_tensor: int, budget: int, original: int = 2000, judgements: int = 4) -> list[int]:
-    """The corners judged, in order (their index), when each kept tensor really adds
+def search(real_per_tensor: int, budget: int, original: int = 2000, judgements: int = 4,
+           model_over: int = 0, floor_peak: int = FLOOR) -> list:
+    """The rewrites made, in order: "model" for the floor's model (``model_over`` bytes above
+    ``FLOOR`` at every step), else the corner judged (its index; corner 4 is the floor,
+    whose written graph peaks at ``floor_peak``), when each kept tensor really adds
     ``real_per_tensor`` bytes."""
     cs = corners()
-    seen: list[int] = []
-    intervals = Intervals((FLOOR,) * 3, {t: (0, 2) for t in TENSORS}, Cost(FLOOR))
+    seen: list = []
+
+    def intervals(ground: int) -> Intervals:
+        return Intervals((ground,) * 3, {t: (0, 2) for t in TENSORS}, Cost(ground))
 
     def judge(cut: Cut) -> Judged:
         seen.append(cs.index(cut))
-        return Judged(cut, Cost(FLOOR + real_per_tensor * len(cut.kept)))
+        base = floor_peak if cs.index(cut) == 4 else FLOOR
+        return Judged(cut, Cost(base + real_per_tensor * len(cut.kept)))
 
     def floor(cut: Cut):
-        return judge(cut), intervals
+        return judge(cut), intervals(floor_peak)
 
-    _aim(cs, judge, floor, budget, original, {t: STEP for t in TENSORS}, judgements)
+    def model(cut: Cut) -> Intervals:
+        seen.append("model")
+        return intervals(FLOOR + model_over)
+
+    _aim(cs, judge, floor, model, budget, original, {t: STEP for t in TENSORS}, judgements)
     return seen
 
 
-def test_a_pessimistic_estimate_is_taken_as_an_upper_bound():
-    # estimate 1100 for corner 3 (real 1050), 1200 for corner 2: only corner 3 is judged
-    assert search(50, FLOOR + 150) == [4, 3]
+def test_a_pessimistic_estimate_is_lowered_by_the_surplus_of_a_fitting_corner():
+    # estimate 1100 for corner 3 (real 1050): it fits with 50 to spare, which puts corner 2
+    # at 1150 (real 1100), judged and fitting; corner 1 at 1200 is not tried
+    assert search(50, FLOOR + 150) == ["model", 3, 2]
 
 
 def test_an_optimistic_estimate_is_raised_by_the_shortfall_of_the_corner_judged():
     # corner 2 is estimated at 1200 and overshoots (1300): the estimate is raised 1.5x,
     # which puts corner 3 at 1150, judged and fitting
-    assert search(150, FLOOR + 250) == [4, 2, 3]
+    assert search(150, FLOOR + 250) == ["model", 2, 3]
 
 
-def test_a_loose_budget_judges_the_corner_that_keeps_the_most_right_after_the_floor():
+def test_a_loose_budget_judges_the_corner_that_keeps_the_most_first():
     # halfway or more from the floor (1000) to the original (2000): corner 0 first, and it fits
-    assert search(50, FLOOR + 600) == [4, 0]
+    assert search(50, FLOOR + 600) == ["model", 0]
     # it overshoots: the search aims below it
-    assert search(200, FLOOR + 600) == [4, 0, 1]  # raised 2x: corner 1 at 1600
+    assert search(200, FLOOR + 600) == ["model", 0, 1]  # raised 2x: corner 1 at 1600
 
 
 def test_a_floor_over_the_budget_ends_the_search_and_judgements_are_capped():
-    assert search(50, FLOOR - 1) == [4]
-    assert len(search(150, FLOOR + 250, judgements=2)) == 2
+    # the model is over: the floor's own rewrite is judged before giving up
+    assert search(50, FLOOR - 1) == ["model", 4]
+    # the model and one corner spend two; the floor, the answer then, is judged besides
+    assert search(150, FLOOR + 250, judgements=2) == ["model", 2, 4]
+
+
+def test_where_nothing_fits_by_the_model_the_floor_is_judged_and_aimed_from_when_lower():
+    # the model is 120 above the floor's written graph: corner 3 is estimated at 1220, over
+    # a budget of 1150; the floor (1000) is judged, and from it corner 3 (1100) fits
+    assert search(100, FLOOR + 150, model_over=120) == ["model", 4, 3]
+    # the floor's rewrite is no lower than its model: nothing more to aim at
+    assert search(100, FLOOR + 150, model_over=120, floor_peak=FLOOR + 120) == ["model", 4]
 
 
 @pytest.fixture(scope="module")
@@ -96,8 +117,9 @@ def test_on_a_transformer_the_aimed_search_fits_in_two_to_four_rewrites_near_the
     judging every corner and refining between two (17-23 rewrites there): at most 1% of
     the forward's FLOPs more recompute (measured: +4% of the thorough plan's at 60%, 1.0
     MFLOP against none at 75%, equal at 90%)."""
-    from ckpt_cli.pipeline import keep_intervals, plan_cost
+    from ckpt_cli.pipeline import intervals_of, keep_intervals, plan_cost
     from ckpt_cli.planning.cutsearch import THOROUGH_CUTS_NODES, search_cuts
+    from ckpt_cli.rewrite import rewrite
 
     a = transformer
     assert len(a.graph.nodes) > THOROUGH_CUTS_NODES
@@ -114,7 +136,11 @@ def test_on_a_transformer_the_aimed_search_fits_in_two_to_four_rewrites_near_the
         calls["aimed"] += 1
         return keep_intervals(a, plan)
 
-    aimed = search_cuts(a, budget, counted("aimed"), thorough=False, intervals_of=intervals).best
+    def model(plan):
+        calls["aimed"] += 1
+        return intervals_of(a, rewrite(a, plan, pin=False, memory_aware_order=False))
+
+    aimed = search_cuts(a, budget, counted("aimed"), thorough=False, intervals_of=intervals, floor_model=model).best
     thorough = search_cuts(a, budget, counted("thorough"), thorough=True).best
     assert aimed is not None and aimed.cost.peak_bytes <= budget
     assert plan_cost(a, aimed.plan).peak_bytes == aimed.cost.peak_bytes
@@ -126,7 +152,7 @@ def test_a_lean_cut_search_needs_the_floor_model(transformer):
     from ckpt_cli.pipeline import plan_cost
     from ckpt_cli.planning.cutsearch import search_cuts
 
-    with pytest.raises(ValueError, match="intervals_of"):
+    with pytest.raises(ValueError, match="floor_model and intervals_of"):
         search_cuts(transformer, transformer.priority.peak_bytes // 2, lambda p: plan_cost(transformer, p),
                     thorough=False)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import gc
 import os
 import signal
 import sys
@@ -46,6 +47,12 @@ class CkptGroup(click.Group):
 
     def invoke(self, ctx: click.Context):
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
+        # A command is one short process that makes next to no garbage cycles: without the
+        # cycle collector (which the library pauses only inside its stages) a 10k-node plan
+        # skips a 44 ms pass over every object its stages made, at the same peak RSS
+        # (100k nodes, --budget 65%: 808 MB with it, 815 MB without).
+        collecting = gc.isenabled()
+        gc.disable()
         try:
             return super().invoke(ctx)
         except CkptError as e:
@@ -78,6 +85,8 @@ class CkptGroup(click.Group):
             sys.exit(EXIT_INTERNAL)
         finally:
             signal.signal(signal.SIGTERM, previous)
+            if collecting:  # an in-process caller (click's test runner) gets it back
+                gc.enable()
 
 
 @click.group(cls=CkptGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})

@@ -9,7 +9,7 @@ import click
 
 from ..errors import UsageError
 from . import main
-from .options import (analysis_options, auto_options, busy, check_options, check_options_value, emit,
+from .options import (analysis_options, auto_options, busy, check_options, check_options_value, emit, renderer,
                       parse_dims, policy_from, policy_options, protect_report, report_options)
 
 
@@ -30,11 +30,10 @@ def inspect(model: Path, dims, loss, grad_outputs, as_json, report_path, quiet) 
       ckpt inspect model.onnx --dim batch=8 --json | jq .peak_bytes
     """
     from ..api import inspect_model
-    from ..report.render import render_inspect
 
     protect_report(report_path, model)
     result = inspect_model(model, dims=parse_dims(dims), loss=loss, grad_outputs=list(grad_outputs))
-    emit(result.to_json(), render_inspect, as_json, report_path, quiet, (model,))
+    emit(result.to_json(), renderer("render", "render_inspect"), as_json, report_path, quiet, (model,))
 
 
 def default_output(model: Path) -> Path:
@@ -95,8 +94,6 @@ def rewrite(model: Path, output, force, patterns, scope, boundaries, plan_file, 
       ckpt rewrite sample_models/gpt.onnx --ort-optimize cpu --check
     """
     from ..api import rewrite_model
-    from ..report.plan_view import render_explanations
-    from ..report.render import render_check, render_rewrite
 
     output = _output_file(output or default_output(model), model)
     protect_report(report_path, model, output, plan_file)
@@ -112,6 +109,9 @@ def rewrite(model: Path, output, force, patterns, scope, boundaries, plan_file, 
                                progress=status.update if status is not None and (auto or budget) else None)
 
     def render(r, console):
+        from ..report.plan_view import render_explanations
+        from ..report.render import render_check, render_rewrite
+
         render_rewrite(r, console)
         if "planning" in r and (r["options"]["auto"] or r["options"]["budget"]):
             render_explanations(r["planning"]["explanations"], console)
@@ -161,7 +161,6 @@ def plan(model: Path, output, force, auto, budget, recompute_ops, keep_ops, swee
       ckpt plan model.onnx --auto balanced --json | jq '.explanations[:5]'
     """
     from ..api import plan_model, sweep_model
-    from ..report.plan_view import render_plan
 
     protect_report(report_path, model, output, svg)
     policy = policy_from(recompute_ops, keep_ops)
@@ -180,7 +179,7 @@ def plan(model: Path, output, force, auto, budget, recompute_ops, keep_ops, swee
         result = plan_model(model, auto=auto, budget=budget, policy=policy, dims=parse_dims(dims), loss=loss,
                             grad_outputs=list(grad_outputs), output=output, force=force,
                             progress=status.update if status is not None else None)
-    emit(result.to_json(), render_plan, as_json, report_path, quiet, (model, output))
+    emit(result.to_json(), renderer("plan_view", "render_plan"), as_json, report_path, quiet, (model, output))
 
 
 @main.command()
@@ -210,7 +209,6 @@ def check(original: Path, rewritten: Path, provider, runs, seed, feeds_file, pyt
       ckpt check training_model.onnx training_model.ckpt.onnx --python /opt/ort-training/bin/python
     """
     from ..api import check_models
-    from ..report.render import render_check
 
     protect_report(report_path, original, rewritten)
     options = check_options_value(provider, runs, seed, feeds_file, python, rtol, atol, timeout,
@@ -218,7 +216,7 @@ def check(original: Path, rewritten: Path, provider, runs, seed, feeds_file, pyt
     with busy(f"running both graphs on ONNX Runtime ({runs} runs each, plus ORT defaults)", quiet or as_json):
         result = check_models(original, rewritten, dims=parse_dims(dims), loss=loss,
                               grad_outputs=list(grad_outputs), options=options)
-    emit(result.to_json(), render_check, as_json, report_path, quiet, (original, rewritten))
+    emit(result.to_json(), renderer("render", "render_check"), as_json, report_path, quiet, (original, rewritten))
     if not result.passed:
         sys.exit(1)
 

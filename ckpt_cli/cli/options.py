@@ -126,7 +126,6 @@ def emit(report: dict, render, as_json: bool, report_path: Path | None, quiet: b
          protected: tuple = ()) -> None:
     """Write the report where asked: JSON on stdout, a JSON file (never over ``protected``
     files), or tables."""
-    from ..report.render import make_console
     from ..save import write_text_atomic
 
     text = report_text(report) if (as_json or report_path is not None) else ""
@@ -134,9 +133,21 @@ def emit(report: dict, render, as_json: bool, report_path: Path | None, quiet: b
         protect_report(report_path, *protected)
         write_text_atomic(report_path, text + "\n")
     if not as_json:
+        from ..report.render import make_console  # rich, only for a terminal report
+
         render(report, make_console(quiet=quiet))
     elif not quiet:
         click.echo(text)
+
+
+def renderer(module: str, name: str):
+    """``ckpt_cli.report.<module>.<name>``, imported when a report is rendered: a --json
+    run never loads rich (30 ms of a command's start)."""
+    def render(report: dict, console) -> None:
+        from importlib import import_module
+
+        getattr(import_module(f"ckpt_cli.report.{module}"), name)(report, console)
+    return render
 
 
 def busy(message: str, quiet: bool):

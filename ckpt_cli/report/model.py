@@ -247,3 +247,35 @@ def check_report(original: Source, rewritten: Source, figures: dict, options: di
     head["rewritten_model"] = rewritten.label
     head["rewritten_sha256"] = rewritten.sha256
     return {**head, **figures}
+
+
+def planning_section(a, planned, result, rows: list[dict]) -> dict:
+    """Figures of a plan: its budget, predicted effect and why each activation is kept or not."""
+    step = a.forward_flops + a.backward_flops
+    search = planned.search
+    return {
+        "strategy": planned.plan.strategy if planned.plan else "none",
+        "budget_bytes": planned.budget,
+        "budget_met": None if planned.budget is None else result.after.priority.peak_bytes <= planned.budget,
+        "evaluations": search.evaluations if search else None,
+        "peak_bytes_before": a.priority.peak_bytes,
+        "peak_bytes_after": result.after.priority.peak_bytes,
+        "raises_peak": result.after.priority.peak_bytes > a.priority.peak_bytes,
+        "recompute_flops": result.recompute_flops,
+        "recompute_share_of_step": result.recompute_flops / step if step else 0.0,
+        "explanations": rows,
+    }
+
+
+def plan_report(a, source, planned, result, rows: list[dict], output: str | None, options: dict) -> dict:
+    plan_json = planned.plan.to_json([n.name for n in a.graph.nodes]) if planned.plan else None
+    return {
+        **envelope("plan", source, options),
+        "output": output,
+        **planning_section(a, planned, result, rows),
+        "notes": planned.plan.notes if planned.plan else [],
+        "regions": [{"name": r["name"], "nodes": len(r["nodes"]), "keep": len(r["keep"])}
+                    for r in (plan_json or {}).get("regions", [])],
+        "plan": plan_json,
+        "unsized": unsized_rows(a),
+    }

@@ -1,47 +1,15 @@
-"""The plan report (``ckpt plan``, and the planning part of ``ckpt rewrite --auto/--budget``)."""
+"""The plan report in a terminal (``ckpt plan``, and the planning part of ``ckpt rewrite --auto/--budget``);
+``report.model`` builds it."""
 
 from __future__ import annotations
 
 from rich.console import Console
 
 from ..units import human_bytes, human_flops, percent
-from .model import envelope, unsized_rows
 from .render import _table, render_unsized
 from .text import plain, safe
 
 TOP_EXPLANATIONS = 12
-
-
-def planning_section(a, planned, result, rows: list[dict]) -> dict:
-    """Figures of a plan: its budget, predicted effect and why each activation is kept or not."""
-    step = a.forward_flops + a.backward_flops
-    search = planned.search
-    return {
-        "strategy": planned.plan.strategy if planned.plan else "none",
-        "budget_bytes": planned.budget,
-        "budget_met": None if planned.budget is None else result.after.priority.peak_bytes <= planned.budget,
-        "evaluations": search.evaluations if search else None,
-        "peak_bytes_before": a.priority.peak_bytes,
-        "peak_bytes_after": result.after.priority.peak_bytes,
-        "raises_peak": result.after.priority.peak_bytes > a.priority.peak_bytes,
-        "recompute_flops": result.recompute_flops,
-        "recompute_share_of_step": result.recompute_flops / step if step else 0.0,
-        "explanations": rows,
-    }
-
-
-def plan_report(a, source, planned, result, rows: list[dict], output: str | None, options: dict) -> dict:
-    plan_json = planned.plan.to_json([n.name for n in a.graph.nodes]) if planned.plan else None
-    return {
-        **envelope("plan", source, options),
-        "output": output,
-        **planning_section(a, planned, result, rows),
-        "notes": planned.plan.notes if planned.plan else [],
-        "regions": [{"name": r["name"], "nodes": len(r["nodes"]), "keep": len(r["keep"])}
-                    for r in (plan_json or {}).get("regions", [])],
-        "plan": plan_json,
-        "unsized": unsized_rows(a),
-    }
 
 
 def render_explanations(rows: list[dict], console: Console, limit: int = TOP_EXPLANATIONS) -> None:

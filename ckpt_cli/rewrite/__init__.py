@@ -51,14 +51,16 @@ class RewriteResult:
 
 
 @gc_paused
-def rewrite(a: Analysis, plan: Plan | None, pin: bool = True, model_only: bool = False) -> RewriteResult:
+def rewrite(a: Analysis, plan: Plan | None, pin: bool = True, model_only: bool = False,
+            memory_aware_order: bool = True) -> RewriteResult:
     """Apply ``plan`` to the analysed graph; ``plan=None`` only reorders (``--no-recompute``).
     ``pin`` adds the guards that keep the written order under any session (``rewrite/pin.py``).
     ``model_only``: the rewrite is a plan search's memory model, never written or judged
     (the floor of a 100k-node structure search): its order is the one of lowest simulated
     tensor peak with ORT's buffer reuse on, without the arena replays that choose a written
     graph's order and reuse (the per-layer floor of a 704-layer transformer: 5.5 s against
-    7.4 s, the same order and peak)."""
+    7.4 s, the same order and peak). ``memory_aware_order`` off: the plain PRIORITY_BASED
+    order of the rewritten file is the only candidate (a model's cheaper order)."""
     g = a.graph
     order = a.priority.order
     if plan is None or not plan.regions:
@@ -95,9 +97,11 @@ def rewrite(a: Analysis, plan: Plan | None, pin: bool = True, model_only: bool =
         new = new.replaced({i: new.nodes[i].proto for i in changed})
     forward_names = {n.name for n in g.nodes if a.phases.is_forward[n.index]}
     sizes = {t: info.nbytes for t, info in tensors.items() if info.nbytes}
-    order = memory_aware(new, sizes, buffer_roots(new), [n.name not in forward_names for n in new.nodes],
-                         [n.name in copy_names for n in new.nodes])
-    candidates = [executed_order(new, order), executed_order(new)]
+    candidates = [executed_order(new)]
+    if memory_aware_order:
+        order = memory_aware(new, sizes, buffer_roots(new), [n.name not in forward_names for n in new.nodes],
+                             [n.name in copy_names for n in new.nodes])
+        candidates.insert(0, executed_order(new, order))
     if not copy_names:
         # Reordering only: ORT's DEFAULT order is a candidate too (where the order sets the
         # peak it can beat both). With copies it would run them right after their inputs.
