@@ -221,6 +221,20 @@ def test_arena_peak_on_a_profile():
     assert res.held_bytes == MiB + 100 and res.regions == (MiB,)
 
 
+def test_a_replay_gives_up_at_the_first_step_over_its_bound_in_the_measured_run():
+    bufs = [(1000, 0, 1), (3 * KiB, 1, 2), (600 * KiB, 2, 3)]
+    full, _ = replay(bufs, 3, runs=2, small_initializer_bytes=68, last_only=True)
+    # a bound the peak does not pass changes nothing
+    same, _ = replay(bufs, 3, runs=2, small_initializer_bytes=68, last_only=True,
+                     give_up_above=max(full[0].in_use))
+    assert same[0].in_use == full[0].in_use
+    # a bound step 1 passes: the measured run stops there (the warm-up run ran whole)
+    cut, a = replay(bufs, 3, runs=2, small_initializer_bytes=68, last_only=True,
+                    give_up_above=full[0].in_use[0])
+    assert cut[0].in_use == full[0].in_use[:2] and cut[0].in_use[-1] > full[0].in_use[0]
+    assert a.held == MiB
+
+
 def test_conv_working_buffer():
     class N:
         def __init__(self, **attrs):

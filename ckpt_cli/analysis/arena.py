@@ -212,7 +212,8 @@ class RunTrace:
 
 def replay(buffers: Sequence[tuple[int, int, int]], steps: int, *, runs: int = 2,
            small_initializer_bytes: int = 0, plans: dict[int, KernelPlan] | None = None,
-           arena: BFCArena | None = None, last_only: bool = False) -> tuple[list[RunTrace], BFCArena]:
+           arena: BFCArena | None = None, last_only: bool = False,
+           give_up_above: int | None = None) -> tuple[list[RunTrace], BFCArena]:
     """Replay the request sequence ``runs`` times through one arena.
 
     Within a step the node's new buffers are allocated in buffer id order (the order the
@@ -222,9 +223,11 @@ def replay(buffers: Sequence[tuple[int, int, int]], steps: int, *, runs: int = 2
     ORT outputs nobody reads) are released between runs, as when the caller drops a run's
     outputs.  ``plans`` maps a step to its ``KernelPlan``. ``last_only``: trace the last
     run alone (the earlier ones only grow the arena; a plan search replays every order it
-    judges).
+    judges). ``give_up_above``: the last run stops at the first step whose bytes in use
+    exceed it (a caller that only needs to know the peak is higher), its trace cut there.
     """
     arena = arena if arena is not None else BFCArena()
+    limit = None if give_up_above is None else give_up_above - small_initializer_bytes
     alloc_at: list[list[int]] = [[] for _ in range(steps + 1)]
     free_at: list[list[int]] = [[] for _ in range(steps + 1)]
     sizes = [size for size, _, _ in buffers]
@@ -282,6 +285,9 @@ def replay(buffers: Sequence[tuple[int, int, int]], steps: int, *, runs: int = 2
             if traced:
                 in_use.append(arena.in_use + base)
                 requested.append(arena.requested_in_use + base)
+                if limit is not None and arena.in_use > limit and run == runs - 1:
+                    traces.append(tr)
+                    return traces, arena
             for b in free_at[k]:
                 free(ptr.pop(b))
         for b in alloc_at[steps]:  # allocated "after the last node": nothing in practice
@@ -294,17 +300,20 @@ def replay(buffers: Sequence[tuple[int, int, int]], steps: int, *, runs: int = 2
 
 
 def arena_peak(profile, small_initializer_bytes: int = 0, *, runs: int = 2,
-               plans: dict[int, KernelPlan] | None = None, arena: BFCArena | None = None) -> ArenaResult:
+               plans: dict[int, KernelPlan] | None = None, arena: BFCArena | None = None,
+               give_up_above: int | None = None) -> ArenaResult:
     """Predict ORT's arena numbers for a ``MemoryProfile`` (see the module doc).
 
     ``runs=2`` models ckpt's measurement (one warm-up run, then the measured run, in one
     session); ``runs=1`` a fresh session's first run.  ``small_initializer_bytes`` (ORT's
     ``baseline_bytes``) is added to every step.  ``plans``: kernel temporaries, from
     ``kernel_plans`` (without them Where nodes, for one, land their outputs elsewhere).
+    ``give_up_above``: where the peak exceeds it, a result whose peak is the first step
+    over it (higher than the bound, not the peak) and whose timelines stop there.
     """
     steps = len(profile.order)
     traces, arena = replay(profile.buffers, steps, runs=runs, small_initializer_bytes=small_initializer_bytes,
-                           plans=plans, arena=arena, last_only=True)
+                           plans=plans, arena=arena, last_only=True, give_up_above=give_up_above)
     last = traces[-1]
     tl = last.in_use
     if tl:
@@ -449,8 +458,8 @@ def small_initializer_bytes(graph, tensors) -> int:
                and info.nbytes < SMALL_INITIALIZER_BYTES)
 
 
-def predict_in_use(graph, profile, tensors) -> ArenaResult:
+def predict_in_use(graph, profile, tensors, give_up_above: int | None = None) -> ArenaResult:
     """ORT's arena figures (bytes in use, held) for one simulated order of ``graph``,
-    as ckpt's check measures them (after one warm-up run)."""
+    as ckpt's check measures them (after one warm-up run); ``give_up_above``: as ``arena_peak``."""
     return arena_peak(profile, small_initializer_bytes(graph, tensors),
-                      plans=kernel_plans(graph, profile.order, tensors))
+                      plans=kernel_plans(graph, profile.order, tensors), give_up_above=give_up_above)
