@@ -117,7 +117,7 @@ def _aim(corners: list[Cut], judge, floor, model, budget: int, original: int, si
          judgements: int) -> None:
     """The corner keeping the most bytes that fits, aimed by estimate. The corner next to
     recomputing all is the floor (recomputing all is never tried, its copies all live at
-    once). Its model rewrite (the plain order only: 0.25 s at 10k nodes against 0.45 s for
+    once). Its model rewrite (the plain order only: 0.24 s at 10k nodes against 0.45 s for
     the written graph's choice of two orders) is the floor of the linear model, which
     estimates each richer corner's peak: the floor's bytes after each step, plus the bytes
     of every tensor the corner keeps and the floor recomputes, over its span (last forward
