@@ -131,8 +131,8 @@ def _aim(corners: list[Cut], judge, floor, model, budget: int, original: int, si
     under a loose budget (at least halfway from the floor's peak to the original's) it is
     judged first. Where no richer corner fits by the model, the floor itself is judged;
     when its written order is lower than the model's, the search aims again from it (near
-    the floor 16 KB of 29 MB decide a corner, and on small transformers the model was 6%
-    above the floor's rewrite)."""
+    the floor 16 KB of 29 MB decide a corner; the model was 1.0% above the floor's rewrite
+    on a 2.3k-node transformer, 2.9% on a 5k-node one, 4.6% on the mlp sample)."""
     if len(corners) < 2:
         return
     spent = 0  # rewrites, the model's included
