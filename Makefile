@@ -20,9 +20,10 @@ demo: $(STAMP)
 	$(BIN)/ckpt inspect sample_models/gpt.onnx
 	$(BIN)/ckpt rewrite sample_models/gpt.onnx -o $(OUT)/gpt.ckpt.onnx --force --check
 
-## test: the whole suite (CPU; CUDA tests skip without a GPU)
+## test: the whole suite (CPU; CUDA tests skip without a GPU), one worker per core (JOBS=1: in this process)
+JOBS ?= auto
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(if $(filter 1,$(JOBS)),,-n $(JOBS))
 
 ## fuzz: 10,000 mutated models through inspect/plan/rewrite; any crash or invalid output is a defect
 fuzz: $(STAMP)
