@@ -155,6 +155,6 @@ def locate(t: onnx.TensorProto, model_dir: Path, model_path: Path) -> Extent:
     return Extent(real, offset, length)
 
 
-def check_external(model: onnx.ModelProto, path: Path) -> set[Path]:
-    """Check every external tensor of a loaded model; returns the data files it reads."""
-    return {locate(t, path.parent, path).file for t in external_tensors(model)}
+def check_external(tensors: list[onnx.TensorProto], path: Path) -> set[Path]:
+    """Check every external tensor of a loaded model (``external_tensors``); returns the data files they read."""
+    return {locate(t, path.parent, path).file for t in tensors}

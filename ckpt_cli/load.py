@@ -68,12 +68,13 @@ def load_graph(path: str | Path) -> Graph:
         raise ModelError(f"{path}: not an ONNX model (no graph with nodes in it)")
     if not any(o.domain in ("", "ai.onnx") for o in model.opset_import):
         raise ModelError(f"{path}: no opset_import for the ONNX domain (a truncated file?)")
-    files = check_external(model, path)
+    external = external_tensors(model)  # one walk of every tensor proto, for both checks
+    files = check_external(external, path)
     graph = Graph.from_model(model, path=path)
     check_graph(graph, path)
     order = graph.topological_order()  # raises on a cycle
     if len(model.graph.node) <= _CHECKER_MAX_NODES:
-        _run_checker(model, path, order)
+        _run_checker(model, path, order, external)
     _data_files[path.resolve()] = files
     graph = expand_functions(graph)  # plan on the nodes ORT runs
     graph.topological_order()
@@ -92,8 +93,7 @@ def _checked_copy(model: onnx.ModelProto, order: list[int]) -> onnx.ModelProto:
     return weightless_copy(model, (model.graph.node[i] for i in order))
 
 
-def _run_checker(model: onnx.ModelProto, path: Path, order: list[int]) -> None:
-    external = external_tensors(model)
+def _run_checker(model: onnx.ModelProto, path: Path, order: list[int], external: list[onnx.TensorProto]) -> None:
     in_attributes = len(external) > sum(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
     try:
         if in_attributes:  # by path: the checker then finds Constant values beside the model

@@ -129,3 +129,24 @@ def test_order_and_reuse_choice_equals_replaying_every_option(name):
         scale = 1.0 if reuse else 1 / (1 - MEM_REUSE_OFF_MARGIN)
         # the chosen option's arena, as replayed
         assert arena.peak_in_use_bytes * scale == pytest.approx(want[0], rel=1e-12)
+
+
+def test_the_originals_reuse_off_arena_is_replayed_only_where_a_reuse_off_option_could_win():
+    """A 5k-node transformer at 75%: the reuse-off options lose by their own (cut short)
+    replays, so the input's reuse-off arena, which only decides whether a winning reuse-off
+    option is clearly below the original, is never replayed; knowing it changes nothing."""
+    from bench.synthetic import build_transformer
+    from ckpt_cli.graph import Graph
+    from ckpt_cli.pipeline import make_plan
+
+    model = build_transformer(35)
+    plan = make_plan(analyse(Graph.from_model(model)), budget="75%").plan
+    lazy = analyse(Graph.from_model(model))
+    result = rewrite(lazy, plan, pin=False)
+    assert result.mem_reuse and not lazy.knows_arena(False)
+    eager = analyse(Graph.from_model(model))
+    eager.arena(False)
+    known = rewrite(eager, plan, pin=False)
+    assert known.mem_reuse
+    assert [n.name for n in known.graph.nodes] == [n.name for n in result.graph.nodes]
+    assert known.after.arena_in_use(True) == result.after.arena_in_use(True)

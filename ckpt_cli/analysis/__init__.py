@@ -100,6 +100,10 @@ class Analysis:
             cache[reuse_buffers] = predict_in_use(self.graph, self.profile(reuse_buffers), self.tensors)
         return cache[reuse_buffers]
 
+    def knows_arena(self, reuse_buffers: bool) -> bool:
+        """Whether ``arena(reuse_buffers)`` is already replayed (free to read)."""
+        return reuse_buffers in self.__dict__.get("_arena", {})
+
     def arena_in_use(self, reuse_buffers: bool) -> int:
         """Predicted peak of ORT's arena in use for the PRIORITY_BASED order (``arena``)."""
         return self.arena(reuse_buffers).peak_in_use_bytes

@@ -244,52 +244,69 @@ def replay(buffers: Sequence[tuple[int, int, int]], steps: int, *, runs: int = 2
     alloc, free = arena.alloc, arena.free
     base = small_initializer_bytes
     runs = max(1, runs)
-    for run in range(runs):
-        tr = RunTrace([], [], [])
-        traced = not last_only or run == runs - 1
-        in_use, requested, kernel_peak = tr.in_use, tr.requested, tr.kernel_peak
-        for k in range(steps):
-            plan = plans.get(k) if plans else None
-            if plan:
-                high = arena.in_use
-                outs_done = False
-                tmps: list[int | None] = []
-                for ev in plan:
-                    if ev[0] == "out":
-                        if not outs_done:
-                            for b in alloc_at[k]:
-                                ptr[b] = alloc(sizes[b])
-                            outs_done = True
-                    elif ev[0] == "tmp":
-                        tmps.append(alloc(ev[1]))
-                    elif ev[0] == "free_tmp":
-                        high = max(high, arena.in_use)
-                        for p in tmps:
-                            free(p)
-                        tmps = []
-                    else:
-                        raise ValueError(f"unknown kernel plan event {ev!r}")
+
+    def planned(k: int, plan: KernelPlan) -> int:
+        """Run step ``k``'s kernel plan; the highest bytes in use while it ran."""
+        high = arena.in_use
+        outs_done = False
+        tmps: list[int | None] = []
+        for ev in plan:
+            if ev[0] == "out":
                 if not outs_done:
                     for b in alloc_at[k]:
                         ptr[b] = alloc(sizes[b])
+                    outs_done = True
+            elif ev[0] == "tmp":
+                tmps.append(alloc(ev[1]))
+            elif ev[0] == "free_tmp":
                 high = max(high, arena.in_use)
                 for p in tmps:
                     free(p)
-                if traced:
-                    kernel_peak.append(high + base)
+                tmps = []
             else:
-                for b in alloc_at[k]:
-                    ptr[b] = alloc(sizes[b])
-                if traced:
+                raise ValueError(f"unknown kernel plan event {ev!r}")
+        if not outs_done:
+            for b in alloc_at[k]:
+                ptr[b] = alloc(sizes[b])
+        high = max(high, arena.in_use)
+        for p in tmps:
+            free(p)
+        return high
+
+    # an untraced run (one that only grows the arena) visits only the steps that do something
+    busy = [k for k in range(steps) if alloc_at[k] or free_at[k] or k in plans]
+    for run in range(runs):
+        measured = run == runs - 1
+        traced = not last_only or measured
+        if not traced:
+            for k in busy:
+                plan = plans.get(k)
+                if plan:
+                    planned(k, plan)
+                else:
+                    for b in alloc_at[k]:
+                        ptr[b] = alloc(sizes[b])
+                for b in free_at[k]:
+                    free(ptr.pop(b))
+        else:
+            tr = RunTrace([], [], [])
+            in_use, requested, kernel_peak = tr.in_use, tr.requested, tr.kernel_peak
+            stop = limit if measured else None
+            for k in range(steps):
+                plan = plans.get(k)
+                if plan:
+                    kernel_peak.append(planned(k, plan) + base)
+                else:
+                    for b in alloc_at[k]:
+                        ptr[b] = alloc(sizes[b])
                     kernel_peak.append(arena.in_use + base)
-            if traced:
                 in_use.append(arena.in_use + base)
                 requested.append(arena.requested_in_use + base)
-                if limit is not None and arena.in_use > limit and run == runs - 1:
+                if stop is not None and arena.in_use > stop:
                     traces.append(tr)
                     return traces, arena
-            for b in free_at[k]:
-                free(ptr.pop(b))
+                for b in free_at[k]:
+                    free(ptr.pop(b))
         for b in alloc_at[steps]:  # allocated "after the last node": nothing in practice
             ptr[b] = alloc(sizes[b])
         for b in free_at[steps]:  # graph outputs, dropped by the caller between runs

@@ -30,6 +30,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
+import numpy as np
+
 from .decision import budget_reason, kept_instead
 from .plan import Plan, Region
 
@@ -200,17 +202,16 @@ def _next_limit(points: list[tuple[int, int]], budget: int, top_limit: int) -> i
     return limit if lo_limit < limit < hi_limit else None
 
 
-def keep_all_limit(timeline: tuple[int, ...], spans: Mapping[str, tuple[int, int]], sizes: Mapping[str, int]) -> int:
+def keep_all_limit(timeline: Sequence[int], spans: Mapping[str, tuple[int, int]], sizes: Mapping[str, int]) -> int:
     """The linear model's peak with every activation in ``sizes`` kept: the smallest
     limit under which a planner keeps them all."""
+    if not len(timeline):
+        return 0
     change = [0] * (len(timeline) + 1)
     for t, nbytes in sizes.items():
         if t in spans:
             lo, hi = spans[t]
             change[lo] += nbytes
             change[hi + 1] -= nbytes
-    added, peak = 0, 0
-    for step, base in enumerate(timeline):
-        added += change[step]
-        peak = max(peak, base + added)
-    return peak
+    # vectorised: a lean corner search prices ten corners over a 12k-step schedule (0.06 s in Python)
+    return max(0, int((np.asarray(timeline, dtype=np.int64) + np.cumsum(np.asarray(change[:-1], dtype=np.int64))).max()))

@@ -96,9 +96,9 @@ def rewrite(a: Analysis, plan: Plan | None, pin: bool = True, model_only: bool =
     if changed:
         new = new.replaced({i: new.nodes[i].proto for i in changed})
     forward_names = {n.name for n in g.nodes if a.phases.is_forward[n.index]}
-    sizes = {t: info.nbytes for t, info in tensors.items() if info.nbytes}
     candidates = [executed_order(new)]
     if memory_aware_order:
+        sizes = {t: info.nbytes for t, info in tensors.items() if info.nbytes}
         order = memory_aware(new, sizes, buffer_roots(new), [n.name not in forward_names for n in new.nodes],
                              [n.name in copy_names for n in new.nodes])
         candidates.insert(0, executed_order(new, order))
@@ -198,21 +198,27 @@ def _choose_order_and_reuse(a: Analysis, candidates: list[Graph], tensors) -> tu
             scale = 1.0 if reuse else 1 / (1 - MEM_REUSE_OFF_MARGIN)
             simulated.append((profile.activation_peak_bytes * scale, len(simulated), graph, profile, reuse, scale))
     best = None
+
+    def clearly_lower() -> float:
+        return a.arena_in_use(False) * (1 - MEM_REUSE_OFF_MARGIN)
+
     for bound, k, graph, profile, reuse, scale in sorted(simulated, key=lambda o: o[:2]):
         if best is not None and bound > best[0]:
             break  # sorted by bound: no later option can win either
-        clearly_lower = 0.0 if reuse else a.arena_in_use(False) * (1 - MEM_REUSE_OFF_MARGIN)
-        if not reuse and profile.activation_peak_bytes > clearly_lower:
+        # The original's own arena with reuse off (a replay of the input) is only needed
+        # where a reuse-off option would win: a losing one is known from its own replay.
+        if not reuse and (best is None or a.knows_arena(False)) and profile.activation_peak_bytes > clearly_lower():
             continue
         # an option whose arena passes the best one's is lost: its replay stops there
         # (a losing reuse-off replay of a 10k-node rewrite: 65 ms)
         arena = predict_in_use(graph, profile, tensors, None if best is None else int(best[0] / scale))
         in_use = arena.peak_in_use_bytes
-        if not reuse and in_use > clearly_lower:
-            continue
         option = (in_use * scale, profile.peak_bytes, k, graph, profile, reuse, arena)
-        if best is None or option[:3] < best[:3]:
-            best = option
+        if best is not None and option[:3] >= best[:3]:
+            continue
+        if not reuse and max(in_use, profile.activation_peak_bytes) > clearly_lower():
+            continue
+        best = option
     return best[3:]
 
 
