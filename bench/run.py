@@ -67,6 +67,9 @@ PLAN_TARGETS_S = {"10k": 2.0, "100k": 20.0}
 SPEED_PLAN_BUDGET = "50%"
 SPEED_PLAN_REACHABLE = "65%"  # reachable on the synthetic graphs, and only with recompute (reordering alone reaches ~72%): times the whole search
 FLOOR_SNIPPET = "import sys, onnx; onnx.save(onnx.load(sys.argv[1]), sys.argv[2])"
+# The machine's pure-Python speed at the time, run with the floor: onnx's load and save are
+# C++ and do not show it (on this project's shared machine it moves about 2x between hours).
+PYTHON_LOOP_SNIPPET = "s = 0\nfor i in range(10_000_000):\n    s += i"
 
 
 # --------------------------------------------------------------------------- formatting
@@ -351,9 +354,10 @@ def bench_speed(sizes: list[tuple[str, int]], repeats: int, work: Path, profile:
             "plan_reachable": [*ckpt, "plan", str(src), "--budget", SPEED_PLAN_REACHABLE, "--json"],
             "plan_default": [*ckpt, "plan", str(src), "--json"],
         }
-        cmds = {k: v for k, v in cmds.items() if k in commands}
+        cmds["python_loop"] = [sys.executable, "-c", PYTHON_LOOP_SNIPPET]
+        cmds = {k: v for k, v in cmds.items() if k in commands or (k == "python_loop" and "floor" in commands)}
         plan_names = PLAN_COMMANDS
-        ckpt_args[label] = {k: v[len(ckpt):] for k, v in cmds.items() if k != "floor"}
+        ckpt_args[label] = {k: v[len(ckpt):] for k, v in cmds.items() if k not in ("floor", "python_loop")}
         runs: dict[str, list[dict]] = {k: [] for k in cmds}
         rewrite_json = None
         plan_json: dict[str, dict] = {}
@@ -433,7 +437,7 @@ def bench_speed(sizes: list[tuple[str, int]], repeats: int, work: Path, profile:
     prof = None
     # plan_reachable is left out of profiling: it is the slowest by far and would double the bench
     ckpt_walls = [(c["wall_s"], r["size"], name) for r in results for name, c in r["commands"].items()
-                  if name not in ("floor", "plan_reachable") and c["wall_s"] is not None]
+                  if name not in ("floor", "python_loop", "plan_reachable") and c["wall_s"] is not None]
     over = [w for w in ckpt_walls if w[0] > PROFILE_THRESHOLD_S]
     if results and profile != "never" and (over or profile == "always"):
         last = results[-1]["size"]
@@ -922,15 +926,19 @@ def render_md(res: dict) -> str:
                 f"| {rr.get('evaluations', 'n/a')} |")
         add("")
         add("Planning time against the issue targets (the default plan, `ckpt plan F --json`, and the two "
-            "`--budget` plans above; wall time of the whole command, load and report included):")
+            "`--budget` plans above; wall time of the whole command, load and report included). "
+            "**Python loop**: `python -c` of 10⁷ integer additions, run interleaved with the commands, "
+            "gives the machine's pure-Python speed in that window (ckpt's planning is Python; onnx's "
+            "load and save, the floor, are C++):")
         add("")
-        add(f"| size | nodes | default plan | exit | target | --budget {SPEED_PLAN_BUDGET} | target "
+        add(f"| size | nodes | Python loop | default plan | exit | target | --budget {SPEED_PLAN_BUDGET} | target "
             f"| --budget {SPEED_PLAN_REACHABLE} | target |")
-        add("|---|---|---|---|---|---|---|---|---|")
+        add("|---|---|---|---|---|---|---|---|---|---|")
         for r in sp["sizes"]:
             c = r["commands"]
             cells = [(c.get(k) or {}) for k in ("plan_default", "plan", "plan_reachable")]
-            add(f"| {r['size']} | {r['nodes']:,} | {_plan_cell(cells[0])} | {_exit_codes(cells[0])} "
+            add(f"| {r['size']} | {r['nodes']:,} | {secs((c.get('python_loop') or {}).get('wall_s'))} "
+                f"| {_plan_cell(cells[0])} | {_exit_codes(cells[0])} "
                 f"| {_target_cell(cells[0])} | {_plan_cell(cells[1])} | {_target_cell(cells[1])} "
                 f"| {_plan_cell(cells[2])} | {_target_cell(cells[2])} |")
         add("")
@@ -1368,7 +1376,8 @@ def main(argv=None) -> int:
     prof.add_argument("--profile", dest="profile", action="store_const", const="always",
                       help="profile the slowest ckpt command at the largest size (default in full runs)")
     prof.add_argument("--no-profile", dest="profile", action="store_const", const="never")
-    ap.add_argument("--commands", help=f"comma-separated subset of the speed rows: {','.join(SPEED_COMMANDS)}")
+    ap.add_argument("--commands", help=f"comma-separated subset of the speed rows: {','.join(SPEED_COMMANDS)} "
+                    "(floor brings the Python loop that calibrates the window)")
     ap.add_argument("--skip-speed", action="store_true")
     ap.add_argument("--skip-memory", action="store_true")
     ap.add_argument("--skip-big", action="store_true", help="skip the 2 GB external-data model")
