@@ -9,8 +9,9 @@ its metadata. Weights never travel: ORT sees them as graph inputs.
 
 ORT is given only the nodes whose fate it decides (a session of the whole graph took 2 s
 of CPU at 10k nodes): the function ops, the ops of other domains (ORT refuses the graph
-when it has no kernel for one: then nothing is expanded) and the Constant nodes (ORT turns
-them into initializers, and the splice below keeps what ORT made of them). Their inputs
+when it has no kernel for one: then nothing is expanded) and the Constant nodes (their
+values can decide an expansion; the splice keeps them as nodes, as a graph ORT is not
+asked about keeps them). Their inputs
 are typed as the graph types them. A graph this cannot stand for exactly (model-local
 functions, subgraphs, untyped inputs, names ORT's inliner could collide with) goes to
 ORT whole.
@@ -142,7 +143,12 @@ def _splice(graph: Graph, functions: dict[str, tuple[str, str, int]], model: onn
     resolved = _resolved(model)
     if resolved is None:  # an excerpt ORT refuses goes whole: ORT may refuse the graph, or only the excerpt
         return graph if model is graph.model else None
-    kept = {n.name for n in resolved.graph.node if n.name in names} | ({n.name for n in graph.nodes} - names)
+    # The file's Constant nodes stay as they are: ORT makes them initializers at load in every
+    # session, expanded or not, and a graph with no function op left to expand (none, or all
+    # known to run as they are) is never given to ORT, so keeping ORT's version here made the
+    # same file load differently with the process's history.
+    kept = ({n.name for n in resolved.graph.node if n.name in names} | ({n.name for n in graph.nodes} - names)
+            | {n.name for n in graph.nodes if n.op_type == "Constant" and n.domain in ("", "ai.onnx")})
     _RUN_AS_IS.update(key for name, key in functions.items() if name in kept)
     removed = {n.name: r for r, n in enumerate(n for n in graph.nodes if n.name not in kept)}
     new = [p for p in resolved.graph.node if p.name not in names]
@@ -188,6 +194,7 @@ def _splice(graph: Graph, functions: dict[str, tuple[str, str, int]], model: onn
     del model.graph.node[:]
     model.graph.node.extend(protos)
     have = {t.name for t in model.graph.initializer} | {v.name for v in model.graph.input}
+    have.update(t for p in protos for t in p.output)  # a kept Constant's value, not ORT's copy of it
     model.graph.initializer.extend(t for t in resolved.graph.initializer if t.name not in have)
     known = {v.name for v in model.graph.value_info}
     produced = {t for p in protos for t in p.output if t != ABSENT}

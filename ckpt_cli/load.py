@@ -112,6 +112,15 @@ def _run_checker(model: onnx.ModelProto, path: Path, order: list[int], external:
 def _check_text(graph: Graph, path: Path) -> None:
     """Every name and metadata string ckpt reads is text: protobuf hands invalid UTF-8 over as bytes."""
     g = graph.model.graph
+    try:  # str.join refuses bytes: one C-level pass where every string is text (the usual case)
+        "".join(chain((v.name for v in chain(g.input, g.output, g.value_info, g.initializer)),
+                      (x for p in graph.model.metadata_props for x in (p.key, p.value)),
+                      (t for node in graph.nodes for t in chain((node.name, node.op_type, node.domain), node.reads,
+                                                                 node.outputs)),
+                      (x for node in graph.nodes for p in node.proto.metadata_props for x in (p.key, p.value))))
+        return
+    except TypeError:
+        pass  # name what is not text
     strings = chain((v.name for v in chain(g.input, g.output, g.value_info, g.initializer)),
                     (x for p in graph.model.metadata_props for x in (p.key, p.value)))
     for node in graph.nodes:

@@ -59,7 +59,8 @@ def build_model(graph: Graph, nodes: list[onnx.NodeProto], metadata: dict[str, s
         indexed = graph.nodes  # the graph's own nodes: their names are known without reading protos
     else:
         indexed = [Node.from_proto(k, p) for k, p in enumerate(nodes)]
-    used = set(chain.from_iterable(n.inputs for n in indexed)) | set(graph.outputs)
+    # reads, not inputs: an initializer only a subgraph reads is used too
+    used = set(chain.from_iterable(n.reads for n in indexed)) | set(graph.outputs)
     produced = set(chain.from_iterable(n.outputs for n in indexed))
     g = onnx.GraphProto(name=src.graph.name, doc_string=src.graph.doc_string)
     g.node.extend(nodes)

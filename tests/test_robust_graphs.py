@@ -116,6 +116,42 @@ def test_seed_computed_in_the_graph_is_a_training_graph(tmp_path):
     onnx.checker.check_model(onnx.load(tmp_path / "o.onnx"), full_check=True)
 
 
+def test_an_initializer_only_a_branch_reads_is_written(tmp_path):
+    """The If's branches read ``zero`` from the outer scope: as an initializer it must stay."""
+    model = if_training_graph()
+    const = next(n for n in model.graph.node if n.name == "bwd_zero")
+    model.graph.node.remove(const)
+    model.graph.initializer.append(numpy_helper.from_array(np.float32(0), "zero"))
+    src, out = tmp_path / "init.onnx", tmp_path / "init.ckpt.onnx"
+    onnx.save(model, src)
+    code, text = ckpt("rewrite", src, "-o", out, "-q")
+    assert code == 0, text
+    written = onnx.load(out)
+    onnx.checker.check_model(written, full_check=True)
+    assert "zero" in {t.name for t in written.graph.initializer}
+    expected, got = _run(src), _run(out)
+    for k in expected:
+        assert np.array_equal(expected[k], got[k]), k
+
+
+def test_a_graph_loads_the_same_whatever_the_process_loaded_before(tmp_path):
+    """ORT is asked about a graph's function ops (Relu here) until it was seen to run them as
+    they are; the first load, which asks, and a later one, which does not, give one graph."""
+    from ckpt_cli import expand
+
+    src = tmp_path / "if.onnx"
+    onnx.save(if_training_graph(seed_inside=True), src)
+    expand._RUN_AS_IS.clear()
+    first = load_graph(src)
+    assert expand._RUN_AS_IS, "the first load asked ORT: the case under test"
+    again = load_graph(src)
+
+    def shape(g):
+        return [(n.name, n.op_type, n.inputs, n.outputs) for n in g.nodes], sorted(g.initializers)
+    assert shape(first) == shape(again)
+    assert "bwd_zero" in {n.name for n in first.nodes} and "bwd_seed" in {n.name for n in first.nodes}
+
+
 def test_constant_tensors_in_external_data_are_copied(tmp_path):
     model = if_training_graph()
     big = numpy_helper.from_array(np.full((16, 32), 0.5, np.float32), "half_v")
