@@ -11,10 +11,9 @@ ORT is given only the nodes whose fate it decides (a session of the whole graph 
 of CPU at 10k nodes): the function ops, the ops of other domains (ORT refuses the graph
 when it has no kernel for one: then nothing is expanded) and the Constant nodes (their
 values can decide an expansion; the splice keeps them as nodes, as a graph ORT is not
-asked about keeps them). Their inputs
-are typed as the graph types them. A graph this cannot stand for exactly (model-local
-functions, subgraphs, untyped inputs, names ORT's inliner could collide with) goes to
-ORT whole.
+asked about keeps them). Their inputs are typed as the graph types them. A graph this
+cannot stand for exactly (model-local functions, subgraphs, untyped inputs, names ORT's
+inliner could collide with) goes to ORT whole.
 """
 
 from __future__ import annotations
