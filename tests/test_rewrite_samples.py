@@ -150,3 +150,21 @@ def test_the_originals_reuse_off_arena_is_replayed_only_where_a_reuse_off_option
     assert known.mem_reuse
     assert [n.name for n in known.graph.nodes] == [n.name for n in result.graph.nodes]
     assert known.after.arena_in_use(True) == result.after.arena_in_use(True)
+
+
+def test_derived_tensor_ids_name_what_every_node_reads_and_writes():
+    """A rewritten graph numbers its tensors from its parent's (with_node_list): each node's
+    ids must still name its own reads and outputs, every tensor once."""
+    from ckpt_cli.graph import ABSENT
+
+    a = analyse(load_graph(SAMPLES / "gpt.onnx"))
+    a.graph.ids  # noqa: B018 (the parent's numbering exists: the derived path is taken)
+    result = rewrite(a, layer_regions(a))
+    for g in (result.graph, a.graph.with_node_list(list(reversed(a.graph.nodes)))):
+        assert "ids" in g.__dict__, "derived at construction"
+        ids = g.ids
+        assert len(set(ids.names)) == len(ids.names) and all(ids.of[t] == k for k, t in enumerate(ids.names))
+        for n, ins, outs in zip(g.nodes, ids.inputs, ids.outputs):
+            assert [ids.names[t] if t >= 0 else ABSENT for t in ins] == list(n.reads)
+            assert [ids.names[t] if t >= 0 else ABSENT for t in outs] == list(n.outputs)
+        assert all(t in ids.of for t in g.resident + g.outputs)
