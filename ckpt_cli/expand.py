@@ -146,8 +146,9 @@ def _splice(graph: Graph, functions: dict[str, tuple[str, str, int]], model: onn
     # session, expanded or not, and a graph with no function op left to expand (none, or all
     # known to run as they are) is never given to ORT, so keeping ORT's version here made the
     # same file load differently with the process's history.
+    constants = [n for n in graph.nodes if n.op_type == "Constant" and n.domain in ("", "ai.onnx")]
     kept = ({n.name for n in resolved.graph.node if n.name in names} | ({n.name for n in graph.nodes} - names)
-            | {n.name for n in graph.nodes if n.op_type == "Constant" and n.domain in ("", "ai.onnx")})
+            | {n.name for n in constants})
     _RUN_AS_IS.update(key for name, key in functions.items() if name in kept)
     removed = {n.name: r for r, n in enumerate(n for n in graph.nodes if n.name not in kept)}
     new = [p for p in resolved.graph.node if p.name not in names]
@@ -155,7 +156,9 @@ def _splice(graph: Graph, functions: dict[str, tuple[str, str, int]], model: onn
         return graph
     if model is not graph.model:
         own = {t for n in graph.nodes if n.name not in kept for t in n.outputs}
-        made = {t for p in new for t in p.output} | {t.name for t in resolved.graph.initializer}
+        # ORT's initializer copies of the kept Constants are dropped below: not a collision
+        made = ({t for p in new for t in p.output} | {t.name for t in resolved.graph.initializer}) - {
+            t for n in constants for t in n.outputs}
         taken = (set(graph.producer) | set(graph.consumers) | set(graph.initializers) | set(graph.inputs)) - own
         if made & taken - {t.name for t in model.graph.initializer} - {v.name for v in model.graph.input}:
             return None

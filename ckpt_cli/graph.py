@@ -163,6 +163,7 @@ class Graph:
                     names.append(t)
                 out.append(k)
             return tuple(out)
+
         inputs, outputs = [], []
         for n in nodes:
             i = n.index

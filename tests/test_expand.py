@@ -88,6 +88,10 @@ def test_the_excerpt_expands_as_the_whole_graph(which, synthetic, monkeypatch):
         copy.CopyFrom(model)
         return expand.expand_functions(Graph.from_model(copy)).model.SerializeToString(deterministic=True)
 
+    resolved = []
+    real = expand._resolved
+    monkeypatch.setattr(expand, "_resolved", lambda m: resolved.append(len(m.graph.node)) or real(m))
     fast = expanded()
+    assert len(resolved) == 1 and resolved[0] < len(model.graph.node), "one ORT session, of an excerpt"
     monkeypatch.setattr(expand, "_excerpt", lambda graph, functions: None)
     assert fast == expanded() != model.SerializeToString(deterministic=True)
