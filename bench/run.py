@@ -1121,7 +1121,7 @@ def _render_plan_quality(pq: dict | None, add) -> None:
         add("")
         return
     add("In process, on each sample: `budget_plan` (the `budget` heuristic behind `ckpt plan --budget`) and "
-        "`optimal_plan` (`--auto optimal`, a mixed-integer program solved by scipy's HiGHS) over the same "
+        "`optimal_plan` (`--auto optimal`, a mixed-integer program solved by HiGHS through highspy) over the same "
         "region structures (per layer, sqrt(n) and 2·sqrt(n) segments; below all their floors, the other "
         "segmentations into k = 2 .. 2·sqrt(n) pieces), both given the real cost model "
         "(`pipeline.plan_cost`: rewrite + liveness simulation) and `pipeline.keep_intervals`. Budgets are "

@@ -310,10 +310,9 @@ def solve_bytes(problem: Problem, max_bytes: int, matmul_first: bool = False,
                 time_limit: float = 30.0) -> Cut | None:
     """The cut with the least recompute cost that keeps at most ``max_bytes``: between
     the corners of the price sweep, the same closure problem with a byte budget is a
-    MILP (scipy's HiGHS). ``matmul_first``: least matmul FLOPs, then least cost.
+    MILP (HiGHS). ``matmul_first``: least matmul FLOPs, then least cost.
     None when no cut keeps that little."""
-    from scipy.optimize import Bounds, LinearConstraint, milp
-    from scipy.sparse import coo_matrix
+    from .milp import solve_binary
 
     p = problem
     n, m = len(p.nodes), len(p.tensors)
@@ -346,24 +345,24 @@ def solve_bytes(problem: Problem, max_bytes: int, matmul_first: bool = False,
     # Views and policy-recomputed tensors are never kept: z_u - y_p <= 0.
     must = np.flatnonzero(p.must_recompute)
     add([z + must, y + p.producer[must]], [1.0, -1.0], -np.inf, 0.0, len(must))
-    matrix = coo_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
-                        shape=(row, n + 2 * m)).tocsr()
-    budget_row = coo_matrix((p.nbytes.astype(float), (np.zeros(m, dtype=int), k + np.arange(m))), shape=(1, n + 2 * m))
+    # The byte budget: the kept tensors' bytes.
+    rows.append(np.full(m, row))
+    cols.append(k + np.arange(m))
+    vals.append(p.nbytes.astype(float))
+    lower.append(np.full(1, -np.inf))
+    upper.append(np.full(1, float(max_bytes)))
     lo_z = np.zeros(m)
     lo_z[p.read_backward] = 1.0
     hi_k = np.where(p.must_recompute, 0.0, 1.0)
-    bounds = Bounds(np.concatenate([np.zeros(n), lo_z, np.zeros(m)]), np.concatenate([np.ones(n), np.ones(m), hi_k]))
     cost = p.cost.astype(float)
     if matmul_first:
         cost = p.matmul_flops.astype(float) + cost / (1.0 + float(cost.sum()))
     # Least cost, then (under one unit in all) the fewest kept bytes.
     tie = p.nbytes.astype(float) / (1.0 + float(p.nbytes.sum()))
-    objective = np.concatenate([cost, np.zeros(m), tie])
-    result = milp(objective, integrality=np.ones(n + 2 * m), bounds=bounds,
-                  constraints=[LinearConstraint(matrix, np.concatenate(lower), np.concatenate(upper)),
-                               LinearConstraint(budget_row, -np.inf, float(max_bytes))],
-                  options={"time_limit": time_limit})
-    if result.x is None:
+    x = solve_binary(np.concatenate([cost, np.zeros(m), tie]), np.concatenate(rows), np.concatenate(cols),
+                     np.concatenate(vals), np.concatenate(lower), np.concatenate(upper),
+                     np.concatenate([np.zeros(n), lo_z, np.zeros(m)]), np.concatenate([np.ones(n), np.ones(m), hi_k]),
+                     time_limit=time_limit)
+    if x is None:
         return None
-    x = result.x > 0.5
-    return _cut(p, float("nan"), x[y:z])
+    return _cut(p, float("nan"), x[y:z] > 0.5)

@@ -1,4 +1,4 @@
-"""``optimal``: the budget problem as a mixed-integer program (scipy's HiGHS), to measure
+"""``optimal``: the budget problem as a mixed-integer program (HiGHS), to measure
 how far the ``budget`` heuristic is from the best keep set.
 
 Model: start from a region structure with every stashed activation recomputed (the
@@ -34,8 +34,7 @@ IntervalsOf = Callable[[Plan], Intervals]
 
 def _solve(ranked: list[Candidate], spans: dict[str, tuple[int, int]], timeline: tuple[int, ...],
            limit: int) -> set[str] | None:
-    from scipy.optimize import Bounds, LinearConstraint, milp
-    from scipy.sparse import coo_matrix
+    from .milp import solve_binary
 
     usable = [c for c in ranked if c.tensor in spans]
     if not usable:
@@ -43,25 +42,22 @@ def _solve(ranked: list[Candidate], spans: dict[str, tuple[int, int]], timeline:
     rows, cols, vals = [], [], []
     for j, c in enumerate(usable):
         lo, hi = spans[c.tensor]
-        for k in range(lo, hi + 1):
-            rows.append(k)
-            cols.append(j)
-            vals.append(float(c.nbytes))
-    steps = len(timeline)
-    matrix = coo_matrix((vals, (rows, cols)), shape=(steps, len(usable))).tocsr()
+        rows.append(np.arange(lo, hi + 1))
+        cols.append(np.full(hi + 1 - lo, j))
+        vals.append(np.full(hi + 1 - lo, float(c.nbytes)))
     room = limit - np.asarray(timeline, dtype=float)
     if (room < 0).any():
         return None
-    if (matrix @ np.ones(len(usable)) <= room).all():  # everything fits (and HiGHS dislikes huge bounds)
-        return {c.tensor for c in usable if c.flops}  # what the objective below would keep
+    row, col, val = np.concatenate(rows), np.concatenate(cols), np.concatenate(vals)
+    if (np.bincount(row, weights=val, minlength=len(room)) <= room).all():
+        return {c.tensor for c in usable if c.flops}  # everything fits: what the objective below would keep
     # Saved FLOPs first; among equal savings, fewer kept bytes (under one FLOP in all).
     tie_break = np.array([float(c.nbytes) for c in usable]) / (1.0 + sum(c.nbytes for c in usable))
-    result = milp(c=tie_break - np.array([float(c.flops) for c in usable]), integrality=np.ones(len(usable)),
-                  bounds=Bounds(0, 1), constraints=LinearConstraint(matrix, -np.inf, room),
-                  options={"time_limit": 60})
-    if result.x is None:
+    x = solve_binary(tie_break - np.array([float(c.flops) for c in usable]), row, col, val,
+                     np.full(len(room), -np.inf), room, time_limit=60)
+    if x is None:
         return None
-    return {c.tensor for c, x in zip(usable, result.x) if x > 0.5}
+    return {c.tensor for c, v in zip(usable, x) if v > 0.5}
 
 
 def optimal_plan(a: Analysis, budget: int, evaluate: Evaluate, intervals_of: IntervalsOf,

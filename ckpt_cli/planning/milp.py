@@ -1,0 +1,56 @@
+"""Binary programs for the exact solvers, on HiGHS through its own binding (highspy).
+
+scipy's ``milp`` wraps the same solver, but importing ``scipy.optimize`` took 0.6-1.0 s
+of a budget plan (bench/ section 1), more than most of its MILPs; highspy loads in
+15 ms. Every variable here is 0/1 and every constraint a row range over a sparse matrix
+given as (row, column, value) triples.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# HiGHS's own default relative MIP gap (scipy's milp passes the same): a solution within
+# 0.01% of the optimum ends the search.
+MIP_REL_GAP = 1e-4
+
+
+def solve_binary(cost: np.ndarray, rows: np.ndarray, cols: np.ndarray, vals: np.ndarray,
+                 row_lower: np.ndarray, row_upper: np.ndarray, col_lower: np.ndarray | None = None,
+                 col_upper: np.ndarray | None = None, time_limit: float = 30.0) -> np.ndarray | None:
+    """Minimise ``cost @ x`` over x in {0, 1} (within ``col_lower``/``col_upper``) subject to
+    ``row_lower <= A x <= row_upper``, A the sum of the triples; the best x found within
+    ``time_limit`` seconds, or None when there is none (infeasible, or none found in time)."""
+    import highspy
+    from highspy._core import _Highs
+
+    n, m = len(cost), len(row_lower)
+    inf = highspy.kHighsInf
+    order = np.lexsort((cols, rows))
+    rows, cols, vals = rows[order], cols[order], np.asarray(vals, dtype=np.float64)[order]
+    lp = highspy.HighsLp()
+    lp.num_col_, lp.num_row_ = n, m
+    lp.col_cost_ = np.asarray(cost, dtype=np.float64)
+    lp.col_lower_ = np.zeros(n) if col_lower is None else np.asarray(col_lower, dtype=np.float64)
+    lp.col_upper_ = np.ones(n) if col_upper is None else np.asarray(col_upper, dtype=np.float64)
+    lp.row_lower_ = np.maximum(np.asarray(row_lower, dtype=np.float64), -inf)
+    lp.row_upper_ = np.minimum(np.asarray(row_upper, dtype=np.float64), inf)
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kRowwise
+    lp.a_matrix_.start_ = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=m))]).astype(np.int32)
+    lp.a_matrix_.index_ = cols.astype(np.int32)
+    lp.a_matrix_.value_ = vals
+    lp.integrality_ = [highspy.HighsVarType.kInteger] * n
+    # The solver class itself: highspy.Highs() enables callbacks on construction, which writes
+    # HiGHS's banner to the process's stdout before any option can turn output off (HiGHS
+    # issue 2749), and a --json report there must hold nothing else.
+    h = _Highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("time_limit", float(time_limit))
+    h.setOptionValue("mip_rel_gap", MIP_REL_GAP)
+    h.setOptionValue("threads", 1)
+    h.passModel(lp)
+    h.run()
+    info = h.getInfo()
+    if info.primal_solution_status != highspy.SolutionStatus.kSolutionStatusFeasible:
+        return None
+    return np.asarray(h.getSolution().col_value)
