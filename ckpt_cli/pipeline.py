@@ -132,6 +132,7 @@ def make_plan(a: Analysis, auto: str | None = None, budget: str | None = None, p
         limit = parse_budget(budget, a.priority.peak_bytes)
         kept: dict[str, object] = {}  # the cheapest fitting rewrite so far: the search's choice
         evaluated = 0
+        memo: dict = {}  # the orders chosen for the graphs rewritten so far (rewrite's ``memo``)
 
         def told(what):
             nonlocal evaluated
@@ -143,7 +144,7 @@ def make_plan(a: Analysis, auto: str | None = None, budget: str | None = None, p
             return what
 
         def measured(plan: Plan) -> RewriteResult:
-            result = rewrite(a, ruled(plan), pin=False)
+            result = rewrite(a, ruled(plan), pin=False, memo=memo)
             fits = result.after.priority.peak_bytes <= limit
             if fits and ("result" not in kept or result.recompute_flops < kept["result"].recompute_flops):
                 kept["plan"], kept["result"] = plan, result
@@ -154,11 +155,11 @@ def make_plan(a: Analysis, auto: str | None = None, budget: str | None = None, p
 
         def intervals(plan: Plan) -> Intervals:
             if model_floors:  # a structure's floor is the search's model, never its answer
-                return told(intervals_of(a, rewrite(a, ruled(plan), pin=False, model_only=True)))
+                return told(intervals_of(a, rewrite(a, ruled(plan), pin=False, model_only=True, memo=memo)))
             return intervals_of(a, measured(plan))
 
         def floor_model(plan: Plan) -> Intervals:  # the corner search's model of its floor: never its answer
-            return told(intervals_of(a, rewrite(a, ruled(plan), pin=False, memory_aware_order=False)))
+            return told(intervals_of(a, rewrite(a, ruled(plan), pin=False, memory_aware_order=False, memo=memo)))
 
         solve = optimal_plan if auto == "optimal" else budget_plan
         strategy = auto or "budget"
@@ -198,9 +199,10 @@ def make_plan(a: Analysis, auto: str | None = None, budget: str | None = None, p
     if manual:
         return Planned(ruled(choose_plan(a, patterns, scope, boundaries, plan_file)), user=True)
     results: dict[int, RewriteResult] = {}
+    memo: dict = {}
 
     def judge(plan: Plan) -> PlanCost:
-        results[id(plan)] = result = rewrite(a, plan, pin=False)
+        results[id(plan)] = result = rewrite(a, plan, pin=False, memo=memo)
         if progress is not None:
             progress(f"planning: {len(results)} plans evaluated")
         return _cost(result)

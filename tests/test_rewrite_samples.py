@@ -168,3 +168,30 @@ def test_derived_tensor_ids_name_what_every_node_reads_and_writes():
             assert [ids.names[t] if t >= 0 else ABSENT for t in ins] == list(n.reads)
             assert [ids.names[t] if t >= 0 else ABSENT for t in outs] == list(n.outputs)
         assert all(t in ids.of for t in g.resident + g.outputs)
+
+
+def test_a_memoised_rewrite_equals_a_fresh_one(monkeypatch):
+    """Plans placing the same copies share one order choice in a search (``memo``), and the
+    result is the plan's own: its region names and protos, the same order, profile and arena."""
+    import ckpt_cli.rewrite as rw
+
+    a = analyse(load_graph(SAMPLES / "gpt.onnx"))
+    plan = layer_regions(a)
+    renamed = Plan([Region(f"renamed_{k}", set(r.nodes), set(r.keep)) for k, r in enumerate(plan.regions)], "test")
+    other = sqrt_regions(a)
+    fresh = rewrite(a, renamed, pin=False)
+    choices = []
+    real_choose = rw._choose
+    monkeypatch.setattr(rw, "_choose", lambda *args: choices.append(1) or real_choose(*args))
+    memo: dict = {}
+    rewrite(a, plan, pin=False, memo=memo)
+    hit = rewrite(a, renamed, pin=False, memo=memo)
+    rewrite(a, other, pin=False, memo=memo)
+    assert len(choices) == 2 and len(memo) == 2  # the renamed plan reused the first choice
+    assert [r.name for r in hit.regions] == [r.name for r in fresh.regions]
+    assert [n.proto.SerializeToString() for n in hit.graph.nodes] == [
+        n.proto.SerializeToString() for n in fresh.graph.nodes]
+    assert (hit.mem_reuse, hit.recompute_flops, hit.recompute_nodes) == (
+        fresh.mem_reuse, fresh.recompute_flops, fresh.recompute_nodes)
+    assert hit.after.priority.timeline == fresh.after.priority.timeline
+    assert hit.after.arena_in_use(hit.mem_reuse) == fresh.after.arena_in_use(fresh.mem_reuse)
