@@ -99,3 +99,10 @@ def test_the_structure_milp_keeps_what_saves_the_most_under_every_step(case):
                if fits([c for c, x in zip(ranked, xs) if x]))
     chosen = [c for c in ranked if c.tensor in kept]
     assert fits(chosen) and sum(c.flops for c in chosen) == best
+
+
+def test_repeated_triples_are_summed():
+    # 0.5 x0 + 0.5 x0 + x1 <= 1: with the halves summed, x0 and x1 cannot both be kept
+    x = solve_binary(np.array([-2.0, -1.0]), np.array([0, 0, 0]), np.array([0, 0, 1]), np.array([0.5, 0.5, 1.0]),
+                     np.array([-np.inf]), np.array([1.0]))
+    assert x is not None and list(np.round(x)) == [1.0, 0.0]
