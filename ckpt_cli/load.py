@@ -15,7 +15,7 @@ from google.protobuf.message import DecodeError
 from .errors import ModelError
 from .expand import expand_functions
 from .external import check_external, external_tensors
-from .graph import ABSENT, Graph, gc_paused, weightless_copy
+from .graph import ABSENT, Graph, Node, gc_paused, weightless_copy
 
 _PROTOBUF_LIMIT = 2**31 - 1
 # onnx.checker took 2.3 s on a 99k-node graph (2-core machine); past this size only
@@ -109,25 +109,28 @@ def _run_checker(model: onnx.ModelProto, path: Path, order: list[int], external:
         raise ModelError(f"{path}: not a valid ONNX model ({first[:300]})") from None
 
 
+def _model_strings(graph: Graph):
+    g = graph.model.graph
+    yield from (v.name for v in chain(g.input, g.output, g.value_info, g.initializer))
+    yield from (x for p in graph.model.metadata_props for x in (p.key, p.value))
+
+
+def _node_strings(node: Node):
+    yield from chain((node.name, node.op_type, node.domain), node.reads, node.outputs)
+    yield from (x for p in node.proto.metadata_props for x in (p.key, p.value))
+
+
 def _check_text(graph: Graph, path: Path) -> None:
     """Every name and metadata string ckpt reads is text: protobuf hands invalid UTF-8 over as bytes."""
-    g = graph.model.graph
     try:  # str.join refuses bytes: one C-level pass where every string is text (the usual case)
-        "".join(chain((v.name for v in chain(g.input, g.output, g.value_info, g.initializer)),
-                      (x for p in graph.model.metadata_props for x in (p.key, p.value)),
-                      (t for node in graph.nodes for t in chain((node.name, node.op_type, node.domain), node.reads,
-                                                                 node.outputs)),
-                      (x for node in graph.nodes for p in node.proto.metadata_props for x in (p.key, p.value))))
+        "".join(chain(_model_strings(graph), chain.from_iterable(map(_node_strings, graph.nodes))))
         return
     except TypeError:
         pass  # name what is not text
-    strings = chain((v.name for v in chain(g.input, g.output, g.value_info, g.initializer)),
-                    (x for p in graph.model.metadata_props for x in (p.key, p.value)))
     for node in graph.nodes:
-        if any(type(t) is not str for t in chain((node.name, node.op_type, node.domain), node.reads, node.outputs,
-                                                  (x for p in node.proto.metadata_props for x in (p.key, p.value)))):
+        if any(type(t) is not str for t in _node_strings(node)):
             raise ModelError(f"{path}: node {node.index} has names that are not valid UTF-8 text")
-    if any(type(t) is not str for t in strings):
+    if any(type(t) is not str for t in _model_strings(graph)):
         raise ModelError(f"{path}: names or metadata in the model are not valid UTF-8 text")
 
 
