@@ -158,9 +158,6 @@ def make_plan(a: Analysis, auto: str | None = None, budget: str | None = None, p
                 return told(intervals_of(a, rewrite(a, ruled(plan), pin=False, model_only=True, memo=memo)))
             return intervals_of(a, measured(plan))
 
-        def floor_model(plan: Plan) -> Intervals:  # the corner search's model of its floor: never its answer
-            return told(intervals_of(a, rewrite(a, ruled(plan), pin=False, memory_aware_order=False, memo=memo)))
-
         solve = optimal_plan if auto == "optimal" else budget_plan
         strategy = auto or "budget"
         thorough = auto == "optimal" or len(a.graph.nodes) <= LARGE_GRAPH_NODES
@@ -185,8 +182,7 @@ def make_plan(a: Analysis, auto: str | None = None, budget: str | None = None, p
             return exact if exact.recompute_flops <= heuristic.recompute_flops else heuristic
 
         search = cut_budget_plan(a, limit, cost, structure_search,
-                                 thorough=thorough, strategy=strategy, policy=policy, intervals_of=intervals,
-                                 floor_model=floor_model)
+                                 thorough=thorough, strategy=strategy, policy=policy, intervals_of=intervals)
         return Planned(ruled(search.plan), limit, search,
                        kept["result"] if kept.get("plan") is search.plan else None)
     if auto is not None:

@@ -52,15 +52,14 @@ class RewriteResult:
 
 @gc_paused
 def rewrite(a: Analysis, plan: Plan | None, pin: bool = True, model_only: bool = False,
-            memory_aware_order: bool = True, memo: dict | None = None) -> RewriteResult:
+            memo: dict | None = None) -> RewriteResult:
     """Apply ``plan`` to the analysed graph; ``plan=None`` only reorders (``--no-recompute``).
     ``pin`` adds the guards that keep the written order under any session (``rewrite/pin.py``).
     ``model_only``: the rewrite is a plan search's memory model, never written or judged
     (the floor of a 100k-node structure search): its order is the one of lowest simulated
     tensor peak with ORT's buffer reuse on, without the arena replays that choose a written
     graph's order and reuse (the per-layer floor of a 704-layer transformer: 5.5 s against
-    7.4 s, the same order and peak). ``memory_aware_order`` off: the plain PRIORITY_BASED
-    order of the rewritten file is the only candidate (a model's cheaper order). ``memo``: a
+    7.4 s, the same order and peak). ``memo``: a
     plan search's record of the orders chosen for the graphs it rewrote; two plans that
     place the same copies the same way (their keep sets differ only where nothing changes)
     share the choice, which is most of a rewrite's time (14 of gpt's 98 rewrites at a 65%
@@ -102,14 +101,13 @@ def rewrite(a: Analysis, plan: Plan | None, pin: bool = True, model_only: bool =
     forward_names = {n.name for n in g.nodes if a.phases.is_forward[n.index]}
     key, known = None, None
     if memo is not None:
-        key = (model_only, memory_aware_order, tuple((n.name, n.inputs, n.outputs) for n in new.nodes))
+        key = (model_only, tuple((n.name, n.inputs, n.outputs) for n in new.nodes))
         known = memo.get(key)
     if known is not None:
         written, profile, mem_reuse, arena = known
         chosen = new if written is None else new.reordered(written)
     else:
-        chosen, profile, mem_reuse, arena = _choose(a, new, tensors, copy_names, forward_names, model_only,
-                                                    memory_aware_order)
+        chosen, profile, mem_reuse, arena = _choose(a, new, tensors, copy_names, forward_names, model_only)
         if memo is not None:
             at = {n.name: k for k, n in enumerate(new.nodes)}
             order = [at[n.name] for n in chosen.nodes]
@@ -133,15 +131,13 @@ def rewrite(a: Analysis, plan: Plan | None, pin: bool = True, model_only: bool =
     return pinned(a, result) if pin else result
 
 
-def _choose(a: Analysis, new: Graph, tensors, copy_names: set[str], forward_names: set[str], model_only: bool,
-            memory_aware_order: bool) -> tuple:
+def _choose(a: Analysis, new: Graph, tensors, copy_names: set[str], forward_names: set[str],
+            model_only: bool) -> tuple:
     """The written order of ``new`` and ORT's buffer reuse for it: (graph, profile, reuse, arena)."""
-    candidates = [executed_order(new)]
-    if memory_aware_order:
-        sizes = {t: info.nbytes for t, info in tensors.items() if info.nbytes}
-        order = memory_aware(new, sizes, buffer_roots(new), [n.name not in forward_names for n in new.nodes],
-                             [n.name in copy_names for n in new.nodes])
-        candidates.insert(0, executed_order(new, order))
+    sizes = {t: info.nbytes for t, info in tensors.items() if info.nbytes}
+    order = memory_aware(new, sizes, buffer_roots(new), [n.name not in forward_names for n in new.nodes],
+                         [n.name in copy_names for n in new.nodes])
+    candidates = [executed_order(new, order), executed_order(new)]
     if not copy_names:
         # Reordering only: ORT's DEFAULT order is a candidate too (where the order sets the
         # peak it can beat both). With copies it would run them right after their inputs.
