@@ -59,12 +59,12 @@ def search(real_per_tensor: int, budget: int, original: int = 2000, judgements: 
             seen.append(k)
         return Judged(cut, Cost(peak(k)))
 
-    def floor(cut: Cut):
+    def measure(cut: Cut):
         k = cs.index(cut)
         # the rewrite's memory: flat at its peak; what it recomputes adds STEP over all three steps
         return judge(cut), Intervals((peak(k),) * 3, {t: (0, 2) for t in TENSORS if t not in cut.kept}, Cost(peak(k)))
 
-    _aim(cs, judge, floor, guesses, budget, original, {t: STEP for t in TENSORS}, judgements)
+    _aim(cs, judge, measure, guesses, budget, original, {t: STEP for t in TENSORS}, judgements)
     return seen
 
 
