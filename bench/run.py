@@ -326,7 +326,7 @@ def bench_speed(sizes: list[tuple[str, int]], repeats: int, work: Path, profile:
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "ckpt_cli")],
                    check=True, stdout=subprocess.DEVNULL)
     # warm the OS page cache once, so the first measured run is not special
-    run_measured([sys.executable, "-c", "import onnx, onnxruntime, numpy, click, rich, scipy"])
+    run_measured([sys.executable, "-c", "import onnx, onnxruntime, numpy, click, rich, highspy; from ortools.graph.python import max_flow"])
     run_measured([*ckpt, "--version"])
 
     startup = {}
