@@ -93,6 +93,35 @@ def test_graph_costs_follow_node_order():
         assert c.flops == 2 * a[0] * a[1] * y[1]
 
 
+def test_graph_costs_price_alike_nodes_once_and_tell_what_differs():
+    """Nodes with the same op and shapes share one priced cost; an attribute the count
+    reads (Gemm's transA), a missing optional input (the bias) or a shape sets them apart."""
+    from onnx import numpy_helper
+
+    w = numpy_helper.from_array(np.ones((4, 4), np.float32), "w")
+    b = numpy_helper.from_array(np.ones((4,), np.float32), "b")
+    nodes = [helper.make_node("Gemm", ["x", "w", "b"], ["y0"], name="g0"),
+             helper.make_node("Gemm", ["y0", "w", "b"], ["y1"], name="g1"),  # alike g0
+             helper.make_node("Gemm", ["y1", "w", "b"], ["y2"], name="g2", transA=1),
+             helper.make_node("Gemm", ["y2", "w", ""], ["y3"], name="g3"),
+             helper.make_node("Gemm", ["y3", "w"], ["y4"], name="g4"),
+             helper.make_node("Gemm", ["x6", "w", "b"], ["y5"], name="g5")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (4, 4)),
+                                           helper.make_tensor_value_info("x6", TensorProto.FLOAT, (6, 4))],
+                              [helper.make_tensor_value_info(f"y{k}", TensorProto.FLOAT, None) for k in (4, 5)],
+                              [w, b])
+    g = Graph.from_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]))
+    sizes = {"x": (4, 4), "x6": (6, 4), "w": (4, 4), "b": (4,), "y5": (6, 4),
+             **{f"y{k}": (4, 4) for k in range(5)}}
+    tensors = {t: TensorInfo(TensorProto.FLOAT, s, 4 * int(np.prod(s))) for t, s in sizes.items()}
+    costs = graph_costs(g, tensors)
+    assert costs == [node_cost(n, tensors) for n in g.nodes]
+    assert costs[0] is costs[1]
+    assert costs[2] is not costs[0] and costs[3] is not costs[0] and costs[5] is not costs[0]
+    assert costs[3].matmul_flops == costs[3].flops == costs[0].flops - 16  # no bias to add
+    assert costs[5].flops == 2 * 6 * 4 * 4 + 24
+
+
 def test_the_peer_comparison_notions():
     """matmul-only FLOPs and element counts, the two narrower notions PyTorch's side uses."""
     matmul, tensors = _one_node("MatMul", [(3, 5), (5, 7)])
