@@ -144,3 +144,30 @@ def test_remembered_arena_peaks_are_the_replayed_ones():
             g = result.graph
             profile = simulate(g, list(range(len(g.nodes))), result.after.tensors, reuse_buffers=result.mem_reuse)
             assert remembered == predict_in_use(g, profile, result.after.tensors)  # peak, held bytes, timelines
+
+
+def test_buffer_roots_follow_view_chains_in_any_file_order():
+    """A view's buffer is its source's, through chains of views, whatever order the file
+    lists them in; a cycle of views is refused."""
+    import pytest
+    from onnx import TensorProto, helper
+
+    from ckpt_cli.analysis.memory import buffer_roots
+    from ckpt_cli.errors import ModelError
+    from ckpt_cli.graph import Graph
+
+    shape = helper.make_tensor("s", TensorProto.INT64, [1], [4])
+    nodes = [helper.make_node("Reshape", ["v1", "s"], ["v2"], name="r2"),  # reads a view made below
+             helper.make_node("Identity", ["y"], ["v1"], name="r1"),
+             helper.make_node("Relu", ["x"], ["y"], name="relu"),
+             helper.make_node("Reshape", ["x", "s"], ["v0"], name="r0")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                              [helper.make_tensor_value_info("v2", TensorProto.FLOAT, [4]),
+                               helper.make_tensor_value_info("v0", TensorProto.FLOAT, [4])], [shape])
+    g = Graph.from_model(helper.make_model(graph))
+    assert buffer_roots(g) == {"v2": "y", "v1": "y", "y": "y", "v0": "x"}
+    looped = [helper.make_node("Identity", ["b"], ["a"], name="i0"), helper.make_node("Identity", ["a"], ["b"], name="i1")]
+    g = Graph.from_model(helper.make_model(helper.make_graph(looped, "g", [], [helper.make_tensor_value_info(
+        "a", TensorProto.FLOAT, [1])])))
+    with pytest.raises(ModelError):
+        buffer_roots(g)
