@@ -25,7 +25,7 @@ from pathlib import Path
 
 import onnx
 
-from .graph import ABSENT, Graph, Node, weightless_copy
+from .graph import ABSENT, Graph, Node, embedded_bytes, weightless_copy
 
 _INLINE_LIMIT = 1024  # initializers above this many bytes are passed to ORT as inputs
 # (op, domain, opset) of function ops ORT was seen to run as they are (it has a kernel):
@@ -99,7 +99,7 @@ def _excerpt(graph: Graph, functions: set[str]) -> tuple[onnx.ModelProto, set[st
     made = {t for n in nodes for t in n.outputs}
     needed = {t for n in nodes for t in n.inputs if t != ABSENT and t not in made}
     small = {t.name: t for t in src.initializer if t.name in needed
-             and t.data_location != onnx.TensorProto.EXTERNAL and len(t.raw_data) <= _INLINE_LIMIT}
+             and t.data_location != onnx.TensorProto.EXTERNAL and embedded_bytes(t) <= _INLINE_LIMIT}
     big = {t.name: t for t in src.initializer if t.name in needed and t.name not in small}
     types = _typed(graph, needed - set(small) - set(big))
     if types is None:
@@ -120,7 +120,8 @@ def _excerpt(graph: Graph, functions: set[str]) -> tuple[onnx.ModelProto, set[st
 
 def expand_functions(graph: Graph) -> Graph:
     """``graph`` with the function ops ORT expands replaced by ORT's expansion (the same
-    graph when there is none)."""
+    graph when there is none). An expanded graph's model is ``graph``'s, rewritten in
+    place: ``graph`` is spent."""
     opsets = {d: graph.opset(d) or 1 for d in {n.domain for n in graph.nodes}}
     functions = {n.name: key for n in graph.nodes
                  if (key := (n.op_type, n.domain, opsets[n.domain])) not in _RUN_AS_IS and _has_function(*key)}
@@ -191,8 +192,10 @@ def _splice(graph: Graph, functions: dict[str, tuple[str, str, int]], model: onn
             p.metadata_props.extend(node.proto.metadata_props)
             protos.append(p)
             index.append(None)
-    model = onnx.ModelProto()
-    model.CopyFrom(graph.model)
+    # In place: the graph's model is ckpt's own (load's, or load_input's copy of a caller's),
+    # and a copy would hold its weights twice (a 192 MB weight: 0.4 s). The graph given is
+    # spent: its protos are detached, the model is the new graph's.
+    model = graph.model
     del model.graph.node[:]
     model.graph.node.extend(protos)
     have = {t.name for t in model.graph.initializer} | {v.name for v in model.graph.input}

@@ -5,7 +5,6 @@ model-controlled: ``/etc/passwd``, ``../..``, a FIFO or ``/dev/zero`` must never
 
 from __future__ import annotations
 
-import math
 import os
 import stat
 from dataclasses import dataclass
@@ -16,9 +15,8 @@ from typing import Iterator
 import onnx
 
 from .errors import ModelError
+from .graph import expected_bytes
 
-_PACKED_TYPES = {onnx.TensorProto.INT4, onnx.TensorProto.UINT4, onnx.TensorProto.FLOAT4E2M1}
-_NO_FIXED_SIZE = {onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED}
 _GRAPH_TYPES = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
 _TENSOR_TYPES = (onnx.AttributeProto.TENSOR, onnx.AttributeProto.TENSORS, onnx.AttributeProto.SPARSE_TENSOR,
                  onnx.AttributeProto.SPARSE_TENSORS)
@@ -93,17 +91,13 @@ def _int_field(t: onnx.TensorProto, fields: dict[str, str], key: str, where: Pat
     return value
 
 
-def expected_bytes(t: onnx.TensorProto) -> int | None:
-    """Bytes the tensor's dims and type need, or None for types of no fixed size."""
-    if t.data_type in _NO_FIXED_SIZE:
-        return None
-    count = math.prod(t.dims)
-    if t.data_type in _PACKED_TYPES:
-        return (count + 1) // 2
-    try:
-        return count * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
-    except (KeyError, TypeError, ValueError):
-        return None
+def check_embedded(t: onnx.TensorProto, where: Path) -> None:
+    """What onnx.checker says of an embedded tensor's ``raw_data``, for the tensors ckpt
+    hands it as typed inputs instead: enough bytes for its shape and type."""
+    need = expected_bytes(t)
+    if t.HasField("raw_data") and need is not None and len(t.raw_data) < need:
+        raise ModelError(f"{where}: not a valid ONNX model (tensor '{t.name}' needs {need} bytes for its shape "
+                         f"and type but its raw_data holds {len(t.raw_data)})")
 
 
 def locate(t: onnx.TensorProto, model_dir: Path, model_path: Path) -> Extent:

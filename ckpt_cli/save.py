@@ -26,7 +26,7 @@ import onnx
 
 from .errors import UsageError
 from .external import external_tensors, locate
-from .graph import Graph, Node, gc_paused
+from .graph import Graph, Node, embedded_bytes, gc_paused
 from .safewrite import (check_output_path, check_report_path, commit, exit_on_sigterm, must_create, os_errors,
                         remove_stale_temps, signals_deferred, temp_beside, write_target,
                         write_text_atomic)
@@ -116,8 +116,7 @@ def _write_pair(model: onnx.ModelProto, path: Path, source_dir: Path, exclusive:
             external.append(t)
         else:  # Constant values and other attributes: ORT resolves their files against the cwd
             _embed(t, source_dir)
-    embedded_bytes = sum(len(t.raw_data) for t in model.graph.initializer if t.HasField("raw_data"))
-    spill = embedded_bytes > _EMBED_LIMIT
+    spill = sum(map(embedded_bytes, model.graph.initializer)) > _EMBED_LIMIT
     written: list[Path] = []
     created = committed = False
     data_path: Path | None = None
@@ -134,7 +133,7 @@ def _write_pair(model: onnx.ModelProto, path: Path, source_dir: Path, exclusive:
                     moved.append(t)
                 if spill:
                     for t in model.graph.initializer:
-                        if t.HasField("raw_data") and len(t.raw_data) >= _EXTERNAL_MIN_BYTES:
+                        if embedded_bytes(t) >= _EXTERNAL_MIN_BYTES:
                             _spill(t, out)
                             moved.append(t)
                 f.flush()

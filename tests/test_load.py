@@ -72,3 +72,42 @@ def test_missing_external_data_is_named(tmp_path):
     (tmp_path / "ext.data").unlink()
     with pytest.raises(ModelError, match="ext.data"):
         load_graph(tmp_path / "ext.onnx")
+
+
+def _heavy_model(tmp_path, name: str, *, cut: int = 0, op: str = "MatMul", ir: int = 8, declared: bool = True):
+    """x @ W with W embedded and over 1 MiB (the checker gets it as a typed input);
+    ``cut`` bytes off its raw_data."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    w = numpy_helper.from_array(np.ones((600, 600), np.float32), "W")
+    if cut:
+        w.raw_data = w.raw_data[:-cut]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 600])]
+    if declared and ir < 4:
+        inputs.append(helper.make_tensor_value_info("W", TensorProto.FLOAT, [600, 600]))
+    g = helper.make_graph([helper.make_node(op, ["x", "W"], ["y"], name="mm")], "g", inputs,
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 600])], [w])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17 if ir >= 8 else 9)])
+    model.ir_version = ir
+    path = tmp_path / name
+    onnx.save(model, path)
+    return path
+
+
+def test_big_embedded_weights_are_checked_without_the_checker_copying_them(tmp_path):
+    """Embedded weights over 1 MiB reach onnx.checker as typed inputs (it serialized the
+    model with them, holding the weights three times over); what it checked of them is
+    checked here: a raw_data too short for its shape is refused in one line, and the rest
+    of the graph is still the checker's to refuse."""
+    graph = load_graph(_heavy_model(tmp_path, "ok.onnx"))
+    assert graph.initializers["W"].dims == [600, 600]
+    with pytest.raises(ModelError, match="tensor 'W' needs 1440000 bytes .* raw_data holds 1439996"):
+        load_graph(_heavy_model(tmp_path, "short.onnx", cut=4))
+    with pytest.raises(ModelError, match="not a valid ONNX model"):
+        load_graph(_heavy_model(tmp_path, "badop.onnx", op="NoSuchOp"))
+    load_graph(_heavy_model(tmp_path, "ir3.onnx", ir=3))  # declared as an input: valid before IR 4
+    with pytest.raises(ModelError, match="not a valid ONNX model.*W in initializer but not in graph input"):
+        load_graph(_heavy_model(tmp_path, "ir3_undeclared.onnx", ir=3, declared=False))
+    code, out = run_cli("inspect", tmp_path / "short.onnx")
+    assert code == 2 and out.count("\n") == 1 and "raw_data holds" in out
