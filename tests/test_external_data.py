@@ -37,6 +37,12 @@ def test_external_data_rewrite_and_check(tmp_path):
     r = json.loads(result.output)
     assert r["check"]["outputs_equal"] and r["check"]["order_matches"]
     assert len(list(out.parent.glob("ext.ckpt.onnx.*.data"))) == 1, "external data goes beside the output"
+    stored = onnx.load(out, load_external_data=False).graph.initializer
+    external = {x.name for x in onnx.load(src, load_external_data=False).graph.initializer
+                if x.data_location == onnx.TensorProto.EXTERNAL}
+    assert len(external) >= 3
+    assert external <= {t.name for t in stored if t.data_location == onnx.TensorProto.EXTERNAL}, \
+        "every external weight stays external (none read in and embedded)"
     assert (src.parent / "ext.weights").read_bytes() == data_before
     written = onnx.load(out)  # loads the external data too
     for t in written.graph.initializer:
