@@ -853,6 +853,11 @@ def render_md(res: dict) -> str:
     add(f"| memory | {nbytes(m['memory_bytes'])} |")
     add(f"| python / onnx / onnxruntime / numpy | {v['python']} / {v['onnx']} / {v['onnxruntime']} / {v['numpy']} |")
     add(f"| ckpt | {v['ckpt']} (git {m['git']['commit']}{', dirty tree' if m['git']['dirty'] else ''}) |")
+    at: dict[str, list[str]] = {}
+    for section, commit in (res.get("measured_at") or {}).items():
+        at.setdefault(commit, []).append(section.replace("_", " "))
+    if len(at) > 1:  # an --update: say which figures are from which commit
+        add("| figures from | " + "; ".join(f"{', '.join(names)}: git {c}" for c, names in at.items()) + " |")
     add(f"| ORT providers | {', '.join(v.get('ort_providers', [])) or 'n/a'} |")
     add("")
 
@@ -1305,6 +1310,14 @@ def _render_big_weights(res: dict, add) -> None:
     add("")
 
 
+def _measured_before(kept: dict) -> dict[str, str]:
+    """Results written before sections recorded their commits: all from the last run's."""
+    commit = kept.get("machine", {}).get("git", {}).get("commit", "?")
+    out = {f"speed {s['size']}": commit for s in (kept.get("speed") or {}).get("sizes", [])}
+    out.update({k: commit for k in ("memory", "big_weights", "plan_quality", "agreement", "peer") if kept.get(k)})
+    return out
+
+
 def _merge_speed(kept: dict, new: dict) -> dict:
     """``--update`` of section 1: the commands run now replace theirs, size by size; the
     other rows keep their committed figures."""
@@ -1423,12 +1436,16 @@ def main(argv=None) -> int:
         ("agreement", a.skip_agreement, _agreement),
         ("peer", a.skip_peer, lambda: _peer(a.runs)),
     ]
+    measured_at: dict[str, str] = {}  # section (speed: per size) -> the commit its figures are from
     if a.update and (a.out_dir / "results.json").exists():  # keep the sections not run now
         kept = json.loads((a.out_dir / "results.json").read_text())
         steps = kept.get("command", "").split("; then ")
         if steps[-1] != res["command"]:  # the same update again adds no step
             steps.append(res["command"])
+        measured_at = kept.get("measured_at") or _measured_before(kept)
         res = {**kept, **{k: v for k, v in res.items() if k != "command"}, "command": "; then ".join(steps)}
+    commit = res["machine"]["git"]["commit"] + ("+dirty" if res["machine"]["git"]["dirty"] else "")
+    res["measured_at"] = measured_at
     try:
         for key, skip, run_section in sections:
             if skip:
@@ -1436,6 +1453,11 @@ def main(argv=None) -> int:
             try:
                 before = res.get(key)
                 res[key] = run_section()
+                if key == "speed":
+                    measured_at.pop("speed", None)
+                    measured_at.update({f"speed {s['size']}": commit for s in res[key].get("sizes", [])})
+                else:
+                    measured_at[key] = commit
                 if key == "speed" and a.update and isinstance(before, dict) and "sizes" in before:
                     res[key] = _merge_speed(before, res[key])
             except Exception as e:  # noqa: BLE001 - record it and go on to the next section
