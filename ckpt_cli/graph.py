@@ -8,8 +8,8 @@ and saving it (see ``bench/``), and speed against that I/O floor is a goal.
 from __future__ import annotations
 
 import gc
-import math
 import heapq
+import math
 from dataclasses import dataclass, field
 from functools import cached_property, wraps
 from itertools import chain

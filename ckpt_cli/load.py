@@ -98,9 +98,10 @@ def _checked_copy(model: onnx.ModelProto, order: list[int]) -> onnx.ModelProto:
 
 def _run_checker(model: onnx.ModelProto, path: Path, order: list[int], external: list[onnx.TensorProto]) -> None:
     in_attributes = len(external) > sum(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
-    # The checker is handed a serialized copy: big embedded weights go to it as typed
-    # inputs, their raw_data checked here (a 192 MB weight: 2.0 -> 0.3 s, and the peak
-    # memory of the copies, 3.2x the model, gone).
+    # The checker serializes what it is given: big embedded weights go to it as typed
+    # inputs, their raw_data checked here (a 192 MB weight under cProfile: the checker's
+    # 1.95 s against this check's 0.38 s; ckpt inspect's peak RSS 3.2x the model -> 2.2x,
+    # as onnx.load alone).
     heavy = [t for t in model.graph.initializer if embedded_bytes(t) > _CHECKER_INLINE_BYTES]
     for t in heavy:
         check_embedded(t, path)

@@ -124,7 +124,7 @@ def _write_pair(model: onnx.ModelProto, path: Path, source_dir: Path, exclusive:
             # Small initializers too (as onnx.save's size_threshold does): ORT's optimizer
             # folds some (an If's condition) with that same cwd, and refuses the model.
             _embed(t, source_dir)
-    spill = sum(map(embedded_bytes, model.graph.initializer)) > _EMBED_LIMIT
+    spill = sum(map(embedded_bytes, initializers)) > _EMBED_LIMIT
     written: list[Path] = []
     created = committed = False
     data_path: Path | None = None
@@ -140,7 +140,7 @@ def _write_pair(model: onnx.ModelProto, path: Path, source_dir: Path, exclusive:
                     _copy_external(t, out, source_dir)
                     moved.append(t)
                 if spill:
-                    for t in model.graph.initializer:
+                    for t in initializers:
                         if embedded_bytes(t) >= _EXTERNAL_MIN_BYTES:
                             _spill(t, out)
                             moved.append(t)
