@@ -62,16 +62,18 @@ def build_model(graph: Graph, nodes: list[onnx.NodeProto], metadata: dict[str, s
     # reads, not inputs: an initializer only a subgraph reads is used too
     used = set(chain.from_iterable(n.reads for n in indexed)) | set(graph.outputs)
     produced = set(chain.from_iterable(n.outputs for n in indexed))
-    g = onnx.GraphProto(name=src.graph.name, doc_string=src.graph.doc_string)
+    m = onnx.ModelProto(ir_version=output_ir_version(src), producer_name="ckpt",
+                        producer_version=src.producer_version or "", domain=src.domain,
+                        model_version=src.model_version, doc_string=src.doc_string)
+    # Filled in place: ModelProto(graph=g) serializes and parses g (3.8 s for 416 MB of weights).
+    g = m.graph
+    g.name, g.doc_string = src.graph.name, src.graph.doc_string
     g.node.extend(nodes)
     g.input.extend(v for v in src.graph.input if v.name in used or v.name not in graph.initializers)
     g.output.extend(src.graph.output)
     g.initializer.extend(t for t in src.graph.initializer if t.name in used)
     g.sparse_initializer.extend(src.graph.sparse_initializer)
     g.value_info.extend(v for v in src.graph.value_info if v.name in produced)
-    m = onnx.ModelProto(ir_version=output_ir_version(src), producer_name="ckpt",
-                        producer_version=src.producer_version or "", domain=src.domain,
-                        model_version=src.model_version, doc_string=src.doc_string, graph=g)
     m.opset_import.extend(src.opset_import)
     metadata = metadata or {}
     m.metadata_props.extend(p for p in src.metadata_props if p.key not in metadata)
