@@ -149,7 +149,9 @@ def _mark_ort_static(graph: Graph, model: onnx.ModelProto, tensors: dict[str, Te
     no longer sized there, ORT's planner does not know before the run."""
     cut = set(blind)
     light = model.graph
-    g = onnx.GraphProto(name=light.name)
+    m = onnx.ModelProto(ir_version=model.ir_version)
+    g = m.graph  # filled in place: ModelProto(graph=g) would serialize and parse it
+    g.name = light.name
     g.node.extend(n for n in light.node if not cut.intersection(n.output))
     g.input.extend(light.input)
     g.input.extend(onnx.helper.make_tensor_value_info(t, tensors[t].dtype, list(tensors[t].shape))
@@ -158,7 +160,6 @@ def _mark_ort_static(graph: Graph, model: onnx.ModelProto, tensors: dict[str, Te
     g.output.extend(light.output)
     # ORT merges the file's value_info into what it infers: a declared shape stays known.
     g.value_info.extend(v for v in light.value_info if v.name not in cut)
-    m = onnx.ModelProto(ir_version=model.ir_version, graph=g)
     m.opset_import.extend(model.opset_import)
     seen = _with_shape_values(graph, m, _inferred(m, g), FOLDABLE, frozenset(cut))
     for t, info in tensors.items():
@@ -179,12 +180,12 @@ def _with_shape_values(graph: Graph, model: onnx.ModelProto, tensors: dict[str, 
         if values.keys() <= folded.keys():
             break
         folded.update(values)
-        g = onnx.GraphProto()
+        m = onnx.ModelProto(ir_version=model.ir_version)
+        g = m.graph
         g.CopyFrom(model.graph)
         del g.node[:]
         g.node.extend(n for n in model.graph.node if not folded.keys() & set(n.output))
         g.initializer.extend(numpy_helper.from_array(v, t) for t, v in folded.items())
-        m = onnx.ModelProto(ir_version=model.ir_version, graph=g)
         m.opset_import.extend(model.opset_import)
         tensors = {**tensors, **{t: info for t, info in _inferred(m, g).items()
                                  if info.nbytes is not None and (t not in tensors or tensors[t].nbytes is None)}}
