@@ -1454,7 +1454,6 @@ def main(argv=None) -> int:
                 before = res.get(key)
                 res[key] = run_section()
                 if key == "speed":
-                    measured_at.pop("speed", None)
                     measured_at.update({f"speed {s['size']}": commit for s in res[key].get("sizes", [])})
                 else:
                     measured_at[key] = commit

@@ -58,6 +58,11 @@ def graph_tensors(g: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
     """Every TensorProto of a graph: initializers, sparse initializers, node attributes
     (Constant values and any other tensor attribute), recursively into subgraphs."""
     yield from g.initializer
+    yield from other_tensors(g)
+
+
+def other_tensors(g: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    """``graph_tensors`` but the graph's own initializers."""
     for s in g.sparse_initializer:
         yield s.values
         yield s.indices

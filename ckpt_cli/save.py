@@ -25,7 +25,7 @@ from pathlib import Path
 import onnx
 
 from .errors import UsageError
-from .external import external_tensors, locate
+from .external import external_tensors, is_external, locate, other_tensors
 from .graph import Graph, Node, embedded_bytes, expected_bytes, gc_paused
 from .safewrite import (check_output_path, check_report_path, commit, exit_on_sigterm, must_create, os_errors,
                         remove_stale_temps, signals_deferred, temp_beside, write_target,
@@ -111,21 +111,18 @@ def _write_pair(model: onnx.ModelProto, path: Path, source_dir: Path, exclusive:
     rename and the flag recording it happen under held signals: a SIGINT that landed
     between the model's rename and its flag used to make the cleanup delete the data the
     model just put in place reads."""
-    # Held, so that their ids stay theirs: protobuf makes a new Python object for each
-    # access, and a set of the ids of dropped ones matched almost no initializer (the
-    # external weights were all read in and embedded).
     initializers = list(model.graph.initializer)
-    held = {id(t) for t in initializers}
     external = []
-    for t in external_tensors(model):
+    # Small initializers are embedded, as onnx.save's size_threshold does: ORT's optimizer
+    # folds some (an If's condition) resolving their file against the cwd, and fails.
+    for t in filter(is_external, initializers):
         need = expected_bytes(t)
-        if id(t) in held and (need is None or need >= _EXTERNAL_MIN_BYTES):
+        if need is None or need >= _EXTERNAL_MIN_BYTES:
             external.append(t)
         else:
-            # Constant values and other attributes: ORT resolves their files against the cwd.
-            # Small initializers too (as onnx.save's size_threshold does): ORT's optimizer
-            # folds some (an If's condition) with that same cwd, and refuses the model.
             _embed(t, source_dir)
+    for t in filter(is_external, other_tensors(model.graph)):
+        _embed(t, source_dir)  # Constant values and other attributes: ORT resolves their files against the cwd
     spill = sum(map(embedded_bytes, initializers)) > _EMBED_LIMIT
     written: list[Path] = []
     created = committed = False
