@@ -1272,13 +1272,14 @@ def _render_gpt_targets(pq: dict, add) -> None:
         add("")
 
 
-def bench_big_weights(work: Path, gigabytes: float = 2.1) -> dict:
-    """ckpt's own time and peak RSS on a model whose weights (external data) exceed 2 GB."""
+def bench_big_weights(work: Path, gigabytes: float = 2.1, external: bool = True) -> dict:
+    """ckpt's own time and peak RSS on a model with big weights: over 2 GB as external data,
+    or (``external`` off) embedded in the .onnx file."""
     ckpt = ckpt_cmd()
-    src = work / "big" / "big.onnx"
+    src = work / ("big" if external else "embedded") / "big.onnx"
     src.parent.mkdir(exist_ok=True)
     gen = run_measured([sys.executable, "-m", "bench.synthetic", "--layers", "2", "--big-weights",
-                        str(gigabytes), "--external-data", "-o", str(src)])
+                        str(gigabytes), *(["--external-data"] if external else []), "-o", str(src)])
     if gen["rc"] != 0:
         return {"error": f"generator failed: {gen['stderr_tail'][-300:]}"}
     weights = sum(p.stat().st_size for p in src.parent.iterdir())
@@ -1288,14 +1289,21 @@ def bench_big_weights(work: Path, gigabytes: float = 2.1) -> dict:
                        ("rewrite", ["rewrite", str(src), "-o", str(src.parent / "out.onnx"), "--force", "--json"])):
         r = run_measured([*ckpt, *args])
         rows[name] = {"wall_s": r["wall_s"], "max_rss_bytes": r["max_rss_bytes"], "rc": r["rc"]}
+    if not external:  # onnx.save cannot write over 2 GB in one file: no floor for external data
+        floor = run_measured([sys.executable, "-c", "import onnx, sys; onnx.save(onnx.load(sys.argv[1]), sys.argv[2])",
+                              str(src), str(src.parent / "floor.onnx")])
+        rows["floor"] = {"wall_s": floor["wall_s"], "max_rss_bytes": floor["max_rss_bytes"], "rc": floor["rc"]}
     out_data = next(src.parent.glob("out.onnx.*.data"), src.parent / "out.onnx.data")
-    return {"weights_bytes": weights, "generate_s": gen["wall_s"], "commands": rows,
+    return {"weights_bytes": weights, "generate_s": gen["wall_s"], "commands": rows, "gigabytes": gigabytes,
+            "output_bytes": (src.parent / "out.onnx").stat().st_size if (src.parent / "out.onnx").exists() else None,
             "output_data_bytes": out_data.stat().st_size if out_data.exists() else None}
 
 
 def _render_big_weights(res: dict, add) -> None:
     b = res.get("big_weights")
-    add("## 5. A model with over 2 GB of weights (external data)")
+    add("## 5. Models with big weights")
+    add("")
+    add("### 5a. Over 2 GB of weights (external data)")
     add("")
     if not _missing(b, add, skipped="Skipped (`--quick` or `--skip-big`)."):
         add(f"`python -m bench.synthetic --layers 2 --big-weights 2.1 --external-data` "
@@ -1303,10 +1311,28 @@ def _render_big_weights(res: dict, add) -> None:
             "the rewrite streams the weights into the output's external data file "
             f"({nbytes(b['output_data_bytes'])}).")
         add("")
-        add("| command | wall | peak RSS | exit |")
-        add("|---|---|---|---|")
-        for name, c in b["commands"].items():
-            add(f"| `ckpt {name}` | {secs(c['wall_s'])} | {nbytes(c['max_rss_bytes'])} | {c['rc']} |")
+        _big_weights_table(b, add)
+    e = res.get("embedded_weights")
+    add("### 5b. Weights embedded in the .onnx file")
+    add("")
+    if not _missing(e, add, skipped="Skipped (`--quick` or `--skip-big`)."):
+        add(f"`python -m bench.synthetic --layers 2 --big-weights {e['gigabytes']}` ({nbytes(e['weights_bytes'])}, "
+            "one file). ckpt parses and writes such a file a piece at a time (`ckpt_cli/serialize.py`): beyond the "
+            "model itself it holds at most a tensor's bytes, where `onnx.load` holds the file's bytes beside the "
+            "model and one `SerializeToString` a growing buffer and its copy. **floor** = "
+            "`python -c 'onnx.save(onnx.load(F), OUT)'`.")
+        add("")
+        _big_weights_table(e, add)
+    add("")
+
+
+def _big_weights_table(b: dict, add) -> None:
+    add("| command | wall | peak RSS | peak RSS / file | exit |")
+    add("|---|---|---|---|---|")
+    for name, c in b["commands"].items():
+        label = name if name == "floor" else f"`ckpt {name}`"
+        ratio = f"{c['max_rss_bytes'] / b['weights_bytes']:.2f}×" if c.get("max_rss_bytes") else "n/a"
+        add(f"| {label} | {secs(c['wall_s'])} | {nbytes(c['max_rss_bytes'])} | {ratio} | {c['rc']} |")
     add("")
 
 
@@ -1314,7 +1340,8 @@ def _measured_before(kept: dict) -> dict[str, str]:
     """Results written before sections recorded their commits: all from the last run's."""
     commit = kept.get("machine", {}).get("git", {}).get("commit", "?")
     out = {f"speed {s['size']}": commit for s in (kept.get("speed") or {}).get("sizes", [])}
-    out.update({k: commit for k in ("memory", "big_weights", "plan_quality", "agreement", "peer") if kept.get(k)})
+    out.update({k: commit for k in ("memory", "big_weights", "embedded_weights", "plan_quality", "agreement", "peer")
+                if kept.get(k)})
     return out
 
 
@@ -1393,7 +1420,7 @@ def main(argv=None) -> int:
                     "(floor brings the Python loop that calibrates the window)")
     ap.add_argument("--skip-speed", action="store_true")
     ap.add_argument("--skip-memory", action="store_true")
-    ap.add_argument("--skip-big", action="store_true", help="skip the 2 GB external-data model")
+    ap.add_argument("--skip-big", action="store_true", help="skip the big-weight models (2 GB external, 1 GB embedded)")
     ap.add_argument("--skip-plan-quality", action="store_true")
     ap.add_argument("--skip-peer", action="store_true", help="skip the comparison with PyTorch's partitioner")
     ap.add_argument("--skip-agreement", action="store_true", help="skip budget against optimal on every sample")
@@ -1432,6 +1459,7 @@ def main(argv=None) -> int:
         ("speed", a.skip_speed, lambda: bench_speed(sizes, max(1, a.repeats), work, profile, commands)),
         ("memory", a.skip_memory, lambda: bench_memory(mem_repeats, a.runs, work)),
         ("big_weights", a.quick or a.skip_big, lambda: bench_big_weights(work)),
+        ("embedded_weights", a.quick or a.skip_big, lambda: bench_big_weights(work, 1.0, external=False)),
         ("plan_quality", a.skip_plan_quality, bench_plan_quality),
         ("agreement", a.skip_agreement, _agreement),
         ("peer", a.skip_peer, lambda: _peer(a.runs)),

@@ -16,6 +16,7 @@ from .errors import ModelError
 from .expand import expand_functions
 from .external import check_embedded, check_external, external_tensors
 from .graph import ABSENT, Graph, Node, embedded_bytes, gc_paused, weightless_copy
+from .serialize import read_model
 
 _PROTOBUF_LIMIT = 2**31 - 1
 # onnx.checker took 2.3 s on a 99k-node graph (2-core machine); past this size only
@@ -58,7 +59,7 @@ def load_graph(path: str | Path) -> Graph:
         raise ModelError(f"{path}: {size} bytes is over protobuf's 2 GiB limit; "
                          "save the weights as external data")
     try:
-        model = onnx.load(str(path), load_external_data=False)
+        model = read_model(path)
     except (DecodeError, ValueError, RuntimeError) as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ModelError(f"{path}: not a readable ONNX model (truncated or not protobuf: {first})") from None

@@ -252,7 +252,9 @@ def _source_data_files(source: Path) -> set[Path]:
     if files is not None:
         return files
     try:
-        model = onnx.load(str(source), load_external_data=False)
+        from .serialize import read_model
+
+        model = read_model(source, embedded_weights=False)
         return {locate(t, source.parent, source).file for t in external_tensors(model)}
     except Exception:  # an unreadable source has no data files to protect
         return set()

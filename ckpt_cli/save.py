@@ -30,6 +30,7 @@ from .graph import Graph, Node, embedded_bytes, expected_bytes, gc_paused
 from .safewrite import (check_output_path, check_report_path, commit, exit_on_sigterm, must_create, os_errors,
                         remove_stale_temps, signals_deferred, temp_beside, write_target,
                         write_text_atomic)
+from .serialize import read_model, write_model
 
 __all__ = ["build_model", "save_model", "output_ir_version", "check_output_path", "check_report_path",
            "remove_stale_temps", "write_target", "write_text_atomic"]
@@ -153,7 +154,7 @@ def _write_pair(model: onnx.ModelProto, path: Path, source_dir: Path, exclusive:
             written.append(data_path)
         tmp_model = temp_beside(path)
         with open(tmp_model, "wb") as f:
-            f.write(model.SerializeToString(deterministic=True))
+            write_model(model, f.write)
             f.flush()
             os.fsync(f.fileno())
         with signals_deferred():
@@ -204,7 +205,7 @@ def _data_files_read_by(path: Path) -> set[Path]:
         return set()
     pattern = _data_name_pattern(path.name)
     try:
-        model = onnx.load(str(path), load_external_data=False)
+        model = read_model(path, embedded_weights=False)
     except Exception:  # not a model: it reads no data
         return set()
     files = set()

@@ -7,14 +7,14 @@ Every rewrite records what it was planned for in the model's ``metadata_props``
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import onnx
 
-import json
-
-from .markers import MEM_PATTERN_META, MEM_REUSE_META, ORT_OPTIMIZE_META, SESSION_META
 from .errors import ModelError
+from .markers import MEM_PATTERN_META, MEM_REUSE_META, ORT_OPTIMIZE_META, SESSION_META
+from .serialize import read_model
 from .verify.settings import ckpt_session_settings, ort_default_session_settings
 
 
@@ -22,7 +22,7 @@ def recorded_settings(path: str | Path) -> dict:
     """The session settings recorded in a ckpt-written model (plain data, no ORT import).
     A model ckpt did not write gets the settings ckpt's check runs originals with."""
     try:
-        model = onnx.load(str(path), load_external_data=False)
+        model = read_model(path, embedded_weights=False)  # its metadata: the weights are not read
     except Exception as e:  # noqa: BLE001 - any decode failure: not a model
         raise ModelError(f"{path}: not a readable ONNX model ({type(e).__name__})") from None
     meta = {p.key: p.value for p in model.metadata_props}

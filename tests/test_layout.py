@@ -17,7 +17,7 @@ PACKAGE = Path(ckpt_cli.__file__).parent
 # In pipeline order; each entry names the top-level modules or packages of one stage.
 STAGES: tuple[tuple[str, ...], ...] = (
     ("errors", "units", "version", "graph", "ops", "markers"),  # vocabulary every stage shares
-    ("load", "expand", "external"),
+    ("load", "expand", "external", "serialize"),  # serialize: the file bytes, read and written
     ("analysis",),
     ("planning",),
     ("rewrite",),

@@ -53,7 +53,11 @@ class Source:
 
     @classmethod
     def of_proto(cls, model) -> "Source":
-        return cls("<in-memory model>", hashlib.sha256(model.SerializeToString(deterministic=True)).hexdigest())
+        from ..serialize import write_model
+
+        digest = hashlib.sha256()
+        write_model(model, digest.update)
+        return cls("<in-memory model>", digest.hexdigest())
 
 
 def envelope(command: str, source: Source | None, options: dict) -> dict:

@@ -1,0 +1,194 @@
+"""A model's serialization read and written a piece at a time: what ``onnx.load`` parses
+and ``SerializeToString`` writes, without all of the file's bytes in memory at once.
+
+One ``SerializeToString`` of a model with 436 MB of embedded weights held 1.31 GB more
+than the model, for 4 s (protobuf grows one buffer for the whole message, then copies it
+into a Python bytes), and ``onnx.load`` holds the file's bytes beside the model it parses
+from them. Protobuf's wire format is a sequence of fields, and parsing a concatenation
+merges what its parts parse to, so the model is read and written field by field, its
+graph's initializers one tensor at a time: at most one tensor's bytes are held beyond
+the model itself. When writing, the graph's length prefix comes first, from each
+initializer's ``ByteSize``.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from pathlib import Path
+from typing import Callable, Iterator
+
+import onnx
+from google.protobuf import unknown_fields
+from google.protobuf.message import DecodeError, Message
+
+from .graph import embedded_bytes
+
+# Below this many bytes (a file's, or a graph's embedded initializers) one parse or one
+# SerializeToString is as cheap and simpler.
+STREAM_MIN_BYTES = 64 << 20
+# While reading, graph fields smaller than this are parsed together, up to _CHUNK_BYTES at a time.
+_PIECE_BYTES = 1 << 20
+_CHUNK_BYTES = 16 << 20
+_LENGTH_DELIMITED = 2
+_GRAPH_FIELD = onnx.ModelProto.DESCRIPTOR.fields_by_name["graph"].number
+_INITIALIZER_FIELD = onnx.GraphProto.DESCRIPTOR.fields_by_name["initializer"].number
+Write = Callable[[bytes], object]  # a file's write, a hash's update
+
+
+def write_model(model: onnx.ModelProto, write: Write, stream_min_bytes: int | None = None) -> None:
+    """``write(model.SerializeToString(deterministic=True))``, streamed when its
+    graph embeds at least ``stream_min_bytes`` of initializers."""
+    graph = model.graph
+    if (sum(map(embedded_bytes, graph.initializer)) < (STREAM_MIN_BYTES if stream_min_bytes is None else stream_min_bytes)
+            or _has_unknown_fields(model) or _has_unknown_fields(graph)):
+        write(model.SerializeToString(deterministic=True))  # unknown fields go last: let protobuf place them
+        return
+    for field, value in model.ListFields():  # in field-number order, as protobuf writes them
+        if field.message_type is not None and field.message_type.full_name == graph.DESCRIPTOR.full_name \
+                and not _repeated(field):
+            _write_graph(value, field.number, write)
+        else:
+            write(_field_bytes(model, field, value))
+
+
+def _write_graph(graph: onnx.GraphProto, number: int, write: Write) -> None:
+    parts: list[bytes | tuple[int, list[onnx.TensorProto], list[int]]] = []
+    size = 0
+    for field, value in graph.ListFields():
+        if field.name == "initializer":
+            tensors = list(value)
+            sizes = [t.ByteSize() for t in tensors]
+            tag = _tag(field.number)
+            size += sum(len(tag) + len(_varint(n)) + n for n in sizes)
+            parts.append((field.number, tensors, sizes))
+        else:
+            data = _field_bytes(graph, field, value)
+            size += len(data)
+            parts.append(data)
+    write(_tag(number) + _varint(size))
+    for part in parts:
+        if isinstance(part, bytes):
+            write(part)
+            continue
+        field_number, tensors, sizes = part
+        tag = _tag(field_number)
+        for t, n in zip(tensors, sizes):
+            data = t.SerializeToString(deterministic=True)
+            if len(data) != n:  # the prefix already written would lie about the graph's length
+                raise RuntimeError(f"initializer '{t.name}' serialized to {len(data)} bytes, not its ByteSize {n}")
+            write(tag + _varint(n))
+            write(data)
+            del data
+
+
+def _field_bytes(message: Message, field, value) -> bytes:
+    """The serialization of ``message`` with only this field set."""
+    part = type(message)()
+    if _repeated(field):
+        getattr(part, field.name).extend(value)
+    elif field.message_type is not None:
+        getattr(part, field.name).CopyFrom(value)
+    else:
+        setattr(part, field.name, value)
+    return part.SerializeToString(deterministic=True)
+
+
+def _repeated(field) -> bool:
+    return field.is_repeated
+
+
+def _has_unknown_fields(message: Message) -> bool:
+    return len(unknown_fields.UnknownFieldSet(message)) > 0
+
+
+def _tag(number: int) -> bytes:
+    return _varint(number << 3 | _LENGTH_DELIMITED)
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        low = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(low | 0x80)
+        else:
+            out.append(low)
+            return bytes(out)
+
+
+def read_model(path: str | Path, stream_min_bytes: int | None = None, embedded_weights: bool = True) -> onnx.ModelProto:
+    """``onnx.load(path, load_external_data=False)``, parsed a piece at a time when the file
+    is protobuf of at least ``stream_min_bytes``. Raises DecodeError for a file that is
+    not protobuf or is cut short, as onnx.load does. Without ``embedded_weights`` a
+    streamed read leaves out the initializers of over _PIECE_BYTES embedded in the file
+    (for readers of metadata or of external-data locations: an external tensor's proto
+    is small)."""
+    path = Path(path)
+    if (os.path.getsize(path) < (STREAM_MIN_BYTES if stream_min_bytes is None else stream_min_bytes)
+            or onnx.serialization.registry.get_format_from_file_extension(path.suffix) not in (None, "protobuf")):
+        return onnx.load(str(path), load_external_data=False)
+    model = onnx.ModelProto()
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as view:
+        # The map only finds field boundaries (the pages it touches are headers and small
+        # fields); bytes are read with pread, so a tensor's pages never stay mapped.
+        fd = f.fileno()
+        for number, start, payload, end in _fields(view, 0, len(view)):
+            if number == _GRAPH_FIELD and payload is not None:
+                model.graph.SetInParent()
+                _read_graph(model.graph, view, fd, payload, end, embedded_weights)
+            else:
+                model.MergeFromString(os.pread(fd, end - start, start))
+    return model
+
+
+def _read_graph(graph: onnx.GraphProto, view: mmap.mmap, fd: int, start: int, end: int, weights: bool) -> None:
+    chunk = start  # the small fields not yet parsed begin here
+    for number, begin, payload, stop in _fields(view, start, end):
+        big = payload is not None and stop - payload >= _PIECE_BYTES
+        if chunk < begin and (big or begin - chunk >= _CHUNK_BYTES):
+            graph.MergeFromString(os.pread(fd, begin - chunk, chunk))
+            chunk = begin
+        if big:
+            if weights or number != _INITIALIZER_FIELD:
+                graph.MergeFromString(os.pread(fd, stop - begin, begin))
+            chunk = stop
+    if chunk < end:
+        graph.MergeFromString(os.pread(fd, end - chunk, chunk))
+
+
+def _fields(view: mmap.mmap, pos: int, end: int) -> Iterator[tuple[int, int, int | None, int]]:
+    """(field number, start, payload start of a length-delimited field else None, end) of
+    each field of the message in ``view[pos:end]``."""
+    while pos < end:
+        start = pos
+        key, pos = _read_varint(view, pos, end)
+        number, wire = key >> 3, key & 7
+        payload = None
+        if wire == 0:
+            _, pos = _read_varint(view, pos, end)
+        elif wire == 1:
+            pos += 8
+        elif wire == _LENGTH_DELIMITED:
+            size, pos = _read_varint(view, pos, end)
+            payload, pos = pos, pos + size
+        elif wire == 5:
+            pos += 4
+        else:  # groups (3, 4) are not in ONNX's messages; 6 and 7 are no wire type
+            raise DecodeError(f"wire type {wire} of field {number} at byte {start}")
+        if pos > end or number == 0:
+            raise DecodeError(f"field {number} at byte {start} runs past the end of its message (truncated?)")
+        yield number, start, payload, pos
+
+
+def _read_varint(view: mmap.mmap, pos: int, end: int) -> tuple[int, int]:
+    value = shift = 0
+    while pos < end and shift < 64:
+        byte = view[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, pos
+        shift += 7
+    raise DecodeError(f"varint cut short at byte {pos}")
