@@ -18,7 +18,8 @@ Writes ``bench/RESULTS.md`` (tables) and ``bench/results.json`` (every raw figur
    and ``--auto balanced`` too; an unreachable budget (exit 3) records ckpt's one-line error.
    Section 1 also times ``ckpt plan F --json`` (the default plan) and ``ckpt plan F --budget 50% --json``
    (and a reachable 65 %) against the issue targets (< 2 s at 10k nodes, < 20 s at 100k), stopped
-   after 300 s. Only some rows: ``--sizes 10k,100k --commands plan_default,plan,plan_reachable
+   after 300 s, and the same three in process through ``bench/stages.py`` (``--commands stages``),
+   timed per library stage. Only some rows: ``--sizes 10k,100k --commands plan_default,plan,plan_reachable
    --skip-memory --skip-big --skip-plan-quality --skip-peer --out-dir DIR``; ``--update`` merges
    the sections run into the committed ``results.json`` instead of writing them alone.
 3. Plan quality: in process, a sweep of budgets per sample, the ``budget`` heuristic against the
@@ -312,8 +313,10 @@ def _profile(cmd_args: list[str], work: Path, label: str) -> dict:
             "top_own_time": [{k: v for k, v in x.items() if k != "where"} for x in by_own[:8]]}
 
 
-SPEED_COMMANDS = ("floor", "inspect", "rewrite", "plan", "plan_reachable", "plan_default")
-PLAN_COMMANDS = ("plan", "plan_reachable", "plan_default")
+SPEED_COMMANDS = ("floor", "inspect", "rewrite", "plan", "plan_reachable", "plan_default", "stages")
+# the plan commands again, in process through bench/stages.py: where their time goes
+STAGE_COMMANDS = ("stages_plan_default", "stages_plan", "stages_plan_reachable")
+PLAN_COMMANDS = ("plan", "plan_reachable", "plan_default", *STAGE_COMMANDS)
 
 
 def bench_speed(sizes: list[tuple[str, int]], repeats: int, work: Path, profile: str,
@@ -354,10 +357,15 @@ def bench_speed(sizes: list[tuple[str, int]], repeats: int, work: Path, profile:
             "plan_reachable": [*ckpt, "plan", str(src), "--budget", SPEED_PLAN_REACHABLE, "--json"],
             "plan_default": [*ckpt, "plan", str(src), "--json"],
         }
+        for name in ("plan_default", "plan", "plan_reachable"):
+            cmds[f"stages_{name}"] = [sys.executable, "-m", "bench.stages", *cmds[name][len(ckpt):]]
         cmds["python_loop"] = [sys.executable, "-c", PYTHON_LOOP_SNIPPET]
-        cmds = {k: v for k, v in cmds.items() if k in commands or (k == "python_loop" and "floor" in commands)}
+        cmds = {k: v for k, v in cmds.items() if k in commands or (k == "python_loop" and "floor" in commands)
+                or (k in STAGE_COMMANDS and "stages" in commands)}
         plan_names = PLAN_COMMANDS
-        ckpt_args[label] = {k: v[len(ckpt):] for k, v in cmds.items() if k not in ("floor", "python_loop")}
+        ckpt_args[label] = {k: v[len(ckpt):] for k, v in cmds.items()
+                            if k not in ("floor", "python_loop", *STAGE_COMMANDS)}
+        stages: dict[str, list[dict]] = {}
         runs: dict[str, list[dict]] = {k: [] for k in cmds}
         rewrite_json = None
         plan_json: dict[str, dict] = {}
@@ -376,7 +384,12 @@ def bench_speed(sizes: list[tuple[str, int]], repeats: int, work: Path, profile:
                         rewrite_json = json.loads(out.read_text())
                     except (OSError, json.JSONDecodeError):
                         pass
-                if name in plan_names and name not in plan_json and not r["timed_out"] and r["rc"] in PLAN_OK_RCS:
+                if name in STAGE_COMMANDS and not r["timed_out"] and r["rc"] == 0:
+                    try:
+                        stages.setdefault(name, []).append(json.loads(out.read_text()))
+                    except (OSError, json.JSONDecodeError):
+                        pass
+                elif name in plan_names and name not in plan_json and not r["timed_out"] and r["rc"] in PLAN_OK_RCS:
                     plan_json[name] = _plan_summary(out, r)
                 if r["timed_out"]:
                     log(f"  {name} timed out after {r['wall_s']:.0f} s")
@@ -404,7 +417,7 @@ def bench_speed(sizes: list[tuple[str, int]], repeats: int, work: Path, profile:
                              if r["rc"] not in oks and not r["timed_out"]],
             }
             if name in plan_names:
-                target = PLAN_TARGETS_S.get(label)
+                target = PLAN_TARGETS_S.get(label) if name not in STAGE_COMMANDS else None
                 row["commands"][name].update({
                     "repeats": len(rs),
                     "exit_codes": [r["rc"] for r in rs],
@@ -415,6 +428,7 @@ def bench_speed(sizes: list[tuple[str, int]], repeats: int, work: Path, profile:
                                    (wall is not None and wall < target and not any(r["timed_out"] for r in rs))),
                     "result": plan_json.get(name),
                 })
+        row["stages"] = {name: _median_stages(runs_) for name, runs_ in stages.items()}
         for name in SPEED_COMMANDS:  # left out by --commands: empty cells, same table
             row["commands"].setdefault(name, {"wall_s": None, "max_rss_bytes": None, "ratio_to_floor": None,
                                               "failures": [], "skipped": True})
@@ -437,7 +451,8 @@ def bench_speed(sizes: list[tuple[str, int]], repeats: int, work: Path, profile:
     prof = None
     # plan_reachable is left out of profiling: it is the slowest by far and would double the bench
     ckpt_walls = [(c["wall_s"], r["size"], name) for r in results for name, c in r["commands"].items()
-                  if name not in ("floor", "python_loop", "plan_reachable") and c["wall_s"] is not None]
+                  if name not in ("floor", "python_loop", "plan_reachable", "stages", *STAGE_COMMANDS)
+                  and c["wall_s"] is not None]
     over = [w for w in ckpt_walls if w[0] > PROFILE_THRESHOLD_S]
     if results and profile != "never" and (over or profile == "always"):
         last = results[-1]["size"]
@@ -448,6 +463,15 @@ def bench_speed(sizes: list[tuple[str, int]], repeats: int, work: Path, profile:
     return {"startup": startup, "sizes": results, "profile": prof,
             "method": "fresh subprocess per command; wall clock; median over repeats; commands of one size "
                       "interleaved in rotating order", "rss_method": RSS_METHOD}
+
+
+def _median_stages(runs: list[dict]) -> dict:
+    """bench/stages.py's figures, each the median over the runs; the runs' exit codes."""
+    keys = runs[0]["stages_s"].keys()
+    return {"runs": len(runs), "rc": [r["rc"] for r in runs],
+            "imports_s": median(r["imports_s"] for r in runs), "other_s": median(r["other_s"] for r in runs),
+            "total_s": median(r["total_s"] for r in runs),
+            "stages_s": {k: median(r["stages_s"][k] for r in runs) for k in keys}}
 
 
 def _plan_summary(out: Path, r: dict) -> dict:
@@ -812,6 +836,29 @@ def _gpt_targets(d: dict | None) -> dict | None:
 # --------------------------------------------------------------------------- report
 
 
+def _render_stages(sp: dict, add) -> None:
+    rows = [(r["size"], name, st) for r in sp["sizes"] for name, st in (r.get("stages") or {}).items()]
+    if not rows:
+        return
+    names = {"stages_plan_default": "default plan", "stages_plan": f"--budget {SPEED_PLAN_BUDGET}",
+             "stages_plan_reachable": f"--budget {SPEED_PLAN_REACHABLE}"}
+    add("Where those commands' time goes (`python -m bench.stages plan F [--budget B] --json`: ckpt's CLI in "
+        "one process, run interleaved with the rows above, its library stages timed where `ckpt_cli/api.py` "
+        "calls them; median of the runs). **imports**: ckpt's, onnx and numpy with it; the interpreter's "
+        "start-up before them is not counted. **load**: read, check, expand function ops. **planning**: the "
+        "search and the chosen plan's written rewrite (pinned and analysed again). **other**: click, JSON "
+        "output:")
+    add("")
+    add("| size | command | runs | imports | load | analysis | planning | report | other | total | exit |")
+    add("|---|---|---|---|---|---|---|---|---|---|---|")
+    for size, name, st in rows:
+        s = st["stages_s"]
+        add(f"| {size} | {names.get(name, name)} | {st['runs']} | {secs(st['imports_s'])} | {secs(s['load'])} "
+            f"| {secs(s['analysis'])} | **{secs(s['planning'])}** | {secs(s['report'])} | {secs(st['other_s'])} "
+            f"| {secs(st['total_s'])} | {', '.join(map(str, sorted(set(st['rc']))))} |")
+    add("")
+
+
 def _plan_cell(c: dict) -> str:
     if not c:
         return "n/a"
@@ -947,6 +994,7 @@ def render_md(res: dict) -> str:
                 f"| {_target_cell(cells[0])} | {_plan_cell(cells[1])} | {_target_cell(cells[1])} "
                 f"| {_plan_cell(cells[2])} | {_target_cell(cells[2])} |")
         add("")
+        _render_stages(sp, add)
         st = sp["startup"]
         add("Fixed start-up cost (median of 3): " + "; ".join(
             f"`{k}` {secs(x['wall_s'])}, {nbytes(x['max_rss_bytes'])} RSS" for k, x in st.items()) + ".")
