@@ -129,6 +129,15 @@ def read_model(path: str | Path, stream_min_bytes: int | None = None, embedded_w
     if (os.path.getsize(path) < (STREAM_MIN_BYTES if stream_min_bytes is None else stream_min_bytes)
             or onnx.serialization.registry.get_format_from_file_extension(path.suffix) not in (None, "protobuf")):
         return onnx.load(str(path), load_external_data=False)
+    try:
+        return _read_streamed(path, embedded_weights)
+    except DecodeError:
+        # what the scanner refuses (a cut-short file, or unknown fields of group wire type,
+        # which protobuf skips): onnx.load decides, with its own error
+        return onnx.load(str(path), load_external_data=False)
+
+
+def _read_streamed(path: Path, embedded_weights: bool) -> onnx.ModelProto:
     model = onnx.ModelProto()
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as view:
         # The map only finds field boundaries (the pages it touches are headers and small

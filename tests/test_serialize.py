@@ -150,3 +150,11 @@ def test_read_without_weights_leaves_out_only_big_embedded_initializers(tmp_path
     assert light == expected
     from ckpt_cli.external import external_tensors
     assert [t.name for t in external_tensors(light)] == ["ext"]
+
+
+def test_unknown_group_fields_read_as_onnx_reads_them(tmp_path):
+    """Protobuf skips unknown fields of any wire type, groups too; the scanner leaves them to onnx.load."""
+    raw = _every_field_model().SerializeToString() + b"\xa3\x06\x08\x01\xa4\x06"  # group 100 holding varint 1
+    path = tmp_path / "m.onnx"
+    path.write_bytes(raw)
+    assert read_model(path, stream_min_bytes=0) == onnx.load(str(path), load_external_data=False)
