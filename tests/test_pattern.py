@@ -7,6 +7,8 @@ from __future__ import annotations
 import functools
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bench.sessions import make_feeds, measure
 from conftest import SAMPLES
@@ -136,3 +138,56 @@ def test_fused_figure_is_exact_or_absent(tmp_path):
     fused, ran = figures[2]
     assert list(fused.order) == ran["executed_order"]
     assert fused.peak_in_use_bytes == ran["peak_bytes"]
+
+
+class _ScanningPlanner:
+    """ORT's MemPatternPlanner as it is written: every live block scanned per allocation."""
+
+    def __init__(self) -> None:
+        self.blocks: list[tuple[int, int, int]] = []  # live (offset, size, key), by offset then size
+        self.offset: dict[int, int] = {}
+        self.size = 0
+
+    def alloc(self, key: int, size: int) -> None:
+        if size == 0:
+            self.offset[key] = 0
+            return
+        current, waste, best = 0, None, None
+        for off, sz, _ in self.blocks:
+            if off >= current:
+                gap = off - current
+                if gap >= size and (waste is None or gap - size < waste):
+                    waste, best = gap - size, current
+            current = max(current, off + sz)
+        if current < self.size:
+            gap = self.size - current
+            if gap >= size and (waste is None or gap - size < waste):
+                best = current
+        if best is None:
+            best = current
+        self.size = max(self.size, best + size)
+        self.offset[key] = best
+        pos = next((j for j, (off, sz, _) in enumerate(self.blocks) if off > best or (off == best and sz >= size)),
+                   len(self.blocks))
+        self.blocks.insert(pos, (best, size, key))
+
+    def free(self, key: int) -> None:
+        self.blocks = [b for b in self.blocks if b[2] != key]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 12), st.integers(0, 40)), max_size=80))
+def test_planner_places_as_ort_scans(events):
+    """Every offset and the block's size equal those of ORT's own scan, for random traces."""
+    fast, ref = MemPatternPlanner(), _ScanningPlanner()
+    live: list[int] = []
+    for key, (allocate, pick, units) in enumerate(events):
+        if allocate or not live:
+            for p in (fast, ref):
+                p.alloc(key, 256 * units)
+            live.append(key)
+        else:
+            gone = live.pop(pick % len(live))
+            for p in (fast, ref):
+                p.free(gone)
+        assert fast.offset == ref.offset and fast.size == ref.size

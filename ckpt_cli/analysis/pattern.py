@@ -18,6 +18,7 @@ it is at least twice the request).
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from dataclasses import dataclass
 
 from ..graph import Graph
@@ -36,44 +37,63 @@ def aligned(n: int) -> int:
 
 
 class MemPatternPlanner:
-    """``MemPatternPlanner::TraceAllocation`` / ``TraceFree`` without program counters."""
+    """``MemPatternPlanner::TraceAllocation`` / ``TraceFree`` without program counters.
+
+    ORT scans every live block per allocation; at 100k nodes, with thousands of stashed
+    buffers live, that scan was a fifth of ``ckpt rewrite``. The free gaps below the
+    block's end (between live blocks, and past the highest one) are kept instead, sorted
+    by (length, offset): the best fit, least waste then lowest offset, is one bisection."""
 
     def __init__(self) -> None:
-        self.blocks: list[tuple[int, int, int]] = []  # live (offset, size, key), by offset then size
         self.offset: dict[int, int] = {}
         self.size = 0  # buffer_size_: the block's peak
+        self._live: dict[int, tuple[int, int]] = {}  # key -> (offset, size)
+        self._gaps: list[tuple[int, int]] = []  # (length, offset), sorted
+        self._gap_at: dict[int, int] = {}  # offset -> length
+        self._gap_ending: dict[int, int] = {}  # end -> offset
 
     def alloc(self, key: int, size: int) -> None:
         if size == 0:
             self.offset[key] = 0
             return
-        current, waste, best = 0, None, None
-        for off, sz, _ in self.blocks:
-            if off >= current:
-                gap = off - current
-                if gap >= size and (waste is None or gap - size < waste):
-                    waste, best = gap - size, current
-            current = max(current, off + sz)
-        if current < self.size:
-            gap = self.size - current
-            if gap >= size and (waste is None or gap - size < waste):
-                best = current
-        if best is None:
-            best = current
-        self.size = max(self.size, best + size)
+        i = bisect_left(self._gaps, (size, -1))
+        if i < len(self._gaps):
+            length, best = self._gaps[i]
+            self._drop_gap(best)
+            self._add_gap(best + size, length - size)
+        else:  # nothing fits: at the end of the highest live block, growing the block
+            best = self._gap_ending.get(self.size, self.size)
+            if best != self.size:
+                self._drop_gap(best)
+            self.size = best + size
         self.offset[key] = best
-        pos = len(self.blocks)
-        for j, (off, sz, _) in enumerate(self.blocks):
-            if off > best or (off == best and sz >= size):
-                pos = j
-                break
-        self.blocks.insert(pos, (best, size, key))
+        self._live[key] = (best, size)
 
     def free(self, key: int) -> None:
-        for j, (_, _, k) in enumerate(self.blocks):
-            if k == key:
-                del self.blocks[j]
-                return
+        if key not in self._live:
+            return
+        start, size = self._live.pop(key)
+        end = start + size
+        before = self._gap_ending.get(start)
+        if before is not None:
+            self._drop_gap(before)
+            start = before
+        after = self._gap_at.get(end)
+        if after is not None:
+            self._drop_gap(end)
+            end += after
+        self._add_gap(start, end - start)
+
+    def _add_gap(self, offset: int, length: int) -> None:
+        if length > 0:
+            insort(self._gaps, (length, offset))
+            self._gap_at[offset] = length
+            self._gap_ending[offset + length] = offset
+
+    def _drop_gap(self, offset: int) -> None:
+        length = self._gap_at.pop(offset)
+        del self._gap_ending[offset + length]
+        del self._gaps[bisect_left(self._gaps, (length, offset))]
 
 
 def output_buffers(graph: Graph, buffers: Buffers) -> list[bool]:
