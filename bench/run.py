@@ -360,7 +360,8 @@ def bench_speed(sizes: list[tuple[str, int]], repeats: int, work: Path, profile:
         for name in ("plan_default", "plan", "plan_reachable"):
             cmds[f"stages_{name}"] = [sys.executable, "-m", "bench.stages", *cmds[name][len(ckpt):]]
         cmds["python_loop"] = [sys.executable, "-c", PYTHON_LOOP_SNIPPET]
-        cmds = {k: v for k, v in cmds.items() if k in commands or (k == "python_loop" and "floor" in commands)
+        cmds = {k: v for k, v in cmds.items() if k in commands
+                or (k == "python_loop" and ("floor" in commands or "stages" in commands))
                 or (k in STAGE_COMMANDS and "stages" in commands)}
         plan_names = PLAN_COMMANDS
         ckpt_args[label] = {k: v[len(ckpt):] for k, v in cmds.items()
@@ -429,6 +430,8 @@ def bench_speed(sizes: list[tuple[str, int]], repeats: int, work: Path, profile:
                     "result": plan_json.get(name),
                 })
         row["stages"] = {name: _median_stages(runs_) for name, runs_ in stages.items()}
+        if stages and runs.get("python_loop"):
+            row["stages_python_loop_s"] = median(r["wall_s"] for r in runs["python_loop"])
         for name in SPEED_COMMANDS:  # left out by --commands: empty cells, same table
             row["commands"].setdefault(name, {"wall_s": None, "max_rss_bytes": None, "ratio_to_floor": None,
                                               "failures": [], "skipped": True})
@@ -849,11 +852,14 @@ def _render_stages(sp: dict, add) -> None:
         "search and the chosen plan's written rewrite (pinned and analysed again). **other**: click, JSON "
         "output:")
     add("")
-    add("| size | command | runs | imports | load | analysis | planning | report | other | total | exit |")
-    add("|---|---|---|---|---|---|---|---|---|---|---|")
+    add("| size | Python loop | command | runs | imports | load | analysis | planning | report | other | total "
+        "| exit |")
+    add("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    loops = {r["size"]: r.get("stages_python_loop_s") for r in sp["sizes"]}
     for size, name, st in rows:
         s = st["stages_s"]
-        add(f"| {size} | {names.get(name, name)} | {st['runs']} | {secs(st['imports_s'])} | {secs(s['load'])} "
+        add(f"| {size} | {secs(loops.get(size))} | {names.get(name, name)} | {st['runs']} | {secs(st['imports_s'])} "
+            f"| {secs(s['load'])} "
             f"| {secs(s['analysis'])} | **{secs(s['planning'])}** | {secs(s['report'])} | {secs(st['other_s'])} "
             f"| {secs(st['total_s'])} | {', '.join(map(str, sorted(set(st['rc']))))} |")
     add("")
@@ -1400,8 +1406,13 @@ def _merge_speed(kept: dict, new: dict) -> dict:
     for s in new.get("sizes", []):
         old = sizes.get(s["size"])
         ran = {name: c for name, c in s["commands"].items() if not c.get("skipped")}
+        if "floor" not in ran:  # the loop ran for the in-process rows: not the window of the others
+            ran.pop("python_loop", None)
         # the rewrite's summary row goes with its command
         summary = {"rewrite": s["rewrite"]} if "rewrite" in ran and s.get("rewrite") else {}
+        if s.get("stages"):  # the in-process rows go with theirs, and their window's Python loop
+            summary["stages"] = {**(old or {}).get("stages", {}), **s["stages"]}
+            summary["stages_python_loop_s"] = s.get("stages_python_loop_s")
         sizes[s["size"]] = {**old, "commands": {**old["commands"], **ran}, **summary} if old else s
     order = [label for label, _ in SIZES]
     return {**kept, **{k: v for k, v in new.items() if k != "sizes" and v is not None},
@@ -1530,7 +1541,9 @@ def main(argv=None) -> int:
                 before = res.get(key)
                 res[key] = run_section()
                 if key == "speed":
-                    measured_at.update({f"speed {s['size']}": commit for s in res[key].get("sizes", [])})
+                    # a subset of the commands (--commands) is named: the size's other rows keep their commit
+                    subset = "" if set(commands) >= set(SPEED_COMMANDS) else f" ({', '.join(commands)})"
+                    measured_at.update({f"speed {s['size']}{subset}": commit for s in res[key].get("sizes", [])})
                 else:
                     measured_at[key] = commit
                 if key == "speed" and a.update and isinstance(before, dict) and "sizes" in before:
