@@ -202,13 +202,14 @@ def _splice(graph: Graph, functions: dict[str, tuple[str, str, int]], model: onn
         for k, p in enumerate(expansion[position]):
             node_list.insert(position + k, p)
     have = {t.name for t in model.graph.initializer} | {v.name for v in model.graph.input}
-    made = {t for n in graph.nodes if n.index not in expansion for t in n.outputs}
-    made.update(t for ps in expansion.values() for p in ps for t in p.output)
-    made.discard(ABSENT)
+    produced = {t for n in graph.nodes if n.index not in expansion for t in n.outputs}
+    produced.update(t for ps in expansion.values() for p in ps for t in p.output)
+    produced.discard(ABSENT)
     # a kept Constant's output is its value, not ORT's initializer copy of it
-    model.graph.initializer.extend(t for t in resolved.graph.initializer if t.name not in have and t.name not in made)
+    model.graph.initializer.extend(t for t in resolved.graph.initializer
+                                   if t.name not in have and t.name not in produced)
     known = {v.name for v in model.graph.value_info}
-    model.graph.value_info.extend(v for v in resolved.graph.value_info if v.name in made and v.name not in known)
+    model.graph.value_info.extend(v for v in resolved.graph.value_info if v.name in produced and v.name not in known)
     return _indexed(model, graph, expansion)
 
 
