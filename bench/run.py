@@ -259,7 +259,9 @@ def _git() -> dict:
         return r.stdout.strip() if r.returncode == 0 else None
 
     commit = git("rev-parse", "--short", "HEAD")
-    dirty = git("status", "--porcelain", "--untracked-files=no")
+    # the bench's own results change no figure: an --update after a run is still a clean tree
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                ":(exclude)bench/RESULTS.md", ":(exclude)bench/results.json")
     return {"commit": commit, "dirty": bool(dirty) if dirty is not None else None}
 
 
