@@ -167,11 +167,13 @@ def test_the_front_dominates_pytorchs_min_cut_at_half_and_a_fifth(model):
         assert matmul_flops(a, cut.copied) <= point["recompute_matmul_flops"], point["budget"]
 
 
-@pytest.mark.parametrize("model,share", [("mlp", 90), ("gpt", 60), ("cnn", 75), ("ort_artifact/training_model", 92),
-                                         ("resnet18", 90)])
+@pytest.mark.parametrize("model,share", [("mlp", 90), ("gpt", 60), ("gpt", 50), ("cnn", 75), ("cnn", 80),
+                                         ("ort_artifact/training_model", 92), ("resnet18", 90)])
 def test_budget_and_optimal_agree_within_3_percent(model, share):
     """gpt12 takes minutes under optimal: bench/agreement.py. On resnet18 no cut fits and
-    the greedy keep set recomputed 47x optimal's until budget used the exact MILP there."""
+    the greedy keep set recomputed 47x optimal's until budget used the exact MILP there; at
+    gpt 50% and cnn 80% a structure wins, and the greedy keep set recomputed 1.27x and 1.11x
+    optimal's there until budget searched that structure with the MILP too."""
     a = analyse(load_graph(SAMPLES / f"{model}.onnx"))
     heuristic = make_plan(a, budget=f"{share}%").search
     exact = make_plan(a, auto="optimal", budget=f"{share}%").search

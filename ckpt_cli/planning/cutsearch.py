@@ -278,7 +278,8 @@ def cut_budget_plan(a: Analysis, budget: int, evaluate: Callable[[Plan], PlanCos
                     *, thorough: bool, policy: Policy = Policy(), strategy: str = "budget",
                     intervals_of: Callable[[Plan], Intervals] | None = None) -> BudgetResult:
     """The fitting plan with the fewest recompute FLOPs from the tensor-level cuts and from
-    ``fallback`` (the region-structure search; ``fallback(exact=True)`` adds its exact MILP):
+    ``fallback`` (the region-structure search; ``fallback(exact=True)`` adds its exact MILP,
+    ``beat`` is the recompute FLOPs of the best cut, which its plan must beat to be taken):
     on small graphs both run, on large ones
     the cuts and the fallback only when no cut fits, on the largest (STRUCTURES_FIRST_NODES)
     the fallback alone. Raises BudgetUnreachable when nothing fits."""
@@ -296,7 +297,8 @@ def cut_budget_plan(a: Analysis, budget: int, evaluate: Callable[[Plan], PlanCos
         try:
             # where no cut fits on a graph the cuts search thoroughly, the structure search's
             # exact MILP is worth its time: the greedy keep set recomputed 47x optimal's on resnet18
-            old = fallback(exact=found.best is None and cuts_thorough)
+            old = fallback(exact=found.best is None and cuts_thorough,
+                           beat=found.best.cost.recompute_flops if found.best is not None else None)
         except BudgetUnreachable:
             if found.best is None:
                 raise

@@ -67,22 +67,25 @@ def _solve(ranked: list[Candidate], spans: dict[str, tuple[int, int]], timeline:
 
 
 def optimal_plan(a: Analysis, budget: int, evaluate: Evaluate, intervals_of: IntervalsOf,
-                 options: list[Plan] | None = None) -> BudgetResult:
+                 options: list[Plan] | None = None, strategy: str = "optimal", thorough: bool = True
+                 ) -> BudgetResult:
     """The keep set with the most recompute FLOPs saved under ``budget`` (exact for the
-    linear model above, verified with ``evaluate``), over the same structures as ``budget``."""
+    linear model above, verified with ``evaluate``), over the same structures as ``budget``
+    (or over ``options``); ``strategy`` names the plans it makes; without ``thorough``, the
+    limit search only tightens and loosens (``search.search_limits``)."""
     base = a.priority.peak_bytes
     if base <= budget:
-        plan = Plan([], "optimal", ["the original already fits the budget"], decisions=all_kept(a, NOTHING))
+        plan = Plan([], strategy, ["the original already fits the budget"], decisions=all_kept(a, NOTHING))
         return BudgetResult(plan, base, 0, [], [], 0)
 
     def search(structure: Plan, floor: Intervals) -> tuple[BudgetResult | None, int]:
         ranked = candidates(a, structure)[:MAX_CANDIDATES]
         fitted, spent = search_limits(
-            structure, "optimal", lambda limit, r=ranked, f=floor: _solve(r, f.spans, f.timeline, limit),
-            evaluate, budget, floor, ranked, a.graph.producer, thorough=True)
+            structure, strategy, lambda limit, r=ranked, f=floor: _solve(r, f.spans, f.timeline, limit),
+            evaluate, budget, floor, ranked, a.graph.producer, thorough=thorough)
         if fitted is None:
             return None, spent
-        return result_of(fitted, ranked, structure.strategy, "MILP keeps {kept} of {total} stashed activations"), spent
+        return result_of(fitted, ranked, structure, "MILP keeps {kept} of {total} stashed activations"), spent
 
     best, lowest, evaluations = over_structures(a, budget, intervals_of, search, options, first_fit=False)
     if best is None:

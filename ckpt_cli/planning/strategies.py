@@ -187,6 +187,7 @@ class BudgetResult:
     kept: list[Candidate]
     recomputed: list[Candidate]
     evaluations: int
+    structure: Plan | None = None  # the region structure whose keep set this is (None: a cut's plan, or no regions)
 
 
 def parse_budget(text: str, reference_peak: int) -> int:
@@ -251,12 +252,12 @@ def _greedy_choice(ranked: list[Candidate], floor: Intervals, both_orders: bool)
     return choose
 
 
-def result_of(fitted: Fitted, ranked: list[Candidate], structure: str, note: str) -> BudgetResult:
+def result_of(fitted: Fitted, ranked: list[Candidate], structure: Plan, note: str) -> BudgetResult:
     plan, cost, keep = fitted.plan, fitted.cost, fitted.keep
     kept = [c for c in ranked if c.tensor in keep]
-    plan.notes.append(f"{structure} structure; " + note.format(kept=len(kept), total=len(ranked)))
+    plan.notes.append(f"{structure.strategy} structure; " + note.format(kept=len(kept), total=len(ranked)))
     return BudgetResult(plan, cost.peak_bytes, cost.recompute_flops, kept,
-                        [c for c in ranked if c.tensor not in keep], 0)
+                        [c for c in ranked if c.tensor not in keep], 0, structure)
 
 
 def budget_plan(a: Analysis, budget: int, evaluate: Evaluate, intervals_of: Callable[[Plan], Intervals],
@@ -292,7 +293,7 @@ def budget_plan(a: Analysis, budget: int, evaluate: Evaluate, intervals_of: Call
                                                                                               loose))
         if fitted is None:
             return None, spent
-        return result_of(fitted, ranked, structure.strategy, "kept {kept} of {total} stashed activations, "
+        return result_of(fitted, ranked, structure, "kept {kept} of {total} stashed activations, "
                          "chosen greedily by the recompute FLOPs they save"), spent
 
     # Large graphs stop at the first structure that fits (each floor and each check is a
