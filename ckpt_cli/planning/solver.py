@@ -67,12 +67,10 @@ def _solve(ranked: list[Candidate], spans: dict[str, tuple[int, int]], timeline:
 
 
 def optimal_plan(a: Analysis, budget: int, evaluate: Evaluate, intervals_of: IntervalsOf,
-                 options: list[Plan] | None = None, strategy: str = "optimal", thorough: bool = True
-                 ) -> BudgetResult:
+                 options: list[Plan] | None = None, strategy: str = "optimal") -> BudgetResult:
     """The keep set with the most recompute FLOPs saved under ``budget`` (exact for the
     linear model above, verified with ``evaluate``), over the same structures as ``budget``
-    (or over ``options``); ``strategy`` names the plans it makes; without ``thorough``, the
-    limit search only tightens and loosens (``search.search_limits``)."""
+    (or over ``options``); ``strategy`` names the plans it makes."""
     base = a.priority.peak_bytes
     if base <= budget:
         plan = Plan([], strategy, ["the original already fits the budget"], decisions=all_kept(a, NOTHING))
@@ -82,7 +80,7 @@ def optimal_plan(a: Analysis, budget: int, evaluate: Evaluate, intervals_of: Int
         ranked = candidates(a, structure)[:MAX_CANDIDATES]
         fitted, spent = search_limits(
             structure, strategy, lambda limit, r=ranked, f=floor: _solve(r, f.spans, f.timeline, limit),
-            evaluate, budget, floor, ranked, a.graph.producer, thorough=thorough)
+            evaluate, budget, floor, ranked, a.graph.producer, thorough=True)
         if fitted is None:
             return None, spent
         return result_of(fitted, ranked, structure, "MILP keeps {kept} of {total} stashed activations"), spent
