@@ -52,13 +52,14 @@ CSE_GUARD_ATTR = "__ckpt_recompute"
 SUFFIX = "_recompute"
 
 
-def _props(node: Node | onnx.NodeProto):
-    return node.proto.metadata_props if isinstance(node, Node) else node.metadata_props
-
-
 def recompute_source(node: Node | onnx.NodeProto) -> str | None:
     """The name of the node this recompute copy copies, or None for any other node."""
-    return next((p.value for p in _props(node) if p.key == RECOMPUTE_META), None)
+    props = node.proto.metadata_props if isinstance(node, Node) else node.metadata_props
+    if props:  # most nodes have none: a 100k-node rewrite asks 426k times
+        for p in props:
+            if p.key == RECOMPUTE_META:
+                return p.value
+    return None
 
 
 def is_recompute_copy(node: Node | onnx.NodeProto) -> bool:
