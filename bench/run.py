@@ -1183,8 +1183,8 @@ def _render_plan_quality(pq: dict | None, add) -> None:
         return
     add("In process, on each sample: `budget_plan` (the `budget` heuristic behind `ckpt plan --budget`) and "
         "`optimal_plan` (`--auto optimal`, a mixed-integer program solved by HiGHS through highspy) over the same "
-        "region structures (per layer, sqrt(n) and 2·sqrt(n) segments; below all their floors, the other "
-        "segmentations into k = 2 .. 2·sqrt(n) pieces), both given the real cost model "
+        "region structures (per layer, sqrt(n) and 2·sqrt(n) segments, and the two other segmentations into "
+        "k = 2 .. 2·sqrt(n) pieces with the lowest floors that fit), both given the real cost model "
         "(`pipeline.plan_cost`: rewrite + liveness simulation) and `pipeline.keep_intervals`. Budgets are "
         "shares of the original predicted peak (parameters and feeds included), plus the **floor**: the "
         "lowest predicted peak the three standard structures reach with every stashed activation recomputed, "

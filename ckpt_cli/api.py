@@ -324,7 +324,8 @@ def rewrite_model(model: ModelInput, output: str | Path | None = None, *, force:
         check_output_path(Path(output), loaded.path, force)
     a = analyse_input(loaded, dims, loss, grad_outputs)
     planned = None if no_recompute else make_plan(a, auto, budget, regions, regions_by_scope, boundaries,
-                                                   Path(plan) if plan else None, progress=progress, policy=policy)
+                                                   Path(plan) if plan else None, progress=progress, policy=policy,
+                                                   pin=pin)
     chosen = planned.plan if planned else None
     result = rewrite_plan(a, planned, pin)
     if pin and not keep_mem_pattern:

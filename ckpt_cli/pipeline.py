@@ -71,6 +71,7 @@ class Planned:
     search: BudgetResult | None = None
     result: RewriteResult | None = None  # the search's own (unpinned) rewrite of ``plan``, when it has one
     user: bool = False  # regions or a strategy the user chose (--region, --plan, --auto): warned about, never dropped
+    written: RewriteResult | None = None  # the pinned rewrite of ``plan``, when the budget search checked it
 
 
 @gc_paused
@@ -82,7 +83,9 @@ def rewrite_plan(a: Analysis, planned: Planned | None, pin: bool = True) -> Rewr
     in ``no_gain``; a user's plan is kept with a ``warning``. A budget is the user's
     own limit and is kept as it is."""
     plan = planned.plan if planned is not None else None
-    if planned is not None and planned.result is not None:
+    if pin and planned is not None and planned.written is not None:
+        result = planned.written
+    elif planned is not None and planned.result is not None:
         result = pinned(a, planned.result) if pin else planned.result
     else:
         result = rewrite(a, plan, pin)
@@ -115,10 +118,11 @@ def rewrite_plan(a: Analysis, planned: Planned | None, pin: bool = True) -> Rewr
 @gc_paused
 def make_plan(a: Analysis, auto: str | None = None, budget: str | None = None, patterns=None, scope=None,
               boundaries=None, plan_file=None, progress: Callable[[str], None] | None = None,
-              policy: Policy | None = None) -> Planned:
+              policy: Policy | None = None, pin: bool = True) -> Planned:
     """The plan for these options: user-marked regions, a named strategy, or a budget.
     ``progress`` hears how a budget search is going (plans evaluated, best so far).
-    ``policy`` (per-op rules) is honoured by every strategy, and judged with it."""
+    ``policy`` (per-op rules) is honoured by every strategy, and judged with it. ``pin``:
+    the graph will be written pinned (``rewrite_plan``), so a budget is checked on that."""
     policy = policy or Policy()
 
     def ruled(plan: Plan) -> Plan:
@@ -132,74 +136,7 @@ def make_plan(a: Analysis, auto: str | None = None, budget: str | None = None, p
     if budget is not None or auto in ("budget", "optimal"):
         if budget is None:
             raise UsageError(f"--auto {auto} needs --budget (e.g. --budget 2GiB or --budget 40%)")
-        limit = parse_budget(budget, a.priority.peak_bytes)
-        kept: dict[str, object] = {}  # the cheapest fitting rewrite so far: the search's choice
-        evaluated = 0
-        memo: dict = {}  # the orders chosen for the graphs rewritten so far (rewrite's ``memo``)
-
-        def told(what):
-            nonlocal evaluated
-            evaluated += 1
-            if progress is not None:
-                best = kept.get("result")
-                progress(f"planning: {evaluated} plans evaluated; best fit so far "
-                         + (f"recomputes {human_flops(best.recompute_flops)}" if best else "none"))
-            return what
-
-        def measured(plan: Plan) -> RewriteResult:
-            result = rewrite(a, ruled(plan), pin=False, memo=memo)
-            fits = result.after.priority.peak_bytes <= limit
-            if fits and ("result" not in kept or result.recompute_flops < kept["result"].recompute_flops):
-                kept["plan"], kept["result"] = plan, result
-            return told(result)
-
-        def cost(plan: Plan) -> PlanCost:
-            return _cost(measured(plan))
-
-        def intervals(plan: Plan) -> Intervals:
-            if model_floors:  # a structure's floor is the search's model, never its answer
-                return told(intervals_of(a, rewrite(a, ruled(plan), pin=False, model_only=True, memo=memo)))
-            return intervals_of(a, measured(plan))
-
-        solve = optimal_plan if auto == "optimal" else budget_plan
-        strategy = auto or "budget"
-        thorough = auto == "optimal" or len(a.graph.nodes) <= LARGE_GRAPH_NODES
-        model_floors = structures_only(a, thorough)
-
-        def structure_search(exact: bool = False, beat: int | None = None) -> BudgetResult:
-            def run(solver) -> BudgetResult:
-                return solver(a, limit, cost, intervals)
-
-            if solve is budget_plan and not exact:
-                heuristic = run(budget_plan)
-                if (not thorough or not heuristic.recompute_flops or heuristic.structure is None
-                        or (beat is not None and heuristic.recompute_flops > EXACT_AGAIN_WITHIN * beat)):
-                    return heuristic
-                # The greedy keep set can miss the MILP's on the very structure it chose (gpt at
-                # 50%: 38.0 against 30.0 MFLOP, cnn at 80%: 1.66 against 1.50): on small graphs
-                # the exact search runs there too, unless the best cut is far cheaper anyway.
-                try:
-                    exact_there = optimal_plan(a, limit, cost, intervals, [heuristic.structure], strategy)
-                except BudgetUnreachable:
-                    return heuristic
-                exact_there.evaluations += heuristic.evaluations
-                return exact_there if exact_there.recompute_flops < heuristic.recompute_flops else heuristic
-            # the exact MILP's fit, or the heuristic's where the MILP's linear model finds none
-            # (it can miss a fit the greedy keep set reaches); the cheaper of the two
-            try:
-                exact = run(optimal_plan)
-            except BudgetUnreachable:
-                return run(budget_plan)
-            try:
-                heuristic = run(budget_plan)
-            except BudgetUnreachable:
-                return exact
-            return exact if exact.recompute_flops <= heuristic.recompute_flops else heuristic
-
-        search = cut_budget_plan(a, limit, cost, structure_search,
-                                 thorough=thorough, strategy=strategy, policy=policy, intervals_of=intervals)
-        return Planned(ruled(search.plan), limit, search,
-                       kept["result"] if kept.get("plan") is search.plan else None)
+        return _budget_planned(a, auto, parse_budget(budget, a.priority.peak_bytes), progress, ruled, policy, pin)
     if auto is not None:
         if auto not in STRATEGIES:
             raise UsageError(f"unknown --auto strategy '{auto}' (choose from {', '.join(AUTO_NAMES)})")
@@ -220,6 +157,104 @@ def make_plan(a: Analysis, auto: str | None = None, budget: str | None = None, p
 
     plan, _ = lowest_peak_plan(a, judge, thorough=len(a.graph.nodes) <= LARGE_GRAPH_NODES, policy=policy)
     return Planned(plan, result=results.get(id(plan)))
+
+
+def _budget_planned(a: Analysis, auto: str | None, budget: int, progress: Callable[[str], None] | None,
+                    ruled: Callable[[Plan], Plan], policy: Policy, pin: bool) -> Planned:
+    """The budget search (``--budget``, ``--auto budget|optimal``): the fitting plan with the
+    fewest recompute FLOPs; with ``pin``, its pinned rewrite (what is written) checked
+    against ``budget`` too."""
+    limit = budget
+    kept: dict[str, object] = {}  # the cheapest fitting rewrite so far: the search's choice
+    evaluated = 0
+    memo: dict = {}  # the orders chosen for the graphs rewritten so far (rewrite's ``memo``)
+
+    def told(what):
+        nonlocal evaluated
+        evaluated += 1
+        if progress is not None:
+            best = kept.get("result")
+            progress(f"planning: {evaluated} plans evaluated; best fit so far "
+                     + (f"recomputes {human_flops(best.recompute_flops)}" if best else "none"))
+        return what
+
+    def measured(plan: Plan) -> RewriteResult:
+        result = rewrite(a, ruled(plan), pin=False, memo=memo)
+        fits = result.after.priority.peak_bytes <= limit
+        if fits and ("result" not in kept or result.recompute_flops < kept["result"].recompute_flops):
+            kept["plan"], kept["result"] = plan, result
+        return told(result)
+
+    def cost(plan: Plan) -> PlanCost:
+        return _cost(measured(plan))
+
+    def intervals(plan: Plan) -> Intervals:
+        if model_floors:  # a structure's floor is the search's model, never its answer
+            return told(intervals_of(a, rewrite(a, ruled(plan), pin=False, model_only=True, memo=memo)))
+        return intervals_of(a, measured(plan))
+
+    solve = optimal_plan if auto == "optimal" else budget_plan
+    strategy = auto or "budget"
+    thorough = auto == "optimal" or len(a.graph.nodes) <= LARGE_GRAPH_NODES
+    model_floors = structures_only(a, thorough)
+
+    def structure_search(exact: bool = False, beat: int | None = None) -> BudgetResult:
+        def run(solver) -> BudgetResult:
+            return solver(a, limit, cost, intervals, beat=beat)
+
+        if solve is budget_plan and not exact:
+            heuristic = run(budget_plan)
+            if (not thorough or not heuristic.recompute_flops or heuristic.structure is None
+                    or (beat is not None and heuristic.recompute_flops > EXACT_AGAIN_WITHIN * beat)):
+                return heuristic
+            # The greedy keep set can miss the MILP's on the very structure it chose (gpt at
+            # 50%: 38.0 against 30.0 MFLOP, cnn at 80%: 1.66 against 1.50): on small graphs
+            # the exact search runs there too, unless the best cut is far cheaper anyway.
+            try:
+                exact_there = optimal_plan(a, limit, cost, intervals, [heuristic.structure], strategy)
+            except BudgetUnreachable:
+                return heuristic
+            exact_there.evaluations += heuristic.evaluations
+            return exact_there if exact_there.recompute_flops < heuristic.recompute_flops else heuristic
+        # the exact MILP's fit, or the heuristic's where the MILP's linear model finds none
+        # (it can miss a fit the greedy keep set reaches); the cheaper of the two
+        try:
+            exact = run(optimal_plan)
+        except BudgetUnreachable:
+            return run(budget_plan)
+        try:
+            heuristic = run(budget_plan)
+        except BudgetUnreachable:
+            return exact
+        return exact if exact.recompute_flops <= heuristic.recompute_flops else heuristic
+
+    def searched(target: int) -> Planned:
+        nonlocal limit
+        limit = target
+        kept.clear()
+        search = cut_budget_plan(a, limit, cost, structure_search,
+                                 thorough=thorough, strategy=strategy, policy=policy, intervals_of=intervals)
+        return Planned(ruled(search.plan), budget, search,
+                       kept["result"] if kept.get("plan") is search.plan else None)
+
+    planned = searched(budget)
+    if not pin:
+        return planned
+    # Searches judge plans unpinned; pin's guards add a few bytes (at most 168 on the samples'
+    # sweeps). A fit closer to the budget than that is searched again, as far below it.
+    planned.written = rewrite_plan(a, planned)
+    written = planned.written.after.priority.peak_bytes
+    if written > budget:
+        line = (f"budget {human_bytes(budget)} is unreachable: the best fit found peaks at {human_bytes(written)} "
+                f"once its order is pinned ({written - planned.search.peak_bytes} bytes of guards)")
+        try:
+            planned = searched(budget - (written - planned.search.peak_bytes))
+        except BudgetUnreachable:
+            raise BudgetUnreachable(line) from None
+        planned.written = rewrite_plan(a, planned)
+        if planned.written.after.priority.peak_bytes > budget:
+            raise BudgetUnreachable(line)
+    return planned
 
 
 @gc_paused

@@ -9,7 +9,7 @@ from conftest import SAMPLES
 from ckpt_cli.analysis import analyse
 from ckpt_cli.errors import BudgetUnreachable
 from ckpt_cli.load import load_graph
-from ckpt_cli.pipeline import make_plan
+from ckpt_cli.pipeline import make_plan, rewrite_plan
 from ckpt_cli.planning import mincut
 from ckpt_cli.rewrite import rewrite
 
@@ -103,6 +103,40 @@ def test_budget_sweep_never_overshoots_and_recompute_is_monotone():
     assert len(reached) >= 10
     assert flops[:len(reached)] == reached, "a budget that fits stays reachable when loosened"
     assert reached == sorted(reached), "tighter budgets never recompute less"
+
+
+@pytest.mark.parametrize("sample, top, step", [("cnn", 94.0, 1.25), ("gpt", 80.0, 2.0)])
+def test_budget_as_the_cli_plans_it_is_monotone_over_20_budgets(sample, top, step):
+    """``make_plan`` with ``--budget`` as the CLI runs it, at 20 budgets: never above the
+    budget, and a tighter budget never recomputes less. On cnn it did, twice: at 85% 7.73
+    MFLOP against 1.50 at 80% (the other segmentations were ranked by the linear model's
+    estimate under the budget, which searched two others at 85%), and at 80% 1.50 against
+    1.66 at 83% (the winner's polish stopped at 16 steps)."""
+    a = analyse(load_graph(SAMPLES / f"{sample}.onnx"))
+    base = a.priority.peak_bytes
+    flops = []
+    for k in range(20):
+        share = top - step * k
+        planned = make_plan(a, budget=f"{share}%")
+        assert planned.search.peak_bytes <= planned.budget == int(base * share / 100)
+        assert rewrite_plan(a, planned).after.priority.peak_bytes <= planned.budget  # what is written
+        flops.append(planned.search.recompute_flops)
+    assert flops == sorted(flops), f"tighter budgets never recompute less: {flops}"
+    assert flops[-1] > flops[0]
+
+
+def test_the_written_graph_meets_the_budget_not_only_the_search(gpt):
+    """Searches judge plans unpinned; pin's guards add bytes to the written graph (168 on
+    gpt's fit at 80%). A budget between the two is searched again below it."""
+    first = make_plan(gpt, budget="80%")
+    guards = rewrite_plan(gpt, first).after.priority.peak_bytes - first.search.peak_bytes
+    assert guards > 0  # the premise: the fit's pinned graph peaks higher
+    budget = first.search.peak_bytes + guards // 2
+    planned = make_plan(gpt, budget=str(budget))
+    assert planned.budget == budget
+    assert rewrite_plan(gpt, planned).after.priority.peak_bytes <= budget
+    assert rewrite(gpt, planned.plan).after.priority.peak_bytes <= budget
+    assert planned.search.recompute_flops >= first.search.recompute_flops
 
 
 def test_gpt_budget_sweep_never_overshoots_and_recompute_is_monotone(gpt):

@@ -36,7 +36,7 @@ from .decision import budget_reason, kept_instead
 from .plan import Plan, Region
 
 MAX_TIGHTENING = 8  # evaluations per start while the real peak overshoots
-STARTS = 8  # thorough: starts spread between the floor and the budget
+STARTS = 4  # thorough: starts spread between the floor and the budget
 LOOSENING = 6  # thorough: secant steps above the best fit
 POLISH = 16  # thorough: single activations added to the best fit
 ROOM = 0.002  # stop loosening when the best fit is this close to the budget
@@ -112,6 +112,21 @@ def search_limits(structure: Plan, strategy: str, choose: Callable[[int], set[st
     return search.best, len(search.tried)
 
 
+def polish_plan(plan: Plan, cost: PlanCost, ranked: Sequence, evaluate: Callable[[Plan], PlanCost], budget: int,
+                producer: Mapping[str, int], steps: int = POLISH) -> tuple[Fitted, int]:
+    """``plan`` (which fits ``budget``) with more activations of ``ranked`` kept, one at a
+    time, while the real cost model says it still fits and recomputes less, and the
+    evaluations spent. Each structure's search polishes its own best fit; this goes on
+    from the winner of them all, wherever it came from (a cut or a structure)."""
+    search = _Search(plan, plan.strategy, lambda limit: None, evaluate, budget, producer)
+    search.best = search.tried[frozenset()] = Fitted(plan, cost, set())
+    try:
+        search.polish(ranked, steps)
+    except _NothingToSave:
+        pass
+    return search.best, len(search.tried) - 1
+
+
 class _NothingToSave(Exception):
     pass
 
@@ -168,19 +183,26 @@ class _Search:
             for k in range(1, STARTS):
                 self.attempt(lo + k * (hi - lo) // STARTS)
 
-    def polish(self, ranked: Sequence) -> None:
+    def polish(self, ranked: Sequence, steps: int = POLISH) -> None:
         """Keep one more activation at a time, largest saving first. Its bytes are no
         guide: keeping one can cost far less than its size in reality (a cnn ReLU output
-        of 512 KiB raised the real peak by 8 KiB)."""
-        for _ in range(POLISH):
+        of 512 KiB raised the real peak by 8 KiB). One that overshoots is tried again
+        after the next gain (keeping more can lower the peak: a cnn ReLU output did once
+        two others were kept); one that saves nothing is not (three cnn convolution outputs,
+        whose consumers' copies are recomputed anyway, took 3 of every 5 steps)."""
+        useless: set[str] = set()
+        for _ in range(steps):
             if self.best is None:
                 return
             keep = self.best.keep
-            more = [c for c in ranked if c.flops and c.tensor not in keep
+            more = [c for c in ranked if c.flops and c.tensor not in keep and c.tensor not in useless
                     and frozenset(keep | {c.tensor}) not in self.tried]
             if not more:
                 return
-            self.judge(keep | {max(more, key=lambda c: (c.flops, -c.nbytes)).tensor})
+            tensor = max(more, key=lambda c: (c.flops, -c.nbytes)).tensor
+            before = self.best.cost.recompute_flops
+            if self.judge(keep | {tensor}).cost.recompute_flops >= before:
+                useless.add(tensor)
 
 
 def _next_limit(points: list[tuple[int, int]], budget: int, top_limit: int) -> int | None:

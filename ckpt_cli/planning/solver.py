@@ -67,10 +67,12 @@ def _solve(ranked: list[Candidate], spans: dict[str, tuple[int, int]], timeline:
 
 
 def optimal_plan(a: Analysis, budget: int, evaluate: Evaluate, intervals_of: IntervalsOf,
-                 options: list[Plan] | None = None, strategy: str = "optimal") -> BudgetResult:
+                 options: list[Plan] | None = None, strategy: str = "optimal", beat: int | None = None
+                 ) -> BudgetResult:
     """The keep set with the most recompute FLOPs saved under ``budget`` (exact for the
     linear model above, verified with ``evaluate``), over the same structures as ``budget``
-    (or over ``options``); ``strategy`` names the plans it makes."""
+    (or over ``options``); ``strategy`` names the plans it makes; ``beat``: see
+    ``over_structures``."""
     base = a.priority.peak_bytes
     if base <= budget:
         plan = Plan([], strategy, ["the original already fits the budget"], decisions=all_kept(a, NOTHING))
@@ -85,7 +87,7 @@ def optimal_plan(a: Analysis, budget: int, evaluate: Evaluate, intervals_of: Int
             return None, spent
         return result_of(fitted, ranked, structure, "MILP keeps {kept} of {total} stashed activations"), spent
 
-    best, lowest, evaluations = over_structures(a, budget, intervals_of, search, options, first_fit=False)
+    best, lowest, evaluations = over_structures(a, budget, intervals_of, search, options, first_fit=False, beat=beat)
     if best is None:
         raise BudgetUnreachable(unreachable_message(a, budget, lowest or PlanCost(base, 0)))
     best.evaluations = evaluations
