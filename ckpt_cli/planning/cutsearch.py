@@ -320,9 +320,9 @@ def cut_budget_plan(a: Analysis, budget: int, evaluate: Callable[[Plan], PlanCos
 # 16 times recomputed 1.50 MFLOP, at 80% 1.43; 16 more steps at 83% reach 1.43).
 FINAL_POLISH = 16
 # Graphs polished even where the search is lean: on gpt12 (1.8k nodes) at 80% the polish
-# took the plan from 88.3 to 56.9 MFLOP, for about a second; at 10k nodes, where a
-# rewrite takes 0.3 s, it would break the 2 s planning target.
-FINAL_POLISH_NODES = 5_000
+# took the plan from 88.3 to 56.9 MFLOP, for 0.8 s; on a 4.9k-node synthetic transformer
+# at 65% it took the command from 0.88 to 3.78 s (a rewrite there takes 0.15 s).
+FINAL_POLISH_NODES = 2_000
 
 
 def polished(a: Analysis, result: BudgetResult, evaluate: Callable[[Plan], PlanCost], budget: int,
