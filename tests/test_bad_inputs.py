@@ -199,3 +199,30 @@ def test_bad_input(tmp_path, case):
     assert word in lines[0], lines[0]
     assert _state(folder) == before, "a file changed or appeared"
     assert Path("/dev/null").is_char_device() and Path("/dev/full").is_char_device()
+
+
+@pytest.mark.parametrize("case", [r for r in ROWS if r[0] in ("--budget unreachable", "--budget inf%")],
+                         ids=lambda r: r[0])
+def test_bad_input_under_json_prints_a_json_error(tmp_path, case):
+    """A CI step that parses stdout gets the exit code and the message, not an empty document."""
+    _, setup, code, word = case
+    argv = [str(a) for a in setup(tmp_path)] + ["--json"]
+    r = CliRunner().invoke(main, argv)
+    assert r.exit_code == code, (argv, r.output)
+    error = json.loads(r.stdout)["error"]
+    assert error["exit_code"] == code and word in error["message"]
+    assert r.stderr.strip() == "ckpt: error: " + error["message"]
+
+
+def test_a_bug_under_json_is_one_line_and_a_json_error(tmp_path, monkeypatch):
+    import ckpt_cli.api
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(ckpt_cli.api, "plan_model", broken)
+    r = CliRunner().invoke(main, ["plan", str(_chain(tmp_path)), "--json"])
+    assert r.exit_code == 70
+    assert r.stderr.strip() == "ckpt: internal error: RuntimeError: boom (rerun with --debug for details)"
+    assert json.loads(r.stdout) == {"error": {"exit_code": 70,
+                                              "message": "RuntimeError: boom (rerun with --debug for details)"}}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import gc
+import json
 import os
 import signal
 import sys
@@ -17,10 +18,12 @@ from ..errors import EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_TERMI
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as shells report a reader that went away
 
 
-def _fail(ctx: click.Context, message: str, code: int) -> None:
+def _fail(ctx: click.Context, message: str, code: int, prefix: str = "ckpt: error: ") -> None:
     if ctx.obj and ctx.obj.get("debug"):
         traceback.print_exc()
-    click.echo(f"ckpt: error: {message}", err=True)
+    click.echo(prefix + message, err=True)
+    if ctx.obj and ctx.obj.get("json"):
+        click.echo(json.dumps({"error": {"exit_code": code, "message": message}}))
     sys.exit(code)
 
 
@@ -77,12 +80,8 @@ class CkptGroup(click.Group):
         except RecursionError:
             _fail(ctx, "the model nests too deeply to read", EXIT_BAD_INPUT)
         except Exception as e:  # a bug: one line unless --debug
-            if ctx.obj and ctx.obj.get("debug"):
-                traceback.print_exc()
-            else:
-                click.echo(f"ckpt: internal error: {type(e).__name__}: {e} (rerun with --debug for details)",
-                           err=True)
-            sys.exit(EXIT_INTERNAL)
+            _fail(ctx, f"{type(e).__name__}: {e} (rerun with --debug for details)", EXIT_INTERNAL,
+                  "ckpt: internal error: ")
         finally:
             signal.signal(signal.SIGTERM, previous)
             if collecting:  # an in-process caller (click's test runner) gets it back

@@ -36,8 +36,18 @@ def analysis_options(f):
     return f
 
 
+def _remember_json(ctx: click.Context, param: click.Parameter, value: bool) -> bool:  # noqa: ARG001
+    """A failure under --json prints a JSON error object too (cli._fail): a CI step that
+    parses stdout gets the exit code and the message, not an empty document."""
+    if value:
+        ctx.find_root().ensure_object(dict)["json"] = True
+    return value
+
+
 def report_options(f):
-    f = click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")(f)
+    f = click.option("--json", "as_json", is_flag=True, callback=_remember_json,
+                     help="Print one JSON object instead of tables (on failure: {\"error\": {\"exit_code\", "
+                          "\"message\"}}).")(f)
     f = click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path),
                      help="Also write the JSON report to this file (never over a model or plan it reads "
                           "or writes).")(f)
