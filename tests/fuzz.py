@@ -394,6 +394,14 @@ def _command(rng: random.Random, model: Path, out: Path) -> list[str]:
     return args
 
 
+def _json_error(stdout: str, code: int, line: str) -> bool:
+    """Under --json a failure prints {"error": {"exit_code", "message"}} on stdout too."""
+    try:
+        return json.loads(stdout) == {"error": {"exit_code": code, "message": line[len("ckpt: error: "):]}}
+    except ValueError:
+        return False
+
+
 def run_case(seed: Seed, rng: random.Random, work: Path, ort_every: int, case: int, summary: Summary,
              debug: bool = False) -> Outcome:
     folder = work / f"case{case}"
@@ -450,10 +458,12 @@ def run_case(seed: Seed, rng: random.Random, work: Path, ort_every: int, case: i
     if "Traceback" in text or code not in (0, 2, 3):
         return Outcome("defect", f"exit {code}: {text.strip()[-300:]} ({args[0]})")
     if code != 0:
-        lines = text.strip().splitlines()
+        lines = (text if debug else result.stderr).strip().splitlines()
         if len(lines) == 1 and lines[0].startswith("ckpt: error:"):
             if out.exists():
                 return Outcome("defect", f"output written despite exit {code}")
+            if "--json" in args and not debug and not _json_error(result.stdout, code, lines[0]):
+                return Outcome("defect", f"exit {code} under --json without its JSON error: {result.stdout[:300]!r}")
             return Outcome("clean_error")
         return Outcome("defect", f"exit {code} with a message of {len(lines)} lines: {text[:300]!r}")
     if args[0] != "rewrite":

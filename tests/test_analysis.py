@@ -43,8 +43,9 @@ def test_symbolic_batch_needs_dim(tmp_path):
     path = tmp_path / "sym.onnx"
     onnx.save(model, path)
     for command in ("inspect", "plan", "rewrite"):  # never a silently partial total
-        code, text = run(command, path, "--json")
-        assert code == 2 and "--dim batch=N" in text and text.count("\n") == 1, text
+        r = CliRunner().invoke(main, [command, str(path), "--json"])
+        assert r.exit_code == 2 and "--dim batch=N" in r.stderr and r.stderr.count("\n") == 1, r.output
+        assert json.loads(r.stdout)["error"] == {"exit_code": 2, "message": r.stderr.strip()[len("ckpt: error: "):]}
     code, out = run("inspect", path, "--json", "--dim", "batch=8")
     bound = json.loads(out)
     assert not bound["unsized"] and bound["peak_bytes"] > 0
