@@ -320,8 +320,8 @@ def cut_budget_plan(a: Analysis, budget: int, evaluate: Callable[[Plan], PlanCos
 # 16 times recomputed 1.50 MFLOP, at 80% 1.43; 16 more steps at 83% reach 1.43).
 FINAL_POLISH = 16
 # Graphs polished even where the search is lean: on gpt12 (1.8k nodes) at 80% the polish
-# took the plan from 88.3 to 56.9 MFLOP, for 0.8 s; on a 4.9k-node synthetic transformer
-# at 65% it took the command from 0.88 to 3.78 s (a rewrite there takes 0.15 s).
+# took the plan from 88.3 to 56.9 MFLOP (the command at 60%: 2.09 -> 2.91 s); on a
+# 4.9k-node synthetic transformer at 65% it took the command from 0.88 to 3.78 s.
 FINAL_POLISH_NODES = 2_000
 
 

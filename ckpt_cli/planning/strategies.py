@@ -74,10 +74,11 @@ StructureSearch = Callable[[Plan, Intervals], tuple["BudgetResult | None", int]]
 STRUCTURE_SPREAD = 0.05
 
 
-# The other segmentations are scanned (about 20 more rewrites, and SCANNED_SEARCHES
-# searches) only where region structures compete with the cuts: within this factor of
-# the best cut's recompute FLOPs (gpt from 80% to 62%: the best standard structure
-# recomputes 2.3-8.9x the best cut; at 56% 1.5x, and 0.9x at 50%; cnn at 90% and 80%: 0.2x).
+# The other segmentations are scanned (23 more rewrites on gpt, 29 on cnn, and
+# SCANNED_SEARCHES searches) only where region structures compete with the cuts: within
+# this factor of the best cut's recompute FLOPs (gpt from 80% to 62%: the best standard
+# structure recomputes 2.3-8.9x the best cut; at 56% 1.5x, and 0.9x at 50%; cnn at 90%
+# and 80%: 0.2x).
 SCAN_WITHIN = 2.0
 
 
