@@ -1,0 +1,497 @@
+"""A zoo of ONNX Runtime training artifacts for common architectures, exported from PyTorch.
+
+Run in an environment with onnxruntime-training-cpu 1.19.2, onnx 1.16.2, numpy<2 and torch
+(CPU), e.g. from the repository root:
+
+    python sample_models/artifact_zoo.py [--out-dir sample_models/zoo] [--only NAME[,NAME]]
+                                         [--list] [--no-verify]
+
+Every model follows ORT's on-device training recipe: ``torch.manual_seed(0)``, build the
+module, ``torch.onnx.export`` with the TorchScript exporter (``dynamo=False``,
+``TrainingMode.TRAINING``, no constant folding, dimension 0 of every input and output symbolic),
+then ``onnxruntime.training.artifacts.generate_artifacts`` (the named loss, AdamW; parameters
+trainable, BatchNorm running statistics frozen). For each NAME it writes OUT/NAME/ with
+``training_model.onnx``, ``eval_model.onnx``, ``optimizer_model.onnx``, ``checkpoint`` and
+``zoo.json``::
+
+    {"name", "opset", "loss": "CrossEntropyLoss" | "MSELoss", "batch": <batch for runs>,
+     "inputs": [{"name", "shape", "dtype", "bound"?}], "label": {"name", "shape", "dtype",
+     "bound"?}}
+
+Shapes give the batch dimension as the string "batch"; "batch*32" means batch times 32.
+``bound`` (int inputs only) is the exclusive upper bound of valid values (vocabulary size,
+number of classes). ``batch`` is small but makes the main activations 256 KiB or more each, so
+that a process-RSS memory measurement resolves them. The training graph keeps the symbolic batch dimension; its parameters are
+graph inputs whose values live in ``checkpoint``. One line per model is printed: size of
+``training_model.onnx``, node count, and the op types in non-standard places (com.microsoft
+ops, and ONNX-domain ops that ``onnx.defs.has`` does not know at the model's opset, such as
+ORT's own ``LayerNormalization`` below opset 17 or ``MaxPoolGrad``).
+
+Model notes:
+- ``bert17`` / ``embed_ln17``: at opset 17 the exporter writes ``LayerNormalization`` with only
+  output 0; ORT 1.19.2's gradient builder needs outputs 1 and 2 (Mean, InvStdDev), so
+  ``generate_artifacts`` fails unless they are added (``<node>_mean``, ``<node>_invstddev``).
+- ``gpt``: ``generate_artifacts``' CrossEntropyLoss takes the classes on the last axis of the
+  output and makes the labels the output's shape without it, while SoftmaxCrossEntropyLoss wants
+  the classes on axis 1: so the LM head's logits are flattened to [batch*32, vocab] and the
+  labels are [batch*32] (output dimension 0 is named "batch_x_32").
+- ``resnet_block``: ``generate_artifacts`` turns the exported training-mode BatchNormalization
+  into ``training_mode=0`` in ``eval_model.onnx`` but keeps its running-statistics outputs, which
+  ORT refuses to load (Module loads the eval model too); those unused outputs are removed from
+  ``eval_model.onnx``. ``training_model.onnx`` is left as generated.
+- ``lstm`` / ``gru``: regressors; ``generate_artifacts``' MSELoss adds a float ``target`` input
+  shaped like the output.
+
+Deterministic: a rerun, of all models or any ``--only`` subset, writes byte-identical files.
+
+Verification (on unless ``--no-verify``): ``training_model.onnx`` runs once in a plain
+``InferenceSession`` (parameters fed from the exported forward model's initializers, gradient
+buffers zeros, ``lazy_reset_grad`` True), then two ``Module`` + ``Optimizer`` (AdamW) steps run
+from the checkpoint; all losses must be finite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import io
+import json
+import os
+import sys
+import tempfile
+import warnings
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import torch
+from onnx import numpy_helper
+from onnxruntime.training import api, artifacts
+from onnxruntime.training.onnxblock import _graph_utils
+from torch import nn
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+VOCAB, SEQ, CLASSES = 1000, 32, 10
+
+
+# ------------------------------------------------------------------ specs
+@dataclass(frozen=True)
+class Tensor:
+    name: str
+    shape: tuple[int | str, ...]  # ints, "batch", or "batch*N"
+    dtype: str = "float32"
+    bound: int | None = None
+
+    def to_json(self) -> dict:
+        out = {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+        if self.bound is not None:
+            out["bound"] = self.bound
+        return out
+
+
+@dataclass(frozen=True)
+class Spec:
+    name: str
+    opset: int
+    loss: str
+    build: Callable[[], nn.Module]
+    inputs: tuple[Tensor, ...]
+    output: Tensor
+    batch: int
+    ln_stats: bool = False  # add LayerNormalization's Mean/InvStdDev outputs (opset 17)
+    label: Tensor = field(init=False)
+
+    def __post_init__(self) -> None:
+        # The label input generate_artifacts adds: CrossEntropyLoss drops the output's last
+        # (class) axis and wants int64, MSELoss copies the output.
+        if self.loss == "CrossEntropyLoss":
+            label = Tensor("labels", self.output.shape[:-1], "int64", self.output.shape[-1])
+        else:
+            label = Tensor("target", self.output.shape, "float32")
+        object.__setattr__(self, "label", label)
+
+
+def dims(shape: tuple[int | str, ...], batch: int) -> list[int]:
+    out = []
+    for d in shape:
+        if isinstance(d, str):
+            d = batch * (int(d.split("*")[1]) if "*" in d else 1)
+        out.append(d)
+    return out
+
+
+# ------------------------------------------------------------------ models
+class Attention(nn.Module):
+    def __init__(self, d: int, heads: int, causal: bool):
+        super().__init__()
+        self.heads, self.causal = heads, causal
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = (y.reshape(b, t, self.heads, d // self.heads).transpose(1, 2)
+                   for y in self.qkv(x).split(d, dim=2))
+        att = q @ k.transpose(-2, -1) / float(np.sqrt(d // self.heads))
+        if self.causal:
+            att = att.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+        y = att.softmax(-1) @ v
+        return self.proj(y.transpose(1, 2).reshape(b, t, d))
+
+
+class Block(nn.Module):
+    """Transformer layer: post-LN (BERT) or, if causal, pre-LN (GPT)."""
+
+    def __init__(self, d: int, heads: int, ffn: int, causal: bool):
+        super().__init__()
+        self.causal = causal
+        self.attn = Attention(d, heads, causal)
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.mlp = nn.Sequential(nn.Linear(d, ffn), nn.GELU(), nn.Linear(ffn, d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.causal:
+            x = x + self.attn(self.ln1(x))
+            return x + self.mlp(self.ln2(x))
+        x = self.ln1(x + self.attn(x))
+        return self.ln2(x + self.mlp(x))
+
+
+class Transformer(nn.Module):
+    """BERT-like classifier on token 0, or (causal) GPT with an LM head over every token."""
+
+    def __init__(self, layers: int, d: int, causal: bool):
+        super().__init__()
+        self.causal = causal
+        self.tok = nn.Embedding(VOCAB, d)
+        self.pos = nn.Embedding(SEQ, d)
+        self.ln = nn.LayerNorm(d)
+        self.blocks = nn.ModuleList(Block(d, 4, 4 * d, causal) for _ in range(layers))
+        self.head = nn.Linear(d, VOCAB if causal else CLASSES)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x = self.tok(input_ids) + self.pos.weight
+        if not self.causal:
+            x = self.ln(x)  # BERT normalizes the embeddings, GPT the last layer's output
+        for block in self.blocks:
+            x = block(x)
+        if self.causal:
+            return self.head(self.ln(x)).reshape(-1, VOCAB)
+        return self.head(x[:, 0])
+
+
+class EmbedLN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, 256)
+        self.ln = nn.LayerNorm(256)
+        self.fc = nn.Linear(256, CLASSES)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.ln(self.emb(input_ids)).mean(dim=1))
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, c_in: int, c_out: int, stride: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(c_out)
+        self.conv2 = nn.Conv2d(c_out, c_out, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(c_out)
+        self.shortcut = nn.Identity() if stride == 1 and c_in == c_out else nn.Sequential(
+            nn.Conv2d(c_in, c_out, 1, stride, bias=False), nn.BatchNorm2d(c_out))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.bn1(self.conv1(x)))
+        return torch.relu(self.bn2(self.conv2(y)) + self.shortcut(x))
+
+
+class Recurrent(nn.Module):
+    """LSTM/GRU regressor: a linear head on the last time step's hidden state."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        self.rnn = getattr(nn, kind)(32, 128, num_layers=1, batch_first=True)
+        self.head = nn.Linear(128, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.rnn(x)[0][:, -1])
+
+
+def mlp(dropout: bool) -> nn.Module:
+    layers, d_in = [], 256
+    for width in (512, 512):
+        layers += [nn.Linear(d_in, width), nn.ReLU()] + ([nn.Dropout(0.1)] if dropout else [])
+        d_in = width
+    return nn.Sequential(*layers, nn.Linear(d_in, CLASSES))
+
+
+def lenet() -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(1, 6, 5), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(16 * 4 * 4, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(),
+        nn.Linear(84, CLASSES))
+
+
+def resnet_block() -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
+        BasicBlock(16, 16, 1), BasicBlock(16, 32, 2),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, CLASSES))
+
+
+def specs() -> list[Spec]:
+    CE, MSE = "CrossEntropyLoss", "MSELoss"
+    logits = Tensor("logits", ("batch", CLASSES))
+    ids = (Tensor("input_ids", ("batch", SEQ), "int64", VOCAB),)
+    ids64 = (Tensor("input_ids", ("batch", 64), "int64", VOCAB),)
+    seq = (Tensor("input", ("batch", SEQ, 32)),)
+    return [
+        Spec("mlp", 17, CE, lambda: mlp(False), (Tensor("input", ("batch", 256)),), logits, 256),
+        Spec("mlp_dropout", 17, CE, lambda: mlp(True), (Tensor("input", ("batch", 256)),),
+             logits, 256),
+        Spec("lenet", 15, CE, lenet, (Tensor("input", ("batch", 1, 28, 28)),), logits, 256),
+        Spec("resnet_block", 17, CE, resnet_block, (Tensor("input", ("batch", 3, 32, 32)),),
+             logits, 32),
+        Spec("bert", 16, CE, lambda: Transformer(2, 128, False), ids, logits, 64),
+        Spec("bert17", 17, CE, lambda: Transformer(2, 128, False), ids, logits, 64,
+             ln_stats=True),
+        Spec("gpt", 15, CE, lambda: Transformer(4, 128, True), ids,
+             Tensor("logits", (f"batch*{SEQ}", VOCAB)), 32),
+        Spec("embed_ln", 14, CE, EmbedLN, ids64, logits, 64),
+        Spec("embed_ln17", 17, CE, EmbedLN, ids64, logits, 64, ln_stats=True),
+        Spec("lstm", 14, MSE, lambda: Recurrent("LSTM"), seq, Tensor("pred", ("batch", 4)), 64),
+        Spec("gru", 14, MSE, lambda: Recurrent("GRU"), seq, Tensor("pred", ("batch", 4)), 64),
+    ]
+
+
+# ------------------------------------------------------------------ make
+@contextlib.contextmanager
+def quiet_stderr() -> Iterator[None]:
+    """Keep fd 2 (the exporter's warnings, the gradient builder's INFO log of every graph
+    transformer) in a file and show it only if the block fails."""
+    sys.stderr.flush()
+    with tempfile.TemporaryFile() as log:
+        saved = os.dup(2)
+        os.dup2(log.fileno(), 2)
+        try:
+            yield
+        except BaseException:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            log.seek(0)
+            sys.stderr.write(log.read().decode(errors="replace")[-5000:])
+            raise
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+def axis_name(dim: str) -> str:
+    return dim.replace("*", "_x_")
+
+
+def export(spec: Spec) -> tuple[onnx.ModelProto, nn.Module]:
+    torch.manual_seed(0)
+    model = spec.build()
+    model.train()
+    args = tuple(torch.zeros(dims(t.shape, 2), dtype=getattr(torch, t.dtype))
+                 for t in spec.inputs)
+    axes = {t.name: {0: axis_name(t.shape[0])} for t in (*spec.inputs, spec.output)}
+    buf = io.BytesIO()
+    with quiet_stderr(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            model, args, buf, input_names=[t.name for t in spec.inputs],
+            output_names=[spec.output.name], dynamic_axes=axes, opset_version=spec.opset,
+            training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
+            dynamo=False, export_params=True)
+    onnx_model = onnx.load_from_string(buf.getvalue())
+    if spec.ln_stats:
+        add_layernorm_stats(onnx_model)
+    return onnx_model, model
+
+
+def add_layernorm_stats(model: onnx.ModelProto) -> None:
+    # ORT 1.19.2's LayerNormalization gradient reads the forward's Mean and InvStdDev outputs,
+    # which the TorchScript exporter leaves out at opset 17.
+    for node in model.graph.node:
+        if node.op_type == "LayerNormalization" and node.domain in ("", "ai.onnx"):
+            base = node.name or node.output[0]
+            while len(node.output) < 3:
+                node.output.append(f"{base}_{('mean', 'invstddev')[len(node.output) - 1]}")
+
+
+def fix_eval_batchnorm(path: str) -> None:
+    """Drop the running-statistics outputs of inference-mode BatchNormalization nodes.
+
+    The exporter writes training-mode BatchNormalization with outputs Y, running_mean,
+    running_var; generate_artifacts sets training_mode=0 in the eval model but keeps the three
+    outputs, which ORT's shape inference rejects when Module loads the eval model.
+    """
+    model = onnx.load(path)
+    used = {name for node in model.graph.node for name in node.input}
+    used |= {o.name for o in model.graph.output}
+    changed = False
+    for node in model.graph.node:
+        mode = next((a.i for a in node.attribute if a.name == "training_mode"), 0)
+        if node.op_type == "BatchNormalization" and not mode and len(node.output) > 1:
+            if any(name in used for name in node.output[1:]):
+                raise RuntimeError(f"{node.name}: running statistics used in the eval model")
+            del node.output[1:]
+            changed = True
+    if changed:
+        onnx.save(model, path)
+
+
+def generate(spec: Spec, out_dir: str) -> onnx.ModelProto:
+    """Export and write the artifacts and zoo.json; return the exported forward model."""
+
+    onnx_model, module = export(spec)
+    inits = {i.name for i in onnx_model.graph.initializer}
+    params = [n for n, p in module.named_parameters() if p.requires_grad]
+    missing = [n for n in params if n not in inits]
+    if missing:
+        raise RuntimeError(f"parameters not exported as initializers: {missing}")
+    frozen = [n for n, _ in module.named_buffers() if n in inits]
+    os.makedirs(out_dir, exist_ok=True)
+    # onnxblock numbers the names it makes (onnx::loss::2) with a process-wide counter: restart
+    # it so that a model's files do not depend on which models ran before it.
+    _graph_utils._GRAPH_TOKEN = 0
+    with quiet_stderr():
+        artifacts.generate_artifacts(
+            onnx_model, requires_grad=params, frozen_params=frozen,
+            loss=getattr(artifacts.LossType, spec.loss), optimizer=artifacts.OptimType.AdamW,
+            artifact_directory=out_dir)
+    fix_eval_batchnorm(os.path.join(out_dir, "eval_model.onnx"))
+    with open(os.path.join(out_dir, "zoo.json"), "w", encoding="utf-8") as f:
+        json.dump(zoo_json(spec), f, indent=2)
+        f.write("\n")
+    return onnx_model
+
+
+def zoo_json(spec: Spec) -> dict:
+    return {"name": spec.name, "opset": spec.opset, "loss": spec.loss, "batch": spec.batch,
+            "inputs": [t.to_json() for t in spec.inputs], "label": spec.label.to_json()}
+
+
+def summary(spec: Spec, path: str) -> str:
+    model = onnx.load(path)
+    odd: dict[str, int] = {}
+    for node in model.graph.node:
+        onnx_domain = node.domain in ("", "ai.onnx")
+        if not onnx_domain or not onnx.defs.has(node.op_type, spec.opset):
+            key = f"{node.domain if not onnx_domain else 'onnx'}::{node.op_type}"
+            odd[key] = odd.get(key, 0) + 1
+    with open(path, "rb") as f:
+        md5 = hashlib.md5(f.read()).hexdigest()[:12]
+    ops = ", ".join(f"{k} x{v}" for k, v in sorted(odd.items())) or "-"
+    return (f"{spec.name:13s} {os.path.getsize(path) / 1e3:8.1f} kB  md5 {md5}  "
+            f"{len(model.graph.node):5d} nodes  non-standard: {ops}")
+
+
+# ------------------------------------------------------------------ verify
+def random_data(spec: Spec, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.RandomState(seed)
+    out = {}
+    for t in (*spec.inputs, spec.label):
+        shape = dims(t.shape, spec.batch)
+        if t.dtype == "int64":
+            out[t.name] = rng.randint(0, t.bound, shape).astype(np.int64)
+        else:
+            out[t.name] = rng.randn(*shape).astype(np.float32)
+    return out
+
+
+def _session_options() -> ort.SessionOptions:
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    return so
+
+
+def session_loss(path: str, data: dict[str, np.ndarray], params: dict[str, np.ndarray]) -> float:
+    """One run of the training graph in a plain InferenceSession, every input fed by hand."""
+    sess = ort.InferenceSession(path, _session_options(), providers=["CPUExecutionProvider"])
+    feeds = {}
+    for inp in sess.get_inputs():
+        name = inp.name
+        if name in data:
+            feeds[name] = data[name]
+        elif name in params:
+            feeds[name] = params[name]
+        elif name.endswith("_grad.accumulation.buffer"):
+            feeds[name] = np.zeros_like(params[name[:-len("_grad.accumulation.buffer")]])
+        elif name == "lazy_reset_grad":
+            feeds[name] = np.array([True])
+        else:
+            raise RuntimeError(f"unexpected training-graph input {name} {inp.shape}")
+    return float(sess.run([sess.get_outputs()[0].name], feeds)[0])
+
+
+def module_losses(out_dir: str, spec: Spec, steps: int = 2) -> list[float]:
+    state = api.CheckpointState.load_checkpoint(os.path.join(out_dir, "checkpoint"))
+    module = api.Module(os.path.join(out_dir, "training_model.onnx"), state,
+                        os.path.join(out_dir, "eval_model.onnx"),
+                        session_options=_session_options())
+    optimizer = api.Optimizer(os.path.join(out_dir, "optimizer_model.onnx"), module)
+    module.train()
+    losses = []
+    for step in range(steps):
+        data = random_data(spec, seed=1 + step)
+        loss = module(*(data[n] for n in module.input_names()))
+        optimizer.step()
+        module.lazy_reset_grad()
+        losses.append(float(loss))
+    return losses
+
+
+def verify(spec: Spec, out_dir: str, forward: onnx.ModelProto) -> str:
+    params = {i.name: numpy_helper.to_array(i) for i in forward.graph.initializer}
+    with quiet_stderr():
+        losses = [session_loss(os.path.join(out_dir, "training_model.onnx"),
+                               random_data(spec, seed=1), params)]
+        losses += module_losses(out_dir, spec)
+    if not np.all(np.isfinite(losses)):
+        raise RuntimeError(f"non-finite loss: {losses}")
+    return (f"  verify ok at batch {spec.batch}: session loss {losses[0]:.4f}, "
+            f"Module+AdamW losses {', '.join(f'{v:.4f}' for v in losses[1:])}")
+
+
+# ------------------------------------------------------------------ main
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out-dir", default=os.path.join(HERE, "zoo"))
+    ap.add_argument("--only", type=lambda s: s.split(","), default=None, metavar="NAME[,NAME]")
+    ap.add_argument("--list", action="store_true", help="list the model names and exit")
+    ap.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True)
+    args = ap.parse_args(argv)
+    zoo = {s.name: s for s in specs()}
+    if args.list:
+        for s in zoo.values():
+            shapes = ", ".join(f"{t.name}{list(t.shape)}" for t in s.inputs)
+            print(f"{s.name:13s} opset {s.opset}  {s.loss:16s} batch {s.batch:3d}  {shapes}")
+        return 0
+    unknown = sorted(set(args.only or []) - set(zoo))
+    if unknown:
+        ap.error(f"unknown model(s) {unknown}; --list shows them")
+    failed = []
+    for name in args.only or list(zoo):
+        spec, out_dir = zoo[name], os.path.join(args.out_dir, name)
+        try:
+            forward = generate(spec, out_dir)
+            print(summary(spec, os.path.join(out_dir, "training_model.onnx")), flush=True)
+            if args.verify:
+                print(verify(spec, out_dir, forward), flush=True)
+        except Exception as err:  # one broken model must not stop the others
+            print(f"{name:13s} FAILED: {type(err).__name__}: {err}", flush=True)
+            failed.append(name)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
