@@ -18,7 +18,7 @@ from ..analysis.shapes import TensorInfo
 from ..graph import ABSENT, Graph, Node, unique_name
 from ..markers import CSE_GUARD_ATTR, RECOMPUTE_META, REGION_META, SUFFIX
 from ..ops import RANDOM_OPS, SHAPE_ONLY_OPS, VIEW_OPS, is_recomputable
-from ..planning.decision import CHECKPOINT, VIEW_KEPT, Reason, fixed_reason, record
+from ..planning.decision import CHECKPOINT, NORM_INPUT, VIEW_KEPT, Reason, fixed_reason, record
 from ..planning.plan import Plan
 
 
@@ -78,6 +78,7 @@ def plan_recompute(a: Analysis, plan: Plan) -> Recompute:
                 kept.add(t)
                 record(found, a.roots.get(t, t), CHECKPOINT)
 
+    _tie_norm_statistics(a, owner, kept, recomputable, found)
     results = [RegionResult(region.name, sum(1 for i in region.nodes if owner.get(i) == r))
                for r, region in enumerate(plan.regions)]
     for i, r in owner.items():
@@ -138,6 +139,38 @@ def plan_recompute(a: Analysis, plan: Plan) -> Recompute:
         results[r].recomputed = sorted(needed[r])
     recomputed = _recomputed_buffers(a, copies, renamed, found)
     return Recompute(copies, renamed, blocks, results, info, found, recomputed)
+
+
+# Normalizations whose statistics outputs (mean, inverse std) their gradient reads.
+_NORMS = frozenset({"LayerNormalization", "SimplifiedLayerNormalization"})
+
+
+def _tie_norm_statistics(a: Analysis, owner: dict[int, int], kept: set[str], recomputable: dict[int, bool],
+                         found: dict[str, Reason]) -> None:
+    """In ORT training graphs a LayerNormalization's statistics follow its input: recomputed
+    with it, or the input kept. The training build's SkipLayerNormFusion (ORT 1.19.2,
+    ORT_ENABLE_ALL: the Module API's session) fuses an Add into the LayerNormalization once
+    the backward reads only a copy of the Add's output, and moves the statistics onto a
+    SkipLayerNormalization whose CPU kernel never writes them: the LayerNormalizationGrad
+    still reading the forward statistics then fails to run."""
+    g = a.graph
+    for node in g.nodes:
+        if node.op_type not in _NORMS or not a.phases.is_forward[node.index]:
+            continue
+        i, x = node.index, node.inputs[0]
+        p = g.producer.get(x)
+        stats = [t for t in node.outputs[1:] if t != ABSENT and _read_by_ort_gradient(a, t)]
+        if p is None or not stats or x in kept or owner.get(p) is None:
+            continue
+        if owner.get(p) == owner.get(i) and recomputable[i] and recomputable[p]:
+            kept.difference_update(stats)
+        else:
+            kept.add(x)
+            record(found, a.roots.get(x, x), NORM_INPUT)
+
+
+def _read_by_ort_gradient(a: Analysis, tensor: str) -> bool:
+    return any(a.graph.nodes[c].domain == "com.microsoft" for c in _data_readers(a, tensor))
 
 
 def _recomputed_buffers(a: Analysis, copies: dict[int, onnx.NodeProto], renamed: dict[str, str],
