@@ -23,6 +23,8 @@ import onnx
 
 from .version import __version__
 from .analysis import Analysis, analyse, symbolic_dims
+from .analysis.scaling import scaling
+from .analysis.shapes import infer_tensors, resolve_dims, tied_dims
 from .errors import ModelError, UsageError
 from .expand import expand_functions
 from .graph import Graph
@@ -73,12 +75,21 @@ def analyse_input(loaded: Loaded, dims: dict[str, int] | None = None, loss: str 
                   grad_outputs: list[str] | None = None) -> Analysis:
     """``analyse`` with the option checks every command shares."""
     dims = dict(dims or {})
-    known = symbolic_dims(loaded.graph) if dims else set()  # only to check --dim (0.07 s at 100k nodes)
+    known = symbolic_dims(loaded.graph)  # 0.07 s at 100k nodes
     unknown = set(dims) - known
     if unknown:
         have = ", ".join(sorted(known)) or "none"
         raise UsageError(f"--dim {sorted(unknown)[0]}: no such symbolic dimension in the model (it has: {have})")
-    return analyse(loaded.graph, dims, loss, list(grad_outputs) if grad_outputs else None)
+    bound, defaulted = resolve_dims(loaded.graph, dims)
+    outputs = list(grad_outputs) if grad_outputs else None
+    if not defaulted:
+        return analyse(loaded.graph, bound, loss, outputs)
+    tensors = infer_tensors(loaded.graph, bound)
+    tied = {d: v for d, v in tied_dims(loaded.graph, tensors, defaulted).items() if bound[d] != v}
+    if tied:
+        bound.update(tied)
+        tensors = infer_tensors(loaded.graph, bound)
+    return analyse(loaded.graph, bound, loss, outputs, tensors, default_dims=defaulted)
 
 
 # ----------------------------------------------------------------------------- inspect
@@ -98,7 +109,22 @@ def inspect_model(model: ModelInput, *, dims: dict[str, int] | None = None, loss
     """Phases, stashed activations and the predicted peak under both ORT orders."""
     loaded = load_input(model)
     a = analyse_input(loaded, dims, loss, grad_outputs)
-    return InspectResult(a, inspect_report(a, loaded.source, _analysis_options(dims, loss, grad_outputs)))
+    report = inspect_report(a, loaded.source, _analysis_options(dims, loss, grad_outputs))
+    scaled = scaling(a)
+    report["scaling"] = scaled.to_json() if scaled else None
+    return InspectResult(a, report)
+
+
+def _scaling_report(a: Analysis, planned: Planned | None, replan: Callable[[Analysis], Planned | None]) -> dict | None:
+    """How the figures move with the symbolic dimensions, and whether the plan made at
+    twice their values is this one."""
+    scaled = scaling(a)
+    if scaled is None:
+        return None
+    again = replan(scaled.doubled)
+    names = [n.name for n in a.graph.nodes]
+    regions = [p.plan.to_json(names)["regions"] if p and p.plan else None for p in (planned, again)]
+    return {**scaled.to_json(), "same_plan_at_doubled_dims": regions[0] == regions[1]}
 
 
 def _policy_options(policy: Policy | None) -> dict:
@@ -149,6 +175,7 @@ def plan_model(model: ModelInput, *, auto: str | None = None, budget: str | None
     options = {"auto": auto, "budget": budget, **_policy_options(policy), **_analysis_options(dims, loss, grad_outputs)}
     report = plan_report(a, loaded.source, planned, result, plan_rows(a, planned, result),
                          str(output) if output else None, options)
+    report["scaling"] = _scaling_report(a, planned, lambda d: make_plan(d, auto, budget, policy=policy))
     if output is not None:
         write_text_atomic(Path(output), json.dumps(report["plan"], indent=2) + "\n")
     return PlanResult(a, planned, result, report)
@@ -245,7 +272,7 @@ def check_models(original: ModelInput, rewritten: ModelInput, *, dims: dict[str,
         paths = {"original": _on_disk(original, Path(tmp), "original.onnx"),
                  "rewritten": _on_disk(rewritten, Path(tmp), "rewritten.onnx")}
         analysed = {k: analyse_input(load_input(p), dims, loss, grad_outputs) for k, p in paths.items()}
-        figures = _check_paths(paths, analysed, dims, options)
+        figures = _check_paths(paths, analysed, dict(analysed["original"].dims), options)
     report = check_report(_source(original), _source(rewritten), figures.to_json(),
                           {**options.to_json(), "dims": [f"{k}={v}" for k, v in (dims or {}).items()]})
     return CheckResult(figures, report)
@@ -351,6 +378,8 @@ def rewrite_model(model: ModelInput, output: str | Path | None = None, *, force:
                                              result.pattern_off.input if result.pattern_off else None),
                             options)
     report["ort_optimize"] = optimized.to_json() if optimized else None
+    report["scaling"] = _scaling_report(a, planned, lambda d: None if no_recompute else make_plan(
+        d, auto, budget, regions, regions_by_scope, boundaries, Path(plan) if plan else None, policy=policy, pin=pin))
     if planned is not None:
         report["planning"] = planning_section(a, planned, result, plan_rows(a, planned, result))
     out = RewriteModelResult(rewritten, result, a, planned, report, written)
@@ -386,7 +415,7 @@ def _check_rewrite(model: ModelInput, loaded: Loaded, a: Analysis, out: RewriteM
         after = analyse(load_graph(rewritten), loss=a.phases.loss, grad_outputs=list(a.phases.grad_outputs),
                         tensors=out.result.after.tensors)
         return _check_paths({"original": original, "rewritten": rewritten}, {"original": a, "rewritten": after},
-                            dims, options)
+                            dict(a.dims), options)
 
 
 def _provenance(options: dict, result: RewriteResult, plan) -> dict[str, str]:

@@ -16,6 +16,7 @@ from .errors import ModelError
 from .expand import expand_functions
 from .external import check_embedded, check_external, external_tensors
 from .graph import ABSENT, Graph, Node, embedded_bytes, gc_paused, weightless_copy
+from .ort.registry import ort_only_nodes
 from .serialize import read_model
 
 _PROTOBUF_LIMIT = 2**31 - 1
@@ -25,6 +26,9 @@ _CHECKER_MAX_NODES = 20_000
 # Embedded initializers above this size reach onnx.checker as typed graph inputs.
 _CHECKER_INLINE_BYTES = 1 << 20
 _DATA_TYPES = frozenset(onnx.TensorProto.DataType.values())
+# Where the checker's copy moves ONNX-domain ops that ORT registers and onnx does not know:
+# the checker passes nodes of a domain it has no schemas for.
+_ORT_REGISTERED_DOMAIN = "ckpt.ort-registered"
 # Data files each loaded model reads (resolved), so writers can refuse to overwrite them.
 _data_files: dict[Path, set[Path]] = {}
 
@@ -97,6 +101,15 @@ def _checked_copy(model: onnx.ModelProto, order: list[int]) -> onnx.ModelProto:
     return weightless_copy(model, (model.graph.node[i] for i in order), inline_bytes=_CHECKER_INLINE_BYTES)
 
 
+def _without_ort_ops(copy: onnx.ModelProto, ops: set[str]) -> onnx.ModelProto:
+    """The checker's copy with the ORT-registered ops moved out of the ONNX domain."""
+    for node in copy.graph.node:
+        if node.domain in ("", "ai.onnx") and node.op_type in ops:
+            node.domain = _ORT_REGISTERED_DOMAIN
+    copy.opset_import.append(onnx.helper.make_opsetid(_ORT_REGISTERED_DOMAIN, 1))
+    return copy
+
+
 def _run_checker(model: onnx.ModelProto, path: Path, order: list[int], external: list[onnx.TensorProto]) -> None:
     in_attributes = len(external) > sum(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
     # The checker serializes what it is given: big embedded weights go to it as typed
@@ -106,8 +119,11 @@ def _run_checker(model: onnx.ModelProto, path: Path, order: list[int], external:
     heavy = [t for t in model.graph.initializer if embedded_bytes(t) > _CHECKER_INLINE_BYTES]
     for t in heavy:
         check_embedded(t, path)
+    ort_ops = {n.op_type for n in ort_only_nodes(model)}
     try:
-        if in_attributes:  # by path: the checker then finds Constant values beside the model
+        if ort_ops:
+            onnx.checker.check_model(_without_ort_ops(_checked_copy(model, order), ort_ops))
+        elif in_attributes:  # by path: the checker then finds Constant values beside the model
             onnx.checker.check_model(str(path))
         elif external or heavy or order != list(range(len(order))):
             onnx.checker.check_model(_checked_copy(model, order))

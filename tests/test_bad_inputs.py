@@ -134,7 +134,6 @@ ROWS: list[tuple[str, Callable[[Path], list], int, str]] = [
     ("negative dim", lambda f: ["inspect", _chain(f, _negative_dim)], 2, "negative"),
     ("unknown dtype", lambda f: ["inspect", _chain(f, _bad_dtype)], 2, ""),
     ("untyped output", lambda f: ["rewrite", _chain(f, _untyped_output), "-o", f / "o.onnx"], 2, "element type"),
-    ("unbound symbolic dim", lambda f: ["plan", _chain(f, _symbolic)], 2, "--dim batch=N"),
     ("huge --dim", lambda f: ["inspect", _chain(f, _symbolic), "--dim", "batch=" + "9" * 30], 2, "out of range"),
     ("unknown --dim", lambda f: ["inspect", _chain(f), "--dim", "nosuch=3"], 2, "nosuch"),
     ("data at /etc/passwd", lambda f: ["rewrite", _ext(f, location="/etc/passwd"), "-o", f / "o.onnx"], 2,

@@ -16,7 +16,7 @@ PACKAGE = Path(ckpt_cli.__file__).parent
 
 # In pipeline order; each entry names the top-level modules or packages of one stage.
 STAGES: tuple[tuple[str, ...], ...] = (
-    ("errors", "units", "version", "graph", "ops", "markers"),  # vocabulary every stage shares
+    ("errors", "units", "version", "graph", "ops", "markers", "ort"),  # vocabulary every stage shares; ort: its op facts
     ("load", "expand", "external", "serialize"),  # serialize: the file bytes, read and written
     ("analysis",),
     ("planning",),

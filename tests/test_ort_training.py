@@ -174,3 +174,43 @@ def test_session_matrix_below_the_original(training_python, tmp_path):
     for session in ("plain", "default_all", "ckpt"):
         r = measure_process_peak(rewrite, session, feeds, training_python)
         assert r["peak_bytes"] < 0.95 * original, (session, r["peak_bytes"], original)
+
+
+_SHAPES_PROBE = """
+import json, sys, numpy as np, onnxruntime as ort
+so = ort.SessionOptions()
+so.intra_op_num_threads = 1
+s = ort.InferenceSession(sys.argv[1], so, providers=["CPUExecutionProvider"])
+feeds = dict(np.load(sys.argv[2]))
+names = [o.name for o in s.get_outputs()]
+print(json.dumps({n: [list(v.shape), v.dtype.itemsize * v.size] for n, v in zip(names, s.run(names, feeds))}))
+"""
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (SAMPLES / "zoo").iterdir()))
+def test_every_tensor_has_the_size_ort_gives_it(training_python, tmp_path, name):
+    """ckpt's sizes for every tensor of each zoo artifact, at the default batch, against the
+    arrays ORT 1.19.2's training build returns when each is made a graph output."""
+    import numpy as np
+    import onnx
+
+    from ckpt_cli.api import analyse_input, load_input
+    from ckpt_cli.verify.feeds import make_feeds
+
+    path = SAMPLES / "zoo" / name / "training_model.onnx"
+    a = analyse_input(load_input(path))
+    model = onnx.load(path)
+    outputs = {o.name for o in model.graph.output}
+    produced = [t for n in model.graph.node for t in n.output if t and t not in outputs]
+    model.graph.output.extend(onnx.helper.make_empty_tensor_value_info(t) for t in produced)
+    probe = tmp_path / "probe.onnx"
+    onnx.save(model, probe)
+    np.savez(tmp_path / "feeds.npz", **make_feeds(model, dims=dict(a.dims)))
+    r = subprocess.run([training_python, "-c", _SHAPES_PROBE, str(probe), str(tmp_path / "feeds.npz")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, _tail(r.stderr)
+    ran = json.loads(r.stdout.strip().splitlines()[-1])
+    wrong = {t: (a.tensors[t].shape, shape) for t, (shape, nbytes) in ran.items()
+             if t in a.tensors and (a.tensors[t].nbytes != nbytes or tuple(shape) != tuple(a.tensors[t].shape or ()))}
+    assert not wrong, wrong
+    assert set(ran) <= set(a.tensors)  # every tensor ORT made is sized

@@ -43,6 +43,8 @@ class Analysis:
     reuse_buffers: bool = True  # ORT's enable_mem_reuse the simulations assume
     loss_given: str | None = None  # --loss / --grad-output, which decide the phases
     grad_outputs_given: tuple[str, ...] | None = None
+    dims: tuple[tuple[str, int], ...] = ()  # symbolic dimension values the sizes are taken at
+    default_dims: tuple[str, ...] = ()  # those of them ckpt chose (no --dim given)
 
     @cached_property
     @gc_paused
@@ -189,12 +191,13 @@ def recommended_mem_reuse(graph: Graph) -> bool:
 def analyse(graph: Graph, dims: dict[str, int] | None = None, loss: str | None = None,
             grad_outputs: list[str] | None = None, tensors: dict[str, TensorInfo] | None = None, *,
             priority: MemoryProfile | None = None, reuse_buffers: bool | None = None,
-            deferred: bool = False) -> Analysis:
+            deferred: bool = False, default_dims: tuple[str, ...] = ()) -> Analysis:
     """Run every analysis on ``graph``. ``tensors`` may be passed to skip shape inference, and
     ``priority`` (the simulation of ``schedules.priority_based(graph)`` with them) to skip it.
     ``reuse_buffers`` (ORT's enable_mem_reuse) defaults to what the model asks for.
     ``deferred`` leaves the phases to their first use (a graph ckpt wrote, whose phases
-    cannot fail), else they are classified now, so a model without a backward is refused here."""
+    cannot fail), else they are classified now, so a model without a backward is refused here.
+    ``default_dims`` names the entries of ``dims`` that the caller chose, not the user."""
     if tensors is None:
         tensors = infer_tensors(graph, dims)
         _refuse_unbound_dims(graph, tensors, dims or {})
@@ -206,7 +209,8 @@ def analyse(graph: Graph, dims: dict[str, int] | None = None, loss: str | None =
     elif priority is None:
         priority = simulate(graph, schedules.priority_based(graph), tensors, reuse_buffers=reuse_buffers)
     a = Analysis(graph=graph, tensors=tensors, priority=priority, reuse_buffers=reuse_buffers, loss_given=loss,
-                 grad_outputs_given=tuple(grad_outputs) if grad_outputs else None)
+                 grad_outputs_given=tuple(grad_outputs) if grad_outputs else None,
+                 dims=tuple(sorted((dims or {}).items())), default_dims=tuple(sorted(default_dims)))
     if not deferred:
         a.phases  # noqa: B018 (classified now: its errors belong to loading)
     if without_reuse is not None:

@@ -41,17 +41,26 @@ def fold(graph: Graph, tensors: dict[str, TensorInfo], ops: frozenset[str],
     opset = graph.opset("") or 18
     for i in graph.topological_order():
         node = graph.nodes[i]
-        if (node.op_type not in ops or node.domain not in ("", "ai.onnx") or len(node.outputs) != 1
+        if _is_concat_training(node, ops) and node.outputs[0] not in skip:
+            value = _evaluate(node, values, tensors, opset, as_op="Concat")
+        elif (node.op_type not in ops or node.domain not in ("", "ai.onnx") or len(node.outputs) != 1
                 or node.outputs[0] in skip):
             continue
-        value = _evaluate(node, values, tensors, opset)
+        else:
+            value = _evaluate(node, values, tensors, opset)
         if value is not None and value.dtype.kind in "iu" and value.size <= _MAX_ELEMENTS:
             values[node.outputs[0]] = made[node.outputs[0]] = value
     return made
 
 
+def _is_concat_training(node: Node, ops: frozenset[str]) -> bool:
+    """ORT's training transformer turns Concat into com.microsoft ConcatTraining, whose first
+    output is the Concat's (its second, the input lengths, is not a shape value)."""
+    return node.op_type == "ConcatTraining" and node.domain == "com.microsoft" and "Concat" in ops
+
+
 def _evaluate(node: Node, values: dict[str, np.ndarray], tensors: dict[str, TensorInfo],
-              opset: int) -> np.ndarray | None:
+              opset: int, as_op: str | None = None) -> np.ndarray | None:
     if node.op_type in ("Shape", "Size"):
         info = tensors.get(node.inputs[0])
         if info is None or info.shape is None or not all(isinstance(d, int) for d in info.shape):
@@ -62,7 +71,9 @@ def _evaluate(node: Node, values: dict[str, np.ndarray], tensors: dict[str, Tens
     names = [t for t in node.inputs if t != ABSENT]
     if any(t not in values for t in names):
         return None
-    fast = _FAST.get(node.op_type)
+    fast = _FAST.get(as_op or node.op_type)
+    if as_op is not None and fast is None:
+        return None
     if fast is not None and (node.op_type not in _AXES_INPUT or opset >= 13):
         try:
             return np.asarray(fast(node, *(values[t] for t in names)))

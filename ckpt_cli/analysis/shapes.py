@@ -19,6 +19,8 @@ from onnx import numpy_helper
 from ..errors import ModelError, UsageError
 from ..graph import ABSENT, Graph, weightless_copy
 from ..ops import ORT_FOLDABLE, ORT_SCALAR_FOLDABLE
+from ..ort import shapes as ort_shapes
+from ..ort.registry import onnx_knows
 from .shape_values import FOLDABLE, fold
 
 _INLINE_INITIALIZER_BYTES = 4096  # small ones may hold shapes that inference must read
@@ -86,6 +88,40 @@ def _bind(v: onnx.ValueInfoProto, dims: dict[str, int]) -> None:
                 d.dim_value = dims[d.dim_param]
 
 
+# The value of a symbolic dimension no --dim names. ORT training artifacts leave the batch
+# symbolic; 64 makes activations large enough to measure on the process peak (64 KiB and
+# up for a 256-wide layer) while keeping a check's run short.
+DEFAULT_DIM = 64
+
+
+def resolve_dims(graph: Graph, given: dict[str, int]) -> tuple[dict[str, int], tuple[str, ...]]:
+    """``given`` plus DEFAULT_DIM for every other symbolic dimension of the graph's inputs
+    and outputs, and the names defaulted."""
+    defaulted = tuple(sorted(symbolic_dims(graph) - set(given)))
+    return {**given, **{d: DEFAULT_DIM for d in defaulted}}, defaulted
+
+
+_LOSSES = frozenset({"SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLossInternal"})
+
+
+def tied_dims(graph: Graph, tensors: dict[str, TensorInfo], free: tuple[str, ...]) -> dict[str, int]:
+    """Values that the defaulted dimensions in ``free`` must take to fit the others: a loss's
+    labels have its scores' shape without the class axis, and artifacts of language models
+    declare flattened labels with a symbol of their own (``batch_x_32`` beside ``batch``)."""
+    declared = {v.name: _shape_of(v.type)[1] for v in graph.model.graph.input}
+    tied: dict[str, int] = {}
+    for node in graph.nodes:
+        if node.op_type not in _LOSSES or len(node.inputs) < 2:
+            continue
+        scores, labels = tensors.get(node.inputs[0]), declared.get(node.inputs[1])
+        if scores is None or scores.shape is None or not labels or len(labels) + 1 != len(scores.shape):
+            continue
+        for dim, size in zip(labels, scores.shape[:1] + scores.shape[2:]):
+            if dim in free and isinstance(size, int):
+                tied.setdefault(dim, size)
+    return tied
+
+
 def symbolic_dims(graph: Graph) -> set[str]:
     """Names of symbolic dimensions on the graph's inputs and outputs."""
     names: set[str] = set()
@@ -108,7 +144,8 @@ def infer_tensors(graph: Graph, dims: dict[str, int] | None = None) -> dict[str,
     # bodies strictly could turn a model that loads into an error.
     del model.functions[:]
     light = model.graph
-    for v in light.input:
+    # Artifacts declare gradients with the batch dimension too: bind it wherever it is declared.
+    for v in chain(light.input, light.value_info, light.output):
         _bind(v, dims)
     tensors = _with_shape_values(graph, model, _inferred(model, light, strict_for=graph.path or "model"), FOLDABLE)
     blind = _ort_blind_values(graph, tensors)
@@ -116,7 +153,7 @@ def infer_tensors(graph: Graph, dims: dict[str, int] | None = None) -> dict[str,
         _mark_ort_static(graph, model, tensors, blind)
     for t in src.initializer:
         tensors[t.name] = _info(t.data_type, tuple(t.dims))
-    _fill_custom_op_shapes(graph, tensors)
+    _through_ort_ops(graph, model, tensors)
     return tensors
 
 
@@ -219,46 +256,83 @@ def _inferred(model: onnx.ModelProto, light: onnx.GraphProto, strict_for: object
     return tensors
 
 
-# Ops outside the ONNX domain (ORT training artifacts) that onnx cannot infer:
-# output position -> input position whose shape and dtype it takes.
-_SAME_AS_INPUT: dict[str, dict[int, int]] = {
-    "SoftmaxCrossEntropyLossGrad": {0: 1},
-    "SoftmaxCrossEntropyLossInternalGrad": {0: 1},
-    "BatchNormInternal": {0: 0, 1: 3, 2: 4, 3: 3, 4: 4},
-    "BatchNormalizationGrad": {0: 1, 1: 2, 2: 2},
-    "InPlaceAccumulatorV2": {1: 0},
-    "SoftmaxCrossEntropyLossInternal": {1: 0},
-    "ConvGrad": {0: 1, 1: 2},
-    "GatherGrad": {0: 0},
-    "MaxPoolGrad": {0: 1},
-    "LayerNormalizationGrad": {0: 1, 1: 2, 2: 2},
-    "SimplifiedLayerNormalizationGrad": {0: 1, 1: 2},
-    # ORT's fused forward ops (shapes of the others, FusedMatMul among them, come from the
-    # value_info ORT writes with an optimized model)
-    "SkipLayerNormalization": {0: 0, 3: 0},
-    "SkipSimplifiedLayerNormalization": {0: 0, 3: 0},
-    "BiasSoftmax": {0: 0},
-}
+def _ort_rule(node, opset: int):
+    """The shape rule of a node onnx cannot infer, or None."""
+    if node.domain not in ("", "ai.onnx"):
+        return ort_shapes.contrib_rule(node.op_type)
+    rule = ort_shapes.ONNX_DOMAIN_RULES.get(node.op_type)
+    return rule if rule is not None and not onnx_knows(node.op_type, opset) else None
 
 
-def _fill_custom_op_shapes(graph: Graph, tensors: dict[str, TensorInfo]) -> None:
+def _fill_ort_op_shapes(graph: Graph, tensors: dict[str, TensorInfo]) -> list[str]:
+    """Size the outputs of ORT's own ops by their rules; returns the tensors sized here."""
+    opset = graph.opset("") or 0
+    rules = {i: r for i, r in ((i, _ort_rule(n, opset)) for i, n in enumerate(graph.nodes)) if r is not None}
+    if not rules:
+        return []
+    values: dict = {}
+    needs_values = any(graph.nodes[i].op_type in _VALUE_RULES for i in rules)
+
+    def typed(name: str):
+        info = tensors.get(name)
+        return (info.dtype, info.shape) if info is not None and info.shape is not None else None
+
+    def value(name: str):
+        if needs_values and not values:
+            values.update(fold(graph, tensors, FOLDABLE))
+        return values.get(name)
+
+    def producer(name: str):
+        i = graph.producer.get(name)
+        return graph.nodes[i] if i is not None else None
+
+    sized = []
     for i in graph.topological_order():
-        node = graph.nodes[i]
-        if node.domain in ("", "ai.onnx"):
+        if i not in rules:
             continue
-        rule = _SAME_AS_INPUT.get(node.op_type)
-        if rule is None:
-            # Elementwise gradient ops (ReluGrad, GeluGrad, ...) and Scale keep input 0's shape.
-            rule = {0: 0} if node.op_type.endswith("Grad") or node.op_type in (
-                "Scale", "Gelu", "FastGelu", "BiasGelu", "QuickGelu", "BiasAdd") else {}
-        for out_pos, in_pos in rule.items():
-            if out_pos >= len(node.outputs) or in_pos >= len(node.inputs):
+        node = graph.nodes[i]
+        for pos, (dtype, shape) in rules[i](ort_shapes.Inputs(node, typed, value, producer)).items():
+            out = node.outputs[pos] if pos < len(node.outputs) else ABSENT
+            if out == ABSENT or shape is None or (out in tensors and tensors[out].nbytes is not None):
                 continue
-            out, src = node.outputs[out_pos], node.inputs[in_pos]
-            if out == ABSENT or src not in tensors:
-                continue
-            if out not in tensors or tensors[out].nbytes is None:
-                known = tensors[src]
-                prior = tensors.get(out)
-                dtype = prior.dtype if prior is not None and prior.dtype else known.dtype
-                tensors[out] = _info(dtype, known.shape)
+            tensors[out] = _info(dtype or (tensors[out].dtype if out in tensors else 0), tuple(shape))
+            if tensors[out].nbytes is not None:
+                sized.append(out)
+    return sized
+
+
+_VALUE_RULES = frozenset({"GatherGrad", "GatherNDGrad", "GatherElementsGrad", "SliceGrad"})
+
+
+def _through_ort_ops(graph: Graph, model: onnx.ModelProto, tensors: dict[str, TensorInfo]) -> None:
+    """Size ORT's own ops, then infer again past them with their outputs declared, until
+    nothing more is sized: onnx's inference stops at every op it does not know."""
+    declared: dict[str, TensorInfo] = {}
+    for _ in range(_MAX_ROUNDS):
+        sized = _fill_ort_op_shapes(graph, tensors)
+        if not sized or all(t in tensors and tensors[t].nbytes is not None
+                            for n in graph.nodes for t in n.outputs if t != ABSENT):
+            return
+        declared.update((t, tensors[t]) for t in sized)
+        m = onnx.ModelProto(ir_version=model.ir_version)
+        g = m.graph
+        g.CopyFrom(model.graph)
+        kept = [v for v in g.value_info if v.name not in declared]
+        del g.value_info[:]
+        g.value_info.extend(kept)
+        g.value_info.extend(onnx.helper.make_tensor_value_info(t, i.dtype, list(i.shape)) for t, i in declared.items())
+        m.opset_import.extend(model.opset_import)
+        before = sum(i.nbytes is not None for i in tensors.values())
+        _merge_sized(tensors, _inferred(m, g))
+        # shapes past ORT's ops may size Shape nodes whose values size the next Reshape
+        _merge_sized(tensors, _with_shape_values(graph, m, dict(tensors), FOLDABLE))
+        if sum(i.nbytes is not None for i in tensors.values()) == before:
+            return
+
+
+def _merge_sized(tensors: dict[str, TensorInfo], new: dict[str, TensorInfo]) -> None:
+    tensors.update((t, info) for t, info in new.items()
+                   if info.nbytes is not None and (t not in tensors or tensors[t].nbytes is None))
+
+
+_MAX_ROUNDS = 32  # each round passes one more layer of ORT ops (a 12-layer encoder needs about 2 per layer)

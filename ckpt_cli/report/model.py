@@ -13,6 +13,7 @@ from ..analysis.cost import node_cost
 from ..analysis.scopes import UNSCOPED, top_scope
 from ..graph import gc_paused
 from ..markers import REGION_META, is_recompute_copy
+from ..ort.registry import ort_only_ops
 from ..version import __version__
 
 SCHEMA_VERSION = 1
@@ -76,6 +77,15 @@ def envelope(command: str, source: Source | None, options: dict) -> dict:
     return head
 
 
+def model_facts(a: Analysis) -> dict:
+    """What the figures rest on: the symbolic dimension values, and the ONNX-domain ops
+    accepted because ONNX Runtime registers them where onnx does not."""
+    return {
+        "dims": {d: {"value": v, "source": "default" if d in a.default_dims else "given"} for d, v in a.dims},
+        "ort_registered_ops": ort_only_ops(a.graph.model),
+    }
+
+
 def stashed_rows(a: Analysis, limit: int | None = TOP_STASHED) -> list[dict]:
     """Stashed activations, one row per buffer, largest first."""
     seen: dict[str, dict] = {}
@@ -121,6 +131,7 @@ def inspect_report(a: Analysis, source: Source | None, options: dict) -> dict:
     param_bytes = buffer_bytes(g.resident, a.tensors)
     return {
         **envelope("inspect", source, options),
+        **model_facts(a),
         "nodes": len(g.nodes),
         "forward_nodes": a.phases.forward_count,
         "backward_nodes": a.phases.backward_count,
@@ -207,6 +218,7 @@ def rewrite_report(before: Analysis, source: Source | None, result, output: str 
     step_flops = before.forward_flops + before.backward_flops
     return {
         **envelope("rewrite", source, options),
+        **model_facts(before),
         "output": output,
         "strategy": plan_json["strategy"] if plan_json else "reorder only",
         "plan_notes": plan_notes,
@@ -275,6 +287,7 @@ def plan_report(a, source, planned, result, rows: list[dict], output: str | None
     plan_json = planned.plan.to_json([n.name for n in a.graph.nodes]) if planned.plan else None
     return {
         **envelope("plan", source, options),
+        **model_facts(a),
         "output": output,
         **planning_section(a, planned, result, rows),
         "notes": planned.plan.notes if planned.plan else [],

@@ -6,7 +6,7 @@ from __future__ import annotations
 from rich.console import Console
 
 from ..units import human_bytes, human_flops, percent
-from .render import _table, render_unsized
+from .render import _table, render_facts, render_unsized
 from .text import plain, safe
 
 TOP_EXPLANATIONS = 12
@@ -24,6 +24,7 @@ def render_explanations(rows: list[dict], console: Console, limit: int = TOP_EXP
 
 
 def render_plan(r: dict, console: Console) -> None:
+    render_facts(r, console)
     target = f", budget {human_bytes(r['budget_bytes'])}" if r["budget_bytes"] is not None else ""
     console.print(f"[bold]{safe(r['model'])}[/bold]: plan '{safe(r['strategy'])}'{target} -> "
                   f"{safe(r['output'] or '(not written)')}")

@@ -42,7 +42,33 @@ def chart_lines(console: Console, series, boundaries, width: int = 80) -> list[s
                                                  boundaries=boundaries, ascii_only=console.no_color)]
 
 
+def render_facts(r: dict, console: Console) -> None:
+    """The first lines of a report on a model: what its figures rest on."""
+    dims = r.get("dims") or {}
+    chosen = [d for d, v in dims.items() if v["source"] == "default"]
+    if dims:
+        values = ", ".join(f"{safe(d)} = {v['value']}" for d, v in dims.items())
+        console.print(f"sizes at {values}" + (f" ({', '.join(map(safe, chosen))}: ckpt's default; set with "
+                                               + " ".join(f"--dim {safe(d)}=N" for d in chosen) + ")"
+                                               if chosen else ""))
+    scaled = r.get("scaling")
+    if scaled:
+        names = ", ".join(map(safe, scaled["dims"]))
+        line = f"peak = {safe(scaled['peak_bytes_formula'])}; "
+        line += (f"every stashed activation scales with {names}" if scaled["activations_scale"]
+                 else f"{len(scaled['fixed_activations'])} stashed activations do not scale with {names}")
+        if "same_plan_at_doubled_dims" in scaled:
+            twice = ", ".join(f"{safe(d)} = {v}" for d, v in scaled["doubled_dims"].items())
+            line += ("; the same plan at " if scaled["same_plan_at_doubled_dims"] else "; another plan at ") + twice
+        console.print(line)
+    ops = r.get("ort_registered_ops") or {}
+    if ops:
+        console.print("accepted as ONNX Runtime ops (onnx has no schema for them at this opset): "
+                      + ", ".join(f"{safe(op)} x{n}" for op, n in ops.items()))
+
+
 def render_inspect(r: dict, console: Console) -> None:
+    render_facts(r, console)
     console.print(f"[bold]{safe(r['model'])}[/bold]  {r['nodes']} nodes: "
                   f"{r['forward_nodes']} forward, {r['backward_nodes']} backward; "
                   f"loss '{safe(r['loss'])}', {r['gradient_outputs']} gradient outputs")
@@ -96,6 +122,7 @@ def render_unsized(r: dict, console: Console) -> None:
 
 
 def render_rewrite(r: dict, console: Console) -> None:
+    render_facts(r, console)
     b, a = r["before"], r["after"]
     console.print(f"[bold]{safe(r['model'])}[/bold] -> [bold]{safe(r['output'])}[/bold]  ({safe(r['strategy'])})")
     for note in r["plan_notes"]:

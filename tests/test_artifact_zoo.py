@@ -1,0 +1,69 @@
+"""The ORT training artifact zoo (sample_models/zoo, made by sample_models/artifact_zoo.py):
+every artifact analysed with no options, every tensor sized, the sizes ORT computes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from conftest import ROOT, SAMPLES
+
+from ckpt_cli import inspect_model, plan_model
+from ckpt_cli.analysis.shapes import DEFAULT_DIM
+
+ZOO = SAMPLES / "zoo"
+MODELS = sorted(p.name for p in ZOO.iterdir() if (p / "training_model.onnx").exists())
+
+
+def test_the_zoo_has_every_architecture_the_issue_names():
+    assert {"mlp", "mlp_dropout", "lenet", "resnet_block", "bert", "bert17", "gpt", "embed_ln", "embed_ln17",
+            "lstm", "gru"} <= set(MODELS)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_inspect_with_no_options_sizes_every_tensor(name):
+    report = inspect_model(ZOO / name / "training_model.onnx").to_json()
+    assert report["unsized"] == []
+    assert report["dims"]["batch"] == {"value": DEFAULT_DIM, "source": "default"}
+    assert report["stashed_bytes"] > 0 and report["peak_bytes"] > report["resident_bytes"]
+    doubled = report["scaling"]
+    assert doubled["peak_bytes"][1] > doubled["peak_bytes"][0]  # activations grow with the batch
+
+
+def test_accepted_ort_ops_are_named():
+    ops = {n: inspect_model(ZOO / n / "training_model.onnx").to_json()["ort_registered_ops"]
+           for n in ("lenet", "bert", "gpt", "embed_ln", "bert17", "mlp")}
+    assert ops["lenet"] == {"MaxPoolGrad": 2}
+    assert ops["bert"] == {"LayerNormalization": 5} and ops["gpt"] == {"LayerNormalization": 9}
+    assert ops["embed_ln"] == {"LayerNormalization": 1}
+    assert ops["bert17"] == {} and ops["mlp"] == {}  # standard at opset 17
+
+
+def test_flattened_labels_take_the_scores_rows():
+    """The GPT artifact's labels are [batch_x_32]: a symbol of their own, tied to the logits."""
+    dims = inspect_model(ZOO / "gpt" / "training_model.onnx").to_json()["dims"]
+    assert dims["batch_x_32"]["value"] == 32 * dims["batch"]["value"]
+
+
+def _regions(path: Path, batch: int):
+    plan = plan_model(path, dims={"batch": batch}).planned.plan
+    return plan.to_json([n.name for n in plan_model(path).analysis.graph.nodes])["regions"] if plan else None
+
+
+@pytest.mark.parametrize("name", ["mlp_dropout", "resnet_block", "lenet"])
+def test_the_same_plan_claim_is_what_planning_at_twice_the_batch_gives(name):
+    """The report says whether the plan at twice the symbolic dimensions is this one; planned
+    independently at both values with --dim, the plans agree exactly when it says so. (All
+    activations scaling with the batch does not make the plan the same: the parameters do
+    not scale, and the default weighs peak against recompute. mlp_dropout shows it.)"""
+    path = ZOO / name / "training_model.onnx"
+    scaled = plan_model(path).report["scaling"]
+    assert scaled["same_plan_at_doubled_dims"] == (_regions(path, DEFAULT_DIM) == _regions(path, 2 * DEFAULT_DIM))
+    if name == "mlp_dropout":
+        assert scaled["activations_scale"] and not scaled["same_plan_at_doubled_dims"]

@@ -1,0 +1,115 @@
+"""ONNX Runtime's own ops: accepted where ORT registers them, and sized by their rules.
+
+The graphs are built by hand in the shape ORT training artifacts have them (the artifact
+zoo in sample_models/zoo has the real ones; see test_artifact_zoo.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from ckpt_cli.analysis.shapes import infer_tensors
+from ckpt_cli.errors import ModelError
+from ckpt_cli.graph import Graph
+from ckpt_cli.load import load_graph
+from ckpt_cli.ort.registry import ort_only_ops, ort_registers
+
+F = TensorProto.FLOAT
+MS = "com.microsoft"
+
+
+def _model(nodes, inputs, outputs, inits=(), opset=14) -> onnx.ModelProto:
+    g = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(inits))
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid(MS, 1)])
+    m.ir_version = 7
+    return m
+
+
+def _layer_norm_model(opset: int, op: str = "LayerNormalization") -> onnx.ModelProto:
+    nodes = [helper.make_node(op, ["x", "scale", "bias"], ["y", "mean", "inv_std"], axis=-1, epsilon=1e-5),
+             helper.make_node("Relu", ["y"], ["out"])]
+    return _model(nodes, [helper.make_tensor_value_info("x", F, ["batch", 16, 32])],
+                  [helper.make_tensor_value_info("out", F, ["batch", 16, 32])],
+                  [numpy_helper.from_array(np.ones(32, np.float32), "scale"),
+                   numpy_helper.from_array(np.zeros(32, np.float32), "bias")], opset)
+
+
+def test_layer_norm_below_opset_17_is_accepted_and_sized(tmp_path):
+    path = tmp_path / "ln14.onnx"
+    onnx.save(_layer_norm_model(14), path)
+    with pytest.raises(onnx.checker.ValidationError, match="LayerNormalization"):
+        onnx.checker.check_model(onnx.load(path))  # the premise: onnx alone refuses it
+    graph = load_graph(path)
+    assert ort_only_ops(graph.model) == {"LayerNormalization": 1}
+    t = infer_tensors(graph, {"batch": 4})
+    assert t["y"].shape == (4, 16, 32) and t["out"].nbytes == 4 * 16 * 32 * 4  # inference goes on past it
+    assert t["mean"].shape == (4, 16, 1) and t["inv_std"].dtype == F
+
+
+def test_an_op_nobody_registers_is_still_refused(tmp_path):
+    m = _layer_norm_model(14)
+    m.graph.node[0].op_type = "LayerNormalizationX"
+    onnx.save(m, tmp_path / "bad.onnx")
+    with pytest.raises(ModelError, match="No Op registered for LayerNormalizationX"):
+        load_graph(tmp_path / "bad.onnx")
+
+
+def test_registration_follows_the_opset():
+    assert ort_registers("MaxPoolGrad", 15) and not ort_registers("MaxPoolGrad", 8)
+    assert ort_registers("LayerNormalization", 14)
+    assert not ort_registers("NoSuchOp", 20)
+
+
+def test_max_pool_grad_has_the_pooled_input_shape(tmp_path):
+    nodes = [helper.make_node("MaxPool", ["x"], ["p", "idx"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("MaxPoolGrad", ["p", "idx"], ["dx"], kernel_shape=[2, 2], strides=[2, 2])]
+    m = _model(nodes, [helper.make_tensor_value_info("x", F, [2, 3, 9, 9])],
+               [helper.make_tensor_value_info("dx", F, ["n", "c", "h", "w"])], opset=15)
+    onnx.save(m, tmp_path / "pool.onnx")
+    t = infer_tensors(load_graph(tmp_path / "pool.onnx"))
+    assert t["p"].shape == (2, 3, 4, 4)
+    assert t["dx"].shape == (2, 3, 9, 9) and t["dx"].dtype == F  # not the indices' shape
+
+
+def test_gather_grad_takes_the_table_shape_and_the_gradient_type():
+    table = numpy_helper.from_array(np.zeros((1000, 64), np.float32), "table")
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["emb"]),
+             helper.make_node("Shape", ["table"], ["table_shape"]),
+             helper.make_node("GatherGrad", ["table_shape", "ids", "emb"], ["table_grad"], domain=MS)]
+    m = _model(nodes, [helper.make_tensor_value_info("ids", TensorProto.INT64, [8, 32])],
+               [helper.make_tensor_value_info("table_grad", F, None)], [table])
+    t = infer_tensors(Graph.from_model(m))
+    assert t["table_grad"].shape == (1000, 64) and t["table_grad"].dtype == F
+    assert t["table_grad"].nbytes == 1000 * 64 * 4
+
+
+@pytest.mark.parametrize("op,extra", [("LSTMTraining", {3: 1, 4: 4}), ("GRUTraining", {2: 3})])
+def test_rnn_training_outputs_are_sized(op, extra):
+    gates = 4 if op == "LSTMTraining" else 3
+    seq, batch, feat, hidden = 16, 4, 32, 128
+    w = numpy_helper.from_array(np.zeros((1, gates * hidden, feat), np.float32), "W")
+    r = numpy_helper.from_array(np.zeros((1, gates * hidden, hidden), np.float32), "R")
+    outs = [f"o{k}" for k in range(3 + (op == "LSTMTraining") + 1)]
+    nodes = [helper.make_node(op, ["x", "W", "R"], outs, domain=MS, hidden_size=hidden)]
+    m = _model(nodes, [helper.make_tensor_value_info("x", F, [seq, batch, feat])],
+               [helper.make_tensor_value_info("o0", F, None)], [w, r])
+    t = infer_tensors(Graph.from_model(m))
+    assert t["o0"].shape == (seq, 1, batch, hidden)
+    assert t["o1"].shape == (1, batch, hidden)
+    for pos, width in extra.items():  # the states ORT keeps for the gradient (checked against ORT 1.19.2)
+        assert t[outs[pos]].shape == (seq, 1, batch, width * hidden)
+
+
+def test_declared_gradients_take_the_dim_value():
+    """Artifacts declare gradient tensors with the symbolic batch: --dim reaches them."""
+    nodes = [helper.make_node("Relu", ["x"], ["y"]),
+             helper.make_node("ReluGrad", ["dy", "y"], ["dx"], domain=MS)]
+    m = _model(nodes, [helper.make_tensor_value_info("x", F, ["batch", 512]),
+                       helper.make_tensor_value_info("dy", F, ["batch", 512])],
+               [helper.make_tensor_value_info("dx", F, ["batch", 512])])
+    m.graph.value_info.append(helper.make_tensor_value_info("y", F, ["batch", 512]))
+    t = infer_tensors(Graph.from_model(m), {"batch": 64})
+    assert t["dx"].shape == (64, 512) and t["y"].nbytes == 64 * 512 * 4
