@@ -249,7 +249,7 @@ def predict(a: Analysis, reuse_buffers: bool, plain: bool = False) -> Prediction
     return Prediction(a.profile(reuse_buffers).activation_peak_bytes, a.arena_in_use(reuse_buffers),
                       tuple(a.graph.nodes[i].name for i in a.priority.order),
                       predict_plain(a.graph, a.tensors).peak_in_use_bytes if plain else None,
-                      a.tensors if plain else None)
+                      a.tensors if plain else None, tuple(sorted(a.unsized())))
 
 
 def _on_disk(model: ModelInput, folder: Path, name: str) -> Path:

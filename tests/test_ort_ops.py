@@ -113,3 +113,21 @@ def test_declared_gradients_take_the_dim_value():
     m.graph.value_info.append(helper.make_tensor_value_info("y", F, ["batch", 512]))
     t = infer_tensors(Graph.from_model(m), {"batch": 64})
     assert t["dx"].shape == (64, 512) and t["y"].nbytes == 64 * 512 * 4
+
+
+def test_check_names_tensors_of_unknown_size(tmp_path):
+    """A prediction that counts a tensor as 0 B is not a verdict: the check fails naming it."""
+    from chain import chain_model
+
+    from ckpt_cli import check_models
+
+    model = chain_model(layers=2, batch=8, width=16)
+    model.graph.node.append(helper.make_node("NonZero", ["x"], ["nonzero"], name="/side/NonZero"))
+    model.graph.node.append(helper.make_node("Size", ["nonzero"], ["found"], name="/side/Size"))
+    model.graph.output.append(helper.make_tensor_value_info("found", TensorProto.INT64, []))
+    path = tmp_path / "nz.onnx"
+    onnx.save(model, path)
+    result = check_models(path, path)
+    assert result.figures.unsized == {"original": ["nonzero"], "rewritten": ["nonzero"]}
+    assert not result.passed
+    assert any("1 tensors of unknown size as 0 B (nonzero)" in f for f in result.figures.failures)

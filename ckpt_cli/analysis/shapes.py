@@ -96,8 +96,9 @@ DEFAULT_DIM = 64
 
 def resolve_dims(graph: Graph, given: dict[str, int]) -> tuple[dict[str, int], tuple[str, ...]]:
     """``given`` plus DEFAULT_DIM for every other symbolic dimension of the graph's inputs
-    and outputs, and the names defaulted."""
-    defaulted = tuple(sorted(symbolic_dims(graph) - set(given)))
+    (one only on outputs is data-dependent, as NonZero's count: never guessed), and the
+    names defaulted."""
+    defaulted = tuple(sorted(symbolic_dims(graph, outputs=False) - set(given)))
     return {**given, **{d: DEFAULT_DIM for d in defaulted}}, defaulted
 
 
@@ -122,10 +123,10 @@ def tied_dims(graph: Graph, tensors: dict[str, TensorInfo], free: tuple[str, ...
     return tied
 
 
-def symbolic_dims(graph: Graph) -> set[str]:
-    """Names of symbolic dimensions on the graph's inputs and outputs."""
+def symbolic_dims(graph: Graph, outputs: bool = True) -> set[str]:
+    """Names of symbolic dimensions on the graph's inputs (and outputs)."""
     names: set[str] = set()
-    for v in list(graph.model.graph.input) + list(graph.model.graph.output):
+    for v in list(graph.model.graph.input) + (list(graph.model.graph.output) if outputs else []):
         _, shape = _shape_of(v.type)
         names.update(d for d in shape or () if isinstance(d, str) and d != _DIM_UNKNOWN)
     return names

@@ -40,6 +40,7 @@ class Prediction:
     plain_in_use_bytes: int | None = None  # the CPU arena's peak in a plain InferenceSession (fusions aside)
     # the file's tensor sizes, for ORT's fused graph of it where shape inference stops at a contrib op
     tensors: Mapping[str, TensorInfo] | None = field(default=None, compare=False, repr=False)
+    unsized: tuple[str, ...] = ()  # tensors whose size is unknown: counted as 0 B above
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,7 @@ class CheckFigures:
     # the same model on ORT's own ORT_ENABLE_ALL graph, in the order ORT writes and runs it
     predicted_plain_fused: int | None = None
     prediction_error_plain_fused: float | None = None
+    unsized: dict = field(default_factory=dict)  # side -> tensors its prediction counts as 0 B
     failures: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -224,6 +226,7 @@ def check_files(original: str | Path, rewritten: str | Path, predicted: dict[str
             elif fused is not None:
                 figures.predicted_plain_fused = fused.peak_in_use_bytes
                 figures.prediction_error_plain_fused = _relative_error(fused.peak_in_use_bytes, default.peak_bytes)
+    figures.unsized = {k: list(predicted[k].unsized) for k in sides if predicted[k].unsized}
     _judge(figures, tolerant)
     return figures
 
@@ -293,6 +296,9 @@ def _judge(f: CheckFigures, tolerant: bool) -> None:
                        + ("every output is bit-identical too" if plain["all_bit_identical"] else
                           f"{plain['n_failed']} outputs differ (max |diff| {plain['max_abs_diff']}): fused "
                           "kernels round differently from the ops they replace"))
+    for side, names in f.unsized.items():
+        f.failures.append(f"the {side} prediction counts {len(names)} tensors of unknown size as 0 B "
+                          f"({', '.join(names[:5])}{', ...' if len(names) > 5 else ''})")
     o, r = f.original.peak_bytes, f.rewritten.peak_bytes
     if o is not None and r is not None and r > o + _noise(f.rewritten, o):
         f.memory_lower = False
