@@ -41,6 +41,16 @@ bench: $(STAMP)
 bench-quick: $(STAMP)
 	$(BIN)/python -m bench.run --quick
 
+## test-ort-training: the ORT training artifact zoo end to end: generated with onnxruntime-training 1.19.2
+## and torch CPU in their own venv, then inspect, rewrite, check --python and 10 Module steps per model
+ORT_TRAINING := .venv-ort-training-full
+test-ort-training: $(STAMP)
+	test -x $(ORT_TRAINING)/bin/python || ($(PYTHON) -m venv $(ORT_TRAINING) && \
+	  $(ORT_TRAINING)/bin/pip install -q "onnxruntime-training-cpu==1.19.2" "numpy<2" "onnx==1.16.2" "torch==2.13.0")
+	mkdir -p $(OUT)
+	$(BIN)/python -m bench.artifacts --python $(ORT_TRAINING)/bin/python --assert --known bench/artifacts_known.json \
+	  --write $(OUT)/ARTIFACTS.md --json $(OUT)/artifacts.json
+
 ## gpu-check: rewrite every sample and check it on the CUDA provider (needs a GPU)
 gpu-check: $(STAMP)
 	bash bench/gpu_check.sh
