@@ -23,6 +23,7 @@ import onnx
 
 from .version import __version__
 from .analysis import Analysis, analyse, symbolic_dims
+from .analysis.memory import peak_with_scratch
 from .analysis.scaling import scaling
 from .analysis.shapes import infer_tensors, resolve_dims, tied_dims
 from .errors import ModelError, UsageError
@@ -246,10 +247,12 @@ def predict(a: Analysis, reuse_buffers: bool, plain: bool = False) -> Prediction
     ``plain``, also in a plain session (what an unmodified ``InferenceSession`` gets)."""
     from .analysis.pattern import predict_plain
 
-    return Prediction(a.profile(reuse_buffers).activation_peak_bytes, a.arena_in_use(reuse_buffers),
+    profile = a.profile(reuse_buffers)
+    return Prediction(profile.activation_peak_bytes, a.arena_in_use(reuse_buffers),
                       tuple(a.graph.nodes[i].name for i in a.priority.order),
                       predict_plain(a.graph, a.tensors).peak_in_use_bytes if plain else None,
-                      a.tensors if plain else None, tuple(sorted(a.unsized())))
+                      a.tensors if plain else None, tuple(sorted(a.unsized())),
+                      peak_with_scratch(profile, a.graph, a.tensors) - profile.resident_bytes)
 
 
 def _on_disk(model: ModelInput, folder: Path, name: str) -> Path:

@@ -20,11 +20,12 @@ from ..graph import ABSENT, Graph
 from ..ops import VIEW_OPS
 from .lifetimes import lifetimes
 from .planner import Buffers, plan_buffers, without_reuse
-from .shapes import TensorInfo
+from ..ort.scratch import scratch_bytes
+from .shapes import TensorInfo, itemsize
 from .timeline import bytes_in_use, live_at, peak_of
 
 __all__ = ["MemoryProfile", "buffer_roots", "profile_of", "resident_bytes", "simulate", "simulate_both",
-           "simulate_deferred"]
+           "simulate_deferred", "peak_with_scratch"]
 
 
 @dataclass(frozen=True)
@@ -118,3 +119,18 @@ def profile_of(graph: Graph, order: list[int] | tuple[int, ...], tensors: dict[s
     return MemoryProfile(tuple(order), peak, peak_step, base, tuple(tl),
                          live_at(buffers, peak_step, graph.ids.names), tuple(buffers.unsized),
                          tuple(zip(buffers.size, buffers.born, buffers.dies)))
+
+
+def peak_with_scratch(profile: MemoryProfile, graph: Graph, tensors: dict[str, TensorInfo]) -> int:
+    """The peak a process-peak measurement sees: the simulation's bytes in use at each step
+    plus the working memory its kernel holds outside ORT's allocator (``ort.scratch``)."""
+    def sized(t: str):
+        info = tensors.get(t)
+        return (info.shape, itemsize(info.dtype)) if info is not None and info.shape is not None else None
+
+    peak = profile.peak_bytes
+    for step, i in enumerate(profile.order):
+        extra = scratch_bytes(graph.nodes[i], sized)
+        if extra:
+            peak = max(peak, profile.timeline[step] + extra)
+    return peak

@@ -78,6 +78,10 @@ def render_inspect(r: dict, console: Console) -> None:
               f"{r['stashed_tensors']} tensors kept from forward to backward")
     t.add_row("peak, PRIORITY_BASED (file order)", human_bytes(r["peak_bytes"]), f"at {safe(r['peak_node'])}")
     t.add_row("peak, ORT DEFAULT order", human_bytes(r["peak_bytes_ort_default"]), "")
+    scratch = r.get("peak_bytes_with_kernel_scratch")
+    if scratch is not None and scratch != r["peak_bytes"]:
+        t.add_row("peak with kernel working memory", human_bytes(scratch),
+                  "file order; what the process sees (kernels allocate it outside ORT's arena)")
     t.add_row("ORT CPU arena at that peak", human_bytes(r["arena_in_use_bytes"]),
               f"in use (what ORT's profiler reports); {human_bytes(r['arena_held_bytes'])} reserved")
     t.add_row("FLOPs forward / backward", f"{human_flops(r['forward_flops'])}",
