@@ -64,10 +64,19 @@ SESSIONS = ("untuned", "settings")
 SIDES = ("original", "rewrite")
 MAX_PREDICTION_ERROR = 0.10
 CROSS_TARGET = {"gpt": 0.6, "bert": 0.6}  # rewrite under settings / original untuned
-# The process peak moves by a few pages between runs of one model, and glibc serves
-# blocks under its mmap threshold (64 KiB here) from the heap, unseen: a rewrite is
-# called worse only by more than that.
+# The process peak moves between runs of one file (gru's unchanged rewrite: +60 KiB, 0.7%,
+# in one of three runs), and glibc serves blocks under its mmap threshold (64 KiB here)
+# from the heap, unseen: a rewrite is called worse only by more than the larger of these.
 PEAK_NOISE_BYTES = 64 * 1024
+PEAK_NOISE_SHARE = 0.01
+
+
+def _worse_by(row: dict, a: str, b: str) -> int | None:
+    """Bytes by which run ``a``'s peak is above run ``b``'s beyond measurement noise (None: not run)."""
+    pa, pb = _peak(row, a), _peak(row, b)
+    if pa is None or pb is None:
+        return None
+    return pa - pb - max(PEAK_NOISE_BYTES, int(PEAK_NOISE_SHARE * pb))
 
 
 def zoo_models() -> list[str]:
@@ -380,8 +389,11 @@ def criteria(row: dict, d: dict) -> list[str]:
                        f"(max relative difference {d[f'max_rel_{session}']:.1e})")
         r = d[f"ratio_{session}"]
         diff = (_peak(row, f"rewrite/{session}") or 0) - (_peak(row, f"original/{session}") or 0)
-        if r is not None and diff > PEAK_NOISE_BYTES:
+        if (_worse_by(row, f"rewrite/{session}", f"original/{session}") or 0) > 0:
             bad.append(f"rewrite peak {r:.3f}x the original's {session} (+{diff / 1024:.0f} KiB)")
+    cross = (_peak(row, "rewrite/settings") or 0) - (_peak(row, "original/untuned") or 0)
+    if (_worse_by(row, "rewrite/settings", "original/untuned") or 0) > 0:
+        bad.append(f"rewrite under its settings {d['ratio_cross']:.3f}x the original untuned (+{cross / 1024:.0f} KiB)")
     if name in CROSS_TARGET and d["ratio_cross"] is not None and d["ratio_cross"] > CROSS_TARGET[name]:
         bad.append(f"rewrite under settings {d['ratio_cross']:.2f}x the original untuned "
                    f"(target <= {CROSS_TARGET[name]})")

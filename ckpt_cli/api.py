@@ -24,9 +24,9 @@ import onnx
 from .version import __version__
 from .analysis import Analysis, analyse, symbolic_dims
 from .analysis.memory import peak_with_scratch
-from .analysis.scaling import scaling
+from .analysis.scaling import Scaling, scaling, symbolic_shapes
 from .analysis.shapes import infer_tensors, resolve_dims, tied_dims
-from .errors import ModelError, UsageError
+from .errors import CheckFailed, ModelError, UsageError
 from .expand import expand_functions
 from .graph import Graph
 from .markers import PROVENANCE_PREFIX
@@ -116,10 +116,10 @@ def inspect_model(model: ModelInput, *, dims: dict[str, int] | None = None, loss
     return InspectResult(a, report)
 
 
-def _scaling_report(a: Analysis, planned: Planned | None, replan: Callable[[Analysis], Planned | None]) -> dict | None:
-    """How the figures move with the symbolic dimensions, and whether the plan made at
-    twice their values is this one."""
-    scaled = scaling(a)
+def _scaling_report(a: Analysis, planned: Planned | None, replan: Callable[[Analysis], Planned | None],
+                    scaled: Scaling | None) -> dict | None:
+    """How the figures move with the symbolic dimensions (``scaled``), and whether the plan
+    made at twice their values is this one."""
     if scaled is None:
         return None
     again = replan(scaled.doubled)
@@ -176,7 +176,7 @@ def plan_model(model: ModelInput, *, auto: str | None = None, budget: str | None
     options = {"auto": auto, "budget": budget, **_policy_options(policy), **_analysis_options(dims, loss, grad_outputs)}
     report = plan_report(a, loaded.source, planned, result, plan_rows(a, planned, result),
                          str(output) if output else None, options)
-    report["scaling"] = _scaling_report(a, planned, lambda d: make_plan(d, auto, budget, policy=policy))
+    report["scaling"] = _scaling_report(a, planned, lambda d: make_plan(d, auto, budget, policy=policy), scaling(a))
     if output is not None:
         write_text_atomic(Path(output), json.dumps(report["plan"], indent=2) + "\n")
     return PlanResult(a, planned, result, report)
@@ -285,9 +285,19 @@ def _source(model: ModelInput) -> Source:
     return Source.of_proto(model) if isinstance(model, onnx.ModelProto) else Source.of_file(model)
 
 
+def _same_outputs(original: Graph, rewritten: Graph) -> None:
+    """A rewrite has the original's outputs: outputs compared one by one need the same names."""
+    a, b = set(original.outputs), set(rewritten.outputs)
+    if a != b:
+        only = [f"only the {side} has {', '.join(sorted(names)[:5])}"
+                for side, names in (("original", a - b), ("rewritten model", b - a)) if names]
+        raise CheckFailed(f"the models' outputs differ: {'; '.join(only)}")
+
+
 def _check_paths(paths: dict[str, Path], analysed: dict[str, Analysis], dims, options: CheckOptions) -> CheckFigures:
     from .session import ort_optimized
 
+    _same_outputs(analysed["original"].graph, analysed["rewritten"].graph)
     reuse = analysed["rewritten"].reuse_buffers  # both run with the setting the rewrite asks for
     # A file ORT optimized offline runs on the provider it was optimized for, and its fusions
     # round like the original's at that optimization level: compare outputs with that.
@@ -365,7 +375,9 @@ def rewrite_model(model: ModelInput, output: str | Path | None = None, *, force:
                "keep_mem_pattern": keep_mem_pattern, "auto": auto,
                "budget": budget, "ort_optimize": ort_optimize, **_policy_options(policy),
                **_analysis_options(dims, loss, grad_outputs)}
-    rewritten = to_model(result, _provenance(options, result, chosen))
+    scaled = scaling(a)
+    shapes = symbolic_shapes(result.graph, result.after.tensors, scaled) if scaled else None
+    rewritten = to_model(result, _provenance(options, result, chosen), shapes)
     optimized, notes = None, list(chosen.notes if chosen else [])
     if ort_optimize is not None and result.session == "ort_default":
         # A graph written unchanged runs under ORT's defaults, which optimize it themselves.
@@ -382,7 +394,8 @@ def rewrite_model(model: ModelInput, output: str | Path | None = None, *, force:
                             options)
     report["ort_optimize"] = optimized.to_json() if optimized else None
     report["scaling"] = _scaling_report(a, planned, lambda d: None if no_recompute else make_plan(
-        d, auto, budget, regions, regions_by_scope, boundaries, Path(plan) if plan else None, policy=policy, pin=pin))
+        d, auto, budget, regions, regions_by_scope, boundaries, Path(plan) if plan else None, policy=policy, pin=pin),
+        scaled)
     if planned is not None:
         report["planning"] = planning_section(a, planned, result, plan_rows(a, planned, result))
     out = RewriteModelResult(rewritten, result, a, planned, report, written)

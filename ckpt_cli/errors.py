@@ -36,6 +36,12 @@ class BudgetUnreachable(CkptError):
     exit_code = EXIT_UNREACHABLE
 
 
+class CheckFailed(CkptError):
+    """``check`` fails before anything runs: the two models cannot be compared."""
+
+    exit_code = EXIT_FAILED
+
+
 class RuntimeCheckError(CkptError):
     """ONNX Runtime did not produce a measurement; ``kind`` says why (the worker's
     failure kinds: provider_unavailable, load_failed, run_failed, bad_feeds, bad_spec,

@@ -20,7 +20,9 @@ from .planning.solver import optimal_plan
 from .planning.cutsearch import cut_budget_plan, lowest_peak_plan, structures_only
 from .planning.strategies import LARGE_GRAPH_NODES, STRATEGIES, BudgetResult, PlanCost, budget_plan, parse_budget
 from .units import human_bytes, human_flops
-from .rewrite import RewriteResult, original_best, original_floor, pinned, rewrite, unchanged
+from .rewrite import (RewriteResult, module_shortfall, original_best, original_floor, pinned, rewrite,
+                      unchanged)
+from .rewrite.mem_pattern import is_ort_artifact
 
 AUTO_NAMES = ("layers", "sqrt", "balanced", "budget", "optimal")
 # The exact search on the greedy's structure saved at most 21% of its FLOPs on the samples
@@ -81,7 +83,8 @@ def rewrite_plan(a: Analysis, planned: Planned | None, pin: bool = True) -> Rewr
     Never worse by default: a chosen plan whose predicted peak is not below the original's
     under its best order and settings is dropped for the unchanged graph, with the reason
     in ``no_gain``; a user's plan is kept with a ``warning``. A budget is the user's
-    own limit and is kept as it is."""
+    own limit and is kept as it is. An ORT training artifact's rewrite, reorder only
+    included, must also be clearly lower in the Module API's own session."""
     plan = planned.plan if planned is not None else None
     if pin and planned is not None and planned.written is not None:
         result = planned.written
@@ -96,7 +99,13 @@ def rewrite_plan(a: Analysis, planned: Planned | None, pin: bool = True) -> Rewr
                     "plan keeps all of them")
             if not r.copies and note not in plan.notes:
                 plan.notes.append(note)
-    if plan is None or planned.budget is not None:
+    if planned is None or planned.budget is not None:
+        return result
+    if not planned.user and is_ort_artifact(a.graph):
+        shortfall = module_shortfall(a, result)
+        if shortfall is not None:
+            return _unchanged(a, shortfall)
+    if plan is None:
         return result
     peak = result.after.arena_in_use(result.mem_reuse)
     if peak < original_floor(a):  # below the original however it runs: no replay of it needed
@@ -109,8 +118,12 @@ def rewrite_plan(a: Analysis, planned: Planned | None, pin: bool = True) -> Rewr
     if planned.user:
         result.warning = line
         return result
+    return _unchanged(a, line)
+
+
+def _unchanged(a: Analysis, why: str) -> RewriteResult:
     kept = unchanged(a)
-    kept.no_gain = line
+    kept.no_gain = why
     kept.decisions = all_kept(a, NO_GAIN)
     return kept
 

@@ -195,7 +195,8 @@ def _file_digest(path: Path) -> bytes:
     return digest.digest()
 
 
-def _data_name_pattern(name: str) -> re.Pattern:
+def data_file_pattern(name: str) -> re.Pattern:
+    """The names of the data files ckpt writes for the model ``name`` (``<name>.<hash8>.data``)."""
     return re.compile(rf"^{re.escape(name)}\.[0-9a-f]{{8}}\.data$")
 
 
@@ -203,7 +204,7 @@ def _data_files_read_by(path: Path) -> set[Path]:
     """Data files in ckpt's naming that the model now at ``path`` (the previous output) reads."""
     if not path.is_file():
         return set()
-    pattern = _data_name_pattern(path.name)
+    pattern = data_file_pattern(path.name)
     try:
         model = read_model(path, embedded_weights=False)
     except Exception:  # not a model: it reads no data

@@ -13,10 +13,13 @@ if TYPE_CHECKING:
     from .rewrite import RewriteResult
 
 
-def to_model(result: RewriteResult, metadata: dict[str, str] | None = None) -> onnx.ModelProto:
+def to_model(result: RewriteResult, metadata: dict[str, str] | None = None,
+             shapes: dict[str, list] | None = None) -> onnx.ModelProto:
     """The ModelProto to save: nodes in the written order, and the session setting the
     rewrite chose recorded in the model's metadata (ckpt check and inspect read it),
-    with ``metadata`` (provenance) beside it."""
+    with ``metadata`` (provenance) beside it. ``shapes`` gives the value_info shapes of
+    tensors whose sizes were taken at values of symbolic dimensions (with the symbols)."""
+    shapes = shapes or {}
     metadata = {**(metadata or {}), MEM_REUSE_META: "1" if result.mem_reuse else "0",
                 SESSION_META: result.session}
     pinned = result.pinned
@@ -34,9 +37,9 @@ def to_model(result: RewriteResult, metadata: dict[str, str] | None = None) -> o
         # ORT merges value_info into the shapes it infers: declaring every other tensor
         # leaves exactly the fresh tensors (and their guard views) unknown to it.
         del model.graph.value_info[:]
-        model.graph.value_info.extend(_static_value_info(result))
+        model.graph.value_info.extend(_static_value_info(result, shapes))
         return model
-    model.graph.value_info.extend(_copy_value_info(result))
+    model.graph.value_info.extend(_copy_value_info(result, shapes))
     if pinned is not None and pinned.guard_nodes:
         # Guards read shapes from a runtime tensor: onnx inference cannot follow them, so
         # their outputs' types are written out (same as their inputs).
@@ -45,7 +48,8 @@ def to_model(result: RewriteResult, metadata: dict[str, str] | None = None) -> o
         for out, x in guarded.items():
             info = result.after.tensors.get(x)
             if info is not None and info.shape is not None:
-                model.graph.value_info.append(onnx.helper.make_tensor_value_info(out, info.dtype, list(info.shape)))
+                shape = shapes.get(out, shapes.get(x, list(info.shape)))
+                model.graph.value_info.append(onnx.helper.make_tensor_value_info(out, info.dtype, shape))
     return model
 
 
@@ -57,7 +61,7 @@ def pattern_off_input(name: str) -> onnx.ValueInfoProto:
                                        doc_string="ckpt: turns ONNX Runtime's memory pattern off; do not feed")
 
 
-def _static_value_info(result: RewriteResult) -> list[onnx.ValueInfoProto]:
+def _static_value_info(result: RewriteResult, shapes: dict[str, list]) -> list[onnx.ValueInfoProto]:
     """Type and shape of every node output whose shape ORT should know before the run; the
     type alone of the others (viewers label edges with it; a shape would undo fresh.py)."""
     tensors = result.after.tensors
@@ -70,13 +74,13 @@ def _static_value_info(result: RewriteResult) -> list[onnx.ValueInfoProto]:
             if not t or t in skip or info is None or not info.dtype:
                 continue
             if info.static_shape and info.shape is not None and all(isinstance(d, int) for d in info.shape):
-                out.append(onnx.helper.make_tensor_value_info(t, info.dtype, list(info.shape)))
+                out.append(onnx.helper.make_tensor_value_info(t, info.dtype, shapes.get(t, list(info.shape))))
             else:
                 out.append(onnx.helper.make_tensor_value_info(t, info.dtype, None))
     return out
 
 
-def _copy_value_info(result: RewriteResult) -> list[onnx.ValueInfoProto]:
+def _copy_value_info(result: RewriteResult, shapes: dict[str, list]) -> list[onnx.ValueInfoProto]:
     """Type and shape of every tensor a recompute copy makes (viewers such as Netron
     label edges with them; the originals' value_info does not name the copies)."""
     tensors = result.after.tensors
@@ -87,5 +91,5 @@ def _copy_value_info(result: RewriteResult) -> list[onnx.ValueInfoProto]:
         for t in node.outputs:
             info = tensors.get(t)
             if t and info is not None and info.dtype and info.shape is not None:
-                out.append(onnx.helper.make_tensor_value_info(t, info.dtype, list(info.shape)))
+                out.append(onnx.helper.make_tensor_value_info(t, info.dtype, shapes.get(t, list(info.shape))))
     return out

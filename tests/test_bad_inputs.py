@@ -85,6 +85,10 @@ def _symbolic(m):
     m.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"
 
 
+def _extra_output(m):
+    m.graph.output.append(onnx.helper.make_tensor_value_info("a0", onnx.TensorProto.FLOAT, [8, 16]))
+
+
 def _bad_dtype(m):
     m.graph.input[0].type.tensor_type.elem_type = 99
 
@@ -96,6 +100,13 @@ def _untyped_output(m):
 def _fifo(folder: Path, name: str) -> Path:
     os.mkfifo(folder / name)
     return folder / name
+
+
+def _pickled(folder: Path) -> Path:
+    import numpy as np
+
+    np.save(folder / "feeds.npy", np.array([{"x": 1}], dtype=object), allow_pickle=True)
+    return folder / "feeds.npy"
 
 
 def _plan(folder: Path, plan) -> Path:
@@ -160,6 +171,14 @@ ROWS: list[tuple[str, Callable[[Path], list], int, str]] = [
     ("compare a bad report", lambda f: ["compare", _chain(f), _write(f, "r.json", '{"command": "inspect"}')], 2,
      "schema_version"),
     ("--fail-if infinite", lambda f: ["compare", _chain(f), "--fail-if", "peak_bytes>1e999"], 2, "out of range"),
+    ("--report the output's data name", lambda f: ["rewrite", _ext(f), "-o", f / "o.onnx", "--report",
+                                                   f / "o.onnx.0123abcd.data"], 2, "data file of"),
+    ("check: outputs differ", lambda f: ["check", _chain(f), _chain(f, _extra_output, "o.onnx")], 1,
+     "outputs differ: only the rewritten model has a0"),
+    ("--feeds /dev/zero", lambda f: ["check", _chain(f), _chain(f), "--feeds", "/dev/zero"], 2, "regular file"),
+    ("--feeds a FIFO", lambda f: ["check", _chain(f), _chain(f), "--feeds", _fifo(f, "feeds.npz")], 2,
+     "regular file"),
+    ("--feeds pickled", lambda f: ["check", _chain(f), _chain(f), "--feeds", _pickled(f)], 2, "not an .npz"),
     ("--budget unreachable", lambda f: ["plan", _chain(f), "--budget", "1KiB"], 3, ""),
     ("--budget inf%", lambda f: ["plan", _chain(f), "--budget", "inf%"], 2, "--budget"),
 ]

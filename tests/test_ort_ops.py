@@ -149,3 +149,24 @@ def test_layer_norm_grad_holds_four_copies_of_x_while_it_runs():
     tensors = infer_tensors(graph)
     profile = simulate(graph, [0], tensors)
     assert peak_with_scratch(profile, graph, tensors) - profile.peak_bytes == 4 * 64 * 64 * 256 * 4
+
+
+def test_a_graph_ort_refuses_is_refused_by_check_with_orts_message(tmp_path):
+    """ckpt accepts SinGrad (the training build registers it in the ONNX domain); the plain
+    onnxruntime this check runs has no kernel for it, and says so: one line, exit 2."""
+    import subprocess
+    import sys
+
+    from chain import chain_model
+
+    model = chain_model(layers=2, batch=8, width=16)
+    model.graph.node.append(helper.make_node("SinGrad", ["x", "x"], ["sg"], name="/side/SinGrad"))
+    model.graph.output.append(helper.make_tensor_value_info("sg", F, [8, 16]))
+    path, out = tmp_path / "sg.onnx", tmp_path / "sg.ckpt.onnx"
+    onnx.save(model, path)
+    run = lambda *a: subprocess.run([sys.executable, "-m", "ckpt_cli.cli", *map(str, a)],  # noqa: E731
+                                    capture_output=True, text=True, timeout=300)
+    assert run("rewrite", path, "-o", out, "-q").returncode == 0
+    r = run("check", path, out)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "ONNX Runtime cannot load" in r.stderr and "No Op registered for SinGrad" in r.stderr

@@ -80,7 +80,7 @@ class _Figures:
         self.outputs_within_tolerance = self.outputs_equal = False
         self.outputs = {"w_grad": {"bit_identical": False, "within_tolerance": False}}
         self.max_abs_diff, self.provider, self.run_to_run = 2e-9, "cuda", rr
-        self.failures, self.notes = [], []
+        self.failures, self.notes, self.unsized = [], [], {}
         self.unoptimized_vs_rewritten = self.reference_level = None
         self.original = self.rewritten = SimpleNamespace(peak_bytes=None, method="profiler")
         self.order = {"n_not_in_file": 0, "matches": True}

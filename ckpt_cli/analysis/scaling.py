@@ -11,7 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..graph import Graph
+from ..markers import FRESH_META, GUARD_META, recompute_source
 from . import Analysis, analyse
+from .shapes import TensorInfo
 
 
 @dataclass(frozen=True)
@@ -64,3 +67,51 @@ def scaling(a: Analysis) -> Scaling | None:
                           if (doubled.tensors[s.buffer].nbytes or 0) != 2 * (a.tensors[s.buffer].nbytes or 0)}))
     return Scaling(a.dims, (a.priority.peak_bytes, doubled.priority.peak_bytes),
                    (a.stashed_bytes, doubled.stashed_bytes), fixed, doubled)
+
+
+def symbolic_shapes(graph: Graph, tensors: dict[str, TensorInfo], scaled: Scaling) -> dict[str, list]:
+    """Shapes for the value_info of ``graph`` (a rewrite of the analysed one) with the
+    symbolic dimensions put back: a dimension that doubles with the dimensions is written
+    as the symbol of that value (``batch``), or as ``batch*32`` for a multiple of one, or
+    left unnamed; one that does not is a number. A file with the batch baked in would let
+    ORT fold its Shape nodes into constants and fail at any other batch. Tensors ckpt made
+    (recompute copies, guard views) take the scaling of the tensor they copy or view."""
+    by_value = {v: d for d, v in reversed(scaled.dims)}
+    source = _sources(graph, scaled.doubled.graph)
+    out: dict[str, list] = {}
+    for t, info in tensors.items():
+        twice = scaled.doubled.tensors.get(source.get(t, t))
+        if info.shape is None or twice is None or twice.shape is None or len(twice.shape) != len(info.shape):
+            continue
+        if twice.shape != info.shape:
+            out[t] = [_symbol(a, b, by_value) for a, b in zip(info.shape, twice.shape)]
+    return out
+
+
+def _symbol(one, two, by_value: dict[int, str]):
+    if one == two or not isinstance(one, int):
+        return one
+    if two == 2 * one:
+        if one in by_value:
+            return by_value[one]
+        for value, name in by_value.items():
+            if one % value == 0:
+                return f"{name}*{one // value}"
+    return None  # an unnamed dimension: ORT learns it at the run
+
+
+_VIEWS = frozenset({"Reshape", "Identity"})  # ckpt's guards and fresh views: identities on input 0
+
+
+def _sources(graph: Graph, original: Graph) -> dict[str, str]:
+    """Tensor of ``graph`` -> the tensor of ``original`` it copies or views."""
+    at = {n.name: n for n in original.nodes}
+    source: dict[str, str] = {}
+    for node in graph.nodes:
+        copied = at.get(recompute_source(node) or "")
+        if copied is not None:
+            source.update((t, s) for t, s in zip(node.outputs, copied.outputs) if t and s)
+        elif node.op_type in _VIEWS and (node.meta(GUARD_META) is not None or node.meta(FRESH_META) is not None):
+            if node.inputs and node.outputs:
+                source[node.outputs[0]] = source.get(node.inputs[0], node.inputs[0])
+    return source

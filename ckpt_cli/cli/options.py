@@ -104,10 +104,14 @@ def protect_report(report_path: Path | None, *protected: Path | None) -> None:
     if report_path is None:
         return
     from ..load import loaded_data_files
-    from ..save import check_report_path
+    from ..save import check_report_path, data_file_pattern
 
     files = [Path(p) for p in protected if p is not None]
     check_report_path(report_path, files + [Path(f"{p}.data") for p in files] + sorted(loaded_data_files()))
+    for p in files:  # the data file a rewrite writes is named by its content: refuse the whole pattern
+        if report_path.resolve().parent == p.resolve().parent and data_file_pattern(p.name).match(report_path.name):
+            raise UsageError(f"{report_path}: is named like the data file of {p}, which the report must not "
+                             "overwrite; choose another --report")
 
 
 def _finite(value):

@@ -12,10 +12,11 @@ from ..analysis.memory import buffer_roots, simulate, simulate_both
 from ..analysis.phases import BACKWARD
 from ..graph import Graph, Node, gc_paused
 from ..markers import PHASE_META
+from ..units import human_bytes
 from ..planning.decision import Decision, region_decisions, settle
 from ..planning.plan import Plan
 from .fresh import FreshResult, unshare
-from .mem_pattern import PatternOff, pattern_off
+from .mem_pattern import PatternOff, is_ort_artifact, pattern_off
 from .order import executed_order, interleave, memory_aware, prune_dead
 from .pin import PinResult, pin as pin_schedule
 from .recompute import (RegionResult, drop_unused_optional_outputs, plan_recompute, rewire_backward)
@@ -170,11 +171,14 @@ def without_mem_pattern(result: RewriteResult) -> RewriteResult:
 
 def unchanged(a: Analysis) -> RewriteResult:
     """The input graph as it is: what ckpt writes when no plan lowers the peak. Every
-    session then runs it exactly as it runs the original (a reordered file can run worse
-    under ORT's defaults than the original's own order), so it is never worse."""
-    order = list(a.priority.order)  # the file order, sorted where the file is not
-    graph = a.graph if order == list(range(len(order))) else a.graph.reordered(order)
-    return RewriteResult(graph, a, [], 0, 0, session="ort_default")
+    session then runs it exactly as it runs the original, so it is never worse. A file
+    out of topological order is sorted (onnx's checker requires it), except an ORT training
+    artifact, which ORT saves out of order and runs by node position in its DEFAULT order:
+    sorting the zoo's embed_ln file measured 68-160 KiB above it in the Module API's session.
+    PRIORITY_BASED runs either as ckpt simulates it."""
+    order = list(a.priority.order)
+    keep = order == list(range(len(order))) or is_ort_artifact(a.graph)
+    return RewriteResult(a.graph if keep else a.graph.reordered(order), a, [], 0, 0, session="ort_default")
 
 
 def original_best(a: Analysis) -> tuple[int, str]:
@@ -185,6 +189,26 @@ def original_best(a: Analysis) -> tuple[int, str]:
     return min((a.arena_in_use(True), "its file order"),
                (a.arena_in_use(False), "its file order with enable_mem_reuse=False"),
                (predict_in_use(a.graph, a.default, a.tensors).peak_in_use_bytes, "ORT's DEFAULT order"))
+
+
+# ORT training artifacts run in the Module API's session: ORT's defaults (DEFAULT order, its
+# arena, the memory pattern on). ckpt's arena model of that session missed the zoo's lenet
+# by 7% (a reorder predicted 2% lower measured 5% higher), so a rewrite of an artifact is
+# written only where it is predicted this much lower there.
+MODULE_MARGIN = 0.10
+
+
+def module_shortfall(a: Analysis, result: RewriteResult) -> str | None:
+    """Why ``result`` may not be lower than the original in the Module API's own session,
+    or None: its predicted arena peak in ORT's DEFAULT order is not MODULE_MARGIN below the
+    original's there."""
+    graph, tensors = result.graph, result.after.tensors
+    after = predict_in_use(graph, simulate(graph, schedules.ort_default(graph), tensors), tensors).peak_in_use_bytes
+    before = predict_in_use(a.graph, a.default, a.tensors).peak_in_use_bytes
+    if after <= before * (1 - MODULE_MARGIN):
+        return None
+    return (f"in the Module API's own session (ORT's defaults, DEFAULT order) the rewrite's predicted peak "
+            f"{human_bytes(after)} is not {MODULE_MARGIN:.0%} below the original's {human_bytes(before)}")
 
 
 def original_floor(a: Analysis) -> int:

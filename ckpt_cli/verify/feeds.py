@@ -36,6 +36,7 @@ of inputs.
 from __future__ import annotations
 
 import os
+import stat
 import zlib
 from collections import deque
 
@@ -332,10 +333,20 @@ def load_feeds(path, model) -> dict:
     model = _as_model(model)
     path = os.fspath(path)
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO or a device would block or never end
+            raise FeedError(f"feeds file {path} is not a regular file (expected an .npz archive of arrays)")
         with np.load(path, allow_pickle=False) as z:
+            if not isinstance(z, np.lib.npyio.NpzFile):
+                raise FeedError(f"feeds file {path} is one array, not an .npz archive of arrays (numpy.savez)")
             data = {k: z[k] for k in z.files}
     except FileNotFoundError:
         raise FeedError(f"feeds file not found: {path}") from None
+    except FeedError:
+        raise
+    except ValueError as e:
+        if "pickle" in str(e):  # numpy suggests allow_pickle: never load pickled objects
+            raise FeedError(f"feeds file {path} is not an .npz archive of arrays (numpy.savez)") from None
+        raise FeedError(f"cannot read feeds file {path}: {' '.join(str(e).split())}") from None
     except Exception as e:  # noqa: BLE001
         raise FeedError(f"cannot read feeds file {path}: {' '.join(str(e).split())}") from None
     inputs = graph_inputs(model)
