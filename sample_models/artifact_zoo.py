@@ -223,17 +223,19 @@ class Recurrent(nn.Module):
 
 def mlp(dropout: bool) -> nn.Module:
     layers, d_in = [], 256
-    for width in (512, 512):
+    for width in (2048, 2048):  # activations of 512 KiB at batch 64: large enough for a process peak
         layers += [nn.Linear(d_in, width), nn.ReLU()] + ([nn.Dropout(0.1)] if dropout else [])
         d_in = width
     return nn.Sequential(*layers, nn.Linear(d_in, CLASSES))
 
 
 def lenet() -> nn.Module:
+    # LeNet's layout with 4x its channels: 2.4 MB for the first activation at batch 64 (with
+    # 6 channels the whole step was 2.6 MB, and a process peak measured it within +-15%)
     return nn.Sequential(
-        nn.Conv2d(1, 6, 5), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(16 * 4 * 4, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(),
+        nn.Conv2d(1, 24, 5), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(24, 64, 5), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(64 * 4 * 4, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(),
         nn.Linear(84, CLASSES))
 
 

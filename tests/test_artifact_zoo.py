@@ -61,11 +61,11 @@ def test_the_same_plan_claim_is_what_planning_at_twice_the_batch_gives(name):
     """The report says whether the plan at twice the symbolic dimensions is this one; planned
     independently at both values with --dim, the plans agree exactly when it says so. (All
     activations scaling with the batch does not make the plan the same: the parameters do
-    not scale, and the default weighs peak against recompute. mlp_dropout shows it.)"""
+    not scale, and the default weighs peak against recompute. lenet shows it.)"""
     path = ZOO / name / "training_model.onnx"
     scaled = plan_model(path).report["scaling"]
     assert scaled["same_plan_at_doubled_dims"] == (_regions(path, DEFAULT_DIM) == _regions(path, 2 * DEFAULT_DIM))
-    if name == "mlp_dropout":
+    if name == "lenet":
         assert scaled["activations_scale"] and not scaled["same_plan_at_doubled_dims"]
 
 
