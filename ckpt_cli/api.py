@@ -23,7 +23,7 @@ import onnx
 
 from .version import __version__
 from .analysis import Analysis, analyse, symbolic_dims
-from .analysis.memory import peak_with_scratch
+from .analysis.memory import visible_peak
 from .analysis.scaling import Scaling, scaling, symbolic_shapes
 from .analysis.shapes import infer_tensors, resolve_dims, tied_dims
 from .errors import CheckFailed, ModelError, UsageError
@@ -38,7 +38,7 @@ from .report.model import Source, check_report, inspect_report, plan_report, pla
 from .rewrite import RewriteResult, without_mem_pattern
 from .save import check_output_path, save_model
 from .verify.settings import settings_snippet
-from .verify.stage import DEFAULT_MAX_PREDICTION_ERROR, CheckFigures, Prediction, check_files
+from .verify.stage import DEFAULT_MAX_PREDICTION_ERROR, PROCESS_PEAK_MIN_BLOCK, CheckFigures, Prediction, check_files
 from .written import to_model
 
 ModelInput = Union[str, Path, onnx.ModelProto]
@@ -252,7 +252,7 @@ def predict(a: Analysis, reuse_buffers: bool, plain: bool = False) -> Prediction
                       tuple(a.graph.nodes[i].name for i in a.priority.order),
                       predict_plain(a.graph, a.tensors).peak_in_use_bytes if plain else None,
                       a.tensors if plain else None, tuple(sorted(a.unsized())),
-                      peak_with_scratch(profile, a.graph, a.tensors) - profile.resident_bytes)
+                      visible_peak(profile, a.graph, a.tensors, PROCESS_PEAK_MIN_BLOCK))
 
 
 def _on_disk(model: ModelInput, folder: Path, name: str) -> Path:

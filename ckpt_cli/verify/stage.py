@@ -30,6 +30,11 @@ PLAIN_FUSED_ABOVE = 0.02
 DEFAULT_MAX_PREDICTION_ERROR = 0.10
 
 
+# The check's child processes run with this glibc mmap threshold: smaller blocks come from
+# the heap, which the loaded model left with room, and do not raise the process's peak.
+PROCESS_PEAK_MIN_BLOCK = int(driver.CHILD_ENV["MALLOC_MMAP_THRESHOLD_"])
+
+
 @dataclass(frozen=True)
 class Prediction:
     """What ckpt's memory model predicts for one file under the check's settings."""
@@ -41,8 +46,8 @@ class Prediction:
     # the file's tensor sizes, for ORT's fused graph of it where shape inference stops at a contrib op
     tensors: Mapping[str, TensorInfo] | None = field(default=None, compare=False, repr=False)
     unsized: tuple[str, ...] = ()  # tensors whose size is unknown: counted as 0 B above
-    # tensor_bytes plus the working memory kernels hold outside ORT's allocator: what a
-    # process-peak measurement sees
+    # the peak as a process-peak measurement sees it: with the working memory kernels hold
+    # outside ORT's allocator, without blocks under PROCESS_PEAK_MIN_BLOCK
     process_bytes: int | None = None
 
 
