@@ -90,12 +90,13 @@ def compare_outputs(a: dict, b: dict, *, rtol: float = DEFAULT_RTOL,
 
 
 def order_check(file_order: list, executed: list, executed_ops: list | None = None,
-                executed_providers: list | None = None) -> dict:
+                executed_providers: list | None = None, kernelless: set | frozenset = frozenset()) -> dict:
     """Does the executed order follow the file order?
 
     Compared on the nodes present in both: ORT runs no kernel for Constant nodes
-    (they become initializers), and unnamed nodes get generated names in the
-    profile, so both are left out of the comparison and listed instead.
+    (``kernelless``: they become initializers), and unnamed nodes get generated names in
+    the profile, so both are left out. Any other node of the file that ORT never ran is
+    listed in ``not_executed``: the check fails on it.
     ORT's copies between devices (``executed_ops`` in DEVICE_COPY_OPS) are not nodes ckpt
     could have written: they are listed apart, not failed.
 
@@ -129,7 +130,8 @@ def order_check(file_order: list, executed: list, executed_ops: list | None = No
             if group is not None:
                 mismatch["provider"] = group
             break
-    not_executed = [n for n in file_order if n not in executed_set]
+    # a node ORT runs no kernel for (``kernelless``: Constant) or without a name is not judged
+    not_executed = [n for n in file_order if n and n not in executed_set and n not in kernelless]
     return {
         "matches": mismatch is None,
         "compared": compared,

@@ -321,6 +321,9 @@ def _judge(f: CheckFigures, tolerant: bool) -> None:
         f.failures.append(f"ONNX Runtime ran {order['n_not_in_file']} nodes that are not in the file "
                           f"(e.g. {', '.join(order['not_in_file'][:3])}): it expanded or fused ops, so the "
                           "written schedule is not what ran")
+    if order.get("n_not_executed"):
+        f.failures.append(f"ONNX Runtime never ran {order['n_not_executed']} nodes of the file "
+                          f"(e.g. {', '.join(order['not_executed'][:3])}): the schedule judged is not what ran")
     if len(order.get("nodes_per_provider") or {}) > 1:
         per = ", ".join(f"{n} on {p}" for p, n in order["nodes_per_provider"].items())
         f.notes.append(f"the order is compared per device ({per}): ORT runs a stream per device and "

@@ -1,0 +1,72 @@
+"""Each rule of ``ckpt check``'s verdict fails the check when its premise fails.
+
+Every test here breaks one premise on real ORT runs of the gpt sample and its rewrite
+(CPU, ORT's profiler) and asserts the failure line of that rule: removing the rule from
+``verify/stage.py`` makes its test fail (checked once per rule when they were written).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from conftest import SAMPLES
+
+from ckpt_cli import api, check_models, rewrite_model
+from ckpt_cli.verify.compare import order_check
+from ckpt_cli.verify.stage import check_files
+
+pytestmark = pytest.mark.slow
+GPT = SAMPLES / "gpt.onnx"
+
+
+@pytest.fixture(scope="module")
+def rewritten(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("verdict") / "gpt.ckpt.onnx"
+    rewrite_model(GPT, out)
+    return out
+
+
+def _judged(original: Path, rewritten: Path, change) -> list[str]:
+    """Failures of a check whose rewritten prediction went through ``change``."""
+    loaded = {k: api.analyse_input(api.load_input(p)) for k, p in (("original", original), ("rewritten", rewritten))}
+    reuse = loaded["rewritten"].reuse_buffers
+    predicted = {k: api.predict(a, reuse) for k, a in loaded.items()}
+    predicted["rewritten"] = change(predicted["rewritten"])
+    return check_files(original, rewritten, predicted, enable_mem_reuse=reuse, provider="cpu", runs=1).failures
+
+
+def test_the_unchanged_premises_pass(rewritten):
+    assert _judged(GPT, rewritten, lambda p: p) == []
+
+
+def test_a_rewrite_above_the_original_fails(rewritten):
+    """The original checked as if it were the rewrite of its own rewrite: its peak is higher."""
+    result = check_models(rewritten, GPT)
+    assert not result.passed
+    assert any("rewritten peak" in f and "is above the original's" in f for f in result.figures.failures)
+    assert result.figures.memory_lower is False
+
+
+def test_another_executed_order_fails(rewritten):
+    """ckpt's simulation assumed another order than the one ORT ran."""
+    failures = _judged(GPT, rewritten, lambda p: replace(p, order=tuple(reversed(p.order))))
+    assert any(f.startswith("ONNX Runtime did not execute the simulated order") for f in failures), failures
+
+
+def test_a_prediction_far_off_fails(rewritten):
+    failures = _judged(GPT, rewritten, lambda p: replace(p, tensor_bytes=int(p.tensor_bytes * 1.5)))
+    assert any("rewritten peak prediction (tensor bytes) is +" in f for f in failures), failures
+
+
+def test_a_node_ort_never_ran_fails(rewritten):
+    """A node of the schedule ORT did not run: the schedule judged is not what ran."""
+    failures = _judged(GPT, rewritten, lambda p: replace(p, order=p.order + ("/never/ran",)))
+    assert any("never ran 1 nodes of the file (e.g. /never/ran)" in f for f in failures), failures
+
+
+def test_constants_and_unnamed_nodes_are_not_judged():
+    order = order_check(["c", "", "a", "b"], ["a", "b"], kernelless={"c"})
+    assert order["matches"] and order["n_not_executed"] == 0
+    assert order_check(["a", "b", "x"], ["a", "b"])["not_executed"] == ["x"]
