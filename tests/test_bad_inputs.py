@@ -244,3 +244,24 @@ def test_a_bug_under_json_is_one_line_and_a_json_error(tmp_path, monkeypatch):
     assert r.stderr.strip() == "ckpt: internal error: RuntimeError: boom (rerun with --debug for details)"
     assert json.loads(r.stdout) == {"error": {"exit_code": 70,
                                               "message": "RuntimeError: boom (rerun with --debug for details)"}}
+
+
+@pytest.mark.parametrize("opset", [9, 11])
+def test_old_opsets_get_no_guards_and_a_file_ort_loads(tmp_path, opset):
+    """The pin guards use Max on int64 (opset 12): below it the rewrite writes none, says so,
+    and ORT loads and runs the file as ckpt checks it (was: ORT refused the file, exit 0)."""
+    import onnxruntime as ort
+
+    model = chain_model(layers=4, batch=64, width=256)
+    model.opset_import[0].version = opset
+    model.ir_version = 7
+    src, out = tmp_path / "m.onnx", tmp_path / "m.ckpt.onnx"
+    onnx.save(model, src)
+    r = CliRunner().invoke(main, ["rewrite", str(src), "-o", str(out), "--auto", "layers", "--json"])
+    assert r.exit_code == 0, r.output
+    report = json.loads(r.stdout)
+    assert report["recompute_nodes"] > 0 and report["pin"]["guard_nodes"] == 0
+    assert f"no guards at opset {opset}" in report["pin"]["skipped"]
+    ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    checked = CliRunner().invoke(main, ["check", str(src), str(out)])
+    assert checked.exit_code == 0, checked.output

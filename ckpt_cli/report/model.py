@@ -253,7 +253,7 @@ def _pin_row(pinned, fresh) -> dict | None:
     return {"guard_nodes": pinned.guard_nodes, "guarded_inputs": pinned.guarded_inputs,
             "tied_outputs": pinned.tied_outputs, "blocks": pinned.blocks,
             "fresh_tensors": len(fresh.fresh) if fresh is not None else 0,
-            "fresh_nodes": fresh.guard_nodes if fresh is not None else 0}
+            "fresh_nodes": fresh.guard_nodes if fresh is not None else 0, "skipped": pinned.skipped}
 
 
 def unsized_rows(a: Analysis) -> list[dict]:

@@ -164,6 +164,8 @@ def render_rewrite(r: dict, console: Console) -> None:
     if r.get("warning"):
         console.print(f"[yellow]Warning:[/yellow] {r['warning']}.")
     pin = r.get("pin")
+    if pin and pin.get("skipped"):
+        console.print(f"[yellow]Order not pinned:[/yellow] {safe(pin['skipped'])}.")
     if pin and pin["guard_nodes"]:
         console.print(f"Order pinned: {pin['guard_nodes']} guard nodes ({pin['guarded_inputs']} guarded inputs, "
                       f"{pin['tied_outputs']} tied gradients, {pin['blocks']} blocks) keep recompute blocks in the "

@@ -18,7 +18,7 @@ from ..planning.plan import Plan
 from .fresh import FreshResult, unshare
 from .mem_pattern import PatternOff, is_ort_artifact, pattern_off
 from .order import executed_order, interleave, memory_aware, prune_dead
-from .pin import PinResult, pin as pin_schedule
+from .pin import GUARD_MIN_OPSET, PinResult, pin as pin_schedule
 from .recompute import (RegionResult, drop_unused_optional_outputs, plan_recompute, rewire_backward)
 
 
@@ -151,6 +151,11 @@ def _choose(a: Analysis, new: Graph, tensors, copy_names: set[str], forward_name
 def pinned(a: Analysis, result: RewriteResult) -> RewriteResult:
     """``rewrite(a, plan)`` from ``result = rewrite(a, plan, pin=False)``: its graph with
     pin's guards (a plan search's rewrite is not redone for the written one)."""
+    opset = a.graph.opset("") or 0
+    if opset < GUARD_MIN_OPSET:
+        why = (f"no guards at opset {opset} (their ops need {GUARD_MIN_OPSET}): the written order holds under "
+               "ckpt's session settings (PRIORITY_BASED), not in a plain session")
+        return replace(result, pinned=PinResult(result.graph, result.after.tensors, 0, 0, 0, 0, skipped=why))
     forward_names = {n.name for n in a.graph.nodes if a.phases.is_forward[n.index]}
     guarded = pin_schedule(result.graph, result.after.tensors, forward_names)
     if not guarded.guard_nodes:

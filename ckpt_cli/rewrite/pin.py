@@ -42,6 +42,12 @@ class PinResult:
     guarded_inputs: int  # block inputs read through a guard
     tied_outputs: int  # weight gradients tied into a later block's trigger
     blocks: int  # recompute blocks pinned
+    skipped: str | None = None  # why no guard was written, where that is not for want of copies
+
+
+# The guards' ops at the ONNX opset of the graph: Max on int64 from 12 (fresh.py's Slice
+# with tensor inputs from 10). Below it ORT refuses a file with guards.
+GUARD_MIN_OPSET = 12
 
 
 def _node(op: str, inputs: list[str], output: str, name: str, region: str) -> onnx.NodeProto:
