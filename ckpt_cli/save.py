@@ -16,9 +16,11 @@ a partial file or a model paired with another model's data:
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import re
+from contextlib import contextmanager
 from itertools import chain
 from pathlib import Path
 
@@ -99,11 +101,28 @@ def save_model(model: onnx.ModelProto, path: str | Path, source_dir: Path | None
     path = write_target(path)
     source_dir = Path(source_dir or ".")
     exclusive = must_create(path) if force is None else not force
-    with os_errors(path):
+    with os_errors(path), _folder_locked(path.parent):
         remove_stale_temps(path)
         previous = _data_files_read_by(path)
         with exit_on_sigterm():
             return _write_pair(model, path, source_dir, exclusive, previous)
+
+
+@contextmanager
+def _folder_locked(folder: Path):
+    """Writers of models into one folder, one at a time: each reads which data files the
+    model it replaces points at and removes them after its commit, so two at once could
+    remove the data the other's committed model reads. A lock on the folder itself leaves
+    no file behind (where the filesystem has no locks, writers run unlocked)."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:
+            pass
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
 
 
 def _write_pair(model: onnx.ModelProto, path: Path, source_dir: Path, exclusive: bool,

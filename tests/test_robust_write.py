@@ -295,3 +295,25 @@ def test_signals_deferred_delivers_after_the_block_as_before():
         assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def test_writers_into_one_folder_take_turns(tmp_path, chain_path):
+    """Each writer reads which data files the model it replaces points at and removes them
+    after its commit: two at once could remove the data the other just committed (seen with
+    two --force rewrites to one path). While the folder is locked a rewrite waits to save."""
+    import fcntl
+    import subprocess
+
+    out = tmp_path / "out" / "m.ckpt.onnx"
+    out.parent.mkdir()
+    fd = os.open(out.parent, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        child = subprocess.Popen([sys.executable, "-m", "ckpt_cli.cli", "rewrite", str(chain_path), "-o", str(out),
+                                  "--force", "-q"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        time.sleep(8)  # a small rewrite saves within about 2 s here
+        assert child.poll() is None and not out.exists()
+    finally:
+        os.close(fd)
+    assert child.wait(timeout=120) == 0, child.stderr.read()
+    assert out.exists()
