@@ -145,6 +145,7 @@ def _splice(graph: Graph, functions: dict[str, tuple[str, str, int]], model: onn
     resolved = _resolved(model)
     if resolved is None:  # an excerpt ORT refuses goes whole: ORT may refuse the graph, or only the excerpt
         return graph if model is graph.model else None
+    _strip_inserted_casts(resolved.graph)
     # The file's Constant nodes stay as they are: ORT makes them initializers at load in every
     # session, expanded or not, and a graph with no function op left to expand (none, or all
     # known to run as they are) is never given to ORT, so keeping ORT's version here made the
@@ -211,6 +212,38 @@ def _splice(graph: Graph, functions: dict[str, tuple[str, str, int]], model: onn
     known = {v.name for v in model.graph.value_info}
     model.graph.value_info.extend(v for v in resolved.graph.value_info if v.name in produced and v.name not in known)
     return _indexed(model, graph, expansion)
+
+
+_INSERTED_CAST = "InsertedPrecisionFreeCast_"
+
+
+def _strip_inserted_casts(g: onnx.GraphProto) -> None:
+    """Remove the Casts ORT's CPU provider inserts around nodes it has no float16 kernel
+    for (outputs named ``InsertedPrecisionFreeCast_<tensor>``), with the value_info they
+    change. They belong to the session, not to the expansion: ORT inserts them again when
+    it loads the written file, and a file holding them already is refused ("Duplicate
+    definition of name")."""
+    casts = [p for p in g.node if p.op_type == "Cast" and len(p.input) == 1 and len(p.output) == 1]
+    # before a node: Cast(x) -> Inserted..._x, read in x's place; after it: the node writes
+    # Inserted..._y and a Cast makes y, so the node writes y itself
+    source = {p.output[0]: p.input[0] for p in casts if p.output[0].startswith(_INSERTED_CAST)}
+    target = {p.input[0]: p.output[0] for p in casts if p.input[0].startswith(_INSERTED_CAST)
+              and not p.output[0].startswith(_INSERTED_CAST)}
+    if not source and not target:
+        return
+    dropped = set(source) | set(target.values())
+    kept = [p for p in g.node if not (p in casts and p.output[0] in dropped)]
+    for p in kept:
+        for k, t in enumerate(p.input):
+            while t in source:
+                t = source[t]
+            p.input[k] = target.get(t, t)
+        for k, t in enumerate(p.output):
+            p.output[k] = target.get(t, t)
+    del g.node[:]
+    g.node.extend(kept)
+    # the expansion's tensors ran in float32 there: their types are inferred again from the file
+    del g.value_info[:]
 
 
 def _indexed(model: onnx.ModelProto, graph: Graph, expansion: dict[int, list[onnx.NodeProto]]) -> Graph:

@@ -265,3 +265,35 @@ def test_old_opsets_get_no_guards_and_a_file_ort_loads(tmp_path, opset):
     ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
     checked = CliRunner().invoke(main, ["check", str(src), str(out)])
     assert checked.exit_code == 0, checked.output
+
+
+@pytest.mark.parametrize("args", [[], ["--no-recompute"]])
+def test_float16_function_ops_are_written_without_orts_casts(tmp_path, args):
+    """ORT's CPU provider wraps ops it has no float16 kernel for in Casts named
+    InsertedPrecisionFreeCast_*; the expansion copied them into the file, and ORT then
+    refused it ("Duplicate definition of name"), exit 0, even with --no-recompute."""
+    import numpy as np
+    import onnxruntime as ort
+
+    half = TensorProto.FLOAT16
+    w = onnx.numpy_helper.from_array(np.random.default_rng(0).standard_normal((16, 16)).astype(np.float16), "w")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["z"], name="mm"),
+             helper.make_node("Softmax", ["z"], ["s"], name="sm", axis=-1),
+             helper.make_node("ReduceSum", ["s"], ["loss"], name="rs", keepdims=0),
+             helper.make_node("Mul", ["s", "seed"], ["ds"], name="bwd_mul"),
+             helper.make_node("Transpose", ["x"], ["xt"], name="bwd_t"),
+             helper.make_node("MatMul", ["xt", "ds"], ["w_grad"], name="bwd_mm")]
+    graph = helper.make_graph(nodes, "fp16", [helper.make_tensor_value_info("x", half, [8, 16]),
+                                              helper.make_tensor_value_info("seed", half, [])],
+                              [helper.make_tensor_value_info("loss", half, []),
+                               helper.make_tensor_value_info("w_grad", half, [16, 16])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    src, out = tmp_path / "f.onnx", tmp_path / "f.ckpt.onnx"
+    onnx.save(model, src)
+    r = CliRunner().invoke(main, ["rewrite", str(src), "-o", str(out), "-q", *args])
+    assert r.exit_code == 0, r.output
+    written = onnx.load(out)
+    assert not any(t.startswith("InsertedPrecisionFreeCast_") for n in written.graph.node
+                   for t in n.input if n.op_type == "Cast")
+    ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
