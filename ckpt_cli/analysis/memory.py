@@ -126,7 +126,7 @@ def profile_of(graph: Graph, order: list[int] | tuple[int, ...], tensors: dict[s
 def peak_with_scratch(profile: MemoryProfile, graph: Graph, tensors: dict[str, TensorInfo]) -> int:
     """The simulation's peak with the working memory each kernel holds outside ORT's
     allocator while it runs (``ort.scratch``), resident bytes included."""
-    return _peak_of(profile, _step_scratch(profile, graph, tensors), list(profile.timeline))
+    return _peak_of(profile.peak_bytes, _step_scratch(profile, graph, tensors), profile.timeline)
 
 
 def visible_peak(profile: MemoryProfile, graph: Graph, tensors: dict[str, TensorInfo], min_bytes: int) -> int:
@@ -141,7 +141,7 @@ def visible_peak(profile: MemoryProfile, graph: Graph, tensors: dict[str, Tensor
             free[dies] += size
     timeline = (np.cumsum(alloc[:steps]) - (np.cumsum(free[:steps]) - free[:steps])).tolist()
     scratch = {k: b for k, b in _step_scratch(profile, graph, tensors).items() if b >= min_bytes}
-    return _peak_of(profile, scratch, timeline, floor=0)
+    return _peak_of(max(timeline, default=0), scratch, timeline)
 
 
 def _step_scratch(profile: MemoryProfile, graph: Graph, tensors: dict[str, TensorInfo]) -> dict[int, int]:
@@ -157,8 +157,6 @@ def _step_scratch(profile: MemoryProfile, graph: Graph, tensors: dict[str, Tenso
     return out
 
 
-def _peak_of(profile: MemoryProfile, scratch: dict[int, int], timeline: list[int], floor: int | None = None) -> int:
-    peak = max(timeline, default=0) if floor is not None else profile.peak_bytes
-    for step, extra in scratch.items():
-        peak = max(peak, timeline[step] + extra)
-    return max(peak, floor or 0)
+def _peak_of(peak: int, scratch: dict[int, int], timeline) -> int:
+    """``peak``, or a step's bytes in use plus its kernel's scratch where that is higher."""
+    return max([peak, *(timeline[step] + extra for step, extra in scratch.items())])

@@ -271,16 +271,16 @@ def _fill_ort_op_shapes(graph: Graph, tensors: dict[str, TensorInfo]) -> list[st
     rules = {i: r for i, r in ((i, _ort_rule(n, opset)) for i, n in enumerate(graph.nodes)) if r is not None}
     if not rules:
         return []
-    values: dict = {}
-    needs_values = any(graph.nodes[i].op_type in _VALUE_RULES for i in rules)
+    values: dict | None = None  # shape values, folded on first use (only a few rules read them)
 
     def typed(name: str):
         info = tensors.get(name)
         return (info.dtype, info.shape) if info is not None and info.shape is not None else None
 
     def value(name: str):
-        if needs_values and not values:
-            values.update(fold(graph, tensors, FOLDABLE))
+        nonlocal values
+        if values is None:
+            values = fold(graph, tensors, FOLDABLE)
         return values.get(name)
 
     def producer(name: str):
@@ -300,9 +300,6 @@ def _fill_ort_op_shapes(graph: Graph, tensors: dict[str, TensorInfo]) -> list[st
             if tensors[out].nbytes is not None:
                 sized.append(out)
     return sized
-
-
-_VALUE_RULES = frozenset({"GatherGrad", "GatherNDGrad", "GatherElementsGrad", "SliceGrad"})
 
 
 def _through_ort_ops(graph: Graph, model: onnx.ModelProto, tensors: dict[str, TensorInfo]) -> None:

@@ -32,6 +32,10 @@ class Inputs:
         names = self.node.inputs
         return self._typed(names[pos]) if pos < len(names) and names[pos] else None
 
+    def typed_tensor(self, name: str) -> Optional[Typed]:
+        """Type and shape of any tensor of the graph (a producer's input, say)."""
+        return self._typed(name)
+
     def shape(self, pos: int) -> Optional[Shape]:
         typed = self.typed(pos)
         return typed[1] if typed else None
@@ -97,7 +101,7 @@ def _max_pool_grad(x: Inputs) -> dict[int, Typed]:
     pool = x.producer(1)
     if pool is None or pool.op_type != "MaxPool" or x.dtype(0) == 0:
         return {}
-    src = x._typed(pool.inputs[0])
+    src = x.typed_tensor(pool.inputs[0])
     return {0: (x.dtype(0), src[1])} if src else {}
 
 
@@ -174,7 +178,7 @@ def _accumulator(x: Inputs) -> dict[int, Typed]:
 def _concat_training(x: Inputs) -> dict[int, Typed]:
     """ConcatTraining (ORT's training Concat): the concatenation, and the input lengths."""
     names = [t for t in x.node.inputs if t]
-    shapes = [x._typed(t) for t in names]
+    shapes = [x.typed_tensor(t) for t in names]
     out = {1: (TensorProto.INT64, (len(names),))}
     if names and all(s is not None for s in shapes):
         first = shapes[0][1]
