@@ -4,9 +4,12 @@ traceback, and that no file in the folder changed and none appeared."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import signal
+import threading
 from pathlib import Path
 from typing import Callable
 
@@ -97,6 +100,10 @@ def _untyped_output(m):
     m.graph.output[-1].type.tensor_type.elem_type = TensorProto.UNDEFINED
 
 
+def _long_name(m):
+    m.graph.node[0].name = "a" * 40 + "!"
+
+
 def _fifo(folder: Path, name: str) -> Path:
     os.mkfifo(folder / name)
     return folder / name
@@ -125,6 +132,16 @@ ROWS: list[tuple[str, Callable[[Path], list], int, str]] = [
     ("inference model", lambda f: ["rewrite", _chain(f, _inference), "-o", f / "o.onnx"], 2, "backward"),
     ("region matching nothing", lambda f: ["rewrite", _chain(f), "--region", "nothing*", "-o", f / "o.onnx"],
      2, "nothing"),
+    ("backtracking --region", lambda f: ["rewrite", _chain(f, _long_name), "--region", "re:(a+)+$",
+                                         "-o", f / "o.onnx"], 2, "matches no forward node"),
+    ("backtracking --regions-by-scope", lambda f: ["rewrite", _chain(f, _long_name), "--regions-by-scope", "((a+)+)$",
+                                                  "-o", f / "o.onnx"],
+     2, "matches no forward node"),
+    ("backreference --region", lambda f: ["rewrite", _chain(f), "--region", r"re:(l)\1", "-o", f / "o.onnx"], 2,
+     "no backreferences"),
+    ("lookahead --regions-by-scope", lambda f: ["rewrite", _chain(f), "--regions-by-scope", "(?=layers)(x)",
+                                               "-o", f / "o.onnx"], 2,
+     "no backreferences or lookaround"),
     ("-o the input", lambda f: ["rewrite", _chain(f), "-o", f / "m.onnx", "--force"], 2, "input"),
     ("-o a link to the input", lambda f: ["rewrite", _chain(f), "-o", _link(f, "l.onnx", "m.onnx"), "--force"],
      2, "input"),
@@ -189,6 +206,24 @@ def _link(folder: Path, name: str, target: str) -> Path:
     return folder / name
 
 
+@contextlib.contextmanager
+def _hang_guard(seconds: int):
+    """A hang (a FIFO read, a backtracking regex) fails the row instead of stalling the suite."""
+    def expire(signum, frame):
+        raise TimeoutError(f"the command ran past {seconds} s")
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def _state(folder: Path) -> dict[str, str]:
     out = {}
     for p in sorted(folder.rglob("*")):
@@ -209,7 +244,8 @@ def test_bad_input(tmp_path, case):
     _write(folder, "unrelated.txt", "keep me")
     argv = [str(a) for a in setup(folder)]
     before = _state(folder)
-    r = CliRunner().invoke(main, argv)
+    with _hang_guard(120):
+        r = CliRunner().invoke(main, argv)
     assert r.exit_code == code, (argv, r.output)
     assert "Traceback" not in r.output
     lines = r.stderr.strip().splitlines()

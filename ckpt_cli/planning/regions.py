@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import fnmatch
 import math
-import re
 from collections import defaultdict
+
+import re2
 
 from ..analysis import Analysis
 from ..analysis.scopes import layer_of
@@ -18,12 +19,23 @@ from .decision import region_decisions
 from .plan import Plan, Region
 
 
+def compile_regex(pattern: str, option: str):
+    """Node names come from the model, so a backtracking engine could be made to run for
+    hours by a pattern such as ``(a+)+$``; RE2 matches in time linear in the name, and
+    refuses the two features that need backtracking (backreferences and lookaround)."""
+    options = re2.Options()
+    options.log_errors = False
+    try:
+        return re2.compile(pattern, options=options)
+    except re2.error as e:
+        reason = e.args[0].decode(errors="replace") if e.args and isinstance(e.args[0], bytes) else str(e)
+        raise UsageError(f"bad {option} expression '{pattern}': {reason} (ckpt matches with RE2: "
+                         "no backreferences or lookaround)") from None
+
+
 def _matcher(pattern: str):
     if pattern.startswith("re:"):
-        try:
-            rx = re.compile(pattern[3:])
-        except re.error as e:
-            raise UsageError(f"bad regular expression '{pattern}': {e}") from None
+        rx = compile_regex(pattern[3:], "--region")
         return lambda s: rx.search(s) is not None
     return lambda s: fnmatch.fnmatchcase(s, pattern)
 
@@ -47,10 +59,7 @@ def regions_from_patterns(a: Analysis, patterns: list[str]) -> Plan:
 def regions_by_scope(a: Analysis, regex: str) -> Plan:
     """One region per distinct first capture group of ``regex`` over node names (or, for
     nodes whose names carry no scope, over their module path with dots)."""
-    try:
-        rx = re.compile(regex)
-    except re.error as e:
-        raise UsageError(f"bad --regions-by-scope expression '{regex}': {e}") from None
+    rx = compile_regex(regex, "--regions-by-scope")
     if rx.groups < 1:
         raise UsageError(f"--regions-by-scope '{regex}' needs a capture group, e.g. 'layers\\.(\\d+)'")
     groups: dict[str, set[int]] = defaultdict(set)
