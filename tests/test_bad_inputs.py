@@ -308,8 +308,40 @@ def test_float16_function_ops_are_written_without_orts_casts(tmp_path, args):
     """ORT's CPU provider wraps ops it has no float16 kernel for in Casts named
     InsertedPrecisionFreeCast_*; the expansion copied them into the file, and ORT then
     refused it ("Duplicate definition of name"), exit 0, even with --no-recompute."""
-    import numpy as np
     import onnxruntime as ort
+
+    src, out = tmp_path / "f.onnx", tmp_path / "f.ckpt.onnx"
+    onnx.save(_float16_model(), src)
+    r = CliRunner().invoke(main, ["rewrite", str(src), "-o", str(out), "-q", *args])
+    assert r.exit_code == 0, r.output
+    written = onnx.load(out)
+    assert not any(t.startswith("InsertedPrecisionFreeCast_") for n in written.graph.node
+                   for t in n.input if n.op_type == "Cast")
+    ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+
+
+def test_a_float16_rewrite_says_cpu_results_can_differ_and_the_check_names_why(tmp_path):
+    """On CPU, ORT computes float16 ops without a float16 kernel in float32 and rounds where
+    its own Casts sit, which a rewrite moves: the rewrite says so before anyone runs it,
+    and the check's failure names the Casts as the cause."""
+    src, out = tmp_path / "f.onnx", tmp_path / "f.ckpt.onnx"
+    onnx.save(_float16_model(), src)
+    r = CliRunner().invoke(main, ["rewrite", str(src), "-o", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    report = json.loads(r.stdout)
+    assert report["reduced_precision"]["dtypes"] == ["float16"]
+    r = CliRunner().invoke(main, ["rewrite", str(src), "-o", str(out), "--force"])
+    assert "float16 graph: ONNX Runtime's CPU provider runs ops without float16 kernels in float32" in r.output
+    r = CliRunner().invoke(main, ["check", str(src), str(out), "--json"])
+    failures = json.loads(r.stdout)["failures"]
+    assert any("wrapped the ops that have no float16 kernel in Casts" in line for line in failures), failures
+    plain = _chain(tmp_path)
+    r = CliRunner().invoke(main, ["inspect", str(plain), "--json"])
+    assert json.loads(r.stdout)["reduced_precision"] is None
+
+
+def _float16_model() -> onnx.ModelProto:
+    import numpy as np
 
     half = TensorProto.FLOAT16
     w = onnx.numpy_helper.from_array(np.random.default_rng(0).standard_normal((16, 16)).astype(np.float16), "w")
@@ -325,11 +357,4 @@ def test_float16_function_ops_are_written_without_orts_casts(tmp_path, args):
                                helper.make_tensor_value_info("w_grad", half, [16, 16])], [w])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
-    src, out = tmp_path / "f.onnx", tmp_path / "f.ckpt.onnx"
-    onnx.save(model, src)
-    r = CliRunner().invoke(main, ["rewrite", str(src), "-o", str(out), "-q", *args])
-    assert r.exit_code == 0, r.output
-    written = onnx.load(out)
-    assert not any(t.startswith("InsertedPrecisionFreeCast_") for n in written.graph.node
-                   for t in n.input if n.op_type == "Cast")
-    ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    return model

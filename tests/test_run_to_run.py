@@ -13,7 +13,8 @@ import pytest
 
 from ckpt_cli.verify import driver
 from ckpt_cli.verify.feeds import make_feeds, save_feeds
-from ckpt_cli.verify.stage import _judge, _kernel_of, _spread_verdict
+from ckpt_cli.verify.rules import judge as _judge
+from ckpt_cli.verify.stage import _kernel_of, _spread_verdict
 
 MLP = Path(__file__).resolve().parent.parent / "sample_models" / "mlp.onnx"
 

@@ -8,6 +8,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+from onnx import TensorProto
+
 from ..analysis import Analysis, buffer_bytes
 from ..analysis.cost import node_cost
 from ..analysis.memory import peak_with_scratch
@@ -84,7 +86,25 @@ def model_facts(a: Analysis) -> dict:
     return {
         "dims": {d: {"value": v, "source": "default" if d in a.default_dims else "given"} for d, v in a.dims},
         "ort_registered_ops": ort_only_ops(a.graph.model),
+        "reduced_precision": reduced_precision(a),
     }
+
+
+# ONNX Runtime's CPU provider has float16 kernels for few ops: it runs the others in float32
+# between Casts it inserts, rounding to float16 only where its Casts sit, and places them by
+# each node's neighbours. A rewrite gives nodes new neighbours, so on CPU the rounding moves.
+CPU_FLOAT16_NOTE = ("ONNX Runtime's CPU provider runs ops without {dtype} kernels in float32 and rounds only "
+                    "where it inserts Casts; a rewrite moves those points, so on CPU its results can differ "
+                    "from the original's in the last {dtype} bits, and `ckpt check` on CPU fails it (check on CUDA)")
+
+
+def reduced_precision(a: Analysis) -> dict | None:
+    """The float16/bfloat16 types the graph computes in, and what that means on CPU."""
+    names = {TensorProto.FLOAT16: "float16", TensorProto.BFLOAT16: "bfloat16"}
+    found = sorted({names[t.dtype] for t in a.tensors.values() if t.dtype in names})
+    if not found:
+        return None
+    return {"dtypes": found, "cpu": CPU_FLOAT16_NOTE.format(dtype="/".join(found))}
 
 
 def stashed_rows(a: Analysis, limit: int | None = TOP_STASHED) -> list[dict]:

@@ -61,6 +61,9 @@ def render_facts(r: dict, console: Console) -> None:
             twice = ", ".join(f"{safe(d)} = {v}" for d, v in scaled["doubled_dims"].items())
             line += ("; the same plan at " if scaled["same_plan_at_doubled_dims"] else "; another plan at ") + twice
         console.print(line)
+    reduced = r.get("reduced_precision")
+    if reduced:
+        console.print(f"[yellow]{'/'.join(reduced['dtypes'])} graph:[/yellow] {safe(reduced['cpu'])}.")
     ops = r.get("ort_registered_ops") or {}
     if ops:
         console.print("accepted as ONNX Runtime ops (onnx has no schema for them at this opset): "

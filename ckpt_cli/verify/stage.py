@@ -22,8 +22,8 @@ from ..ops import VIEW_OPS
 from . import driver
 from .feeds import FeedError, load_feeds, make_feeds, save_feeds
 from .plain_model import fused_plain
+from .rules import judge
 
-PROCESS_PEAK_NOISE_BYTES = 256 * 1024
 # Above this error of the plain-session prediction, the check also models ORT's fused graph
 # (one ORT optimization and analysis more) to tell fusions from a memory-model error.
 PLAIN_FUSED_ABOVE = 0.02
@@ -129,15 +129,6 @@ def prepare_feeds(model, out_path: Path, seed: int, dims: dict[str, int], feeds_
     save_feeds(out_path, feeds)
 
 
-def _noise(m: Measurement, reference: int) -> int:
-    """Bytes below which a rise is measurement noise. The profiler's arena figures are
-    exact; the process-peak fallback (ORT builds without profiler memory fields) reads
-    page-granular RSS with allocator noise of a few pages."""
-    if m.method != "process_peak":
-        return 0
-    return max(PROCESS_PEAK_NOISE_BYTES, int(0.02 * reference))
-
-
 def _relative_error(predicted: int | None, measured: int | None) -> float | None:
     return None if not measured or predicted is None else (predicted - measured) / measured
 
@@ -235,7 +226,7 @@ def check_files(original: str | Path, rewritten: str | Path, predicted: dict[str
                 figures.predicted_plain_fused = fused.peak_in_use_bytes
                 figures.prediction_error_plain_fused = _relative_error(fused.peak_in_use_bytes, default.peak_bytes)
     figures.unsized = {k: list(predicted[k].unsized) for k in sides if predicted[k].unsized}
-    _judge(figures, tolerant)
+    judge(figures, tolerant)
     return figures
 
 
@@ -284,98 +275,3 @@ def _spread_verdict(spread: dict | None, model) -> dict | None:
 def _tensor_prediction(p: Prediction, m: Measurement) -> int:
     """The prediction a measurement is judged against: a process peak sees kernel scratch."""
     return p.process_bytes if m.method == "process_peak" and p.process_bytes is not None else p.tensor_bytes
-
-
-def _judge(f: CheckFigures, tolerant: bool) -> None:
-    """Fill ``failures`` (each a premise that failed, in one line) and ``notes``."""
-    rr = f.run_to_run
-    if not (f.outputs_within_tolerance if tolerant else f.outputs_equal):
-        if not tolerant and rr is not None and rr["accepted"]:
-            kernels = rr["varying_kernels"]
-            worst = max(e["rewrite_diff"] for e in rr["outputs"].values())
-            f.notes.append(f"{len(rr['outputs'])} outputs are not bit-identical; each is computed by a kernel whose "
-                           f"result varies between two runs of the original itself on {f.provider} "
-                           f"({', '.join(f'{k} by up to {v:.2g}' for k, v in kernels.items())}), and the "
-                           f"rewrite's differences (max |diff| {worst:.2g}) are within that spread")
-        else:
-            first = (rr["unexplained"][0] if rr is not None and rr["unexplained"] else
-                     next((k for k, e in f.outputs.items() if not (e["within_tolerance"] if tolerant
-                                                                   else e["bit_identical"])), None))
-            f.failures.append(f"outputs differ (first: {first}, max |diff| {f.max_abs_diff})")
-    plain = f.unoptimized_vs_rewritten
-    if f.reference_level is not None and plain is not None:
-        f.notes.append(f"outputs compared with the original run at {f.reference_level}, as the rewritten file "
-                       "holds ORT's fusions made at that level; against the original under ckpt's settings "
-                       + ("every output is bit-identical too" if plain["all_bit_identical"] else
-                          f"{plain['n_failed']} outputs differ (max |diff| {plain['max_abs_diff']}): fused "
-                          "kernels round differently from the ops they replace"))
-    for side, names in f.unsized.items():
-        f.failures.append(f"the {side} prediction counts {len(names)} tensors of unknown size as 0 B "
-                          f"({', '.join(names[:5])}{', ...' if len(names) > 5 else ''})")
-    o, r = f.original.peak_bytes, f.rewritten.peak_bytes
-    if o is not None and r is not None and r > o + _noise(f.rewritten, o):
-        f.memory_lower = False
-        f.failures.append(f"the rewritten peak ({r} B) is above the original's ({o} B)")
-    order = f.order
-    if order["n_not_in_file"]:
-        f.failures.append(f"ONNX Runtime ran {order['n_not_in_file']} nodes that are not in the file "
-                          f"(e.g. {', '.join(order['not_in_file'][:3])}): it expanded or fused ops, so the "
-                          "written schedule is not what ran")
-    if order.get("n_not_executed"):
-        f.failures.append(f"ONNX Runtime never ran {order['n_not_executed']} nodes of the file "
-                          f"(e.g. {', '.join(order['not_executed'][:3])}): the schedule judged is not what ran")
-    if len(order.get("nodes_per_provider") or {}) > 1:
-        per = ", ".join(f"{n} on {p}" for p, n in order["nodes_per_provider"].items())
-        f.notes.append(f"the order is compared per device ({per}): ORT runs a stream per device and "
-                       "interleaves them where one waits for the other")
-    if order.get("n_provider_copies"):
-        f.notes.append(f"ONNX Runtime added {order['n_provider_copies']} device copies (MemcpyToHost/FromHost) "
-                       "next to CPU-placed shape nodes; they are left out of the order comparison")
-    if not order["matches"]:
-        m = order["first_mismatch"] or {}
-        where = f" on {m['provider']}" if m.get("provider") else ""
-        f.failures.append(f"ONNX Runtime did not execute the simulated order{where} (position {m.get('position')}: "
-                          f"ckpt expected {m.get('file')}, ORT ran {m.get('executed')})")
-    if f.rewritten.method in ("profiler", "process_peak"):
-        # Judged on the live tensor bytes (ORT's bytes requested, or with the arena off the
-        # process's page-granular peak): the liveness simulation of the written schedule,
-        # which is what a broken order or an unseen node throws off. The arena figure adds
-        # ORT's rounding and fragmentation and is reported only.
-        for side, err in f.prediction_error.items():
-            measured = getattr(f, side)
-            slack = _noise(measured, measured.peak_requested_bytes or 0)
-            off = abs(f.predicted[side] - (measured.peak_requested_bytes or 0))
-            if err is not None and abs(err) > f.max_prediction_error and off > slack:
-                f.failures.append(f"the {side} peak prediction (tensor bytes) is {err:+.1%} off the measured "
-                                  f"peak (more than --max-prediction-error {f.max_prediction_error:.0%})")
-        if f.rewritten.method == "process_peak":
-            f.notes.append("memory measured as process_peak (this ORT build's profiler has no memory fields): "
-                           "the process's peak above its state before the run, ORT's arena off, page-granular")
-            if max(f.predicted.values()) < PROCESS_PEAK_NOISE_BYTES:
-                f.notes.append(f"both peaks are predicted below {PROCESS_PEAK_NOISE_BYTES // 1024} KiB, under what "
-                               "process_peak resolves: the memory saving is not verified by this check")
-    else:
-        f.notes.append(f"memory measured as {f.rewritten.method}: the peak is not compared with the prediction")
-    if f.rewritten_ort_default_error:
-        f.failures.append("the rewritten model does not run in a session with ORT's default settings "
-                          f"({f.rewritten_ort_default_error})")
-    err, fused = f.prediction_error_plain, f.prediction_error_plain_fused
-    if err is not None and abs(err) > f.max_prediction_error:
-        said = (f"under ORT's default settings the rewrite measures {f.rewritten_ort_default.peak_bytes} B; "
-                f"ckpt predicted {f.predicted_plain} B ({err:+.1%}) on the file's graph, where ORT runs its "
-                "ORT_ENABLE_ALL fusions")
-        if fused is None:
-            said += " (ORT's fused graph could not be modelled: a size unknown, or another order)"
-        elif abs(fused) <= f.max_prediction_error:
-            said += (f"; on ORT's fused graph, in the order ORT runs it, ckpt's model gives "
-                     f"{f.predicted_plain_fused} B ({fused:+.1%}): the fusions, not the memory model, explain it")
-        else:
-            said += (f"; on ORT's fused graph, in the order ORT runs it, ckpt's model is {fused:+.1%} off too: "
-                     "its memory model does not hold for this session")
-        f.notes.append(said)
-    od, rd = f.original_ort_default, f.rewritten_ort_default
-    if od is not None and rd is not None and od.peak_bytes is not None and rd.peak_bytes is not None:
-        if rd.peak_bytes >= od.peak_bytes:
-            f.notes.append("under ORT's default session settings the rewrite saves nothing "
-                           f"({rd.peak_bytes} B vs {od.peak_bytes} B): run it with ckpt's settings "
-                           "(ckpt_cli.session_options(path), or `ckpt session MODEL`)")

@@ -1,0 +1,201 @@
+"""The check's verdict, rule by rule.
+
+Each rule reads the measured figures and adds what it finds: a failure (a premise of the
+saving that does not hold, in one line) or a note. ``judge`` applies them in order; the
+verdict passes when no rule failed. Every rule has a test that fails when it is removed.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from .stage import CheckFigures, Measurement
+
+PROCESS_PEAK_NOISE_BYTES = 256 * 1024
+# ORT's CPU provider names the Casts it wraps around ops that have no float16 kernel so.
+ORT_PRECISION_CAST = "InsertedPrecisionFreeCast_"
+
+
+def noise(m: "Measurement", reference: int) -> int:
+    """Bytes below which a rise is measurement noise. The profiler's arena figures are
+    exact; the process-peak fallback (ORT builds without profiler memory fields) reads
+    page-granular RSS with allocator noise of a few pages."""
+    if m.method != "process_peak":
+        return 0
+    return max(PROCESS_PEAK_NOISE_BYTES, int(0.02 * reference))
+
+
+def outputs_match(f: "CheckFigures", tolerant: bool) -> None:
+    """Bit-identical outputs (or within --rtol/--atol), or differences the original's own
+    run-to-run spread explains."""
+    if f.outputs_within_tolerance if tolerant else f.outputs_equal:
+        return
+    rr = f.run_to_run
+    if not tolerant and rr is not None and rr["accepted"]:
+        f.notes.append(_spread_note(f, rr))
+        return
+    first = (rr["unexplained"][0] if rr is not None and rr["unexplained"] else
+             next((k for k, e in f.outputs.items()
+                   if not (e["within_tolerance"] if tolerant else e["bit_identical"])), None))
+    f.failures.append(f"outputs differ (first: {first}, max |diff| {f.max_abs_diff})")
+
+
+def _spread_note(f: "CheckFigures", rr: dict) -> str:
+    kernels = rr["varying_kernels"]
+    worst = max(e["rewrite_diff"] for e in rr["outputs"].values())
+    return (f"{len(rr['outputs'])} outputs are not bit-identical; each is computed by a kernel whose "
+            f"result varies between two runs of the original itself on {f.provider} "
+            f"({', '.join(f'{k} by up to {v:.2g}' for k, v in kernels.items())}), and the "
+            f"rewrite's differences (max |diff| {worst:.2g}) are within that spread")
+
+
+def fused_reference(f: "CheckFigures", tolerant: bool) -> None:
+    """With --ort-optimize the original is compared at ORT's level; say how it compares as it is."""
+    plain = f.unoptimized_vs_rewritten
+    if f.reference_level is None or plain is None:
+        return
+    f.notes.append(f"outputs compared with the original run at {f.reference_level}, as the rewritten file "
+                   "holds ORT's fusions made at that level; against the original under ckpt's settings "
+                   + ("every output is bit-identical too" if plain["all_bit_identical"] else
+                      f"{plain['n_failed']} outputs differ (max |diff| {plain['max_abs_diff']}): fused "
+                      "kernels round differently from the ops they replace"))
+
+
+def every_tensor_sized(f: "CheckFigures", tolerant: bool) -> None:
+    """A prediction that counts a tensor as 0 B cannot be judged."""
+    for side, names in f.unsized.items():
+        f.failures.append(f"the {side} prediction counts {len(names)} tensors of unknown size as 0 B "
+                          f"({', '.join(names[:5])}{', ...' if len(names) > 5 else ''})")
+
+
+def peak_not_raised(f: "CheckFigures", tolerant: bool) -> None:
+    """The rewritten peak is not above the original's (beyond measurement noise)."""
+    o, r = f.original.peak_bytes, f.rewritten.peak_bytes
+    if o is not None and r is not None and r > o + noise(f.rewritten, o):
+        f.memory_lower = False
+        f.failures.append(f"the rewritten peak ({r} B) is above the original's ({o} B)")
+
+
+def ran_only_file_nodes(f: "CheckFigures", tolerant: bool) -> None:
+    """ORT ran the file's nodes, not an expansion or fusion of them."""
+    order = f.order
+    if not order["n_not_in_file"]:
+        return
+    casts = [n for n in order["not_in_file"] if n.startswith(ORT_PRECISION_CAST)]
+    cause = ("it expanded or fused ops" if len(casts) < len(order["not_in_file"]) else
+             "its CPU provider wrapped the ops that have no float16 kernel in Casts and runs them in float32")
+    f.failures.append(f"ONNX Runtime ran {order['n_not_in_file']} nodes that are not in the file "
+                      f"(e.g. {', '.join(order['not_in_file'][:3])}): {cause}, so the "
+                      "written schedule is not what ran")
+
+
+def ran_every_file_node(f: "CheckFigures", tolerant: bool) -> None:
+    """Every node of the file ran: a node ORT dropped makes the schedule judged not the one run."""
+    order = f.order
+    if order.get("n_not_executed"):
+        f.failures.append(f"ONNX Runtime never ran {order['n_not_executed']} nodes of the file "
+                          f"(e.g. {', '.join(order['not_executed'][:3])}): the schedule judged is not what ran")
+
+
+def device_notes(f: "CheckFigures", tolerant: bool) -> None:
+    """How the order was compared across devices."""
+    order = f.order
+    if len(order.get("nodes_per_provider") or {}) > 1:
+        per = ", ".join(f"{n} on {p}" for p, n in order["nodes_per_provider"].items())
+        f.notes.append(f"the order is compared per device ({per}): ORT runs a stream per device and "
+                       "interleaves them where one waits for the other")
+    if order.get("n_provider_copies"):
+        f.notes.append(f"ONNX Runtime added {order['n_provider_copies']} device copies (MemcpyToHost/FromHost) "
+                       "next to CPU-placed shape nodes; they are left out of the order comparison")
+
+
+def order_followed(f: "CheckFigures", tolerant: bool) -> None:
+    """ORT executed the order ckpt simulated."""
+    if f.order["matches"]:
+        return
+    m = f.order["first_mismatch"] or {}
+    where = f" on {m['provider']}" if m.get("provider") else ""
+    f.failures.append(f"ONNX Runtime did not execute the simulated order{where} (position {m.get('position')}: "
+                      f"ckpt expected {m.get('file')}, ORT ran {m.get('executed')})")
+
+
+def prediction_holds(f: "CheckFigures", tolerant: bool) -> None:
+    """The predicted live tensor bytes are within --max-prediction-error of the measured.
+
+    Judged on the live tensor bytes (ORT's bytes requested, or with the arena off the
+    process's page-granular peak): the liveness simulation of the written schedule, which is
+    what a broken order or an unseen node throws off. The arena figure adds ORT's rounding
+    and fragmentation and is reported only."""
+    if f.rewritten.method not in ("profiler", "process_peak"):
+        f.notes.append(f"memory measured as {f.rewritten.method}: the peak is not compared with the prediction")
+        return
+    for side, err in f.prediction_error.items():
+        measured = getattr(f, side)
+        slack = noise(measured, measured.peak_requested_bytes or 0)
+        off = abs(f.predicted[side] - (measured.peak_requested_bytes or 0))
+        if err is not None and abs(err) > f.max_prediction_error and off > slack:
+            f.failures.append(f"the {side} peak prediction (tensor bytes) is {err:+.1%} off the measured "
+                              f"peak (more than --max-prediction-error {f.max_prediction_error:.0%})")
+
+
+def process_peak_notes(f: "CheckFigures", tolerant: bool) -> None:
+    """What a process-peak measurement can and cannot resolve."""
+    if f.rewritten.method != "process_peak":
+        return
+    f.notes.append("memory measured as process_peak (this ORT build's profiler has no memory fields): "
+                   "the process's peak above its state before the run, ORT's arena off, page-granular")
+    if max(f.predicted.values()) < PROCESS_PEAK_NOISE_BYTES:
+        f.notes.append(f"both peaks are predicted below {PROCESS_PEAK_NOISE_BYTES // 1024} KiB, under what "
+                       "process_peak resolves: the memory saving is not verified by this check")
+
+
+def runs_in_default_session(f: "CheckFigures", tolerant: bool) -> None:
+    """The rewritten file also runs in a session with ORT's default settings."""
+    if f.rewritten_ort_default_error:
+        f.failures.append("the rewritten model does not run in a session with ORT's default settings "
+                          f"({f.rewritten_ort_default_error})")
+
+
+def plain_session_note(f: "CheckFigures", tolerant: bool) -> None:
+    """Where the plain-session prediction is off, whether ORT's fusions explain it."""
+    err, fused = f.prediction_error_plain, f.prediction_error_plain_fused
+    if err is None or abs(err) <= f.max_prediction_error:
+        return
+    said = (f"under ORT's default settings the rewrite measures {f.rewritten_ort_default.peak_bytes} B; "
+            f"ckpt predicted {f.predicted_plain} B ({err:+.1%}) on the file's graph, where ORT runs its "
+            "ORT_ENABLE_ALL fusions")
+    if fused is None:
+        said += " (ORT's fused graph could not be modelled: a size unknown, or another order)"
+    elif abs(fused) <= f.max_prediction_error:
+        said += (f"; on ORT's fused graph, in the order ORT runs it, ckpt's model gives "
+                 f"{f.predicted_plain_fused} B ({fused:+.1%}): the fusions, not the memory model, explain it")
+    else:
+        said += (f"; on ORT's fused graph, in the order ORT runs it, ckpt's model is {fused:+.1%} off too: "
+                 "its memory model does not hold for this session")
+    f.notes.append(said)
+
+
+def default_session_saving_note(f: "CheckFigures", tolerant: bool) -> None:
+    """Whether the saving survives ORT's default session settings."""
+    od, rd = f.original_ort_default, f.rewritten_ort_default
+    if od is None or rd is None or od.peak_bytes is None or rd.peak_bytes is None:
+        return
+    if rd.peak_bytes >= od.peak_bytes:
+        f.notes.append("under ORT's default session settings the rewrite saves nothing "
+                       f"({rd.peak_bytes} B vs {od.peak_bytes} B): run it with ckpt's settings "
+                       "(ckpt_cli.session_options(path), or `ckpt session MODEL`)")
+
+
+Rule = Callable[["CheckFigures", bool], None]
+RULES: tuple[Rule, ...] = (
+    outputs_match, fused_reference, every_tensor_sized, peak_not_raised, ran_only_file_nodes,
+    ran_every_file_node, device_notes, order_followed, prediction_holds, process_peak_notes,
+    runs_in_default_session, plain_session_note, default_session_saving_note,
+)
+
+
+def judge(f: "CheckFigures", tolerant: bool, rules: tuple[Rule, ...] = RULES) -> None:
+    """Fill ``failures`` and ``notes`` of ``f`` by every rule, in order."""
+    for rule in rules:
+        rule(f, tolerant)
