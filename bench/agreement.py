@@ -1,5 +1,5 @@
 """``--budget`` (``--auto budget``) against ``--auto optimal`` on every sample, through the
-API's planner (``pipeline.make_plan``: the tensor-level cuts and the region-structure search,
+API's planner (``rewrite.select.make_plan``: the tensor-level cuts and the region-structure search,
 judged by the real cost model), over a sweep of budgets per sample (a few on the larger ones).
 
     python -m bench.agreement       # prints the tables (also section 7 of ``python -m bench.run``)
@@ -49,7 +49,7 @@ def bench_agreement(points=POINTS) -> dict:
 
 def _row(a, sample: str, share: int) -> dict:
     from ckpt_cli.errors import BudgetUnreachable
-    from ckpt_cli.pipeline import make_plan
+    from ckpt_cli.rewrite.select import make_plan
 
     row = {"sample": sample, "share": share, "nodes": len(a.graph.nodes),
            "budget_bytes": int(a.priority.peak_bytes * share / 100)}
@@ -86,7 +86,7 @@ def _pairs(pairs: list[tuple[int, int]]) -> str:
 
 
 def render(res: dict, add) -> None:
-    add("`pipeline.make_plan(a, budget=B)` (the `budget` planner) against `make_plan(a, auto='optimal', "
+    add("`rewrite.select.make_plan(a, budget=B)` (the `budget` planner) against `make_plan(a, auto='optimal', "
         "budget=B)` over a sweep of budgets (shares of the original predicted peak); **gap** = budget's "
         f"recompute FLOPs / optimal's − 1. Issue target: within {res['target']:.0%}. **monotone**: each "
         "planner's recompute never rises as the budget loosens (a plan that fits a budget fits every looser "

@@ -743,7 +743,7 @@ def bench_plan_quality() -> dict:
     """Sweep budgets on each sample; budget heuristic vs the exact (for the linear model) MILP."""
     from ckpt_cli.analysis import analyse
     from ckpt_cli.load import load_graph
-    from ckpt_cli.pipeline import keep_intervals, plan_cost
+    from ckpt_cli.rewrite.select import keep_intervals, plan_cost
     from ckpt_cli.planning.solver import optimal_plan
     from ckpt_cli.planning.strategies import budget_plan, structures
 
@@ -1185,7 +1185,7 @@ def _render_plan_quality(pq: dict | None, add) -> None:
         "`optimal_plan` (`--auto optimal`, a mixed-integer program solved by HiGHS through highspy) over the same "
         "region structures (per layer, sqrt(n) and 2·sqrt(n) segments, and the two other segmentations into "
         "k = 2 .. 2·sqrt(n) pieces with the lowest floors that fit), both given the real cost model "
-        "(`pipeline.plan_cost`: rewrite + liveness simulation) and `pipeline.keep_intervals`. Budgets are "
+        "(`rewrite.select.plan_cost`: rewrite + liveness simulation) and `rewrite.select.keep_intervals`. Budgets are "
         "shares of the original predicted peak (parameters and feeds included), plus the **floor**: the "
         "lowest predicted peak the three standard structures reach with every stashed activation recomputed, "
         "and, where lower, the **lowest segmentation floor** of the scan (section 4).")

@@ -195,7 +195,7 @@ MiB = 2**20
 def _rewrite(source: Path, out: Path, pin: bool):
     from ckpt_cli.analysis import analyse
     from ckpt_cli.load import load_graph
-    from ckpt_cli.pipeline import make_plan, rewrite_plan
+    from ckpt_cli.rewrite.select import make_plan, rewrite_plan
     from ckpt_cli.rewrite import without_mem_pattern
     from ckpt_cli.save import save_model
     from ckpt_cli.written import to_model

@@ -31,7 +31,8 @@ from .expand import expand_functions
 from .graph import Graph
 from .markers import PROVENANCE_PREFIX
 from .load import load_graph
-from .pipeline import Planned, make_plan, plan_cost, plan_rows, rewrite_plan
+from .planning.budget import Planned
+from .rewrite.select import make_plan, plan_cost, plan_notes, plan_rows, rewrite_plan
 from .planning.decision import Decision
 from .planning.plan import Policy
 from .report.model import Source, check_report, inspect_report, plan_report, planning_section, rewrite_report
@@ -378,7 +379,7 @@ def rewrite_model(model: ModelInput, output: str | Path | None = None, *, force:
     scaled = scaling(a)
     shapes = symbolic_shapes(result.graph, result.after.tensors, scaled) if scaled else None
     rewritten = to_model(result, _provenance(options, result, chosen), shapes)
-    optimized, notes = None, list(chosen.notes if chosen else [])
+    optimized, notes = None, plan_notes(chosen, result)
     if ort_optimize is not None and result.session == "ort_default":
         # A graph written unchanged runs under ORT's defaults, which optimize it themselves.
         notes.append("--ort-optimize: nothing to optimize offline, the graph is written unchanged for ORT's defaults")

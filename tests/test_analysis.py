@@ -119,7 +119,7 @@ def test_reuse_off_derived_from_reuse_on_is_the_same_simulation():
     from ckpt_cli.analysis import schedules
     from ckpt_cli.analysis.memory import simulate, simulate_both
     from ckpt_cli.graph import Graph
-    from ckpt_cli.pipeline import make_plan
+    from ckpt_cli.rewrite.select import make_plan
 
     samples = Path(__file__).resolve().parent.parent / "sample_models"
     graphs = []
@@ -147,7 +147,7 @@ def test_remembered_arena_peaks_are_the_replayed_ones():
 
     from ckpt_cli.analysis.arena import predict_in_use
     from ckpt_cli.analysis.memory import simulate
-    from ckpt_cli.pipeline import make_plan, rewrite_plan
+    from ckpt_cli.rewrite.select import make_plan, rewrite_plan
 
     samples = Path(__file__).resolve().parent.parent / "sample_models"
     for name in ("gpt", "cnn"):

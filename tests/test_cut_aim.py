@@ -112,7 +112,7 @@ def test_the_guesses_on_the_original_schedule_are_near_every_corner_s_real_peak(
     """Within 7% of the judged peak (measured: up to 5.9% on this 2.3k-node graph, 1% at
     10k nodes) for every corner but the one that keeps the most, which reordering alone
     lowers (guessed 37% above it)."""
-    from ckpt_cli.pipeline import plan_cost
+    from ckpt_cli.rewrite.select import plan_cost
     from ckpt_cli.planning.cutsearch import LARGE_SOLVES, _schedule_guesses
     from ckpt_cli.planning.mincut import build, front, to_plan
 
@@ -141,7 +141,8 @@ def test_on_a_transformer_the_aimed_search_fits_in_one_to_four_rewrites_near_the
     judging every corner and refining between two (17-23 rewrites there): at most 1% of
     the forward's FLOPs more recompute (measured: +4% of the thorough plan's at 60%, 1.0
     MFLOP against none at 75%, equal at 90%)."""
-    from ckpt_cli.pipeline import intervals_of, keep_intervals, plan_cost
+    from ckpt_cli.rewrite.select import keep_intervals, plan_cost
+    from ckpt_cli.planning.evaluate import intervals_of
     from ckpt_cli.planning.cutsearch import THOROUGH_CUTS_NODES, search_cuts
     from ckpt_cli.rewrite import rewrite
 
@@ -169,7 +170,7 @@ def test_on_a_transformer_the_aimed_search_fits_in_one_to_four_rewrites_near_the
 
 
 def test_a_lean_cut_search_needs_a_judged_rewrite_s_memory(transformer):
-    from ckpt_cli.pipeline import plan_cost
+    from ckpt_cli.rewrite.select import plan_cost
     from ckpt_cli.planning.cutsearch import search_cuts
 
     with pytest.raises(ValueError, match="it needs intervals_of"):
@@ -194,7 +195,7 @@ def test_above_20k_nodes_a_tight_budget_costs_the_floor_model_and_one_rewrite(ov
     """The floor is a model-only rewrite (never the answer), the tightened keep set is the
     one judged; keeping everything is not tried under a budget closer to the floor than to
     the original's peak. The plan's prediction is what rewriting it gives."""
-    from ckpt_cli.pipeline import make_plan, plan_cost
+    from ckpt_cli.rewrite.select import make_plan, plan_cost
 
     a = over_20k
     told: list[str] = []
@@ -207,7 +208,7 @@ def test_above_20k_nodes_a_tight_budget_costs_the_floor_model_and_one_rewrite(ov
 
 
 def test_above_20k_nodes_a_loose_budget_also_tries_keeping_everything(over_20k):
-    from ckpt_cli.pipeline import make_plan
+    from ckpt_cli.rewrite.select import make_plan
 
     a = over_20k
     told: list[str] = []

@@ -91,7 +91,7 @@ def test_fresh_never_raises_the_recorded_settings_peak_on_ort(tmp_path):
     sys.path.insert(0, str(ROOT))
     from bench.sessions import make_feeds as session_feeds, measure
 
-    from ckpt_cli.pipeline import make_plan, rewrite_plan
+    from ckpt_cli.rewrite.select import make_plan, rewrite_plan
 
     source = str(SAMPLES / "cnn.onnx")
     a = analyse(load_graph(source))

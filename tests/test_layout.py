@@ -24,7 +24,6 @@ STAGES: tuple[tuple[str, ...], ...] = (
     ("save", "safewrite", "written", "ort_optimize"),  # ort_optimize: saves, has ORT optimize, loads back
     ("verify",),
     ("report",),
-    ("pipeline",),
     ("api", "session"),
     ("cli", "__init__"),
 )

@@ -9,7 +9,7 @@ from conftest import SAMPLES
 from ckpt_cli.analysis import analyse
 from ckpt_cli.errors import BudgetUnreachable
 from ckpt_cli.load import load_graph
-from ckpt_cli.pipeline import make_plan, rewrite_plan
+from ckpt_cli.rewrite.select import make_plan, rewrite_plan
 from ckpt_cli.planning import mincut
 from ckpt_cli.rewrite import rewrite
 
@@ -143,7 +143,7 @@ def test_gpt_budget_sweep_never_overshoots_and_recompute_is_monotone(gpt):
     """The tensor-level search behind ``--budget`` on the gpt sample (what it returned at every
     budget here, checked against ``make_plan`` from 80% to 68%), over 20 budgets. One analysis
     and one cost model cache are shared: the corners are judged once for all budgets."""
-    from ckpt_cli.pipeline import plan_cost
+    from ckpt_cli.rewrite.select import plan_cost
     from ckpt_cli.planning.cutsearch import search_cuts
 
     base = gpt.priority.peak_bytes

@@ -7,7 +7,7 @@ from __future__ import annotations
 from conftest import SAMPLES
 from ckpt_cli.analysis import analyse
 from ckpt_cli.load import load_graph
-from ckpt_cli.pipeline import make_plan, rewrite_plan
+from ckpt_cli.rewrite.select import make_plan, rewrite_plan
 from ckpt_cli.rewrite import original_best
 
 

@@ -13,7 +13,7 @@ from ckpt_cli.analysis import analyse
 from ckpt_cli.cli import main
 from ckpt_cli.errors import BudgetUnreachable
 from ckpt_cli.load import load_graph
-from ckpt_cli.pipeline import keep_intervals, plan_cost
+from ckpt_cli.rewrite.select import keep_intervals, plan_cost
 from ckpt_cli.planning.strategies import budget_plan
 
 
@@ -168,7 +168,7 @@ def test_large_graph_unreachable_budget_stops_at_the_first_floor_far_above_it():
     other structures' floors, each a whole-graph rewrite, are not taken)."""
     from bench.synthetic import build_transformer
     from ckpt_cli.graph import Graph
-    from ckpt_cli.pipeline import make_plan
+    from ckpt_cli.rewrite.select import make_plan
     from ckpt_cli.planning.cutsearch import THOROUGH_CUTS_NODES
     from ckpt_cli.planning.strategies import LARGE_GRAPH_NODES, STRUCTURE_SPREAD, structures
 

@@ -273,7 +273,7 @@ def test_budget_search_meets_its_budget_or_says_it_cannot(model, share):
     """On random graphs: a plan the budget search returns fits the budget under the real
     cost model, and an unreachable budget is below the lowest floor it reports."""
     from ckpt_cli.errors import BudgetUnreachable
-    from ckpt_cli.pipeline import keep_intervals, plan_cost
+    from ckpt_cli.rewrite.select import keep_intervals, plan_cost
     from ckpt_cli.planning.strategies import budget_plan
 
     a = analyse(Graph.from_model(model))

@@ -137,7 +137,7 @@ def test_the_originals_reuse_off_arena_is_replayed_only_where_a_reuse_off_option
     option is clearly below the original, is never replayed; knowing it changes nothing."""
     from bench.synthetic import build_transformer
     from ckpt_cli.graph import Graph
-    from ckpt_cli.pipeline import make_plan
+    from ckpt_cli.rewrite.select import make_plan
 
     model = build_transformer(35)
     plan = make_plan(analyse(Graph.from_model(model)), budget="75%").plan

@@ -313,7 +313,8 @@ def plan_report(a, source, planned, result, rows: list[dict], output: str | None
         **model_facts(a),
         "output": output,
         **planning_section(a, planned, result, rows),
-        "notes": planned.plan.notes if planned.plan else [],
+        "notes": (list(planned.plan.notes) + [n for n in result.notes if n not in planned.plan.notes]
+                  if planned.plan else []),
         "regions": [{"name": r["name"], "nodes": len(r["nodes"]), "keep": len(r["keep"])}
                     for r in (plan_json or {}).get("regions", [])],
         "plan": plan_json,

@@ -37,6 +37,7 @@ class RewriteResult:
     warning: str | None = None  # set when a user's plan raises the predicted peak
     session: str = "ckpt"  # the session the written graph is for: "ckpt" settings, or "ort_default"
     decisions: dict[str, Decision] = field(default_factory=dict)  # per stashed buffer of the input: the final word
+    notes: tuple[str, ...] = ()  # what the rewrite found about the plan (regions that recompute nothing)
 
     @property
     def guard_nodes(self) -> int:

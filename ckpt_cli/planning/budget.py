@@ -1,0 +1,118 @@
+"""The budget search (``--budget``, ``--auto budget|optimal``): of the plans whose rewrite
+fits the budget, the one with the fewest recompute FLOPs.
+
+1. Search the cuts and region structures for the cheapest plan predicted under the target
+   (``cut_budget_plan``), judging each plan by its unpinned rewrite (``PlanEvaluator``).
+2. On a structure, the greedy keep set runs first; on small graphs the exact MILP runs on
+   the structure it chose too, unless the best cut is far cheaper anyway.
+3. With ``write`` (the pinned rewrite that will be written), judge the winner as written:
+   pin's guards add a few bytes, so a fit closer to the budget than that is searched again
+   as far below it, and a fit still over the budget is refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..analysis import Analysis
+from ..errors import BudgetUnreachable
+from ..units import human_bytes
+from .cutsearch import cut_budget_plan, structures_only
+from .evaluate import PlanEvaluator
+from .plan import Plan, Policy
+from .solver import optimal_plan
+from .strategies import LARGE_GRAPH_NODES, BudgetResult, budget_plan
+
+# A structure plan over this many times the best cut's FLOPs is not searched exactly again:
+# the exact search on the greedy's own structure gains far less than that.
+EXACT_AGAIN_WITHIN = 2.0
+
+
+@dataclass
+class Planned:
+    plan: Plan | None
+    budget: int | None = None
+    search: BudgetResult | None = None
+    result: Any = None  # the search's own (unpinned) rewrite of ``plan``, when it has one
+    user: bool = False  # regions or a strategy the user chose (--region, --plan, --auto): warned about, never dropped
+    written: Any = None  # the pinned rewrite of ``plan``, when the budget search checked it
+
+
+class BudgetSearch:
+    """One budget search over ``evaluator``'s graph; ``run(budget)`` gives the ``Planned``."""
+
+    def __init__(self, evaluator: PlanEvaluator, auto: str | None, policy: Policy,
+                 write: Callable[[Planned], Any] | None = None) -> None:
+        a = evaluator.a
+        self.evaluator = evaluator
+        self.policy = policy
+        self.write = write
+        self.exact_only = auto == "optimal"
+        self.strategy = auto or "budget"
+        self.thorough = auto == "optimal" or len(a.graph.nodes) <= LARGE_GRAPH_NODES
+        evaluator.model_floors = structures_only(a, self.thorough)
+
+    @property
+    def a(self) -> Analysis:
+        return self.evaluator.a
+
+    def run(self, budget: int) -> Planned:
+        planned = self.searched(budget, budget)
+        if self.write is None:
+            return planned
+        planned.written = self.write(planned)
+        guards = planned.written.after.priority.peak_bytes - planned.search.peak_bytes
+        if planned.written.after.priority.peak_bytes <= budget:
+            return planned
+        line = (f"budget {human_bytes(budget)} is unreachable: the best fit found peaks at "
+                f"{human_bytes(planned.written.after.priority.peak_bytes)} once its order is pinned "
+                f"({guards} bytes of guards)")
+        try:
+            planned = self.searched(budget - guards, budget)
+        except BudgetUnreachable:
+            raise BudgetUnreachable(line) from None
+        planned.written = self.write(planned)
+        if planned.written.after.priority.peak_bytes > budget:
+            raise BudgetUnreachable(line)
+        return planned
+
+    def searched(self, target: int, budget: int) -> Planned:
+        """The cheapest plan predicted under ``target`` (the user's ``budget`` is recorded)."""
+        ev = self.evaluator
+        ev.restart(target)
+        search = cut_budget_plan(self.a, target, ev.cost, self.structure_search, thorough=self.thorough,
+                                 strategy=self.strategy, policy=self.policy, intervals_of=ev.intervals)
+        return Planned(ev.ruled(search.plan), budget, search, ev.best_result if ev.best_plan is search.plan else None)
+
+    def structure_search(self, exact: bool = False, beat: int | None = None) -> BudgetResult:
+        """The cheapest fit on the region structures: the greedy keep set, the exact MILP,
+        or both where the greedy may have missed the MILP's fit on its own structure."""
+        if not self.exact_only and not exact:
+            return self._greedy_then_exact(beat)
+        try:  # the MILP's linear model can miss a fit the greedy keep set reaches
+            exact_fit = self._solve(optimal_plan, beat)
+        except BudgetUnreachable:
+            return self._solve(budget_plan, beat)
+        try:
+            heuristic = self._solve(budget_plan, beat)
+        except BudgetUnreachable:
+            return exact_fit
+        return exact_fit if exact_fit.recompute_flops <= heuristic.recompute_flops else heuristic
+
+    def _greedy_then_exact(self, beat: int | None) -> BudgetResult:
+        heuristic = self._solve(budget_plan, beat)
+        if (not self.thorough or not heuristic.recompute_flops or heuristic.structure is None
+                or (beat is not None and heuristic.recompute_flops > EXACT_AGAIN_WITHIN * beat)):
+            return heuristic
+        ev = self.evaluator
+        try:
+            exact_there = optimal_plan(self.a, ev.limit, ev.cost, ev.intervals, [heuristic.structure], self.strategy)
+        except BudgetUnreachable:
+            return heuristic
+        exact_there.evaluations += heuristic.evaluations
+        return exact_there if exact_there.recompute_flops < heuristic.recompute_flops else heuristic
+
+    def _solve(self, solver, beat: int | None) -> BudgetResult:
+        ev = self.evaluator
+        return solver(self.a, ev.limit, ev.cost, ev.intervals, beat=beat)

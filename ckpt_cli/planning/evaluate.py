@@ -1,0 +1,119 @@
+"""What a plan costs: its rewrite's predicted peak and recompute FLOPs.
+
+The cost model of every plan search is the rewrite itself followed by the liveness
+simulation of its schedule. Planning comes before the rewrite stage, so the rewrite is
+handed in as a function (``Rewriter``), and a ``PlanEvaluator`` holds what one search
+shares across the plans it judges: the orders already chosen for rewritten graphs, the
+number of plans judged, and the cheapest rewrite that fits the search's limit.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Protocol
+
+from ..analysis import Analysis
+from ..markers import recompute_source
+from ..ops import VIEW_OPS
+from ..units import human_flops
+from .plan import Plan
+from .search import Intervals
+from .strategies import PlanCost
+
+
+class Rewriter(Protocol):
+    """``rewrite.rewrite``: a plan applied to the analysed graph, as a ``RewriteResult``."""
+
+    def __call__(self, a: Analysis, plan: Plan | None, pin: bool = True, model_only: bool = False,
+                 memo: dict | None = None) -> Any: ...
+
+
+def cost_of(result) -> PlanCost:
+    """A rewrite's cost: its simulated peak, recompute FLOPs and what is live at the peak."""
+    profile = result.after.priority
+    return PlanCost(profile.peak_bytes, result.recompute_flops, profile.live_at_peak)
+
+
+def intervals_of(a: Analysis, result) -> Intervals:
+    """On the schedule of a plan's (unpinned) rewrite, the steps where keeping each
+    recomputed activation would add its bytes: after its last forward use, before its copy
+    is born. The linear model of the plan searches."""
+    g = result.graph
+    by_name = {n.name: n for n in a.graph.nodes}
+    spans: dict[str, tuple[int, int]] = {}
+    for node in g.nodes:
+        source = recompute_source(node)
+        if source is None or by_name[source].op_type in VIEW_OPS:
+            continue
+        for t in by_name[source].outputs:
+            if not t or t not in g.producer:
+                continue
+            last = max([g.producer[t]] + list(g.consumers.get(t, ())))
+            if last + 1 <= node.index - 1:
+                spans[t] = (last + 1, node.index - 1)
+    return Intervals(tuple(result.after.priority.timeline), spans, cost_of(result))
+
+
+class PlanEvaluator:
+    """Judges plans for one search by rewriting them unpinned (pin's guards change the peak
+    by a few bytes and cost half the time).
+
+    ``limit``: the search's byte budget; the cheapest rewrite that fits it is kept as
+    ``best_plan``/``best_result``. ``ruled``: the per-op policy applied before rewriting.
+    ``keep_results``: remember every rewrite by plan (the default search returns its
+    winner's). ``model_floors``: intervals come from structure floors, never measured."""
+
+    def __init__(self, a: Analysis, rewriter: Rewriter, *, limit: int | None = None,
+                 ruled: Callable[[Plan], Plan] | None = None, progress: Callable[[str], None] | None = None,
+                 keep_results: bool = False) -> None:
+        self.a = a
+        self.rewriter = rewriter
+        self.limit = limit
+        self.ruled = ruled or (lambda plan: plan)
+        self.progress = progress
+        self.keep_results = keep_results
+        self.model_floors = False
+        self.memo: dict = {}  # the orders chosen for the graphs rewritten so far
+        self.evaluations = 0
+        self.results: dict[int, Any] = {}
+        self.best_plan: Plan | None = None
+        self.best_result = None
+
+    def restart(self, limit: int) -> None:
+        """A new search over the same graph (orders stay cached): no fit found yet."""
+        self.limit = limit
+        self.best_plan = self.best_result = None
+
+    def rewritten(self, plan: Plan, model_only: bool = False):
+        return self.rewriter(self.a, self.ruled(plan), pin=False, model_only=model_only, memo=self.memo)
+
+    def measured(self, plan: Plan):
+        """The plan's rewrite, counted, and kept when it is the cheapest fit so far."""
+        result = self.rewritten(plan)
+        if self.keep_results:
+            self.results[id(plan)] = result
+        fits = self.limit is not None and result.after.priority.peak_bytes <= self.limit
+        if fits and (self.best_result is None or result.recompute_flops < self.best_result.recompute_flops):
+            self.best_plan, self.best_result = plan, result
+        self._counted()
+        return result
+
+    def cost(self, plan: Plan) -> PlanCost:
+        return cost_of(self.measured(plan))
+
+    def intervals(self, plan: Plan) -> Intervals:
+        if self.model_floors:  # a structure's floor is the search's model, never its answer
+            result = self.rewritten(plan, model_only=True)
+            self._counted()
+            return intervals_of(self.a, result)
+        return intervals_of(self.a, self.measured(plan))
+
+    def _counted(self) -> None:
+        self.evaluations += 1
+        if self.progress is None:
+            return
+        if self.limit is None:
+            self.progress(f"planning: {self.evaluations} plans evaluated")
+            return
+        best = self.best_result
+        self.progress(f"planning: {self.evaluations} plans evaluated; best fit so far "
+                      + (f"recomputes {human_flops(best.recompute_flops)}" if best else "none"))
