@@ -34,7 +34,7 @@ def _path(sample: str) -> Path:
 
 def bench_agreement(points=POINTS) -> dict:
     from ckpt_cli.analysis import analyse
-    from ckpt_cli.load import load_graph
+    from ckpt_cli.io.load import load_graph
 
     rows = []
     for sample, shares in points:

@@ -60,7 +60,7 @@ def _check(model: Path, plan: dict, work: Path, runs: int) -> dict:
 
 def bench_peer(runs: int = 3) -> dict:
     from ckpt_cli.analysis import analyse
-    from ckpt_cli.load import load_graph
+    from ckpt_cli.io.load import load_graph
     from ckpt_cli.planning import mincut
     from ckpt_cli.rewrite import rewrite
 

@@ -512,7 +512,7 @@ def _plan_wall(c: dict) -> str:
 
 def _sample_analysis(path: Path, work: Path) -> dict:
     from ckpt_cli.analysis import analyse
-    from ckpt_cli.load import load_graph
+    from ckpt_cli.io.load import load_graph
     from ckpt_cli.planning import layer_regions, sqrt_regions
 
     a = analyse(load_graph(path))
@@ -742,7 +742,7 @@ def _segment_scan(a) -> list[dict]:
 def bench_plan_quality() -> dict:
     """Sweep budgets on each sample; budget heuristic vs the exact (for the linear model) MILP."""
     from ckpt_cli.analysis import analyse
-    from ckpt_cli.load import load_graph
+    from ckpt_cli.io.load import load_graph
     from ckpt_cli.rewrite.select import keep_intervals, plan_cost
     from ckpt_cli.planning.solver import optimal_plan
     from ckpt_cli.planning.strategies import budget_plan, structures
@@ -1373,7 +1373,7 @@ def _render_big_weights(res: dict, add) -> None:
     add("")
     if not _missing(e, add, skipped="Skipped (`--quick` or `--skip-big`)."):
         add(f"`python -m bench.synthetic --layers 2 --big-weights {e['gigabytes']}` ({nbytes(e['weights_bytes'])}, "
-            "one file). ckpt parses and writes such a file a piece at a time (`ckpt_cli/serialize.py`): beyond the "
+            "one file). ckpt parses and writes such a file a piece at a time (`ckpt_cli/io/serialize.py`): beyond the "
             "model itself it holds at most a tensor's bytes, where `onnx.load` holds the file's bytes beside the "
             "model and one `SerializeToString` a growing buffer and its copy. **floor** = "
             "`python -c 'onnx.save(onnx.load(F), OUT)'`.")

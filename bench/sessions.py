@@ -72,7 +72,7 @@ def _child(spec: dict) -> dict:
 
     order, level, pattern, recorded = {**SESSIONS, **EXTRA_SESSIONS}[spec["session"]]
     if recorded:  # what the model's metadata asks for (ORT's defaults for a graph ckpt left unchanged)
-        from ckpt_cli.session import recorded_settings
+        from ckpt_cli.ort.session import recorded_settings
 
         s = recorded_settings(spec["model"])
         order, level, pattern = s["execution_order"], s["graph_optimization_level"], s["enable_mem_pattern"]
@@ -165,7 +165,7 @@ def measure_process_peak(model: str | Path, session: str, feeds: str | Path, pyt
     1.19.2, the only build that runs ORT training artifacts): ckpt's check worker under
     ``python`` reads the process peak, VmHWM above the state before the run, with ORT's arena
     off (``ckpt_cli/verify/worker.py``). ``peak_bytes`` is the median of ``runs``."""
-    from ckpt_cli.session import recorded_settings
+    from ckpt_cli.ort.session import recorded_settings
     from ckpt_cli.verify import driver
     from ckpt_cli.verify.settings import ort_default_session_settings
 
@@ -194,11 +194,11 @@ MiB = 2**20
 
 def _rewrite(source: Path, out: Path, pin: bool):
     from ckpt_cli.analysis import analyse
-    from ckpt_cli.load import load_graph
+    from ckpt_cli.io.load import load_graph
     from ckpt_cli.rewrite.select import make_plan, rewrite_plan
     from ckpt_cli.rewrite import without_mem_pattern
-    from ckpt_cli.save import save_model
-    from ckpt_cli.written import to_model
+    from ckpt_cli.io.save import save_model
+    from ckpt_cli.io.written import to_model
 
     a = analyse(load_graph(source))
     result = rewrite_plan(a, make_plan(a), pin)

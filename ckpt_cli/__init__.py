@@ -25,7 +25,7 @@ def __getattr__(name: str):
 
         return getattr(api, name)
     if name == "session_options":
-        from .session import session_options
+        from .ort.session import session_options
 
         return session_options
     raise AttributeError(f"module 'ckpt_cli' has no attribute {name!r}")

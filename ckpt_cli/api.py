@@ -27,20 +27,20 @@ from .analysis.memory import visible_peak
 from .analysis.scaling import Scaling, scaling, symbolic_shapes
 from .analysis.shapes import infer_tensors, resolve_dims, tied_dims
 from .errors import CheckFailed, ModelError, UsageError
-from .expand import expand_functions
+from .ort.expand import expand_functions
 from .graph import Graph
 from .markers import PROVENANCE_PREFIX
-from .load import load_graph
+from .io.load import load_graph
 from .planning.budget import Planned
 from .rewrite.select import make_plan, plan_cost, plan_notes, plan_rows, rewrite_plan
 from .planning.decision import Decision
 from .planning.plan import Policy
 from .report.model import Source, check_report, inspect_report, plan_report, planning_section, rewrite_report
 from .rewrite import RewriteResult, without_mem_pattern
-from .save import check_output_path, save_model
+from .io.save import check_output_path, save_model
 from .verify.settings import settings_snippet
 from .verify.stage import DEFAULT_MAX_PREDICTION_ERROR, PROCESS_PEAK_MIN_BLOCK, CheckFigures, Prediction, check_files
-from .written import to_model
+from .io.written import to_model
 
 ModelInput = Union[str, Path, onnx.ModelProto]
 
@@ -165,7 +165,7 @@ def plan_model(model: ModelInput, *, auto: str | None = None, budget: str | None
     """Choose regions (``auto``: layers, sqrt, balanced, budget, optimal; ``budget``: '2GiB'
     or '40%'; ``policy``: per-op rules) and explain the choice; with ``output``, write the
     plan file there."""
-    from .save import write_text_atomic
+    from .io.save import write_text_atomic
     import json
 
     loaded = load_input(model)
@@ -190,7 +190,7 @@ def sweep_model(model: ModelInput, *, svg: str | Path | None = None, policy: Pol
     front (each point a real rewrite), as a report; with ``svg``, the chart there too."""
     from .planning.sweep import sweep_points
     from .report.sweep_view import sweep_report, sweep_svg
-    from .save import write_text_atomic
+    from .io.save import write_text_atomic
 
     loaded = load_input(model)
     a = analyse_input(loaded, dims, loss, grad_outputs)
@@ -296,7 +296,7 @@ def _same_outputs(original: Graph, rewritten: Graph) -> None:
 
 
 def _check_paths(paths: dict[str, Path], analysed: dict[str, Analysis], dims, options: CheckOptions) -> CheckFigures:
-    from .session import ort_optimized
+    from .ort.session import ort_optimized
 
     _same_outputs(analysed["original"].graph, analysed["rewritten"].graph)
     reuse = analysed["rewritten"].reuse_buffers  # both run with the setting the rewrite asks for
@@ -411,7 +411,7 @@ def _ort_optimized(rewritten: onnx.ModelProto, result: RewriteResult, a: Analysi
                   output: str | Path | None):
     """ORT's optimization of the rewrite (``ckpt_cli/ort_optimize.py``), written to ``output``
     when given: (model, result, files written, Optimized)."""
-    from .ort_optimize import ort_optimize
+    from .ort.optimize import ort_optimize
 
     with tempfile.TemporaryDirectory(prefix="ckpt_ortopt_") as tmp:
         optimized = ort_optimize(rewritten, result, a, provider, Path(tmp), loaded.data_dir)

@@ -10,11 +10,11 @@ from click.testing import CliRunner
 from chain import chain_feeds, chain_model
 from ckpt_cli.analysis import analyse
 from ckpt_cli.cli import main
-from ckpt_cli.load import load_graph
+from ckpt_cli.io.load import load_graph
 from ckpt_cli.markers import is_recompute_copy
 from ckpt_cli.planning import layer_regions
 from ckpt_cli.rewrite import rewrite
-from ckpt_cli.save import build_model
+from ckpt_cli.io.save import build_model
 
 
 def run(*args):

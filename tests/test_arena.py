@@ -296,7 +296,7 @@ def test_matches_ort_at_every_node_on_a_known_request_sequence(tmp_path):
 @pytest.mark.parametrize("sample", ["mlp", "gpt", "cnn"])
 def test_sample_peak_within_5_percent_of_ort(sample, tmp_path):
     from ckpt_cli.analysis import analyse
-    from ckpt_cli.load import load_graph
+    from ckpt_cli.io.load import load_graph
 
     path = SAMPLES / f"{sample}.onnx"
     g = load_graph(str(path))

@@ -21,12 +21,12 @@ import pytest
 from conftest import SAMPLES
 
 from ckpt_cli.analysis import analyse
-from ckpt_cli.load import load_graph
+from ckpt_cli.io.load import load_graph
 from ckpt_cli.planning import default_regions
 from ckpt_cli.markers import CSE_GUARD_ATTR, SUFFIX, is_recompute_copy
 from ckpt_cli.rewrite import rewrite
 from ckpt_cli.verify.feeds import make_feeds
-from ckpt_cli.save import build_model
+from ckpt_cli.io.save import build_model
 
 LEVELS = {
     "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,

@@ -222,7 +222,7 @@ def test_a_model_only_rewrite_is_its_own_order_simulated_with_reuse_on():
     from conftest import SAMPLES
     from ckpt_cli.analysis import analyse
     from ckpt_cli.analysis.memory import simulate
-    from ckpt_cli.load import load_graph
+    from ckpt_cli.io.load import load_graph
     from ckpt_cli.planning.regions import default_regions
     from ckpt_cli.rewrite import rewrite
 

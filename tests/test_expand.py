@@ -1,4 +1,4 @@
-"""Function ops ORT has no kernel for are planned as ORT runs them (ckpt_cli/expand.py):
+"""Function ops ORT has no kernel for are planned as ORT runs them (ckpt_cli/ort/expand.py):
 the synthetic transformer's SoftmaxCrossEntropyLoss is expanded at load, so the written
 order is the executed order and the prediction holds."""
 
@@ -9,11 +9,11 @@ import pytest
 
 from conftest import SAMPLES
 from ckpt_cli.analysis import analyse
-from ckpt_cli.load import load_graph
+from ckpt_cli.io.load import load_graph
 from ckpt_cli.planning import choose_plan
 from ckpt_cli.rewrite import rewrite
-from ckpt_cli.written import to_model
-from ckpt_cli.save import save_model
+from ckpt_cli.io.written import to_model
+from ckpt_cli.io.save import save_model
 
 from bench.sessions import make_feeds, measure
 from bench.synthetic import build_transformer
@@ -77,7 +77,7 @@ def _two_losses_and_a_constant() -> onnx.ModelProto:
 def test_the_excerpt_expands_as_the_whole_graph(which, synthetic, monkeypatch):
     """ORT resolves only the function ops (and Constants, other domains) for speed: the
     result is byte for byte what resolving the whole graph gives."""
-    from ckpt_cli import expand
+    from ckpt_cli.ort import expand
     from ckpt_cli.graph import Graph
 
     model = onnx.load(str(synthetic)) if which == "synthetic" else _two_losses_and_a_constant()

@@ -12,13 +12,13 @@ from conftest import SAMPLES
 from ckpt_cli.analysis import analyse, schedules
 from ckpt_cli.analysis.arena import predict_in_use
 from ckpt_cli.analysis.memory import simulate
-from ckpt_cli.load import load_graph
+from ckpt_cli.io.load import load_graph
 from ckpt_cli.planning import choose_plan
 from ckpt_cli.rewrite import rewrite
-from ckpt_cli.written import to_model
+from ckpt_cli.io.written import to_model
 from ckpt_cli.markers import FRESH_META
 from ckpt_cli.rewrite.fresh import apply
-from ckpt_cli.save import save_model
+from ckpt_cli.io.save import save_model
 from ckpt_cli.verify.feeds import make_feeds
 from ort_profile import node_memory_in_child
 

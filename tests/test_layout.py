@@ -16,24 +16,31 @@ PACKAGE = Path(ckpt_cli.__file__).parent
 
 # In pipeline order; each entry names the top-level modules or packages of one stage.
 STAGES: tuple[tuple[str, ...], ...] = (
-    ("errors", "units", "version", "graph", "ops", "markers", "ort"),  # vocabulary every stage shares; ort: its op facts
-    ("load", "expand", "external", "serialize"),  # serialize: the file bytes, read and written
+    # vocabulary every stage shares; ort's op facts: the ops it registers, their shapes and scratch
+    ("errors", "units", "version", "graph", "ops", "markers", "ort", "ort.registry", "ort.shapes", "ort.scratch",
+     "io"),
+    ("io.load", "ort.expand", "io.external", "io.serialize"),  # serialize: the file bytes, read and written
     ("analysis",),
     ("planning",),
     ("rewrite",),
-    ("save", "safewrite", "written", "ort_optimize"),  # ort_optimize: saves, has ORT optimize, loads back
+    ("io.save", "io.safewrite", "io.written", "ort.optimize"),  # ort.optimize: saves, has ORT optimize, loads back
     ("verify",),
     ("report",),
-    ("api", "session"),
+    ("api", "ort.session"),
     ("cli", "__init__"),
 )
 STAGE_OF = {name: k for k, names in enumerate(STAGES) for name in names}
 
 
 def _top(module: str) -> str:
-    """``ckpt_cli.analysis.memory`` -> ``analysis``; the package itself -> ``__init__``."""
-    parts = module.split(".")
-    return parts[1] if len(parts) > 1 else "__init__"
+    """The stage entry a module belongs to: ``ckpt_cli.analysis.memory`` -> ``analysis``,
+    ``ckpt_cli.io.load`` -> ``io.load`` (folders that hold more than one stage are listed
+    module by module); the package itself -> ``__init__``."""
+    parts = module.split(".")[1:]
+    for k in range(len(parts), 0, -1):
+        if ".".join(parts[:k]) in STAGE_OF:
+            return ".".join(parts[:k])
+    return parts[0] if parts else "__init__"
 
 
 def _module_name(path: Path) -> str:

@@ -8,7 +8,7 @@ from onnx import TensorProto, helper
 from chain import chain_model
 from ckpt_cli.cli import main
 from ckpt_cli.errors import ModelError
-from ckpt_cli.load import load_graph
+from ckpt_cli.io.load import load_graph
 
 
 def run_cli(*args):

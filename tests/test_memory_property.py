@@ -34,7 +34,7 @@ from ckpt_cli.analysis.memory import simulate  # noqa: E402
 from ckpt_cli.graph import Graph  # noqa: E402
 from ckpt_cli.planning.plan import Plan, Region  # noqa: E402
 from ckpt_cli.rewrite import rewrite  # noqa: E402
-from ckpt_cli.save import build_model  # noqa: E402
+from ckpt_cli.io.save import build_model  # noqa: E402
 
 GRAPHS = 200  # x (original, rewritten) x (reuse on, off) = 800 cases
 
@@ -115,7 +115,7 @@ def test_samples_requested_bytes_at_every_node(sample):
     arena model does not know move a few chunks)."""
     from conftest import SAMPLES
 
-    from ckpt_cli.load import load_graph
+    from ckpt_cli.io.load import load_graph
     from ckpt_cli.planning import sqrt_regions
     from ckpt_cli.verify.feeds import make_feeds
 

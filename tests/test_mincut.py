@@ -8,7 +8,7 @@ import pytest
 from conftest import SAMPLES
 from ckpt_cli.analysis import analyse
 from ckpt_cli.errors import BudgetUnreachable
-from ckpt_cli.load import load_graph
+from ckpt_cli.io.load import load_graph
 from ckpt_cli.rewrite.select import make_plan, rewrite_plan
 from ckpt_cli.planning import mincut
 from ckpt_cli.rewrite import rewrite

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from conftest import SAMPLES
 from ckpt_cli.analysis import analyse
-from ckpt_cli.load import load_graph
+from ckpt_cli.io.load import load_graph
 from ckpt_cli.rewrite.select import make_plan, rewrite_plan
 from ckpt_cli.rewrite import original_best
 
@@ -21,7 +21,7 @@ def test_default_plan_that_lowers_nothing_is_dropped_with_its_reason(tmp_path):
     every session then runs it exactly as it runs the original (a reordered file ran 1.31x
     the original in a plain session)."""
     import ckpt_cli
-    from ckpt_cli.written import to_model
+    from ckpt_cli.io.written import to_model
 
     a = _analysis("mlp")
     result = rewrite_plan(a, make_plan(a))

@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 from ckpt_cli.analysis.shapes import infer_tensors
 from ckpt_cli.errors import ModelError
 from ckpt_cli.graph import Graph
-from ckpt_cli.load import load_graph
+from ckpt_cli.io.load import load_graph
 from ckpt_cli.ort.registry import ort_only_ops, ort_registers
 
 F = TensorProto.FLOAT

@@ -14,11 +14,11 @@ from bench.sessions import make_feeds, measure
 from conftest import SAMPLES
 from ckpt_cli.analysis import analyse
 from ckpt_cli.analysis.pattern import MemPatternPlanner, predict_plain
-from ckpt_cli.load import load_graph
+from ckpt_cli.io.load import load_graph
 from ckpt_cli.planning import choose_plan
 from ckpt_cli.rewrite import rewrite
-from ckpt_cli.save import save_model
-from ckpt_cli.written import to_model
+from ckpt_cli.io.save import save_model
+from ckpt_cli.io.written import to_model
 
 
 def test_planner_takes_the_best_fitting_gap_then_the_end():

@@ -6,7 +6,7 @@ import pytest
 
 from conftest import SAMPLES
 from ckpt_cli.analysis.phases import BACKWARD, FORWARD, classify
-from ckpt_cli.load import load_graph
+from ckpt_cli.io.load import load_graph
 
 MODELS = ["mlp", "gpt", "cnn", "gpt12", "resnet18"]
 

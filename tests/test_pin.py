@@ -15,12 +15,12 @@ import pytest
 from conftest import SAMPLES
 from ckpt_cli.analysis import analyse
 from ckpt_cli.graph import Graph
-from ckpt_cli.load import load_graph
+from ckpt_cli.io.load import load_graph
 from ckpt_cli.planning import choose_plan
 from ckpt_cli.markers import CSE_GUARD_ATTR, FRESH_META, GUARD_META, PIN_META, is_recompute_copy
 from ckpt_cli.rewrite import rewrite
-from ckpt_cli.written import to_model
-from ckpt_cli.save import save_model
+from ckpt_cli.io.written import to_model
+from ckpt_cli.io.save import save_model
 
 from bench.sessions import make_feeds, measure
 from bench.synthetic import build_transformer

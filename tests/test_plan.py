@@ -12,7 +12,7 @@ from conftest import SAMPLES
 from ckpt_cli.analysis import analyse
 from ckpt_cli.cli import main
 from ckpt_cli.errors import BudgetUnreachable
-from ckpt_cli.load import load_graph
+from ckpt_cli.io.load import load_graph
 from ckpt_cli.rewrite.select import keep_intervals, plan_cost
 from ckpt_cli.planning.strategies import budget_plan
 

@@ -32,12 +32,12 @@ from randgraph import random_feeds, training_graphs
 
 from ckpt_cli.analysis import analyse, schedules
 from ckpt_cli.graph import Graph
-from ckpt_cli.load import load_graph
+from ckpt_cli.io.load import load_graph
 from ckpt_cli.planning import sqrt_regions
 from ckpt_cli.planning.plan import Plan, Region
 from ckpt_cli.markers import CSE_GUARD_ATTR, FRESH_META, REGION_META, SUFFIX, is_recompute_copy, recompute_source
 from ckpt_cli.rewrite import rewrite
-from ckpt_cli.save import build_model, save_model
+from ckpt_cli.io.save import build_model, save_model
 
 PROPERTY_SETTINGS = settings(max_examples=40, deadline=None, derandomize=True, database=None,
                              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

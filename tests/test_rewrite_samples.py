@@ -12,15 +12,15 @@ import pytest
 from conftest import SAMPLES
 from ckpt_cli.analysis import analyse
 from ckpt_cli.analysis.arena import predict_in_use
-from ckpt_cli.load import load_graph
+from ckpt_cli.io.load import load_graph
 from ckpt_cli.planning import layer_regions, sqrt_regions
 from ckpt_cli.planning.plan import Plan, Region
 from ckpt_cli.rewrite import rewrite
 from ckpt_cli import verify as rt
 from ckpt_cli.verify.feeds import make_feeds, save_feeds
 from ckpt_cli.analysis.memory import simulate
-from ckpt_cli.written import to_model
-from ckpt_cli.save import save_model
+from ckpt_cli.io.written import to_model
+from ckpt_cli.io.save import save_model
 
 MODELS = ["mlp", "gpt", "cnn"]
 FIDELITY = 0.05

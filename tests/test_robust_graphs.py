@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from ckpt_cli.cli import main
 from ckpt_cli.errors import ModelError
-from ckpt_cli.load import load_graph
+from ckpt_cli.io.load import load_graph
 
 SAMPLES = Path(__file__).resolve().parent.parent / "sample_models"
 
@@ -137,7 +137,7 @@ def test_an_initializer_only_a_branch_reads_is_written(tmp_path):
 def test_a_graph_loads_the_same_whatever_the_process_loaded_before(tmp_path):
     """ORT is asked about a graph's function ops (Relu here) until it was seen to run them as
     they are; the first load, which asks, and a later one, which does not, give one graph."""
-    from ckpt_cli import expand
+    from ckpt_cli.ort import expand
 
     src = tmp_path / "if.onnx"
     onnx.save(if_training_graph(seed_inside=True), src)

@@ -13,7 +13,7 @@ import onnx
 import pytest
 from click.testing import CliRunner
 
-from ckpt_cli import safewrite, save
+from ckpt_cli.io import safewrite, save
 from ckpt_cli.cli import main
 from ckpt_cli.errors import CkptError, OutputError, UsageError
 from bench.synthetic import save_transformer

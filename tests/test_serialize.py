@@ -10,10 +10,10 @@ from google.protobuf.message import DecodeError
 from onnx import TensorProto, helper, numpy_helper
 
 from chain import chain_model
-from ckpt_cli import serialize
+from ckpt_cli.io import serialize
 from ckpt_cli.cli import main
-from ckpt_cli.load import load_graph
-from ckpt_cli.serialize import read_model, write_model
+from ckpt_cli.io.load import load_graph
+from ckpt_cli.io.serialize import read_model, write_model
 from click.testing import CliRunner
 
 SAMPLES = sorted(Path(__file__).resolve().parent.parent.joinpath("sample_models").glob("*.onnx"))
@@ -148,7 +148,7 @@ def test_read_without_weights_leaves_out_only_big_embedded_initializers(tmp_path
     del expected.graph.initializer[:]
     expected.graph.initializer.extend(t for t in model.graph.initializer if t.name not in big)
     assert light == expected
-    from ckpt_cli.external import external_tensors
+    from ckpt_cli.io.external import external_tensors
     assert [t.name for t in external_tensors(light)] == ["ext"]
 
 

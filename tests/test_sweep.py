@@ -34,7 +34,7 @@ def test_sweep_shows_the_front_as_json_table_chart_and_svg(tmp_path):
 
 def test_keep_ops_are_never_recomputed_by_any_strategy():
     from ckpt_cli.analysis import analyse
-    from ckpt_cli.load import load_graph
+    from ckpt_cli.io.load import load_graph
     from ckpt_cli.rewrite.select import make_plan, rewrite_plan
     from ckpt_cli.planning.plan import Policy
 
@@ -53,7 +53,7 @@ def test_keep_ops_are_never_recomputed_by_any_strategy():
 
 def test_recompute_ops_are_not_kept_inside_regions():
     from ckpt_cli.analysis import analyse
-    from ckpt_cli.load import load_graph
+    from ckpt_cli.io.load import load_graph
     from ckpt_cli.rewrite.select import make_plan, rewrite_plan
     from ckpt_cli.planning.plan import Policy
 

@@ -8,12 +8,11 @@ from pathlib import Path
 import click
 
 from ..errors import UsageError
-from . import main
 from .options import (analysis_options, auto_options, busy, check_options, check_options_value, emit, renderer,
                       parse_dims, policy_from, policy_options, protect_report, report_options)
 
 
-@main.command()
+@click.command()
 @click.argument("model", type=click.Path(path_type=Path))
 @analysis_options
 @report_options
@@ -40,7 +39,7 @@ def default_output(model: Path) -> Path:
     return model.with_name(model.name[:-5] + ".ckpt.onnx" if model.name.endswith(".onnx") else model.name + ".ckpt.onnx")
 
 
-@main.command()
+@click.command()
 @click.argument("model", type=click.Path(path_type=Path))
 @click.option("-o", "--output", type=click.Path(),  # a str: Path() would drop the trailing slash of DIR/
               help="Where to write the rewritten model (default: <model>.ckpt.onnx beside it; a folder: "
@@ -130,7 +129,7 @@ def _output_file(output: str | Path, model: Path) -> Path:
     return Path(output)
 
 
-@main.command()
+@click.command()
 @click.argument("model", type=click.Path(path_type=Path))
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the plan (JSON, editable) here; read it back with `ckpt rewrite --plan`.")
@@ -182,7 +181,7 @@ def plan(model: Path, output, force, auto, budget, recompute_ops, keep_ops, swee
     emit(result.to_json(), renderer("plan_view", "render_plan"), as_json, report_path, quiet, (model, output))
 
 
-@main.command()
+@click.command()
 @click.argument("original", type=click.Path(path_type=Path))
 @click.argument("rewritten", type=click.Path(path_type=Path))
 @check_options
@@ -221,7 +220,7 @@ def check(original: Path, rewritten: Path, provider, runs, seed, feeds_file, pyt
         sys.exit(1)
 
 
-@main.command()
+@click.command()
 @click.argument("model", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--provider", type=click.Choice(["cpu", "cuda"]), default=None,
               help="The execution provider the session will use (default: the one the model was optimized for "
@@ -239,7 +238,7 @@ def session(model: Path, provider, as_json) -> None:
     """
     import json
 
-    from ..session import recorded_settings
+    from ..ort.session import recorded_settings
     from ..verify.settings import settings_snippet
 
     settings = recorded_settings(model)

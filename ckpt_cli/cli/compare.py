@@ -58,7 +58,7 @@ def compare(inputs, conditions, svg_path, dims, allow_mixed, as_json, report_pat
     from ..report.conditions import parse_condition
     from ..report.render import condition_value_text, render_compare
     from ..report.svg import memory_chart_svg
-    from ..save import write_text_atomic
+    from ..io.save import write_text_atomic
 
     parsed = [parse_condition(c) for c in conditions]
     protect_report(report_path, *map(Path, inputs), svg_path)

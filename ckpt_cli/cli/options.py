@@ -103,8 +103,8 @@ def protect_report(report_path: Path | None, *protected: Path | None) -> None:
     again before the report is written (when the data files are known)."""
     if report_path is None:
         return
-    from ..load import loaded_data_files
-    from ..save import check_report_path, data_file_pattern
+    from ..io.load import loaded_data_files
+    from ..io.save import check_report_path, data_file_pattern
 
     files = [Path(p) for p in protected if p is not None]
     check_report_path(report_path, files + [Path(f"{p}.data") for p in files] + sorted(loaded_data_files()))
@@ -140,7 +140,7 @@ def emit(report: dict, render, as_json: bool, report_path: Path | None, quiet: b
          protected: tuple = ()) -> None:
     """Write the report where asked: JSON on stdout, a JSON file (never over ``protected``
     files), or tables."""
-    from ..save import write_text_atomic
+    from ..io.save import write_text_atomic
 
     text = report_text(report) if (as_json or report_path is not None) else ""
     if report_path is not None:

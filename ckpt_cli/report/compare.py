@@ -115,7 +115,7 @@ def _analyse_model(path: Path, dims: dict[str, int]) -> tuple[dict, set[str]]:
     """inspect report and symbolic dimension names of an ONNX model.
     ``dims`` naming dimensions this model does not have are ignored here."""
     from ..analysis import analyse, symbolic_dims
-    from ..load import load_graph
+    from ..io.load import load_graph
     from .model import Source, inspect_report
 
     graph = load_graph(path)

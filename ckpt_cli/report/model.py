@@ -57,7 +57,7 @@ class Source:
 
     @classmethod
     def of_proto(cls, model) -> "Source":
-        from ..serialize import write_model
+        from ..io.serialize import write_model
 
         digest = hashlib.sha256()
         write_model(model, digest.update)

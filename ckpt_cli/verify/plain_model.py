@@ -19,8 +19,8 @@ from pathlib import Path
 from ..analysis.pattern import predict_plain
 from ..analysis.shapes import TensorInfo, infer_tensors
 from ..errors import CkptError
-from ..load import load_graph
-from ..ort_optimize import run_ort_optimizer
+from ..io.load import load_graph
+from ..ort.optimize import run_ort_optimizer
 
 PLAIN_LEVEL = "ORT_ENABLE_ALL"  # what InferenceSession(path) builds
 

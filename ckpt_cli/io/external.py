@@ -14,8 +14,8 @@ from typing import Iterator
 
 import onnx
 
-from .errors import ModelError
-from .graph import expected_bytes
+from ..errors import ModelError
+from ..graph import expected_bytes
 
 _GRAPH_TYPES = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
 _TENSOR_TYPES = (onnx.AttributeProto.TENSOR, onnx.AttributeProto.TENSORS, onnx.AttributeProto.SPARSE_TENSOR,

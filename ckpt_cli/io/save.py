@@ -26,9 +26,9 @@ from pathlib import Path
 
 import onnx
 
-from .errors import UsageError
+from ..errors import UsageError
 from .external import external_tensors, is_external, locate, other_tensors
-from .graph import Graph, Node, embedded_bytes, expected_bytes, gc_paused
+from ..graph import Graph, Node, embedded_bytes, expected_bytes, gc_paused
 from .safewrite import (check_output_path, check_report_path, commit, exit_on_sigterm, must_create, os_errors,
                         remove_stale_temps, signals_deferred, temp_beside, write_target,
                         write_text_atomic)

@@ -12,11 +12,11 @@ from pathlib import Path
 import onnx
 from google.protobuf.message import DecodeError
 
-from .errors import ModelError
-from .expand import expand_functions
+from ..errors import ModelError
+from ..ort.expand import expand_functions
 from .external import check_embedded, check_external, external_tensors
-from .graph import ABSENT, Graph, Node, embedded_bytes, gc_paused, weightless_copy
-from .ort.registry import ort_only_nodes
+from ..graph import ABSENT, Graph, Node, embedded_bytes, gc_paused, weightless_copy
+from ..ort.registry import ort_only_nodes
 from .serialize import read_model
 
 _PROTOBUF_LIMIT = 2**31 - 1

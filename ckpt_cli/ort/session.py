@@ -12,10 +12,10 @@ from pathlib import Path
 
 import onnx
 
-from .errors import ModelError
-from .markers import MEM_PATTERN_META, MEM_REUSE_META, ORT_OPTIMIZE_META, SESSION_META
-from .serialize import read_model
-from .verify.settings import ckpt_session_settings, ort_default_session_settings
+from ..errors import ModelError
+from ..markers import MEM_PATTERN_META, MEM_REUSE_META, ORT_OPTIMIZE_META, SESSION_META
+from ..io.serialize import read_model
+from ..verify.settings import ckpt_session_settings, ort_default_session_settings
 
 
 def recorded_settings(path: str | Path) -> dict:

@@ -25,17 +25,17 @@ from pathlib import Path
 
 import onnx
 
-from .analysis import Analysis, analyse
-from .analysis.cost import node_cost
-from .errors import ModelError, RunFailed, RuntimeUnavailable
-from .external import external_tensors
-from .graph import ABSENT, Graph
-from .load import load_graph
-from .markers import GUARD_META, ORT_OPTIMIZE_META, PIN_META, PROVENANCE_PREFIX, is_recompute_copy
-from .ops import DEVICE_COPY_OPS, is_recomputable
-from .rewrite import RewriteResult
-from .rewrite.order import executed_order
-from .save import build_model, save_model
+from ..analysis import Analysis, analyse
+from ..analysis.cost import node_cost
+from ..errors import ModelError, RunFailed, RuntimeUnavailable
+from ..io.external import external_tensors
+from ..graph import ABSENT, Graph
+from ..io.load import load_graph
+from ..markers import GUARD_META, ORT_OPTIMIZE_META, PIN_META, PROVENANCE_PREFIX, is_recompute_copy
+from ..ops import DEVICE_COPY_OPS, is_recomputable
+from ..rewrite import RewriteResult
+from ..rewrite.order import executed_order
+from ..io.save import build_model, save_model
 
 LEVEL = "ORT_ENABLE_EXTENDED"
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}

@@ -22,7 +22,7 @@ import onnx
 from google.protobuf import unknown_fields
 from google.protobuf.message import DecodeError, Message
 
-from .graph import embedded_bytes
+from ..graph import embedded_bytes
 
 # Below this many bytes (a file's, or a graph's embedded initializers) one parse or one
 # SerializeToString is as cheap and simpler.

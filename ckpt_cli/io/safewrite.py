@@ -19,7 +19,7 @@ from typing import Iterator
 
 import onnx
 
-from .errors import OutputError, UsageError
+from ..errors import OutputError, UsageError
 from .external import external_tensors, locate
 
 _TEMP_SUFFIX = ".tmp"

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import onnx
 
-from .graph import ABSENT, Graph, Node, embedded_bytes, weightless_copy
+from ..graph import ABSENT, Graph, Node, embedded_bytes, weightless_copy
 
 _INLINE_LIMIT = 1024  # initializers above this many bytes are passed to ORT as inputs
 # (op, domain, opset) of function ops ORT was seen to run as they are (it has a kernel):

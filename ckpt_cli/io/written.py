@@ -6,11 +6,11 @@ from typing import TYPE_CHECKING
 
 import onnx
 
-from .markers import FRESH_META, GUARD_META, MEM_PATTERN_META, MEM_REUSE_META, PIN_META, SESSION_META, is_recompute_copy
+from ..markers import FRESH_META, GUARD_META, MEM_PATTERN_META, MEM_REUSE_META, PIN_META, SESSION_META, is_recompute_copy
 from .save import build_model
 
 if TYPE_CHECKING:
-    from .rewrite import RewriteResult
+    from ..rewrite import RewriteResult
 
 
 def to_model(result: RewriteResult, metadata: dict[str, str] | None = None,

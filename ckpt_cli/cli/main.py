@@ -1,0 +1,123 @@
+"""The ``ckpt`` group: error handling, exit codes, and the commands registered on it."""
+
+from __future__ import annotations
+
+import errno
+import gc
+import json
+import os
+import signal
+import sys
+import traceback
+
+import click
+
+from ..version import __version__
+from ..errors import EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_TERMINATED, CkptError
+from .commands import check, inspect, plan, rewrite, session
+from .compare import compare
+
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as shells report a reader that went away
+
+
+def _fail(ctx: click.Context, message: str, code: int, prefix: str = "ckpt: error: ") -> None:
+    if ctx.obj and ctx.obj.get("debug"):
+        traceback.print_exc()
+    click.echo(prefix + message, err=True)
+    if ctx.obj and ctx.obj.get("json"):
+        click.echo(json.dumps({"error": {"exit_code": code, "message": message}}))
+    sys.exit(code)
+
+
+def _os_message(e: OSError) -> str:
+    where = f"{e.filename}: " if e.filename else ""
+    if e.errno == errno.ENOSPC:
+        return f"{where}no space left on the device"
+    if e.errno == errno.EROFS:
+        return f"{where}the file system is read-only"
+    return f"{where}{e.strerror or e}"
+
+
+class _Terminated(BaseException):
+    """SIGTERM, raised in the main thread so that every ``finally`` (temporary files,
+    the check's child process) runs before ckpt exits."""
+
+
+def _on_sigterm(signum, frame):  # noqa: ARG001
+    raise _Terminated()
+
+
+class CkptGroup(click.Group):
+    """Turns expected failures into one line and an exit code; no traceback unless --debug."""
+
+    def invoke(self, ctx: click.Context):
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
+        # A command is one short process that makes next to no garbage cycles: without the
+        # cycle collector (which the library pauses only inside its stages) a 10k-node plan
+        # skips a 44 ms pass over every object its stages made, at the same peak RSS
+        # (100k nodes, --budget 65%: 808 MB with it, 815 MB without).
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            return super().invoke(ctx)
+        except CkptError as e:
+            _fail(ctx, str(e), e.exit_code)
+        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
+            raise
+        except BrokenPipeError:
+            # The reader went away (ckpt inspect m.onnx | head -1): no error to print.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            sys.exit(EXIT_BROKEN_PIPE)
+        except KeyboardInterrupt:
+            click.echo("ckpt: interrupted", err=True)
+            sys.exit(EXIT_INTERRUPTED)
+        except _Terminated:
+            click.echo("ckpt: terminated", err=True)
+            sys.exit(EXIT_TERMINATED)
+        except OSError as e:  # the environment, not ckpt: unreadable, unwritable, full
+            _fail(ctx, _os_message(e), EXIT_BAD_INPUT)
+        except MemoryError:
+            _fail(ctx, "out of memory (a --dim too large for this machine?)", EXIT_BAD_INPUT)
+        except RecursionError:
+            _fail(ctx, "the model nests too deeply to read", EXIT_BAD_INPUT)
+        except Exception as e:  # a bug: one line unless --debug
+            _fail(ctx, f"{type(e).__name__}: {e} (rerun with --debug for details)", EXIT_INTERNAL,
+                  "ckpt: internal error: ")
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+            if collecting:  # an in-process caller (click's test runner) gets it back
+                gc.enable()
+
+
+@click.group(cls=CkptGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="ckpt")
+@click.option("--debug", is_flag=True, help="Show Python tracebacks on errors.")
+@click.pass_context
+def main(ctx: click.Context, debug: bool) -> None:
+    """ckpt: gradient checkpointing for ONNX training graphs.
+
+    A training graph holds the forward and backward pass in one ONNX file; its peak
+    memory is mostly forward activations stashed for the backward. ckpt predicts that
+    peak, rewrites the graph to recompute activations instead of keeping them, and
+    proves the result on ONNX Runtime.
+
+    \b
+    Typical use:
+      ckpt inspect model.onnx                  # where does the memory go?
+      ckpt rewrite model.onnx -o model.ckpt.onnx --check
+      ckpt check model.onnx model.ckpt.onnx --json
+      ckpt session model.ckpt.onnx             # the SessionOptions it needs
+      ckpt compare model.onnx rewrite.json --fail-if 'peak_bytes>2GiB'
+
+    Exit codes: 0 ok, 1 check failed or a --fail-if condition held, 2 bad input or
+    usage, 3 budget unreachable, 4 runtime unavailable, 5 ONNX Runtime could not run a
+    model, 70 internal error, 130 interrupted, 141 output pipe closed, 143 terminated.
+    """
+    ctx.ensure_object(dict)
+    ctx.obj["debug"] = debug
+
+
+
+for command in (inspect, rewrite, plan, check, session, compare):
+    main.add_command(command)

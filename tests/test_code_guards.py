@@ -1,0 +1,164 @@
+"""Guards that keep the package readable: short functions, few parameters, no import cycles,
+short commit subjects.
+
+The functions listed in LONG and WIDE predate the guards; each may shrink, none may grow,
+and no other function may join them. Remove an entry once its function is within the limit
+(the test says which).
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+from pathlib import Path
+
+import ckpt_cli
+
+PACKAGE = Path(ckpt_cli.__file__).parent
+MAX_LINES = 60  # of a function's body, its docstring aside
+MAX_PARAMS = 8  # an options dataclass counts as one
+MAX_SUBJECT = 72
+GUARDED_SINCE = "2373cb7"  # commit subjects are held to MAX_SUBJECT from the commit after this one
+
+LONG = {
+    "rewrite/pin.py:pin": 103,
+    "analysis/arena.py:replay": 88,
+    "rewrite/recompute.py:plan_recompute": 84,
+    "verify/worker.py:run_spec": 77,
+    "ort/expand.py:_splice": 70,
+    "analysis/planner.py:plan_buffers": 70,
+    "report/render.py:render_rewrite": 67,
+    "rewrite/__init__.py:rewrite": 65,
+    "verify/driver.py:check_pair": 64,
+    "report/svg.py:memory_chart_svg": 63,
+}
+WIDE = {
+    "cli/commands.py:rewrite": 31,
+    "api.py:rewrite_model": 19,
+    "cli/commands.py:check": 17,
+    "verify/stage.py:check_files": 16,
+    "cli/commands.py:plan": 15,
+    "verify/driver.py:run_model": 14,
+    "verify/driver.py:check_pair": 14,
+    "verify/driver.py:_run_to_run_spread": 11,
+    "rewrite/select.py:make_plan": 10,
+    "planning/search.py:search_limits": 10,
+    "planning/cutsearch.py:_aim_richer": 10,
+    "api.py:plan_model": 10,
+    "planning/milp.py:solve_binary": 9,
+    "cli/options.py:check_options_value": 9,
+    "analysis/__init__.py:analyse": 9,
+}
+
+
+def _functions():
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE).as_posix()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                yield f"{rel}:{node.name}", node
+
+
+def _body_lines(node: ast.FunctionDef) -> int:
+    body = node.body
+    if len(body) > 1 and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+            and isinstance(body[0].value.value, str):
+        body = body[1:]
+    return node.end_lineno - body[0].lineno + 1
+
+
+def _params(node: ast.FunctionDef) -> int:
+    a = node.args
+    names = [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs if x.arg not in ("self", "cls")]
+    return len(names) + (a.vararg is not None) + (a.kwarg is not None)
+
+
+def _over(measure, limit: int, known: dict[str, int]) -> list[str]:
+    found = {name: measure(node) for name, node in _functions()}
+    problems = [f"{name}: {n} (limit {limit})" for name, n in found.items()
+                if n > limit and n > known.get(name, limit)]
+    problems += [f"{name}: now {found.get(name, 0)}, within the limit: remove it from the list"
+                 for name in known if found.get(name, 0) <= limit]
+    return problems
+
+
+def test_no_function_is_longer_than_the_limit():
+    assert _over(_body_lines, MAX_LINES, LONG) == []
+
+
+def test_no_function_takes_more_parameters_than_the_limit():
+    assert _over(_params, MAX_PARAMS, WIDE) == []
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    return isinstance(node.test, (ast.Name, ast.Attribute)) and "TYPE_CHECKING" in ast.unparse(node.test)
+
+
+def _runtime_imports(path: Path, modules: set[str]) -> set[str]:
+    """The ckpt_cli modules ``path`` imports when it runs (function-level imports too;
+    TYPE_CHECKING blocks aside)."""
+    me = _module_name(path)
+    package = me if path.name == "__init__.py" else me.rpartition(".")[0]
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            return
+        if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("ckpt_cli")):
+            base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+            module = ".".join(base + ([node.module] if node.module else []))
+            found.update(f"{module}.{a.name}" if f"{module}.{a.name}" in modules else module for a in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("ckpt_cli"))
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text(), str(path)))
+    return {m for m in found if m in modules and m != me}
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of ``graph``, or None (depth-first search, white/grey/black)."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(v: str) -> list[str] | None:
+        state[v] = 1
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if state.get(w) == 1:
+                return stack[stack.index(w):] + [w]
+            if w not in state and (found := visit(w)):
+                return found
+        state[v] = 2
+        stack.pop()
+        return None
+
+    for v in sorted(graph):
+        if v not in state and (found := visit(v)):
+            return found
+    return None
+
+
+def test_no_import_cycle_between_modules():
+    paths = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph = {m: _runtime_imports(p, set(paths)) for m, p in paths.items()}
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]  # the search can find one
+    assert graph["ckpt_cli.cli.main"] >= {"ckpt_cli.cli.commands"}
+    assert _cycle(graph) is None
+
+
+def test_commit_subjects_are_short():
+    root = PACKAGE.parent
+    known = subprocess.run(["git", "cat-file", "-e", f"{GUARDED_SINCE}^{{commit}}"], cwd=root, capture_output=True)
+    span = [f"{GUARDED_SINCE}..HEAD"] if known.returncode == 0 else ["-1"]
+    log = subprocess.run(["git", "log", "--format=%s", *span], cwd=root, capture_output=True, text=True, check=True)
+    long = [s for s in log.stdout.splitlines() if len(s) > MAX_SUBJECT]
+    assert long == []
