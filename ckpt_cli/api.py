@@ -409,7 +409,7 @@ def rewrite_model(model: ModelInput, output: str | Path | None = None, *, force:
 
 def _ort_optimized(rewritten: onnx.ModelProto, result: RewriteResult, a: Analysis, provider: str, loaded: Loaded,
                   output: str | Path | None):
-    """ORT's optimization of the rewrite (``ckpt_cli/ort_optimize.py``), written to ``output``
+    """ORT's optimization of the rewrite (``ckpt_cli/ort/optimize.py``), written to ``output``
     when given: (model, result, files written, Optimized)."""
     from .ort.optimize import ort_optimize
 

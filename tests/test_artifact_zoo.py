@@ -99,3 +99,23 @@ def test_written_shapes_keep_the_symbolic_dims(tmp_path):
                 for v in model.graph.value_info if v.name.endswith("_recompute")]
         assert dims and any("batch" in shape for shape in dims), name
         assert not any(DEFAULT_DIM in shape for shape in dims), name
+
+
+@pytest.mark.parametrize("name", ["mlp", "mlp_dropout"])
+def test_an_artifact_out_of_file_order_is_written_sorted(tmp_path, name):
+    """An artifact written unchanged keeps ORT's node order only where that order is
+    topological: reversed, it was written reversed, and onnx's checker refused it (exit 0)."""
+    from click.testing import CliRunner
+
+    from ckpt_cli.cli import main
+
+    model = onnx.load(ZOO / name / "training_model.onnx")
+    nodes = list(model.graph.node)[::-1]
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    src, out = tmp_path / "reversed.onnx", tmp_path / "out.onnx"
+    onnx.save(model, src)
+    r = CliRunner().invoke(main, ["rewrite", str(src), "-o", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["no_gain_reason"], "written unchanged: the case under test"
+    onnx.checker.check_model(onnx.load(out))

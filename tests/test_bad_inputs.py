@@ -100,6 +100,13 @@ def _untyped_output(m):
     m.graph.output[-1].type.tensor_type.elem_type = TensorProto.UNDEFINED
 
 
+def _relabelled_initializer(m):
+    """An int64 initializer relabelled int32: its 8 bytes now hold two elements where its shape says one."""
+    t = onnx.numpy_helper.from_array(__import__("numpy").array([2], "int64"), "two")
+    t.data_type = TensorProto.INT32
+    m.graph.initializer.append(t)
+
+
 def _long_name(m):
     m.graph.node[0].name = "a" * 40 + "!"
 
@@ -132,6 +139,8 @@ ROWS: list[tuple[str, Callable[[Path], list], int, str]] = [
     ("inference model", lambda f: ["rewrite", _chain(f, _inference), "-o", f / "o.onnx"], 2, "backward"),
     ("region matching nothing", lambda f: ["rewrite", _chain(f), "--region", "nothing*", "-o", f / "o.onnx"],
      2, "nothing"),
+    ("initializer bytes for another type", lambda f: ["inspect", _chain(f, _relabelled_initializer)], 2,
+     "holds 8 bytes where its shape [1] and type INT32 need 4"),
     ("backtracking --region", lambda f: ["rewrite", _chain(f, _long_name), "--region", "re:(a+)+$",
                                          "-o", f / "o.onnx"], 2, "matches no forward node"),
     ("backtracking --regions-by-scope", lambda f: ["rewrite", _chain(f, _long_name), "--regions-by-scope", "((a+)+)$",

@@ -5,6 +5,7 @@ order is the executed order and the prediction holds."""
 from __future__ import annotations
 
 import onnx
+from onnx import TensorProto, helper
 import pytest
 
 from conftest import SAMPLES
@@ -95,3 +96,27 @@ def test_the_excerpt_expands_as_the_whole_graph(which, synthetic, monkeypatch):
     assert len(resolved) == 1 and resolved[0] < len(model.graph.node), "one ORT session, of an excerpt"
     monkeypatch.setattr(expand, "_excerpt", lambda graph, functions: None)
     assert fast == expanded() != model.SerializeToString(deterministic=True)
+
+
+def test_what_ort_runs_as_it_is_is_remembered_per_element_type(tmp_path):
+    """ORT's CPU provider has a float64 ReduceSumSquare kernel and no float16 one: after a
+    float64 graph, a float16 graph in the same process must still get ORT's expansion (the
+    cache of ops ORT runs as they are was keyed without the type, and the float16 file was
+    written differently from what a fresh process writes)."""
+    from ckpt_cli.graph import Graph
+    from ckpt_cli.ort import expand
+
+    def reduce_sum_square(dtype: int) -> onnx.ModelProto:
+        g = helper.make_graph([helper.make_node("ReduceSumSquare", ["x"], ["y"], name="rss", keepdims=0)], "g",
+                              [helper.make_tensor_value_info("x", dtype, [4, 4])],
+                              [helper.make_tensor_value_info("y", dtype, [])])
+        return helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+
+    def ops(dtype: int) -> list[str]:
+        return [n.op_type for n in expand.expand_functions(Graph.from_model(reduce_sum_square(dtype))).nodes]
+
+    expand._RUN_AS_IS.clear()
+    alone = ops(TensorProto.FLOAT16)
+    assert alone != ["ReduceSumSquare"], "ORT expands the float16 op: the case under test"
+    assert ops(TensorProto.DOUBLE) == ["ReduceSumSquare"]
+    assert ops(TensorProto.FLOAT16) == alone

@@ -28,9 +28,25 @@ import onnx
 from ..graph import ABSENT, Graph, Node, embedded_bytes, weightless_copy
 
 _INLINE_LIMIT = 1024  # initializers above this many bytes are passed to ORT as inputs
-# (op, domain, opset) of function ops ORT was seen to run as they are (it has a kernel):
-# a graph whose function ops are all here needs no ORT session.
-_RUN_AS_IS: set[tuple[str, str, int]] = set()
+# Function ops ORT was seen to run as they are (it has a kernel), by op, domain, opset and
+# input element types: a graph whose function ops are all here needs no ORT session.
+# Whether ORT has a kernel depends on the types (its CPU provider has a float64
+# ReduceSumSquare, no float16 one).
+_RUN_AS_IS: set[tuple] = set()
+
+
+def _run_as_is_key(graph: Graph, opsets: dict[str, int]):
+    """A node's key in _RUN_AS_IS: its input element types where the file declares them,
+    else every element type the file declares (a key that only a like graph shares)."""
+    g = graph.model.graph
+    declared = {v.name: v.type.tensor_type.elem_type for v in chain(g.input, g.value_info, g.output)}
+    declared.update((t.name, t.data_type) for t in g.initializer)
+    everything = tuple(sorted(set(declared.values())))
+
+    def key(n: Node) -> tuple:
+        types = tuple(declared.get(t, -1) for t in n.inputs if t)
+        return (n.op_type, n.domain, opsets[n.domain], types if -1 not in types else everything)
+    return key
 
 
 @lru_cache(maxsize=None)
@@ -122,11 +138,10 @@ def expand_functions(graph: Graph) -> Graph:
     """``graph`` with the function ops ORT expands replaced by ORT's expansion (the same
     graph when there is none). An expanded graph's model is ``graph``'s, rewritten in
     place: ``graph`` is spent."""
-    kinds = {(n.op_type, n.domain) for n in graph.nodes}
-    opsets = {d: graph.opset(d) or 1 for _, d in kinds}
-    expandable = {kind for kind in kinds if (key := (*kind, opsets[kind[1]])) not in _RUN_AS_IS and _has_function(*key)}
-    functions = {n.name: (n.op_type, n.domain, opsets[n.domain]) for n in graph.nodes
-                 if (n.op_type, n.domain) in expandable}
+    opsets = {n.domain: graph.opset(n.domain) or 1 for n in graph.nodes}
+    key_of = _run_as_is_key(graph, opsets)
+    functions = {n.name: key for n in graph.nodes
+                 if _has_function(n.op_type, n.domain, opsets[n.domain]) and (key := key_of(n)) not in _RUN_AS_IS}
     if not functions:
         return graph
     excerpt = _excerpt(graph, set(functions))

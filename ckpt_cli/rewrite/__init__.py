@@ -178,12 +178,15 @@ def without_mem_pattern(result: RewriteResult) -> RewriteResult:
 def unchanged(a: Analysis) -> RewriteResult:
     """The input graph as it is: what ckpt writes when no plan lowers the peak. Every
     session then runs it exactly as it runs the original, so it is never worse. A file
-    out of topological order is sorted (onnx's checker requires it), except an ORT training
-    artifact, which ORT saves out of order and runs by node position in its DEFAULT order:
-    sorted, it can run worse in the Module API's session. PRIORITY_BASED runs either as ckpt
+    out of topological order is sorted (onnx's checker requires it). An ORT training artifact
+    in a topological order keeps it even where PRIORITY_BASED would run another: the Module
+    API's session runs it by node position in its DEFAULT order, and re-sorted it can run
+    worse there. PRIORITY_BASED runs either as ckpt
     simulates it."""
     order = list(a.priority.order)
-    keep = order == list(range(len(order))) or is_ort_artifact(a.graph)
+    in_file_order = list(range(len(order)))
+    sorted_file = a.graph.topological_order() == in_file_order
+    keep = order == in_file_order or (sorted_file and is_ort_artifact(a.graph))
     return RewriteResult(a.graph if keep else a.graph.reordered(order), a, [], 0, 0, session="ort_default")
 
 
