@@ -1,16 +1,30 @@
 """Fuzzing ckpt's command line with mutated models.
 
 Each case takes a seed model (the samples, a small hand-made training graph, one with
-external data), applies one to three protobuf-level or graph-level mutations (delete,
+external data, two ORT training artifacts of the zoo with com.microsoft gradient ops) or a
+generated one (tests/randgraph.py: float32/float64 at opsets 7-18, float16 at 7-18,
+bfloat16 at 13-18), applies one to three protobuf-level or graph-level mutations (delete,
 duplicate or rewire nodes; change shapes, types, attributes, opsets, external-data
 fields and names; flip, cut or insert bytes), runs ``ckpt inspect``, ``plan`` or
 ``rewrite`` in-process (click's CliRunner, no ``--check``) and classifies the outcome:
 
 - ``clean_error``: exit 2 or 3, one line ``ckpt: error: ...``, no traceback;
-- ``correct``: exit 0; a rewrite's output passes onnx.checker and, for a sample of
-  cases, loads in ONNX Runtime (or the input itself does not: garbage in, same out);
+- ``correct``: exit 0; a rewrite's output passes onnx.checker, and ONNX Runtime (CPU,
+  ckpt's settings: one thread, ORT_DISABLE_ALL, PRIORITY_BASED) runs it and gives the
+  input's outputs bit for bit on the same random feeds, wherever it runs the input
+  (an input with unseeded random ops: it only has to run; float16 outputs may differ within
+  the bound the README documents for ORT's CPU provider: ``float16_rounding`` counts those
+  rewrites); where ORT refuses the input
+  too, garbage in, same out (``garbage_passthrough``; the zoo artifacts' training ops need
+  onnxruntime-training: a refusal for an op plain ORT lacks is ``correct`` there);
 - ``defect``: anything else (exit 70, a traceback, a hang, an input changed, exit 0 with
-  an invalid output).
+  an invalid output, outputs that differ beyond what the README documents).
+
+Two case kinds run no mutation: ``check_differs`` (``ckpt check`` of a model against a
+copy with one constant changed: exit 1 naming the differing outputs in one failure line,
+no traceback) and ``concurrent`` (two ``ckpt rewrite --force`` processes writing one
+``-o`` path at once: each exits 0 or with a clean error, and the file left passes the
+checker, loads and runs in ORT with the input's outputs, with its external data beside it).
 
     python -m tests.fuzz --cases 10000 --seed 1        # make fuzz
     python -m tests.fuzz --cases 200 --seed 0          # what tests/test_fuzz.py runs
@@ -21,13 +35,16 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import random
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,15 +56,22 @@ from onnx import TensorProto, helper, numpy_helper
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "sample_models"
 CASE_SECONDS = 60
+ZOO_SEEDS = ("mlp_dropout", "embed_ln17")  # DropoutGrad, ReluGrad; GatherGrad, LayerNormalizationGrad; both
+# SoftmaxCrossEntropyLossGrad and InPlaceAccumulatorV2 (the zoo's others fail onnx.checker: ORT-only ops)
+# what plain onnxruntime's CPU provider says of an op it has no kernel for (a seed with ort=False)
+ORT_LACKS = ("is not a registered function/op", "NOT_IMPLEMENTED : Could not find an implementation")
+FEED_ELEMENTS = 1 << 22  # an input model needing larger feeds is not run
+RANDOM_OPS = {"Dropout", "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
+              "Bernoulli"}
 HOSTILE_NAMES = ["[/]", "[link=http://x]a[/link]", "\x1b]8;;x\x07", "", "a" * 300, "x/../y", "\u202e"]
 
 
 # ------------------------------------------------------------------------------ seed models
-def _small_training_graph() -> onnx.ModelProto:
+def _small_training_graph(d_in: int = 4, hidden: int = 16) -> onnx.ModelProto:
     """relu(x @ W1) @ W2 summed, with its backward and an If reading an outer tensor."""
     rng = np.random.default_rng(0)
     branch = helper.make_graph([helper.make_node("Identity", ["h"], ["hb"], name="branch_id")], "b", [],
-                               [helper.make_tensor_value_info("hb", TensorProto.FLOAT, [8, 16])])
+                               [helper.make_tensor_value_info("hb", TensorProto.FLOAT, [8, hidden])])
     nodes = [
         helper.make_node("MatMul", ["x", "W1"], ["h"], name="/l0/MatMul"),
         helper.make_node("Relu", ["h"], ["r"], name="/l0/Relu"),
@@ -68,37 +92,78 @@ def _small_training_graph() -> onnx.ModelProto:
     ]
     graph = helper.make_graph(
         nodes, "small",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 4]),
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, d_in]),
          helper.make_tensor_value_info("tangent", TensorProto.FLOAT, [])],
         [helper.make_tensor_value_info("loss", TensorProto.FLOAT, []),
-         helper.make_tensor_value_info("W1_grad", TensorProto.FLOAT, [4, 16]),
-         helper.make_tensor_value_info("W2_grad", TensorProto.FLOAT, [16, 8])],
-        initializer=[numpy_helper.from_array(rng.standard_normal((4, 16)).astype(np.float32), "W1"),
-                     numpy_helper.from_array(rng.standard_normal((16, 8)).astype(np.float32), "W2"),
+         helper.make_tensor_value_info("W1_grad", TensorProto.FLOAT, [d_in, hidden]),
+         helper.make_tensor_value_info("W2_grad", TensorProto.FLOAT, [hidden, 8])],
+        initializer=[numpy_helper.from_array(rng.standard_normal((d_in, hidden)).astype(np.float32), "W1"),
+                     numpy_helper.from_array(rng.standard_normal((hidden, 8)).astype(np.float32), "W2"),
                      numpy_helper.from_array(np.array(True), "cond")])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def _randgraph(rng: random.Random, dtypes: tuple[str, ...], opsets) -> onnx.ModelProto:
+    from randgraph import build_random_training_graph
+
+    return build_random_training_graph(rng.getrandbits(32), rng.randint(3, 16), rng.choice(dtypes),
+                                       opset=rng.choice(list(opsets)))
+
+
+def _rand_f32_f64(rng):
+    return _randgraph(rng, ("float32", "float64"), range(7, 19))
+
+
+def _rand_f16(rng):
+    return _randgraph(rng, ("float16",), range(7, 19))
+
+
+def _rand_bf16(rng):
+    return _randgraph(rng, ("bfloat16",), range(13, 19))
 
 
 @dataclass
 class Seed:
     name: str
-    model: onnx.ModelProto
+    model: onnx.ModelProto | None
     data: bytes | None = None  # external data file contents, saved as <name>.data
     weight: float = 1.0
+    make: Callable[[random.Random], onnx.ModelProto] | None = None  # a generator: a new model each case
+    kind: str = "mutate"  # or "check_differs", "concurrent" (no mutation)
+    ort: bool = True  # plain onnxruntime loads it (the zoo's training ops need onnxruntime-training)
+
+    def instance(self, rng: random.Random) -> onnx.ModelProto:
+        return self.make(rng) if self.make is not None else self.model
+
+
+def _external_seed(name: str, model: onnx.ModelProto, **kw) -> Seed:
+    """``model`` with every initializer in ``ext.onnx.data`` (the seed's ``data``)."""
+    with tempfile.TemporaryDirectory() as d:
+        onnx.save(model, Path(d) / "ext.onnx", save_as_external_data=True, location="ext.onnx.data",
+                  size_threshold=0)
+        return Seed(name, onnx.load(Path(d) / "ext.onnx", load_external_data=False),
+                    (Path(d) / "ext.onnx.data").read_bytes(), **kw)
 
 
 def load_seeds() -> list[Seed]:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # randgraph, when run as python -m tests.fuzz
     seeds = [Seed("small", _small_training_graph(), weight=4)]
     for name, weight in (("mlp", 3), ("cnn", 1), ("gpt", 0.5)):
         path = SAMPLES / f"{name}.onnx"
         if path.exists():
             seeds.append(Seed(name, onnx.load(path), weight=weight))
-    ext = _small_training_graph()
-    with tempfile.TemporaryDirectory() as d:
-        onnx.save(ext, Path(d) / "ext.onnx", save_as_external_data=True, location="ext.onnx.data",
-                  size_threshold=0)
-        seeds.append(Seed("ext", onnx.load(Path(d) / "ext.onnx", load_external_data=False),
-                          (Path(d) / "ext.onnx.data").read_bytes(), weight=2))
+    seeds.append(_external_seed("ext", _small_training_graph(), weight=2))
+    seeds += [Seed("rand_opset", None, make=_rand_f32_f64, weight=2),
+              Seed("rand_f16", None, make=_rand_f16, weight=1.5),
+              Seed("rand_bf16", None, make=_rand_bf16, weight=0.75, ort=False)]  # no bfloat16 CPU kernels
+    for name in ZOO_SEEDS:
+        path = SAMPLES / "zoo" / name / "training_model.onnx"
+        if path.exists():
+            seeds.append(Seed(f"zoo_{name}", onnx.load(path), weight=0.5, ort=False))
+    # about 1.5 s and 1 s a case (ckpt check's child processes; two ckpt processes): a few in 200 cases
+    seeds += [Seed("check_differs", None, make=_rand_f32_f64, kind="check_differs", weight=0.08),
+              Seed("concurrent", None, make=_rand_f32_f64, kind="concurrent", weight=0.08),
+              _external_seed("concurrent_ext", _small_training_graph(32, 128), kind="concurrent", weight=0.06)]
     return seeds
 
 
@@ -346,11 +411,22 @@ class Summary:
     defects: list[dict] = field(default_factory=list)
     passthrough: list[dict] = field(default_factory=list)  # inputs ORT refuses as it refuses the output
     ort_loaded: int = 0
+    ort_compared: int = 0  # written models whose outputs were compared with the input's
+    f16_rounding: list[dict] = field(default_factory=list)  # float16 outputs apart within the documented bound
+    kinds: Counter = field(default_factory=Counter)  # seed model -> cases
 
     def to_json(self) -> dict:
         return {"counts": dict(self.counts), "exit_codes": {str(k): v for k, v in sorted(self.exit_codes.items())},
-                "ort_loaded": self.ort_loaded, "defects": self.defects[:50],
+                "ort_loaded": self.ort_loaded, "ort_compared": self.ort_compared,
+                "float16_rounding": {"count": len(self.f16_rounding), "examples": self.f16_rounding[:10]},
+                "seed_models": dict(sorted(self.kinds.items())), "defects": self.defects[:50],
                 "garbage_passthrough_examples": self.passthrough}
+
+
+# The one documented loss (README, `ckpt check`): float16 on ORT's CPU provider, which runs ops
+# without a float16 kernel in float32 between Casts it places from each node's neighbours, so a
+# rewrite moves the rounding; "within 1.5 float16 eps of the output's largest value".
+F16_NORMWISE_EPS = 1.5
 
 
 class _Timeout(Exception):
@@ -366,17 +442,146 @@ def _digest(folder: Path) -> dict[str, str]:
             if p.is_file() and not p.is_symlink()}
 
 
-def _ort_loads(path: Path) -> tuple[bool, str]:
+def _session_options():
+    """ckpt's session settings, one thread (what bit-identical comparisons need)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.execution_order = ort.ExecutionOrder.PRIORITY_BASED
+    so.intra_op_num_threads = 1
+    so.inter_op_num_threads = 1
     so.log_severity_level = 4
+    return so
+
+
+@dataclass
+class OrtRun:
+    state: str  # refused (no session), loaded (no feeds to run it with), failed (the run raised), ran
+    why: str = ""
+    outputs: dict | None = None
+
+
+def _ort_run(path: Path, feeds: dict | None) -> OrtRun:
+    import onnxruntime as ort
+
     try:
-        ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-        return True, ""
+        sess = ort.InferenceSession(str(path), _session_options(), providers=["CPUExecutionProvider"])
     except Exception as e:  # noqa: BLE001 - any refusal by ORT
-        return False, str(e).splitlines()[0][:200]
+        return OrtRun("refused", str(e).splitlines()[0][:200])
+    if feeds is None:
+        return OrtRun("loaded")
+    names = {i.name for i in sess.get_inputs()}
+    try:
+        values = sess.run(None, {k: v for k, v in feeds.items() if k in names})
+    except Exception as e:  # noqa: BLE001
+        return OrtRun("failed", str(e).splitlines()[0][:200])
+    return OrtRun("ran", outputs=dict(zip([o.name for o in sess.get_outputs()], values)))
+
+
+def _feeds(path: Path) -> dict | None:
+    """Random inputs for the model at ``path`` (symbolic dimensions: 2; integers in [0, 2),
+    valid indices into any axis of 2 or more; ``tangent*``: ones), or None when it cannot
+    be read or fed (an untyped or unsized input, too many elements)."""
+    import zlib
+
+    try:
+        m = onnx.load(str(path), load_external_data=False)
+    except Exception:  # noqa: BLE001
+        return None
+    inits = {t.name for t in m.graph.initializer}
+    feeds, total = {}, 0
+    for vi in m.graph.input:
+        if vi.name in inits:
+            continue
+        tt = vi.type.tensor_type
+        if not vi.type.HasField("tensor_type") or not tt.HasField("shape"):
+            return None
+        try:
+            dt = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type))
+        except Exception:  # noqa: BLE001
+            return None
+        shape = [d.dim_value if d.HasField("dim_value") else 2 for d in tt.shape.dim]
+        if any(d < 0 for d in shape):
+            return None
+        total += int(np.prod(shape, dtype=np.float64))
+        if total > FEED_ELEMENTS:
+            return None
+        rng = np.random.default_rng(zlib.crc32(vi.name.encode("utf-8", "replace")))
+        if dt.kind == "f" or dt.name == "bfloat16":
+            value = np.ones(shape) if vi.name.startswith("tangent") else rng.standard_normal(shape) * 0.5
+        elif dt.kind in "iu":
+            value = rng.integers(0, 2, size=shape)
+        elif dt.kind == "b":
+            value = rng.random(shape) < 0.5
+        else:
+            return None
+        feeds[vi.name] = np.asarray(value).astype(dt)
+    return feeds
+
+
+def _unseeded_random(path: Path) -> bool:
+    try:
+        m = onnx.load(str(path), load_external_data=False)
+    except Exception:  # noqa: BLE001
+        return True
+    return any(n.op_type in RANDOM_OPS and not any(a.name == "seed" for a in n.attribute) for n in m.graph.node)
+
+
+def _f16_normwise(expected: np.ndarray, got: np.ndarray) -> float | None:
+    """max |got - expected| in float16 eps of max |expected| (None: not two finite float16 arrays)."""
+    if expected.dtype != np.float16 or got.dtype != np.float16 or expected.shape != got.shape:
+        return None
+    a, b = expected.astype(np.float64), got.astype(np.float64)
+    if not (np.isfinite(a).all() and np.isfinite(b).all()):
+        return None
+    top = float(np.abs(a).max()) * float(np.finfo(np.float16).eps)
+    return float(np.abs(a - b).max()) / top if top else None
+
+
+def _ort_verdict(seed: Seed, src: Path, out: Path, summary: Summary) -> Outcome | None:
+    """ONNX Runtime on the written model: loads where the input loads, runs where the input
+    runs, and gives the input's outputs bit for bit. None: nothing wrong."""
+    feeds = _feeds(src)
+    got = _ort_run(out, feeds)
+    summary.ort_loaded += got.state != "refused"
+    if got.state == "refused":
+        if _ort_run(src, None).state != "refused":
+            return Outcome("defect", f"output does not load in ORT but the input does: {got.why}")
+        if not seed.ort and any(m in got.why for m in ORT_LACKS):
+            return None  # the zoo's training ops (onnxruntime-training runs them: make test-ort-training), bfloat16
+        return Outcome("garbage_passthrough", got.why)
+    if feeds is None:
+        return None
+    expected = _ort_run(src, feeds)
+    if expected.state != "ran":
+        return None  # garbage in: the input does not run either
+    if got.state != "ran":
+        return Outcome("defect", f"output fails to run in ORT where the input runs: {got.why}")
+    summary.ort_compared += 1
+    if _unseeded_random(src):
+        return None
+    differ = {}
+    for name, a in expected.outputs.items():
+        b = got.outputs.get(name)
+        if b is None or a.dtype != b.dtype or a.shape != b.shape or a.tobytes() != b.tobytes():
+            differ[name] = b
+    if not differ:
+        return None
+    parts = []
+    for name, b in differ.items():
+        a = expected.outputs[name]
+        if b is None or a.shape != b.shape or a.dtype != b.dtype:
+            parts.append(f"{name} {a.dtype}{list(a.shape)} -> {None if b is None else f'{b.dtype}{list(b.shape)}'}")
+        else:
+            diff = float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
+            parts.append(f"{name} max |diff| {diff:g}")
+    normwise = [None if b is None else _f16_normwise(expected.outputs[n], b) for n, b in differ.items()]
+    if all(e is not None and e <= F16_NORMWISE_EPS for e in normwise):
+        summary.f16_rounding.append({"model": src.name, "normwise_eps": round(max(normwise), 3),
+                                     "outputs": sorted(differ)})
+        return None  # documented: float16 on ORT's CPU provider
+    return Outcome("defect", f"outputs differ from the input's on ORT: {'; '.join(parts)[:300]}")
 
 
 def _command(rng: random.Random, model: Path, out: Path) -> list[str]:
@@ -406,8 +611,13 @@ def run_case(seed: Seed, rng: random.Random, work: Path, ort_every: int, case: i
              debug: bool = False) -> Outcome:
     folder = work / f"case{case}"
     folder.mkdir()
+    if seed.kind == "check_differs":
+        return run_check_case(seed, rng, folder, summary, debug)
+    if seed.kind == "concurrent":
+        return run_concurrent_case(seed, rng, folder, summary)
+    base = seed.instance(rng)
     model = onnx.ModelProto()
-    model.CopyFrom(seed.model)
+    model.CopyFrom(base)
     if rng.random() < 0.3:  # exercise the success path too
         rng.choice(BENIGN_MUTATIONS)(model, rng)
     else:
@@ -422,7 +632,7 @@ def run_case(seed: Seed, rng: random.Random, work: Path, ort_every: int, case: i
     try:
         data = model.SerializeToString()
     except Exception:  # noqa: BLE001 - a mutation protobuf itself refuses to encode
-        data = seed.model.SerializeToString()
+        data = base.SerializeToString()
     if rng.random() < 0.15:
         data = mutate_bytes(data, rng)
     path.write_bytes(data)
@@ -477,15 +687,157 @@ def run_case(seed: Seed, rng: random.Random, work: Path, ort_every: int, case: i
         except Exception:  # noqa: BLE001 - the input fails it too: ckpt should have refused it
             return Outcome("defect", f"accepted an input the checker refuses: {str(e)[:200]}")
     if case % ort_every == 0:
-        ok, why = _ort_loads(out)
-        summary.ort_loaded += ok
-        if not ok:
-            if _ort_loads(path)[0]:
-                return Outcome("defect", f"output does not load in ORT but the input does: {why}")
-            return Outcome("garbage_passthrough", why)
+        verdict = _ort_verdict(seed, path, out, summary)
+        if verdict is not None:
+            return verdict
     leftovers = [p.name for p in folder.iterdir() if p.name.endswith(".tmp")]
     if leftovers:
         return Outcome("defect", f"temporary files left: {leftovers}")
+    return Outcome("correct")
+
+
+def _invoke(args: list[str]):
+    signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(CASE_SECONDS)
+    try:
+        return CliRunner().invoke(main_command(), args)
+    except _Timeout:
+        return None
+    finally:
+        signal.alarm(0)
+
+
+def _changed_copy(path: Path, out: Path, rng: random.Random, feeds: dict, expected: dict) -> bool:
+    """Write to ``out`` the model at ``path`` with one float constant changed (or, failing
+    that, one Add made a Sub) so that its outputs differ from ``expected``."""
+    m = onnx.load(str(path))
+    floats = [i for i, t in enumerate(m.graph.initializer)
+              if t.data_type in (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16)]
+    adds = [i for i, n in enumerate(m.graph.node) if n.op_type == "Add"]
+    tries = [("init", i) for i in rng.sample(floats, len(floats))] + [("node", i) for i in adds]
+    for what, i in tries[:8]:
+        c = onnx.ModelProto()
+        c.CopyFrom(m)
+        if what == "init":
+            t = c.graph.initializer[i]
+            a = numpy_helper.to_array(t)
+            t.CopyFrom(numpy_helper.from_array((a * 1.5 + 0.25).astype(a.dtype), t.name))
+        else:
+            c.graph.node[i].op_type = "Sub"
+        onnx.save(c, str(out))
+        got = _ort_run(out, feeds)
+        if got.state == "ran" and any(v.tobytes() != got.outputs[k].tobytes() for k, v in expected.items()):
+            return True
+    return False
+
+
+def run_check_case(seed: Seed, rng: random.Random, folder: Path, summary: Summary, debug: bool) -> Outcome:
+    """``ckpt check`` of a model and a rewrite of it whose outputs differ: exit 1, the
+    differing outputs named in one failure line, no traceback."""
+    a, b = folder / "a.onnx", folder / "b.onnx"
+    onnx.save(seed.instance(rng), str(a))
+    r = _invoke(["rewrite", str(a), "-o", str(b), "-q"])
+    if r is None or r.exit_code != 0:
+        return Outcome("defect", f"rewrite of a generated model: {'hang' if r is None else r.exit_code}: "
+                                 f"{'' if r is None else r.output[-300:]}")
+    feeds = _feeds(a)
+    expected = _ort_run(a, feeds)
+    if expected.state != "ran" or not _changed_copy(b, b, rng, feeds, expected.outputs):
+        return Outcome("correct")  # (no constant changes its outputs)
+    mode = rng.choice([[], ["--json"], ["-q"]])
+    args = ["check", str(a), str(b), "--provider", "cpu", "--runs", "1", *mode]
+    result = _invoke((["--debug"] if debug else []) + args)
+    if result is None:
+        return Outcome("defect", f"hang over {CASE_SECONDS}s: {args}")
+    code, text = result.exit_code, result.output
+    summary.exit_codes[code] += 1
+    if debug:
+        print(args, code, text, sep="\n", file=sys.stderr)
+    if "Traceback" in text or code != 1:
+        return Outcome("defect", f"check of differing outputs: exit {code}, expected 1: {text.strip()[-300:]}")
+    if mode == ["--json"]:
+        try:
+            report = json.loads(result.stdout)
+        except ValueError:
+            return Outcome("defect", f"check --json printed no JSON: {result.stdout[:300]!r}")
+        failures = report.get("failures") or []
+        if report.get("passed") is not False or report.get("outputs_equal") is not False or \
+                not any(f.startswith("outputs differ") for f in failures):
+            return Outcome("defect", f"check --json of differing outputs: passed={report.get('passed')}, "
+                                     f"failures={failures}")
+    elif mode == ["-q"]:
+        if len(result.stdout.strip().splitlines()) > 1:
+            return Outcome("defect", f"check -q printed {result.stdout[:300]!r}")
+    else:
+        lines = [line for line in text.splitlines() if line.startswith("failed: outputs differ")]
+        if len(lines) != 1 or "verdict: FAIL" not in text:
+            return Outcome("defect", f"check of differing outputs: {len(lines)} 'failed: outputs differ' lines: "
+                                     f"{text.strip()[-300:]!r}")
+    return Outcome("correct")
+
+
+def run_concurrent_case(seed: Seed, rng: random.Random, folder: Path, summary: Summary) -> Outcome:
+    """Two ``ckpt rewrite --force`` processes writing one output path at once."""
+    base = seed.instance(rng)
+    path = folder / ("ext.onnx" if seed.data is not None else "in.onnx")
+    path.write_bytes(base.SerializeToString())
+    if seed.data is not None:
+        (folder / "ext.onnx.data").write_bytes(seed.data)
+    out = folder / "out.onnx"
+    if rng.random() < 0.5:  # an older output to replace
+        out.write_bytes(b"not a model")
+    before = _digest(folder)
+    before.pop(out.name, None)
+    options = [[], ["--auto", "sqrt"], ["--no-recompute"], ["--json"]]  # each succeeds on these models
+    commands = [[sys.executable, "-m", "ckpt_cli.cli", "rewrite", str(path), "-o", str(out), "--force",
+                 *rng.choice(options)] for _ in range(2)]
+    env = {**os.environ, "NO_COLOR": "1"}
+    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=folder, env=env)
+             for c in commands]
+    results = []
+    for p in procs:
+        try:
+            stdout, stderr = p.communicate(timeout=CASE_SECONDS)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            return Outcome("defect", f"concurrent rewrite: hang over {CASE_SECONDS}s")
+        results.append((p.returncode, stdout, stderr))
+    for code, stdout, stderr in results:
+        summary.exit_codes[code] += 1
+        lines = stderr.strip().splitlines()
+        if "Traceback" in stderr or code not in (0, 2, 3):
+            return Outcome("defect", f"concurrent rewrite: exit {code}: {stderr.strip()[-300:]}")
+        if code != 0 and not (len(lines) == 1 and lines[0].startswith("ckpt: error:")):
+            return Outcome("defect", f"concurrent rewrite: exit {code} with {len(lines)} lines: {stderr[:300]!r}")
+    if all(code != 0 for code, _, _ in results):
+        return Outcome("defect", f"concurrent rewrite: neither writer succeeded: {[r[2].strip() for r in results]}")
+    after = _digest(folder)
+    changed = [k for k, v in before.items() if after.get(k) != v]
+    if changed:
+        return Outcome("defect", f"concurrent rewrite: input files changed {changed}")
+    try:
+        onnx.checker.check_model(str(out))
+        written = onnx.load(str(out), load_external_data=False)
+    except Exception as e:  # noqa: BLE001
+        return Outcome("defect", f"concurrent rewrite: the output fails the checker: {str(e)[:200]}")
+    locations = set()
+    for t in written.graph.initializer:
+        if t.data_location == TensorProto.EXTERNAL:
+            location = next((e.value for e in t.external_data if e.key == "location"), "")
+            locations.add(location)
+            if not (folder / location).is_file():
+                return Outcome("defect", f"concurrent rewrite: external data {location!r} of {t.name} is missing")
+    orphans = [p.name for p in folder.glob(f"{out.name}.*.data") if p.name not in locations]
+    if orphans:  # the previous output's data goes once the new model is in place
+        return Outcome("defect", f"concurrent rewrite: data files no model reads: {orphans}")
+    verdict = _ort_verdict(seed, path, out, summary)
+    if verdict is not None:
+        verdict.detail = f"concurrent rewrite: {verdict.detail}"
+        return verdict
+    leftovers = [p.name for p in folder.iterdir() if p.name.endswith(".tmp")]
+    if leftovers:
+        return Outcome("defect", f"concurrent rewrite: temporary files left: {leftovers}")
     return Outcome("correct")
 
 
@@ -495,7 +847,7 @@ def main_command():
     return main
 
 
-def run_fuzz(cases: int, seed: int = 0, ort_every: int = 10, log=None, only: int | None = None) -> Summary:
+def run_fuzz(cases: int, seed: int = 0, ort_every: int = 1, log=None, only: int | None = None) -> Summary:
     rng = random.Random(seed)
     seeds = load_seeds()
     weights = [s.weight for s in seeds]
@@ -509,6 +861,7 @@ def run_fuzz(cases: int, seed: int = 0, ort_every: int = 10, log=None, only: int
                 continue
             outcome = run_case(s, case_rng, work, ort_every, case, summary, debug=only is not None)
             summary.counts[outcome.kind] += 1
+            summary.kinds[s.name] += 1
             if outcome.kind == "garbage_passthrough" and len(summary.passthrough) < 20:
                 summary.passthrough.append({"case": case, "seed_model": s.name, "ort_says": outcome.detail})
             if outcome.kind == "defect":
@@ -529,7 +882,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tests.fuzz", description=__doc__.split("\n\n")[0])
     ap.add_argument("--cases", type=int, default=10000)
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--ort-every", type=int, default=10, help="load every Nth rewrite in ONNX Runtime")
+    ap.add_argument("--ort-every", type=int, default=1,
+                    help="run every Nth written model in ONNX Runtime and compare its outputs (default: every one)")
     ap.add_argument("--json", dest="json_path", help="write the summary here")
     ap.add_argument("--case", type=int, help="replay only this case, with --debug (its traceback)")
     a = ap.parse_args(argv)

@@ -3,7 +3,7 @@
 For property-based tests of the rewrite engine. ``build_random_training_graph(seed, n_ops)``
 is deterministic in its arguments; ``training_graphs()`` is a hypothesis strategy over it.
 
-Graph layout (mirrors real joint graphs, standard ONNX ops, opset 18, IR 10):
+Graph layout (mirrors real joint graphs, standard ONNX ops, opset 18 and IR 10 by default):
   inputs   p0..pk (parameters), x (data), tangent_loss (scalar seed, feed 1.0)
   outputs  loss, then p{i}_grad for every parameter
   nodes    forward ``fwd_<i>_<Op>`` (loss terms included), then backward ``bwd_<j>_<Op>``
@@ -17,6 +17,21 @@ read by the backward). The loss adds one ReduceSum / ReduceMean / ReduceSumSquar
 sink (tensor no forward op consumes, including unused parameters and Split halves). The
 backward reads forward tensors through ``Shape`` and ``Size`` too (Reshape and Expand
 targets, the ReduceMean scale).
+
+``opset`` (7 to 18, ``OPSETS``, or a newer one onnx knows, ``NEWER_OPSETS``) picks each op's
+form at that opset: axes of ReduceSum (from 13), ReduceMean / ReduceSumSquare (from 18) and
+Squeeze / Unsqueeze (from 13) as an input, else an attribute; Split's ``num_outputs`` only
+from 18 (below: an equal split by output count); Slice's tensor inputs from 10 (below: its
+attributes); no Dropout below 12 (its ratio and training_mode inputs); no Expand at 7 (the
+broadcast is a Mul by a ones initializer, then a Reshape to the ``Shape`` of the forward tensor
+where the backward reads it). The IR version is 10 at opset 18, else the lowest for the opset
+but at least 7. Opset 18 graphs are what they always were.
+
+``dtype``: float32, float64, float16 or bfloat16 (``"bfloat16"`` or ``ml_dtypes.bfloat16``;
+ONNX allows it from opset 13 only, and ONNX Runtime's CPU provider has no bfloat16 kernels for
+these ops: such graphs are valid but run on no CPU session). Every constant but Dropout's ratio
+(a float32 scalar in bfloat16 graphs: its schema has no bfloat16 below opset 22) has the graph's
+dtype. In float16 a rare graph overflows to inf (products of products: 1 of 60 seeds).
 """
 
 from __future__ import annotations
@@ -29,9 +44,36 @@ from onnx import GraphProto, helper, numpy_helper
 
 OPSET = 18
 IR_VERSION = 10
+MIN_OPSET = 7
+MIN_IR_VERSION = 7
+OPSETS = tuple(range(MIN_OPSET, OPSET + 1))  # what the tests run: 7-18
+# Newer opsets change none of these ops' forms: valid graphs too, but ONNX Runtime 1.31 loads
+# only up to opset 26 (27 and 28 are "under development" to it, though onnx 1.23 has them).
+NEWER_OPSETS = tuple(range(OPSET + 1, onnx.defs.onnx_opset_version() + 1))
+BF16_MIN_OPSET = 13
 BASE_SHAPES = ((4, 4), (4, 8), (8, 4))
 
-__all__ = ["build_random_training_graph", "training_graphs", "random_feeds", "param_names"]
+__all__ = ["build_random_training_graph", "training_graphs", "random_feeds", "param_names", "OPSETS", "NEWER_OPSETS",
+           "graph_dtype", "supports"]
+
+
+def graph_dtype(dtype) -> np.dtype:
+    """``dtype`` as a numpy dtype; ``"bfloat16"`` (or ``ml_dtypes.bfloat16``) is ml_dtypes' one."""
+    if isinstance(dtype, str) and dtype.lower() in ("bfloat16", "bf16"):
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(dtype)
+
+
+def supports(dtype, opset: int) -> bool:
+    """Whether ``build_random_training_graph`` can make a valid graph of ``dtype`` at ``opset``."""
+    dt = graph_dtype(dtype)
+    if opset < MIN_OPSET or opset > onnx.defs.onnx_opset_version():
+        return False
+    if dt.name == "bfloat16":
+        return opset >= BF16_MIN_OPSET
+    return dt in (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 
 
 @dataclass
@@ -44,10 +86,11 @@ class _T:
 
 
 class _G:
-    def __init__(self, dtype):
+    def __init__(self, dtype, opset: int = OPSET):
         self.g = GraphProto()
-        self.dtype = np.dtype(dtype)
+        self.dtype = graph_dtype(dtype)
         self.elem = helper.np_dtype_to_tensor_dtype(self.dtype)
+        self.opset = opset
         self.consts: dict[tuple, str] = {}
         self.nb = 0
 
@@ -64,11 +107,12 @@ class _G:
         self.node(name, op, inputs, [out], doc, **attrs)
         return out
 
-    def scalar(self, v):
-        key = ("f", float(v))
+    def scalar(self, v, dtype=None):
+        dtype = self.dtype if dtype is None else np.dtype(dtype)
+        key = ("f", float(v)) if dtype == self.dtype else ("f", float(v), dtype.name)
         if key not in self.consts:
-            name = f"c{len(self.consts)}_f"
-            self.g.initializer.append(numpy_helper.from_array(np.array(v, self.dtype), name))
+            name = f"c{len(self.consts)}_f" if dtype == self.dtype else f"c{len(self.consts)}_{dtype.name}"
+            self.g.initializer.append(numpy_helper.from_array(np.array(v, dtype), name))
             self.consts[key] = name
         return self.consts[key]
 
@@ -95,6 +139,35 @@ class _G:
             self.consts[key] = name
         return self.consts[key]
 
+    def ones(self, shape):
+        key = ("o",) + tuple(shape)
+        if key not in self.consts:
+            name = f"c{len(self.consts)}_ones"
+            self.g.initializer.append(numpy_helper.from_array(np.ones(shape, self.dtype), name))
+            self.consts[key] = name
+        return self.consts[key]
+
+    # ---- op forms that change with the opset
+    def axes_args(self, op: str, inputs: list, axes, attrs: dict) -> None:
+        """Axes of a Reduce*, Squeeze or Unsqueeze: an int64 input from the opset that made them
+        one (ReduceSum, Squeeze, Unsqueeze: 13; ReduceMean, ReduceSumSquare: 18), else an attribute."""
+        since = 13 if op in ("ReduceSum", "Squeeze", "Unsqueeze") else 18
+        if self.opset >= since:
+            inputs.append(self.ints(axes))
+        else:
+            attrs["axes"] = [int(a) for a in axes]
+
+    def bwd_expand(self, dy: str, shape, doc, shape_of: str | None = None) -> str:
+        """``dy`` broadcast to ``shape`` (the shape of ``shape_of`` when given, read with Shape):
+        Expand from opset 8; at 7 a Mul by ones, then a Reshape to the read shape."""
+        if self.opset >= 8:
+            target = self.bwd("Shape", [shape_of], doc) if shape_of else self.ints(shape)
+            return self.bwd("Expand", [dy, target], doc)
+        g = self.bwd("Mul", [dy, self.ones(shape)], doc)
+        if shape_of:
+            g = self.bwd("Reshape", [g, self.bwd("Shape", [shape_of], doc)], doc)
+        return g
+
 
 def _bcast(a, b):
     out = []
@@ -113,8 +186,12 @@ def _reshape_target(G: _G, prefix: str, a: _T, shape: tuple[int, int]) -> str:
     if shape == (a.shape[1], a.shape[0]):
         lo = f"{prefix}a_y0"
         hi = f"{prefix}b_y0"
-        G.node(f"{prefix}a_Slice", "Slice", [s, G.ints([1]), G.ints([2])], [lo])
-        G.node(f"{prefix}b_Slice", "Slice", [s, G.ints([0]), G.ints([1])], [hi])
+        if G.opset >= 10:
+            G.node(f"{prefix}a_Slice", "Slice", [s, G.ints([1]), G.ints([2])], [lo])
+            G.node(f"{prefix}b_Slice", "Slice", [s, G.ints([0]), G.ints([1])], [hi])
+        else:  # Slice-1: starts, ends (and axes) are attributes
+            G.node(f"{prefix}a_Slice", "Slice", [s], [lo], starts=[1], ends=[2], axes=[0])
+            G.node(f"{prefix}b_Slice", "Slice", [s], [hi], starts=[0], ends=[1], axes=[0])
         G.node(f"{prefix}c_Concat", "Concat", [lo, hi], [f"{prefix}c_y0"], axis=0)
         return f"{prefix}c_y0"
     G.node(f"{prefix}a_Div", "Div", [s, G.ints([2, 1])], [f"{prefix}a_y0"])
@@ -122,11 +199,16 @@ def _reshape_target(G: _G, prefix: str, a: _T, shape: tuple[int, int]) -> str:
     return f"{prefix}b_y0"
 
 
-def build_random_training_graph(seed: int, n_ops: int, dtype=np.float64, scale: int = 1) -> onnx.ModelProto:
+def build_random_training_graph(seed: int, n_ops: int, dtype=np.float64, scale: int = 1,
+                                opset: int = OPSET) -> onnx.ModelProto:
     """A random forward DAG of ``n_ops`` ops, a scalar loss and the full backward.
-    ``scale`` multiplies every dimension of the base shapes (bigger buffers, same graph)."""
+    ``scale`` multiplies every dimension of the base shapes (bigger buffers, same graph).
+    ``opset``: the default-domain opset the graph is valid at (``OPSETS``; bfloat16 from 13)."""
+    if not supports(dtype, opset):
+        raise ValueError(f"no random training graph of {graph_dtype(dtype).name} at opset {opset} "
+                         f"(opsets {MIN_OPSET}-{onnx.defs.onnx_opset_version()}; bfloat16 from {BF16_MIN_OPSET})")
     rng = np.random.default_rng(seed)
-    G = _G(dtype)
+    G = _G(dtype, opset)
     shapes = [(m * scale, n * scale) for m, n in BASE_SHAPES]
     n_params = int(rng.integers(1, 5))
     params = [_T(f"p{i}", shapes[rng.integers(len(shapes))], True) for i in range(n_params)]
@@ -187,7 +269,7 @@ def build_random_training_graph(seed: int, n_ops: int, dtype=np.float64, scale: 
         elif kind == "view":
             op = ("Identity", "Flatten", "UnsqueezeSqueeze")[rng.integers(3)]
             info["bwd_identity"] = bool(rng.random() < 0.5)
-        elif kind == "dropout":
+        elif kind == "dropout" and opset >= 12:  # (ratio and training_mode are inputs from 12)
             op = "Dropout"
             info["mask"] = ("omit", "unread")[rng.integers(2)] if not a.grad else "read"
         if op == "Reshape":
@@ -214,10 +296,12 @@ def build_random_training_graph(seed: int, n_ops: int, dtype=np.float64, scale: 
         if op == "MulConst":
             in_names.append(G.scalar(info["c"]))
         elif op in ("ReduceSum", "ReduceMean"):
-            in_names.append(G.ints([info["axis"]]))
+            G.axes_args(op, in_names, [info["axis"]], attrs)
             attrs["keepdims"] = 1
         elif op == "Split":
-            attrs.update(axis=info["axis"], num_outputs=2)
+            attrs["axis"] = info["axis"]
+            if opset >= 18:  # below: an equal split by the number of outputs
+                attrs["num_outputs"] = 2
         elif op == "Reshape":
             in_names.append(_reshape_target(G, f"fwd_{i}", a, outs_shapes[0]) if info["computed"]
                             else G.ints(outs_shapes[0]))
@@ -226,10 +310,15 @@ def build_random_training_graph(seed: int, n_ops: int, dtype=np.float64, scale: 
         elif op == "Flatten":
             attrs["axis"] = 1
         elif op == "UnsqueezeSqueeze":
-            G.node(f"fwd_{i}u_Unsqueeze", "Unsqueeze", [a.name, G.ints([0])], [f"fwd_{i}u_y0"])
-            in_names = [f"fwd_{i}u_y0", G.ints([0])]
+            u_in, u_attrs = [a.name], {}
+            G.axes_args("Unsqueeze", u_in, [0], u_attrs)
+            G.node(f"fwd_{i}u_Unsqueeze", "Unsqueeze", u_in, [f"fwd_{i}u_y0"], **u_attrs)
+            in_names = [f"fwd_{i}u_y0"]
+            G.axes_args("Squeeze", in_names, [0], attrs)
         elif op == "Dropout":
-            in_names += [G.scalar(0.5), G.bool_true()]
+            # ratio: T1 has no bfloat16 below opset 22
+            ratio = G.scalar(0.5, np.float32) if G.dtype.name == "bfloat16" and opset < 22 else G.scalar(0.5)
+            in_names += [ratio, G.bool_true()]
             attrs["seed"] = seed % 1000 + i
             if info["mask"] != "omit":
                 out_names.append(f"{name}_mask")
@@ -281,7 +370,9 @@ def build_random_training_graph(seed: int, n_ops: int, dtype=np.float64, scale: 
         axes = [ax for ax in (0, 1) if shape[ax] == 1 and out_shape[ax] > 1]
         if not axes:
             return g
-        return G.bwd("ReduceSum", [g, G.ints(axes)], doc, keepdims=1)
+        ins, attrs = [g], {"keepdims": 1}
+        G.axes_args("ReduceSum", ins, axes, attrs)
+        return G.bwd("ReduceSum", ins, doc, **attrs)
 
     for name, red, t in loss_terms:
         if not t.grad:
@@ -298,8 +389,7 @@ def build_random_training_graph(seed: int, n_ops: int, dtype=np.float64, scale: 
                 dy = G.bwd("Div", [dy, size], doc)
             elif red == "ReduceMean":
                 dy = G.bwd("Mul", [dy, G.scalar(1.0 / (t.shape[0] * t.shape[1]))], doc)
-            target = G.bwd("Shape", [t.name], doc) if from_shape else G.ints(t.shape)
-            add_grad(t, G.bwd("Expand", [dy, target], doc))
+            add_grad(t, G.bwd_expand(dy, t.shape, doc, shape_of=t.name if from_shape else None))
 
     for idx, op, ins, outs, info in reversed(fwd):
         if not any(t.grad for t in ins):
@@ -348,7 +438,7 @@ def build_random_training_graph(seed: int, n_ops: int, dtype=np.float64, scale: 
                 add_grad(b, G.bwd("MatMul", [G.bwd("Transpose", [a.name], doc, perm=[1, 0]), dy], doc))
         elif op in ("ReduceSum", "ReduceMean"):
             a = ins[0]
-            g = G.bwd("Expand", [dy, G.ints(a.shape)], doc)
+            g = G.bwd_expand(dy, a.shape, doc)
             if op == "ReduceMean":
                 g = G.bwd("Mul", [g, G.scalar(1.0 / a.shape[info["axis"]])], doc)
             add_grad(a, g)
@@ -377,8 +467,9 @@ def build_random_training_graph(seed: int, n_ops: int, dtype=np.float64, scale: 
     g.input.append(helper.make_tensor_value_info("tangent_loss", G.elem, []))
     g.output.append(helper.make_tensor_value_info("loss", G.elem, []))
     g.output.extend(helper.make_tensor_value_info(f"{p.name}_grad", G.elem, list(p.shape)) for p in params)
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", OPSET)],
-                             ir_version=IR_VERSION, producer_name="tests.randgraph")
+    opset_id = helper.make_opsetid("", opset)
+    ir_version = IR_VERSION if opset == OPSET else max(helper.find_min_ir_version_for([opset_id]), MIN_IR_VERSION)
+    return helper.make_model(g, opset_imports=[opset_id], ir_version=ir_version, producer_name="tests.randgraph")
 
 
 def param_names(model: onnx.ModelProto) -> list[str]:
@@ -386,7 +477,8 @@ def param_names(model: onnx.ModelProto) -> list[str]:
 
 
 def random_feeds(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
-    """Random inputs for a randgraph model (``tangent_loss`` = 1)."""
+    """Random inputs for a randgraph model (``tangent_loss`` = 1), in each input's dtype
+    (ml_dtypes' bfloat16 for bfloat16 inputs)."""
     rng = np.random.default_rng(seed)
     feeds = {}
     for vi in model.graph.input:
@@ -400,7 +492,7 @@ def random_feeds(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]
     return feeds
 
 
-def training_graphs(min_ops: int = 1, max_ops: int = 16, dtype=np.float64):
+def training_graphs(min_ops: int = 1, max_ops: int = 16, dtype=np.float64, opset: int = OPSET):
     """Hypothesis strategy of random training graphs (shrinks towards small seeds/sizes)."""
     from hypothesis import strategies as st
 
@@ -409,4 +501,5 @@ def training_graphs(min_ops: int = 1, max_ops: int = 16, dtype=np.float64):
         seed=st.integers(0, 2**32 - 1),
         n_ops=st.integers(min_ops, max_ops),
         dtype=st.just(dtype),
+        opset=st.just(opset),
     )
