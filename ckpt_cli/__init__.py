@@ -7,13 +7,15 @@ The library is a one-way pipeline of small stages, each a function over a
 
 ``ckpt_cli.api`` runs it in one call per command, on a path or an ``onnx.ModelProto``
 (``inspect_model``, ``plan_model``, ``rewrite_model``, ``check_models``, re-exported
-here); ``session_options(path)`` gives the ``onnxruntime.SessionOptions`` a written
+here), each taking its options as one frozen value (``ckpt_cli.options``: AnalysisOptions,
+PlanOptions, RewriteOptions, CheckOptions) or as keywords; ``session_options(path)`` gives the ``onnxruntime.SessionOptions`` a written
 model needs. The ``ckpt`` command line is a thin layer over these functions.
 """
 
 from .version import __version__
 
-_API = ("inspect_model", "plan_model", "sweep_model", "rewrite_model", "check_models", "CheckOptions")
+_API = ("inspect_model", "plan_model", "sweep_model", "rewrite_model", "check_models", "CheckOptions",
+        "AnalysisOptions", "PlanOptions", "RewriteOptions")
 
 __all__ = [*_API, "session_options", "__version__"]
 

@@ -34,12 +34,13 @@ from .io.load import load_graph
 from .planning.budget import Planned
 from .rewrite.select import make_plan, plan_cost, plan_notes, plan_rows, rewrite_plan
 from .planning.decision import Decision
+from .options import AnalysisOptions, CheckOptions, PlanOptions, RewriteOptions
 from .planning.plan import Policy
 from .report.model import Source, check_report, inspect_report, plan_report, planning_section, rewrite_report
 from .rewrite import RewriteResult, without_mem_pattern
 from .io.save import check_output_path, save_model
 from .verify.settings import settings_snippet
-from .verify.stage import DEFAULT_MAX_PREDICTION_ERROR, PROCESS_PEAK_MIN_BLOCK, CheckFigures, Prediction, check_files
+from .verify.stage import PROCESS_PEAK_MIN_BLOCK, CheckFigures, Prediction, check_files
 from .io.written import to_model
 
 ModelInput = Union[str, Path, onnx.ModelProto]
@@ -73,17 +74,17 @@ def load_input(model: ModelInput) -> Loaded:
     return Loaded(graph, Source.of_file(path), path, path.parent)
 
 
-def analyse_input(loaded: Loaded, dims: dict[str, int] | None = None, loss: str | None = None,
-                  grad_outputs: list[str] | None = None) -> Analysis:
+def analyse_input(loaded: Loaded, analysis: AnalysisOptions | None = None) -> Analysis:
     """``analyse`` with the option checks every command shares."""
-    dims = dict(dims or {})
+    analysis = (analysis or AnalysisOptions()).validate()
+    dims = dict(analysis.dims)
     known = symbolic_dims(loaded.graph)  # 0.07 s at 100k nodes
     unknown = set(dims) - known
     if unknown:
         have = ", ".join(sorted(known)) or "none"
         raise UsageError(f"--dim {sorted(unknown)[0]}: no such symbolic dimension in the model (it has: {have})")
     bound, defaulted = resolve_dims(loaded.graph, dims)
-    outputs = list(grad_outputs) if grad_outputs else None
+    loss, outputs = analysis.loss, list(analysis.grad_outputs) or None
     if not defaulted:
         return analyse(loaded.graph, bound, loss, outputs)
     tensors = infer_tensors(loaded.graph, bound)
@@ -92,6 +93,15 @@ def analyse_input(loaded: Loaded, dims: dict[str, int] | None = None, loss: str 
         bound.update(tied)
         tensors = infer_tensors(loaded.graph, bound)
     return analyse(loaded.graph, bound, loss, outputs, tensors, default_dims=defaulted)
+
+
+_ANALYSIS_KEYWORDS = ("dims", "loss", "grad_outputs")
+
+
+def _split_keywords(keywords: dict) -> tuple[AnalysisOptions | None, dict]:
+    """The keyword form of a call: its analysis options, and the rest."""
+    given = {k: keywords.pop(k) for k in _ANALYSIS_KEYWORDS if k in keywords}
+    return (AnalysisOptions.of(**given) if given else None), keywords
 
 
 # ----------------------------------------------------------------------------- inspect
@@ -106,12 +116,13 @@ class InspectResult:
         return self.report
 
 
-def inspect_model(model: ModelInput, *, dims: dict[str, int] | None = None, loss: str | None = None,
-                  grad_outputs: list[str] | None = None) -> InspectResult:
-    """Phases, stashed activations and the predicted peak under both ORT orders."""
+def inspect_model(model: ModelInput, options: AnalysisOptions | None = None, **keywords) -> InspectResult:
+    """Phases, stashed activations and the predicted peak under both ORT orders.
+    ``options`` (or the keywords ``dims``, ``loss``, ``grad_outputs``): how to read the graph."""
+    options = options or AnalysisOptions.of(**keywords)
     loaded = load_input(model)
-    a = analyse_input(loaded, dims, loss, grad_outputs)
-    report = inspect_report(a, loaded.source, _analysis_options(dims, loss, grad_outputs))
+    a = analyse_input(loaded, options)
+    report = inspect_report(a, loaded.source, options.to_json())
     scaled = scaling(a)
     report["scaling"] = scaled.to_json() if scaled else None
     return InspectResult(a, report)
@@ -127,16 +138,6 @@ def _scaling_report(a: Analysis, planned: Planned | None, replan: Callable[[Anal
     names = [n.name for n in a.graph.nodes]
     regions = [p.plan.to_json(names)["regions"] if p and p.plan else None for p in (planned, again)]
     return {**scaled.to_json(), "same_plan_at_doubled_dims": regions[0] == regions[1]}
-
-
-def _policy_options(policy: Policy | None) -> dict:
-    return {"recompute_ops": sorted(policy.recompute_ops) if policy else [],
-            "keep_ops": sorted(policy.keep_ops) if policy else []}
-
-
-def _analysis_options(dims, loss, grad_outputs) -> dict:
-    return {"dims": [f"{k}={v}" for k, v in (dims or {}).items()], "loss": loss,
-            "grad_outputs": list(grad_outputs or [])}
 
 
 # ----------------------------------------------------------------------------- plan
@@ -158,42 +159,44 @@ class PlanResult:
         return self.report
 
 
-def plan_model(model: ModelInput, *, auto: str | None = None, budget: str | None = None,
-               policy: Policy | None = None, dims: dict[str, int] | None = None, loss: str | None = None,
-               grad_outputs: list[str] | None = None, output: str | Path | None = None, force: bool = False,
-               progress: Callable[[str], None] | None = None) -> PlanResult:
-    """Choose regions (``auto``: layers, sqrt, balanced, budget, optimal; ``budget``: '2GiB'
-    or '40%'; ``policy``: per-op rules) and explain the choice; with ``output``, write the
-    plan file there."""
+def plan_model(model: ModelInput, options: PlanOptions | None = None, *, analysis: AnalysisOptions | None = None,
+               output: str | Path | None = None, force: bool = False,
+               progress: Callable[[str], None] | None = None, **keywords) -> PlanResult:
+    """Choose regions (``options``, or its keywords: ``auto`` = layers, sqrt, balanced,
+    budget, optimal; ``budget`` = '2GiB' or '40%'; ``policy`` = per-op rules) and explain the
+    choice; with ``output``, write the plan file there."""
     from .io.save import write_text_atomic
     import json
 
+    given, keywords = _split_keywords(keywords)
+    analysis = analysis or given or AnalysisOptions()
+    options = (options or PlanOptions.of(**keywords)).validate()
     loaded = load_input(model)
-    a = analyse_input(loaded, dims, loss, grad_outputs)
+    a = analyse_input(loaded, analysis)
     if output is not None:
         check_output_path(Path(output), loaded.path, force)
-    planned = make_plan(a, auto, budget, progress=progress, policy=policy)
+    planned = make_plan(a, options, progress=progress)
     result = rewrite_plan(a, planned)
-    options = {"auto": auto, "budget": budget, **_policy_options(policy), **_analysis_options(dims, loss, grad_outputs)}
     report = plan_report(a, loaded.source, planned, result, plan_rows(a, planned, result),
-                         str(output) if output else None, options)
-    report["scaling"] = _scaling_report(a, planned, lambda d: make_plan(d, auto, budget, policy=policy), scaling(a))
+                         str(output) if output else None, {**options.to_json(), **analysis.to_json()})
+    report["scaling"] = _scaling_report(a, planned, lambda d: make_plan(d, options), scaling(a))
     if output is not None:
         write_text_atomic(Path(output), json.dumps(report["plan"], indent=2) + "\n")
     return PlanResult(a, planned, result, report)
 
 
 def sweep_model(model: ModelInput, *, svg: str | Path | None = None, policy: Policy | None = None,
-                dims: dict[str, int] | None = None, loss: str | None = None,
-                grad_outputs: list[str] | None = None) -> dict:
+                analysis: AnalysisOptions | None = None, **keywords) -> dict:
     """``ckpt plan --sweep``: predicted peak against recompute share over the min-cut
     front (each point a real rewrite), as a report; with ``svg``, the chart there too."""
     from .planning.sweep import sweep_points
     from .report.sweep_view import sweep_report, sweep_svg
     from .io.save import write_text_atomic
 
+    given, _ = _split_keywords(keywords)
+    analysis = analysis or given or AnalysisOptions()
     loaded = load_input(model)
-    a = analyse_input(loaded, dims, loss, grad_outputs)
+    a = analyse_input(loaded, analysis)
     policy = policy or Policy()
     points = sweep_points(a, lambda p: plan_cost(a, p), policy)
     notes = [policy.describe()] if policy else []
@@ -201,8 +204,8 @@ def sweep_model(model: ModelInput, *, svg: str | Path | None = None, policy: Pol
         name = loaded.path.name if loaded.path else "model"
         write_text_atomic(Path(svg), sweep_svg(points, f"{name}: predicted peak against recompute"))
         notes.append(f"chart written to {svg}")
-    options = {"sweep": True, "svg": str(svg) if svg else None, **_policy_options(policy),
-               **_analysis_options(dims, loss, grad_outputs)}
+    options = {"sweep": True, "svg": str(svg) if svg else None, **PlanOptions(policy=policy).policy_json(),
+               **analysis.to_json()}
     return sweep_report(a, loaded.source, points, options, notes)
 
 
@@ -220,27 +223,6 @@ class CheckResult:
 
     def to_json(self) -> dict:
         return self.report
-
-
-@dataclass
-class CheckOptions:
-    """How ``check_models`` (and ``rewrite_model(check=...)``) run ONNX Runtime."""
-
-    provider: str = "auto"
-    runs: int = 3
-    seed: int = 0
-    feeds_file: Path | None = None
-    python: str | None = None
-    rtol: float | None = None
-    atol: float | None = None
-    timeout: float | None = 600.0
-    max_prediction_error: float = DEFAULT_MAX_PREDICTION_ERROR
-
-    def to_json(self) -> dict:
-        return {"provider": self.provider, "runs": self.runs, "seed": self.seed,
-                "feeds": str(self.feeds_file) if self.feeds_file else None, "python": self.python,
-                "rtol": self.rtol, "atol": self.atol, "timeout": self.timeout,
-                "max_prediction_error": self.max_prediction_error}
 
 
 def predict(a: Analysis, reuse_buffers: bool, plain: bool = False) -> Prediction:
@@ -265,20 +247,24 @@ def _on_disk(model: ModelInput, folder: Path, name: str) -> Path:
     return path
 
 
-def check_models(original: ModelInput, rewritten: ModelInput, *, dims: dict[str, int] | None = None,
-                 loss: str | None = None, grad_outputs: list[str] | None = None,
-                 options: CheckOptions | None = None) -> CheckResult:
+def check_models(original: ModelInput, rewritten: ModelInput, *, analysis: AnalysisOptions | None = None,
+                 options: CheckOptions | None = None, **keywords) -> CheckResult:
     """Run both models on ONNX Runtime and judge the rewrite: outputs, measured peak, the
     executed order and the prediction. In-memory models are written to a temporary folder
-    first, so what runs is always the bytes a user would save."""
-    options = options or CheckOptions()
+    first, so what runs is always the bytes a user would save. ``analysis`` (or the keywords
+    ``dims``, ``loss``, ``grad_outputs``): how to read both graphs."""
+    given, rest = _split_keywords(keywords)
+    if rest:
+        raise TypeError(f"check_models() got an unexpected keyword argument {sorted(rest)[0]!r}")
+    analysis = analysis or given or AnalysisOptions()
+    options = (options or CheckOptions()).validate()
     with tempfile.TemporaryDirectory(prefix="ckpt_check_") as tmp:
         paths = {"original": _on_disk(original, Path(tmp), "original.onnx"),
                  "rewritten": _on_disk(rewritten, Path(tmp), "rewritten.onnx")}
-        analysed = {k: analyse_input(load_input(p), dims, loss, grad_outputs) for k, p in paths.items()}
+        analysed = {k: analyse_input(load_input(p), analysis) for k, p in paths.items()}
         figures = _check_paths(paths, analysed, dict(analysed["original"].dims), options)
     report = check_report(_source(original), _source(rewritten), figures.to_json(),
-                          {**options.to_json(), "dims": [f"{k}={v}" for k, v in (dims or {}).items()]})
+                          {**options.to_json(), "dims": analysis.to_json()["dims"]})
     return CheckResult(figures, report)
 
 
@@ -335,76 +321,79 @@ class RewriteModelResult:
         return self.report
 
 
-def rewrite_model(model: ModelInput, output: str | Path | None = None, *, force: bool = False,
-                  regions: list[str] | None = None, regions_by_scope: str | None = None,
-                  boundaries: list[str] | None = None, plan: str | Path | None = None,
-                  auto: str | None = None, budget: str | None = None, no_recompute: bool = False,
-                  pin: bool = True, keep_mem_pattern: bool = False, policy: Policy | None = None,
-                  dims: dict[str, int] | None = None, loss: str | None = None, grad_outputs: list[str] | None = None,
-                  check: bool | CheckOptions = False, progress: Callable[[str], None] | None = None,
-                  ort_optimize: str | None = None) -> RewriteModelResult:
+def rewrite_model(model: ModelInput, output: str | Path | None = None, options: RewriteOptions | None = None, *,
+                  analysis: AnalysisOptions | None = None, force: bool = False, check: bool | CheckOptions = False,
+                  progress: Callable[[str], None] | None = None, **keywords) -> RewriteModelResult:
     """Rewrite a training graph to recompute activations instead of stashing them.
 
-    Regions come from ``regions`` (globs or ``re:`` regexes over node names),
-    ``regions_by_scope``, ``boundaries`` ('IN1,IN2:OUT1'), a ``plan`` file, ``auto`` or
-    ``budget``; with none, the lowest-peak plan. ``pin`` holds the written order in the
-    data flow (guard nodes), so that any ORT session runs it; unless ``keep_mem_pattern``, it
-    also turns ORT's memory pattern off where that predicts a lower plain-session peak (an
-    optional input nobody feeds, ``rewrite/mem_pattern.py``). The rewritten ModelProto is in
-    the result; it is written only when ``output`` is given (atomically, never over the
-    input). ``check`` (True or CheckOptions) runs both models on ONNX Runtime.
-    ``ort_optimize`` ("cpu" or "cuda") then lets ORT fuse the rewritten graph for that
-    provider (ORT_ENABLE_EXTENDED) and writes ORT's graph, re-sorted and re-simulated."""
-    regions, boundaries = list(regions or []), list(boundaries or [])
-    if ort_optimize not in (None, "cpu", "cuda"):
-        raise UsageError(f"--ort-optimize {ort_optimize}: choose cpu or cuda")
-    if no_recompute and (regions or regions_by_scope or boundaries or plan or auto or budget):
-        raise UsageError("--no-recompute takes no region options")
+    ``options`` (or its keywords): regions come from ``regions`` (globs or ``re:`` regexes
+    over node names), ``regions_by_scope``, ``boundaries`` ('IN1,IN2:OUT1'), a ``plan``
+    file, ``auto`` or ``budget``; with none, the lowest-peak plan. ``pin`` holds the written
+    order in the data flow (guard nodes), so that any ORT session runs it; unless
+    ``keep_mem_pattern``, it also turns ORT's memory pattern off where that predicts a lower
+    plain-session peak (an optional input nobody feeds, ``rewrite/mem_pattern.py``). The
+    rewritten ModelProto is in the result; it is written only when ``output`` is given
+    (atomically, never over the input). ``check`` (True or CheckOptions) runs both models
+    on ONNX Runtime. ``ort_optimize`` ("cpu" or "cuda") then lets ORT fuse the rewritten
+    graph for that provider (ORT_ENABLE_EXTENDED) and writes ORT's graph, re-sorted and
+    re-simulated."""
+    given, keywords = _split_keywords(keywords)
+    analysis = analysis or given or AnalysisOptions()
+    options = (options or RewriteOptions.of(**keywords)).validate()
     loaded = load_input(model)
     if output is not None:
         check_output_path(Path(output), loaded.path, force)
-    a = analyse_input(loaded, dims, loss, grad_outputs)
-    planned = None if no_recompute else make_plan(a, auto, budget, regions, regions_by_scope, boundaries,
-                                                   Path(plan) if plan else None, progress=progress, policy=policy,
-                                                   pin=pin)
+    a = analyse_input(loaded, analysis)
+    out = _rewritten(a, loaded, options, analysis, output, progress)
+    if check:
+        out.check = _check_rewrite(model, loaded, a, out, check if isinstance(check, CheckOptions)
+                                   else CheckOptions())
+        out.report["check"] = out.check.to_json()
+    return out
+
+
+def _rewritten(a: Analysis, loaded: Loaded, options: RewriteOptions, analysis: AnalysisOptions,
+               output: str | Path | None, progress: Callable[[str], None] | None) -> RewriteModelResult:
+    """Plan, rewrite, write (when ``output``) and report."""
+    replan = None if options.no_recompute else (lambda d: make_plan(d, options.plan, pin=options.pin))
+    planned = None if options.no_recompute else make_plan(a, options.plan, progress=progress, pin=options.pin)
     chosen = planned.plan if planned else None
-    result = rewrite_plan(a, planned, pin)
-    if pin and not keep_mem_pattern:
+    result = rewrite_plan(a, planned, options.pin)
+    if options.pin and not options.keep_mem_pattern:
         result = without_mem_pattern(result)
-    options = {"regions": regions, "regions_by_scope": regions_by_scope, "boundaries": boundaries,
-               "plan": str(plan) if plan else None, "no_recompute": no_recompute, "pin": pin,
-               "keep_mem_pattern": keep_mem_pattern, "auto": auto,
-               "budget": budget, "ort_optimize": ort_optimize, **_policy_options(policy),
-               **_analysis_options(dims, loss, grad_outputs)}
+    recorded = {**options.to_json(), **analysis.to_json()}
     scaled = scaling(a)
     shapes = symbolic_shapes(result.graph, result.after.tensors, scaled) if scaled else None
-    rewritten = to_model(result, _provenance(options, result, chosen), shapes)
-    optimized, notes = None, plan_notes(chosen, result)
-    if ort_optimize is not None and result.session == "ort_default":
-        # A graph written unchanged runs under ORT's defaults, which optimize it themselves.
-        notes.append("--ort-optimize: nothing to optimize offline, the graph is written unchanged for ORT's defaults")
-    elif ort_optimize is not None:
-        rewritten, result, written, optimized = _ort_optimized(rewritten, result, a, ort_optimize, loaded, output)
-    if optimized is None:
-        written = save_model(rewritten, Path(output), source_dir=loaded.data_dir) if output is not None else []
+    rewritten = to_model(result, _provenance(recorded, result, chosen), shapes)
+    notes = plan_notes(chosen, result)
+    rewritten, result, written, optimized, more = _written(rewritten, result, a, loaded, options, output)
     report = rewrite_report(a, loaded.source, result, str(written[0]) if written else None,
-                            chosen.to_json([n.name for n in a.graph.nodes]) if chosen else None, notes,
-                            settings_snippet(ort_optimize if optimized else "cpu", result.mem_reuse,
+                            chosen.to_json([n.name for n in a.graph.nodes]) if chosen else None, notes + more,
+                            settings_snippet(options.ort_optimize if optimized else "cpu", result.mem_reuse,
                                              str(written[0]) if written else None, result.session,
                                              result.pattern_off.input if result.pattern_off else None),
-                            options)
+                            recorded)
     report["ort_optimize"] = optimized.to_json() if optimized else None
-    report["scaling"] = _scaling_report(a, planned, lambda d: None if no_recompute else make_plan(
-        d, auto, budget, regions, regions_by_scope, boundaries, Path(plan) if plan else None, policy=policy, pin=pin),
-        scaled)
+    report["scaling"] = _scaling_report(a, planned, replan or (lambda d: None), scaled)
     if planned is not None:
         report["planning"] = planning_section(a, planned, result, plan_rows(a, planned, result))
-    out = RewriteModelResult(rewritten, result, a, planned, report, written)
-    if check:
-        out.check = _check_rewrite(model, loaded, a, out, dims, check if isinstance(check, CheckOptions)
-                                   else CheckOptions())
-        report["check"] = out.check.to_json()
-    return out
+    return RewriteModelResult(rewritten, result, a, planned, report, written)
+
+
+def _written(rewritten: onnx.ModelProto, result: RewriteResult, a: Analysis, loaded: Loaded,
+             options: RewriteOptions, output: str | Path | None):
+    """The model as written (ORT's optimization of it with ``ort_optimize``), the files
+    written, ORT's optimization record and notes."""
+    optimized, notes = None, []
+    if options.ort_optimize is not None and result.session == "ort_default":
+        # A graph written unchanged runs under ORT's defaults, which optimize it themselves.
+        notes.append("--ort-optimize: nothing to optimize offline, the graph is written unchanged for ORT's defaults")
+    elif options.ort_optimize is not None:
+        rewritten, result, written, optimized = _ort_optimized(rewritten, result, a, options.ort_optimize, loaded,
+                                                               output)
+    if optimized is None:
+        written = save_model(rewritten, Path(output), source_dir=loaded.data_dir) if output is not None else []
+    return rewritten, result, written, optimized, notes
 
 
 def _ort_optimized(rewritten: onnx.ModelProto, result: RewriteResult, a: Analysis, provider: str, loaded: Loaded,
@@ -422,7 +411,7 @@ def _ort_optimized(rewritten: onnx.ModelProto, result: RewriteResult, a: Analysi
     return model, optimized.result, written, optimized
 
 
-def _check_rewrite(model: ModelInput, loaded: Loaded, a: Analysis, out: RewriteModelResult, dims,
+def _check_rewrite(model: ModelInput, loaded: Loaded, a: Analysis, out: RewriteModelResult,
                    options: CheckOptions) -> CheckFigures:
     """Check the rewrite as written: the output file when there is one, else the model
     saved to a temporary folder. The written file is analysed afresh (shapes reused)."""

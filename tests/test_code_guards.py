@@ -33,20 +33,13 @@ LONG = {
     "report/svg.py:memory_chart_svg": 63,
 }
 WIDE = {
-    "cli/commands.py:rewrite": 31,
-    "api.py:rewrite_model": 19,
-    "cli/commands.py:check": 17,
     "verify/stage.py:check_files": 16,
-    "cli/commands.py:plan": 15,
     "verify/driver.py:run_model": 14,
     "verify/driver.py:check_pair": 14,
     "verify/driver.py:_run_to_run_spread": 11,
-    "rewrite/select.py:make_plan": 10,
     "planning/search.py:search_limits": 10,
     "planning/cutsearch.py:_aim_richer": 10,
-    "api.py:plan_model": 10,
     "planning/milp.py:solve_binary": 9,
-    "cli/options.py:check_options_value": 9,
     "analysis/__init__.py:analyse": 9,
 }
 

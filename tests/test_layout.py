@@ -21,7 +21,7 @@ STAGES: tuple[tuple[str, ...], ...] = (
      "io"),
     ("io.load", "ort.expand", "io.external", "io.serialize"),  # serialize: the file bytes, read and written
     ("analysis",),
-    ("planning",),
+    ("planning", "options"),  # options: what a command is asked, as values (a plan's policy among them)
     ("rewrite",),
     ("io.save", "io.safewrite", "io.written", "ort.optimize"),  # ort.optimize: saves, has ORT optimize, loads back
     ("verify",),

@@ -5,6 +5,6 @@ define them, ``options.py`` the options they share."""
 
 from __future__ import annotations
 
-from .main import EXIT_BROKEN_PIPE, main
+from .main import EXIT_BROKEN_PIPE, CkptGroup, main
 
-__all__ = ["main", "EXIT_BROKEN_PIPE"]
+__all__ = ["main", "CkptGroup", "EXIT_BROKEN_PIPE"]

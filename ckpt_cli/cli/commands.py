@@ -8,15 +8,15 @@ from pathlib import Path
 import click
 
 from ..errors import UsageError
-from .options import (analysis_options, auto_options, busy, check_options, check_options_value, emit, renderer,
-                      parse_dims, policy_from, policy_options, protect_report, report_options)
+from .options import (analysis_options, analysis_value, auto_options, busy, check_options, check_value, emit,
+                      plan_value, policy_options, protect_report, renderer, report_options, rewrite_value)
 
 
 @click.command()
 @click.argument("model", type=click.Path(path_type=Path))
 @analysis_options
 @report_options
-def inspect(model: Path, dims, loss, grad_outputs, as_json, report_path, quiet) -> None:
+def inspect(model: Path, **given) -> None:
     """Analyse a training graph and predict its peak memory.
 
     Classifies nodes as forward or backward, lists the activations stashed for the
@@ -30,8 +30,9 @@ def inspect(model: Path, dims, loss, grad_outputs, as_json, report_path, quiet) 
     """
     from ..api import inspect_model
 
+    as_json, report_path, quiet = given.pop("as_json"), given.pop("report_path"), given.pop("quiet")
     protect_report(report_path, model)
-    result = inspect_model(model, dims=parse_dims(dims), loss=loss, grad_outputs=list(grad_outputs))
+    result = inspect_model(model, analysis_value(given))
     emit(result.to_json(), renderer("render", "render_inspect"), as_json, report_path, quiet, (model,))
 
 
@@ -69,11 +70,7 @@ def default_output(model: Path) -> Path:
 @check_options
 @analysis_options
 @report_options
-def rewrite(model: Path, output, force, patterns, scope, boundaries, plan_file, no_recompute, pin, keep_mem_pattern,
-            ort_optimize,
-            auto, budget,
-            recompute_ops, keep_ops, run_the_check, provider, runs, seed, feeds_file, python, rtol, atol, timeout, max_prediction_error,
-            dims, loss, grad_outputs, as_json, report_path, quiet) -> None:
+def rewrite(model: Path, **given) -> None:
     """Rewrite a training graph to recompute activations instead of stashing them.
 
     Marked regions of the forward pass keep only their inputs for the backward pass;
@@ -94,32 +91,31 @@ def rewrite(model: Path, output, force, patterns, scope, boundaries, plan_file, 
     """
     from ..api import rewrite_model
 
-    output = _output_file(output or default_output(model), model)
-    protect_report(report_path, model, output, plan_file)
-    check = check_options_value(provider, runs, seed, feeds_file, python, rtol, atol, timeout,
-                                max_prediction_error) if run_the_check else False
+    as_json, report_path, quiet = given.pop("as_json"), given.pop("report_path"), given.pop("quiet")
+    output = _output_file(given.pop("output") or default_output(model), model)
+    force, run_the_check = given.pop("force"), given.pop("run_the_check")
+    check = check_value(given) if run_the_check else False
+    analysis, options = analysis_value(given), rewrite_value(given)
+    protect_report(report_path, model, output, options.plan.plan_file)
+    searching = options.plan.auto or options.plan.budget
     with busy("planning" + (", then checking on ONNX Runtime" if run_the_check else ""),
               quiet or as_json) as status:
-        result = rewrite_model(model, output, force=force, regions=list(patterns), regions_by_scope=scope,
-                               boundaries=list(boundaries), plan=plan_file, auto=auto, budget=budget,
-                               no_recompute=no_recompute, pin=pin, keep_mem_pattern=keep_mem_pattern, policy=policy_from(recompute_ops, keep_ops),
-                               dims=parse_dims(dims), loss=loss,
-                               grad_outputs=list(grad_outputs), check=check, ort_optimize=ort_optimize,
-                               progress=status.update if status is not None and (auto or budget) else None)
-
-    def render(r, console):
-        from ..report.plan_view import render_explanations
-        from ..report.render import render_check, render_rewrite
-
-        render_rewrite(r, console)
-        if "planning" in r and (r["options"]["auto"] or r["options"]["budget"]):
-            render_explanations(r["planning"]["explanations"], console)
-        if "check" in r:
-            render_check({**r["check"], "model": r["model"], "rewritten_model": r["output"]}, console)
-
-    emit(result.to_json(), render, as_json, report_path, quiet, (model, output, plan_file))
+        result = rewrite_model(model, output, options, analysis=analysis, force=force, check=check,
+                               progress=status.update if status is not None and searching else None)
+    emit(result.to_json(), _render_rewrite, as_json, report_path, quiet, (model, output, options.plan.plan_file))
     if result.check is not None and not result.check.passed:
         sys.exit(1)
+
+
+def _render_rewrite(r: dict, console) -> None:
+    from ..report.plan_view import render_explanations
+    from ..report.render import render_check, render_rewrite
+
+    render_rewrite(r, console)
+    if "planning" in r and (r["options"]["auto"] or r["options"]["budget"]):
+        render_explanations(r["planning"]["explanations"], console)
+    if "check" in r:
+        render_check({**r["check"], "model": r["model"], "rewritten_model": r["output"]}, console)
 
 
 def _output_file(output: str | Path, model: Path) -> Path:
@@ -142,8 +138,7 @@ def _output_file(output: str | Path, model: Path) -> Path:
 @click.option("--svg", type=click.Path(dir_okay=False, path_type=Path), help="With --sweep: write the chart as SVG.")
 @analysis_options
 @report_options
-def plan(model: Path, output, force, auto, budget, recompute_ops, keep_ops, sweep, svg, dims, loss, grad_outputs,
-         as_json, report_path, quiet) -> None:
+def plan(model: Path, **given) -> None:
     """Choose checkpoint regions automatically and explain the choice, without rewriting.
 
     Strategies: layers (one region per repeated layer), sqrt (about sqrt(n) segments cut
@@ -159,26 +154,32 @@ def plan(model: Path, output, force, auto, budget, recompute_ops, keep_ops, swee
       ckpt rewrite sample_models/gpt.onnx --plan plan.json -o gpt.ckpt.onnx
       ckpt plan model.onnx --auto balanced --json | jq '.explanations[:5]'
     """
-    from ..api import plan_model, sweep_model
+    from ..api import plan_model
 
+    as_json, report_path, quiet = given.pop("as_json"), given.pop("report_path"), given.pop("quiet")
+    output, force, sweep, svg = given.pop("output"), given.pop("force"), given.pop("sweep"), given.pop("svg")
     protect_report(report_path, model, output, svg)
-    policy = policy_from(recompute_ops, keep_ops)
+    analysis, options = analysis_value(given), plan_value(given)
     if sweep:
-        from ..report.sweep_view import render_sweep
-
-        protect_report(svg, model)
-        with busy("sweeping the min-cut front", quiet or as_json):
-            report = sweep_model(model, svg=svg, policy=policy, dims=parse_dims(dims), loss=loss,
-                                 grad_outputs=list(grad_outputs))
-        emit(report, render_sweep, as_json, report_path, quiet, (model, svg))
+        _sweep(model, svg, options, analysis, (as_json, report_path, quiet))
         return
     if svg is not None:
         raise UsageError("--svg goes with --sweep")
     with busy("planning", quiet or as_json) as status:
-        result = plan_model(model, auto=auto, budget=budget, policy=policy, dims=parse_dims(dims), loss=loss,
-                            grad_outputs=list(grad_outputs), output=output, force=force,
+        result = plan_model(model, options, analysis=analysis, output=output, force=force,
                             progress=status.update if status is not None else None)
     emit(result.to_json(), renderer("plan_view", "render_plan"), as_json, report_path, quiet, (model, output))
+
+
+def _sweep(model: Path, svg: Path | None, options, analysis, reporting: tuple) -> None:
+    from ..api import sweep_model
+    from ..report.sweep_view import render_sweep
+
+    as_json, report_path, quiet = reporting
+    protect_report(svg, model)
+    with busy("sweeping the min-cut front", quiet or as_json):
+        report = sweep_model(model, svg=svg, policy=options.policy, analysis=analysis)
+    emit(report, render_sweep, as_json, report_path, quiet, (model, svg))
 
 
 @click.command()
@@ -187,8 +188,7 @@ def plan(model: Path, output, force, auto, budget, recompute_ops, keep_ops, swee
 @check_options
 @analysis_options
 @report_options
-def check(original: Path, rewritten: Path, provider, runs, seed, feeds_file, python, rtol, atol, timeout,
-          max_prediction_error, dims, loss, grad_outputs, as_json, report_path, quiet) -> None:
+def check(original: Path, rewritten: Path, **given) -> None:
     """Prove a rewrite on ONNX Runtime: same outputs, less memory, written order kept.
 
     Runs both graphs, each in a fresh child process, with the session settings ckpt
@@ -209,12 +209,11 @@ def check(original: Path, rewritten: Path, provider, runs, seed, feeds_file, pyt
     """
     from ..api import check_models
 
+    as_json, report_path, quiet = given.pop("as_json"), given.pop("report_path"), given.pop("quiet")
     protect_report(report_path, original, rewritten)
-    options = check_options_value(provider, runs, seed, feeds_file, python, rtol, atol, timeout,
-                                  max_prediction_error)
-    with busy(f"running both graphs on ONNX Runtime ({runs} runs each, plus ORT defaults)", quiet or as_json):
-        result = check_models(original, rewritten, dims=parse_dims(dims), loss=loss,
-                              grad_outputs=list(grad_outputs), options=options)
+    options = check_value(given)
+    with busy(f"running both graphs on ONNX Runtime ({options.runs} runs each, plus ORT defaults)", quiet or as_json):
+        result = check_models(original, rewritten, analysis=analysis_value(given), options=options)
     emit(result.to_json(), renderer("render", "render_check"), as_json, report_path, quiet, (original, rewritten))
     if not result.passed:
         sys.exit(1)

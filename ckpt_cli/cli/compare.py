@@ -56,9 +56,7 @@ def compare(inputs, conditions, svg_path, dims, allow_mixed, as_json, report_pat
     """
     from ..report.compare import compare_report, evaluate, load_inputs
     from ..report.conditions import parse_condition
-    from ..report.render import condition_value_text, render_compare
-    from ..report.svg import memory_chart_svg
-    from ..io.save import write_text_atomic
+    from ..report.render import render_compare
 
     parsed = [parse_condition(c) for c in conditions]
     protect_report(report_path, *map(Path, inputs), svg_path)
@@ -72,16 +70,28 @@ def compare(inputs, conditions, svg_path, dims, allow_mixed, as_json, report_pat
     options = {"inputs": list(inputs), "fail_if": list(conditions), "dims": list(dims),
                "svg": str(svg_path) if svg_path else None}
     report = compare_report(loaded, outcomes, options)
-
     if svg_path is not None:
-        title = "Memory over the schedule: " + " vs ".join(i.label for i in charted)
-        write_text_atomic(svg_path, memory_chart_svg([(i.label, i.series) for i in charted],
-                                                     [i.backward_starts_at for i in charted], title))
+        _write_chart(svg_path, charted)
     emit(report, render_compare, as_json, report_path, quiet, (*map(Path, inputs), svg_path))
+    _fail_if_held(outcomes, loaded[-1].label)
+
+
+def _write_chart(svg_path: Path, charted: list) -> None:
+    from ..io.save import write_text_atomic
+    from ..report.svg import memory_chart_svg
+
+    title = "Memory over the schedule: " + " vs ".join(i.label for i in charted)
+    write_text_atomic(svg_path, memory_chart_svg([(i.label, i.series) for i in charted],
+                                                 [i.backward_starts_at for i in charted], title))
+
+
+def _fail_if_held(outcomes: list, label: str) -> None:
+    """Each --fail-if condition that holds, one line on stderr; then exit 1."""
+    from ..report.render import condition_value_text
 
     held = [o for o in outcomes if o.held]
     for o in held:
-        click.echo(f"ckpt: --fail-if '{o.condition.text}' holds on {loaded[-1].label} "
+        click.echo(f"ckpt: --fail-if '{o.condition.text}' holds on {label} "
                    f"({o.condition.operand} = {condition_value_text(o.condition.operand, o.actual)})", err=True)
     if held:
         sys.exit(1)

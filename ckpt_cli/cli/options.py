@@ -89,11 +89,36 @@ def auto_options(f):
     return f
 
 
-def check_options_value(provider, runs, seed, feeds_file, python, rtol, atol, timeout, max_prediction_error):
-    from ..api import CheckOptions
+def analysis_value(given: dict):
+    """The AnalysisOptions of a command's --dim/--loss/--grad-output (taken out of ``given``)."""
+    from ..options import AnalysisOptions
 
-    return CheckOptions(provider=provider, runs=runs, seed=seed, feeds_file=feeds_file, python=python, rtol=rtol,
-                        atol=atol, timeout=timeout, max_prediction_error=max_prediction_error)
+    return AnalysisOptions(parse_dims(given.pop("dims")), given.pop("loss"), tuple(given.pop("grad_outputs")))
+
+
+def plan_value(given: dict):
+    """The PlanOptions of a command's region, strategy and policy options (taken out of ``given``)."""
+    from ..options import PlanOptions
+
+    policy = policy_from(given.pop("recompute_ops"), given.pop("keep_ops"))
+    return PlanOptions(tuple(given.pop("patterns", ())), given.pop("scope", None), tuple(given.pop("boundaries", ())),
+                       given.pop("plan_file", None), given.pop("auto"), given.pop("budget"), policy)
+
+
+def rewrite_value(given: dict):
+    """The RewriteOptions of ``ckpt rewrite``'s options (taken out of ``given``)."""
+    from ..options import RewriteOptions
+
+    return RewriteOptions(plan_value(given), given.pop("no_recompute"), given.pop("pin"),
+                          given.pop("keep_mem_pattern"), given.pop("ort_optimize"))
+
+
+def check_value(given: dict):
+    """The CheckOptions of the check's options (taken out of ``given``)."""
+    from ..options import CheckOptions
+
+    return CheckOptions(**{k: given.pop(k) for k in ("provider", "runs", "seed", "feeds_file", "python", "rtol",
+                                                      "atol", "timeout", "max_prediction_error")})
 
 
 def protect_report(report_path: Path | None, *protected: Path | None) -> None:

@@ -22,15 +22,13 @@ from ..planning.cutsearch import lowest_peak_plan
 from ..planning.decision import NO_GAIN, all_kept
 from ..planning.evaluate import PlanEvaluator, cost_of, intervals_of
 from ..planning.explain import explain
-from ..planning.plan import Policy, apply_policy
+from ..options import PlanOptions
+from ..planning.plan import apply_policy
 from ..planning.search import Intervals
 from ..planning.strategies import LARGE_GRAPH_NODES, STRATEGIES, PlanCost, parse_budget
 from ..units import human_bytes
 from . import RewriteResult, module_shortfall, original_best, original_floor, pinned, rewrite, unchanged
 from .mem_pattern import is_ort_artifact
-
-AUTO_NAMES = ("layers", "sqrt", "balanced", "budget", "optimal")
-
 
 def plan_cost(a: Analysis, plan: Plan) -> PlanCost:
     """The cost model of plan searches: the plan's unpinned rewrite, simulated."""
@@ -42,45 +40,39 @@ def keep_intervals(a: Analysis, plan: Plan) -> Intervals:
     return intervals_of(a, rewrite(a, plan, pin=False))
 
 
+# make_plan's keyword form names two options as the command line's variables did
+_LEGACY_KEYWORDS = {"patterns": "regions", "scope": "regions_by_scope"}
+
+
 @gc_paused
-def make_plan(a: Analysis, auto: str | None = None, budget: str | None = None, patterns=None, scope=None,
-              boundaries=None, plan_file=None, progress: Callable[[str], None] | None = None,
-              policy: Policy | None = None, pin: bool = True) -> Planned:
-    """The plan for these options: user-marked regions, a named strategy, or a budget.
-    ``progress`` hears how a search is going (plans evaluated, best so far). ``policy``
-    (per-op rules) is honoured by every strategy, and judged with it. ``pin``: the graph
-    will be written pinned, so a budget is checked on that."""
-    policy = policy or Policy()
-    manual = bool(patterns or scope or boundaries or plan_file)
-    _check_plan_options(auto, budget, manual)
-    if budget is not None or auto in ("budget", "optimal"):
+def make_plan(a: Analysis, options: PlanOptions | None = None, *, progress: Callable[[str], None] | None = None,
+              pin: bool = True, **keywords) -> Planned:
+    """The plan for ``options`` (or its keywords): user-marked regions, a named strategy, or
+    a budget. ``progress`` hears how a search is going (plans evaluated, best so far). The
+    options' per-op policy is honoured by every strategy, and judged with it. ``pin``: the
+    graph will be written pinned, so a budget is checked on that."""
+    if options is None:
+        options = PlanOptions.of(**{_LEGACY_KEYWORDS.get(k, k): v for k, v in keywords.items()})
+    options.validate()
+    policy = options.policy
+    if options.searches_budget:
         ruled = lambda plan: apply_policy(plan, policy, a.graph)  # noqa: E731
         evaluator = PlanEvaluator(a, rewrite, ruled=ruled, progress=progress)
         write = (lambda planned: rewrite_plan(a, planned)) if pin else None
-        return BudgetSearch(evaluator, auto, policy, write).run(parse_budget(budget, a.priority.peak_bytes))
-    if auto is not None:
-        plan = STRATEGIES[auto](a)
+        return BudgetSearch(evaluator, options.auto, policy, write).run(parse_budget(options.budget,
+                                                                                   a.priority.peak_bytes))
+    if options.auto is not None:
+        plan = STRATEGIES[options.auto](a)
         if plan is None:
-            raise UsageError(f"--auto {auto}: no repeated layers found in this graph; try --auto sqrt")
+            raise UsageError(f"--auto {options.auto}: no repeated layers found in this graph; try --auto sqrt")
         return Planned(apply_policy(plan, policy, a.graph), user=True)
-    if manual:
-        return Planned(apply_policy(choose_plan(a, patterns, scope, boundaries, plan_file), policy, a.graph),
-                       user=True)
+    if options.manual:
+        chosen = choose_plan(a, list(options.regions), options.regions_by_scope, list(options.boundaries),
+                             options.plan_file)
+        return Planned(apply_policy(chosen, policy, a.graph), user=True)
     evaluator = PlanEvaluator(a, rewrite, progress=progress, keep_results=True)
     plan, _ = lowest_peak_plan(a, evaluator.cost, thorough=len(a.graph.nodes) <= LARGE_GRAPH_NODES, policy=policy)
     return Planned(plan, result=evaluator.results.get(id(plan)))
-
-
-def _check_plan_options(auto: str | None, budget: str | None, manual: bool) -> None:
-    if budget is not None and auto not in (None, "budget", "optimal"):
-        raise UsageError(f"--budget goes with --auto budget (the default) or optimal, not --auto {auto}")
-    if (auto or budget) and manual:
-        raise UsageError("--auto/--budget choose regions themselves; drop --region/--regions-by-scope/"
-                         "--boundary/--plan")
-    if budget is None and auto in ("budget", "optimal"):
-        raise UsageError(f"--auto {auto} needs --budget (e.g. --budget 2GiB or --budget 40%)")
-    if auto is not None and budget is None and auto not in STRATEGIES:
-        raise UsageError(f"unknown --auto strategy '{auto}' (choose from {', '.join(AUTO_NAMES)})")
 
 
 @gc_paused

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from ..analysis.shapes import TensorInfo
 from ..errors import ModelError, RunFailed, RuntimeUnavailable, UsageError
+from ..options import DEFAULT_MAX_PREDICTION_ERROR
 from ..ops import VIEW_OPS
 from . import driver
 from .feeds import FeedError, load_feeds, make_feeds, save_feeds
@@ -27,7 +28,6 @@ from .rules import judge
 # Above this error of the plain-session prediction, the check also models ORT's fused graph
 # (one ORT optimization and analysis more) to tell fusions from a memory-model error.
 PLAIN_FUSED_ABOVE = 0.02
-DEFAULT_MAX_PREDICTION_ERROR = 0.10
 
 
 # The check's child processes run with this glibc mmap threshold: smaller blocks come from
