@@ -23,10 +23,9 @@ import onnx
 
 from .version import __version__
 from .analysis import Analysis, analyse, symbolic_dims
-from .analysis.memory import visible_peak
 from .analysis.scaling import Scaling, scaling, symbolic_shapes
 from .analysis.shapes import infer_tensors, resolve_dims, tied_dims
-from .errors import CheckFailed, ModelError, UsageError
+from .errors import ModelError, UsageError
 from .ort.expand import expand_functions
 from .graph import Graph
 from .markers import PROVENANCE_PREFIX
@@ -40,7 +39,7 @@ from .report.model import Source, check_report, inspect_report, plan_report, pla
 from .rewrite import RewriteResult, without_mem_pattern
 from .io.save import check_output_path, save_model
 from .verify.settings import settings_snippet
-from .verify.stage import PROCESS_PEAK_MIN_BLOCK, CheckFigures, Prediction, check_files
+from .verify.stage import CheckFigures, check_analysed
 from .io.written import to_model
 
 ModelInput = Union[str, Path, onnx.ModelProto]
@@ -225,19 +224,6 @@ class CheckResult:
         return self.report
 
 
-def predict(a: Analysis, reuse_buffers: bool, plain: bool = False) -> Prediction:
-    """ckpt's prediction for a graph run with ``enable_mem_reuse = reuse_buffers``; with
-    ``plain``, also in a plain session (what an unmodified ``InferenceSession`` gets)."""
-    from .analysis.pattern import predict_plain
-
-    profile = a.profile(reuse_buffers)
-    return Prediction(profile.activation_peak_bytes, a.arena_in_use(reuse_buffers),
-                      tuple(a.graph.nodes[i].name for i in a.priority.order),
-                      predict_plain(a.graph, a.tensors).peak_in_use_bytes if plain else None,
-                      a.tensors if plain else None, tuple(sorted(a.unsized())),
-                      visible_peak(profile, a.graph, a.tensors, PROCESS_PEAK_MIN_BLOCK))
-
-
 def _on_disk(model: ModelInput, folder: Path, name: str) -> Path:
     """The model's file; an in-memory model is written to ``folder`` first."""
     if not isinstance(model, onnx.ModelProto):
@@ -262,7 +248,7 @@ def check_models(original: ModelInput, rewritten: ModelInput, *, analysis: Analy
         paths = {"original": _on_disk(original, Path(tmp), "original.onnx"),
                  "rewritten": _on_disk(rewritten, Path(tmp), "rewritten.onnx")}
         analysed = {k: analyse_input(load_input(p), analysis) for k, p in paths.items()}
-        figures = _check_paths(paths, analysed, dict(analysed["original"].dims), options)
+        figures = check_analysed(paths, analysed, dict(analysed["original"].dims), options)
     report = check_report(_source(original), _source(rewritten), figures.to_json(),
                           {**options.to_json(), "dims": analysis.to_json()["dims"]})
     return CheckResult(figures, report)
@@ -270,33 +256,6 @@ def check_models(original: ModelInput, rewritten: ModelInput, *, analysis: Analy
 
 def _source(model: ModelInput) -> Source:
     return Source.of_proto(model) if isinstance(model, onnx.ModelProto) else Source.of_file(model)
-
-
-def _same_outputs(original: Graph, rewritten: Graph) -> None:
-    """A rewrite has the original's outputs: outputs compared one by one need the same names."""
-    a, b = set(original.outputs), set(rewritten.outputs)
-    if a != b:
-        only = [f"only the {side} has {', '.join(sorted(names)[:5])}"
-                for side, names in (("original", a - b), ("rewritten model", b - a)) if names]
-        raise CheckFailed(f"the models' outputs differ: {'; '.join(only)}")
-
-
-def _check_paths(paths: dict[str, Path], analysed: dict[str, Analysis], dims, options: CheckOptions) -> CheckFigures:
-    from .ort.session import ort_optimized
-
-    _same_outputs(analysed["original"].graph, analysed["rewritten"].graph)
-    reuse = analysed["rewritten"].reuse_buffers  # both run with the setting the rewrite asks for
-    # A file ORT optimized offline runs on the provider it was optimized for, and its fusions
-    # round like the original's at that optimization level: compare outputs with that.
-    optimized = ort_optimized(analysed["rewritten"].graph.model, paths["rewritten"])
-    provider = optimized["provider"] if optimized and options.provider == "auto" else options.provider
-    predicted = {k: predict(a, reuse, plain=k == "rewritten") for k, a in analysed.items()}
-    return check_files(paths["original"], paths["rewritten"], predicted,
-                       enable_mem_reuse=reuse, feeds_model=analysed["original"].graph.model,
-                       provider=provider, runs=options.runs, seed=options.seed, dims=dims,
-                       feeds_file=options.feeds_file, python=options.python, rtol=options.rtol, atol=options.atol,
-                       timeout=options.timeout, max_prediction_error=options.max_prediction_error,
-                       reference_level=optimized["level"] if optimized else None)
 
 
 # ----------------------------------------------------------------------------- rewrite
@@ -420,7 +379,7 @@ def _check_rewrite(model: ModelInput, loaded: Loaded, a: Analysis, out: RewriteM
         rewritten = out.written[0] if out.written else _on_disk(out.model, Path(tmp), "rewritten.onnx")
         after = analyse(load_graph(rewritten), loss=a.phases.loss, grad_outputs=list(a.phases.grad_outputs),
                         tensors=out.result.after.tensors)
-        return _check_paths({"original": original, "rewritten": rewritten}, {"original": a, "rewritten": after},
+        return check_analysed({"original": original, "rewritten": rewritten}, {"original": a, "rewritten": after},
                             dict(a.dims), options)
 
 

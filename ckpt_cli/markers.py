@@ -8,8 +8,12 @@ but a name already taken gets ``_recompute_2`` and a user's node may end in
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
+
 import onnx
 
+from .errors import ModelError
 from .graph import Node
 
 # Node metadata: every recompute copy names the node it copies and its region.
@@ -65,3 +69,49 @@ def recompute_source(node: Node | onnx.NodeProto) -> str | None:
 def is_recompute_copy(node: Node | onnx.NodeProto) -> bool:
     """Whether ckpt's rewrite made this node as a recompute copy (by its metadata)."""
     return recompute_source(node) is not None
+
+
+_ORT_LEVELS = ("ORT_ENABLE_BASIC", "ORT_ENABLE_EXTENDED", "ORT_ENABLE_ALL")
+
+
+@dataclass(frozen=True)
+class SessionPlan:
+    """How a written model is meant to run, as its model metadata records it: written by
+    ``to_metadata`` alone and read back by ``read`` alone.
+
+    ``mem_reuse``: ORT's buffer reuse; ``session``: "ckpt" (its recorded settings) or
+    "ort_default" (ckpt changed nothing that needs settings); ``mem_pattern_off_input``:
+    the input that turns ORT's memory pattern off, when the file has one; ``ort_optimize``:
+    the provider, level and ORT version of an offline optimization (--ort-optimize)."""
+
+    mem_reuse: bool = True
+    session: str = "ckpt"
+    mem_pattern_off_input: str | None = None
+    ort_optimize: dict | None = None
+
+    def to_metadata(self) -> dict[str, str]:
+        meta = {MEM_REUSE_META: "1" if self.mem_reuse else "0", SESSION_META: self.session}
+        if self.mem_pattern_off_input is not None:
+            meta[MEM_PATTERN_META] = self.mem_pattern_off_input
+        if self.ort_optimize is not None:
+            meta[ORT_OPTIMIZE_META] = json.dumps(self.ort_optimize, sort_keys=True)
+        return meta
+
+    @classmethod
+    def read(cls, model: onnx.ModelProto, path: object = "model") -> "SessionPlan":
+        """The plan ``model`` records; a model ckpt did not write gets the defaults."""
+        meta = {p.key: p.value for p in model.metadata_props}
+        return cls(meta.get(MEM_REUSE_META, "1") != "0", meta.get(SESSION_META, "ckpt"),
+                   meta.get(MEM_PATTERN_META), _ort_optimize(meta, path))
+
+
+def _ort_optimize(meta: dict[str, str], path: object) -> dict | None:
+    if ORT_OPTIMIZE_META not in meta:
+        return None
+    try:
+        value = json.loads(meta[ORT_OPTIMIZE_META])
+        if value["provider"] in ("cpu", "cuda") and value["level"] in _ORT_LEVELS:
+            return value
+    except (ValueError, TypeError, KeyError):
+        pass
+    raise ModelError(f"{path}: metadata {ORT_OPTIMIZE_META} is not what ckpt writes ({meta[ORT_OPTIMIZE_META][:80]!r})")

@@ -140,7 +140,7 @@ ROWS: list[tuple[str, Callable[[Path], list], int, str]] = [
     ("region matching nothing", lambda f: ["rewrite", _chain(f), "--region", "nothing*", "-o", f / "o.onnx"],
      2, "nothing"),
     ("initializer bytes for another type", lambda f: ["inspect", _chain(f, _relabelled_initializer)], 2,
-     "holds 8 bytes where its shape [1] and type INT32 need 4"),
+     "tensor 'two' needs 4 bytes for its shape and type but its raw_data holds 8"),
     ("backtracking --region", lambda f: ["rewrite", _chain(f, _long_name), "--region", "re:(a+)+$",
                                          "-o", f / "o.onnx"], 2, "matches no forward node"),
     ("backtracking --regions-by-scope", lambda f: ["rewrite", _chain(f, _long_name), "--regions-by-scope", "((a+)+)$",

@@ -155,3 +155,23 @@ def test_commit_subjects_are_short():
     log = subprocess.run(["git", "log", "--format=%s", *span], cwd=root, capture_output=True, text=True, check=True)
     long = [s for s in log.stdout.splitlines() if len(s) > MAX_SUBJECT]
     assert long == []
+
+
+MAX_COMMAND_LINES = 30  # a command parses, calls the API and renders
+
+
+def test_every_cli_command_body_is_short():
+    long = []
+    for path in sorted((PACKAGE / "cli").glob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            commands = [d for d in getattr(node, "decorator_list", []) if "command" in ast.unparse(d)]
+            if isinstance(node, ast.FunctionDef) and commands and _body_lines(node) > MAX_COMMAND_LINES:
+                long.append(f"{path.name}:{node.name}: {_body_lines(node)}")
+    assert long == []
+
+
+def test_the_api_uses_no_private_name_of_another_module():
+    tree = ast.parse((PACKAGE / "api.py").read_text())
+    private = [f"{node.module}.{a.name}" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+               for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+    assert private == []

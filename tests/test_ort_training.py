@@ -149,11 +149,11 @@ def test_check_fails_a_process_peak_prediction_far_off(training_python, rewritte
     from dataclasses import replace
 
     from ckpt_cli import api
-    from ckpt_cli.verify.stage import check_files
+    from ckpt_cli.verify.stage import check_files, predict
 
     loaded = {k: api.analyse_input(api.load_input(p)) for k, p in (("original", ARTIFACT), ("rewritten", rewritten))}
     reuse = loaded["rewritten"].reuse_buffers
-    predicted = {k: api.predict(a, reuse) for k, a in loaded.items()}
+    predicted = {k: predict(a, reuse) for k, a in loaded.items()}
     p = predicted["rewritten"]  # a process peak is judged against the prediction with kernel scratch
     predicted["rewritten"] = replace(p, tensor_bytes=int(p.tensor_bytes * 1.3), process_bytes=int(p.process_bytes * 1.3))
     f = check_files(ARTIFACT, rewritten, predicted, enable_mem_reuse=reuse, python=training_python, runs=1)

@@ -15,7 +15,7 @@ from conftest import SAMPLES
 
 from ckpt_cli import api, check_models, rewrite_model
 from ckpt_cli.verify.compare import order_check
-from ckpt_cli.verify.stage import check_files
+from ckpt_cli.verify.stage import check_files, predict
 
 pytestmark = pytest.mark.slow
 GPT = SAMPLES / "gpt.onnx"
@@ -32,7 +32,7 @@ def _judged(original: Path, rewritten: Path, change) -> list[str]:
     """Failures of a check whose rewritten prediction went through ``change``."""
     loaded = {k: api.analyse_input(api.load_input(p)) for k, p in (("original", original), ("rewritten", rewritten))}
     reuse = loaded["rewritten"].reuse_buffers
-    predicted = {k: api.predict(a, reuse) for k, a in loaded.items()}
+    predicted = {k: predict(a, reuse) for k, a in loaded.items()}
     predicted["rewritten"] = change(predicted["rewritten"])
     return check_files(original, rewritten, predicted, enable_mem_reuse=reuse, provider="cpu", runs=1).failures
 

@@ -9,7 +9,7 @@ from functools import cached_property
 
 from ..errors import UsageError
 from ..graph import ABSENT, Graph, gc_paused
-from ..markers import MEM_REUSE_META, is_recompute_copy
+from ..markers import SessionPlan, is_recompute_copy
 from . import schedules
 from .cost import NodeCost, graph_costs
 from .memory import MemoryProfile, buffer_roots, simulate, simulate_deferred
@@ -184,7 +184,7 @@ def find_stashed(graph: Graph, phases: Phases, roots: dict[str, str]) -> tuple[S
 
 def recommended_mem_reuse(graph: Graph) -> bool:
     """The ``enable_mem_reuse`` a ckpt-written model asks for (True for any other model)."""
-    return next((p.value != "0" for p in graph.model.metadata_props if p.key == MEM_REUSE_META), True)
+    return SessionPlan.read(graph.model).mem_reuse
 
 
 @gc_paused

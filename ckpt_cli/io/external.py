@@ -97,10 +97,11 @@ def _int_field(t: onnx.TensorProto, fields: dict[str, str], key: str, where: Pat
 
 
 def check_embedded(t: onnx.TensorProto, where: Path) -> None:
-    """What onnx.checker says of an embedded tensor's ``raw_data``, for the tensors ckpt
-    hands it as typed inputs instead: enough bytes for its shape and type."""
+    """An embedded tensor's ``raw_data`` holds the bytes its shape and type need: not fewer
+    (onnx.checker's rule, for the tensors ckpt hands it as typed inputs instead) and not
+    more (a type relabelled without its data: the checker lets it pass, numpy cannot read it)."""
     need = expected_bytes(t)
-    if t.HasField("raw_data") and need is not None and len(t.raw_data) < need:
+    if t.HasField("raw_data") and need is not None and len(t.raw_data) != need:
         raise ModelError(f"{where}: not a valid ONNX model (tensor '{t.name}' needs {need} bytes for its shape "
                          f"and type but its raw_data holds {len(t.raw_data)})")
 

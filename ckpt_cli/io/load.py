@@ -6,13 +6,10 @@ shapes, and the writer streams them from the source file when it saves.
 
 from __future__ import annotations
 
-import math
 from itertools import chain
 from pathlib import Path
 
-import numpy as np
 import onnx
-from onnx import helper
 from google.protobuf.message import DecodeError
 
 from ..errors import ModelError
@@ -164,25 +161,6 @@ def _check_text(graph: Graph, path: Path) -> None:
         raise ModelError(f"{path}: names or metadata in the model are not valid UTF-8 text")
 
 
-_SUB_BYTE_BITS = {getattr(onnx.TensorProto, name): bits for name, bits in
-                  (("INT4", 4), ("UINT4", 4), ("FLOAT4E2M1", 4), ("INT2", 2), ("UINT2", 2))
-                  if hasattr(onnx.TensorProto, name)}
-
-
-def _check_raw_size(t: onnx.TensorProto, path: Path) -> None:
-    """An embedded initializer's raw bytes hold exactly its dims' elements (a type relabelled
-    without its data, say int64 as int32, leaves twice the elements in the bytes)."""
-    if t.data_location == onnx.TensorProto.EXTERNAL or not t.HasField("raw_data") \
-            or t.data_type == onnx.TensorProto.STRING:
-        return
-    count = math.prod(t.dims)
-    bits = _SUB_BYTE_BITS.get(t.data_type)
-    expected = (count * bits + 7) // 8 if bits else count * np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
-    if len(t.raw_data) != expected:
-        raise ModelError(f"{path}: initializer '{t.name}' holds {len(t.raw_data)} bytes where its shape "
-                         f"{list(t.dims)} and type {onnx.TensorProto.DataType.Name(t.data_type)} need {expected}")
-
-
 def check_graph(graph: Graph, path: Path) -> None:
     """ckpt's own checks (also for graphs too large for onnx.checker): every tensor read is
     produced, fed or stored, every output is produced, and a file holds a typed graph."""
@@ -201,7 +179,8 @@ def check_graph(graph: Graph, path: Path) -> None:
     for t in g.initializer:
         if t.data_type not in _DATA_TYPES or t.data_type == onnx.TensorProto.UNDEFINED:
             raise ModelError(f"{path}: initializer '{t.name}' has an unknown element type {t.data_type}")
-        _check_raw_size(t, path)
+        if embedded_bytes(t) <= _CHECKER_INLINE_BYTES:  # the heavy ones: in _run_checker, once
+            check_embedded(t, path)
     _check_text(graph, path)
     available = set(graph.resident) | set(graph.producer)
     for node in graph.nodes:

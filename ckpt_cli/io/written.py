@@ -6,7 +6,8 @@ from typing import TYPE_CHECKING
 
 import onnx
 
-from ..markers import FRESH_META, GUARD_META, MEM_PATTERN_META, MEM_REUSE_META, PIN_META, SESSION_META, is_recompute_copy
+from ..markers import (FRESH_META, GUARD_META, MEM_REUSE_META, PIN_META, SESSION_META, SessionPlan,
+                       is_recompute_copy)
 from .save import build_model
 
 if TYPE_CHECKING:
@@ -20,16 +21,17 @@ def to_model(result: RewriteResult, metadata: dict[str, str] | None = None,
     with ``metadata`` (provenance) beside it. ``shapes`` gives the value_info shapes of
     tensors whose sizes were taken at values of symbolic dimensions (with the symbols)."""
     shapes = shapes or {}
-    metadata = {**(metadata or {}), MEM_REUSE_META: "1" if result.mem_reuse else "0",
-                SESSION_META: result.session}
+    plan = SessionPlan(result.mem_reuse, result.session,
+                       result.pattern_off.input if result.pattern_off is not None else None).to_metadata()
+    # the settings first, then what pin and fresh added, then the rest of the plan
+    metadata = {**(metadata or {}), **{k: plan[k] for k in (MEM_REUSE_META, SESSION_META)}}
     pinned = result.pinned
     if pinned is not None and pinned.guard_nodes:
         metadata[PIN_META] = str(pinned.guard_nodes)
     fresh = result.fresh
     if fresh is not None and fresh.guard_nodes:
         metadata[FRESH_META] = str(len(fresh.fresh))
-    if result.pattern_off is not None:
-        metadata[MEM_PATTERN_META] = result.pattern_off.input
+    metadata.update(plan)
     model = build_model(result.graph, [n.proto for n in result.graph.nodes], metadata)
     if result.pattern_off is not None:
         model.graph.input.append(pattern_off_input(result.pattern_off.input))

@@ -31,7 +31,7 @@ from ..errors import ModelError, RunFailed, RuntimeUnavailable
 from ..io.external import external_tensors
 from ..graph import ABSENT, Graph
 from ..io.load import load_graph
-from ..markers import GUARD_META, ORT_OPTIMIZE_META, PIN_META, PROVENANCE_PREFIX, is_recompute_copy
+from ..markers import GUARD_META, PIN_META, PROVENANCE_PREFIX, SessionPlan, is_recompute_copy
 from ..ops import DEVICE_COPY_OPS, is_recomputable
 from ..rewrite import RewriteResult
 from ..rewrite.order import executed_order
@@ -144,8 +144,9 @@ def ort_optimize(rewritten: onnx.ModelProto, result: RewriteResult, before: Anal
     flops = sum(node_cost(n, after.tensors).flops for n in copies)
     # fresh.py's hidden shapes are ORT's to re-infer in its output: not claimed for it
     new = replace(result, graph=graph, after=after, recompute_nodes=len(copies), recompute_flops=flops, fresh=None)
-    figures = {**{p.key: p.value for p in rewritten.metadata_props}, ORT_OPTIMIZE_META: json.dumps({"provider": provider, "level": LEVEL, "onnxruntime": version},
-                                                         sort_keys=True),
+    recorded = replace(SessionPlan.read(rewritten), ort_optimize={"provider": provider, "level": LEVEL,
+                                                                   "onnxruntime": version})
+    figures = {**{p.key: p.value for p in rewritten.metadata_props}, **recorded.to_metadata(),
                PROVENANCE_PREFIX + "recompute_nodes": str(len(copies)),
                PROVENANCE_PREFIX + "recompute_flops": str(flops),
                PROVENANCE_PREFIX + "predicted_peak_bytes": str(after.priority.peak_bytes)}

@@ -16,9 +16,13 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ..analysis import Analysis
+from ..analysis.memory import visible_peak
 from ..analysis.shapes import TensorInfo
-from ..errors import ModelError, RunFailed, RuntimeUnavailable, UsageError
-from ..options import DEFAULT_MAX_PREDICTION_ERROR
+from ..errors import CheckFailed, ModelError, RunFailed, RuntimeUnavailable, UsageError
+from ..graph import Graph
+from ..markers import SessionPlan
+from ..options import DEFAULT_MAX_PREDICTION_ERROR, CheckOptions
 from ..ops import VIEW_OPS
 from . import driver
 from .feeds import FeedError, load_feeds, make_feeds, save_feeds
@@ -275,3 +279,44 @@ def _spread_verdict(spread: dict | None, model) -> dict | None:
 def _tensor_prediction(p: Prediction, m: Measurement) -> int:
     """The prediction a measurement is judged against: a process peak sees kernel scratch."""
     return p.process_bytes if m.method == "process_peak" and p.process_bytes is not None else p.tensor_bytes
+
+
+def predict(a: Analysis, reuse_buffers: bool, plain: bool = False) -> Prediction:
+    """ckpt's prediction for a graph run with ``enable_mem_reuse = reuse_buffers``; with
+    ``plain``, also in a plain session (what an unmodified ``InferenceSession`` gets)."""
+    from ..analysis.pattern import predict_plain
+
+    profile = a.profile(reuse_buffers)
+    return Prediction(profile.activation_peak_bytes, a.arena_in_use(reuse_buffers),
+                      tuple(a.graph.nodes[i].name for i in a.priority.order),
+                      predict_plain(a.graph, a.tensors).peak_in_use_bytes if plain else None,
+                      a.tensors if plain else None, tuple(sorted(a.unsized())),
+                      visible_peak(profile, a.graph, a.tensors, PROCESS_PEAK_MIN_BLOCK))
+
+
+def _same_outputs(original: Graph, rewritten: Graph) -> None:
+    """A rewrite has the original's outputs: outputs compared one by one need the same names."""
+    a, b = set(original.outputs), set(rewritten.outputs)
+    if a != b:
+        only = [f"only the {side} has {', '.join(sorted(names)[:5])}"
+                for side, names in (("original", a - b), ("rewritten model", b - a)) if names]
+        raise CheckFailed(f"the models' outputs differ: {'; '.join(only)}")
+
+
+def check_analysed(paths: dict[str, Path], analysed: dict[str, Analysis], dims: dict[str, int],
+                   options: CheckOptions) -> CheckFigures:
+    """``check_files`` for two analysed files: each predicted under the setting the rewrite
+    asks for, run on the provider an offline-optimized file was made for."""
+    _same_outputs(analysed["original"].graph, analysed["rewritten"].graph)
+    reuse = analysed["rewritten"].reuse_buffers  # both run with the setting the rewrite asks for
+    # A file ORT optimized offline runs on the provider it was optimized for, and its fusions
+    # round like the original's at that optimization level: compare outputs with that.
+    optimized = SessionPlan.read(analysed["rewritten"].graph.model, paths["rewritten"]).ort_optimize
+    provider = optimized["provider"] if optimized and options.provider == "auto" else options.provider
+    predicted = {k: predict(a, reuse, plain=k == "rewritten") for k, a in analysed.items()}
+    return check_files(paths["original"], paths["rewritten"], predicted,
+                       enable_mem_reuse=reuse, feeds_model=analysed["original"].graph.model,
+                       provider=provider, runs=options.runs, seed=options.seed, dims=dims,
+                       feeds_file=options.feeds_file, python=options.python, rtol=options.rtol, atol=options.atol,
+                       timeout=options.timeout, max_prediction_error=options.max_prediction_error,
+                       reference_level=optimized["level"] if optimized else None)
