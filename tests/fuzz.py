@@ -333,8 +333,9 @@ def m_external(m, rng):
     t = rng.choice(ts)
     fields = {e.key: e for e in t.external_data}
     key = rng.choice(["location", "offset", "length", "drop", "flag", "checksum"])
-    if key == "drop" and t.external_data:
-        del t.external_data[rng.randrange(len(t.external_data))]
+    if key == "drop":
+        if t.external_data:
+            del t.external_data[rng.randrange(len(t.external_data))]
     elif key == "flag":
         t.data_location = TensorProto.DEFAULT
     else:

@@ -84,6 +84,10 @@ def _negative_dim(m):
     m.graph.input[0].type.tensor_type.shape.dim[0].dim_value = -3
 
 
+def _huge_batch(m):
+    m.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 1 << 50
+
+
 def _symbolic(m):
     m.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"
 
@@ -169,6 +173,7 @@ ROWS: list[tuple[str, Callable[[Path], list], int, str]] = [
     ("output never produced", lambda f: ["rewrite", _chain(f, _phantom_output), "-o", f / "o.onnx"], 2, "phantom"),
     ("no opset", lambda f: ["rewrite", _chain(f, _no_opset), "-o", f / "o.onnx"], 2, "opset"),
     ("negative dim", lambda f: ["inspect", _chain(f, _negative_dim)], 2, "negative"),
+    ("a tensor beyond int64 bytes", lambda f: ["inspect", _chain(f, _huge_batch)], 2, "more than 256 TiB"),
     ("unknown dtype", lambda f: ["inspect", _chain(f, _bad_dtype)], 2, ""),
     ("untyped output", lambda f: ["rewrite", _chain(f, _untyped_output), "-o", f / "o.onnx"], 2, "element type"),
     ("huge --dim", lambda f: ["inspect", _chain(f, _symbolic), "--dim", "batch=" + "9" * 30], 2, "out of range"),

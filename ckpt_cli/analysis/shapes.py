@@ -59,10 +59,18 @@ def itemsize(elem_type: int) -> int:
     return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type)).itemsize
 
 
+# No device holds a tensor this large; the memory model sums sizes in int64, so a shape
+# beyond it (a mistyped dimension) is refused rather than overflowing the sums.
+MAX_TENSOR_BYTES = 1 << 48
+
+
 def _info(elem_type: int, shape: tuple | None) -> TensorInfo:
     nbytes = None
     if shape is not None and all(isinstance(d, int) for d in shape):
         nbytes = math.prod(shape) * itemsize(elem_type)
+        if nbytes > MAX_TENSOR_BYTES:
+            raise ModelError(f"a tensor of shape {list(shape)} would take {nbytes} bytes, more than "
+                             f"{MAX_TENSOR_BYTES >> 40} TiB (a dimension too large?)")
     return TensorInfo(elem_type, shape, nbytes)
 
 
