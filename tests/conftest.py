@@ -7,6 +7,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "sample_models"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+# Model builders and measuring helpers the tests share (chain, randgraph, ort_profile).
+sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures"))
 os.environ.setdefault("NO_COLOR", "1")
 
 

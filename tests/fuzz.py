@@ -2,7 +2,7 @@
 
 Each case takes a seed model (the samples, a small hand-made training graph, one with
 external data, two ORT training artifacts of the zoo with com.microsoft gradient ops) or a
-generated one (tests/randgraph.py: float32/float64 at opsets 7-18, float16 at 7-18,
+generated one (tests/fixtures/randgraph.py: float32/float64 at opsets 7-18, float16 at 7-18,
 bfloat16 at 13-18), applies one to three protobuf-level or graph-level mutations (delete,
 duplicate or rewire nodes; change shapes, types, attributes, opsets, external-data
 fields and names; flip, cut or insert bytes), runs ``ckpt inspect``, ``plan`` or
@@ -146,7 +146,7 @@ def _external_seed(name: str, model: onnx.ModelProto, **kw) -> Seed:
 
 
 def load_seeds() -> list[Seed]:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))  # randgraph, when run as python -m tests.fuzz
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures"))  # randgraph, as python -m tests.fuzz
     seeds = [Seed("small", _small_training_graph(), weight=4)]
     for name, weight in (("mlp", 3), ("cnn", 1), ("gpt", 0.5)):
         path = SAMPLES / f"{name}.onnx"

@@ -1,6 +1,6 @@
 """The memory model against ONNX Runtime's profiler at every node, on random training graphs.
 
-For each random graph (tests/randgraph.py), original and rewritten (a random recompute
+For each random graph (tests/fixtures/randgraph.py), original and rewritten (a random recompute
 plan), with ``enable_mem_reuse`` on and off, ORT runs the graph under ckpt's settings and
 its profiler gives, after every node, the bytes requested (``mem_bytes_requested_in_use``)
 and the arena's bytes in use (``mem_bytes_in_use``). ckpt predicts both: the planner's

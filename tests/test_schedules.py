@@ -1,6 +1,6 @@
 """ckpt's copies of ORT's two execution orders against the order ORT's profiler reports.
 
-Random training graphs (tests/randgraph.py: Shape and Size nodes included, which
+Random training graphs (tests/fixtures/randgraph.py: Shape and Size nodes included, which
 PRIORITY_BASED runs first) are written in their generated order and in a random
 topological order, and run under ExecutionOrder.PRIORITY_BASED and DEFAULT with
 optimizations off (ORT adds or removes no node then).
