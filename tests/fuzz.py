@@ -445,15 +445,9 @@ def _digest(folder: Path) -> dict[str, str]:
 
 def _session_options():
     """ckpt's session settings, one thread (what bit-identical comparisons need)."""
-    import onnxruntime as ort
+    from ckpt_session import session_options
 
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.execution_order = ort.ExecutionOrder.PRIORITY_BASED
-    so.intra_op_num_threads = 1
-    so.inter_op_num_threads = 1
-    so.log_severity_level = 4
-    return so
+    return session_options(log_severity=4)
 
 
 @dataclass

@@ -24,10 +24,10 @@ import tempfile
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from ckpt_session import run_outputs as _run
 from randgraph import random_feeds, training_graphs
 
 from ckpt_cli.analysis import analyse, schedules
@@ -49,19 +49,6 @@ GRAPHS = 500  # random graphs the main property rewrites (about 70 ms each)
 
 def _meta(node: onnx.NodeProto, key: str) -> str | None:
     return next((p.value for p in node.metadata_props if p.key == key), None)
-
-
-def _run(model: onnx.ModelProto, feeds: dict) -> dict:
-    """ckpt's session settings, one thread (bit-identical comparisons need it)."""
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.execution_order = ort.ExecutionOrder.PRIORITY_BASED
-    so.intra_op_num_threads = 1
-    so.inter_op_num_threads = 1
-    so.log_severity_level = 3
-    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    names = [o.name for o in sess.get_outputs()]
-    return dict(zip(names, sess.run(None, feeds)))
 
 
 def _assert_bit_identical(expected: dict, got: dict) -> None:

@@ -30,10 +30,11 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from click.testing import CliRunner
 
+from ckpt_session import run_outputs as _run
+from ckpt_session import session as _session
 from randgraph import OPSETS, build_random_training_graph, random_feeds
 
 from ckpt_cli.cli import main
@@ -59,23 +60,6 @@ def _seeds(opset: int) -> range:
 
 def _graph(seed: int, dtype: str, opset: int) -> onnx.ModelProto:
     return build_random_training_graph(seed, 4 + seed % 14, dtype, opset=opset)
-
-
-def _session(model) -> ort.InferenceSession:
-    """ckpt's session settings, one thread (bit-identical comparisons need it)."""
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.execution_order = ort.ExecutionOrder.PRIORITY_BASED
-    so.intra_op_num_threads = 1
-    so.inter_op_num_threads = 1
-    so.log_severity_level = 3
-    data = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
-    return ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
-
-
-def _run(model, feeds: dict) -> dict:
-    sess = _session(model)
-    return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
 
 
 def _describe(name: str, a: np.ndarray, b: np.ndarray) -> str:
