@@ -21,7 +21,6 @@ MAX_SUBJECT = 72
 GUARDED_SINCE = "2373cb7"  # commit subjects are held to MAX_SUBJECT from the commit after this one
 
 LONG = {
-    "rewrite/pin.py:pin": 103,
     "analysis/arena.py:replay": 88,
     "rewrite/recompute.py:plan_recompute": 84,
     "verify/worker.py:run_spec": 77,

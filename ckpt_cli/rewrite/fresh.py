@@ -26,24 +26,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-import numpy as np
 import onnx
 
 from ..analysis import schedules
 from ..analysis.arena import ArenaResult, predict_in_use
 from ..analysis.lifetimes import Lifetimes, lifetimes
 from ..analysis.memory import MemoryProfile, profile_of
-from ..analysis.phases import BACKWARD
 from ..analysis.planner import Buffers, plan_buffers
 from ..analysis.shapes import TensorInfo
 from ..analysis.timeline import bytes_in_use, peak_of
-from ..graph import ABSENT, Graph, unique_name
-from ..markers import FRESH_META, PHASE_META
+from ..graph import ABSENT, Graph
+from ..markers import FRESH_META
 from ..ops import SHAPE_FROM_INPUTS_OPS
+from .guards import GuardNodes
 from .order import executed_order
 from .pin import trigger_of
 
-_INT64 = onnx.TensorProto.INT64
 _ROUNDS = 400  # greedy rounds at most; each adds the takers of the buffers idle at the peak
 # Node steps the greedy may simulate in all (a round simulates every order once): rounds
 # grow with the layers (23 on gpt, 36 on gpt12, 150 on a 70-layer graph, where they cost
@@ -152,18 +150,6 @@ def _recorded_peak(graph: Graph, tensors: dict[str, TensorInfo], reuse: bool
     return predict_in_use(graph, profile, tensors), profile, (life, buffers)
 
 
-def _node(op: str, inputs: list[str], output: str, **attrs) -> onnx.NodeProto:
-    p = onnx.helper.make_node(op, inputs, [output], name=output, **attrs)
-    for key, value in ((FRESH_META, "1"), (PHASE_META, BACKWARD)):
-        entry = p.metadata_props.add()
-        entry.key, entry.value = key, value
-    return p
-
-
-def _const(name: str, values: list[int]) -> onnx.NodeProto:
-    return _node("Constant", [], name, value=onnx.numpy_helper.from_array(np.array(values, np.int64)))
-
-
 def apply(graph: Graph, tensors: dict[str, TensorInfo], fresh: set[str], local: bool = False,
           forward: frozenset[str] = frozenset()) -> FreshResult:
     """Write the guards that hide the shapes of ``fresh`` from ORT, and mark those tensors
@@ -179,21 +165,17 @@ def apply(graph: Graph, tensors: dict[str, TensorInfo], fresh: set[str], local: 
     if not fresh:
         return FreshResult(graph, tensors, (), 0)
     constants = set(graph.initializers) | {t for n in graph.nodes if n.op_type == "Constant" for t in n.outputs}
-    taken = set(graph.producer) | set(graph.resident) | {n.name for n in graph.nodes}
-
-    def fresh_name(base: str) -> str:
-        return unique_name(base, taken)
+    make = GuardNodes(graph, tensors, FRESH_META)
+    fresh_name = make.name
 
     def zero_shape(source: str, rank: int, chain: list[onnx.NodeProto]) -> str:
         """A shape of ``rank`` zeros ORT cannot know, from ``Size(source)``."""
         z, size, m, s, e, out = (fresh_name(f"ckpt_fresh_{k}{rank}") for k in ("zeros", "size", "mul", "start",
                                                                                 "end", "shape"))
-        chain.extend([_node("Size", [source], size), _const(z, [0] * rank), _node("Mul", [size, z], m),
-                      _const(s, [0]), _const(e, [rank]), _node("Slice", [m, s, e], out)])
-        tensors[size] = TensorInfo(_INT64, (), 8)
-        for t, n in ((z, rank), (m, rank), (s, 1), (e, 1)):
-            tensors[t] = TensorInfo(_INT64, (n,), 8 * n)
-        tensors[out] = TensorInfo(_INT64, (rank,), 8 * rank)  # its shape is known, its value is not
+        chain.extend([make.size(source, size, "1"), make.constant(z, [0] * rank, "1"),
+                      make.node("Mul", [size, z], make.int64(m, (rank,)), "1"),
+                      make.constant(s, [0], "1"), make.constant(e, [rank], "1"),
+                      make.node("Slice", [m, s, e], make.int64(out, (rank,)), "1")])  # its value is unknown to ORT
         return out
 
     initializer = next(t for t in graph.resident if _rank(tensors.get(t)) and tensors[t].nbytes)
@@ -221,8 +203,7 @@ def apply(graph: Graph, tensors: dict[str, TensorInfo], fresh: set[str], local: 
                 if rank not in shapes:
                     shapes[rank] = zero_shape(source, rank, chain) if local else zero_shape(initializer, rank, head)
                 views[x] = fresh_name(f"{x}_ckpt_fresh")
-                chain.append(_node("Reshape", [x, shapes[rank]], views[x]))
-                tensors[views[x]] = replace(tensors[x], static_shape=False)
+                chain.append(make.view(x, shapes[rank], views[x], "1", replace(tensors[x], static_shape=False)))
             p.input[j] = views[x]
         rewired[node.index] = p
         for t in node.outputs:

@@ -22,16 +22,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import onnx
 
-from ..analysis.phases import BACKWARD
 from ..analysis.shapes import TensorInfo
-from ..graph import ABSENT, Graph, Node, unique_name
-from ..markers import CSE_GUARD_ATTR, GUARD_META, PHASE_META, REGION_META, is_recompute_copy
+from ..graph import ABSENT, Graph, Node
+from ..markers import CSE_GUARD_ATTR, GUARD_META, REGION_META, is_recompute_copy
 from ..ops import HOST_INPUT_SLOTS, SHAPE_ONLY_OPS
+from .guards import GuardNodes
 from .order import executed_order
-_INT64 = onnx.TensorProto.INT64
 
 
 @dataclass(frozen=True)
@@ -48,16 +46,6 @@ class PinResult:
 # The guards' ops at the ONNX opset of the graph: Max on int64 from 12 (fresh.py's Slice
 # with tensor inputs from 10). Below it ORT refuses a file with guards.
 GUARD_MIN_OPSET = 12
-
-
-def _node(op: str, inputs: list[str], output: str, name: str, region: str) -> onnx.NodeProto:
-    p = onnx.helper.make_node(op, inputs, [output], name=name)
-    # Backward nodes, also for a re-analysis of the written file (which would put a guard
-    # written among forward nodes into the forward, where a plan could copy it).
-    for key, value in ((GUARD_META, region), (PHASE_META, BACKWARD)):
-        entry = p.metadata_props.add()
-        entry.key, entry.value = key, value
-    return p
 
 
 def _unmarked(proto: onnx.NodeProto) -> onnx.NodeProto:
@@ -112,106 +100,123 @@ def pin(graph: Graph, tensors: dict[str, TensorInfo], forward: set[str]) -> PinR
     """Add guards to every recompute block of ``graph`` (nodes in the written order, copies
     tagged with ``ckpt.recompute_of``) and return the graph in its new executed order.
     ``forward`` names the forward nodes (their outputs are never tied)."""
-    nodes = graph.nodes
     copies: dict[str, list[Node]] = {}  # region -> its copies in written order
-    for n in nodes:
+    for n in graph.nodes:
         if is_recompute_copy(n):
             copies.setdefault(n.meta(REGION_META) or n.name, []).append(n)
     tensors = dict(tensors)
     if not copies:
         return PinResult(graph, tensors, 0, 0, 0, 0)
-    copy_index = {n.index for block in copies.values() for n in block}
-    outputs = set(graph.outputs)
-    resident = set(graph.resident)
+    pinner = _Pinner(graph, tensors, forward, {n.index for block in copies.values() for n in block})
     # Blocks by the position of their first copy; weight gradients written in between are
     # tied into the next block.
     blocks = sorted(copies.items(), key=lambda kv: kv[1][0].index)
     starts = [block[0].index for _, block in blocks]
-
-    taken = set(graph.producer) | resident | {n.name for n in nodes}
-    new_protos: dict[int, list[onnx.NodeProto]] = {}  # position -> guard nodes written before it
-    # Size guards go right after the node whose output they read: PRIORITY_BASED runs them
-    # there (they are ready, and Shape/Size go first), so the file is its executed order
-    # without reordering it (executed_order: 1.75 -> 0.52 s under cProfile, 100k nodes).
-    sizes_after: dict[int, list[onnx.NodeProto]] = {}
-    rewired: dict[int, onnx.NodeProto] = {}
-    zeros: dict[int, str] = {}  # rank -> a Constant of that many int64 zeros (one per graph)
-    unpinned: set[int] = set()  # copies with nothing to guard: tensors of unknown rank, host inputs
-    counts = {"nodes": 0, "inputs": 0, "ties": 0}
-
-    def fresh(base: str) -> str:
-        return unique_name(base, taken)
-
     previous = 0
-    for (region, block), start, trigger in zip(blocks, starts, triggers_of(graph, starts, forward, copy_index)):
-        ties = [t for k in range(previous, start) if nodes[k].name not in forward and k not in copy_index
-                for t in nodes[k].outputs if t in outputs and t not in resident and t != trigger]
+    for (region, block), start, trigger in zip(blocks, starts, triggers_of(graph, starts, forward, pinner.copies)):
+        pinner.block(region, block, start, trigger, pinner.ties(previous, start, trigger))
         previous = start
+    return PinResult(executed_order(graph.with_node_list(pinner.written())), tensors, pinner.guard_nodes,
+                     pinner.guarded_inputs, pinner.tied, len(pinner.before))
+
+
+class _Pinner:
+    """The guards of one graph, block by block, and the graph written with them."""
+
+    def __init__(self, graph: Graph, tensors: dict[str, TensorInfo], forward: set[str], copies: set[int]) -> None:
+        self.graph, self.forward, self.copies = graph, forward, copies
+        self.make = GuardNodes(graph, tensors, GUARD_META)
+        self.before: dict[int, list[onnx.NodeProto]] = {}  # position -> guard nodes written before it
+        # Size guards go right after the node whose output they read: PRIORITY_BASED runs them
+        # there (they are ready, and Shape/Size go first), so the file is its executed order
+        # without reordering it.
+        self.sizes_after: dict[int, list[onnx.NodeProto]] = {}
+        self.rewired: dict[int, onnx.NodeProto] = {}
+        self.zeros: dict[int, str] = {}  # rank -> a Constant of that many int64 zeros (one per graph)
+        self.unpinned: set[int] = set()  # copies with nothing to guard: tensors of unknown rank, host inputs
+        self.guard_nodes = self.guarded_inputs = self.tied = 0
+
+    def ties(self, previous: int, start: int, trigger: str | None) -> list[str]:
+        """Weight gradients written since the last block: graph outputs of backward nodes."""
+        g, outputs, resident = self.graph, set(self.graph.outputs), set(self.graph.resident)
+        return [t for k in range(previous, start) if g.nodes[k].name not in self.forward and k not in self.copies
+                for t in g.nodes[k].outputs if t in outputs and t not in resident and t != trigger]
+
+    def block(self, region: str, block: list[Node], start: int, trigger: str | None, ties: list[str]) -> None:
         if trigger is None:  # nothing is written before the block: it keeps its CSE marks
-            unpinned.update(n.index for n in block)
-            continue
+            self.unpinned.update(n.index for n in block)
+            return
         guards: list[onnx.NodeProto] = []
-        sizes = []
-        for t in [trigger] + ties:
-            s = fresh(f"{t}_ckpt_size")
-            sizes_after.setdefault(graph.producer[t], []).append(_node("Size", [t], s, s, region))
-            tensors[s] = TensorInfo(_INT64, (), 8)
-            sizes.append(s)
-        gate = sizes[0]
-        if len(sizes) > 1:
-            gate = fresh(f"{region}_ckpt_gate")
-            guards.append(_node("Max", sizes, gate, gate, region))
-            tensors[gate] = TensorInfo(_INT64, (), 8)
-        counts["ties"] += len(ties)
+        gate, sizes = self._gate(region, [trigger] + ties, guards)
+        self.tied += len(ties)
         produced = {t for n in block for t in n.outputs}
         by_rank: dict[int, str] = {}
         guarded: dict[str, str] = {}
         for n in block:
-            host = HOST_INPUT_SLOTS.get(n.op_type, frozenset())
-            device = [t for k, t in enumerate(n.inputs) if t != ABSENT and k not in host]
-            if any(t in produced for t in n.inputs):
-                continue  # it runs after an earlier copy of the block
-            if not device:
-                if any(t != ABSENT for t in n.inputs):
-                    unpinned.add(n.index)  # only host inputs (ConstantOfShape): it keeps its CSE mark
-                continue
-            x = next((t for t in device if t in guarded), None) or device[0]
-            info = tensors.get(x)
-            if x not in guarded:
-                if info is None or info.shape is None:
-                    unpinned.add(n.index)  # rank unknown: no zeros vector fits; it keeps its CSE mark
-                    continue
-                rank = len(info.shape)
-                if rank not in zeros:
-                    zeros[rank] = fresh(f"ckpt_pin_zeros_{rank}")
-                    p = _node("Constant", [], zeros[rank], zeros[rank], region)
-                    p.attribute.append(onnx.helper.make_attribute(
-                        "value", onnx.numpy_helper.from_array(np.zeros(rank, np.int64))))
-                    guards.append(p)
-                    tensors[zeros[rank]] = TensorInfo(_INT64, (rank,), 8 * rank)
-                if rank not in by_rank:
-                    shape = by_rank[rank] = fresh(f"{region}_ckpt_shape{rank}")
-                    guards.append(_node("Mul", [gate, zeros[rank]], shape, shape, region))
-                    tensors[shape] = TensorInfo(_INT64, (rank,), 8 * rank)
-                out = guarded[x] = fresh(f"{x}_ckpt_pinned")
-                guards.append(_node("Reshape", [x, by_rank[rank]], out, out, region))
-                tensors[out] = info
-            rewired[n.index] = p = _unmarked(n.proto)
-            p.input[list(n.inputs).index(x)] = guarded[x]
-        counts["inputs"] += len(guarded)
-        counts["nodes"] += len(guards) + len(sizes)
-        new_protos[start] = guards
+            if not any(t in produced for t in n.inputs):  # else it runs after an earlier copy of the block
+                self._guard_input(n, region, gate, guards, by_rank, guarded)
+        self.guarded_inputs += len(guarded)
+        self.guard_nodes += len(guards) + sizes
+        self.before[start] = guards
 
-    # Nodes whose proto is unchanged are not indexed again (a tenth of the pin at 100k nodes).
-    written: list[Node] = []
-    unmark = copy_index - unpinned
-    for n in nodes:
-        written.extend(Node.from_proto(0, p) for p in new_protos.get(n.index, ()))
-        if n.index in rewired:
-            p = rewired[n.index]
-            written.append(_same_node(n, p, tuple(p.input)))
-        else:
-            written.append(_same_node(n, _unmarked(n.proto)) if n.index in unmark else n)
-        written.extend(Node.from_proto(0, p) for p in sizes_after.get(n.index, ()))
-    return PinResult(executed_order(graph.with_node_list(written)), tensors, counts["nodes"], counts["inputs"],
-                     counts["ties"], len(new_protos))
+    def _gate(self, region: str, reads: list[str], guards: list[onnx.NodeProto]) -> tuple[str, int]:
+        """The scalar every guard of the block hangs on: ``Size`` of the trigger, or the
+        ``Max`` of its and the tied gradients' sizes; and how many ``Size`` nodes it took."""
+        sizes = []
+        for t in reads:
+            s = self.make.name(f"{t}_ckpt_size")
+            self.sizes_after.setdefault(self.graph.producer[t], []).append(self.make.size(t, s, region))
+            sizes.append(s)
+        if len(sizes) == 1:
+            return sizes[0], 1
+        gate = self.make.int64(self.make.name(f"{region}_ckpt_gate"), ())
+        guards.append(self.make.node("Max", sizes, gate, region))
+        return gate, len(sizes)
+
+    def _guard_input(self, n: Node, region: str, gate: str, guards: list[onnx.NodeProto],
+                     by_rank: dict[int, str], guarded: dict[str, str]) -> None:
+        """Read one device input of copy ``n`` through a view that waits for ``gate``."""
+        host = HOST_INPUT_SLOTS.get(n.op_type, frozenset())
+        device = [t for k, t in enumerate(n.inputs) if t != ABSENT and k not in host]
+        if not device:
+            if any(t != ABSENT for t in n.inputs):
+                self.unpinned.add(n.index)  # only host inputs (ConstantOfShape): it keeps its CSE mark
+            return
+        x = next((t for t in device if t in guarded), None) or device[0]
+        info = self.make.tensors.get(x)
+        if x not in guarded:
+            if info is None or info.shape is None:
+                self.unpinned.add(n.index)  # rank unknown: no zeros vector fits; it keeps its CSE mark
+                return
+            shape = self._zero_shape(len(info.shape), region, gate, guards, by_rank)
+            guarded[x] = self.make.name(f"{x}_ckpt_pinned")
+            guards.append(self.make.view(x, shape, guarded[x], region, info))
+        self.rewired[n.index] = p = _unmarked(n.proto)
+        p.input[list(n.inputs).index(x)] = guarded[x]
+
+    def _zero_shape(self, rank: int, region: str, gate: str, guards: list[onnx.NodeProto],
+                    by_rank: dict[int, str]) -> str:
+        """``Mul(gate, zeros)``: a shape of ``rank`` zeros computed from the gate (one per rank
+        and block; the zeros Constant one per rank and graph)."""
+        if rank not in self.zeros:
+            self.zeros[rank] = self.make.name(f"ckpt_pin_zeros_{rank}")
+            guards.append(self.make.constant(self.zeros[rank], [0] * rank, region))
+        if rank not in by_rank:
+            by_rank[rank] = self.make.int64(self.make.name(f"{region}_ckpt_shape{rank}"), (rank,))
+            guards.append(self.make.node("Mul", [gate, self.zeros[rank]], by_rank[rank], region))
+        return by_rank[rank]
+
+    def written(self) -> list[Node]:
+        """The graph's nodes with the guards in place. Nodes whose proto is unchanged are not
+        indexed again (a tenth of the pin on the largest graphs)."""
+        out: list[Node] = []
+        unmark = self.copies - self.unpinned
+        for n in self.graph.nodes:
+            out.extend(Node.from_proto(0, p) for p in self.before.get(n.index, ()))
+            if n.index in self.rewired:
+                p = self.rewired[n.index]
+                out.append(_same_node(n, p, tuple(p.input)))
+            else:
+                out.append(_same_node(n, _unmarked(n.proto)) if n.index in unmark else n)
+            out.extend(Node.from_proto(0, p) for p in self.sizes_after.get(n.index, ()))
+        return out
