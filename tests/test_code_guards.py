@@ -27,7 +27,6 @@ LONG = {
     "ort/expand.py:_splice": 70,
     "analysis/planner.py:plan_buffers": 70,
     "report/render.py:render_rewrite": 67,
-    "rewrite/__init__.py:rewrite": 65,
     "verify/driver.py:check_pair": 64,
     "report/svg.py:memory_chart_svg": 63,
 }

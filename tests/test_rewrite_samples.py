@@ -107,7 +107,7 @@ def test_prediction_matches_ort_under_both_orders(name, workdir):
 def test_order_and_reuse_choice_equals_replaying_every_option(name):
     """The choice skips arena replays that cannot win; it must pick what replaying all
     of them picks."""
-    from ckpt_cli.rewrite import MEM_REUSE_OFF_MARGIN, _choose_order_and_reuse
+    from ckpt_cli.rewrite.schedule import MEM_REUSE_OFF_MARGIN, choose_order_and_reuse as _choose_order_and_reuse
 
     a = analyse(load_graph(SAMPLES / f"{name}.onnx"))
     graphs = [rewrite(a, plan).graph for plan in (None, layer_regions(a) or sqrt_regions(a, 3), sqrt_regions(a, 4))]
@@ -173,7 +173,7 @@ def test_derived_tensor_ids_name_what_every_node_reads_and_writes():
 def test_a_memoised_rewrite_equals_a_fresh_one(monkeypatch):
     """Plans placing the same copies share one order choice in a search (``memo``), and the
     result is the plan's own: its region names and protos, the same order, profile and arena."""
-    import ckpt_cli.rewrite as rw
+    import ckpt_cli.rewrite.schedule as rw
 
     a = analyse(load_graph(SAMPLES / "gpt.onnx"))
     plan = layer_regions(a)

@@ -8,18 +8,19 @@ import onnx
 
 from ..analysis import Analysis, analyse, schedules
 from ..analysis.arena import predict_in_use
-from ..analysis.memory import buffer_roots, simulate, simulate_both
+from ..analysis.memory import simulate
 from ..analysis.phases import BACKWARD
-from ..graph import Graph, Node, gc_paused
+from ..graph import Graph, gc_paused
 from ..markers import PHASE_META
 from ..units import human_bytes
 from ..planning.decision import Decision, region_decisions, settle
 from ..planning.plan import Plan
 from .fresh import FreshResult, unshare
 from .mem_pattern import PatternOff, is_ort_artifact, pattern_off
-from .order import executed_order, interleave, memory_aware, prune_dead
+from .apply import Surgery, apply_plan
 from .pin import GUARD_MIN_OPSET, PinResult, pin as pin_schedule
-from .recompute import (RegionResult, drop_unused_optional_outputs, plan_recompute, rewire_backward)
+from .recompute import RegionResult
+from .schedule import MEM_REUSE_OFF_MARGIN, ScheduleCache, choose_order_and_reuse, choose_schedule
 
 
 @dataclass
@@ -58,94 +59,39 @@ def rewrite(a: Analysis, plan: Plan | None, pin: bool = True, model_only: bool =
     """Apply ``plan`` to the analysed graph; ``plan=None`` only reorders (``--no-recompute``).
     ``pin`` adds the guards that keep the written order under any session (``rewrite/pin.py``).
     ``model_only``: the rewrite is a plan search's memory model, never written or judged
-    (the floor of a 100k-node structure search): its order is the one of lowest simulated
+    (the floor of a large graph's structure search): its order is the one of lowest simulated
     tensor peak with ORT's buffer reuse on, without the arena replays that choose a written
-    graph's order and reuse (the per-layer floor of a 704-layer transformer: 5.5 s against
-    7.4 s, the same order and peak). ``memo``: a
-    plan search's record of the orders chosen for the graphs it rewrote; two plans that
-    place the same copies the same way (their keep sets differ only where nothing changes)
-    share the choice, which is most of a rewrite's time (14 of gpt's 98 rewrites at a 65%
-    budget, 19 of cnn's 110 at 80%)."""
-    g = a.graph
-    order = a.priority.order
-    if plan is None or not plan.regions:
-        nodes = [g.nodes[i] for i in order]
-        regions: list[RegionResult] = []
-        tensors = a.tensors
-        copy_names: set[str] = set()
-        rec = None
-    else:
-        rec = plan_recompute(a, plan)
-        # Indexed nodes rather than protos from here on: reading protos back is slow.
-        rewired = [n if p is n.proto else Node.from_proto(n.index, p)
-                   for n, p in zip(g.nodes, rewire_backward(a, rec.renamed))]
-        copies = {i: Node.from_proto(i, p) for i, p in rec.copies.items()}
-        position = {i: k for k, i in enumerate(i for i in order if not a.phases.is_forward[i])}
-        forward = [rewired[i] for i in order if a.phases.is_forward[i]]
-        backward = [rewired[i] for i in order if not a.phases.is_forward[i]]
-        blocks = []
-        for r, block in enumerate(rec.blocks):
-            recomputed = {rec.renamed[t] for t in rec.regions[r].recomputed}
-            readers = [position[c] for t in rec.regions[r].recomputed for c in g.consumers.get(t, ())
-                       if c in position and recomputed.intersection(rewired[c].inputs)]
-            if block and readers:
-                first = min(readers)
-                blocks.append((first, [copies[i] for i in block]))
-                rec.regions[r].placed_before = backward[first].name
-        nodes = interleave(forward, backward, blocks)
-        regions, tensors = rec.regions, rec.tensors
-        copy_names = {n.name for n in copies.values()}
-
-    new = g.with_node_list(prune_dead(nodes, set(g.outputs)))
-    changed = drop_unused_optional_outputs(new, copy_names)
-    if changed:
-        new = new.replaced({i: new.nodes[i].proto for i in changed})
-    forward_names = {n.name for n in g.nodes if a.phases.is_forward[n.index]}
-    key, known = None, None
-    if memo is not None:
-        key = (model_only, tuple((n.name, n.inputs, n.outputs) for n in new.nodes))
-        known = memo.get(key)
-    if known is not None:
-        written, profile, mem_reuse, arena = known
-        chosen = new if written is None else new.reordered(written)
-    else:
-        chosen, profile, mem_reuse, arena = _choose(a, new, tensors, copy_names, forward_names, model_only)
-        if memo is not None:
-            at = {n.name: k for k, n in enumerate(new.nodes)}
-            order = [at[n.name] for n in chosen.nodes]
-            memo[key] = (None if order == list(range(len(order))) else order, profile, mem_reuse, arena)
-    new = _mark_early_backward(chosen, forward_names)
+    graph's order and reuse: they are slow, and a model is never written. ``memo``: a plan
+    search's record of the orders chosen for the graphs it rewrote; two plans that place
+    the same copies the same way (their keep sets differ only where nothing changes) share
+    the choice, which is most of a rewrite's time."""
+    surgery = apply_plan(a, plan)
+    forward_names = {n.name for n in a.graph.nodes if a.phases.is_forward[n.index]}
+    chosen = choose_schedule(a, surgery.graph, surgery.tensors, set(surgery.copy_names), forward_names, model_only,
+                             ScheduleCache(memo) if memo is not None else None)
+    new = _mark_early_backward(chosen.graph, forward_names)
     # The written order is its own PRIORITY_BASED order (executed_order), so the
     # simulation above is the after-analysis's; phase markers change no tensor.
-    after = analyse(new, loss=a.phases.loss, grad_outputs=list(a.phases.grad_outputs), tensors=tensors,
-                    priority=profile, reuse_buffers=mem_reuse, deferred=True)
-    if arena is not None:
-        after.remember_arena(mem_reuse, arena)
-    copies = [n for n in new.nodes if n.name in copy_names]
+    after = analyse(new, loss=a.phases.loss, grad_outputs=list(a.phases.grad_outputs), tensors=surgery.tensors,
+                    priority=chosen.profile, reuse_buffers=chosen.mem_reuse, deferred=True)
+    if chosen.arena is not None:
+        after.remember_arena(chosen.mem_reuse, chosen.arena)
+    copies = [n for n in new.nodes if n.name in surgery.copy_names]
     # A copy costs what its source costs (same op, same shapes): the input's costs, priced once.
-    source = {p.name: i for i, p in rec.copies.items()} if rec is not None else {}
+    source = surgery.copy_sources()
     flops = sum(a.costs[source[n.name]].flops for n in copies)
-    decisions = dict(plan.decisions) if plan is not None else {}
-    if rec is not None:
-        # a plan made by hand (no strategy) states no intent: its regions are it
-        decisions = settle(plan.decisions or region_decisions(a, plan.regions), rec.found, rec.recomputed)
-    result = RewriteResult(new, after, regions, len(copies), flops, mem_reuse, decisions=decisions)
+    result = RewriteResult(new, after, surgery.regions, len(copies), flops, chosen.mem_reuse,
+                           decisions=_decisions(a, plan, surgery))
     return pinned(a, result) if pin else result
 
 
-def _choose(a: Analysis, new: Graph, tensors, copy_names: set[str], forward_names: set[str],
-            model_only: bool) -> tuple:
-    """The written order of ``new`` and ORT's buffer reuse for it: (graph, profile, reuse, arena)."""
-    sizes = {t: info.nbytes for t, info in tensors.items() if info.nbytes}
-    order = memory_aware(new, sizes, buffer_roots(new), [n.name not in forward_names for n in new.nodes],
-                         [n.name in copy_names for n in new.nodes])
-    candidates = [executed_order(new, order), executed_order(new)]
-    if not copy_names:
-        # Reordering only: ORT's DEFAULT order is a candidate too (where the order sets the
-        # peak it can beat both). With copies it would run them right after their inputs.
-        candidates.append(executed_order(new, schedules.ort_default(new)))
-    choose = _lowest_tensor_peak if model_only else _choose_order_and_reuse
-    return choose(a, candidates, tensors)
+def _decisions(a: Analysis, plan: Plan | None, surgery: Surgery) -> dict[str, Decision]:
+    """Per stashed buffer of the input, the final word: the plan's intent, settled by what
+    the surgery found and recomputed (a plan made by hand states no intent: its regions are it)."""
+    rec = surgery.recompute
+    if rec is None:
+        return dict(plan.decisions) if plan is not None else {}
+    return settle(plan.decisions or region_decisions(a, plan.regions), rec.found, rec.recomputed)
 
 
 @gc_paused
@@ -193,8 +139,6 @@ def unchanged(a: Analysis) -> RewriteResult:
 def original_best(a: Analysis) -> tuple[int, str]:
     """The original's lowest predicted arena peak over the orders and buffer-reuse settings a
     user can pick (ORT's defaults included; fusions are not simulated), and which it is."""
-    from ..analysis.arena import predict_in_use
-
     return min((a.arena_in_use(True), "its file order"),
                (a.arena_in_use(False), "its file order with enable_mem_reuse=False"),
                (predict_in_use(a.graph, a.default, a.tensors).peak_in_use_bytes, "ORT's DEFAULT order"))
@@ -221,78 +165,10 @@ def module_shortfall(a: Analysis, result: RewriteResult) -> str | None:
 
 
 def original_floor(a: Analysis) -> int:
-    """A lower bound of ``original_best`` without its arena replays (3.5 s of a 100k-node
-    plan): the arena never has fewer bytes in use than the live tensors."""
+    """A lower bound of ``original_best`` without its arena replays (slow on large graphs):
+    the arena never has fewer bytes in use than the live tensors."""
     return min(a.profile(True).activation_peak_bytes, a.profile(False).activation_peak_bytes,
                a.default.activation_peak_bytes)
-
-
-# Turning ORT's buffer reuse off must win by this much: the arena model is exact with
-# reuse on, within a few percent with it off.
-MEM_REUSE_OFF_MARGIN = 0.05
-
-
-def _choose_order_and_reuse(a: Analysis, candidates: list[Graph], tensors) -> tuple:
-    """Pick the written order (the memory-aware one or the plain one) and ORT's
-    ``enable_mem_reuse`` together, by the predicted arena peak, then the tensor bytes.
-
-    ORT's planner keeps a freed buffer allocated until a later tensor of the same shape
-    reuses it; with reuse off every buffer is released at its last read (and nothing runs
-    in place). Reuse off is only taken where it also keeps the rewrite clearly below the
-    original under that setting, which is what ``ckpt check`` compares.
-
-    The arena replay costs as much as the simulation, and the arena never has fewer bytes
-    in use than the live tensors: options are replayed from the lowest tensor peak up, and
-    one whose tensor peak already exceeds the best arena peak found is not replayed."""
-    simulated = []
-    for graph in _distinct(candidates):
-        for reuse, profile in zip((True, False), simulate_both(graph, list(range(len(graph.nodes))), tensors)):
-            scale = 1.0 if reuse else 1 / (1 - MEM_REUSE_OFF_MARGIN)
-            simulated.append((profile.activation_peak_bytes * scale, len(simulated), graph, profile, reuse, scale))
-    best = None
-
-    def clearly_lower() -> float:
-        return a.arena_in_use(False) * (1 - MEM_REUSE_OFF_MARGIN)
-
-    for bound, k, graph, profile, reuse, scale in sorted(simulated, key=lambda o: o[:2]):
-        if best is not None and bound > best[0]:
-            break  # sorted by bound: no later option can win either
-        # The original's own arena with reuse off (a replay of the input) is only needed
-        # where a reuse-off option would win: a losing one is known from its own replay.
-        if not reuse and (best is None or a.knows_arena(False)) and profile.activation_peak_bytes > clearly_lower():
-            continue
-        # an option whose arena passes the best one's is lost: its replay stops there
-        # (a losing reuse-off replay of a 10k-node rewrite: 65 ms)
-        arena = predict_in_use(graph, profile, tensors, None if best is None else int(best[0] / scale))
-        in_use = arena.peak_in_use_bytes
-        option = (in_use * scale, profile.peak_bytes, k, graph, profile, reuse, arena)
-        if best is not None and option[:3] >= best[:3]:
-            continue
-        if not reuse and max(in_use, profile.activation_peak_bytes) > clearly_lower():
-            continue
-        best = option
-    return best[3:]
-
-
-def _distinct(candidates: list[Graph]) -> list[Graph]:
-    """The candidate orders, each once (the heuristic order can be the plain one)."""
-    seen: set[tuple[str, ...]] = set()
-    out = []
-    for graph in candidates:
-        names = tuple(n.name for n in graph.nodes)
-        if names not in seen:
-            seen.add(names)
-            out.append(graph)
-    return out
-
-
-def _lowest_tensor_peak(a: Analysis, candidates: list[Graph], tensors) -> tuple:
-    """``_choose_order_and_reuse`` for a ``model_only`` rewrite: reuse on, the order of lowest
-    simulated tensor peak (first on ties), no arena."""
-    options = [(simulate(graph, list(range(len(graph.nodes))), tensors), k, graph)
-               for k, graph in enumerate(_distinct(candidates))]
-    profile, _, graph = min(options, key=lambda o: (o[0].peak_bytes, o[1]))
-    return graph, profile, True, None
 
 
 def _mark_early_backward(graph: Graph, forward_names: set[str]) -> Graph:

@@ -1,0 +1,149 @@
+"""The written order of a rewritten graph and ORT's buffer reuse for it, chosen together.
+
+Candidates are the memory-aware order, the plain executed order and, for a reorder-only
+rewrite, ORT's DEFAULT order. A written graph takes the candidate and ``enable_mem_reuse``
+of lowest predicted arena peak (then tensor bytes); a plan search's memory model
+(``model_only``) takes the order of lowest simulated tensor peak, reuse on, no arena.
+``ScheduleCache`` remembers the choice per graph for one plan search.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..analysis import Analysis, schedules
+from ..analysis.arena import ArenaResult, predict_in_use
+from ..analysis.memory import MemoryProfile, buffer_roots, simulate, simulate_both
+from ..graph import Graph
+from .order import executed_order, memory_aware
+
+# Turning ORT's buffer reuse off must win by this much: the arena model is exact with
+# reuse on, within a few percent with it off.
+MEM_REUSE_OFF_MARGIN = 0.05
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A graph in its written (= executed) order, its simulation, the buffer reuse it asks
+    ORT for, and the arena replay that chose it (None for a plan search's model)."""
+
+    graph: Graph
+    profile: MemoryProfile
+    mem_reuse: bool
+    arena: ArenaResult | None
+
+
+class ScheduleCache:
+    """The schedules chosen for the graphs one plan search rewrote, kept in ``memo`` (a dict
+    the search owns): two plans that place the same copies the same way share the choice,
+    which is most of a rewrite's time."""
+
+    def __init__(self, memo: dict) -> None:
+        self.memo = memo
+
+    @staticmethod
+    def _key(graph: Graph, model_only: bool) -> tuple:
+        return (model_only, tuple((n.name, n.inputs, n.outputs) for n in graph.nodes))
+
+    def get(self, graph: Graph, model_only: bool) -> Schedule | None:
+        known = self.memo.get(self._key(graph, model_only))
+        if known is None:
+            return None
+        written, profile, mem_reuse, arena = known
+        return Schedule(graph if written is None else graph.reordered(written), profile, mem_reuse, arena)
+
+    def put(self, graph: Graph, model_only: bool, chosen: Schedule) -> None:
+        at = {n.name: k for k, n in enumerate(graph.nodes)}
+        order = [at[n.name] for n in chosen.graph.nodes]
+        self.memo[self._key(graph, model_only)] = (None if order == list(range(len(order))) else order,
+                                                  chosen.profile, chosen.mem_reuse, chosen.arena)
+
+
+def choose_schedule(a: Analysis, new: Graph, tensors, copy_names: set[str], forward_names: set[str],
+                    model_only: bool, cache: ScheduleCache | None = None) -> Schedule:
+    """The schedule of ``new`` (the surgery's graph), from ``cache`` when it has it."""
+    known = cache.get(new, model_only) if cache is not None else None
+    if known is not None:
+        return known
+    chosen = Schedule(*_choose(a, new, tensors, copy_names, forward_names, model_only))
+    if cache is not None:
+        cache.put(new, model_only, chosen)
+    return chosen
+
+
+def _choose(a: Analysis, new: Graph, tensors, copy_names: set[str], forward_names: set[str],
+            model_only: bool) -> tuple:
+    """The written order of ``new`` and ORT's buffer reuse for it: (graph, profile, reuse, arena)."""
+    sizes = {t: info.nbytes for t, info in tensors.items() if info.nbytes}
+    order = memory_aware(new, sizes, buffer_roots(new), [n.name not in forward_names for n in new.nodes],
+                         [n.name in copy_names for n in new.nodes])
+    candidates = [executed_order(new, order), executed_order(new)]
+    if not copy_names:
+        # Reordering only: ORT's DEFAULT order is a candidate too (where the order sets the
+        # peak it can beat both). With copies it would run them right after their inputs.
+        candidates.append(executed_order(new, schedules.ort_default(new)))
+    choose = _lowest_tensor_peak if model_only else choose_order_and_reuse
+    return choose(a, candidates, tensors)
+
+
+def choose_order_and_reuse(a: Analysis, candidates: list[Graph], tensors) -> tuple:
+    """Pick the written order (the memory-aware one or the plain one) and ORT's
+    ``enable_mem_reuse`` together, by the predicted arena peak, then the tensor bytes.
+
+    ORT's planner keeps a freed buffer allocated until a later tensor of the same shape
+    reuses it; with reuse off every buffer is released at its last read (and nothing runs
+    in place). Reuse off is only taken where it also keeps the rewrite clearly below the
+    original under that setting, which is what ``ckpt check`` compares.
+
+    The arena replay costs as much as the simulation, and the arena never has fewer bytes
+    in use than the live tensors: options are replayed from the lowest tensor peak up, and
+    one whose tensor peak already exceeds the best arena peak found is not replayed."""
+    simulated = []
+    for graph in _distinct(candidates):
+        for reuse, profile in zip((True, False), simulate_both(graph, list(range(len(graph.nodes))), tensors)):
+            scale = 1.0 if reuse else 1 / (1 - MEM_REUSE_OFF_MARGIN)
+            simulated.append((profile.activation_peak_bytes * scale, len(simulated), graph, profile, reuse, scale))
+    best = None
+
+    def clearly_lower() -> float:
+        return a.arena_in_use(False) * (1 - MEM_REUSE_OFF_MARGIN)
+
+    for bound, k, graph, profile, reuse, scale in sorted(simulated, key=lambda o: o[:2]):
+        if best is not None and bound > best[0]:
+            break  # sorted by bound: no later option can win either
+        # The original's own arena with reuse off (a replay of the input) is only needed
+        # where a reuse-off option would win: a losing one is known from its own replay.
+        if not reuse and (best is None or a.knows_arena(False)) and profile.activation_peak_bytes > clearly_lower():
+            continue
+        # an option whose arena passes the best one's is lost: its replay stops there
+        # (replaying a loser to its end costs time and changes nothing)
+        arena = predict_in_use(graph, profile, tensors, None if best is None else int(best[0] / scale))
+        in_use = arena.peak_in_use_bytes
+        option = (in_use * scale, profile.peak_bytes, k, graph, profile, reuse, arena)
+        if best is not None and option[:3] >= best[:3]:
+            continue
+        if not reuse and max(in_use, profile.activation_peak_bytes) > clearly_lower():
+            continue
+        best = option
+    return best[3:]
+
+
+def _distinct(candidates: list[Graph]) -> list[Graph]:
+    """The candidate orders, each once (the heuristic order can be the plain one)."""
+    seen: set[tuple[str, ...]] = set()
+    out = []
+    for graph in candidates:
+        names = tuple(n.name for n in graph.nodes)
+        if names not in seen:
+            seen.add(names)
+            out.append(graph)
+    return out
+
+
+def _lowest_tensor_peak(a: Analysis, candidates: list[Graph], tensors) -> tuple:
+    """``_choose_order_and_reuse`` for a ``model_only`` rewrite: reuse on, the order of lowest
+    simulated tensor peak (first on ties), no arena."""
+    options = [(simulate(graph, list(range(len(graph.nodes))), tensors), k, graph)
+               for k, graph in enumerate(_distinct(candidates))]
+    profile, _, graph = min(options, key=lambda o: (o[0].peak_bytes, o[1]))
+    return graph, profile, True, None
