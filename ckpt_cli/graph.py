@@ -1,8 +1,8 @@
 """A thin graph IR over the ONNX protobuf: nodes, tensors, producers and consumers.
 
 We keep the original ``NodeProto`` objects and index them instead of converting the
-model to another IR: converting a 100k-node graph both ways costs more than loading
-and saving it (see ``bench/``), and speed against that I/O floor is a goal.
+model to another IR: converting a large graph both ways costs more than loading and
+saving it, and speed against that I/O floor is a goal.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ ABSENT = ""
 def gc_paused(f):
     """Run ``f`` with Python's cycle collector paused. Indexing and analysing a large graph
     allocates millions of small containers and no garbage cycles; the collections they
-    trigger rescan the whole heap, a quarter of the run at 100k nodes. Reference counting
+    trigger rescan the whole heap, again and again as it grows. Reference counting
     frees everything as usual; collection resumes when ``f`` returns."""
     @wraps(f)
     def paused(*args, **kwargs):
@@ -146,7 +146,7 @@ class Graph:
     def _derived_ids(self, nodes: list[Node]) -> TensorIds:
         """``ids`` of a graph of ``nodes`` with this graph's inputs, outputs and initializers:
         this graph's numbering, new tensors after it, and this graph's nodes' id tuples as
-        they are (a rewrite keeps most nodes: interning them again was 4% of a 10k-node plan).
+        they are (a rewrite keeps most nodes: interning them again would be wasted work).
         Names of tensors the new graph lacks keep their ids, unread."""
         ids = self.ids
         names, of = list(ids.names), dict(ids.of)
@@ -192,7 +192,7 @@ class Graph:
     def remarked(self, protos: dict[int, onnx.NodeProto]) -> "Graph":
         """``replaced(protos)`` for protos that differ from the nodes' own only in metadata
         or attributes (same name, op, inputs and outputs): the links and tensor ids are
-        kept, not rebuilt (_mark_early_backward: 0.31 -> 0.04 s at 100k nodes)."""
+        kept, not rebuilt (rebuilding them is slow on large graphs, and nothing they index changed)."""
         nodes = list(self.nodes)
         for i, p in protos.items():
             n = nodes[i]
@@ -369,7 +369,7 @@ def expected_bytes(t: onnx.TensorProto) -> int | None:
 
 def embedded_bytes(t: onnx.TensorProto) -> int:
     """The bytes an embedded tensor's ``raw_data`` holds, as its dims and type fix them
-    (reading ``raw_data`` from Python copies it: 0.6 s for a 192 MB weight); 0 for a
+    (reading ``raw_data`` from Python copies it, which is slow for a large weight); 0 for a
     tensor whose values sit in typed fields."""
     if not t.HasField("raw_data"):
         return 0

@@ -402,7 +402,7 @@ def conv_working_bytes(node, x, w, y, threads: int = 1) -> int:
     if filters > out_size:
         return 4 * out_size * k
     # ExpandThenGemmSegmented: one working block per thread.  (Newer MLAS sources size it
-    # by batch * group when either is > 1; ORT 1.31.1 measured 16384 floats for batch 8.)
+    # by batch * group when either is > 1; ORT 1.31.1, the version modelled here, does not.)
     threads = max(1, threads)
     complexity = filters * out_size * k
     target = int(complexity / MLAS_SGEMM_THREAD_COMPLEXITY) + 1 if complexity < MLAS_SGEMM_THREAD_COMPLEXITY * 64 else 64

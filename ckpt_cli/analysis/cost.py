@@ -150,8 +150,8 @@ _COST_ATTRS = {"MatMul": ("transA",), "FusedMatMul": ("transA",), "MatMulInteger
 
 def graph_costs(graph: Graph, tensors: dict[str, TensorInfo]) -> list[NodeCost]:
     """Cost of every node, indexed like ``graph.nodes``. Nodes alike in op, attributes read
-    and tensor shapes share one cost, priced once: a model repeats its layers (81 distinct
-    costs among a 10k-node transformer's nodes, priced 3x faster)."""
+    and tensor shapes share one cost, priced once: a model repeats its layers, so few of
+    its nodes have a cost of their own."""
     get = tensors.get
     priced: dict[tuple, NodeCost] = {}
 

@@ -39,9 +39,9 @@ def aligned(n: int) -> int:
 class MemPatternPlanner:
     """``MemPatternPlanner::TraceAllocation`` / ``TraceFree`` without program counters.
 
-    ORT scans every live block per allocation; at 100k nodes, with thousands of stashed
-    buffers live, that scan was a fifth of ``ckpt rewrite``. The free gaps below the
-    block's end (between live blocks, and past the highest one) are kept instead, sorted
+    ORT scans every live block per allocation; on large graphs, with thousands of stashed
+    buffers live, that scan would be a large share of ``ckpt rewrite``. The free gaps below
+    the block's end (between live blocks, and past the highest one) are kept instead, sorted
     by (length, offset): the best fit, least waste then lowest offset, is one bisection."""
 
     def __init__(self) -> None:

@@ -102,7 +102,7 @@ def _axes(a: np.ndarray, axes: np.ndarray | None = None) -> tuple[int, ...] | No
     return None if axes is None else tuple(int(x) for x in axes.reshape(-1))
 
 
-# numpy for the common ops (the reference evaluator costs about 1.5 ms a node); from
+# numpy for the common ops (the reference evaluator is slow for each node); from
 # opset 13 on, Squeeze and Unsqueeze take their axes as an input.
 _AXES_INPUT = frozenset({"Squeeze", "Unsqueeze"})
 _FAST = {

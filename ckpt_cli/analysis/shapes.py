@@ -149,8 +149,8 @@ def infer_tensors(graph: Graph, dims: dict[str, int] | None = None) -> dict[str,
     src = graph.model.graph
     order = graph.topological_order()  # strict inference needs it
     model = weightless_copy(graph.model, (graph.nodes[i].proto for i in order), _INLINE_INITIALIZER_BYTES)
-    # Local functions stay opaque to inference, as they always were here: checking their
-    # bodies strictly could turn a model that loads into an error.
+    # Local functions stay opaque to inference: checking their bodies strictly could turn a
+    # model that loads into an error.
     del model.functions[:]
     light = model.graph
     # Artifacts declare gradients with the batch dimension too: bind it wherever it is declared.
@@ -341,4 +341,4 @@ def _merge_sized(tensors: dict[str, TensorInfo], new: dict[str, TensorInfo]) -> 
                    if info.nbytes is not None and (t not in tensors or tensors[t].nbytes is None))
 
 
-_MAX_ROUNDS = 32  # each round passes one more layer of ORT ops (a 12-layer encoder needs about 2 per layer)
+_MAX_ROUNDS = 32  # each round passes one more layer of ORT ops; deep graphs need a few rounds per layer

@@ -181,7 +181,7 @@ def emit(report: dict, render, as_json: bool, report_path: Path | None, quiet: b
 
 def renderer(module: str, name: str):
     """``ckpt_cli.report.<module>.<name>``, imported when a report is rendered: a --json
-    run never loads rich (30 ms of a command's start)."""
+    run never loads rich, which would slow every command's start."""
     def render(report: dict, console) -> None:
         from importlib import import_module
 

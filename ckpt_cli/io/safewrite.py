@@ -129,7 +129,7 @@ def signals_deferred() -> Iterator[None]:
     Python-level handlers that only note the signal, not a signal mask: a mask holds a
     signal for the calling thread only, and the kernel hands a signal sent to the process
     to any other thread (numpy's BLAS threads), whose C handler still makes the main
-    thread raise at once. CI caught that."""
+    thread raise at once."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return

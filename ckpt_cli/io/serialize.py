@@ -1,10 +1,10 @@
 """A model's serialization read and written a piece at a time: what ``onnx.load`` parses
 and ``SerializeToString`` writes, without all of the file's bytes in memory at once.
 
-One ``SerializeToString`` of a model with 436 MB of embedded weights took peak RSS from
-874 MB to 1.81 GB (protobuf builds the whole message in one buffer, then copies it into a
-Python bytes), and ``onnx.load`` holds the file's bytes beside the model it parses from
-them. Protobuf's wire format is a sequence of fields, and parsing a concatenation
+One ``SerializeToString`` of a model with embedded weights holds two more copies of them
+(protobuf builds the whole message in one buffer, then copies it into a Python bytes), and
+``onnx.load`` holds the file's bytes beside the model it parses from them. Protobuf's
+wire format is a sequence of fields, and parsing a concatenation
 merges what its parts parse to, so the model is read and written field by field, its
 graph's initializers one tensor at a time: at most one tensor's bytes are held beyond
 the model itself. When writing, the graph's length prefix comes first, from each

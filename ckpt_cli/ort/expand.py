@@ -2,13 +2,13 @@
 
 ORT expands such ops (SoftmaxCrossEntropyLoss in plain onnxruntime) into new nodes at
 session creation, even at ORT_DISABLE_ALL, so a plan made on the file would simulate
-nodes ORT never runs and miss the ones it does (ORT_FACTS §8). ORT itself writes the
+nodes ORT never runs and miss the ones it does. ORT itself writes the
 resolved graph (``optimized_model_filepath`` at ORT_DISABLE_ALL); its new nodes replace
 the op they expand, at that op's place in the file order, named after it and carrying
 its metadata. Weights never travel: ORT sees them as graph inputs.
 
-ORT is given only the nodes whose fate it decides (a session of the whole graph took 2 s
-of CPU at 10k nodes): the function ops, the ops of other domains (ORT refuses the graph
+ORT is given only the nodes whose fate it decides (a session of the whole graph is slow
+on large graphs): the function ops, the ops of other domains (ORT refuses the graph
 when it has no kernel for one: then nothing is expanded) and the Constant nodes (their
 values can decide an expansion; the splice keeps them as nodes, as a graph ORT is not
 asked about keeps them). Their inputs are typed as the graph types them. A graph this
@@ -207,10 +207,10 @@ def _splice(graph: Graph, functions: dict[str, tuple[str, str, int]], model: onn
             p.name = f"{node.name}/{p.op_type}_{k}"
             p.metadata_props.extend(node.proto.metadata_props)
     # In place: the graph's model is ckpt's own (load's, or load_input's copy of a caller's),
-    # and a copy would hold its weights twice (a 192 MB weight: 0.4 s under cProfile). Each
-    # removed op gives way to its expansion where it stood, the last one first (positions
-    # before it stay valid); the kept protos are neither copied (100k of them: 0.43 s) nor
-    # read back. The graph given is spent: the model is the new graph's.
+    # and a copy would hold its weights twice and take time to make. Each removed op gives
+    # way to its expansion where it stood, the last one first (positions before it stay
+    # valid); the kept protos are neither copied nor read back, which is slow on large graphs.
+    # The graph given is spent: the model is the new graph's.
     model = graph.model
     node_list = model.graph.node
     for position in sorted(expansion, reverse=True):
@@ -264,7 +264,7 @@ def _strip_inserted_casts(g: onnx.GraphProto) -> None:
 def _indexed(model: onnx.ModelProto, graph: Graph, expansion: dict[int, list[onnx.NodeProto]]) -> Graph:
     """``Graph.from_model(model)`` for ``graph``'s model with ``expansion`` spliced in: only
     the new nodes are read, the kept ones keep their Node (moved where they now stand;
-    indexing every proto again took 1 s at 100k nodes)."""
+    indexing every proto again is slow on large graphs)."""
     node_list = model.graph.node
     nodes: list[Node] = []
     for n in graph.nodes:

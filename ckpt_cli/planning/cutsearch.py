@@ -34,10 +34,10 @@ REFINE_STEPS = 6  # byte limits tried between two corners on small graphs
 
 
 def large_judgements(nodes: int) -> int:
-    """Rewrites a large graph's corner search may spend: 0.3 s each at 10k nodes and
-    5 s at 100k (bench/ section 1), to plan within 2 s at 10k and 20 s at 100k."""
+    """Rewrites a large graph's corner search may spend: each is a rewrite of the whole
+    graph, so fewer are allowed as the graph grows, to keep planning time bounded."""
     return 4 if nodes <= 20_000 else 2
-LARGE_SOLVES = 16  # price sweeps on large graphs stop sooner (50 ms a max-flow at 10k nodes)
+LARGE_SOLVES = 16  # price sweeps on large graphs stop sooner: each max-flow solve grows with the graph
 
 
 @dataclass
@@ -111,9 +111,8 @@ def _best(judged, budget: int) -> Judged | None:
 def _schedule_guesses(a: Analysis, problem: Problem, corners: list[Cut]) -> list[int]:
     """Each corner's peak as the original's own schedule has it without the stashed buffers
     the corner does not keep, each dropped from its last forward use to its first backward
-    read: no rewrite, milliseconds. On transformers of 2.3k, 5k and 10k nodes it is 0.2-1%
-    below the judged peak of every corner at 10k, up to 6% off at 2.3k, and 37-39% above
-    for the corner that keeps the most (reordering alone lowers its peak)."""
+    read: no rewrite. It is close for most corners, and well above the judged peak of the
+    corner that keeps the most (reordering alone lowers its peak)."""
     g, order = a.graph, a.priority.order
     position = [0] * len(g.nodes)
     for k, i in enumerate(order):
@@ -161,9 +160,7 @@ def _aim(corners: list[Cut], judge, measure, guesses: list[int], budget: int, or
     surplus of the last one that fitted; the richest corner so estimated to fit is judged
     until none is or the judgements are spent, then one estimated over the budget by less
     than twice the largest error an estimate made, and the loose test is made again,
-    widened as much (on a 2.3k-node transformer, where the guesses err by up to 6%, these
-    found the plans a model rewrite of the floor found). On a 10k-node transformer every
-    budget from 59% to 98% takes one rewrite (a model rewrite of the floor cost one more)."""
+    widened as much: the guesses err, and a fitting corner must not hide behind the error."""
     last = len(corners) - 2
     if last < 0:
         return
@@ -257,13 +254,12 @@ def _refine(problem: Problem, corners: list[Cut], best: Judged, judge, fits) -> 
 
 
 # Up to this many nodes the cut search judges every corner and refines between two with
-# the byte-budget MILP even when the structure search is lean (a rewrite takes ~0.1 s here):
-# bisecting the corners alone recomputed 1.70x what optimal does on gpt12 (1,836 nodes) at 60%.
+# the byte-budget MILP even when the structure search is lean: rewrites are cheap at this
+# size, and bisecting the corners alone recomputes well above what optimal does.
 THOROUGH_CUTS_NODES = 2_000
 # Above this many nodes only the region-structure search runs: with the two or three
-# rewrites a 100k-node graph allows (5 s each), it recomputed 2.49 GFLOP at a 65% budget
-# against the cuts' 3.16 (at 10k nodes, with four rewrites, the cuts recompute 15 MFLOP
-# against its 175).
+# rewrites such a graph allows, it finds plans that recompute less than the cuts' (below
+# this size the cuts win).
 STRUCTURES_FIRST_NODES = 20_000
 
 
@@ -296,7 +292,7 @@ def cut_budget_plan(a: Analysis, budget: int, evaluate: Callable[[Plan], PlanCos
     if (thorough and not free) or found.best is None:
         try:
             # where no cut fits on a graph the cuts search thoroughly, the structure search's
-            # exact MILP is worth its time: the greedy keep set recomputed 47x optimal's on resnet18
+            # exact MILP is worth its time: the greedy keep set can recompute many times optimal's
             old = fallback(exact=found.best is None and cuts_thorough,
                            beat=found.best.cost.recompute_flops if found.best is not None else None)
         except BudgetUnreachable:
@@ -315,13 +311,11 @@ def cut_budget_plan(a: Analysis, budget: int, evaluate: Callable[[Plan], PlanCos
 
 
 # Evaluations the winner's polish may spend. Each structure's search polishes its own best
-# fit (search.POLISH); going on from the winner of them all is what made --budget monotone
-# in the budget on the cnn sample (1% steps from 95% to 70%: at 83% the winner polished
-# 16 times recomputed 1.50 MFLOP, at 80% 1.43; 16 more steps at 83% reach 1.43).
+# fit (search.POLISH); going on from the winner of them all keeps --budget monotone in the
+# budget: without it a looser budget can recompute more than a tighter one.
 FINAL_POLISH = 16
-# Graphs polished even where the search is lean: on gpt12 (1.8k nodes) at 80% the polish
-# took the plan from 88.3 to 56.9 MFLOP (the command at 60%: 2.09 -> 2.91 s); on a
-# 4.9k-node synthetic transformer at 65% it took the command from 0.88 to 3.78 s.
+# Graphs polished even where the search is lean: on small graphs the polish cuts recompute
+# FLOPs a lot for little time; on larger ones its rewrites multiply the command's time.
 FINAL_POLISH_NODES = 2_000
 
 
@@ -354,11 +348,8 @@ def polished(a: Analysis, result: BudgetResult, evaluate: Callable[[Plan], PlanC
 NEAR_LOWEST = 0.02
 LARGE_DEFAULT_CORNERS = 1  # corners judged on large graphs, next to the one that recomputes the most
 # Above this the default is the per-layer plan without judging others: each judgement is a
-# rewrite of the whole graph (0.4 s at 10k nodes, 5 s at 100k), and a plain rewrite should
-# stay one rewrite. At 10k nodes judging the per-layer plan and a min-cut corner took the
-# default plan to 2.3-2.7 s; on a 10k-node transformer the corner won with the same peak
-# (-0.06%) and 11% fewer recompute FLOPs, on CNNs the per-layer plan wins (cnn, resnet18:
-# the corner's peak is 15% higher).
+# rewrite of the whole graph, and a plain rewrite should stay one rewrite. Below it, a
+# min-cut corner can beat the per-layer plan on transformers, though not on CNNs.
 DEFAULT_SEARCH_NODES = 5_000
 
 

@@ -54,8 +54,8 @@ def intervals_of(a: Analysis, result) -> Intervals:
 
 
 class PlanEvaluator:
-    """Judges plans for one search by rewriting them unpinned (pin's guards change the peak
-    by a few bytes and cost half the time).
+    """Judges plans for one search by rewriting them unpinned (pin's guards barely change
+    the peak and slow every rewrite).
 
     ``limit``: the search's byte budget; the cheapest rewrite that fits it is kept as
     ``best_plan``/``best_result``. ``ruled``: the per-op policy applied before rewriting.

@@ -1,19 +1,18 @@
 """Binary programs for the exact solvers, on HiGHS through its own binding (highspy).
 
-scipy's ``milp`` wraps the same solver, but importing ``scipy.optimize`` takes 0.4-0.6 s
-after numpy (``python -c``, three runs), more than most of its MILPs; highspy loads in
-12-18 ms, and its newer HiGHS (1.16 against scipy 1.17's 1.12) solved gpt12's byte-budget
-MILPs in 0.05-0.1 s where scipy's took up to 6 s. Every variable here is 0/1 and every constraint a row range over a sparse matrix
-given as (row, column, value) triples.
+scipy's ``milp`` wraps the same solver, but importing ``scipy.optimize`` costs more than
+most of its MILPs; highspy loads quickly, and its newer HiGHS solves the byte-budget MILPs
+far faster. Every variable here is 0/1 and every constraint a row range over a sparse
+matrix given as (row, column, value) triples.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-# Solved to the optimum, not to HiGHS's default 0.01% gap: the gap let tied-looking
-# solutions differ in saved FLOPs, and at gap 0 the structure MILPs of gpt12 take
-# 0.05-0.14 s each (one row per stretch of steps, ``solver._solve``).
+# Solved to the optimum, not to HiGHS's default 0.01% gap: the gap lets tied-looking
+# solutions differ in saved FLOPs, and gap 0 stays cheap with one row per stretch of steps
+# (``solver._solve``).
 MIP_REL_GAP = 0.0
 
 

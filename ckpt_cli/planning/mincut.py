@@ -51,7 +51,7 @@ SHAPE_OP_COST = 1
 # an infinite edge's capacity.
 FINITE_TOTAL = 1 << 29
 INFINITE = (1 << 31) - 1
-# Price sweeps stop after this many max-flow solves (each is milliseconds at 10k nodes).
+# Price sweeps stop after this many max-flow solves (each is cheap next to a rewrite).
 MAX_SOLVES = 40
 
 
@@ -201,8 +201,7 @@ def _cut(p: Problem, price: float, copied_mask: np.ndarray) -> Cut:
 def _needed(p: Problem, copied_mask: np.ndarray) -> np.ndarray:
     """The tensors the backward needs under a cut: those it reads, and the inputs of every
     copied node that makes a needed tensor, transitively. ``nodes`` are in topological
-    order, so one pass from the last node back settles each node after all its readers
-    (under a millisecond at 10k nodes)."""
+    order, so one pass from the last node back settles each node after all its readers."""
     inputs, outputs = _node_tensors(p)
     need = np.zeros(len(p.tensors), dtype=bool)
     need[p.read_backward] = True

@@ -22,7 +22,7 @@ from .regions import default_regions, layer_regions, sqrt_regions
 from .search import LOOSENING, Fitted, Intervals, PlanCost, search_limits
 
 # Above this, searches are lean: one structure that fits, a few evaluations (each is a
-# rewrite of the whole graph; the thorough search makes about 100 on a small graph).
+# rewrite of the whole graph, and the thorough search makes many).
 LARGE_GRAPH_NODES = 1_000
 
 
@@ -35,14 +35,14 @@ def _sqrt_segments(a: Analysis) -> int:
 def structures(a: Analysis) -> list[Plan]:
     """Region structures the budget search tries: per layer (if any), then sqrt(n)
     segments and, on graphs below LARGE_GRAPH_NODES, twice as many (smaller pieces
-    recomputed at a time: it wins at loose budgets on the samples; on large graphs the
-    structures differ by under 2% in recompute FLOPs, see bench/)."""
+    recomputed at a time, which can win at loose budgets; on large graphs the structures
+    differ little in recompute FLOPs)."""
     return list(_structures(a))
 
 
 def _structures(a: Analysis) -> Iterator[Plan]:
     """``structures``, each made when it is reached (a large graph's search stops at the first
-    that fits, and making a plan of 100k nodes takes a third of a second)."""
+    that fits, and making a plan of a large graph is not free)."""
     layers = layer_regions(a)
     if layers is not None:
         yield layers
@@ -59,7 +59,7 @@ SCANNED_SEARCHES = 2
 def scanned_segmentations(a: Analysis) -> list[Plan]:
     """Every other segmentation into k = 2 .. 2*sqrt(n) pieces (at most
     MAX_SCANNED_SEGMENTS), for budgets below the floors of ``structures``: the floor is
-    not monotone in k (gpt: 3.46 MiB at 5 pieces, 3.82 MiB at 13, 3.28 MiB at 9)."""
+    not monotone in k, so no k can be skipped by looking at its neighbours."""
     k = _sqrt_segments(a)
     return [sqrt_regions(a, j) for j in range(2, min(2 * k, MAX_SCANNED_SEGMENTS) + 1) if j not in (k, 2 * k)]
 
@@ -68,17 +68,14 @@ StructureSearch = Callable[[Plan, Intervals], tuple["BudgetResult | None", int]]
 
 
 # On graphs searched first-fit (above LARGE_GRAPH_NODES) the structures' floors lie within
-# this share of each other (0% on a 10k-node transformer, 1.2% on gpt12): a floor further
-# above the budget than this ends the scan, the budget being out of every structure's
-# reach (each floor is a rewrite of the whole graph: 5 s at 100k nodes).
+# this share of each other: a floor further above the budget than this ends the scan, the
+# budget being out of every structure's reach (each floor is a rewrite of the whole graph).
 STRUCTURE_SPREAD = 0.05
 
 
-# The other segmentations are scanned (23 more rewrites on gpt, 29 on cnn, and
-# SCANNED_SEARCHES searches) only where region structures compete with the cuts: within
-# this factor of the best cut's recompute FLOPs (gpt from 80% to 62%: the best standard
-# structure recomputes 2.3-8.9x the best cut; at 56% 1.5x, and 0.9x at 50%; cnn at 90%
-# and 80%: 0.2x).
+# The other segmentations are scanned (a rewrite each, and SCANNED_SEARCHES searches) only
+# where region structures compete with the cuts: within this factor of the best cut's
+# recompute FLOPs. Further off, the scan costs rewrites and rarely beats the cut.
 SCAN_WITHIN = 2.0
 
 
@@ -90,9 +87,8 @@ def over_structures(a: Analysis, budget: int, intervals_of: Callable[[Plan], Int
     the SCANNED_SEARCHES of lowest floor that fit, unless a structure recomputes nothing
     or all recompute over SCAN_WITHIN times ``beat`` (the best cut's FLOPs). Ranking
     them by floor, not by the budget, keeps the set searched growing with the budget
-    (ranked by the linear model's estimate, cnn at 85% searched two others than at 80%
-    and recomputed 7.73 MFLOP against 1.50). Returns (best, the lowest floor seen,
-    evaluations)."""
+    (ranked by the linear model's estimate, a looser budget can search other structures
+    and recompute more). Returns (best, the lowest floor seen, evaluations)."""
     best: BudgetResult | None = None
     lowest: PlanCost | None = None
     evaluations = 0
@@ -230,12 +226,10 @@ def fill_greedily(ranked: list[Candidate], timeline: tuple[int, ...], spans: dic
 
 
 def _lean_loosening(nodes: int, loose: bool) -> int:
-    """Loosening steps on a large graph. Each is a rewrite of the whole graph (0.3 s at
-    10k nodes, 4-5 s at 100k): two up to 20k nodes; above, one under a ``loose`` budget
-    (at least halfway from the floor's peak to the original's), none under a tighter one,
-    to plan within 20 s at 100k (bench/ section 1). The first step keeps everything, which
-    fits only loose budgets: on a 704-layer transformer, reordering alone lowers the peak
-    from 487 to 349 MB, while a 65% budget (317 MB) is 17% of the way from the floor (281 MB)."""
+    """Loosening steps on a large graph. Each is a rewrite of the whole graph: two up to 20k
+    nodes; above, one under a ``loose`` budget (at least halfway from the floor's peak to the
+    original's), none under a tighter one, to keep planning time bounded. The first step
+    keeps everything, which fits only loose budgets."""
     if nodes <= 20_000:
         return 2
     return 1 if loose else 0
@@ -302,7 +296,7 @@ def budget_plan(a: Analysis, budget: int, evaluate: Evaluate, intervals_of: Call
                          "chosen greedily by the recompute FLOPs they save"), spent
 
     # Large graphs stop at the first structure that fits (each floor and each check is a
-    # rewrite, and the structures differ by under 2% there).
+    # rewrite, and the structures differ little there).
     best, lowest, evaluations = over_structures(a, budget, intervals_of, search, options, first_fit=not exhaustive,
                                                beat=beat)
     if best is not None:

@@ -33,7 +33,7 @@ def file_sha256(path: str | Path) -> str:
 
 def ort_version() -> str | None:
     """The installed onnxruntime's version, read from its package metadata (importing
-    onnxruntime only for this costs a tenth of a second per command)."""
+    onnxruntime only for this would slow every command)."""
     from importlib import metadata
 
     for dist in ("onnxruntime-gpu", "onnxruntime", "onnxruntime-training", "onnxruntime-training-cpu"):

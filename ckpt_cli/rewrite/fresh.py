@@ -44,18 +44,15 @@ from .pin import trigger_of
 
 _ROUNDS = 400  # greedy rounds at most; each adds the takers of the buffers idle at the peak
 # Node steps the greedy may simulate in all (a round simulates every order once): rounds
-# grow with the layers (23 on gpt, 36 on gpt12, 150 on a 70-layer graph, where they cost
-# 25 s of a 34 s plan), so large graphs stop early, with the best set found by then.
+# grow with the layers, and on deep graphs they would take most of a plan, so large graphs
+# stop early, with the best set found by then.
 _STEP_BUDGET = 250_000
 # A graph where the first rounds lower the worst peak by less than this share is one the
-# greedy barely bites on (a 70-layer synthetic transformer: 0.35% in 2 rounds, 0.9% in 9,
-# at 1.2 s): it stops there and writes nothing, a gain that small not being worth its
-# nodes. The first two rounds take 2.8% on cnn, 3.3% on gpt, 5.1% on gpt12.
+# greedy barely bites on: it stops there and writes nothing, a gain that small not being
+# worth its nodes. On graphs it helps, the first rounds already gain more than this.
 _PROBE_ROUNDS, _PROBE_GAIN = 2, 0.01
-# Graphs above this many nodes skip the greedy: on a 70-layer transformer (13k nodes
-# rewritten) its probe gained 0.35%, so it wrote nothing, and took the pinned rewrite from
-# 0.19-0.23 s to 0.43-0.45 s; on a 704-layer one it found nothing; the samples' rewrites,
-# where it takes 2.8-5.1%, have under 3k nodes.
+# Graphs above this many nodes skip the greedy: on large transformers its probe gains too
+# little to write anything, yet slows the pinned rewrite; the graphs it helps are smaller.
 _GREEDY_NODES = 8_000
 
 
@@ -159,8 +156,7 @@ def apply(graph: Graph, tensors: dict[str, TensorInfo], fresh: set[str], local: 
     nodes, no new dependency). ``local`` writes them before each fresh tensor's node instead,
     from the size of the tensor written just before (pin's trigger, else the node's newest
     input): their few bytes then live a few steps, where shared ones are held across the run
-    and can split the arena where a large buffer would have gone (0.65 MiB on the cnn rewrite
-    with reuse off)."""
+    and can split the arena where a large buffer would have gone (with reuse off)."""
     tensors = dict(tensors)
     if not fresh:
         return FreshResult(graph, tensors, (), 0)
@@ -229,10 +225,9 @@ def unshare(graph: Graph, tensors: dict[str, TensorInfo], recorded_reuse: bool =
         return replace(apply(graph, tensors, set()), profile=profile, arena=unfresh)
     orders = [list(range(len(graph.nodes))), schedules.ort_default(graph)]
     sets = candidates(graph, tensors, orders, forward, planned if recorded_reuse else None)
-    # Whether a set fits the recorded settings turns on the construction, not on the set:
-    # on gpt, gpt12 and cnn every candidate set fits, or none does, under each one. So the
-    # best set alone is tried, under both (on a --budget 65% plan of 10k nodes the six tries,
-    # all rising, took rewrite_plan from 1.40 to 2.82 s).
+    # Whether a set fits the recorded settings turns on the construction, not on the set,
+    # so the best set alone is tried, under both: trying every set would multiply a
+    # rewrite's time for nothing.
     for local in (False, True):
         if not sets:
             break

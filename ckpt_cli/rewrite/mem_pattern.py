@@ -3,13 +3,12 @@
 A plain ``InferenceSession(path)`` runs with ``enable_mem_pattern`` on: from the second run
 on, every intermediate buffer lives in one block the arena serves from a power-of-two
 region, and ORT's fusions change that block beyond what the written order decides. On
-training graphs this is where a rewrite's saving went under ORT's defaults (gpt sample:
-4.90 MiB with the pattern, 3.30 MiB without, 8.90 MiB for the original; ORT's own training
-front-end, ORTModule, turns the pattern off too). A session option cannot travel with a
-file, but ORT turns the pattern off for any graph with an input that is not a tensor, so
-ckpt adds one: an optional tensor that no node reads, which nobody needs to feed. The
-choice is made here, by the prediction, and recorded on the result; ``written.py`` adds
-the input.
+training graphs this is where a rewrite's saving goes under ORT's defaults (ORT's own
+training front-end, ORTModule, turns the pattern off too). A session option cannot travel
+with a file, but ORT turns the pattern off for any graph with an input that is not a
+tensor, so ckpt adds one: an optional tensor that no node reads, which nobody needs to
+feed. The choice is made here, by the prediction, and recorded on the result;
+``written.py`` adds the input.
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
 """Pin the written schedule into the data flow, so that ONNX Runtime keeps it under any
-execution order and optimization level (ORT_FACTS §8).
+execution order and optimization level: ORT's fusions make nodes with the highest indices,
+which PRIORITY_BASED runs as late as it can, and a file cannot set node priority; only a
+data edge survives every optimizer.
 
 Each recompute block reads its inputs through guards that depend on the backward tensor
 written just before the block (its trigger): ``Reshape(x, Mul(Size(trigger), zeros))``
@@ -60,7 +62,7 @@ def _unmarked(proto: onnx.NodeProto) -> onnx.NodeProto:
 
 def _same_node(n: Node, p: onnx.NodeProto, inputs: tuple[str, ...] | None = None) -> Node:
     """``n`` made from ``p``, a copy of its proto with other attributes (and ``inputs``):
-    not indexed again (reading protos back was a tenth of a 100k-node pin)."""
+    not indexed again (reading protos back is slow on large graphs)."""
     return Node(n.index, n.name, n.op_type, n.domain, n.inputs if inputs is None else inputs, n.outputs, p,
                 n.implicit)
 
@@ -78,7 +80,7 @@ def triggers_of(graph: Graph, positions: list[int], forward: set[str] | frozense
                 skip: set[int] | frozenset[int] = frozenset()) -> list[str | None]:
     """``trigger_of`` for each of ``positions``, each node looked at once at most: the
     nearest one before a position lies after the previous position, or is that one's
-    (a scan per block from its start was 0.6 s of a 100k-node pin)."""
+    (a scan per block from its start would cross the same nodes again and again)."""
     outputs = set(graph.outputs)
     found: dict[int, str | None] = {}
     previous, answer = 0, None
@@ -208,7 +210,7 @@ class _Pinner:
 
     def written(self) -> list[Node]:
         """The graph's nodes with the guards in place. Nodes whose proto is unchanged are not
-        indexed again (a tenth of the pin on the largest graphs)."""
+        indexed again (reading protos back is slow on large graphs)."""
         out: list[Node] = []
         unmark = self.copies - self.unpinned
         for n in self.graph.nodes:

@@ -28,7 +28,7 @@ WORKER_PATH = os.path.abspath(_worker.__file__)
 
 # Set before the child starts: glibc reads it at start-up.  Big buffers then come
 # from mmap and go back to the OS on free, which keeps VmHWM honest for the
-# process_peak method (ORT_FACTS §4).  Harmless for the profiler method.
+# process_peak method (without it a second run under-reads).  Harmless for the profiler method.
 CHILD_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536"}
 
 # One measured child (warm-up plus runs) may take this long by default: a hung or

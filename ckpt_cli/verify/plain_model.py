@@ -1,12 +1,10 @@
 """ckpt's memory model applied to the graph a plain ``InferenceSession(path)`` really runs.
 
 ``predict_plain`` models a plain session on the file's own graph: ORT_ENABLE_ALL's fusions
-are not simulated, and they move the peak (the mlp sample: 30% below that prediction).
-ORT writes the graph it builds at ORT_ENABLE_ALL (``optimized_model_filepath``), and it
-writes it in the order a plain session runs it (measured on ORT 1.31.1: the executed order
-of every sample's rewrite equals the written file's node order). The same memory model
-(allocation planner, memory pattern, arena) over that graph in that order predicts the
-plain session before any run.
+are not simulated, and they move the peak. ORT writes the graph it builds at
+ORT_ENABLE_ALL (``optimized_model_filepath``), and it writes it in the order a plain
+session runs it. The same memory model (allocation planner, memory pattern, arena) over
+that graph in that order predicts the plain session before any run.
 """
 
 from __future__ import annotations

@@ -20,8 +20,8 @@ CKPT_CUDA_PROVIDER_OPTIONS = {
 def ckpt_session_settings(provider: str = "cpu") -> dict:
     """The session settings a ckpt-rewritten graph needs, as plain data.
 
-    ``ORT_DISABLE_ALL`` rather than BASIC minus CSE: why, measured, in
-    ``docs/MEASUREMENTS.md``.
+    ``ORT_DISABLE_ALL`` rather than BASIC minus CSE: BASIC still runs fusions that make new
+    nodes, and PRIORITY_BASED runs those late, off the written order.
     """
     if provider not in _PROVIDER_NAMES:
         raise ValueError(f"unknown provider {provider!r} (expected 'cpu' or 'cuda')")
@@ -44,7 +44,8 @@ def ort_default_session_settings(provider: str = "cpu") -> dict:
 
     Compromise (documented): profiling is switched on (the memory numbers come
     from it, and it adds the same small per-node overhead as in "ckpt" runs) and
-    intra_op_num_threads is 1 (determinism, ORT_FACTS §7); everything else is
+    intra_op_num_threads is 1 (determinism: ScatterND with ``reduction="add"`` loses
+    updates when indices repeat and more than one thread runs); everything else is
     ORT's default: DEFAULT execution order, ORT_ENABLE_ALL, memory pattern ON
     (its pre-allocated block shows up from the second run on, which is what a
     user pays), CPU arena on, default CUDA provider options.

@@ -38,8 +38,7 @@ Result (one JSON object on stdout; everything else goes to stderr)::
 
 Exit code 0 on success, non-zero on failure (see ``EXIT_CODES``).
 
-What the numbers mean (measured on ORT 1.31.1 CPU, see ORT_FACTS.md and the
-runtime section of the notes):
+What the numbers mean (on ORT 1.31.1 CPU):
 
 * method "profiler": ``enable_profiling`` with the CPU arena on.  Every profiler
   event with ``cat == "Node"`` and a name ``<node name>_kernel_time`` carries
@@ -61,13 +60,13 @@ runtime section of the notes):
   granular, includes small malloc noise).  Needs MALLOC_MMAP_THRESHOLD_=65536 in
   the environment *at process start* (the parent sets it); without it a warning
   is added and later runs under-read.
-* CUDA (NOT verified, no GPU was available when this was written): memory is read
+* CUDA (NOT verified on a GPU): memory is read
   from the same profiler fields on node events whose ``args.provider`` is
   ``CUDAExecutionProvider`` (ORT reports the stats of the allocator the kernel
   uses); if no CUDA node event has them, method is "none" and peak_bytes null.
   VmHWM says nothing about device memory, so there is no process_peak fallback
   on CUDA.
-* What ORT's allocation planner does with the buffers: ``docs/MEASUREMENTS.md``.
+* What ORT's allocation planner does with the buffers: ``docs/memory-model.md``.
 * ``time_s``: wall time of ``session.run`` (profiling on in both settings, so
   both carry the same small per-node profiling overhead).
 * ``extra_outputs``: optional list of extra result sections: "timeline" adds
