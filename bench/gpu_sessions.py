@@ -30,7 +30,7 @@ def main(original: str, rewritten: str, provider: str, out: str) -> None:
         save_feeds(feeds, make_feeds(onnx.load(original, load_external_data=False), 0))
         row = {}
         for side, model in (("original", original), ("rewritten", rewritten)):
-            r = run_model(model, feeds, provider=provider, session=default_all(provider), runs=3)
+            r = run_model(model, feeds, provider=provider, settings=default_all(provider), runs=3)
             row[side] = {"peak_bytes": r["peak_bytes"], "time_s": r["time_s"], "method": r["method"]}
     Path(out).write_text(json.dumps(row))
 

@@ -44,10 +44,10 @@ def test_in_memory_rewrite_touches_no_disk_and_its_check_measures_the_rewrite(tm
     check = ckpt_cli.check_models(model, result.model, options=ckpt_cli.CheckOptions(runs=1))
     f = check.figures
     assert check.passed, f.failures
-    assert f.outputs_equal and f.order_matches
+    assert f.outputs.equal and f.order_matches
     # Two different graphs were measured: the rewrite's peak is its own, and below.
-    assert f.rewritten.peak_bytes < f.original.peak_bytes
-    assert f.rewritten.peak_requested_bytes == f.predicted["rewritten"]
+    assert f.measured.rewritten.peak_bytes < f.measured.original.peak_bytes
+    assert f.measured.rewritten.peak_requested_bytes == f.prediction.tensor_bytes["rewritten"]
     assert check.to_json()["model"] == "<in-memory model>"
 
 
@@ -96,7 +96,7 @@ def test_check_fails_when_ort_runs_nodes_that_are_not_in_the_file(tmp_path):
     onnx.save(m, str(broken))
 
     result = ckpt_cli.check_models(src, broken)
-    assert result.figures.outputs_equal
+    assert result.figures.outputs.equal
     assert result.figures.order["n_not_in_file"] > 0
     assert not result.passed
     assert any("not in the file" in f for f in result.figures.failures), result.figures.failures

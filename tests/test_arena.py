@@ -263,7 +263,8 @@ def _measure(path, settings, tmp_path, feeds=None):
         save_feeds(str(fp), make_feeds(onnx.load(str(path))))
     else:
         np.savez(fp, **feeds)
-    return rt.run_model(str(path), str(fp), provider="cpu", settings=settings, runs=1, extra_outputs=["timeline"])
+    return rt.run_model(str(path), str(fp), provider="cpu", settings=settings, runs=1,
+                        worker=rt.WorkerOptions(extra_outputs=("timeline",)))
 
 
 def test_matches_ort_at_every_node_on_a_known_request_sequence(tmp_path):

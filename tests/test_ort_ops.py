@@ -128,7 +128,7 @@ def test_check_names_tensors_of_unknown_size(tmp_path):
     path = tmp_path / "nz.onnx"
     onnx.save(model, path)
     result = check_models(path, path)
-    assert result.figures.unsized == {"original": ["nonzero"], "rewritten": ["nonzero"]}
+    assert result.figures.prediction.unsized == {"original": ["nonzero"], "rewritten": ["nonzero"]}
     assert not result.passed
     assert any("1 tensors of unknown size as 0 B (nonzero)" in f for f in result.figures.failures)
 

@@ -109,12 +109,12 @@ def test_loads_back_through_ckpt_with_every_tensor_sized(optimized):
 
 def test_check_passes_against_the_original_at_the_same_level(checked):
     f = checked.figures
-    assert f.reference_level == "ORT_ENABLE_EXTENDED"
-    assert f.unoptimized_vs_rewritten is not None  # the comparison with the unfused original is reported too
-    assert f.outputs_equal, f.failures
+    assert f.outputs.reference_level == "ORT_ENABLE_EXTENDED"
+    assert f.outputs.unoptimized_vs_rewritten is not None  # the comparison with the unfused original is reported too
+    assert f.outputs.equal, f.failures
     assert f.order_matches and f.order["n_not_in_file"] == 0 and f.order["n_not_executed"] == 0
-    assert abs(f.prediction_error["rewritten"]) <= 0.10
-    assert f.rewritten.peak_bytes < f.original_ort_default.peak_bytes
+    assert abs(f.prediction.tensor_error["rewritten"]) <= 0.10
+    assert f.measured.rewritten.peak_bytes < f.measured.original_ort_default.peak_bytes
     assert checked.passed, f.failures
 
 

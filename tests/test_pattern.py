@@ -101,9 +101,9 @@ def test_check_models_the_fused_plain_session_where_the_file_model_is_off(tmp_pa
     out = tmp_path / "mlp.ckpt.onnx"
     api.rewrite_model(SAMPLES / "mlp.onnx", out)
     f = api.check_models(SAMPLES / "mlp.onnx", out, options=api.CheckOptions(provider="cpu", runs=1)).figures
-    measured = f.rewritten_ort_default.peak_bytes
-    assert f.prediction_error_plain > 0.10
-    assert f.predicted_plain_fused == measured, (f.predicted_plain_fused, measured)
+    measured, plain = f.measured.rewritten_ort_default.peak_bytes, f.prediction.plain
+    assert plain.error > 0.10
+    assert plain.fused == measured, (plain.fused, measured)
     assert any("the fusions, not the memory model, explain it" in n for n in f.notes), f.notes
     assert f.passed
     # before any run: the same figure, and ORT's written order is the order the session ran

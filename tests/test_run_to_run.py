@@ -5,7 +5,6 @@ deterministic provider they still fail."""
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import onnx
@@ -14,7 +13,8 @@ import pytest
 from ckpt_cli.verify import driver
 from ckpt_cli.verify.feeds import make_feeds, save_feeds
 from ckpt_cli.verify.rules import judge as _judge
-from ckpt_cli.verify.stage import _kernel_of, _spread_verdict
+from ckpt_cli.verify.stage import (CheckFigures, MeasuredRuns, Measurement, OutputFigures, PredictionFigures,
+                                   _kernel_of, _spread_verdict)
 
 MLP = Path(__file__).resolve().parent.parent / "sample_models" / "mlp.onnx"
 
@@ -38,8 +38,8 @@ def grads():
 
 def _judged(mlp_run, model, r_vals):
     tmp, feeds, o_vals = mlp_run
-    spread = driver._run_to_run_spread(MLP, feeds, "cpu", o_vals, r_vals, str(tmp), python=None,
-                                       timeout=120, seed=0, reuse=True, level=None)
+    options = driver.PairOptions(worker=driver.WorkerOptions(timeout=120))
+    spread = driver._run_to_run_spread(driver._Pair(MLP, MLP, feeds, "cpu", options, str(tmp)), o_vals, r_vals)
     return _spread_verdict(spread, model)
 
 
@@ -76,18 +76,14 @@ def test_a_difference_from_a_kernel_that_varies_in_the_original_is_accepted(mlp_
     assert rr["unexplained"] == [same[1]]
 
 
-class _Figures:
-    def __init__(self, rr):
-        self.outputs_within_tolerance = self.outputs_equal = False
-        self.outputs = {"w_grad": {"bit_identical": False, "within_tolerance": False}}
-        self.max_abs_diff, self.provider, self.run_to_run = 2e-9, "cuda", rr
-        self.failures, self.notes, self.unsized = [], [], {}
-        self.unoptimized_vs_rewritten = self.reference_level = None
-        self.original = self.rewritten = SimpleNamespace(peak_bytes=None, method="profiler")
-        self.order = {"n_not_in_file": 0, "matches": True}
-        self.prediction_error, self.max_prediction_error = {}, 0.1
-        self.rewritten_ort_default_error = self.original_ort_default = self.rewritten_ort_default = None
-        self.prediction_error_plain = self.predicted_plain = self.prediction_error_plain_fused = None
+def _figures(rr: dict) -> CheckFigures:
+    run = Measurement(None, None, None, None, "profiler", [])
+    return CheckFigures(
+        provider="cuda", ort_version=None, enable_mem_reuse=True,
+        outputs=OutputFigures(False, False, None, 2e-9, {"w_grad": {"bit_identical": False, "within_tolerance": False}},
+                              run_to_run=rr),
+        measured=MeasuredRuns(run, run, None, None, None), order={"n_not_in_file": 0, "matches": True},
+        prediction=PredictionFigures({}, {}, {}, {}, 0.1))
 
 
 def test_judge_names_the_kernel_and_fails_an_unexplained_output(grads):
@@ -97,9 +93,9 @@ def test_judge_names_the_kernel_and_fails_an_unexplained_output(grads):
     rr = _spread_verdict(spread, model)
     kernel = rr["outputs"][names[0]]["kernel"]
     assert kernel and kernel not in ("Reshape", "Identity", "Transpose") and rr["accepted"]
-    f = _Figures(rr)
+    f = _figures(rr)
     _judge(f, tolerant=False)
     assert not f.failures and kernel in f.notes[0]
-    f = _Figures(dict(rr, unexplained=[names[0]], accepted=False))
+    f = _figures(dict(rr, unexplained=[names[0]], accepted=False))
     _judge(f, tolerant=False)
     assert len(f.failures) == 1 and names[0] in f.failures[0]

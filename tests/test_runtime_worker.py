@@ -125,7 +125,7 @@ def measured(branch_files, workdir):
     for name, path in (("sequential", seq), ("interleaved", inter)):
         out[name] = check.run_model(path, feeds, provider="cpu", settings="ckpt", runs=2,
                                     outputs_path=workdir / f"{name}_out.npz",
-                                    extra_outputs=["timeline"])
+                                    worker=check.WorkerOptions(extra_outputs=("timeline",)))
     return out
 
 
@@ -171,19 +171,19 @@ def test_outputs_of_two_runs_identical(branch_files, measured, workdir):
 
 def test_check_pair(branch_files):
     seq, inter, feeds = branch_files
-    r = check.check_pair(seq, inter, feeds, provider="cpu", runs=1)
-    assert r["provider"] == "cpu"
-    assert r["outputs_equal"] and r["max_abs_diff"] == 0.0
-    assert r["order_matches"] and r["order"]["compared"] == 3 * K + K - 1
-    assert r["rewritten"]["peak_bytes"] - r["original"]["peak_bytes"] > 6 * MiB
-    assert r["original_ort_default"]["peak_bytes"] > 0
-    assert "PRIORITY_BASED" in r["settings_snippet"]
+    r = check.check_pair(seq, inter, feeds, check.PairOptions(provider="cpu", runs=1))
+    assert r.provider == "cpu"
+    assert r.outputs_equal and r.max_abs_diff == 0.0
+    assert r.order_matches and r.order["compared"] == 3 * K + K - 1
+    assert r.rewritten.ckpt.peak_bytes - r.original.ckpt.peak_bytes > 6 * MiB
+    assert r.original.ort_default.peak_bytes > 0
+    assert "PRIORITY_BASED" in r.settings_snippet
 
 
 def test_process_peak_method(branch_files, workdir):
     _, inter, feeds = branch_files
     r = check.run_model(inter, feeds, provider="cpu", settings="ckpt", runs=2,
-                        memory_method="process_peak")
+                        worker=check.WorkerOptions(memory_method="process_peak"))
     assert r["method"] == "process_peak" and r["executed_order"]
     expected = liveness_peak(onnx.load(str(inter)), branch_sizes())
     # page-granular RSS plus small malloc noise
@@ -199,7 +199,8 @@ OTHER_PYTHONS = [sys.executable] + [p for p in [os.environ.get("CKPT_ORT_TRAININ
 @pytest.mark.parametrize("python", OTHER_PYTHONS)
 def test_worker_under_other_interpreter(branch_files, python):
     _, inter, feeds = branch_files
-    r = check.run_model(inter, feeds, provider="cpu", settings="ckpt", runs=1, python=python)
+    r = check.run_model(inter, feeds, provider="cpu", settings="ckpt", runs=1,
+                        worker=check.WorkerOptions(python=python))
     assert r["ort_version"] != "" and r["executed_order"] == check.file_node_order(inter)
     if r["method"] == "process_peak":  # 1.19.2 profiler has no mem_* fields
         expected = liveness_peak(onnx.load(str(inter)), branch_sizes())

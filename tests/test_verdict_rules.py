@@ -34,7 +34,8 @@ def _judged(original: Path, rewritten: Path, change) -> list[str]:
     reuse = loaded["rewritten"].reuse_buffers
     predicted = {k: predict(a, reuse) for k, a in loaded.items()}
     predicted["rewritten"] = change(predicted["rewritten"])
-    return check_files(original, rewritten, predicted, enable_mem_reuse=reuse, provider="cpu", runs=1).failures
+    options = api.CheckOptions(provider="cpu", runs=1)
+    return check_files(original, rewritten, predicted, options, enable_mem_reuse=reuse).failures
 
 
 def test_the_unchanged_premises_pass(rewritten):

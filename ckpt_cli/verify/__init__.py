@@ -1,7 +1,7 @@
 """The verify stage: run models on ONNX Runtime in child processes and judge a rewrite.
 
 - ``stage``: ``check_files`` (paths + predictions -> ``CheckFigures`` with a verdict)
-- ``driver``: one child process per measured model (``run_model``, ``check_pair``)
+- ``driver``: one child process per measured model (``run_model``, ``check_pair`` -> ``PairRun``)
 - ``worker``: the standalone script a child runs (numpy + onnxruntime only)
 - ``compare``: outputs bit for bit, executed order against file order
 - ``feeds``: generated or given inputs
@@ -9,14 +9,15 @@
 """
 
 from .compare import DEFAULT_ATOL, DEFAULT_RTOL, compare_outputs, order_check
-from .driver import (DEFAULT_TIMEOUT_S, check_pair, file_node_order, probe_provider, resolve_provider,
-                     run_model)
+from .driver import (DEFAULT_TIMEOUT_S, PairOptions, PairRun, WorkerOptions, check_pair, file_node_order,
+                     probe_provider, resolve_provider, run_model)
 from .settings import (ckpt_session_settings, ort_default_session_settings, settings_for,
                        settings_snippet)
 from .stage import CheckFigures, Measurement, Prediction, check_files
 
 __all__ = [
-    "CheckFigures", "Measurement", "Prediction", "check_files", "check_pair", "run_model", "compare_outputs",
+    "CheckFigures", "Measurement", "Prediction", "check_files", "check_pair", "run_model", "PairOptions", "PairRun",
+    "WorkerOptions", "compare_outputs",
     "order_check", "file_node_order", "probe_provider", "resolve_provider", "ckpt_session_settings",
     "ort_default_session_settings", "settings_for", "settings_snippet", "DEFAULT_RTOL", "DEFAULT_ATOL",
     "DEFAULT_TIMEOUT_S",

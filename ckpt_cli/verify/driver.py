@@ -1,7 +1,7 @@
 """Run ONNX graphs on ONNX Runtime in fresh child processes and compare them.
 
-Everything here returns plain data (dicts of str/int/float/bool/list/None, and numpy
-arrays for outputs); no reporting or CLI code.  The measuring itself happens in
+Everything here returns plain data (the worker's result dicts, frozen records of them, and
+numpy arrays for outputs); no reporting or CLI code.  The measuring itself happens in
 ``worker.py``, a standalone script run as ``[python, worker.py, spec.json]``: a fresh
 process per measurement, so arenas, allocator state and VmHWM start clean, and
 ``--python`` can point at another interpreter with another onnxruntime build.
@@ -15,7 +15,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -83,42 +83,51 @@ def _parse(child: _Child) -> dict:
     return result
 
 
-def run_model(model_path, feeds_path, *, provider: str, settings: str = "ckpt", runs: int = 3,
-              python: str | None = None, outputs_path=None, memory_method: str = "auto",
-              extra_outputs=None, timeout: float | None = DEFAULT_TIMEOUT_S,
-              intra_op_threads: int = 1, enable_mem_reuse: bool = True, session: dict | None = None,
-              seed: int = 0) -> dict:
+@dataclass(frozen=True)
+class WorkerOptions:
+    """How a measuring child process runs, besides the model and its session settings."""
+
+    python: str | None = None  # the interpreter: another one may have another onnxruntime build
+    timeout: float | None = DEFAULT_TIMEOUT_S
+    seed: int = 0  # ORT's random seed in the child: random ops draw the same in every child
+    intra_op_threads: int = 1
+    memory_method: str = "auto"  # "auto", "profiler" or "process_peak"
+    extra_outputs: tuple[str, ...] = ()  # extra result sections ("timeline")
+
+
+def run_model(model_path, feeds_path, *, provider: str, settings: str | dict = "ckpt", runs: int = 3,
+              outputs_path=None, enable_mem_reuse: bool = True, worker: WorkerOptions = WorkerOptions()) -> dict:
     """Measure one model in a fresh child process; returns the worker's result dict.
 
     provider: "cpu" or "cuda" (resolve "auto" with ``resolve_provider`` first).
-    settings: a name for ``settings.settings_for`` ("ckpt", "ort_default", ...), or
-    ``session``: the settings dict itself.  runs: measured runs (plus one warm-up).
+    settings: a name for ``settings.settings_for`` ("ckpt", "ort_default", ...), or the
+    settings dict itself.  runs: measured runs (plus one warm-up).
     outputs_path: where the child writes the outputs of its last run (.npz), or None.
-    seed: ORT's random seed in the child (random ops draw the same in every child).
     Raises RuntimeUnavailable / RunFailed.
     """
     if provider not in ("cpu", "cuda"):
         raise ValueError(f"provider must be 'cpu' or 'cuda' here, not {provider!r}")
+    session = settings if isinstance(settings, dict) else settings_for(settings, provider, enable_mem_reuse)
     with tempfile.TemporaryDirectory(prefix="ckpt_run_") as tmp:
         spec = {
             "model": os.path.abspath(os.fspath(model_path)),
             "feeds": os.path.abspath(os.fspath(feeds_path)),
             "provider": provider,
-            "session": session if session is not None else settings_for(settings, provider, enable_mem_reuse),
+            "session": session,
             "runs": int(runs),
             "outputs": os.path.abspath(os.fspath(outputs_path)) if outputs_path else None,
             "profile_dir": tmp,
-            "intra_op_threads": int(intra_op_threads),
-            "memory_method": memory_method,
-            "extra_outputs": list(extra_outputs or []),
-            "seed": int(seed),
+            "intra_op_threads": int(worker.intra_op_threads),
+            "memory_method": worker.memory_method,
+            "extra_outputs": list(worker.extra_outputs),
+            "seed": int(worker.seed),
         }
         spec_path = os.path.join(tmp, "spec.json")
         with open(spec_path, "w", encoding="utf-8") as f:
             json.dump(spec, f)
-        child = _spawn([python or sys.executable, WORKER_PATH, spec_path], timeout)
+        child = _spawn([worker.python or sys.executable, WORKER_PATH, spec_path], worker.timeout)
     result = _parse(child)
-    result["python"] = python or sys.executable
+    result["python"] = worker.python or sys.executable
     return result
 
 
@@ -191,24 +200,132 @@ def _file_nodes(model_path):
 # --------------------------------------------------------------------------- pair
 
 
-def _summary(r: dict) -> dict:
-    return {k: r.get(k) for k in ("peak_bytes", "time_s", "baseline_bytes", "peak_requested_bytes",
-                                  "peak_above_baseline_bytes", "method", "runs",
-                                  "provider", "ort_version", "warnings")}
+@dataclass(frozen=True)
+class RunSummary:
+    """One model's run in one session, as the worker measured it (medians over the runs)."""
+
+    peak_bytes: int | None
+    time_s: float | None
+    baseline_bytes: int | None
+    peak_requested_bytes: int | None
+    peak_above_baseline_bytes: int | None
+    method: str | None
+    runs: list | None
+    provider: str | None
+    ort_version: str | None
+    warnings: list | None
+
+    @classmethod
+    def of(cls, result: dict) -> "RunSummary":
+        return cls(**{f.name: result.get(f.name) for f in fields(cls)})
 
 
-def _run_to_run_spread(original, feeds_path, prov: str, o_vals: dict, r_vals: dict, tmp: str, *, python,
-                       timeout, seed: int, reuse: bool, level: str | None) -> dict:
+@dataclass(frozen=True)
+class SideRuns:
+    """One model of the pair: its run under ckpt's settings and under ORT's defaults."""
+
+    ckpt: RunSummary
+    ort_default: RunSummary | None = None  # None: not run, or it failed (ort_default_error)
+    ort_default_error: str | None = None  # "kind: message" of a failed run under ORT's defaults
+    ort_default_order: list[str] | None = None  # the nodes ORT ran under its defaults, in order
+
+
+@dataclass(frozen=True)
+class PairRun:
+    """``check_pair``'s outcome: both models measured, outputs and executed order compared."""
+
+    provider: str  # the provider both ran on ("cpu" or "cuda")
+    comparison: dict  # compare_outputs: the rewrite's outputs against the original's
+    original: SideRuns
+    rewritten: SideRuns
+    ort_default_vs_ckpt: dict | None  # the original under ORT's defaults against the outputs compared
+    reference_level: str | None  # the original ran at this ORT optimization level for the comparison
+    unoptimized_vs_rewritten: dict | None  # then: the comparison with the original as it is
+    run_to_run: dict | None  # outputs that differ: the original's own spread (``_run_to_run_spread``)
+    order: dict  # order_check of the rewritten model's executed order
+    session_settings: dict  # ckpt's settings both ran with
+    settings_snippet: str  # the same settings as Python a user can paste
+
+    @property
+    def outputs_equal(self) -> bool:
+        return self.comparison["all_bit_identical"]
+
+    @property
+    def outputs_within_tolerance(self) -> bool:
+        return self.comparison["all_within_tolerance"]
+
+    @property
+    def max_abs_diff(self) -> float | None:
+        return self.comparison["max_abs_diff"]
+
+    @property
+    def outputs(self) -> dict:
+        return self.comparison["outputs"]
+
+    @property
+    def order_matches(self) -> bool:
+        return self.order["matches"]
+
+
+@dataclass(frozen=True)
+class PairOptions:
+    """How ``check_pair`` runs the two models and compares their outputs."""
+
+    provider: str = "auto"
+    runs: int = 3
+    rtol: float = DEFAULT_RTOL
+    atol: float = DEFAULT_ATOL
+    with_ort_default: bool = True  # also run both under ORT's default settings
+    enable_mem_reuse: bool = True
+    expected_order: tuple[str, ...] | None = None  # node names; None: the rewritten file's order
+    # the rewritten file holds ORT's fusions made offline at this level: the original runs at it too
+    reference_level: str | None = None
+    worker: WorkerOptions = WorkerOptions()
+
+
+@dataclass(frozen=True)
+class _Pair:
+    """What every child run of one ``check_pair`` shares."""
+
+    original: str | os.PathLike
+    rewritten: str | os.PathLike
+    feeds_path: str | os.PathLike
+    provider: str  # resolved: "cpu" or "cuda"
+    options: PairOptions
+    tmp: str  # where the children write their outputs
+
+    def npz(self, name: str) -> str:
+        return os.path.join(self.tmp, f"{name}.npz")
+
+    def measure(self, model, settings: str | dict, outputs_path: str | None, runs: int | None = None) -> dict:
+        o = self.options
+        return run_model(model, self.feeds_path, provider=self.provider, settings=settings,
+                         runs=o.runs if runs is None else runs, outputs_path=outputs_path,
+                         enable_mem_reuse=o.enable_mem_reuse, worker=o.worker)
+
+    def ckpt_settings(self, reuse: bool, level: str | None) -> dict:
+        session = dict(settings_for("ckpt", self.provider, reuse))
+        if level is not None:
+            session["graph_optimization_level"] = level
+        return session
+
+
+def _comparison_summary(cmp: dict) -> dict:
+    return {k: cmp[k] for k in ("all_bit_identical", "all_within_tolerance", "max_abs_diff", "n_failed")}
+
+
+def _compare(pair: _Pair, expected: dict, actual: dict) -> dict:
+    return compare_outputs(expected, actual, rtol=pair.options.rtol, atol=pair.options.atol)
+
+
+def _run_to_run_spread(pair: _Pair, o_vals: dict, r_vals: dict) -> dict:
     """Run the original once more, in a fresh process with the other buffer-reuse setting
     (other addresses, same arithmetic). Per output that differs in either comparison: the
     original's own spread, the rewrite's difference, and whether that is within the
     default tolerance. The check judges them (``verify.stage``)."""
-    again = os.path.join(tmp, "original_again.npz")
-    session = dict(settings_for("ckpt", prov, not reuse))
-    if level is not None:
-        session["graph_optimization_level"] = level
-    run_model(original, feeds_path, provider=prov, runs=1, python=python, outputs_path=again,
-              timeout=timeout, seed=seed, session=session)
+    again = pair.npz("original_again")
+    settings = pair.ckpt_settings(not pair.options.enable_mem_reuse, pair.options.reference_level)
+    pair.measure(pair.original, settings, again, runs=1)
     noise = compare_outputs(o_vals, _load_npz(again), rtol=DEFAULT_RTOL, atol=DEFAULT_ATOL)["outputs"]
     diff = compare_outputs(o_vals, r_vals, rtol=DEFAULT_RTOL, atol=DEFAULT_ATOL)["outputs"]
     return {name: {"original_spread": noise.get(name, {}).get("max_abs_diff") or 0.0,
@@ -218,88 +335,69 @@ def _run_to_run_spread(original, feeds_path, prov: str, o_vals: dict, r_vals: di
             if not d["bit_identical"] or not noise.get(name, {}).get("bit_identical", True)}
 
 
-def check_pair(original, rewritten, feeds_path, *, provider: str = "auto", runs: int = 3,
-               python: str | None = None, rtol: float = DEFAULT_RTOL,
-               atol: float = DEFAULT_ATOL, timeout: float | None = DEFAULT_TIMEOUT_S,
-               with_ort_default: bool = True, enable_mem_reuse: bool = True, seed: int = 0,
-               expected_order: list[str] | None = None, reference_level: str | None = None) -> dict:
+def _reference_outputs(pair: _Pair) -> dict:
+    """The original's outputs at the reference level, whose fusions round as the file's do."""
+    out = pair.npz("reference")
+    settings = pair.ckpt_settings(pair.options.enable_mem_reuse, pair.options.reference_level)
+    pair.measure(pair.original, settings, out, runs=1)
+    return _load_npz(out)
+
+
+def _side(ckpt: dict, ort_default: dict | None) -> SideRuns:
+    """``ort_default`` is the worker's result, or {"failed": "kind: message"}."""
+    if ort_default is None:
+        return SideRuns(RunSummary.of(ckpt))
+    if "failed" in ort_default:
+        return SideRuns(RunSummary.of(ckpt), ort_default_error=ort_default["failed"])
+    return SideRuns(RunSummary.of(ckpt), RunSummary.of(ort_default), None, ort_default.get("executed_order"))
+
+
+def _ort_default_runs(pair: _Pair, o_vals: dict) -> tuple[dict, dict, dict]:
+    """Both models under ORT's defaults, and the original's outputs there against ``o_vals``."""
+    out = pair.npz("default")
+    original = pair.measure(pair.original, "ort_default", out)
+    try:
+        rewritten = pair.measure(pair.rewritten, "ort_default", None)
+    except RunFailed as e:  # a finding about the rewrite, not a reason to stop the check
+        rewritten = {"failed": f"{e.kind}: {e.message}"}
+    return original, rewritten, _comparison_summary(_compare(pair, o_vals, _load_npz(out)))
+
+
+def _executed_order(pair: _Pair, rewritten: dict) -> dict:
+    expected = list(pair.options.expected_order or ()) or file_node_order(pair.rewritten)
+    return order_check(expected, rewritten["executed_order"], rewritten.get("executed_ops"),
+                       rewritten.get("executed_providers"), kernelless_nodes(pair.rewritten))
+
+
+def check_pair(original, rewritten, feeds_path, options: PairOptions = PairOptions()) -> PairRun:
     """Run original and rewritten graphs under the "ckpt" settings, and both under ORT's
     defaults (an untouched session: what a user gets without ckpt, and what a user who
     loads the rewrite without ckpt's settings gets); compare outputs and check the
-    rewritten graph's executed order against ``expected_order`` (node names; default:
-    its file order).
+    rewritten graph's executed order against ``options.expected_order`` (node names;
+    default: its file order).
 
-    Returns {"provider", "outputs_equal" (all bit-identical), "outputs_within_tolerance",
-    "max_abs_diff", "outputs" (per output), "comparison" (compare_outputs result),
-    "original", "rewritten", "original_ort_default", "rewritten_ort_default" (None if
-    skipped), "ort_default_vs_ckpt" (output comparison summary), "order_matches",
-    "order", "session_settings", "settings_snippet"}.
-
-    ``reference_level`` (a rewritten file ORT optimized offline at that level): the outputs
-    are compared with the original run at that level, whose fusions round as the file's
-    do; "unoptimized_vs_rewritten" then summarises the comparison with the original as is.
+    With ``options.reference_level`` (a rewritten file ORT optimized offline at that level)
+    the outputs are compared with the original run at that level, whose fusions round as the
+    file's do; ``unoptimized_vs_rewritten`` then summarises the comparison with the original as is.
     """
-    prov = resolve_provider(provider, python)
-
-    def measure(model, settings: str, out: str | None) -> dict:
-        return run_model(model, feeds_path, provider=prov, settings=settings, runs=runs, python=python,
-                         outputs_path=out, timeout=timeout, enable_mem_reuse=enable_mem_reuse, seed=seed)
-
+    o = options
+    provider = resolve_provider(o.provider, o.worker.python)
     with tempfile.TemporaryDirectory(prefix="ckpt_check_") as tmp:
-        o_out = os.path.join(tmp, "original.npz")
-        r_out = os.path.join(tmp, "rewritten.npz")
-        orig = measure(original, "ckpt", o_out)
-        rew = measure(rewritten, "ckpt", r_out)
-        o_vals, r_vals = _load_npz(o_out), _load_npz(r_out)
-        unoptimized_cmp = None
-        if reference_level is not None:
-            ref_out = os.path.join(tmp, "reference.npz")
-            run_model(original, feeds_path, provider=prov, runs=1, python=python, outputs_path=ref_out,
-                      timeout=timeout, seed=seed, session=dict(settings_for("ckpt", prov, enable_mem_reuse),
-                                                               graph_optimization_level=reference_level))
-            uc = compare_outputs(o_vals, r_vals, rtol=rtol, atol=atol)
-            unoptimized_cmp = {k: uc[k] for k in ("all_bit_identical", "all_within_tolerance", "max_abs_diff",
-                                                  "n_failed")}
-            o_vals = _load_npz(ref_out)
+        pair = _Pair(original, rewritten, feeds_path, provider, o, tmp)
+        orig = pair.measure(original, "ckpt", pair.npz("original"))
+        rew = pair.measure(rewritten, "ckpt", pair.npz("rewritten"))
+        o_vals, r_vals = _load_npz(pair.npz("original")), _load_npz(pair.npz("rewritten"))
+        unoptimized = None
+        if o.reference_level is not None:
+            unoptimized = _comparison_summary(_compare(pair, o_vals, r_vals))
+            o_vals = _reference_outputs(pair)
         default = rew_default = default_cmp = None
-        if with_ort_default:
-            d_out = os.path.join(tmp, "default.npz")
-            default = measure(original, "ort_default", d_out)
-            try:
-                rew_default = measure(rewritten, "ort_default", None)
-            except RunFailed as e:  # a finding about the rewrite, not a reason to stop the check
-                rew_default = {"failed": f"{e.kind}: {e.message}"}
-            dc = compare_outputs(o_vals, _load_npz(d_out), rtol=rtol, atol=atol)
-            default_cmp = {k: dc[k] for k in ("all_bit_identical", "all_within_tolerance",
-                                              "max_abs_diff", "n_failed")}
-        cmp = compare_outputs(o_vals, r_vals, rtol=rtol, atol=atol)
+        if o.with_ort_default:
+            default, rew_default, default_cmp = _ort_default_runs(pair, o_vals)
+        cmp = _compare(pair, o_vals, r_vals)
         spread = None
-        if not cmp["all_bit_identical"] and rtol == 0 and atol == 0:
-            spread = _run_to_run_spread(original, feeds_path, prov, o_vals, r_vals, tmp, python=python,
-                                        timeout=timeout, seed=seed, reuse=enable_mem_reuse, level=reference_level)
-    order = order_check(expected_order or file_node_order(rewritten), rew["executed_order"],
-                        rew.get("executed_ops"), rew.get("executed_providers"), kernelless_nodes(rewritten))
-    return {
-        "provider": prov,
-        "outputs_equal": cmp["all_bit_identical"],
-        "outputs_within_tolerance": cmp["all_within_tolerance"],
-        "max_abs_diff": cmp["max_abs_diff"],
-        "outputs": cmp["outputs"],
-        "comparison": {k: v for k, v in cmp.items() if k != "outputs"},
-        "original": _summary(orig),
-        "rewritten": _summary(rew),
-        "original_ort_default": _summary(default) if default is not None else None,
-        "rewritten_ort_default": (_summary(rew_default) if rew_default is not None and "failed" not in rew_default
-                                  else None),
-        "rewritten_ort_default_error": rew_default.get("failed") if rew_default is not None else None,
-        "rewritten_ort_default_order": (rew_default.get("executed_order") if rew_default is not None
-                                        and "failed" not in rew_default else None),
-        "ort_default_vs_ckpt": default_cmp,
-        "reference_level": reference_level,
-        "unoptimized_vs_rewritten": unoptimized_cmp,
-        "run_to_run": spread,
-        "order_matches": order["matches"],
-        "order": order,
-        "session_settings": settings_for("ckpt", prov, enable_mem_reuse),
-        "settings_snippet": settings_snippet(prov, enable_mem_reuse),
-    }
+        if not cmp["all_bit_identical"] and o.rtol == 0 and o.atol == 0:
+            spread = _run_to_run_spread(pair, o_vals, r_vals)
+    return PairRun(provider, cmp, _side(orig, default), _side(rew, rew_default), default_cmp, o.reference_level,
+                   unoptimized, spread, _executed_order(pair, rew), settings_for("ckpt", provider, o.enable_mem_reuse),
+                   settings_snippet(provider, o.enable_mem_reuse))

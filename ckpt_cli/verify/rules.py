@@ -29,16 +29,17 @@ def noise(m: "Measurement", reference: int) -> int:
 def outputs_match(f: "CheckFigures", tolerant: bool) -> None:
     """Bit-identical outputs (or within --rtol/--atol), or differences the original's own
     run-to-run spread explains."""
-    if f.outputs_within_tolerance if tolerant else f.outputs_equal:
+    out = f.outputs
+    if out.within_tolerance if tolerant else out.equal:
         return
-    rr = f.run_to_run
+    rr = out.run_to_run
     if not tolerant and rr is not None and rr["accepted"]:
         f.notes.append(_spread_note(f, rr))
         return
     first = (rr["unexplained"][0] if rr is not None and rr["unexplained"] else
-             next((k for k, e in f.outputs.items()
+             next((k for k, e in out.per_output.items()
                    if not (e["within_tolerance"] if tolerant else e["bit_identical"])), None))
-    f.failures.append(f"outputs differ (first: {first}, max |diff| {f.max_abs_diff})")
+    f.failures.append(f"outputs differ (first: {first}, max |diff| {out.max_abs_diff})")
 
 
 def _spread_note(f: "CheckFigures", rr: dict) -> str:
@@ -52,10 +53,10 @@ def _spread_note(f: "CheckFigures", rr: dict) -> str:
 
 def fused_reference(f: "CheckFigures", tolerant: bool) -> None:
     """With --ort-optimize the original is compared at ORT's level; say how it compares as it is."""
-    plain = f.unoptimized_vs_rewritten
-    if f.reference_level is None or plain is None:
+    plain, level = f.outputs.unoptimized_vs_rewritten, f.outputs.reference_level
+    if level is None or plain is None:
         return
-    f.notes.append(f"outputs compared with the original run at {f.reference_level}, as the rewritten file "
+    f.notes.append(f"outputs compared with the original run at {level}, as the rewritten file "
                    "holds ORT's fusions made at that level; against the original under ckpt's settings "
                    + ("every output is bit-identical too" if plain["all_bit_identical"] else
                       f"{plain['n_failed']} outputs differ (max |diff| {plain['max_abs_diff']}): fused "
@@ -64,15 +65,15 @@ def fused_reference(f: "CheckFigures", tolerant: bool) -> None:
 
 def every_tensor_sized(f: "CheckFigures", tolerant: bool) -> None:
     """A prediction that counts a tensor as 0 B cannot be judged."""
-    for side, names in f.unsized.items():
+    for side, names in f.prediction.unsized.items():
         f.failures.append(f"the {side} prediction counts {len(names)} tensors of unknown size as 0 B "
                           f"({', '.join(names[:5])}{', ...' if len(names) > 5 else ''})")
 
 
 def peak_not_raised(f: "CheckFigures", tolerant: bool) -> None:
     """The rewritten peak is not above the original's (beyond measurement noise)."""
-    o, r = f.original.peak_bytes, f.rewritten.peak_bytes
-    if o is not None and r is not None and r > o + noise(f.rewritten, o):
+    o, r = f.measured.original.peak_bytes, f.measured.rewritten.peak_bytes
+    if o is not None and r is not None and r > o + noise(f.measured.rewritten, o):
         f.memory_lower = False
         f.failures.append(f"the rewritten peak ({r} B) is above the original's ({o} B)")
 
@@ -127,49 +128,51 @@ def prediction_holds(f: "CheckFigures", tolerant: bool) -> None:
     process's page-granular peak): the liveness simulation of the written schedule, which is
     what a broken order or an unseen node throws off. The arena figure adds ORT's rounding
     and fragmentation and is reported only."""
-    if f.rewritten.method not in ("profiler", "process_peak"):
-        f.notes.append(f"memory measured as {f.rewritten.method}: the peak is not compared with the prediction")
+    method, p = f.measured.rewritten.method, f.prediction
+    if method not in ("profiler", "process_peak"):
+        f.notes.append(f"memory measured as {method}: the peak is not compared with the prediction")
         return
-    for side, err in f.prediction_error.items():
-        measured = getattr(f, side)
+    for side, err in p.tensor_error.items():
+        measured = getattr(f.measured, side)
         slack = noise(measured, measured.peak_requested_bytes or 0)
-        off = abs(f.predicted[side] - (measured.peak_requested_bytes or 0))
-        if err is not None and abs(err) > f.max_prediction_error and off > slack:
+        off = abs(p.tensor_bytes[side] - (measured.peak_requested_bytes or 0))
+        if err is not None and abs(err) > p.max_error and off > slack:
             f.failures.append(f"the {side} peak prediction (tensor bytes) is {err:+.1%} off the measured "
-                              f"peak (more than --max-prediction-error {f.max_prediction_error:.0%})")
+                              f"peak (more than --max-prediction-error {p.max_error:.0%})")
 
 
 def process_peak_notes(f: "CheckFigures", tolerant: bool) -> None:
     """What a process-peak measurement can and cannot resolve."""
-    if f.rewritten.method != "process_peak":
+    if f.measured.rewritten.method != "process_peak":
         return
     f.notes.append("memory measured as process_peak (this ORT build's profiler has no memory fields): "
                    "the process's peak above its state before the run, ORT's arena off, page-granular")
-    if max(f.predicted.values()) < PROCESS_PEAK_NOISE_BYTES:
+    if max(f.prediction.tensor_bytes.values()) < PROCESS_PEAK_NOISE_BYTES:
         f.notes.append(f"both peaks are predicted below {PROCESS_PEAK_NOISE_BYTES // 1024} KiB, under what "
                        "process_peak resolves: the memory saving is not verified by this check")
 
 
 def runs_in_default_session(f: "CheckFigures", tolerant: bool) -> None:
     """The rewritten file also runs in a session with ORT's default settings."""
-    if f.rewritten_ort_default_error:
-        f.failures.append("the rewritten model does not run in a session with ORT's default settings "
-                          f"({f.rewritten_ort_default_error})")
+    error = f.measured.rewritten_ort_default_error
+    if error:
+        f.failures.append(f"the rewritten model does not run in a session with ORT's default settings ({error})")
 
 
 def plain_session_note(f: "CheckFigures", tolerant: bool) -> None:
     """Where the plain-session prediction is off, whether ORT's fusions explain it."""
-    err, fused = f.prediction_error_plain, f.prediction_error_plain_fused
-    if err is None or abs(err) <= f.max_prediction_error:
+    plain, limit = f.prediction.plain, f.prediction.max_error
+    err, fused = plain.error, plain.fused_error
+    if err is None or abs(err) <= limit:
         return
-    said = (f"under ORT's default settings the rewrite measures {f.rewritten_ort_default.peak_bytes} B; "
-            f"ckpt predicted {f.predicted_plain} B ({err:+.1%}) on the file's graph, where ORT runs its "
+    said = (f"under ORT's default settings the rewrite measures {f.measured.rewritten_ort_default.peak_bytes} B; "
+            f"ckpt predicted {plain.predicted} B ({err:+.1%}) on the file's graph, where ORT runs its "
             "ORT_ENABLE_ALL fusions")
     if fused is None:
         said += " (ORT's fused graph could not be modelled: a size unknown, or another order)"
-    elif abs(fused) <= f.max_prediction_error:
+    elif abs(fused) <= limit:
         said += (f"; on ORT's fused graph, in the order ORT runs it, ckpt's model gives "
-                 f"{f.predicted_plain_fused} B ({fused:+.1%}): the fusions, not the memory model, explain it")
+                 f"{plain.fused} B ({fused:+.1%}): the fusions, not the memory model, explain it")
     else:
         said += (f"; on ORT's fused graph, in the order ORT runs it, ckpt's model is {fused:+.1%} off too: "
                  "its memory model does not hold for this session")
@@ -178,7 +181,7 @@ def plain_session_note(f: "CheckFigures", tolerant: bool) -> None:
 
 def default_session_saving_note(f: "CheckFigures", tolerant: bool) -> None:
     """Whether the saving survives ORT's default session settings."""
-    od, rd = f.original_ort_default, f.rewritten_ort_default
+    od, rd = f.measured.original_ort_default, f.measured.rewritten_ort_default
     if od is None or rd is None or od.peak_bytes is None or rd.peak_bytes is None:
         return
     if rd.peak_bytes >= od.peak_bytes:

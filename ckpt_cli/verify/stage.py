@@ -11,9 +11,10 @@ is above the original's, or the prediction is further off than ``max_prediction_
 
 from __future__ import annotations
 
+import copy
 import tempfile
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, is_dataclass, replace
 from pathlib import Path
 
 from ..analysis import Analysis
@@ -67,49 +68,78 @@ class Measurement:
     runs: list
 
     @classmethod
-    def of(cls, summary: dict | None) -> "Measurement | None":
+    def of(cls, summary: driver.RunSummary | None) -> "Measurement | None":
         if summary is None:
             return None
-        req, base = summary.get("peak_requested_bytes"), summary.get("baseline_bytes") or 0
-        return cls(summary["peak_bytes"], summary["peak_above_baseline_bytes"],
-                   (req - base) if req is not None else summary.get("peak_above_baseline_bytes"),
-                   summary["time_s"], summary["method"], summary["runs"])
+        req, base = summary.peak_requested_bytes, summary.baseline_bytes or 0
+        return cls(summary.peak_bytes, summary.peak_above_baseline_bytes,
+                   (req - base) if req is not None else summary.peak_above_baseline_bytes,
+                   summary.time_s, summary.method, summary.runs)
 
 
-@dataclass
-class CheckFigures:
-    """The check's outcome; ``to_json()`` is the body of ``ckpt check --json``."""
+@dataclass(frozen=True)
+class OutputFigures:
+    """The rewritten model's outputs against the original's."""
 
-    provider: str
-    ort_version: str | None
-    outputs_equal: bool
-    outputs_within_tolerance: bool
-    tolerance: dict | None
+    equal: bool  # every output bit-identical
+    within_tolerance: bool
+    tolerance: dict | None  # {"rtol", "atol"} when the check was given either
     max_abs_diff: float | None
-    outputs: dict
+    per_output: dict  # output name -> how it compares
+    reference_level: str | None = None  # outputs compared with the original at this ORT level (--ort-optimize)
+    unoptimized_vs_rewritten: dict | None = None  # then: the comparison with the original as it is
+    run_to_run: dict | None = None  # outputs that differ: the original's own spread between two runs
+
+
+@dataclass(frozen=True)
+class MeasuredRuns:
+    """Both models measured under ckpt's settings and under ORT's defaults."""
+
     original: Measurement
     rewritten: Measurement
     original_ort_default: Measurement | None
     rewritten_ort_default: Measurement | None
-    rewritten_ort_default_error: str | None
-    order_matches: bool
-    order: dict
-    predicted: dict
-    prediction_error: dict
-    predicted_in_use: dict
-    prediction_error_in_use: dict
-    max_prediction_error: float
-    memory_lower: bool
-    enable_mem_reuse: bool
-    reference_level: str | None = None  # outputs compared with the original at this ORT level (--ort-optimize)
-    unoptimized_vs_rewritten: dict | None = None  # then: the comparison with the original as it is
-    run_to_run: dict | None = None  # outputs that differ: the original's own spread between two runs
-    predicted_plain: int | None = None  # the rewrite in a plain session (CPU: memory pattern, DEFAULT order)
-    prediction_error_plain: float | None = None  # against rewritten_ort_default's measured peak
+    rewritten_ort_default_error: str | None  # why the rewrite did not run under ORT's defaults
+
+
+@dataclass(frozen=True)
+class PlainPrediction:
+    """The rewrite in a plain session (CPU: memory pattern, DEFAULT order), against the
+    rewritten model's measured peak under ORT's defaults."""
+
+    predicted: int | None = None
+    error: float | None = None
     # the same model on ORT's own ORT_ENABLE_ALL graph, in the order ORT writes and runs it
-    predicted_plain_fused: int | None = None
-    prediction_error_plain_fused: float | None = None
-    unsized: dict = field(default_factory=dict)  # side -> tensors its prediction counts as 0 B
+    fused: int | None = None
+    fused_error: float | None = None
+
+
+@dataclass(frozen=True)
+class PredictionFigures:
+    """ckpt's predictions per side ("original", "rewritten"), and how far off the measured peaks."""
+
+    tensor_bytes: dict[str, int]  # the live tensor bytes at the peak
+    tensor_error: dict[str, float | None]  # against the measured tensor bytes
+    in_use_bytes: dict[str, int | None]  # the CPU arena's bytes in use at the peak
+    in_use_error: dict[str, float | None]  # against the measured peak in use
+    max_error: float  # the error the check tolerates (--max-prediction-error)
+    plain: PlainPrediction = PlainPrediction()
+    unsized: dict[str, list[str]] = field(default_factory=dict)  # side -> tensors counted as 0 B
+
+
+@dataclass
+class CheckFigures:
+    """The check's outcome; ``to_json()`` is the body of ``ckpt check --json``. The rules
+    (``rules.judge``) fill in the verdict: ``memory_lower``, ``failures`` and ``notes``."""
+
+    provider: str
+    ort_version: str | None
+    enable_mem_reuse: bool
+    outputs: OutputFigures
+    measured: MeasuredRuns
+    order: dict  # order_check of the rewritten model's executed order
+    prediction: PredictionFigures
+    memory_lower: bool = True
     failures: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -117,10 +147,31 @@ class CheckFigures:
     def passed(self) -> bool:
         return not self.failures
 
+    @property
+    def order_matches(self) -> bool:
+        return self.order["matches"]
+
     def to_json(self) -> dict:
-        body = asdict(self)
-        body["passed"] = self.passed
-        return body
+        out, runs, pred = self.outputs, self.measured, self.prediction
+        body = {
+            "provider": self.provider, "ort_version": self.ort_version,
+            "outputs_equal": out.equal, "outputs_within_tolerance": out.within_tolerance,
+            "tolerance": out.tolerance, "max_abs_diff": out.max_abs_diff, "outputs": out.per_output,
+            "original": runs.original, "rewritten": runs.rewritten,
+            "original_ort_default": runs.original_ort_default, "rewritten_ort_default": runs.rewritten_ort_default,
+            "rewritten_ort_default_error": runs.rewritten_ort_default_error,
+            "order_matches": self.order_matches, "order": self.order,
+            "predicted": pred.tensor_bytes, "prediction_error": pred.tensor_error,
+            "predicted_in_use": pred.in_use_bytes, "prediction_error_in_use": pred.in_use_error,
+            "max_prediction_error": pred.max_error, "memory_lower": self.memory_lower,
+            "enable_mem_reuse": self.enable_mem_reuse, "reference_level": out.reference_level,
+            "unoptimized_vs_rewritten": out.unoptimized_vs_rewritten, "run_to_run": out.run_to_run,
+            "predicted_plain": pred.plain.predicted, "prediction_error_plain": pred.plain.error,
+            "predicted_plain_fused": pred.plain.fused, "prediction_error_plain_fused": pred.plain.fused_error,
+            "unsized": pred.unsized, "failures": self.failures, "notes": self.notes, "passed": self.passed,
+        }
+        # copies, as asdict() made them: the body does not change with the figures
+        return {k: asdict(v) if is_dataclass(v) else copy.deepcopy(v) for k, v in body.items()}
 
 
 def prepare_feeds(model, out_path: Path, seed: int, dims: dict[str, int], feeds_file: Path | None) -> None:
@@ -137,9 +188,10 @@ def _relative_error(predicted: int | None, measured: int | None) -> float | None
     return None if not measured or predicted is None else (predicted - measured) / measured
 
 
-def _run(original: Path, rewritten: Path, feeds: Path, provider: str, **kw) -> dict:
+def _run(original: Path, rewritten: Path, feeds: Path, options: driver.PairOptions) -> driver.PairRun:
+    provider = options.provider
     try:
-        return driver.check_pair(original, rewritten, feeds, provider=provider, **kw)
+        return driver.check_pair(original, rewritten, feeds, options)
     except RuntimeUnavailable as e:
         if e.kind == "provider_unavailable":
             raise RuntimeUnavailable(e.kind, f"ONNX Runtime provider '{provider}' is unavailable: {e.message}") from None
@@ -156,81 +208,95 @@ def _run(original: Path, rewritten: Path, feeds: Path, provider: str, **kw) -> d
         raise RunFailed(e.kind, f"ONNX Runtime failed ({e.kind}): {e.message}") from None
 
 
-def check_files(original: str | Path, rewritten: str | Path, predicted: dict[str, Prediction], *,
-                enable_mem_reuse: bool = True, feeds_model=None, provider: str = "auto", runs: int = 3,
-                seed: int = 0, dims: dict[str, int] | None = None, feeds_file: Path | None = None,
-                python: str | None = None, rtol: float | None = None, atol: float | None = None,
-                timeout: float | None = driver.DEFAULT_TIMEOUT_S,
-                max_prediction_error: float = DEFAULT_MAX_PREDICTION_ERROR,
-                reference_level: str | None = None) -> CheckFigures:
+def _pair_options(options: CheckOptions, expected_order: tuple[str, ...], enable_mem_reuse: bool,
+                  reference_level: str | None) -> driver.PairOptions:
+    return driver.PairOptions(provider=options.provider, runs=options.runs, rtol=options.rtol or 0.0,
+                              atol=options.atol or 0.0, enable_mem_reuse=enable_mem_reuse,
+                              expected_order=expected_order or None, reference_level=reference_level,
+                              worker=driver.WorkerOptions(python=options.python, timeout=options.timeout,
+                                                          seed=options.seed))
+
+
+def _output_figures(pair: driver.PairRun, options: CheckOptions, model) -> OutputFigures:
+    tolerant = options.rtol is not None or options.atol is not None
+    return OutputFigures(pair.outputs_equal, pair.outputs_within_tolerance,
+                         {"rtol": options.rtol, "atol": options.atol} if tolerant else None,
+                         pair.max_abs_diff, pair.outputs, pair.reference_level, pair.unoptimized_vs_rewritten,
+                         _spread_verdict(pair.run_to_run, model))
+
+
+def _measured_runs(pair: driver.PairRun) -> MeasuredRuns:
+    return MeasuredRuns(Measurement.of(pair.original.ckpt), Measurement.of(pair.rewritten.ckpt),
+                        Measurement.of(pair.original.ort_default), Measurement.of(pair.rewritten.ort_default),
+                        pair.rewritten.ort_default_error)
+
+
+def _plain_prediction(rewritten: str | Path, predicted: Prediction, pair: driver.PairRun,
+                      default: Measurement | None) -> tuple[PlainPrediction, list[str]]:
+    """The rewrite's plain-session prediction against ``default``, its peak under ORT's
+    defaults; with the notes it gives."""
+    plain = predicted.plain_in_use_bytes
+    # the memory-pattern model is the CPU arena's: CUDA's plain session is not modelled,
+    # and process_peak runs with the arena off
+    if pair.provider != "cpu" or plain is None or default is None or default.method != "profiler":
+        return PlainPrediction(), []
+    error = _relative_error(plain, default.peak_bytes)
+    if abs(error or 0.0) <= PLAIN_FUSED_ABOVE:
+        return PlainPrediction(plain, error), []
+    fused = fused_plain(rewritten, predicted.tensors or {})
+    executed = pair.rewritten.ort_default_order
+    if fused is not None and executed is not None and list(fused.order) != executed:
+        return PlainPrediction(plain, error), ["the plain session did not run ORT's fused graph in the order ORT "
+                                               "writes it: ckpt's model of it is left out"]
+    if fused is None:
+        return PlainPrediction(plain, error), []
+    return PlainPrediction(plain, error, fused.peak_in_use_bytes,
+                           _relative_error(fused.peak_in_use_bytes, default.peak_bytes)), []
+
+
+def _prediction_figures(predicted: dict[str, Prediction], measured: MeasuredRuns, max_error: float,
+                        plain: PlainPrediction) -> PredictionFigures:
+    sides = ("original", "rewritten")
+    runs = {k: getattr(measured, k) for k in sides}
+    tensor = {k: _tensor_prediction(predicted[k], runs[k]) for k in sides}
+    in_use = {k: predicted[k].in_use_bytes for k in sides}
+    return PredictionFigures(
+        tensor, {k: _relative_error(tensor[k], runs[k].peak_requested_bytes) for k in sides},
+        in_use, {k: _relative_error(in_use[k], runs[k].peak_bytes) for k in sides}, max_error, plain,
+        {k: list(predicted[k].unsized) for k in sides if predicted[k].unsized})
+
+
+def _measure_pair(original: str | Path, rewritten: str | Path, model, options: CheckOptions,
+                  pair_options: driver.PairOptions, dims: dict[str, int]) -> driver.PairRun:
+    with tempfile.TemporaryDirectory(prefix="ckpt_feeds_") as tmp:
+        feeds_path = Path(tmp) / "feeds.npz"
+        prepare_feeds(model, feeds_path, options.seed, dims, options.feeds_file)
+        return _run(Path(original), Path(rewritten), feeds_path, pair_options)
+
+
+def check_files(original: str | Path, rewritten: str | Path, predicted: dict[str, Prediction],
+                options: CheckOptions = CheckOptions(), *, enable_mem_reuse: bool = True, feeds_model=None,
+                dims: dict[str, int] | None = None, reference_level: str | None = None) -> CheckFigures:
     """Measure both files and judge the rewrite.
 
     ``predicted`` maps "original"/"rewritten" to ckpt's predictions for those files
     under the check's settings (``enable_mem_reuse`` is the setting the rewritten file
-    asks for; both run with it). Outputs must be bit-identical unless ``rtol``/``atol``
-    are given. ``feeds_model`` is the original ModelProto when already loaded.
+    asks for; both run with it). Outputs must be bit-identical unless ``options.rtol``/
+    ``options.atol`` are given. ``feeds_model`` is the original ModelProto when already loaded.
     ``reference_level``: the rewritten file holds ORT's fusions made at this optimization
     level; its outputs are compared with the original's at that level.
     """
     import onnx
 
-    tolerant = rtol is not None or atol is not None
     model = feeds_model if feeds_model is not None else onnx.load(str(original), load_external_data=False)
-    with tempfile.TemporaryDirectory(prefix="ckpt_feeds_") as tmp:
-        feeds_path = Path(tmp) / "feeds.npz"
-        prepare_feeds(model, feeds_path, seed, dims or {}, feeds_file)
-        result = _run(Path(original), Path(rewritten), feeds_path, provider, runs=runs, python=python,
-                      rtol=rtol or 0.0, atol=atol or 0.0, enable_mem_reuse=enable_mem_reuse, seed=seed,
-                      timeout=timeout, expected_order=list(predicted["rewritten"].order) or None,
-                      reference_level=reference_level)
-    sides = ("original", "rewritten")
-    measured = {k: Measurement.of(result[k]) for k in sides}
-    tensor_pred = {k: _tensor_prediction(predicted[k], measured[k]) for k in sides}
-    in_use_pred = {k: predicted[k].in_use_bytes for k in sides}
-    figures = CheckFigures(
-        provider=result["provider"],
-        ort_version=result["rewritten"].get("ort_version"),
-        outputs_equal=result["outputs_equal"],
-        outputs_within_tolerance=result["outputs_within_tolerance"],
-        tolerance={"rtol": rtol, "atol": atol} if tolerant else None,
-        max_abs_diff=result["max_abs_diff"],
-        outputs=result["outputs"],
-        original=measured["original"],
-        rewritten=measured["rewritten"],
-        original_ort_default=Measurement.of(result["original_ort_default"]),
-        rewritten_ort_default=Measurement.of(result["rewritten_ort_default"]),
-        rewritten_ort_default_error=result.get("rewritten_ort_default_error"),
-        order_matches=result["order_matches"],
-        order=result["order"],
-        predicted=tensor_pred,
-        prediction_error={k: _relative_error(tensor_pred[k], measured[k].peak_requested_bytes) for k in sides},
-        predicted_in_use=in_use_pred,
-        prediction_error_in_use={k: _relative_error(in_use_pred[k], measured[k].peak_bytes) for k in sides},
-        max_prediction_error=max_prediction_error,
-        memory_lower=True,
-        enable_mem_reuse=enable_mem_reuse,
-        reference_level=reference_level,
-        unoptimized_vs_rewritten=result.get("unoptimized_vs_rewritten"),
-        run_to_run=_spread_verdict(result.get("run_to_run"), model),
-    )
-    plain = predicted["rewritten"].plain_in_use_bytes
-    default = figures.rewritten_ort_default
-    if figures.provider == "cpu" and plain is not None and default is not None and default.method == "profiler":
-        # the memory-pattern model is the CPU arena's: CUDA's plain session is not modelled,
-        # and process_peak runs with the arena off
-        figures.predicted_plain = plain
-        figures.prediction_error_plain = _relative_error(plain, default.peak_bytes)
-        if abs(figures.prediction_error_plain or 0.0) > PLAIN_FUSED_ABOVE:
-            fused = fused_plain(rewritten, predicted["rewritten"].tensors or {})
-            executed = result.get("rewritten_ort_default_order")
-            if fused is not None and executed is not None and list(fused.order) != executed:
-                figures.notes.append("the plain session did not run ORT's fused graph in the order ORT writes it: "
-                                     "ckpt's model of it is left out")
-            elif fused is not None:
-                figures.predicted_plain_fused = fused.peak_in_use_bytes
-                figures.prediction_error_plain_fused = _relative_error(fused.peak_in_use_bytes, default.peak_bytes)
-    figures.unsized = {k: list(predicted[k].unsized) for k in sides if predicted[k].unsized}
-    judge(figures, tolerant)
+    pair_options = _pair_options(options, predicted["rewritten"].order, enable_mem_reuse, reference_level)
+    pair = _measure_pair(original, rewritten, model, options, pair_options, dims or {})
+    outputs, measured = _output_figures(pair, options, model), _measured_runs(pair)
+    plain, notes = _plain_prediction(rewritten, predicted["rewritten"], pair, measured.rewritten_ort_default)
+    figures = CheckFigures(pair.provider, pair.rewritten.ckpt.ort_version, enable_mem_reuse, outputs, measured,
+                           pair.order, _prediction_figures(predicted, measured, options.max_prediction_error, plain),
+                           notes=notes)
+    judge(figures, tolerant=outputs.tolerance is not None)
     return figures
 
 
@@ -314,9 +380,6 @@ def check_analysed(paths: dict[str, Path], analysed: dict[str, Analysis], dims: 
     optimized = SessionPlan.read(analysed["rewritten"].graph.model, paths["rewritten"]).ort_optimize
     provider = optimized["provider"] if optimized and options.provider == "auto" else options.provider
     predicted = {k: predict(a, reuse, plain=k == "rewritten") for k, a in analysed.items()}
-    return check_files(paths["original"], paths["rewritten"], predicted,
-                       enable_mem_reuse=reuse, feeds_model=analysed["original"].graph.model,
-                       provider=provider, runs=options.runs, seed=options.seed, dims=dims,
-                       feeds_file=options.feeds_file, python=options.python, rtol=options.rtol, atol=options.atol,
-                       timeout=options.timeout, max_prediction_error=options.max_prediction_error,
+    return check_files(paths["original"], paths["rewritten"], predicted, replace(options, provider=provider),
+                       enable_mem_reuse=reuse, feeds_model=analysed["original"].graph.model, dims=dims,
                        reference_level=optimized["level"] if optimized else None)

@@ -497,60 +497,51 @@ def _seed(ort, spec: dict) -> None:
         set_seed(int(spec.get("seed", 0)))
 
 
-def run_spec(spec: dict) -> dict:
-    spec = _parse_spec(spec)
-    settings = spec["session"]
+def _import_runtime():
+    """numpy and onnxruntime, as the interpreter running this script has them."""
     try:
         import numpy as np
         import onnxruntime as ort
     except Exception as e:  # noqa: BLE001
         raise WorkerError("load_failed", f"cannot import numpy/onnxruntime under "
                                          f"{sys.executable}: {_one_line(e)}") from None
-    if not os.path.exists(spec["model"]):
-        raise WorkerError("load_failed", f"model file not found: {spec['model']}")
-    _seed(ort, spec)
-    warnings: list = []
-    method = spec["memory_method"]
+    return np, ort
 
-    per_run, times, (executed, executed_ops, executed_providers), has_mem, outputs = _measure_profiler(
-        ort, np, spec, settings, spec["feeds"], warnings)
-    timeline = per_run[-1]["_timeline"] if per_run else []
-    for r in per_run:
-        r.pop("_timeline", None)
+
+def _memory_figures(ort_version: str, spec: dict, per_run: list, times: list, has_mem: bool,
+                    warnings: list) -> dict:
+    """The memory method used and its figures: per-run peaks and times, baseline, peak requested."""
+    method = spec["memory_method"]
     baseline = per_run[-1]["baseline_bytes"] if per_run and has_mem else None
     peak_req = _median([r["peak_requested_bytes"] for r in per_run]) if has_mem else None
-
-    use_profiler = has_mem and method in ("auto", "profiler")
     if method == "profiler" and not has_mem:
-        warnings.append(f"profiler of onnxruntime {ort.__version__} reports no mem_* fields")
-    if use_profiler:
-        used = "profiler"
+        warnings.append(f"profiler of onnxruntime {ort_version} reports no mem_* fields")
+    if has_mem and method in ("auto", "profiler"):
         runs = [{"peak_bytes": r["peak_bytes"], "time_s": r["time_s"]} for r in per_run]
-    elif spec["provider"] == "cpu" and method in ("auto", "process_peak"):
-        used = "process_peak"
+        return {"method": "profiler", "runs": runs, "baseline_bytes": baseline, "peak_requested_bytes": peak_req}
+    if spec["provider"] == "cpu" and method in ("auto", "process_peak"):
         # A fresh process: after an arena session has run in this process, ORT 1.19.2
         # arena-off runs read 0 (memory stays resident); a new process reads right.
         pp = _process_peak_in_child(spec)
         warnings += pp.get("warnings", [])
-        pp_runs = pp["runs"]
-        if spec.get("outputs"):
-            outputs = None  # the child wrote them
         # Time from the profiled runs, so both methods time the same kind of session.
-        runs = [{"peak_bytes": p["peak_bytes"], "time_s": t}
-                for p, t in zip(pp_runs, times)]
-        baseline = None
-        peak_req = None
-    else:
-        used = "none"
-        runs = [{"peak_bytes": None, "time_s": t} for t in times]
-        if spec["provider"] == "cuda":
-            warnings.append("no mem_* fields on CUDA node events; device peak not measured")
+        runs = [{"peak_bytes": p["peak_bytes"], "time_s": t} for p, t in zip(pp["runs"], times)]
+        return {"method": "process_peak", "runs": runs, "baseline_bytes": None, "peak_requested_bytes": None}
+    if spec["provider"] == "cuda":
+        warnings.append("no mem_* fields on CUDA node events; device peak not measured")
+    runs = [{"peak_bytes": None, "time_s": t} for t in times]
+    return {"method": "none", "runs": runs, "baseline_bytes": baseline, "peak_requested_bytes": peak_req}
 
+
+def _result(ort_version: str, spec: dict, memory: dict, executed: tuple, warnings: list) -> dict:
+    """The worker's answer (see the module docstring)."""
+    used, runs, baseline = memory["method"], memory["runs"], memory["baseline_bytes"]
     peak = _median([r["peak_bytes"] for r in runs])
-    result = {
+    executed_order, executed_ops, executed_providers = executed
+    return {
         "ok": True,
         "provider": _PROVIDER_NAMES[spec["provider"]],
-        "ort_version": ort.__version__,
+        "ort_version": ort_version,
         "settings": spec["settings"],
         "method": used,
         "runs": runs,
@@ -560,20 +551,42 @@ def run_spec(spec: dict) -> dict:
         "peak_above_baseline_bytes": (
             (peak - baseline) if (peak is not None and baseline is not None)
             else (peak if used == "process_peak" else None)),
-        "peak_requested_bytes": peak_req,
-        "executed_order": executed,
+        "peak_requested_bytes": memory["peak_requested_bytes"],
+        "executed_order": executed_order,
         "executed_ops": executed_ops,
         "executed_providers": executed_providers,
-        "session_settings": settings,
+        "session_settings": spec["session"],
         "warnings": warnings,
     }
+
+
+def _save_outputs(np, spec: dict, outputs: dict) -> None:
+    if not spec.get("outputs"):
+        return
+    try:
+        np.savez(spec["outputs"], **{k: np.asarray(v) for k, v in outputs.items()})
+    except Exception as e:  # noqa: BLE001
+        raise WorkerError("run_failed", f"cannot write outputs: {_one_line(e)}") from None
+
+
+def run_spec(spec: dict) -> dict:
+    spec = _parse_spec(spec)
+    np, ort = _import_runtime()
+    if not os.path.exists(spec["model"]):
+        raise WorkerError("load_failed", f"model file not found: {spec['model']}")
+    _seed(ort, spec)
+    warnings: list = []
+    per_run, times, executed, has_mem, outputs = _measure_profiler(
+        ort, np, spec, spec["session"], spec["feeds"], warnings)
+    timeline = per_run[-1]["_timeline"] if per_run else []
+    for r in per_run:
+        r.pop("_timeline", None)
+    memory = _memory_figures(ort.__version__, spec, per_run, times, has_mem, warnings)
+    result = _result(ort.__version__, spec, memory, executed, warnings)
     if "timeline" in spec["extra_outputs"]:
-        result["timeline"] = timeline if used == "profiler" else []
-    if spec.get("outputs") and outputs is not None:
-        try:
-            np.savez(spec["outputs"], **{k: np.asarray(v) for k, v in outputs.items()})
-        except Exception as e:  # noqa: BLE001
-            raise WorkerError("run_failed", f"cannot write outputs: {_one_line(e)}") from None
+        result["timeline"] = timeline if memory["method"] == "profiler" else []
+    if memory["method"] != "process_peak":  # the process-peak child wrote the outputs itself
+        _save_outputs(np, spec, outputs)
     return result
 
 
