@@ -21,24 +21,8 @@ MAX_SUBJECT = 72
 GUARDED_SINCE = "2373cb7"  # commit subjects are held to MAX_SUBJECT from the commit after this one
 
 LONG = {
-    "analysis/arena.py:replay": 88,
-    "rewrite/recompute.py:plan_recompute": 84,
-    "verify/worker.py:run_spec": 77,
-    "ort/expand.py:_splice": 70,
-    "analysis/planner.py:plan_buffers": 70,
-    "report/render.py:render_rewrite": 67,
-    "verify/driver.py:check_pair": 64,
-    "report/svg.py:memory_chart_svg": 63,
 }
 WIDE = {
-    "verify/stage.py:check_files": 16,
-    "verify/driver.py:run_model": 14,
-    "verify/driver.py:check_pair": 14,
-    "verify/driver.py:_run_to_run_spread": 11,
-    "planning/search.py:search_limits": 10,
-    "planning/cutsearch.py:_aim_richer": 10,
-    "planning/milp.py:solve_binary": 9,
-    "analysis/__init__.py:analyse": 9,
 }
 
 

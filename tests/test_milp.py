@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
-from ckpt_cli.planning.milp import solve_binary
+from ckpt_cli.planning.milp import Triples, solve_binary
 
 
 def _brute(cost, a, lo, hi):
@@ -36,7 +36,7 @@ def test_a_knapsack_is_solved_to_the_optimum(case):
     hi = np.asarray(limits[:len(a)], dtype=float)
     lo = np.full(len(a), -np.inf)
     rows, cols = np.nonzero(a)
-    x = solve_binary(cost, rows, cols, a[rows, cols], lo, hi)
+    x = solve_binary(cost, Triples(rows, cols, a[rows, cols]), lo, hi)
     best = _brute(cost, a, lo, hi)  # x = 0 always fits: there is an optimum
     assert x is not None and set(np.unique(np.round(x))) <= {0.0, 1.0}
     assert (a @ x <= hi + 1e-6).all()
@@ -45,12 +45,12 @@ def test_a_knapsack_is_solved_to_the_optimum(case):
 
 def test_an_infeasible_program_has_no_solution():
     # x0 + x1 >= 3 cannot hold for binaries
-    assert solve_binary(np.array([1.0, 1.0]), np.array([0, 0]), np.array([0, 1]), np.array([1.0, 1.0]),
+    assert solve_binary(np.array([1.0, 1.0]), Triples(np.array([0, 0]), np.array([0, 1]), np.array([1.0, 1.0])),
                         np.array([3.0]), np.array([np.inf])) is None
 
 
 def test_bounds_fix_variables():
-    x = solve_binary(np.array([-1.0, -1.0, -1.0]), np.zeros(0, dtype=int), np.zeros(0, dtype=int), np.zeros(0),
+    x = solve_binary(np.array([-1.0, -1.0, -1.0]), Triples(np.zeros(0, dtype=int), np.zeros(0, dtype=int), np.zeros(0)),
                      np.zeros(0), np.zeros(0), col_lower=np.array([0.0, 1.0, 0.0]), col_upper=np.array([0.0, 1.0, 1.0]))
     assert x is not None and list(np.round(x)) == [0.0, 1.0, 1.0]
 
@@ -58,9 +58,9 @@ def test_bounds_fix_variables():
 def test_a_solve_writes_nothing_to_stdout():
     """A --json report goes to stdout: HiGHS's banner must not (highspy.Highs() prints it,
     once per process: hence a fresh one)."""
-    code = ("import numpy as np; from ckpt_cli.planning.milp import solve_binary; "
-            "print(solve_binary(np.array([-1.0, -2.0]), np.array([0, 0]), np.array([0, 1]), np.array([1.0, 1.0]), "
-            "np.array([-np.inf]), np.array([1.0])).tolist())")
+    code = ("import numpy as np; from ckpt_cli.planning.milp import Triples, solve_binary; "
+            "print(solve_binary(np.array([-1.0, -2.0]), Triples(np.array([0, 0]), np.array([0, 1]), "
+            "np.array([1.0, 1.0])), np.array([-np.inf]), np.array([1.0])).tolist())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).parent.parent)
     assert out.returncode == 0, out.stderr
     assert out.stdout == "[0.0, 1.0]\n" and out.stderr == ""
@@ -103,6 +103,6 @@ def test_the_structure_milp_keeps_what_saves_the_most_under_every_step(case):
 
 def test_repeated_triples_are_summed():
     # 0.5 x0 + 0.5 x0 + x1 <= 1: with the halves summed, x0 and x1 cannot both be kept
-    x = solve_binary(np.array([-2.0, -1.0]), np.array([0, 0, 0]), np.array([0, 0, 1]), np.array([0.5, 0.5, 1.0]),
-                     np.array([-np.inf]), np.array([1.0]))
+    halves = Triples(np.array([0, 0, 0]), np.array([0, 0, 1]), np.array([0.5, 0.5, 1.0]))
+    x = solve_binary(np.array([-2.0, -1.0]), halves, np.array([-np.inf]), np.array([1.0]))
     assert x is not None and list(np.round(x)) == [1.0, 0.0]

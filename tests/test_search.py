@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import pytest
 
 from ckpt_cli.planning.plan import Plan, Region
-from ckpt_cli.planning.search import Intervals, keep_all_limit, search_limits, with_keep
+from ckpt_cli.planning.search import Intervals, KeepJudge, keep_all_limit, search_limits, with_keep
 
 TENSORS = [f"t{i}" for i in range(10)]
 PRODUCER = {t: i for i, t in enumerate(TENSORS)}
@@ -39,6 +39,10 @@ def structure() -> Plan:
     return Plan([Region("all", set(range(len(TENSORS))))], "test")
 
 
+def judge(evaluate, budget: int) -> KeepJudge:
+    return KeepJudge(structure(), "test", evaluate, budget, PRODUCER)
+
+
 def choose(limit: int) -> set[str]:
     """Keep tensors in a fixed order while the linear model stays under ``limit``."""
     return set(TENSORS[:max(0, min(len(TENSORS), (limit - FLOOR) // STEP))])
@@ -55,8 +59,8 @@ def real_model(bytes_per_kept: int, calls: list[frozenset]):
 @pytest.mark.parametrize("thorough", [True, False])
 def test_a_pessimistic_linear_model_is_loosened_up_to_keeping_everything(thorough):
     calls: list[frozenset] = []
-    best, evaluations = search_limits(structure(), "test", choose, real_model(50, calls), FLOOR + 600, FLOOR_PLAN,
-                                      RANKED, PRODUCER, thorough=thorough)
+    best, evaluations = search_limits(judge(real_model(50, calls), FLOOR + 600), choose, FLOOR_PLAN, RANKED,
+                                      thorough=thorough)
     assert best is not None and best.cost.recompute_flops == 0 and best.keep == set(TENSORS)
     assert evaluations == len(calls) == len(set(calls)), "each keep set is evaluated once"
 
@@ -64,8 +68,7 @@ def test_a_pessimistic_linear_model_is_loosened_up_to_keeping_everything(thoroug
 def test_an_optimistic_linear_model_is_tightened_then_bracketed_to_the_best_fit():
     calls: list[frozenset] = []
     budget = FLOOR + 600
-    best, _ = search_limits(structure(), "test", choose, real_model(150, calls), budget, FLOOR_PLAN, RANKED,
-                            PRODUCER, thorough=True)
+    best, _ = search_limits(judge(real_model(150, calls), budget), choose, FLOOR_PLAN, RANKED, thorough=True)
     # Real peak 1000 + 150 k: four kept tensors fit (1600), five do not (1750).
     assert best is not None and len(best.keep) == 4 and best.cost.peak_bytes <= budget
     assert max(len(k) for k in calls if FLOOR + 150 * len(k) <= budget) == 4
@@ -73,8 +76,8 @@ def test_an_optimistic_linear_model_is_tightened_then_bracketed_to_the_best_fit(
 
 def test_nothing_fits_when_the_floor_overshoots():
     calls: list[frozenset] = []
-    best, evaluations = search_limits(structure(), "test", choose, real_model(150, calls), FLOOR - 1, FLOOR_PLAN,
-                                      RANKED, PRODUCER, thorough=False)
+    best, evaluations = search_limits(judge(real_model(150, calls), FLOOR - 1), choose, FLOOR_PLAN, RANKED,
+                                      thorough=False)
     assert best is None and evaluations == len(set(calls)) > 0
 
 
@@ -111,9 +114,7 @@ def test_polish_keeps_one_more_activation_that_the_limit_family_never_reaches():
         return Cost(FLOOR + 150 * len(kept - {"t9"}), sum(f for t, f in flops.items() if t not in kept))
 
     budget = FLOOR + 650
-    best, _ = search_limits(structure(), "test", choose, evaluate, budget, FLOOR_PLAN, ranked, PRODUCER,
-                            thorough=True)
+    best, _ = search_limits(judge(evaluate, budget), choose, FLOOR_PLAN, ranked, thorough=True)
     assert best is not None and best.keep == {"t0", "t1", "t2", "t3", "t9"}
-    lean, _ = search_limits(structure(), "test", choose, evaluate, budget, FLOOR_PLAN, ranked, PRODUCER,
-                            thorough=False)
+    lean, _ = search_limits(judge(evaluate, budget), choose, FLOOR_PLAN, ranked, thorough=False)
     assert lean is not None and "t9" not in lean.keep, "large graphs skip the polish"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import chain
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 from functools import cached_property
 
 from ..errors import UsageError
@@ -187,36 +187,53 @@ def recommended_mem_reuse(graph: Graph) -> bool:
     return SessionPlan.read(graph.model).mem_reuse
 
 
+@dataclass(frozen=True)
+class Written:
+    """What ckpt knows of a graph it wrote itself: its PRIORITY_BASED simulation
+    (``priority``, made with ORT's buffer reuse as ``reuse_buffers``). Its phases cannot
+    fail to classify: they are left to their first use."""
+
+    priority: MemoryProfile
+    reuse_buffers: bool
+
+
+def _priority_simulation(graph: Graph, tensors: dict[str, TensorInfo], reuse_buffers: bool
+                         ) -> tuple[MemoryProfile, Callable[[], MemoryProfile] | None]:
+    """The PRIORITY_BASED simulation and, with reuse on, the one without reuse to make on demand."""
+    order = schedules.priority_based(graph)
+    if reuse_buffers:
+        return simulate_deferred(graph, order, tensors)
+    return simulate(graph, order, tensors, reuse_buffers=reuse_buffers), None
+
+
 @gc_paused
 def analyse(graph: Graph, dims: dict[str, int] | None = None, loss: str | None = None,
             grad_outputs: list[str] | None = None, tensors: dict[str, TensorInfo] | None = None, *,
-            priority: MemoryProfile | None = None, reuse_buffers: bool | None = None,
-            deferred: bool = False, default_dims: tuple[str, ...] = ()) -> Analysis:
-    """Run every analysis on ``graph``. ``tensors`` may be passed to skip shape inference, and
-    ``priority`` (the simulation of ``schedules.priority_based(graph)`` with them) to skip it.
+            reuse_buffers: bool | None = None, default_dims: tuple[str, ...] = (),
+            written: Written | None = None) -> Analysis:
+    """Run every analysis on ``graph``. ``tensors`` may be passed to skip shape inference.
     ``reuse_buffers`` (ORT's enable_mem_reuse) defaults to what the model asks for.
-    ``deferred`` leaves the phases to their first use (a graph ckpt wrote, whose phases
-    cannot fail), else they are classified now, so a model without a backward is refused here.
-    ``default_dims`` names the entries of ``dims`` that the caller chose, not the user."""
+    ``default_dims`` names the entries of ``dims`` that the caller chose, not the user.
+    ``written``: the graph is one ckpt wrote, simulated already (with ``tensors``): its
+    simulation is taken as it is and its phases are classified on first use; any other
+    graph's phases are classified now, so a model without a backward is refused here."""
     if tensors is None:
         tensors = infer_tensors(graph, dims)
         _refuse_unbound_dims(graph, tensors, dims or {})
-    if reuse_buffers is None:
-        reuse_buffers = recommended_mem_reuse(graph)
-    without_reuse = None
-    if priority is None and reuse_buffers:
-        priority, without_reuse = simulate_deferred(graph, schedules.priority_based(graph), tensors)
-    elif priority is None:
-        priority = simulate(graph, schedules.priority_based(graph), tensors, reuse_buffers=reuse_buffers)
+    if written is not None:
+        priority, reuse_buffers, without_reuse = written.priority, written.reuse_buffers, None
+    else:
+        reuse_buffers = recommended_mem_reuse(graph) if reuse_buffers is None else reuse_buffers
+        priority, without_reuse = _priority_simulation(graph, tensors, reuse_buffers)
     a = Analysis(graph=graph, tensors=tensors, priority=priority, reuse_buffers=reuse_buffers, loss_given=loss,
                  grad_outputs_given=tuple(grad_outputs) if grad_outputs else None,
                  dims=tuple(sorted((dims or {}).items())), default_dims=tuple(sorted(default_dims)))
-    if not deferred:
+    if written is None:
         a.phases  # noqa: B018 (classified now: its errors belong to loading)
     if without_reuse is not None:
         a.__dict__["_without_reuse"] = without_reuse  # profile(False) without walking the graph again
     return a
 
 
-__all__ = ["Analysis", "Stashed", "analyse", "MemoryProfile", "Phases", "TensorInfo", "symbolic_dims",
+__all__ = ["Analysis", "Stashed", "Written", "analyse", "MemoryProfile", "Phases", "TensorInfo", "symbolic_dims",
            "simulate", "schedules"]

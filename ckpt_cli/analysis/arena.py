@@ -210,6 +210,113 @@ class RunTrace:
     kernel_peak: list[int]
 
 
+def _requests(buffers: Sequence[tuple[int, int, int]], steps: int) -> tuple[list[list[int]], list[list[int]]]:
+    """Per step (and one past the last), the buffers allocated there and those released after it."""
+    alloc_at: list[list[int]] = [[] for _ in range(steps + 1)]
+    free_at: list[list[int]] = [[] for _ in range(steps + 1)]
+    for b, (size, first, last) in enumerate(buffers):
+        if size <= 0:
+            continue
+        first = min(max(first, 0), steps)
+        last = min(max(last, first), steps)
+        alloc_at[first].append(b)
+        free_at[last].append(b)
+    return alloc_at, free_at
+
+
+class _Replay:
+    """A request sequence replayed through one arena, run after run: each buffer's chunk
+    (``ptr``) survives from the step that allocates it to the one that releases it."""
+
+    def __init__(self, buffers: Sequence[tuple[int, int, int]], steps: int, plans: dict[int, KernelPlan],
+                 arena: BFCArena) -> None:
+        self.arena = arena
+        self.steps = steps
+        self.plans = plans
+        self.sizes = [size for size, _, _ in buffers]
+        self.alloc_at, self.free_at = _requests(buffers, steps)
+        self.ptr: dict[int, int | None] = {}
+        # an untraced run (one that only grows the arena) visits only the steps that do something
+        self.busy = [k for k in range(steps) if self.alloc_at[k] or self.free_at[k] or k in plans]
+
+    def planned(self, k: int, plan: KernelPlan) -> int:
+        """Run step ``k``'s kernel plan; the highest bytes in use while it ran."""
+        arena, alloc, free = self.arena, self.arena.alloc, self.arena.free
+        high = arena.in_use
+        outs_done = False
+        tmps: list[int | None] = []
+        for ev in plan:
+            if ev[0] == "out":
+                if not outs_done:
+                    self._allocate(k)
+                    outs_done = True
+            elif ev[0] == "tmp":
+                tmps.append(alloc(ev[1]))
+            elif ev[0] == "free_tmp":
+                high = max(high, arena.in_use)
+                for p in tmps:
+                    free(p)
+                tmps = []
+            else:
+                raise ValueError(f"unknown kernel plan event {ev!r}")
+        if not outs_done:
+            self._allocate(k)
+        high = max(high, arena.in_use)
+        for p in tmps:
+            free(p)
+        return high
+
+    def _allocate(self, k: int) -> None:
+        ptr, sizes, alloc = self.ptr, self.sizes, self.arena.alloc
+        for b in self.alloc_at[k]:
+            ptr[b] = alloc(sizes[b])
+
+    def grow(self) -> None:
+        """A run that is not traced: it only grows the arena."""
+        ptr, sizes, plans, alloc_at, free_at = self.ptr, self.sizes, self.plans, self.alloc_at, self.free_at
+        alloc, free = self.arena.alloc, self.arena.free
+        for k in self.busy:
+            plan = plans.get(k)
+            if plan:
+                self.planned(k, plan)
+            else:
+                for b in alloc_at[k]:
+                    ptr[b] = alloc(sizes[b])
+            for b in free_at[k]:
+                free(ptr.pop(b))
+
+    def traced(self, base: int, stop: int | None) -> tuple[RunTrace, bool]:
+        """A traced run, ``base`` bytes added to every step; whether it stopped at a step
+        whose bytes in use exceed ``stop`` (its trace cut there)."""
+        tr = RunTrace([], [], [])
+        in_use, requested, kernel_peak = tr.in_use, tr.requested, tr.kernel_peak
+        ptr, sizes, plans, alloc_at, free_at = self.ptr, self.sizes, self.plans, self.alloc_at, self.free_at
+        arena = self.arena
+        alloc, free = arena.alloc, arena.free
+        for k in range(self.steps):
+            plan = plans.get(k)
+            if plan:
+                kernel_peak.append(self.planned(k, plan) + base)
+            else:
+                for b in alloc_at[k]:
+                    ptr[b] = alloc(sizes[b])
+                kernel_peak.append(arena.in_use + base)
+            in_use.append(arena.in_use + base)
+            requested.append(arena.requested_in_use + base)
+            if stop is not None and arena.in_use > stop:
+                return tr, True
+            for b in free_at[k]:
+                free(ptr.pop(b))
+        return tr, False
+
+    def end_run(self) -> None:
+        """Past the last node: what is allocated there (nothing in practice), then the graph
+        outputs are released, as the caller drops them between runs."""
+        self._allocate(self.steps)
+        for b in self.free_at[self.steps]:
+            self.arena.free(self.ptr.pop(b))
+
+
 def replay(buffers: Sequence[tuple[int, int, int]], steps: int, *, runs: int = 2,
            small_initializer_bytes: int = 0, plans: dict[int, KernelPlan] | None = None,
            arena: BFCArena | None = None, last_only: bool = False,
@@ -226,94 +333,21 @@ def replay(buffers: Sequence[tuple[int, int, int]], steps: int, *, runs: int = 2
     judges). ``give_up_above``: the last run stops at the first step whose bytes in use
     exceed it (a caller that only needs to know the peak is higher), its trace cut there.
     """
-    arena = arena if arena is not None else BFCArena()
+    replayer = _Replay(buffers, steps, plans or {}, arena if arena is not None else BFCArena())
     limit = None if give_up_above is None else give_up_above - small_initializer_bytes
-    alloc_at: list[list[int]] = [[] for _ in range(steps + 1)]
-    free_at: list[list[int]] = [[] for _ in range(steps + 1)]
-    sizes = [size for size, _, _ in buffers]
-    for b, (size, first, last) in enumerate(buffers):
-        if size <= 0:
-            continue
-        first = min(max(first, 0), steps)
-        last = min(max(last, first), steps)
-        alloc_at[first].append(b)
-        free_at[last].append(b)
-    plans = plans or {}
     traces: list[RunTrace] = []
-    ptr: dict[int, int | None] = {}
-    alloc, free = arena.alloc, arena.free
-    base = small_initializer_bytes
     runs = max(1, runs)
-
-    def planned(k: int, plan: KernelPlan) -> int:
-        """Run step ``k``'s kernel plan; the highest bytes in use while it ran."""
-        high = arena.in_use
-        outs_done = False
-        tmps: list[int | None] = []
-        for ev in plan:
-            if ev[0] == "out":
-                if not outs_done:
-                    for b in alloc_at[k]:
-                        ptr[b] = alloc(sizes[b])
-                    outs_done = True
-            elif ev[0] == "tmp":
-                tmps.append(alloc(ev[1]))
-            elif ev[0] == "free_tmp":
-                high = max(high, arena.in_use)
-                for p in tmps:
-                    free(p)
-                tmps = []
-            else:
-                raise ValueError(f"unknown kernel plan event {ev!r}")
-        if not outs_done:
-            for b in alloc_at[k]:
-                ptr[b] = alloc(sizes[b])
-        high = max(high, arena.in_use)
-        for p in tmps:
-            free(p)
-        return high
-
-    # an untraced run (one that only grows the arena) visits only the steps that do something
-    busy = [k for k in range(steps) if alloc_at[k] or free_at[k] or k in plans]
     for run in range(runs):
         measured = run == runs - 1
-        traced = not last_only or measured
-        if not traced:
-            for k in busy:
-                plan = plans.get(k)
-                if plan:
-                    planned(k, plan)
-                else:
-                    for b in alloc_at[k]:
-                        ptr[b] = alloc(sizes[b])
-                for b in free_at[k]:
-                    free(ptr.pop(b))
+        if last_only and not measured:
+            replayer.grow()
         else:
-            tr = RunTrace([], [], [])
-            in_use, requested, kernel_peak = tr.in_use, tr.requested, tr.kernel_peak
-            stop = limit if measured else None
-            for k in range(steps):
-                plan = plans.get(k)
-                if plan:
-                    kernel_peak.append(planned(k, plan) + base)
-                else:
-                    for b in alloc_at[k]:
-                        ptr[b] = alloc(sizes[b])
-                    kernel_peak.append(arena.in_use + base)
-                in_use.append(arena.in_use + base)
-                requested.append(arena.requested_in_use + base)
-                if stop is not None and arena.in_use > stop:
-                    traces.append(tr)
-                    return traces, arena
-                for b in free_at[k]:
-                    free(ptr.pop(b))
-        for b in alloc_at[steps]:  # allocated "after the last node": nothing in practice
-            ptr[b] = alloc(sizes[b])
-        for b in free_at[steps]:  # graph outputs, dropped by the caller between runs
-            free(ptr.pop(b))
-        if traced:
-            traces.append(tr)
-    return traces, arena
+            trace, stopped = replayer.traced(small_initializer_bytes, limit if measured else None)
+            traces.append(trace)
+            if stopped:
+                return traces, replayer.arena
+        replayer.end_run()
+    return traces, replayer.arena
 
 
 def arena_peak(profile, small_initializer_bytes: int = 0, *, runs: int = 2,

@@ -83,78 +83,90 @@ def reuse_classes(infos: list[TensorInfo | None]) -> tuple[list[int], int]:
 
 def plan_buffers(graph: Graph, order: list[int] | tuple[int, ...], tensors: dict[str, TensorInfo],
                  life: Lifetimes, reuse_buffers: bool = True) -> Buffers:
-    # One pass over the order, run for every candidate of every plan a search judges:
-    # the helpers are inlined and the per-tensor facts read from flat lists.
-    ids = graph.ids
-    names, node_inputs, node_outputs = ids.names, ids.inputs, ids.outputs
-    infos = [tensors.get(t) for t in names]
-    reuse, n_classes = reuse_classes(infos)
-    sizes = [info.nbytes if info is not None and info.nbytes is not None else -1 for info in infos]
-    last_read, uses, is_output = life.last_read, life.uses, life.is_output
-    resident = list(life.resident)  # views of resident tensors join them
+    """The buffers ORT's planner gives the tensors of ``order`` (the rules in the module doc)."""
+    return _Walk(graph, tensors, life).run(order, reuse_buffers)
 
-    buffer_of = [-1] * len(names)
-    owner_class: list[int] = []  # buffer -> reuse class of the tensor that allocated it
-    left: list[int] = []  # buffer -> uses not yet counted down (ORT's UseCount of the original)
-    size: list[int] = []
-    born: list[int] = []
-    dies: list[int] = []
-    holders: list[list[tuple[int, int]]] = []
-    unsized: list[str] = []
-    takes: list[tuple[int, int]] = []
-    free_lists: list[list[int]] = [[] for _ in range(n_classes)]
 
-    kinds = [_OP_KINDS.get(n.op_type, 0) for n in graph.nodes]
-    for k, i in enumerate(order):
-        kind = kinds[i]
-        inputs, outputs = node_inputs[i], node_outputs[i]
-        src = inputs[0] if inputs else -1
-        for pos, t in enumerate(outputs):
-            if t < 0:
-                continue
-            if is_output[t]:
-                b = -1
-            elif pos == 0 and kind == _VIEW and src >= 0 and (resident[src] or buffer_of[src] >= 0):
-                if resident[src]:
-                    resident[t] = True
+class _Walk:
+    """ORT's planner walking one order (a walk runs once). Per tensor its buffer; per buffer
+    the reuse class of the tensor that allocated it and the uses not yet counted down (ORT's
+    UseCount of the original); per reuse class its free list."""
+
+    def __init__(self, graph: Graph, tensors: dict[str, TensorInfo], life: Lifetimes) -> None:
+        ids = graph.ids
+        self.names, self.node_inputs, self.node_outputs = ids.names, ids.inputs, ids.outputs
+        self.infos = [tensors.get(t) for t in self.names]
+        self.reuse, n_classes = reuse_classes(self.infos)
+        self.sizes = [info.nbytes if info is not None and info.nbytes is not None else -1 for info in self.infos]
+        self.kinds = [_OP_KINDS.get(n.op_type, 0) for n in graph.nodes]
+        self.life = life
+        self.resident = list(life.resident)  # views of resident tensors join them
+        self.buffer_of = [-1] * len(self.names)
+        self.owner_class: list[int] = []
+        self.left: list[int] = []
+        self.free_lists: list[list[int]] = [[] for _ in range(n_classes)]
+        self.out = Buffers([], [], [], [], [], [])
+
+    def run(self, order: list[int] | tuple[int, ...], reuse_buffers: bool) -> Buffers:
+        # One pass over the order, run for every candidate of every plan a search judges:
+        # the helpers are inlined and the per-tensor facts read from flat lists (locals).
+        names, node_inputs, node_outputs, kinds = self.names, self.node_inputs, self.node_outputs, self.kinds
+        infos, reuse, sizes, resident = self.infos, self.reuse, self.sizes, self.resident
+        last_read, uses, is_output = self.life.last_read, self.life.uses, self.life.is_output
+        buffer_of, owner_class, left, free_lists = self.buffer_of, self.owner_class, self.left, self.free_lists
+        out = self.out
+        size, born, dies, holders, unsized, takes = out.size, out.born, out.dies, out.holders, out.unsized, out.takes
+        for k, i in enumerate(order):
+            kind = kinds[i]
+            inputs, outputs = node_inputs[i], node_outputs[i]
+            src = inputs[0] if inputs else -1
+            for pos, t in enumerate(outputs):
+                if t < 0:
                     continue
-                b = buffer_of[src]
-            elif (pos == 0 and kind == _IN_PLACE and src >= 0 and buffer_of[src] >= 0 and left[buffer_of[src]] == 1
-                  and _same_size(infos[src], infos[t])):
-                b = buffer_of[src]
-            elif last_read[t] < 0 or not reuse_buffers or reuse[t] < 0 or not free_lists[reuse[t]]:
-                b = -1
-            else:
-                b = free_lists[reuse[t]].pop()
-                takes.append((b, len(holders[b])))
-            if b < 0:  # a new buffer
-                b = len(left)
-                n = sizes[t]
-                if n < 0:
-                    unsized.append(names[t])
-                    n = 0
-                owner_class.append(reuse[t])
-                left.append(0)
-                size.append(n)
-                born.append(k)
-                dies.append(-1)
-                holders.append([])
-                takes.append((b, 0))
-            buffer_of[t] = b
-            left[b] += uses[t]
-            holders[b].append((k, t))
-            if last_read[t] > dies[b]:
-                dies[b] = last_read[t]
-        for group in (inputs, outputs):
-            for t in group:
-                if t >= 0 and not resident[t]:
-                    b = buffer_of[t]
-                    if b >= 0:  # (an input no node in the order makes)
-                        left[b] -= 1
-                        if left[b] == 0 and owner_class[b] >= 0:
-                            free_lists[owner_class[b]].append(b)
-    steps = life.steps
-    return Buffers(size, born, [steps if d < 0 else min(d, steps) for d in dies], holders, unsized, takes)
+                if is_output[t]:
+                    b = -1
+                elif pos == 0 and kind == _VIEW and src >= 0 and (resident[src] or buffer_of[src] >= 0):
+                    if resident[src]:
+                        resident[t] = True
+                        continue
+                    b = buffer_of[src]
+                elif (pos == 0 and kind == _IN_PLACE and src >= 0 and buffer_of[src] >= 0
+                      and left[buffer_of[src]] == 1 and _same_size(infos[src], infos[t])):
+                    b = buffer_of[src]
+                elif last_read[t] < 0 or not reuse_buffers or reuse[t] < 0 or not free_lists[reuse[t]]:
+                    b = -1
+                else:
+                    b = free_lists[reuse[t]].pop()
+                    takes.append((b, len(holders[b])))
+                if b < 0:  # a new buffer
+                    b = len(left)
+                    n = sizes[t]
+                    if n < 0:
+                        unsized.append(names[t])
+                        n = 0
+                    owner_class.append(reuse[t])
+                    left.append(0)
+                    size.append(n)
+                    born.append(k)
+                    dies.append(-1)
+                    holders.append([])
+                    takes.append((b, 0))
+                buffer_of[t] = b
+                left[b] += uses[t]
+                holders[b].append((k, t))
+                if last_read[t] > dies[b]:
+                    dies[b] = last_read[t]
+            for group in (inputs, outputs):
+                for t in group:
+                    if t >= 0 and not resident[t]:
+                        b = buffer_of[t]
+                        if b >= 0:  # (an input no node in the order makes)
+                            left[b] -= 1
+                            if left[b] == 0 and owner_class[b] >= 0:
+                                free_lists[owner_class[b]].append(b)
+        steps = self.life.steps
+        out.dies = [steps if d < 0 else min(d, steps) for d in dies]
+        return out
 
 
 def without_reuse(buffers: Buffers, life: Lifetimes) -> Buffers:

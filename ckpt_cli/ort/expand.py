@@ -173,15 +173,31 @@ def _splice(graph: Graph, functions: dict[str, tuple[str, str, int]], model: onn
     new = [p for p in resolved.graph.node if p.name not in names]
     if not removed:
         return graph
-    if model is not graph.model:
-        own = {t for n in graph.nodes if n.name not in kept for t in n.outputs}
-        # ORT's initializer copies of the kept Constants are dropped below: not a collision
-        made = ({t for p in new for t in p.output} | {t.name for t in resolved.graph.initializer}) - {
-            t for n in constants for t in n.outputs}
-        taken = (set(graph.producer) | set(graph.consumers) | set(graph.initializers) | set(graph.inputs)) - own
-        if made & taken - {t.name for t in model.graph.initializer} - {v.name for v in model.graph.input}:
-            return None
-    # Each new node belongs to the removed op whose outputs it computes.
+    if model is not graph.model and _collides(graph, model, resolved, new, kept, constants):
+        return None
+    owner = _owners(graph, removed, new)
+    if len(owner) != len(new):
+        return graph  # nodes ORT added for no op of the file: not an expansion we understand
+    expansion = _expansion(graph, removed, new, owner)
+    _splice_in(graph.model, expansion)
+    _adopt_resolved(graph, expansion, resolved.graph)
+    return _indexed(graph.model, graph, expansion)
+
+
+def _collides(graph: Graph, model: onnx.ModelProto, resolved: onnx.ModelProto, new: list[onnx.NodeProto],
+              kept: set[str], constants: list[Node]) -> bool:
+    """Whether the expansion of the excerpt ``model`` makes a tensor the rest of the graph has."""
+    own = {t for n in graph.nodes if n.name not in kept for t in n.outputs}
+    # ORT's initializer copies of the kept Constants are dropped (_adopt_resolved): not a collision
+    made = ({t for p in new for t in p.output} | {t.name for t in resolved.graph.initializer}) - {
+        t for n in constants for t in n.outputs}
+    taken = (set(graph.producer) | set(graph.consumers) | set(graph.initializers) | set(graph.inputs)) - own
+    return bool(made & taken - {t.name for t in model.graph.initializer} - {v.name for v in model.graph.input})
+
+
+def _owners(graph: Graph, removed: dict[str, int], new: list[onnx.NodeProto]) -> dict[int, int]:
+    """Each new node belongs to the removed op whose outputs it computes: new node -> that op's
+    rank among the removed."""
     producer = {t: k for k, p in enumerate(new) for t in p.output}
     owner: dict[int, int] = {}
     for node in graph.nodes:
@@ -195,9 +211,13 @@ def _splice(graph: Graph, functions: dict[str, tuple[str, str, int]], model: onn
                 continue
             owner[k] = r
             stack.extend(producer[t] for t in new[k].input if t in producer)
-    if len(owner) != len(new):
-        return graph  # nodes ORT added for no op of the file: not an expansion we understand
-    expansion: dict[int, list[onnx.NodeProto]] = {}  # a removed op's position -> its new nodes
+    return owner
+
+
+def _expansion(graph: Graph, removed: dict[str, int], new: list[onnx.NodeProto],
+               owner: dict[int, int]) -> dict[int, list[onnx.NodeProto]]:
+    """A removed op's position -> its new nodes, named after it and carrying its metadata."""
+    expansion: dict[int, list[onnx.NodeProto]] = {}
     for node in graph.nodes:
         r = removed.get(node.name)
         if r is None:
@@ -206,27 +226,34 @@ def _splice(graph: Graph, functions: dict[str, tuple[str, str, int]], model: onn
         for k, p in enumerate(expansion[node.index]):
             p.name = f"{node.name}/{p.op_type}_{k}"
             p.metadata_props.extend(node.proto.metadata_props)
+    return expansion
+
+
+def _splice_in(model: onnx.ModelProto, expansion: dict[int, list[onnx.NodeProto]]) -> None:
+    """Each removed op of ``model`` gives way to its expansion where it stood."""
     # In place: the graph's model is ckpt's own (load's, or load_input's copy of a caller's),
-    # and a copy would hold its weights twice and take time to make. Each removed op gives
-    # way to its expansion where it stood, the last one first (positions before it stay
-    # valid); the kept protos are neither copied nor read back, which is slow on large graphs.
-    # The graph given is spent: the model is the new graph's.
-    model = graph.model
+    # and a copy would hold its weights twice and take time to make. The last op goes first
+    # (positions before it stay valid); the kept protos are neither copied nor read back,
+    # which is slow on large graphs. The graph given is spent: the model is the new graph's.
     node_list = model.graph.node
     for position in sorted(expansion, reverse=True):
         del node_list[position]
         for k, p in enumerate(expansion[position]):
             node_list.insert(position + k, p)
+
+
+def _adopt_resolved(graph: Graph, expansion: dict[int, list[onnx.NodeProto]], resolved: onnx.GraphProto) -> None:
+    """Add to ``graph``'s model the initializers and value_info of ORT's resolution that the
+    expansion reads or makes."""
+    model = graph.model
     have = {t.name for t in model.graph.initializer} | {v.name for v in model.graph.input}
     produced = {t for n in graph.nodes if n.index not in expansion for t in n.outputs}
     produced.update(t for ps in expansion.values() for p in ps for t in p.output)
     produced.discard(ABSENT)
     # a kept Constant's output is its value, not ORT's initializer copy of it
-    model.graph.initializer.extend(t for t in resolved.graph.initializer
-                                   if t.name not in have and t.name not in produced)
+    model.graph.initializer.extend(t for t in resolved.initializer if t.name not in have and t.name not in produced)
     known = {v.name for v in model.graph.value_info}
-    model.graph.value_info.extend(v for v in resolved.graph.value_info if v.name in produced and v.name not in known)
-    return _indexed(model, graph, expansion)
+    model.graph.value_info.extend(v for v in resolved.value_info if v.name in produced and v.name not in known)
 
 
 _INSERTED_CAST = "InsertedPrecisionFreeCast_"

@@ -186,21 +186,34 @@ def _aim(corners: list[Cut], judge, measure, guesses: list[int], budget: int, or
         if base.cost.peak_bytes > budget:
             return
         start = last
-    left, error = _aim_richer(corners, judge, intervals, start, over, failed, budget, sizes, judgements - spent, error)
+    aiming = _Aiming(corners, judge, budget, sizes)
+    left, error = _aim_richer(aiming, intervals, start, over, failed, judgements - spent, error)
     # the loose test again, by as much as the estimates erred: the richest corner's guess is the loosest
     if over < 0 < left and 2 * (budget - ground) * (1 + 2 * error) >= original - ground:
         judge(corners[0])
 
 
-def _aim_richer(corners: list[Cut], judge, intervals: Intervals, fit: int, over: int, failed: set[int],
-                budget: int, sizes: dict[str, int], judgements: int, error: float) -> tuple[int, float]:
-    """From ``corners[fit]``, judged and fitting, with ``intervals`` its memory over its
+@dataclass(frozen=True)
+class _Aiming:
+    """What a lean search aims with: the corners (most kept bytes first), how one is judged,
+    the budget, and each tensor's bytes (for the estimates)."""
+
+    corners: list[Cut]
+    judge: Callable[[Cut], Judged]
+    budget: int
+    sizes: dict[str, int]
+
+
+def _aim_richer(aiming: _Aiming, intervals: Intervals, fit: int, over: int, failed: set[int], judgements: int,
+                error: float) -> tuple[int, float]:
+    """From ``aiming.corners[fit]``, judged and fitting, with ``intervals`` its memory over its
     schedule: judge the corners between ``over`` (overshooting, or -1) and it that its
     estimate says fit, richest first, while ``judgements`` last; then, with judgements
     left, a corner whose estimate is over the budget by less than twice the largest error
     an estimate made so far (``error`` to begin with, a share of the real peak).
     ``failed``: corners judged over the budget that do not bound the richer ones. Returns
     the judgements left and the largest error."""
+    corners, budget, sizes = aiming.corners, aiming.budget, aiming.sizes
     ground = intervals.cost.peak_bytes
     added = {k: keep_all_limit(intervals.timeline, intervals.spans,
                                {t: sizes.get(t, 0) for t in corners[k].kept if t in intervals.spans}) - ground
@@ -219,7 +232,7 @@ def _aim_richer(corners: list[Cut], judge, intervals: Intervals, fit: int, over:
             aimed = close
         k = aimed[0]
         judgements -= 1
-        peak, guess = judge(corners[k]).cost.peak_bytes, estimate(k)
+        peak, guess = aiming.judge(corners[k]).cost.peak_bytes, estimate(k)
         error = max(error, abs(peak - guess) / max(1, peak))
         if peak > guess and added[k] > 0:
             share = max(share, (peak - ground - shift) / added[k])

@@ -8,6 +8,8 @@ matrix given as (row, column, value) triples.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 # Solved to the optimum, not to HiGHS's default 0.01% gap: the gap lets tied-looking
@@ -16,11 +18,20 @@ import numpy as np
 MIP_REL_GAP = 0.0
 
 
-def solve_binary(cost: np.ndarray, rows: np.ndarray, cols: np.ndarray, vals: np.ndarray,
-                 row_lower: np.ndarray, row_upper: np.ndarray, col_lower: np.ndarray | None = None,
-                 col_upper: np.ndarray | None = None, time_limit: float = 30.0) -> np.ndarray | None:
+@dataclass(frozen=True)
+class Triples:
+    """A sparse matrix as (row, column, value) triples: the sum of those at one place."""
+
+    rows: np.ndarray
+    cols: np.ndarray
+    vals: np.ndarray
+
+
+def solve_binary(cost: np.ndarray, matrix: Triples, row_lower: np.ndarray, row_upper: np.ndarray,
+                 col_lower: np.ndarray | None = None, col_upper: np.ndarray | None = None,
+                 time_limit: float = 30.0) -> np.ndarray | None:
     """Minimise ``cost @ x`` over x in {0, 1} (within ``col_lower``/``col_upper``) subject to
-    ``row_lower <= A x <= row_upper``, A the sum of the triples; the best x found within
+    ``row_lower <= A x <= row_upper``, A the ``matrix``; the best x found within
     ``time_limit`` seconds, or None when there is none (infeasible, or none found in time)."""
     import highspy
     from highspy._core import _Highs
@@ -28,9 +39,9 @@ def solve_binary(cost: np.ndarray, rows: np.ndarray, cols: np.ndarray, vals: np.
     n, m = len(cost), len(row_lower)
     inf = highspy.kHighsInf
     # HiGHS takes each (row, column) once, sorted by row: repeated triples are summed here.
-    keys = np.asarray(rows, dtype=np.int64) * max(n, 1) + np.asarray(cols, dtype=np.int64)
+    keys = np.asarray(matrix.rows, dtype=np.int64) * max(n, 1) + np.asarray(matrix.cols, dtype=np.int64)
     order = np.argsort(keys, kind="stable")
-    keys, vals = keys[order], np.asarray(vals, dtype=np.float64)[order]
+    keys, vals = keys[order], np.asarray(matrix.vals, dtype=np.float64)[order]
     keys, first = np.unique(keys, return_index=True)
     vals = np.add.reduceat(vals, first) if len(keys) else vals
     rows, cols = keys // max(n, 1), keys % max(n, 1)

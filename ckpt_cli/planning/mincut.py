@@ -306,7 +306,7 @@ def solve_bytes(problem: Problem, max_bytes: int, matmul_first: bool = False,
     the corners of the price sweep, the same closure problem with a byte budget is a
     MILP (HiGHS). ``matmul_first``: least matmul FLOPs, then least cost.
     None when no cut keeps that little."""
-    from .milp import solve_binary
+    from .milp import Triples, solve_binary
 
     p = problem
     n, m = len(p.nodes), len(p.tensors)
@@ -353,8 +353,8 @@ def solve_bytes(problem: Problem, max_bytes: int, matmul_first: bool = False,
         cost = p.matmul_flops.astype(float) + cost / (1.0 + float(cost.sum()))
     # Least cost, then (under one unit in all) the fewest kept bytes.
     tie = p.nbytes.astype(float) / (1.0 + float(p.nbytes.sum()))
-    x = solve_binary(np.concatenate([cost, np.zeros(m), tie]), np.concatenate(rows), np.concatenate(cols),
-                     np.concatenate(vals), np.concatenate(lower), np.concatenate(upper),
+    matrix = Triples(np.concatenate(rows), np.concatenate(cols), np.concatenate(vals))
+    x = solve_binary(np.concatenate([cost, np.zeros(m), tie]), matrix, np.concatenate(lower), np.concatenate(upper),
                      np.concatenate([np.zeros(n), lo_z, np.zeros(m)]), np.concatenate([np.ones(n), np.ones(m), hi_k]),
                      time_limit=time_limit)
     if x is None:

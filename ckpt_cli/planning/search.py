@@ -67,6 +67,22 @@ class Fitted:
     keep: set[str]
 
 
+@dataclass(frozen=True)
+class KeepJudge:
+    """How a search judges a keep set: added to ``structure`` (each tensor to the region
+    that makes it, by ``producer``) as a plan of ``strategy``, whose real cost
+    (``evaluate``) fits ``budget`` or not."""
+
+    structure: Plan
+    strategy: str
+    evaluate: Callable[[Plan], PlanCost]
+    budget: int
+    producer: Mapping[str, int]
+
+    def plan_with(self, keep: set[str]) -> Plan:
+        return with_keep(self.structure, keep, self.strategy, self.producer)
+
+
 def with_keep(plan: Plan, keep: set[str], strategy: str, producer: Mapping[str, int]) -> Plan:
     """``plan`` with ``keep`` added, each tensor to the region that makes it (a tensor
     made outside every region is already kept)."""
@@ -83,17 +99,15 @@ def with_keep(plan: Plan, keep: set[str], strategy: str, producer: Mapping[str, 
     return Plan(regions, strategy, list(plan.notes), decisions=kept_instead(plan.decisions, keep, budget_reason))
 
 
-def search_limits(structure: Plan, strategy: str, choose: Callable[[int], set[str] | None],
-                  evaluate: Callable[[Plan], PlanCost], budget: int, floor: Intervals, ranked: Sequence,
-                  producer: Mapping[str, int], *, thorough: bool, loosening: int = LOOSENING
-                  ) -> tuple[Fitted | None, int]:
+def search_limits(judge: KeepJudge, choose: Callable[[int], set[str] | None], floor: Intervals, ranked: Sequence,
+                  *, thorough: bool, loosening: int = LOOSENING) -> tuple[Fitted | None, int]:
     """The keep set (from ``choose`` at some limit) with the fewest recompute FLOPs whose
-    real peak fits ``budget``, and the number of evaluations spent. ``floor``: the
+    real peak fits ``judge.budget``, and the number of evaluations spent. ``floor``: the
     structure with nothing kept; ``ranked``: the candidates (``tensor``, ``nbytes``,
     ``flops``) ``choose`` picks from; ``loosening``: the most secant steps above the best
     fit (without ``thorough``, each evaluation being a rewrite of a large graph, fewer)."""
-    search = _Search(structure, strategy, choose, evaluate, budget, producer)
-    floor_peak = floor.cost.peak_bytes
+    search = _Search(judge, choose)
+    budget, floor_peak = judge.budget, floor.cost.peak_bytes
     try:
         search.tighten(budget)
         top_limit = keep_all_limit(floor.timeline, floor.spans, {c.tensor: c.nbytes for c in ranked})
@@ -118,7 +132,7 @@ def polish_plan(plan: Plan, cost: PlanCost, ranked: Sequence, evaluate: Callable
     time, while the real cost model says it still fits and recomputes less, and the
     evaluations spent. Each structure's search polishes its own best fit; this goes on
     from the winner of them all, wherever it came from (a cut or a structure)."""
-    search = _Search(plan, plan.strategy, lambda limit: None, evaluate, budget, producer)
+    search = _Search(KeepJudge(plan, plan.strategy, evaluate, budget, producer), lambda limit: None)
     search.best = search.tried[frozenset()] = Fitted(plan, cost, set())
     try:
         search.polish(ranked, steps)
@@ -134,9 +148,8 @@ class _NothingToSave(Exception):
 class _Search:
     """The keep sets evaluated so far, the (limit, real peak) points seen, and the best fit."""
 
-    def __init__(self, structure: Plan, strategy: str, choose, evaluate, budget: int, producer) -> None:
-        self.structure, self.strategy, self.choose, self.evaluate = structure, strategy, choose, evaluate
-        self.budget, self.producer = budget, producer
+    def __init__(self, judge: KeepJudge, choose: Callable[[int], set[str] | None]) -> None:
+        self.keep_judge, self.choose, self.budget = judge, choose, judge.budget
         self.tried: dict[frozenset[str], Fitted] = {}
         self.points: list[tuple[int, int]] = []
         self.best: Fitted | None = None
@@ -144,8 +157,8 @@ class _Search:
     def judge(self, keep: set[str]) -> Fitted:
         key = frozenset(keep)
         if key not in self.tried:
-            plan = with_keep(self.structure, keep, self.strategy, self.producer)
-            self.tried[key] = Fitted(plan, self.evaluate(plan), keep)
+            plan = self.keep_judge.plan_with(keep)
+            self.tried[key] = Fitted(plan, self.keep_judge.evaluate(plan), keep)
         fitted = self.tried[key]
         cost = fitted.cost
         if cost.peak_bytes <= self.budget and (self.best is None

@@ -22,7 +22,7 @@ from ..analysis import Analysis
 from ..errors import BudgetUnreachable
 from .decision import NOTHING, all_kept
 from .plan import Plan
-from .search import Intervals, search_limits
+from .search import Intervals, KeepJudge, search_limits
 from .strategies import (BudgetResult, Candidate, Evaluate, PlanCost, candidates, over_structures, result_of,
                          unreachable_message)
 
@@ -34,7 +34,7 @@ IntervalsOf = Callable[[Plan], Intervals]
 
 def _solve(ranked: list[Candidate], spans: dict[str, tuple[int, int]], timeline: tuple[int, ...],
            limit: int) -> set[str] | None:
-    from .milp import solve_binary
+    from .milp import Triples, solve_binary
 
     usable = [c for c in ranked if c.tensor in spans]
     if not usable:
@@ -59,7 +59,7 @@ def _solve(ranked: list[Candidate], spans: dict[str, tuple[int, int]], timeline:
         return {c.tensor for c in usable if c.flops}  # everything fits: what the objective below would keep
     # Saved FLOPs first; among equal savings, fewer kept bytes (under one FLOP in all).
     tie_break = np.array([float(c.nbytes) for c in usable]) / (1.0 + sum(c.nbytes for c in usable))
-    x = solve_binary(tie_break - np.array([float(c.flops) for c in usable]), row, col, val,
+    x = solve_binary(tie_break - np.array([float(c.flops) for c in usable]), Triples(row, col, val),
                      np.full(len(room), -np.inf), room, time_limit=60)
     if x is None:
         return None
@@ -81,8 +81,8 @@ def optimal_plan(a: Analysis, budget: int, evaluate: Evaluate, intervals_of: Int
     def search(structure: Plan, floor: Intervals) -> tuple[BudgetResult | None, int]:
         ranked = candidates(a, structure)[:MAX_CANDIDATES]
         fitted, spent = search_limits(
-            structure, strategy, lambda limit, r=ranked, f=floor: _solve(r, f.spans, f.timeline, limit),
-            evaluate, budget, floor, ranked, a.graph.producer, thorough=True)
+            KeepJudge(structure, strategy, evaluate, budget, a.graph.producer),
+            lambda limit, r=ranked, f=floor: _solve(r, f.spans, f.timeline, limit), floor, ranked, thorough=True)
         if fitted is None:
             return None, spent
         return result_of(fitted, ranked, structure, "MILP keeps {kept} of {total} stashed activations"), spent

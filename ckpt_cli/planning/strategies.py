@@ -19,7 +19,7 @@ from .decision import COMPUTE_BOUND, NOTHING, all_kept, kept_instead
 from .plan import Plan, Region
 from .rangemax import RangeMax
 from .regions import default_regions, layer_regions, sqrt_regions
-from .search import LOOSENING, Fitted, Intervals, PlanCost, search_limits
+from .search import LOOSENING, Fitted, Intervals, KeepJudge, PlanCost, search_limits
 
 # Above this, searches are lean: one structure that fits, a few evaluations (each is a
 # rewrite of the whole graph, and the thorough search makes many).
@@ -286,10 +286,10 @@ def budget_plan(a: Analysis, budget: int, evaluate: Evaluate, intervals_of: Call
         ranked = candidates(a, structure)
         ground = floor.cost.peak_bytes
         loose = 2 * (budget - ground) >= base - ground
-        fitted, spent = search_limits(structure, "budget", _greedy_choice(ranked, floor, exhaustive), evaluate,
-                                      budget, floor, ranked, a.graph.producer, thorough=exhaustive,
-                                      loosening=LOOSENING if exhaustive else _lean_loosening(len(a.graph.nodes),
-                                                                                              loose))
+        judge = KeepJudge(structure, "budget", evaluate, budget, a.graph.producer)
+        loosening = LOOSENING if exhaustive else _lean_loosening(len(a.graph.nodes), loose)
+        fitted, spent = search_limits(judge, _greedy_choice(ranked, floor, exhaustive), floor, ranked,
+                                      thorough=exhaustive, loosening=loosening)
         if fitted is None:
             return None, spent
         return result_of(fitted, ranked, structure, "kept {kept} of {total} stashed activations, "

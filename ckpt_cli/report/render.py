@@ -134,6 +134,28 @@ def render_rewrite(r: dict, console: Console) -> None:
     console.print(f"[bold]{safe(r['model'])}[/bold] -> [bold]{safe(r['output'])}[/bold]  ({safe(r['strategy'])})")
     for note in r["plan_notes"]:
         console.print(f"  {plain(note)}", markup=False)
+    console.print(_before_after_table(r, console))
+    if r["regions"]:
+        console.print(_regions_table(r["regions"], console))
+    console.print("Memory over the schedule (before vs after)")
+    for line in chart_lines(console, [("before", b["timeline"]), ("after", a["timeline"])],
+                            [b["backward_starts_at"], a["backward_starts_at"]]):
+        console.print(line, markup=False)
+    if r.get("no_gain_reason"):
+        console.print(f"[yellow]No gain:[/yellow] {r['no_gain_reason']}.")
+    if r.get("warning"):
+        console.print(f"[yellow]Warning:[/yellow] {r['warning']}.")
+    _render_pin(r.get("pin"), console)
+    _render_mem_pattern_off(r.get("mem_pattern_off"), console)
+    _render_ort_optimize(r.get("ort_optimize"), console)
+    if not r.get("no_gain_reason"):
+        console.print("The saving is measured under these ONNX Runtime session settings (`ckpt session OUTPUT`):")
+    console.print("\n".join(map(plain, r["session_settings"].splitlines())), markup=False)
+    render_unsized(r, console)
+
+
+def _before_after_table(r: dict, console: Console) -> Table:
+    b, a = r["before"], r["after"]
     t = _table("Before / after (predicted, PRIORITY_BASED order)", console, ("", "left"), ("before", "right"),
                ("after", "right"), ("change", "right"))
     for label, key, fmt in (("peak memory", "peak_bytes", human_bytes),
@@ -144,46 +166,52 @@ def render_rewrite(r: dict, console: Console) -> None:
     t.add_row("recompute FLOPs", "", human_flops(r["recompute_flops"]),
               f"{percent(r['recompute_flops'], r['forward_flops'])} of fwd, "
               f"{percent(r['recompute_flops'], r['step_flops'])} of step")
-    console.print(t)
-    if r["regions"]:
-        t = _table(f"Regions ({len(r['regions'])})", console, ("region", "left"), ("nodes", "right"),
-                   ("recomputed", "right"), ("no longer stashed", "right"), ("recompute FLOPs", "right"),
-                   ("notes", "left"))
-        for row in r["regions"]:
-            notes = []
-            if row["kept_random"]:
-                notes.append(f"kept random: {', '.join(map(safe, row['kept_random'][:3]))}")
-            if row["kept_subgraph"]:
-                notes.append(f"kept subgraph: {', '.join(map(safe, row['kept_subgraph'][:3]))}")
-            t.add_row(safe(row["name"]), str(row["nodes"]), str(row["recompute_nodes"]), human_bytes(row["freed_bytes"]),
-                      human_flops(row["recompute_flops"]), "; ".join(notes))
-        console.print(t)
-    console.print("Memory over the schedule (before vs after)")
-    for line in chart_lines(console, [("before", b["timeline"]), ("after", a["timeline"])],
-                            [b["backward_starts_at"], a["backward_starts_at"]]):
-        console.print(line, markup=False)
-    if r.get("no_gain_reason"):
-        console.print(f"[yellow]No gain:[/yellow] {r['no_gain_reason']}.")
-    if r.get("warning"):
-        console.print(f"[yellow]Warning:[/yellow] {r['warning']}.")
-    pin = r.get("pin")
-    if pin and pin.get("skipped"):
+    return t
+
+
+def _regions_table(regions: list[dict], console: Console) -> Table:
+    t = _table(f"Regions ({len(regions)})", console, ("region", "left"), ("nodes", "right"),
+               ("recomputed", "right"), ("no longer stashed", "right"), ("recompute FLOPs", "right"),
+               ("notes", "left"))
+    for row in regions:
+        t.add_row(safe(row["name"]), str(row["nodes"]), str(row["recompute_nodes"]), human_bytes(row["freed_bytes"]),
+                  human_flops(row["recompute_flops"]), _region_notes(row))
+    return t
+
+
+def _region_notes(row: dict) -> str:
+    notes: list[str] = []
+    if row["kept_random"]:
+        notes.append(f"kept random: {', '.join(map(safe, row['kept_random'][:3]))}")
+    if row["kept_subgraph"]:
+        notes.append(f"kept subgraph: {', '.join(map(safe, row['kept_subgraph'][:3]))}")
+    return "; ".join(notes)
+
+
+def _render_pin(pin: dict | None, console: Console) -> None:
+    if not pin:
+        return
+    if pin.get("skipped"):
         console.print(f"[yellow]Order not pinned:[/yellow] {safe(pin['skipped'])}.")
-    if pin and pin["guard_nodes"]:
+    if pin["guard_nodes"]:
         console.print(f"Order pinned: {pin['guard_nodes']} guard nodes ({pin['guarded_inputs']} guarded inputs, "
                       f"{pin['tied_outputs']} tied gradients, {pin['blocks']} blocks) keep recompute blocks in the "
                       "backward under any execution order and optimization level.")
-    if pin and pin.get("fresh_tensors"):
+    if pin.get("fresh_tensors"):
         console.print(f"Fresh tensors: {pin['fresh_tensors']} tensors get a buffer of their own under ORT's buffer "
                       f"reuse ({pin['fresh_nodes']} guard nodes hide their shapes), so no freed buffer is held "
                       "idle across the recompute gap.")
-    off = r.get("mem_pattern_off")
+
+
+def _render_mem_pattern_off(off: dict | None, console: Console) -> None:
     if off:
         console.print(f"Memory pattern off: the optional input '{safe(off['input'])}' (nobody feeds it) makes ONNX "
                       "Runtime drop its memory pattern in every session; a plain session's peak is predicted "
                       f"{human_bytes(off['predicted_plain_without_pattern_bytes'])} without it, "
                       f"{human_bytes(off['predicted_plain_with_pattern_bytes'])} with it.")
-    opt = r.get("ort_optimize")
+
+
+def _render_ort_optimize(opt: dict | None, console: Console) -> None:
     if opt:
         fused = ", ".join(f"{n} {op}" for op, n in opt["fused_ops"].items()) or "no contrib ops"
         kept = ", ".join(f"{n} {op}" for op, n in opt["not_recomputable"].items())
@@ -192,10 +220,6 @@ def render_rewrite(r: dict, console: Console) -> None:
                       f"{opt['guard_nodes_after']} of {opt['guard_nodes_before']} guard nodes remain; the figures "
                       "above are the optimized graph's."
                       + (f" Forward ops ckpt cannot recompute (kept): {safe(kept)}." if kept else ""))
-    if not r.get("no_gain_reason"):
-        console.print("The saving is measured under these ONNX Runtime session settings (`ckpt session OUTPUT`):")
-    console.print("\n".join(map(plain, r["session_settings"].splitlines())), markup=False)
-    render_unsized(r, console)
 
 
 def render_check(r: dict, console: Console) -> None:

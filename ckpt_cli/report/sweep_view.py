@@ -9,6 +9,7 @@ from rich.console import Console
 
 from .model import envelope
 from .render import _table
+from .svg import Axes
 from ..units import human_bytes, human_flops
 
 CHART_W, CHART_H = 60, 14  # text chart cells
@@ -63,13 +64,8 @@ def sweep_svg(points: list[dict], title: str) -> str:
     top = max(p["peak_bytes"] for p in points) * 1.05
     right = max(max(p["recompute_share"] for p in points), 1e-9) * 1.05
     plot_w, plot_h = SVG_W - 2 * MARGIN, SVG_H - 2 * MARGIN
-
-    def x(share: float) -> float:
-        return round(MARGIN + share / right * plot_w, 2)
-
-    def y(peak: float) -> float:
-        return round(MARGIN + plot_h - peak / top * plot_h, 2)
-
+    axes = Axes(MARGIN, MARGIN, plot_w, plot_h, right, top)
+    x, y = axes.x, axes.y
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{SVG_W}" height="{SVG_H}" font-family="sans-serif" '
            f'font-size="12"><title>{escape(title)}</title>',
            f'<rect width="{SVG_W}" height="{SVG_H}" fill="#ffffff"/>',

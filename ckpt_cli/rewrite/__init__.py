@@ -6,7 +6,7 @@ from dataclasses import dataclass, field, replace
 
 import onnx
 
-from ..analysis import Analysis, analyse, schedules
+from ..analysis import Analysis, TensorInfo, Written, analyse, schedules
 from ..analysis.arena import predict_in_use
 from ..analysis.memory import simulate
 from ..analysis.phases import BACKWARD
@@ -72,8 +72,7 @@ def rewrite(a: Analysis, plan: Plan | None, pin: bool = True, model_only: bool =
     new = _mark_early_backward(chosen.graph, forward_names)
     # The written order is its own PRIORITY_BASED order (executed_order), so the
     # simulation above is the after-analysis's; phase markers change no tensor.
-    after = analyse(new, loss=a.phases.loss, grad_outputs=list(a.phases.grad_outputs), tensors=surgery.tensors,
-                    priority=chosen.profile, reuse_buffers=chosen.mem_reuse, deferred=True)
+    after = _analyse_written(a, new, surgery.tensors, Written(chosen.profile, chosen.mem_reuse))
     if chosen.arena is not None:
         after.remember_arena(chosen.mem_reuse, chosen.arena)
     copies = [n for n in new.nodes if n.name in surgery.copy_names]
@@ -83,6 +82,13 @@ def rewrite(a: Analysis, plan: Plan | None, pin: bool = True, model_only: bool =
     result = RewriteResult(new, after, surgery.regions, len(copies), flops, chosen.mem_reuse,
                            decisions=_decisions(a, plan, surgery))
     return pinned(a, result) if pin else result
+
+
+def _analyse_written(a: Analysis, graph: Graph, tensors: dict[str, TensorInfo], written: Written) -> Analysis:
+    """The analysis of ``graph``, a rewrite of ``a``'s graph: its phases by the same loss and
+    gradient outputs."""
+    return analyse(graph, loss=a.phases.loss, grad_outputs=list(a.phases.grad_outputs), tensors=tensors,
+                   written=written)
 
 
 def _decisions(a: Analysis, plan: Plan | None, surgery: Surgery) -> dict[str, Decision]:
@@ -109,8 +115,7 @@ def pinned(a: Analysis, result: RewriteResult) -> RewriteResult:
         return replace(result, pinned=guarded)
     # Only with copies: buffers parked across the recompute gap are theirs to lose.
     fresh = unshare(guarded.graph, guarded.tensors, result.mem_reuse, frozenset(forward_names))
-    after = analyse(fresh.graph, loss=a.phases.loss, grad_outputs=list(a.phases.grad_outputs), tensors=fresh.tensors,
-                    priority=fresh.profile, reuse_buffers=result.mem_reuse, deferred=True)
+    after = _analyse_written(a, fresh.graph, fresh.tensors, Written(fresh.profile, result.mem_reuse))
     after.remember_arena(result.mem_reuse, fresh.arena)
     return replace(result, graph=fresh.graph, after=after, pinned=guarded, fresh=fresh)
 

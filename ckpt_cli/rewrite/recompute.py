@@ -10,6 +10,7 @@ readers are rewired to the copies, so the originals die at their last forward us
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import onnx
 
@@ -56,15 +57,37 @@ def _data_readers(a: Analysis, tensor: str) -> list[int]:
 def plan_recompute(a: Analysis, plan: Plan) -> Recompute:
     """Decide which nodes each region recomputes and build the copies."""
     g = a.graph
+    owner = _forward_owners(a, plan)
+    recomputable = {i: is_recomputable(g.nodes[i]) for i in owner}
+    found: dict[str, Reason] = {}
+    kept = _kept_tensors(a, plan, owner, recomputable, found)
+    _tie_norm_statistics(a, owner, kept, recomputable, found)
+    results = _region_results(g, plan, owner, recomputable)
+    in_region = _in_region_test(g, owner, kept, recomputable)
+    needed = _needed_by_backward(a, owner, in_region, len(plan.regions))
+    copy_sets = _copy_sets(g, needed, in_region)
+    _record_uncopied(a, owner, copy_sets, in_region, found)
+    copies, renamed, info, blocks = _make_copies(a, plan, copy_sets, needed, results)
+    recomputed = _recomputed_buffers(a, copies, renamed, found)
+    return Recompute(copies, renamed, blocks, results, info, found, recomputed)
+
+
+def _forward_owners(a: Analysis, plan: Plan) -> dict[int, int]:
+    """Forward node index -> the first region that holds it."""
     owner: dict[int, int] = {}
     for r, region in enumerate(plan.regions):
         for i in region.nodes:
             if a.phases.is_forward[i]:
                 owner.setdefault(i, r)
+    return owner
 
-    recomputable = {i: is_recomputable(g.nodes[i]) for i in owner}
+
+def _kept_tensors(a: Analysis, plan: Plan, owner: dict[int, int], recomputable: dict[int, bool],
+                  found: dict[str, Reason]) -> set[str]:
+    """What the regions keep: the plan's keep sets, outputs of nodes that cannot be
+    recomputed, and each region's inputs from another region (its checkpoints)."""
+    g = a.graph
     kept: set[str] = set().union(*(region.keep for region in plan.regions)) if plan.regions else set()
-    found: dict[str, Reason] = {}
     for i, r in owner.items():
         node = g.nodes[i]
         if not recomputable[i]:
@@ -72,13 +95,16 @@ def plan_recompute(a: Analysis, plan: Plan) -> Recompute:
             for t in node.outputs:
                 if t != ABSENT:
                     record(found, a.roots.get(t, t), fixed_reason(node))
-        for t in node.inputs:  # a region's inputs from another region are its checkpoints
+        for t in node.inputs:
             p = g.producer.get(t)
             if p is not None and owner.get(p, r) != r:
                 kept.add(t)
                 record(found, a.roots.get(t, t), CHECKPOINT)
+    return kept
 
-    _tie_norm_statistics(a, owner, kept, recomputable, found)
+
+def _region_results(g: Graph, plan: Plan, owner: dict[int, int], recomputable: dict[int, bool]) -> list[RegionResult]:
+    """Per region its result so far: its node count, its random and subgraph nodes (kept)."""
     results = [RegionResult(region.name, sum(1 for i in region.nodes if owner.get(i) == r))
                for r, region in enumerate(plan.regions)]
     for i, r in owner.items():
@@ -87,17 +113,34 @@ def plan_recompute(a: Analysis, plan: Plan) -> Recompute:
             results[r].kept_random.append(node.name)
         elif not recomputable[i] and node.has_subgraph:
             results[r].kept_subgraph.append(node.name)
+    return results
+
+
+def _in_region_test(g: Graph, owner: dict[int, int], kept: set[str],
+                    recomputable: dict[int, bool]) -> Callable[[str, int], bool]:
+    """Whether region ``r`` can recompute a tensor: a recomputable node of its own makes it
+    and nothing keeps it."""
 
     def in_region(t: str, r: int) -> bool:
         p = g.producer.get(t)
         return p is not None and owner.get(p) == r and t not in kept and recomputable[p]
+    return in_region
 
-    copy_sets: list[set[int]] = [set() for _ in plan.regions]
-    needed: list[list[str]] = [[] for _ in plan.regions]
+
+def _needed_by_backward(a: Analysis, owner: dict[int, int], in_region: Callable[[str, int], bool],
+                        regions: int) -> list[list[str]]:
+    """Per region, the tensors it can recompute that backward nodes read."""
+    needed: list[list[str]] = [[] for _ in range(regions)]
     for i, r in owner.items():
-        for t in g.nodes[i].outputs:
+        for t in a.graph.nodes[i].outputs:
             if t != ABSENT and in_region(t, r) and _data_readers(a, t):
                 needed[r].append(t)
+    return needed
+
+
+def _copy_sets(g: Graph, needed: list[list[str]], in_region: Callable[[str, int], bool]) -> list[set[int]]:
+    """Per region, the nodes to copy: those that make its needed tensors from what is kept."""
+    copy_sets: list[set[int]] = [set() for _ in needed]
     for r, tensors in enumerate(needed):
         stack = [g.producer[t] for t in tensors]
         while stack:
@@ -106,12 +149,25 @@ def plan_recompute(a: Analysis, plan: Plan) -> Recompute:
                 continue
             copy_sets[r].add(i)
             stack.extend(g.producer[t] for t in g.nodes[i].inputs if in_region(t, r))
-    for i, r in owner.items():  # recomputable, not kept, yet no backward reader needs a copy
+    return copy_sets
+
+
+def _record_uncopied(a: Analysis, owner: dict[int, int], copy_sets: list[set[int]],
+                     in_region: Callable[[str, int], bool], found: dict[str, Reason]) -> None:
+    """Note the tensors that are recomputable and not kept, yet no backward reader needs a copy of."""
+    for i, r in owner.items():
         if i not in copy_sets[r]:
-            for t in g.nodes[i].outputs:
+            for t in a.graph.nodes[i].outputs:
                 if t != ABSENT and in_region(t, r):
                     record(found, a.roots.get(t, t), VIEW_KEPT)
 
+
+def _make_copies(a: Analysis, plan: Plan, copy_sets: list[set[int]], needed: list[list[str]],
+                 results: list[RegionResult]) -> tuple[dict[int, onnx.NodeProto], dict[str, str],
+                                                       dict[str, TensorInfo], list[list[int]]]:
+    """The copies of each region's nodes in base order, the names backward readers take
+    instead of the originals, the tensor infos with the copies' and each region's block."""
+    g = a.graph
     taken_nodes = {n.name for n in g.nodes}
     taken_tensors = set(g.producer) | set(g.resident)
     rank = {i: k for k, i in enumerate(a.priority.order)}
@@ -122,7 +178,8 @@ def plan_recompute(a: Analysis, plan: Plan) -> Recompute:
     for r, members in enumerate(copy_sets):
         block = sorted(members, key=rank.__getitem__)
         blocks.append(block)
-        guard = onnx.helper.make_attribute(CSE_GUARD_ATTR, plan.regions[r].name)
+        region = plan.regions[r].name
+        guard = onnx.helper.make_attribute(CSE_GUARD_ATTR, region)
         local: dict[str, str] = {}
         for i in block:
             node = g.nodes[i]
@@ -131,14 +188,12 @@ def plan_recompute(a: Analysis, plan: Plan) -> Recompute:
                     local[t] = unique_name(t + SUFFIX, taken_tensors)
                     if t in info:
                         info[local[t]] = info[t]
-            copies[i] = _copy_node(node, local, unique_name(node.name + SUFFIX, taken_nodes), plan.regions[r].name,
-                                   guard)
+            copies[i] = _copy_node(node, local, unique_name(node.name + SUFFIX, taken_nodes), region, guard)
             results[r].copies.append(node.name)
         for t in needed[r]:
             renamed[t] = local[t]
         results[r].recomputed = sorted(needed[r])
-    recomputed = _recomputed_buffers(a, copies, renamed, found)
-    return Recompute(copies, renamed, blocks, results, info, found, recomputed)
+    return copies, renamed, info, blocks
 
 
 # Normalizations whose statistics outputs (mean, inverse std) their gradient reads.
