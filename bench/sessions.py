@@ -2,8 +2,8 @@
 
 Each measurement runs in a fresh child process: one warm-up run, then one profiled run;
 the peak is the most ORT's CPU arena had in use during that run (profiler
-``mem_bytes_in_use``, ORT_FACTS §4), one intra-op thread (§7). Outputs of the warm-up
-are dropped before the measured run (§8).
+``mem_bytes_in_use``), one intra-op thread. Outputs of the warm-up are dropped before
+the measured run.
 
     python -m bench.sessions                  # rewrites the samples, writes bench/SESSIONS.md
     python -m bench.sessions --update NAME..  # re-measures those samples' rows of bench/SESSIONS.md
@@ -178,8 +178,8 @@ def measure_process_peak(model: str | Path, session: str, feeds: str | Path, pyt
                            ("enable_mem_pattern", pattern)):
             if value is not None:
                 settings[key] = value
-    r = driver.run_model(model, feeds, provider="cpu", session=settings, runs=runs, python=python,
-                         memory_method="process_peak")
+    r = driver.run_model(model, feeds, provider="cpu", settings=settings, runs=runs,
+                         worker=driver.WorkerOptions(python=python, memory_method="process_peak"))
     return {"peak_bytes": r["peak_bytes"], "min_s": min(run["time_s"] for run in r["runs"]),
             "executed": r["executed_order"]}
 

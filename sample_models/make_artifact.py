@@ -13,7 +13,9 @@ whose parameters are initializers named like PyTorch module paths (``fc1.weight`
 cross-entropy loss, builds the gradient graph and writes training/eval/optimizer models and a
 checkpoint. Only ``training_model.onnx`` is kept: it uses com.microsoft ops (e.g.
 SoftmaxCrossEntropyLossGrad, BatchNormInternal, InPlaceAccumulatorV2) that only a training build
-of ORT can run. See the shared notes ORT_FACTS.md, section 5, for its conventions.
+of ORT can run. Its conventions: the nodes ORT added for the backward carry ``doc_string =
+"Backward pass"``, and each gradient is accumulated (InPlaceAccumulatorV2) into its
+``<param>_grad.accumulation.buffer`` input and leaves as ``<param>_grad.accumulation.out``.
 
 The script checks that the kept file loads and runs in a plain InferenceSession of the training
 build (parameters, gradient-accumulation buffers and ``lazy_reset_grad`` fed by hand).

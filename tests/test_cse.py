@@ -2,7 +2,7 @@
 
 CSE (level BASIC and up) merges nodes with equal op, domain, attributes and inputs, so a
 plain copy of a forward node would be merged back into its original and the activation
-stashed again (ORT_FACTS §3). ckpt gives every copy that reads only original tensors an
+stashed again. ckpt gives every copy that reads only original tensors an
 extra ``__ckpt_recompute`` attribute (the copies downstream of it differ by their inputs). Other optimizers legitimately change the rewritten graph at each level
 (ConstantFolding, MatMul+Add -> Gemm, fusions that rename and merge nodes), so the copies
 are not counted against the written file but against the same optimization level with

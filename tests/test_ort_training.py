@@ -1,10 +1,11 @@
 """The ORT training artifact (com.microsoft training ops) checked through ``ckpt check --python``.
 
-Plain onnxruntime cannot load ``sample_models/ort_artifact/training_model.onnx``
-(ORT_FACTS §1), so ``ckpt check`` must say so in one line (exit 4) and, given
-``--python`` pointing at an interpreter with onnxruntime-training-cpu 1.19.2, run both
-graphs there with equal outputs, the executed order as written and the process peak as
-predicted; and the default rewrite measures below the original in each session people run.
+Plain onnxruntime cannot load ``sample_models/ort_artifact/training_model.onnx`` (it uses
+com.microsoft training ops that only onnxruntime-training has), so ``ckpt check`` must say
+so in one line (exit 4) and, given ``--python`` pointing at an interpreter with
+onnxruntime-training-cpu 1.19.2, run both graphs there with equal outputs, the executed
+order as written and the process peak as predicted; and the default rewrite measures below
+the original in each session people run.
 
 That interpreter is a venv built once into ``.venv-ort-training`` in the repository root
 (gitignored by ``.venv-*/``; about 15 s with the local package mirror) and reused after;
@@ -156,8 +157,9 @@ def test_check_fails_a_process_peak_prediction_far_off(training_python, rewritte
     predicted = {k: predict(a, reuse) for k, a in loaded.items()}
     p = predicted["rewritten"]  # a process peak is judged against the prediction with kernel scratch
     predicted["rewritten"] = replace(p, tensor_bytes=int(p.tensor_bytes * 1.3), process_bytes=int(p.process_bytes * 1.3))
-    f = check_files(ARTIFACT, rewritten, predicted, enable_mem_reuse=reuse, python=training_python, runs=1)
-    assert f.rewritten.method == "process_peak"
+    f = check_files(ARTIFACT, rewritten, predicted, api.CheckOptions(python=training_python, runs=1),
+                    enable_mem_reuse=reuse)
+    assert f.measured.rewritten.method == "process_peak"
     assert any("rewritten peak prediction" in line for line in f.failures), f.failures
     assert not any("original peak prediction" in line for line in f.failures), f.failures
 
