@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 OUT    := out
 
-.PHONY: demo test test-fast samples bench bench-quick gpu-check test-ort-training clean fuzz
+.PHONY: demo test test-fast samples bench bench-quick bench-models gpu-check test-ort-training clean fuzz
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -40,6 +40,15 @@ bench: $(STAMP)
 
 bench-quick: $(STAMP)
 	$(BIN)/python -m bench.run --quick
+
+## bench-models: full-size GPT-2 small, ResNet-18 (224x224) and BERT-base training graphs from PyTorch
+## (bench/models.py, torch 2.13 CPU in .venv-gen), written to out/bench_models/; not part of `make test`
+GEN := .venv-gen
+bench-models:
+	$(GEN)/bin/python -c "import torch, onnx, onnxscript, onnxruntime, numpy" 2>/dev/null || ( \
+	  rm -rf $(GEN) && $(PYTHON) -m venv $(GEN) && $(GEN)/bin/pip install --quiet \
+	  "torch==2.13.0" "onnx==1.23.2" "onnxscript==0.7.2" "onnxruntime==1.31.1" numpy)
+	$(GEN)/bin/python -W ignore -m bench.models --out-dir $(OUT)/bench_models
 
 ## test-ort-training: the ORT training artifact zoo end to end: generated with onnxruntime-training 1.19.2
 ## and torch CPU in their own venv, then inspect, rewrite, check --python and 10 Module steps per model

@@ -5,10 +5,11 @@ Run with a torch venv (torch 2.13 CPU; never imported by ckpt)::
 
     python bench/peer_pytorch.py [--only gpt,gpt12] [-o bench/peer_pytorch.json]
 
-For each model: the joint graph as ``sample_models/generate.py`` captures it (same
+``--only`` also takes the full-size models of ``bench/models.py`` (gpt2s, resnet18_224,
+bert_base). For each model: the joint graph as ``sample_models/generate.py`` captures it (same
 module, seed, inputs and decompositions), partitioned by
-``min_cut_rematerialization_partition`` with ``activation_memory_budget`` 1.0, 0.8, 0.5
-and 0.2, and by ``default_partition`` (no recompute) as the reference. Per point:
+``min_cut_rematerialization_partition`` with ``activation_memory_budget`` 1.0, 0.8, 0.5,
+0.35 and 0.2, and by ``default_partition`` (no recompute) as the reference. Per point:
 
 - activation bytes: tensors the forward saves for the backward, de-duplicated,
   excluding parameters, inputs and views of them;
@@ -31,11 +32,13 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "sample_models"))
+sys.path.insert(0, str(HERE.parent))  # run as a script: bench/ is on the path, not the repository
 
 import generate  # noqa: E402  (the sample models and their capture recipe)
+from bench import models as bench_models  # noqa: E402
 
 aten = torch.ops.aten
-BUDGETS = (1.0, 0.8, 0.5, 0.2)
+BUDGETS = (1.0, 0.8, 0.5, 0.35, 0.2)
 MATMUL = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default, aten.convolution.default}
 VIEWS = {aten.view.default, aten._unsafe_view.default, aten.t.default, aten.transpose.int, aten.permute.default,
          aten.expand.default, aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.slice.Tensor,
@@ -112,8 +115,13 @@ def partition(gm, num_fwd_outputs: int, budget: float | None):
     return fw, bw
 
 
+def build(name: str) -> bench_models.Built:
+    """A sample's model (generate.py) or a full-size bench model (bench/models.py)."""
+    return bench_models.build(name) if name in bench_models.MODELS else generate.build(name)
+
+
 def measure(name: str) -> dict:
-    model, example_inputs, input_names = generate.build(name)
+    model, example_inputs, input_names = build(name)
     gm, jd, *_ = generate.capture_joint(model, example_inputs, input_names)
     num_fwd_outputs = jd._aot_state.fw_metadata.num_forward_returns
     forward = {n.name: n for n in gm.graph.nodes if n.op == "call_function"
@@ -136,7 +144,7 @@ def measure(name: str) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--only", default="gpt,gpt12")
+    p.add_argument("--only", default="gpt,gpt12,gpt2s,resnet18_224,bert_base")
     p.add_argument("-o", "--output", default=str(HERE / "peer_pytorch.json"))
     args = p.parse_args(argv)
     results = {"torch": torch.__version__, "models": [measure(m) for m in args.only.split(",")]}

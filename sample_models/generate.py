@@ -4,7 +4,7 @@ Run in an environment with torch 2.13 (CPU), onnx 1.23, onnxscript and onnxrunti
 
     python sample_models/generate.py [--out-dir sample_models] [--only mlp,gpt,cnn]
 
-Recipe (see the shared notes ORT_FACTS.md, section 6):
+Recipe:
   1. ``aot_export_joint_with_descriptors`` on a module whose forward returns the loss, with the
      core ATen decompositions (+ two small decompositions of our own, for
      ``aten.convolution_backward`` and ``aten.max_pool2d_with_indices_backward``, which have no
@@ -719,7 +719,7 @@ def verify(name, model, example_inputs, onnx_path, in_names, in_values):
     return worst, worst_name, proto
 
 
-def summarize(name, onnx_path, proto, worst, worst_name, info):
+def summarize(name, onnx_path, proto, worst, worst_name, info, tolerance=1e-4):
     with open(os.path.join(os.path.dirname(onnx_path), f"{name}.phases.json")) as f:
         ph = json.load(f)["phases"]
     cnt = Counter(ph.values())
@@ -740,7 +740,7 @@ def summarize(name, onnx_path, proto, worst, worst_name, info):
         print("     disagree:", d)
     print(f"   max |onnxruntime - torch float64| = {worst:.3g} (at {worst_name})")
     print(f"   ops: {dict(sorted(ops.items()))}")
-    if worst > 1e-4:
+    if worst > tolerance:
         raise RuntimeError(f"{name}: gradients differ from torch by {worst}")
 
 
