@@ -5,6 +5,7 @@ on (its default) ckpt's model still equals ORT's profiler at every node."""
 from __future__ import annotations
 
 import functools
+import json
 
 import onnx
 
@@ -109,3 +110,21 @@ def test_fresh_never_raises_the_recorded_settings_peak_on_ort(tmp_path):
                     if n.op_type == "Constant" and n.meta(FRESH_META))
     assert peaks["fresh"] <= peaks["bare"] + constants, (peaks, constants)
     assert peaks["fresh"] < 4.6 * 2**20  # bench/SESSIONS.md before fresh tensors: 4.52 MiB
+
+
+def test_a_written_file_is_sized_through_its_guards_at_any_batch(tmp_path):
+    """Guard views hide their shapes from onnx and ORT (that is their job); ckpt's own
+    inference reads them as the tensor they view, so a re-analysis at another batch sizes
+    the recompute copies behind them."""
+    from click.testing import CliRunner
+
+    from ckpt_cli.cli import main
+
+    out = tmp_path / "bert.onnx"
+    src = SAMPLES / "zoo" / "bert" / "training_model.onnx"
+    r = CliRunner().invoke(main, ["rewrite", str(src), "-o", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["pin"]["guard_nodes"] > 0
+    for dims in ([], ["--dim", "batch=16"]):
+        r = CliRunner().invoke(main, ["inspect", str(out), "--json", *dims])
+        assert r.exit_code == 0 and json.loads(r.output)["unsized"] == [], r.output

@@ -18,6 +18,7 @@ from onnx import numpy_helper
 
 from ..errors import ModelError, UsageError
 from ..graph import ABSENT, Graph, weightless_copy
+from ..markers import FRESH_META, GUARD_META
 from ..ops import ORT_FOLDABLE, ORT_SCALAR_FOLDABLE
 from ..ort import shapes as ort_shapes
 from ..ort.registry import onnx_knows
@@ -267,6 +268,8 @@ def _inferred(model: onnx.ModelProto, light: onnx.GraphProto, strict_for: object
 
 def _ort_rule(node, opset: int):
     """The shape rule of a node onnx cannot infer, or None."""
+    if _is_guard_view(node):
+        return ort_shapes.GUARD_VIEW
     if node.domain not in ("", "ai.onnx"):
         return ort_shapes.contrib_rule(node.op_type)
     rule = ort_shapes.ONNX_DOMAIN_RULES.get(node.op_type)
@@ -314,6 +317,7 @@ def _through_ort_ops(graph: Graph, model: onnx.ModelProto, tensors: dict[str, Te
     """Size ORT's own ops, then infer again past them with their outputs declared, until
     nothing more is sized: onnx's inference stops at every op it does not know."""
     declared: dict[str, TensorInfo] = {}
+    file_declared = {v.name for v in model.graph.value_info}
     for _ in range(_MAX_ROUNDS):
         sized = _fill_ort_op_shapes(graph, tensors)
         if not sized or all(t in tensors and tensors[t].nbytes is not None
@@ -328,12 +332,27 @@ def _through_ort_ops(graph: Graph, model: onnx.ModelProto, tensors: dict[str, Te
         g.value_info.extend(kept)
         g.value_info.extend(onnx.helper.make_tensor_value_info(t, i.dtype, list(i.shape)) for t, i in declared.items())
         m.opset_import.extend(model.opset_import)
-        before = sum(i.nbytes is not None for i in tensors.values())
+        before = {t for t, i in tensors.items() if i.nbytes is not None}
         _merge_sized(tensors, _inferred(m, g))
         # shapes past ORT's ops may size Shape nodes whose values size the next Reshape
         _merge_sized(tensors, _with_shape_values(graph, m, dict(tensors), FOLDABLE))
-        if sum(i.nbytes is not None for i in tensors.values()) == before:
+        now = {t for t, i in tensors.items() if i.nbytes is not None}
+        if any(_is_guard_view(graph.nodes[graph.producer[t]]) for t in sized if t in graph.producer):
+            _unknown_to_ort(tensors, (now - before) | set(sized), file_declared)
+        if now == before:
             return
+
+
+def _is_guard_view(node) -> bool:
+    return node.op_type == "Reshape" and (node.meta(GUARD_META) is not None or node.meta(FRESH_META) is not None)
+
+
+def _unknown_to_ort(tensors: dict[str, TensorInfo], names: set[str], declared: set[str]) -> None:
+    """Sized past a guard view: ORT knows these shapes before the run only where the file
+    declares them (it has no rule for ckpt's guards)."""
+    for t in names - declared:
+        if t in tensors:
+            tensors[t] = replace(tensors[t], static_shape=False)
 
 
 def _merge_sized(tensors: dict[str, TensorInfo], new: dict[str, TensorInfo]) -> None:

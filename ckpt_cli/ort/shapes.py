@@ -69,6 +69,10 @@ def _same_as(mapping: dict[int, int]) -> Rule:
     return rule
 
 
+# ckpt's guard views (a Reshape by a shape of zeros that onnx cannot read): the input itself
+GUARD_VIEW: Rule = _same_as({0: 0})
+
+
 def _shape_from_value(shape_pos: int, dtype_pos: int) -> Rule:
     """Gradients of gathers and slices: the output's shape is the value of an input."""
     def rule(x: Inputs) -> dict[int, Typed]:
