@@ -16,7 +16,8 @@ from typing import Any, Mapping
 from .errors import UsageError
 from .planning.plan import Policy
 
-AUTO_NAMES = ("layers", "sqrt", "balanced", "budget", "optimal")
+MIN_PEAK = "min-peak"  # the default search without stopping at the knee
+AUTO_NAMES = ("layers", "sqrt", "balanced", "budget", "optimal", MIN_PEAK)
 DEFAULT_MAX_PREDICTION_ERROR = 0.10
 ORT_OPTIMIZE_PROVIDERS = ("cpu", "cuda")
 

@@ -35,7 +35,7 @@ def test_in_memory_rewrite_touches_no_disk_and_its_check_measures_the_rewrite(tm
     monkeypatch.chdir(tmp_path)
     model = onnx.load(str(SAMPLES / "gpt.onnx"))
     before = model.SerializeToString(deterministic=True)
-    result = ckpt_cli.rewrite_model(model)
+    result = ckpt_cli.rewrite_model(model, auto="min-peak")
     assert list(tmp_path.iterdir()) == []  # nothing written
     assert model.SerializeToString(deterministic=True) == before  # the caller's model untouched
     assert result.written == [] and result.to_json()["output"] is None
@@ -144,3 +144,12 @@ def test_session_command_and_helper_give_the_recorded_settings(tmp_path):
     assert namespace["session"].get_providers()[0] == "CPUExecutionProvider"
     r = CliRunner().invoke(main, ["session", str(SAMPLES / "gpt.phases.json")])
     assert r.exit_code == 2 and "not a readable ONNX model" in r.stderr
+
+
+@pytest.mark.xfail(strict=True, reason="the pinned knee plan of gpt is predicted 72 bytes above ORT's requested "
+                                       "peak (exact unpinned): a guard tensor's lifetime is off")
+def test_the_pinned_knee_plan_is_predicted_to_the_byte():
+    model = onnx.load(str(SAMPLES / "gpt.onnx"))
+    result = ckpt_cli.rewrite_model(model)
+    check = ckpt_cli.check_models(model, result.model, options=ckpt_cli.CheckOptions(runs=1))
+    assert check.figures.rewritten.peak_requested_bytes == check.figures.predicted["rewritten"]

@@ -76,9 +76,9 @@ def test_plain_session_measures_below_the_original(name, workdir):
     # A session with the pattern off explicitly runs the same: the input did it.
     assert measure(out, "default_all", feeds)["peak_bytes"] == plain
     ratio = plain / original
-    # Measured (ORT 1.31.1 CPU): gpt 0.37x, cnn 0.82x, mlp 0.94x, resnet18 0.54x; issue 14 asks
-    # gpt <= 0.50x and every sample below 1.00x.
-    assert ratio < (0.5 if name == "gpt" else 1.0), (name, plain, original)
+    # Measured (ORT 1.31.1 CPU) at the knee: gpt 0.68x; every sample must be below 1.00x
+    # (gpt's lowest peak, 0.37x, is held to 0.50x below).
+    assert ratio < (0.75 if name == "gpt" else 1.0), (name, plain, original)
     # ckpt's prediction leaves ORT_ENABLE_ALL's fusions out; on these samples they only lower
     # the peak (gpt -1.3%, resnet18 -7%, mlp -23%: Gemm fusions drop whole intermediates).
     assert plain <= 1.1 * result.result.pattern_off.without_pattern_bytes
@@ -147,3 +147,13 @@ def test_no_gain_line_says_what_was_written():
     assert without.pattern_off is None
     assert "wrote the graph unchanged (run it as the original" in without.no_gain_reason
     assert with_switch.no_gain_reason.startswith(without.no_gain)
+
+
+@pytest.mark.slow
+def test_plain_session_lowest_peak_is_half_the_original_on_gpt(workdir):
+    out = Path(workdir) / "gpt.min-peak.onnx"
+    rewrite_model(SAMPLES / "gpt.onnx", out, auto="min-peak")
+    feeds = Path(workdir) / "gpt.min-peak.npz"
+    make_feeds(SAMPLES / "gpt.onnx", feeds)
+    ratio = measure(out, "plain", feeds)["peak_bytes"] / measure(SAMPLES / "gpt.onnx", "plain", feeds)["peak_bytes"]
+    assert ratio < 0.5, ratio

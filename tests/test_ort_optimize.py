@@ -28,7 +28,8 @@ GPT = SAMPLES / "gpt.onnx"
 @pytest.fixture(scope="module")
 def optimized(tmp_path_factory) -> tuple[Path, ckpt_cli.api.RewriteModelResult]:
     out = tmp_path_factory.mktemp("ortopt") / "gpt.opt.onnx"
-    return out, ckpt_cli.rewrite_model(GPT, out, ort_optimize="cpu")
+    # the lowest peak recomputes matmuls, which ORT fuses: the knee recomputes few
+    return out, ckpt_cli.rewrite_model(GPT, out, ort_optimize="cpu", auto="min-peak")
 
 
 @pytest.fixture(scope="module")

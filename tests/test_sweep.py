@@ -30,6 +30,19 @@ def test_sweep_shows_the_front_as_json_table_chart_and_svg(tmp_path):
     code, out = run("plan", SAMPLES / "gpt.onnx", "--sweep")
     assert code == 0 and "recompute share of the step" in out and "*" in out
     assert all(len(line) <= 80 for line in out.splitlines())
+    assert "Knee (K)" in out
+
+
+def test_sweep_marks_the_default_plan_as_its_knee():
+    """The sweep's knee and the default plan are the same rule over the same kind of points:
+    on gpt both stop at the corner where recompute outgrows the peak it saves."""
+    code, out = run("plan", SAMPLES / "gpt.onnx", "--sweep", "--json")
+    knees = [p for p in json.loads(out)["sweep"] if p["knee"]]
+    assert code == 0 and len(knees) == 1
+    code, out = run("plan", SAMPLES / "gpt.onnx", "--json")
+    knee = json.loads(out)["knee"]
+    assert knee["stopped_early"] and knee["chosen"]["recompute_flops"] < knee["lowest_peak"]["recompute_flops"] / 3
+    assert knees[0]["recompute_flops"] == knee["chosen"]["recompute_flops"]
 
 
 def test_keep_ops_are_never_recomputed_by_any_strategy():

@@ -76,10 +76,12 @@ def rewrite(model: Path, **given) -> None:
     Marked regions of the forward pass keep only their inputs for the backward pass;
     the backward recomputes the rest right before it needs it. The graph is written
     in the order ONNX Runtime must execute it (run it with the session settings the
-    report prints, or `ckpt session OUTPUT`). With no region option, ckpt takes the plan
-    with the lowest predicted peak (per-layer regions, segments or a tensor-level min cut),
-    the fewest recompute FLOPs among those within 2% of it, and never one above the
-    original (then it writes the reordered graph and says why).
+    report prints, or `ckpt session OUTPUT`). With no region option, ckpt judges per-layer
+    regions, segments and tensor-level min cuts by their predicted peak and recompute,
+    and takes the knee: the lowest peak while each further 1% of a step's FLOPs still
+    saves at least 1% of the peak (`--auto min-peak`: the lowest peak, whatever it costs).
+    It never writes a plan above the original (then it writes the reordered graph and
+    says why).
 
     \b
     Examples:

@@ -80,10 +80,13 @@ def check_options(f):
 
 
 def auto_options(f):
-    f = click.option("--auto", type=click.Choice(["layers", "sqrt", "balanced", "budget", "optimal"]),
+    from ..options import AUTO_NAMES
+
+    f = click.option("--auto", type=click.Choice(AUTO_NAMES),
                      help="Choose regions automatically: per layer, sqrt(n) segments, balanced (recompute only "
-                          "cheap ops), budget (least recompute under --budget), or optimal (an exact MILP of "
-                          "the budget problem, for graphs of a few hundred nodes).")(f)
+                          "cheap ops), budget (least recompute under --budget), optimal (an exact MILP of "
+                          "the budget problem, for graphs of a few hundred nodes), or min-peak (the default's "
+                          "search to its lowest peak instead of its knee).")(f)
     f = click.option("--budget", metavar="SIZE|PCT",
                      help="Peak-memory budget for the predicted peak: 2GiB, 512MiB, or 40% of the original.")(f)
     return f

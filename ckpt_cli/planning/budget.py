@@ -20,6 +20,7 @@ from ..errors import BudgetUnreachable
 from ..units import human_bytes
 from .cutsearch import cut_budget_plan, structures_only
 from .evaluate import PlanEvaluator
+from .knee import Knee
 from .plan import Plan, Policy
 from .solver import optimal_plan
 from .strategies import LARGE_GRAPH_NODES, BudgetResult, budget_plan
@@ -37,6 +38,7 @@ class Planned:
     result: Any = None  # the search's own (unpinned) rewrite of ``plan``, when it has one
     user: bool = False  # regions or a strategy the user chose (--region, --plan, --auto): warned about, never dropped
     written: Any = None  # the pinned rewrite of ``plan``, when the budget search checked it
+    knee: Knee | None = None  # the default's choice at the knee, against the lowest peak it passed up
 
 
 class BudgetSearch:

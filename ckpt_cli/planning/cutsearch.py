@@ -16,7 +16,7 @@ calibrated by the judged ones, says fit.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -24,6 +24,7 @@ from ..analysis import Analysis
 from ..errors import BudgetUnreachable
 from ..ops import SHAPE_ONLY_OPS
 from .decision import REORDER, all_kept
+from .knee import Knee, Point, knee_of
 from .mincut import MAX_SOLVES, Cut, Policy, Problem, build, front, solve_bytes, to_plan
 from .plan import Plan, apply_policy
 from .regions import default_regions
@@ -366,33 +367,66 @@ LARGE_DEFAULT_CORNERS = 1  # corners judged on large graphs, next to the one tha
 DEFAULT_SEARCH_NODES = 5_000
 
 
+class DefaultPlan(NamedTuple):
+    """The default's choice: its plan and cost, and at the knee the record of the choice
+    and the lowest-peak plan it passed up (None where the knee is the lowest)."""
+
+    plan: Plan
+    cost: PlanCost | None = None
+    knee: Knee | None = None
+    lowest: Plan | None = None
+
+
 def lowest_peak_plan(a: Analysis, evaluate: Callable[[Plan], PlanCost], *, thorough: bool,
-                     policy: Policy = Policy()) -> tuple[Plan, PlanCost | None]:
+                     policy: Policy = Policy(), at_knee: bool = False) -> DefaultPlan:
     """The default plan: among the region structures' floors (everything recomputed) and
     the corners of the min-cut front, the lowest real peak, then among those within
     NEAR_LOWEST of it the fewest recompute FLOPs; never above the original (reordering
     alone is a candidate; on large graphs, where each judgement is a rewrite of the whole
-    graph, it is taken without one when nothing beats the original's peak)."""
-    from .strategies import structures
-
+    graph, it is taken without one when nothing beats the original's peak). ``at_knee``:
+    the knee of the same candidates instead (``knee.py``), with the choice recorded."""
     if len(a.graph.nodes) > DEFAULT_SEARCH_NODES:
         plan = apply_policy(default_regions(a), policy, a.graph)
         plan.notes.append(f"the default on graphs above {DEFAULT_SEARCH_NODES} nodes: no search among plans")
-        return plan, None
+        return DefaultPlan(plan)
+    reorder, judged = _judged_defaults(a, evaluate, thorough, policy, every_corner=at_knee)
+    lowest = min(cost.peak_bytes for _, cost in judged)
+    if lowest > a.priority.peak_bytes:
+        return DefaultPlan(reorder)
+    near = [i for i, (_, cost) in enumerate(judged) if cost.peak_bytes <= lowest * (1 + NEAR_LOWEST)]
+    best = min(near, key=lambda i: (judged[i][1].recompute_flops, judged[i][1].peak_bytes))
+    plan, cost = judged[best]
+    plan.notes.append(f"the lowest predicted peak of {len(judged)} plans ({lowest} bytes); this one is within "
+                      f"{NEAR_LOWEST:.0%} of it with the fewest recompute FLOPs")
+    return _at_knee(a, judged, best) if at_knee else DefaultPlan(plan, cost)
+
+
+def _judged_defaults(a: Analysis, evaluate: Callable[[Plan], PlanCost], thorough: bool, policy: Policy,
+                     every_corner: bool) -> tuple[Plan, list[tuple[Plan, PlanCost]]]:
+    """The reordering-only plan, and the default's candidates with their costs. A knee
+    needs the front between its ends, so ``every_corner`` judges all corners on large
+    graphs too (one rewrite each)."""
+    from .strategies import structures
+
     corners = front(build(a, policy), MAX_SOLVES if thorough else LARGE_SOLVES)
-    if not thorough:
+    if not thorough and not every_corner:
         corners = corners[-1 - LARGE_DEFAULT_CORNERS:-1]
     reorder = Plan([], "none", ["reordering alone gives the lowest peak"], decisions=all_kept(a, REORDER))
     options: list[Plan] = [reorder] if thorough else []
     options += structures(a) if thorough else [default_regions(a)]
     options += [to_plan(a, c, "lowest") for c in corners]
     options = [apply_policy(p, policy, a.graph) for p in options]
-    judged = [(plan, evaluate(plan)) for plan in options]
-    lowest = min(cost.peak_bytes for _, cost in judged)
-    if lowest > a.priority.peak_bytes:
-        return reorder, None
-    near = [(plan, cost) for plan, cost in judged if cost.peak_bytes <= lowest * (1 + NEAR_LOWEST)]
-    plan, cost = min(near, key=lambda pc: (pc[1].recompute_flops, pc[1].peak_bytes))
-    plan.notes.append(f"the default: lowest predicted peak of {len(judged)} plans ({lowest} bytes); this one is within "
-                      f"{NEAR_LOWEST:.0%} of it with the fewest recompute FLOPs")
-    return plan, cost
+    return reorder, [(plan, evaluate(plan)) for plan in options]
+
+
+def _at_knee(a: Analysis, judged: list[tuple[Plan, PlanCost]], lowest: int) -> DefaultPlan:
+    points = [(i, Point(cost.peak_bytes, cost.recompute_flops)) for i, (_, cost) in enumerate(judged)]
+    i, knee = knee_of(points, lowest, a.priority.peak_bytes, a.forward_flops + a.backward_flops)
+    if i == lowest:
+        judged[i][0].notes.pop()
+    plan, cost = judged[i]
+    reorder_only = plan.strategy == "none"
+    if reorder_only:
+        plan.notes.clear()
+    plan.notes.append(knee.line(reorder_only))
+    return DefaultPlan(plan, cost, knee, judged[lowest][0] if i != lowest else None)

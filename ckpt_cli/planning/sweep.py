@@ -3,12 +3,14 @@ so a user can pick a budget by looking (as PyTorch's ``visualize_memory_budget_p
 
 Each corner of the price sweep is rewritten and simulated (the real cost model), so a
 point's peak is what ``--budget`` would be judged by; corners that another point beats
-on both peak and recompute are marked as not on the front.
+on both peak and recompute are marked as not on the front, and the default's rule marks
+the knee (``knee.py``).
 """
 
 from __future__ import annotations
 
 from ..analysis import Analysis
+from .knee import Point, knee_index
 from .mincut import MAX_SOLVES, Policy, build, front, to_plan
 
 SWEEP_SOLVES_LARGE = 16
@@ -48,4 +50,9 @@ def sweep_points(a: Analysis, evaluate, policy: Policy = Policy()) -> list[dict]
     unique: dict[tuple, dict] = {}
     for p in points:
         unique.setdefault((p["peak_bytes"], p["recompute_flops"]), p)
-    return sorted(unique.values(), key=lambda p: (p["recompute_flops"], p["peak_bytes"]))
+    points = sorted(unique.values(), key=lambda p: (p["recompute_flops"], p["peak_bytes"]))
+    knee = knee_index([Point(p["peak_bytes"], p["recompute_flops"]) for p in points], a.priority.peak_bytes,
+                      step_flops)
+    for i, p in enumerate(points):
+        p["knee"] = i == knee
+    return points

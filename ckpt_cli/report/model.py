@@ -302,6 +302,7 @@ def planning_section(a, planned, result, rows: list[dict]) -> dict:
         "raises_peak": result.after.priority.peak_bytes > a.priority.peak_bytes,
         "recompute_flops": result.recompute_flops,
         "recompute_share_of_step": result.recompute_flops / step if step else 0.0,
+        "knee": planned.knee.to_json() if planned.knee else None,
         "explanations": rows,
     }
 

@@ -49,16 +49,21 @@ def render_sweep(r: dict, console: Console) -> None:
         console.print(f"  {note}")
     for line in chart_lines(points):
         console.print(line, highlight=False, markup=False)
-    t = _table("Plans (* on the front: no other plan has both a lower peak and less recompute)", console,
+    t = _table("Plans (* on the front: no other plan has both a lower peak and less recompute; K the knee)", console,
                ("", "left"), ("predicted peak", "right"), ("kept", "right"), ("recompute", "right"),
                ("share of step", "right"), ("--budget", "right"))
     base = r["peak_bytes_before"]
     for p in points:
-        t.add_row("*" if p["pareto"] else "", human_bytes(p["peak_bytes"]), human_bytes(p["kept_bytes"]),
+        t.add_row(("*" if p["pareto"] else "") + ("K" if p.get("knee") else ""), human_bytes(p["peak_bytes"]), human_bytes(p["kept_bytes"]),
                   human_flops(p["recompute_flops"]), f"{100 * p['recompute_share']:.1f}%",
                   f"{100 * p['peak_bytes'] / base:.0f}%")
     console.print(t)
-
+    knee = next((p for p in points if p.get("knee")), None)
+    if knee is not None:
+        share = f"{100 * knee['peak_bytes'] / base:.0f}%"
+        console.print(f"Knee (K): {human_bytes(knee['peak_bytes'])}, {share} of the original, for "
+                      f"{100 * knee['recompute_share']:.1f}% of a step's FLOPs")
+        console.print(f"  past it, 1% more of a step saves under 1% of the peak (`--budget {share}`)")
 
 def sweep_svg(points: list[dict], title: str) -> str:
     top = max(p["peak_bytes"] for p in points) * 1.05

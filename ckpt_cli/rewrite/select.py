@@ -1,7 +1,7 @@
 """From options to the rewrite that is written.
 
 ``make_plan`` chooses the plan (user regions, a named strategy, a budget search, or by
-default the lowest predicted peak), judging plans by their rewrite. ``rewrite_plan``
+default the knee of the predicted peak/recompute front), judging plans by their rewrite. ``rewrite_plan``
 rewrites it and ``never_worse`` decides what is written: a chosen plan whose predicted peak
 is not below the original's is dropped for the unchanged graph, a user's plan is kept with
 a warning, and an ORT training artifact's rewrite must also be clearly lower in the Module
@@ -22,7 +22,7 @@ from ..planning.cutsearch import lowest_peak_plan
 from ..planning.decision import NO_GAIN, all_kept
 from ..planning.evaluate import PlanEvaluator, cost_of, intervals_of
 from ..planning.explain import explain
-from ..options import PlanOptions
+from ..options import MIN_PEAK, PlanOptions
 from ..planning.plan import apply_policy
 from ..planning.search import Intervals
 from ..planning.strategies import LARGE_GRAPH_NODES, STRATEGIES, PlanCost, parse_budget
@@ -47,8 +47,9 @@ _LEGACY_KEYWORDS = {"patterns": "regions", "scope": "regions_by_scope"}
 @gc_paused
 def make_plan(a: Analysis, options: PlanOptions | None = None, *, progress: Callable[[str], None] | None = None,
               pin: bool = True, **keywords) -> Planned:
-    """The plan for ``options`` (or its keywords): user-marked regions, a named strategy, or
-    a budget. ``progress`` hears how a search is going (plans evaluated, best so far). The
+    """The plan for ``options`` (or its keywords): user-marked regions, a named strategy, a
+    budget, or by default the knee of the peak/recompute front (``--auto min-peak``: its
+    lowest peak). ``progress`` hears how a search is going (plans evaluated, best so far). The
     options' per-op policy is honoured by every strategy, and judged with it. ``pin``: the
     graph will be written pinned, so a budget is checked on that."""
     if options is None:
@@ -61,7 +62,7 @@ def make_plan(a: Analysis, options: PlanOptions | None = None, *, progress: Call
         write = (lambda planned: rewrite_plan(a, planned)) if pin else None
         return BudgetSearch(evaluator, options.auto, policy, write).run(parse_budget(options.budget,
                                                                                    a.priority.peak_bytes))
-    if options.auto is not None:
+    if options.auto is not None and options.auto != MIN_PEAK:
         plan = STRATEGIES[options.auto](a)
         if plan is None:
             raise UsageError(f"--auto {options.auto}: no repeated layers found in this graph; try --auto sqrt")
@@ -71,8 +72,24 @@ def make_plan(a: Analysis, options: PlanOptions | None = None, *, progress: Call
                              options.plan_file)
         return Planned(apply_policy(chosen, policy, a.graph), user=True)
     evaluator = PlanEvaluator(a, rewrite, progress=progress, keep_results=True)
-    plan, _ = lowest_peak_plan(a, evaluator.cost, thorough=len(a.graph.nodes) <= LARGE_GRAPH_NODES, policy=policy)
-    return Planned(plan, result=evaluator.results.get(id(plan)))
+    chosen = lowest_peak_plan(a, evaluator.cost, thorough=len(a.graph.nodes) <= LARGE_GRAPH_NODES,
+                              policy=policy, at_knee=options.auto != MIN_PEAK)
+    planned = Planned(chosen.plan, result=evaluator.results.get(id(chosen.plan)), knee=chosen.knee)
+    if chosen.lowest is None:
+        return planned
+    lowest = Planned(chosen.lowest, result=evaluator.results.get(id(chosen.lowest)), knee=chosen.knee)
+    return knee_or_lowest(a, planned, lowest, pin)
+
+
+def knee_or_lowest(a: Analysis, knee: Planned, lowest: Planned, pin: bool) -> Planned:
+    """The knee's plan, unless its rewrite gains nothing where the file runs (an ORT
+    artifact's Module session, or the original's best order): then the lowest peak, the
+    default's next choice, with the reason recorded in the knee."""
+    written = rewrite_plan(a, knee, pin)
+    if written.no_gain is None:
+        return replace(knee, written=written if pin else None)
+    lowest.plan.notes.append(f"the knee gains nothing ({written.no_gain}): the default takes the lowest peak")
+    return replace(lowest, knee=replace(knee.knee, passed_over=written.no_gain))
 
 
 @gc_paused

@@ -1,0 +1,57 @@
+"""The knee rule of the default plan (``planning/knee.py``) on fronts built by hand, and
+``--auto min-peak`` against it on a sample."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+from conftest import SAMPLES
+from ckpt_cli.cli import main
+from ckpt_cli.planning.knee import Point, knee_index
+
+ORIGINAL, STEP = 1000, 1000
+
+
+def run(*args):
+    r = CliRunner().invoke(main, [str(a) for a in args])
+    return r.exit_code, r.output
+
+
+def _at(points: list[tuple[int, int]], slope: float = 1.0) -> tuple[int, int]:
+    front = [Point(peak, flops) for peak, flops in points]
+    return points[knee_index(front, ORIGINAL, STEP, slope)]
+
+
+def test_stops_where_a_hop_costs_more_step_than_it_saves_peak():
+    # hops: 1000->600 for 50 (0.125), 600->450 for +100 (0.67), 450->400 for +150 (3.0)
+    front = [(1000, 0), (600, 50), (450, 150), (400, 300)]
+    assert _at(front) == (450, 150)
+    assert _at(front, slope=5.0) == (400, 300)
+    assert _at(front, slope=0.1) == (1000, 0)
+
+
+def test_takes_the_hull_past_a_dent_in_the_front():
+    # 800 alone is a bad buy (slope 2), but 500 reached from the start costs 0.6 per share
+    front = [(1000, 0), (800, 400), (500, 300)]
+    assert _at(front) == (500, 300)
+
+
+def test_starts_from_the_lowest_peak_among_plans_that_recompute_least():
+    front = [(1000, 0), (900, 0), (950, 10), (300, 2000)]
+    assert _at(front) == (900, 0)
+
+
+def test_a_plan_better_on_both_axes_is_always_taken():
+    assert _at([(1000, 50), (700, 0), (600, 0)]) == (600, 0)
+
+
+def test_min_peak_writes_the_lowest_peak_the_knee_passed_up(tmp_path):
+    code, out = run("plan", SAMPLES / "gpt.onnx", "--json")
+    knee = json.loads(out)["knee"]
+    code2, out2 = run("plan", SAMPLES / "gpt.onnx", "--json", "--auto", "min-peak")
+    lowest = json.loads(out2)
+    assert code == code2 == 0 and knee["stopped_early"]
+    assert lowest["knee"] is None and lowest["recompute_flops"] > knee["chosen"]["recompute_flops"]
+    assert lowest["peak_bytes_after"] < json.loads(out)["peak_bytes_after"]
