@@ -98,7 +98,7 @@ def search_cuts(a: Analysis, budget: int, evaluate: Callable[[Plan], PlanCost], 
              large_judgements(len(a.graph.nodes)))
     best = _best(judged.values(), budget)
     if thorough and best is not None and best.cost.recompute_flops:
-        _refine(problem, corners, best, judge, fits)
+        _refine(problem, corners, best, judge, fits, budget)
         best = _best(judged.values(), budget)
     lowest = min((j.cost for j in judged.values()), key=lambda c: c.peak_bytes, default=None)
     return CutSearch(best, list(judged.values()), lowest)
@@ -246,12 +246,41 @@ def _aim_richer(aiming: _Aiming, intervals: Intervals, fit: int, over: int, fail
     return judgements, error
 
 
-def _refine(problem: Problem, corners: list[Cut], best: Judged, judge, fits) -> None:
+def _refine(problem: Problem, corners: list[Cut], best: Judged, judge, fits, budget: int) -> None:
     """Between the cheapest fitting corner and the corner before it (more kept bytes,
-    less recompute, over the budget), the byte-budget MILP at bisected byte limits."""
+    less recompute, over the budget), the byte-budget MILP at bisected byte limits; then
+    the richer corners shifted down to the budget (``_shift_richer_corners``)."""
     richer = [c for c in corners if c.kept_bytes > best.cut.kept_bytes]
     if not richer:
         return
+    _bisect_next_richer(problem, richer, best, judge, fits)
+    _shift_richer_corners(problem, richer, best, judge, budget)
+
+
+# Richer corners shifted down to the budget, and shifts tried per corner.
+SHIFTED_CORNERS = 6
+SHIFTS = 2
+
+
+def _shift_richer_corners(problem: Problem, richer: list[Cut], best: Judged, judge, budget: int) -> None:
+    """The peak is not monotone in the kept bytes: it climbs with them while the copied
+    set stays, and drops where the set changes. A richer corner over the budget by ``d``
+    bytes usually fits once it keeps ``d`` bytes fewer, recomputing little more: the
+    byte-budget MILP at that limit, for the corners closest to fitting."""
+    def over(c: Cut) -> int:
+        return judge(c).cost.peak_bytes - budget
+
+    near = sorted((c for c in richer if over(c) > 0 and judge(c).cost.recompute_flops < best.cost.recompute_flops),
+                  key=over)
+    for corner in near[:SHIFTED_CORNERS]:
+        cut = corner
+        for _ in range(SHIFTS):
+            cut = solve_bytes(problem, cut.kept_bytes - over(cut))
+            if cut is None or over(cut) <= 0:
+                break
+
+
+def _bisect_next_richer(problem: Problem, richer: list[Cut], best: Judged, judge, fits) -> None:
     lo, hi = best.cut.kept_bytes, min(c.kept_bytes for c in richer)
     for _ in range(REFINE_STEPS):
         if hi - lo <= 1:
