@@ -172,6 +172,18 @@ def test_gpt_budget_sweep_never_overshoots_and_recompute_is_monotone(gpt):
     assert reached[0] == 0 < reached[-1]
 
 
+def test_budget_at_a_cuts_peak_recomputes_no_more_than_the_cut(gpt):
+    """Held to the cut in peak space: at the written peak of the cut that keeps PyTorch's
+    0.5 activation bytes, --budget finds a plan that recomputes no more than that cut
+    (it missed one inside a richer gap of the front, 1.32x the cut's FLOPs)."""
+    cut = mincut.solve_bytes(mincut.build(gpt), 2818048)
+    written = rewrite(gpt, mincut.to_plan(gpt, cut, "mincut"))
+    planned = make_plan(gpt, budget=str(written.after.priority.peak_bytes))
+    result = rewrite_plan(gpt, planned)
+    assert result.after.priority.peak_bytes <= written.after.priority.peak_bytes
+    assert result.recompute_flops <= written.recompute_flops
+
+
 def test_budget_uses_the_cut_where_it_recomputes_less(gpt):
     planned = make_plan(gpt, budget="75%")
     assert planned.search.peak_bytes <= int(gpt.priority.peak_bytes * 0.75)
