@@ -58,6 +58,30 @@ def _check(model: Path, plan: dict, work: Path, runs: int) -> dict:
             "original_time_s": c["original"]["time_s"], "original_in_use": c["original"]["peak_bytes"]}
 
 
+BENCH_MODELS = REPO / "out" / "bench_models"  # python -m bench.models (torch) writes the realistic ones here
+
+
+def model_path(name: str) -> Path | None:
+    for folder in (REPO / "sample_models", BENCH_MODELS):
+        if (folder / f"{name}.onnx").exists():
+            return folder / f"{name}.onnx"
+    return None
+
+
+def _budget_point(a, model: Path, cut_peak: int, work: Path, runs: int) -> dict:
+    """Peak space: ``--budget`` at the peak the cut's written graph is predicted to reach."""
+    from ckpt_cli.rewrite.select import make_plan, rewrite_plan
+
+    planned = make_plan(a, budget=str(cut_peak))
+    result = rewrite_plan(a, planned)
+    index = {n.name: i for i, n in enumerate(a.graph.nodes)}
+    copied = [index[name] for r in result.regions for name in r.copies]
+    return {"budget_bytes": cut_peak, "predicted_peak": result.after.priority.peak_bytes,
+            "recompute_flops": result.recompute_flops, "recompute_matmul_flops": matmul_flops(a, copied),
+            "recomputed_nodes": len(copied),
+            **_check(model, planned.plan.to_json([n.name for n in a.graph.nodes]), work, runs)}
+
+
 def bench_peer(runs: int = 3) -> dict:
     from ckpt_cli.analysis import analyse
     from ckpt_cli.io.load import load_graph
@@ -67,7 +91,10 @@ def bench_peer(runs: int = 3) -> dict:
     peer = json.loads(PEER_JSON.read_text())
     out: dict = {"torch": peer["torch"], "models": []}
     for m in peer["models"]:
-        model = REPO / "sample_models" / f"{m['model']}.onnx"
+        model = model_path(m["model"])
+        if model is None:
+            print(f"{m['model']}: no ONNX file (run python -m bench.models); skipped", file=sys.stderr)
+            continue
         a = analyse(load_graph(model))
         problem = mincut.build(a)
         fwd = [i for i in range(len(a.graph.nodes)) if a.phases.is_forward[i]]
@@ -85,9 +112,13 @@ def bench_peer(runs: int = 3) -> dict:
                 plan = mincut.to_plan(a, cut, "mincut")
                 # The plan's activations; pinning adds a few bytes of guard scalars (counted apart).
                 result = rewrite(a, plan, pin=False)
-                pinned = rewrite(a, plan).after.stashed_bytes
+                written = rewrite(a, plan)
+                pinned = written.after.stashed_bytes
                 row = {"budget": pt["budget"], "torch": pt,
+                       "budget_search": _budget_point(a, model, written.after.priority.peak_bytes, Path(tmp), runs),
                        "ckpt": {"activation_bytes": result.after.stashed_bytes, "kept_bytes": cut.kept_bytes,
+                                "written_peak": written.after.priority.peak_bytes,
+                                "written_recompute_flops": written.recompute_flops,
                                 "pin_guard_bytes": pinned - result.after.stashed_bytes,
                                 "recompute_matmul_flops": matmul_flops(a, cut.copied),
                                 "recompute_element_flops": element_flops(a, cut.copied),
@@ -150,9 +181,36 @@ def render(res: dict, add) -> None:
                 f"elements {_ratio(row['ckpt']['recompute_element_flops'], row['torch']['recompute_element_flops'])}"
                 for row in m["points"] if row["budget"] in COMPARED) + ".")
         add("")
+        _render_peak_space(m, add)
         add("ckpt's min-cut front (corners of the price sweep): " + ", ".join(
             f"{_mib(f['kept_bytes'])} @ {f['matmul_flops'] / m['ckpt_forward_matmul_flops']:.1%}" for f in m["front"]))
         add("")
+
+
+def _render_peak_space(m: dict, add) -> None:
+    rows = [r for r in m["points"] if "budget_search" in r]
+    if not rows:
+        return
+    fwd = m["ckpt_forward_matmul_flops"]
+    add("Peak space: the cut's written graph (predicted peak P, recompute R), then `--budget P`. "
+        "Recompute in ckpt's FLOPs (all ops) and as matmul share of the forward; peaks measured on ORT CPU "
+        "(in use); step time against the original's.")
+    add("")
+    add("| budget | P (cut, predicted) | cut measured | cut recompute | cut step × | --budget P predicted "
+        "| --budget measured | --budget recompute | --budget step × | recompute --budget/cut |")
+    add("|---|---|---|---|---|---|---|---|---|---|")
+    for row in rows:
+        c, b = row["ckpt"], row["budget_search"]
+        add(f"| {row['budget']} | {_mib(c['written_peak'])} | {_mib(c.get('measured_in_use'))} "
+            f"| {c['written_recompute_flops'] / 1e6:.2f} M ({c['recompute_matmul_flops'] / fwd:.1%}) | {_slow(c)} "
+            f"| {_mib(b['predicted_peak'])} | {_mib(b.get('measured_in_use'))} "
+            f"| {b['recompute_flops'] / 1e6:.2f} M ({b['recompute_matmul_flops'] / fwd:.1%}) | {_slow(b)} "
+            f"| {_ratio(b['recompute_flops'], c['written_recompute_flops'])} |")
+    add("")
+
+
+def _slow(r: dict) -> str:
+    return f"{r['time_s'] / r['original_time_s']:.2f}×" if r.get("original_time_s") else "n/a"
 
 
 def main() -> int:
