@@ -184,6 +184,18 @@ def test_budget_at_a_cuts_peak_recomputes_no_more_than_the_cut(gpt):
     assert result.recompute_flops <= written.recompute_flops
 
 
+def test_below_every_corner_a_cut_between_two_can_still_fit(gpt):
+    """A budget a byte below the lowest corner's peak: no corner fits, but a corner kept
+    a little leaner does (the corners' peaks are not the front's floor)."""
+    from ckpt_cli.planning.cutsearch import search_cuts
+    from ckpt_cli.rewrite.select import plan_cost
+
+    corners = mincut.front(mincut.build(gpt), mincut.MAX_SOLVES)
+    lowest = min(plan_cost(gpt, mincut.to_plan(gpt, c, "x")).peak_bytes for c in corners)
+    found = search_cuts(gpt, lowest - 1, lambda p: plan_cost(gpt, p), thorough=True)
+    assert found.best is not None and found.best.cost.peak_bytes < lowest
+
+
 def test_budget_uses_the_cut_where_it_recomputes_less(gpt):
     planned = make_plan(gpt, budget="75%")
     assert planned.search.peak_bytes <= int(gpt.priority.peak_bytes * 0.75)

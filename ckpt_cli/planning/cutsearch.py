@@ -100,6 +100,9 @@ def search_cuts(a: Analysis, budget: int, evaluate: Callable[[Plan], PlanCost], 
     if thorough and best is not None and best.cost.recompute_flops:
         _refine(problem, corners, best, judge, fits, budget)
         best = _best(judged.values(), budget)
+    elif thorough and best is None:  # between two corners over the budget a cut can fit
+        _shift_richer_corners(problem, corners, None, judge, budget)
+        best = _best(judged.values(), budget)
     lowest = min((j.cost for j in judged.values()), key=lambda c: c.peak_bytes, default=None)
     return CutSearch(best, list(judged.values()), lowest)
 
@@ -262,7 +265,7 @@ SHIFTED_CORNERS = 6
 SHIFTS = 2
 
 
-def _shift_richer_corners(problem: Problem, richer: list[Cut], best: Judged, judge, budget: int) -> None:
+def _shift_richer_corners(problem: Problem, richer: list[Cut], best: Judged | None, judge, budget: int) -> None:
     """The peak is not monotone in the kept bytes: it climbs with them while the copied
     set stays, and drops where the set changes. A richer corner over the budget by ``d``
     bytes usually fits once it keeps ``d`` bytes fewer, recomputing little more: the
@@ -270,8 +273,8 @@ def _shift_richer_corners(problem: Problem, richer: list[Cut], best: Judged, jud
     def over(c: Cut) -> int:
         return judge(c).cost.peak_bytes - budget
 
-    near = sorted((c for c in richer if over(c) > 0 and judge(c).cost.recompute_flops < best.cost.recompute_flops),
-                  key=over)
+    near = sorted((c for c in richer if over(c) > 0
+                   and (best is None or judge(c).cost.recompute_flops < best.cost.recompute_flops)), key=over)
     for corner in near[:SHIFTED_CORNERS]:
         cut = corner
         for _ in range(SHIFTS):
@@ -299,7 +302,7 @@ def _bisect_next_richer(problem: Problem, richer: list[Cut], best: Judged, judge
 # Up to this many nodes the cut search judges every corner and refines between two with
 # the byte-budget MILP even when the structure search is lean: rewrites are cheap at this
 # size, and bisecting the corners alone recomputes well above what optimal does.
-THOROUGH_CUTS_NODES = 2_000
+THOROUGH_CUTS_NODES = 4_000
 # Above this many nodes only the region-structure search runs: with the two or three
 # rewrites such a graph allows, it finds plans that recompute less than the cuts' (below
 # this size the cuts win).
