@@ -12,7 +12,7 @@ fits the budget, the one with the fewest recompute FLOPs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from ..analysis import Analysis
@@ -66,7 +66,7 @@ class BudgetSearch:
         planned.written = self.write(planned)
         guards = planned.written.after.priority.peak_bytes - planned.search.peak_bytes
         if planned.written.after.priority.peak_bytes <= budget:
-            return planned
+            return self.cheaper_as_written(planned, budget)
         line = (f"budget {human_bytes(budget)} is unreachable: the best fit found peaks at "
                 f"{human_bytes(planned.written.after.priority.peak_bytes)} once its order is pinned "
                 f"({guards} bytes of guards)")
@@ -77,6 +77,21 @@ class BudgetSearch:
         planned.written = self.write(planned)
         if planned.written.after.priority.peak_bytes > budget:
             raise BudgetUnreachable(line)
+        return planned
+
+    def cheaper_as_written(self, planned: Planned, budget: int) -> Planned:
+        """A near miss of the search whose written (pinned) graph fits and recomputes less
+        than ``planned``'s, if one does: the search judged it unpinned."""
+        for plan in planned.search.near_misses:
+            trial = Planned(plan, budget)
+            written = self.write(trial)
+            peak = written.after.priority.peak_bytes
+            if peak <= budget and written.recompute_flops < planned.written.recompute_flops:
+                plan.notes.append(f"pinned, its written peak {peak} <= budget {budget} bytes (the search's "
+                                  "unpinned rewrite was over)")
+                search = replace(planned.search, plan=plan, peak_bytes=peak, recompute_flops=written.recompute_flops,
+                                 kept=[], recomputed=[], structure=None, near_misses=())
+                return Planned(plan, budget, search, written=written)
         return planned
 
     def searched(self, target: int, budget: int) -> Planned:

@@ -190,6 +190,7 @@ class BudgetResult:
     recomputed: list[Candidate]
     evaluations: int
     structure: Plan | None = None  # the region structure whose keep set this is (None: a cut's plan, or no regions)
+    near_misses: tuple[Plan, ...] = ()  # cuts that recompute less, just over the budget before pinning
 
 
 def parse_budget(text: str, reference_peak: int) -> int:
