@@ -5,7 +5,8 @@
 For each model, both plans are rewritten and checked on ONNX Runtime CPU (``ckpt rewrite
 --check --json``): the measured peak in use against the original's, and the step time of
 the rewritten graph against the original's, both under ckpt's session settings. Writes
-``bench/DEFAULT.md`` and ``bench/default_results.json``.
+``bench/DEFAULT.md`` and ``bench/default_results.json`` (a model's rows replace its rows of an
+earlier run).
 """
 
 from __future__ import annotations
@@ -71,6 +72,15 @@ def render(rows: list[dict]) -> list[str]:
     return lines
 
 
+def _merged(rows: list[dict], path: Path) -> list[dict]:
+    """``rows`` in place of the same model's and plan's rows of an earlier run, the others kept."""
+    if not path.exists():
+        return rows
+    fresh = {(r["model"], r["plan"]): r for r in rows}
+    kept = [fresh.pop((r["model"], r["plan"]), r) for r in json.loads(path.read_text())]
+    return kept + list(fresh.values())
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default=",".join(MODELS))
@@ -80,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     models = [REPO / "sample_models" / f"{m}.onnx" for m in args.models.split(",") if m]
     if args.extra:
         models += sorted(Path(args.extra).glob("*.onnx"))
-    rows = bench(models, args.runs)
+    rows = _merged(bench(models, args.runs), BENCH / "default_results.json")
     (BENCH / "default_results.json").write_text(json.dumps(rows, indent=1) + "\n")
     lines = render(rows)
     (BENCH / "DEFAULT.md").write_text("\n".join(lines) + "\n")

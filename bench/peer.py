@@ -1,6 +1,7 @@
 """ckpt's tensor-level front against PyTorch's min-cut partitioner, point by point.
 
     python -m bench.peer            # writes bench/PEER.md and bench/peer_results.json
+    python -m bench.peer --models gpt2s --runs 1   # one model's entry, replaced in the results
 
 The PyTorch figures come from ``bench/peer_pytorch.json`` (``bench/peer_pytorch.py``,
 run with torch). For each PyTorch point, ckpt's plan is the cut with the least
@@ -15,6 +16,7 @@ stashed bytes (without pin's guard scalars, a few bytes, reported apart); each c
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -68,7 +70,7 @@ def model_path(name: str) -> Path | None:
     return None
 
 
-def _budget_point(a, model: Path, cut_peak: int, work: Path, runs: int) -> dict:
+def _budget_point(a, model: Path, cut_peak: int, work: Path, runs: int) -> dict:  # runs 0: predicted only
     """Peak space: ``--budget`` at the peak the cut's written graph is predicted to reach."""
     from ckpt_cli.rewrite.select import make_plan, rewrite_plan
 
@@ -79,10 +81,22 @@ def _budget_point(a, model: Path, cut_peak: int, work: Path, runs: int) -> dict:
     return {"budget_bytes": cut_peak, "predicted_peak": result.after.priority.peak_bytes,
             "recompute_flops": result.recompute_flops, "recompute_matmul_flops": matmul_flops(a, copied),
             "recomputed_nodes": len(copied),
-            **_check(model, planned.plan.to_json([n.name for n in a.graph.nodes]), work, runs)}
+            **(_check(model, planned.plan.to_json([n.name for n in a.graph.nodes]), work, runs) if runs else {})}
 
 
-def bench_peer(runs: int = 3) -> dict:
+def _runs_at(budget: float, model: Path, runs: int, checked: set[float] | None) -> int:
+    """ORT runs at one PyTorch point: every point of a sample; on the bench models (a step
+    takes tens of seconds here) one run at the compared points, unless ``checked`` says."""
+    if checked is not None:
+        return runs if budget in checked else 0
+    if model.parent == BENCH_MODELS:
+        return min(runs, 1) if budget in COMPARED else 0
+    return runs
+
+
+def bench_peer(runs: int = 3, only: set[str] | None = None, checked: set[float] | None = None) -> dict:
+    """Every model of ``peer_pytorch.json`` (or ``only`` those); ``runs`` 0: predicted figures
+    only, no ORT check; ``checked``: the PyTorch budgets checked on ORT (None: all)."""
     from ckpt_cli.analysis import analyse
     from ckpt_cli.io.load import load_graph
     from ckpt_cli.planning import mincut
@@ -91,6 +105,8 @@ def bench_peer(runs: int = 3) -> dict:
     peer = json.loads(PEER_JSON.read_text())
     out: dict = {"torch": peer["torch"], "models": []}
     for m in peer["models"]:
+        if only is not None and m["model"] not in only:
+            continue
         model = model_path(m["model"])
         if model is None:
             print(f"{m['model']}: no ONNX file (run python -m bench.models); skipped", file=sys.stderr)
@@ -108,6 +124,7 @@ def bench_peer(runs: int = 3) -> dict:
             for pt in m["points"]:
                 if pt["partitioner"] != "min_cut":
                     continue
+                runs_here = _runs_at(pt["budget"], model, runs, checked)
                 cut = mincut.solve_bytes(problem, pt["activation_bytes"])
                 plan = mincut.to_plan(a, cut, "mincut")
                 # The plan's activations; pinning adds a few bytes of guard scalars (counted apart).
@@ -115,7 +132,7 @@ def bench_peer(runs: int = 3) -> dict:
                 written = rewrite(a, plan)
                 pinned = written.after.stashed_bytes
                 row = {"budget": pt["budget"], "torch": pt,
-                       "budget_search": _budget_point(a, model, written.after.priority.peak_bytes, Path(tmp), runs),
+                       "budget_search": _budget_point(a, model, written.after.priority.peak_bytes, Path(tmp), runs_here),
                        "ckpt": {"activation_bytes": result.after.stashed_bytes, "kept_bytes": cut.kept_bytes,
                                 "written_peak": written.after.priority.peak_bytes,
                                 "written_recompute_flops": written.recompute_flops,
@@ -123,7 +140,8 @@ def bench_peer(runs: int = 3) -> dict:
                                 "recompute_matmul_flops": matmul_flops(a, cut.copied),
                                 "recompute_element_flops": element_flops(a, cut.copied),
                                 "recompute_flops": result.recompute_flops,
-                                **_check(model, plan.to_json([n.name for n in a.graph.nodes]), Path(tmp), runs)}}
+                                **(_check(model, plan.to_json([n.name for n in a.graph.nodes]), Path(tmp), runs_here)
+                                   if runs_here else {})}}
                 entry["points"].append(row)
         out["models"].append(entry)
     return out
@@ -148,6 +166,12 @@ def render(res: dict, add) -> None:
         "ckpt activations exclude the pinned rewrite's guard scalars (a few bytes, `pin_guard_bytes` in "
         "`bench/peer_results.json`). Step time: the rewritten graph's ORT step against the original's, "
         "from `ckpt check` (a small shared CPU machine: indicative only).")
+    add("")
+    add("Models: the gpt and gpt12 samples, and the activation-bound models of `bench/models.py` (`make "
+        "bench-models`): gpt2s (GPT-2 small, batch 4, seq 512), resnet18_224 (batch 16, 224×224) and bert_base "
+        "(batch 2, seq 512). On gpt2s and bert_base only PyTorch's 0.5 and 0.2 points are run on ORT "
+        "(`--check-budgets 0.5,0.2 --runs 1`: a step takes tens of seconds on this machine); their other rows "
+        "are predicted (n/a in the measured columns).")
     add("")
     for m in res["models"]:
         add(f"**{m['model']}** (forward matmul FLOPs: ckpt {m['ckpt_forward_matmul_flops']:,}, "
@@ -213,9 +237,21 @@ def _slow(r: dict) -> str:
     return f"{r['time_s'] / r['original_time_s']:.2f}×" if r.get("original_time_s") else "n/a"
 
 
-def main() -> int:
-    res = bench_peer()
-    (BENCH / "peer_results.json").write_text(json.dumps(res, indent=1) + "\n")
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", help="comma-separated; their entries replace those in peer_results.json")
+    p.add_argument("--runs", type=int, default=3, help="ORT runs per check (0: predicted figures only)")
+    p.add_argument("--check-budgets", help="comma-separated PyTorch budgets to check on ORT (default: all)")
+    args = p.parse_args(argv)
+    only = set(args.models.split(",")) if args.models else None
+    checked = {float(b) for b in args.check_budgets.split(",")} if args.check_budgets else None
+    res = bench_peer(args.runs, only, checked)
+    results = BENCH / "peer_results.json"
+    if only is not None and results.exists():
+        fresh = {m["model"]: m for m in res["models"]}
+        kept = json.loads(results.read_text())["models"]
+        res["models"] = [fresh.pop(m["model"], m) for m in kept] + list(fresh.values())
+    results.write_text(json.dumps(res, indent=1) + "\n")
     lines: list[str] = ["# ckpt against PyTorch's min-cut partitioner", "", "Generated by `python -m bench.peer`.", ""]
     render(res, lines.append)
     (BENCH / "PEER.md").write_text("\n".join(lines) + "\n")
