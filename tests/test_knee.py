@@ -55,3 +55,14 @@ def test_min_peak_writes_the_lowest_peak_the_knee_passed_up(tmp_path):
     assert code == code2 == 0 and knee["stopped_early"]
     assert lowest["knee"] is None and lowest["recompute_flops"] > knee["chosen"]["recompute_flops"]
     assert lowest["peak_bytes_after"] < json.loads(out)["peak_bytes_after"]
+
+
+def test_an_ort_artifact_keeps_the_lowest_peak_by_default():
+    """The Module API's untuned session fuses the artifact's rewrite; the lowest-peak plan
+    is the one measured bit-identical there over the artifact zoo."""
+    artifact = SAMPLES / "ort_artifact" / "training_model.onnx"
+    code, out = run("plan", artifact, "--json")
+    code2, out2 = run("plan", artifact, "--json", "--auto", "min-peak")
+    default, lowest = json.loads(out), json.loads(out2)
+    assert code == code2 == 0 and default["knee"] is None
+    assert default["plan"] == lowest["plan"]

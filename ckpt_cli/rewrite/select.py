@@ -72,8 +72,12 @@ def make_plan(a: Analysis, options: PlanOptions | None = None, *, progress: Call
                              options.plan_file)
         return Planned(apply_policy(chosen, policy, a.graph), user=True)
     evaluator = PlanEvaluator(a, rewrite, progress=progress, keep_results=True)
+    # An ORT artifact runs in the Module API's untuned session, whose fusions must treat the
+    # recompute copies as the originals for bit-identical training: measured so for the
+    # lowest peak over the artifact zoo, not for the knee (zoo bert: 1e-7 apart).
+    at_knee = options.auto != MIN_PEAK and not is_ort_artifact(a.graph)
     chosen = lowest_peak_plan(a, evaluator.cost, thorough=len(a.graph.nodes) <= LARGE_GRAPH_NODES,
-                              policy=policy, at_knee=options.auto != MIN_PEAK)
+                              policy=policy, at_knee=at_knee)
     planned = Planned(chosen.plan, result=evaluator.results.get(id(chosen.plan)), knee=chosen.knee)
     if chosen.lowest is None:
         return planned
