@@ -86,9 +86,8 @@ def make_plan(a: Analysis, options: PlanOptions | None = None, *, progress: Call
 
 
 def knee_or_lowest(a: Analysis, knee: Planned, lowest: Planned, pin: bool) -> Planned:
-    """The knee's plan, unless its rewrite gains nothing where the file runs (an ORT
-    artifact's Module session, or the original's best order): then the lowest peak, the
-    default's next choice, with the reason recorded in the knee."""
+    """The knee's plan, unless its rewrite gains nothing over the original's best order:
+    then the lowest peak, the default's next choice, with the reason recorded in the knee."""
     written = rewrite_plan(a, knee, pin)
     if written.no_gain is None:
         return replace(knee, written=written if pin else None)
