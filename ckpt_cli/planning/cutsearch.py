@@ -24,7 +24,7 @@ from ..analysis import Analysis
 from ..errors import BudgetUnreachable
 from ..ops import SHAPE_ONLY_OPS
 from .decision import REORDER, all_kept
-from .knee import Knee, Point, knee_of
+from .knee import Knee, Point, knee_index
 from .mincut import MAX_SOLVES, Cut, Policy, Problem, build, front, solve_bytes, to_plan
 from .plan import Plan, apply_policy
 from .regions import default_regions
@@ -443,10 +443,16 @@ def lowest_peak_plan(a: Analysis, evaluate: Callable[[Plan], PlanCost], *, thoro
         return DefaultPlan(reorder)
     near = [i for i, (_, cost) in enumerate(judged) if cost.peak_bytes <= lowest * (1 + NEAR_LOWEST)]
     best = min(near, key=lambda i: (judged[i][1].recompute_flops, judged[i][1].peak_bytes))
+    if at_knee:
+        return _at_knee(a, judged, best)
     plan, cost = judged[best]
-    plan.notes.append(f"the lowest predicted peak of {len(judged)} plans ({lowest} bytes); this one is within "
-                      f"{NEAR_LOWEST:.0%} of it with the fewest recompute FLOPs")
-    return _at_knee(a, judged, best) if at_knee else DefaultPlan(plan, cost)
+    plan.notes.append(_lowest_note(judged, cost))
+    return DefaultPlan(plan, cost)
+
+
+def _lowest_note(judged: list[tuple[Plan, PlanCost]], cost: PlanCost) -> str:
+    return (f"the lowest predicted peak of {len(judged)} plans ({min(c.peak_bytes for _, c in judged)} bytes); "
+            f"this one is within {NEAR_LOWEST:.0%} of it with the fewest recompute FLOPs")
 
 
 def _judged_defaults(a: Analysis, evaluate: Callable[[Plan], PlanCost], thorough: bool, policy: Policy,
@@ -468,13 +474,19 @@ def _judged_defaults(a: Analysis, evaluate: Callable[[Plan], PlanCost], thorough
 
 
 def _at_knee(a: Analysis, judged: list[tuple[Plan, PlanCost]], lowest: int) -> DefaultPlan:
-    points = [(i, Point(cost.peak_bytes, cost.recompute_flops)) for i, (_, cost) in enumerate(judged)]
-    i, knee = knee_of(points, lowest, a.priority.peak_bytes, a.forward_flops + a.backward_flops)
-    if i == lowest:
-        judged[i][0].notes.pop()
+    """The knee of ``judged``, recorded against its lowest-peak plan (index ``lowest``),
+    which is kept, with its note, for when the knee gains nothing."""
+    points = [Point(cost.peak_bytes, cost.recompute_flops) for _, cost in judged]
+    step = a.forward_flops + a.backward_flops
+    i = knee_index(points, a.priority.peak_bytes, step)
+    knee = Knee(a.priority.peak_bytes, step, points[i], points[lowest], len(points))
     plan, cost = judged[i]
     reorder_only = plan.strategy == "none"
     if reorder_only:
         plan.notes.clear()
     plan.notes.append(knee.line(reorder_only))
-    return DefaultPlan(plan, cost, knee, judged[lowest][0] if i != lowest else None)
+    if i == lowest:
+        return DefaultPlan(plan, cost, knee)
+    passed_up, its_cost = judged[lowest]
+    passed_up.notes.append(_lowest_note(judged, its_cost))
+    return DefaultPlan(plan, cost, knee, passed_up)

@@ -13,11 +13,9 @@ and matmuls a second time, do not.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence, TypeVar
+from typing import Sequence
 
 MAX_SLOPE = 1.0
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -91,12 +89,3 @@ def knee_index(points: Sequence[Point], original_peak: int, step_flops: int, max
         if slope[nxt] > max_slope:
             return at
         at = nxt
-
-
-def knee_of(judged: Sequence[tuple[T, Point]], lowest: int, original_peak: int,
-            step_flops: int) -> tuple[T, Knee]:
-    """The knee's item of ``judged`` and the recorded choice; ``lowest`` indexes the
-    lowest-peak choice made by the caller's own rule."""
-    points = [p for _, p in judged]
-    k = knee_index(points, original_peak, step_flops)
-    return judged[k][0], Knee(original_peak, step_flops, points[k], points[lowest], len(points))
