@@ -31,13 +31,14 @@ from .graph import Graph
 from .markers import PROVENANCE_PREFIX
 from .io.load import load_graph
 from .planning.budget import Planned
-from .rewrite.select import make_plan, plan_cost, plan_notes, plan_rows, rewrite_plan
+from .rewrite.select import make_plan, plan_notes, plan_rows, rewrite_plan
 from .planning.decision import Decision
 from .options import AnalysisOptions, CheckOptions, PlanOptions, RewriteOptions
 from .planning.plan import Policy
 from .report.model import Source, check_report, inspect_report, plan_report, planning_section, rewrite_report
-from .rewrite import RewriteResult, without_mem_pattern
+from .rewrite import RewriteResult, rewrite, without_mem_pattern
 from .io.save import check_output_path, save_model
+from .verify.rules import budget_held
 from .verify.settings import settings_snippet
 from .verify.stage import CheckFigures, check_analysed
 from .io.written import to_model
@@ -197,7 +198,7 @@ def sweep_model(model: ModelInput, *, svg: str | Path | None = None, policy: Pol
     loaded = load_input(model)
     a = analyse_input(loaded, analysis)
     policy = policy or Policy()
-    points = sweep_points(a, lambda p: plan_cost(a, p), policy)
+    points = sweep_points(a, lambda p: rewrite(a, p, pin=False), policy)
     notes = [policy.describe()] if policy else []
     if svg is not None:
         name = loaded.path.name if loaded.path else "model"
@@ -307,6 +308,8 @@ def rewrite_model(model: ModelInput, output: str | Path | None = None, options: 
     if check:
         out.check = _check_rewrite(model, loaded, a, out, check if isinstance(check, CheckOptions)
                                    else CheckOptions())
+        if out.planned is not None and out.planned.budget is not None:
+            budget_held(out.check, out.planned.budget, out.result.after.outside_arena_bytes)
         out.report["check"] = out.check.to_json()
     return out
 

@@ -120,9 +120,9 @@ def _compare_doc() -> dict:
 
     from ckpt_cli.report.compare import FIGURES, change
 
-    a = {"peak_bytes": 8792956, "measured_peak_bytes": None, "stashed_bytes": 6506500, "recompute_share": 0.0,
+    a = {"peak_bytes": 8792956, "ort_peak_bytes": 9494392, "measured_peak_bytes": None, "stashed_bytes": 6506500, "recompute_share": 0.0,
          "step_time_s": None, "outputs_equal": None, "nodes": 644}
-    b = {"peak_bytes": 6101884, "measured_peak_bytes": 5490548, "stashed_bytes": 657412,
+    b = {"peak_bytes": 6101884, "ort_peak_bytes": 6477312, "measured_peak_bytes": 5490548, "stashed_bytes": 657412,
          "recompute_share": 0.2494, "step_time_s": 0.01057, "outputs_equal": True, "nodes": 795}
     kinds = {k: kind for k, _, kind in FIGURES}
     return {

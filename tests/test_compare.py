@@ -327,8 +327,9 @@ def test_compare_reads_plan_reports(tmp_path):
     r = CliRunner().invoke(main, ["plan", str(SAMPLES / "gpt.onnx"), "--budget", "75%", "--report", str(plan), "-q"])
     assert r.exit_code == 0, r.output
     r = CliRunner().invoke(main, ["compare", str(SAMPLES / "gpt.onnx"), str(plan), "--json",
-                                  "--fail-if", "ratio(peak_bytes)>75%"])
+                                  "--fail-if", "ratio(ort_peak_bytes)>75%"])  # what the budget bounds
     assert r.exit_code == 0, r.output
     report = json.loads(r.stdout)
     assert report["inputs"][1]["kind"] == "plan"
     assert report["inputs"][1]["figures"]["peak_bytes"] == json.loads(plan.read_text())["peak_bytes_after"]
+    assert report["inputs"][1]["figures"]["ort_peak_bytes"] == json.loads(plan.read_text())["ort_peak_bytes_after"]

@@ -110,11 +110,12 @@ def rewrite(model: Path, **given) -> None:
 
 
 def _render_rewrite(r: dict, console) -> None:
-    from ..report.plan_view import render_explanations
+    from ..report.plan_view import render_budget, render_explanations
     from ..report.render import render_check, render_rewrite
 
     render_rewrite(r, console)
     if "planning" in r and (r["options"]["auto"] or r["options"]["budget"]):
+        render_budget(r["planning"], console)
         render_explanations(r["planning"]["explanations"], console)
     if "check" in r:
         render_check({**r["check"], "model": r["model"], "rewritten_model": r["output"]}, console)
@@ -145,7 +146,7 @@ def plan(model: Path, **given) -> None:
 
     Strategies: layers (one region per repeated layer), sqrt (about sqrt(n) segments cut
     at small tensors), balanced (recompute only cheap memory-bound ops, keep MatMul/Conv
-    outputs), budget (the least recompute FLOPs whose predicted peak fits --budget),
+    outputs), budget (the least recompute FLOPs whose predicted ORT peak fits --budget),
     optimal (the budget problem as an exact MILP, to measure budget against).
     For every stashed activation the report says whether it is kept or recomputed and
     why. An unreachable budget exits with code 3 and says what dominates the peak.

@@ -88,7 +88,9 @@ def auto_options(f):
                           "the budget problem, for graphs of a few hundred nodes), or min-peak (the default's "
                           "search to its lowest peak instead of its knee).")(f)
     f = click.option("--budget", metavar="SIZE|PCT",
-                     help="Peak-memory budget for the predicted peak: 2GiB, 512MiB, or 40% of the original.")(f)
+                     help="Peak-memory budget on what ORT is predicted to hold (its arena in use, as ckpt "
+                          "check measures it, plus parameters and inputs): 2GiB, 512MiB, or 40% of the "
+                          "original's.")(f)
     return f
 
 

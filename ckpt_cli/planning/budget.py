@@ -6,8 +6,12 @@ fits the budget, the one with the fewest recompute FLOPs.
 2. On a structure, the greedy keep set runs first; on small graphs the exact MILP runs on
    the structure it chose too, unless the best cut is far cheaper anyway.
 3. With ``write`` (the pinned rewrite that will be written), judge the winner as written:
-   pin's guards add a few bytes, so a fit closer to the budget than that is searched again
-   as far below it, and a fit still over the budget is refused.
+   pin's guards and fresh buffers move the peak ORT holds (a few bytes up, or the arena's
+   chunks down by several percent), so a fit closer to the budget than that is searched
+   again as far below it, and a fit still over the budget is refused; near misses of the
+   search are written too, and shifted down by their overshoot where still over.
+
+Plans are judged by ``PlanEvaluator.measure``: what ORT holds at the peak (``ORT_PEAK``).
 """
 
 from __future__ import annotations
@@ -41,6 +45,11 @@ class Planned:
     knee: Knee | None = None  # the default's choice at the knee, against the lowest peak it passed up
 
 
+# A near miss whose written graph is over the budget is shifted down by its overshoot this
+# many times (each a pinned rewrite): the written peak moves with the kept bytes, not 1:1.
+WRITTEN_SHIFTS = 2
+
+
 class BudgetSearch:
     """One budget search over ``evaluator``'s graph; ``run(budget)`` gives the ``Planned``."""
 
@@ -59,40 +68,57 @@ class BudgetSearch:
     def a(self) -> Analysis:
         return self.evaluator.a
 
+    def peak(self, result) -> int:
+        """A rewrite's peak as the budget bounds it."""
+        return self.evaluator.measure.of(result.after)
+
     def run(self, budget: int) -> Planned:
         planned = self.searched(budget, budget)
         if self.write is None:
             return planned
         planned.written = self.write(planned)
-        guards = planned.written.after.priority.peak_bytes - planned.search.peak_bytes
-        if planned.written.after.priority.peak_bytes <= budget:
+        guards = self.peak(planned.written) - planned.search.peak_bytes
+        if self.peak(planned.written) <= budget:
             return self.cheaper_as_written(planned, budget)
         line = (f"budget {human_bytes(budget)} is unreachable: the best fit found peaks at "
-                f"{human_bytes(planned.written.after.priority.peak_bytes)} once its order is pinned "
-                f"({guards} bytes of guards)")
+                f"{human_bytes(self.peak(planned.written))} once its order is pinned "
+                f"({guards:+d} bytes against the search's unpinned rewrite)")
         try:
             planned = self.searched(budget - guards, budget)
         except BudgetUnreachable:
             raise BudgetUnreachable(line) from None
         planned.written = self.write(planned)
-        if planned.written.after.priority.peak_bytes > budget:
+        if self.peak(planned.written) > budget:
             raise BudgetUnreachable(line)
         return planned
 
     def cheaper_as_written(self, planned: Planned, budget: int) -> Planned:
         """A near miss of the search whose written (pinned) graph fits and recomputes less
-        than ``planned``'s, if one does: the search judged it unpinned."""
-        for plan in planned.search.near_misses:
-            trial = Planned(plan, budget)
-            written = self.write(trial)
-            peak = written.after.priority.peak_bytes
-            if peak <= budget and written.recompute_flops < planned.written.recompute_flops:
-                plan.notes.append(f"pinned, its written peak {peak} <= budget {budget} bytes (the search's "
-                                  "unpinned rewrite was over)")
-                search = replace(planned.search, plan=plan, peak_bytes=peak, recompute_flops=written.recompute_flops,
-                                 kept=[], recomputed=[], structure=None, near_misses=())
-                return Planned(plan, budget, search, written=written)
+        than ``planned``'s, if one does: the search judged it unpinned. A near miss whose
+        written graph is over by ``d`` bytes is tried again keeping ``d`` bytes fewer."""
+        for miss in planned.search.near_misses:
+            plan: Plan | None = miss.plan
+            fewer = 0
+            for _ in range(1 + WRITTEN_SHIFTS):
+                written = self.write(Planned(plan, budget))
+                peak = self.peak(written)
+                if written.recompute_flops >= planned.written.recompute_flops:
+                    break
+                if peak <= budget:
+                    return self._as_written(planned, plan, written, budget)
+                fewer += peak - budget
+                plan = miss.leaner(fewer)
+                if plan is None:
+                    break
         return planned
+
+    def _as_written(self, planned: Planned, plan: Plan, written, budget: int) -> Planned:
+        peak = self.peak(written)
+        plan.notes.append(f"pinned, its written peak {peak} <= budget {budget} bytes (the search's "
+                          "unpinned rewrite was over)")
+        search = replace(planned.search, plan=plan, peak_bytes=peak, recompute_flops=written.recompute_flops,
+                         kept=[], recomputed=[], structure=None, near_misses=())
+        return Planned(plan, budget, search, written=written)
 
     def searched(self, target: int, budget: int) -> Planned:
         """The cheapest plan predicted under ``target`` (the user's ``budget`` is recorded)."""
@@ -100,7 +126,11 @@ class BudgetSearch:
         ev.restart(target)
         search = cut_budget_plan(self.a, target, ev.cost, self.structure_search, thorough=self.thorough,
                                  strategy=self.strategy, policy=self.policy, intervals_of=ev.intervals)
-        return Planned(ev.ruled(search.plan), budget, search, ev.best_result if ev.best_plan is search.plan else None)
+        if ev.best_plan is search.plan:
+            result = ev.best_result
+        else:  # the plan recomputing nothing is rewritten once, whichever plan object asked
+            result = ev.unchanged if not search.plan.regions else None
+        return Planned(ev.ruled(search.plan), budget, search, result)
 
     def structure_search(self, exact: bool = False, beat: int | None = None) -> BudgetResult:
         """The cheapest fit on the region structures: the greedy keep set, the exact MILP,

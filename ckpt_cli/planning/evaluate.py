@@ -9,6 +9,7 @@ number of plans judged, and the cheapest rewrite that fits the search's limit.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 from ..analysis import Analysis
@@ -27,13 +28,27 @@ class Rewriter(Protocol):
                  memo: dict | None = None) -> Any: ...
 
 
-def cost_of(result) -> PlanCost:
-    """A rewrite's cost: its simulated peak, recompute FLOPs and what is live at the peak."""
-    profile = result.after.priority
-    return PlanCost(profile.peak_bytes, result.recompute_flops, profile.live_at_peak)
+@dataclass(frozen=True)
+class PeakMeasure:
+    """Which predicted peak a search compares: ``of`` an analysed graph."""
+
+    name: str
+    of: Callable[[Analysis], int]
 
 
-def intervals_of(a: Analysis, result) -> Intervals:
+# The peak of the tensors live under ORT's order: what the default's front is drawn in.
+TENSOR_PEAK = PeakMeasure("tensor peak", lambda a: a.priority.peak_bytes)
+# What ORT holds (arena in use plus inputs): what a --budget bounds, a user's "does it fit".
+ORT_PEAK = PeakMeasure("ORT peak", lambda a: a.ort_peak_bytes)
+
+
+def cost_of(result, measure: PeakMeasure = TENSOR_PEAK) -> PlanCost:
+    """A rewrite's cost: its predicted peak by ``measure``, recompute FLOPs and what is
+    live at the tensor peak."""
+    return PlanCost(measure.of(result.after), result.recompute_flops, result.after.priority.live_at_peak)
+
+
+def intervals_of(a: Analysis, result, measure: PeakMeasure = TENSOR_PEAK) -> Intervals:
     """On the schedule of a plan's (unpinned) rewrite, the steps where keeping each
     recomputed activation would add its bytes: after its last forward use, before its copy
     is born. The linear model of the plan searches."""
@@ -50,7 +65,7 @@ def intervals_of(a: Analysis, result) -> Intervals:
             last = max([g.producer[t]] + list(g.consumers.get(t, ())))
             if last + 1 <= node.index - 1:
                 spans[t] = (last + 1, node.index - 1)
-    return Intervals(tuple(result.after.priority.timeline), spans, cost_of(result))
+    return Intervals(tuple(result.after.priority.timeline), spans, cost_of(result, measure))
 
 
 class PlanEvaluator:
@@ -60,13 +75,15 @@ class PlanEvaluator:
     ``limit``: the search's byte budget; the cheapest rewrite that fits it is kept as
     ``best_plan``/``best_result``. ``ruled``: the per-op policy applied before rewriting.
     ``keep_results``: remember every rewrite by plan (the default search returns its
-    winner's). ``model_floors``: intervals come from structure floors, never measured."""
+    winner's). ``model_floors``: intervals come from structure floors, never measured.
+    ``measure``: the peak plans are judged by."""
 
     def __init__(self, a: Analysis, rewriter: Rewriter, *, limit: int | None = None,
                  ruled: Callable[[Plan], Plan] | None = None, progress: Callable[[str], None] | None = None,
-                 keep_results: bool = False) -> None:
+                 keep_results: bool = False, measure: PeakMeasure = TENSOR_PEAK) -> None:
         self.a = a
         self.rewriter = rewriter
+        self.measure = measure
         self.limit = limit
         self.ruled = ruled or (lambda plan: plan)
         self.progress = progress
@@ -77,6 +94,7 @@ class PlanEvaluator:
         self.results: dict[int, Any] = {}
         self.best_plan: Plan | None = None
         self.best_result = None
+        self.unchanged = None  # the rewrite of the plan that recomputes nothing
 
     def restart(self, limit: int) -> None:
         """A new search over the same graph (orders stay cached): no fit found yet."""
@@ -87,25 +105,30 @@ class PlanEvaluator:
         return self.rewriter(self.a, self.ruled(plan), pin=False, model_only=model_only, memo=self.memo)
 
     def measured(self, plan: Plan):
-        """The plan's rewrite, counted, and kept when it is the cheapest fit so far."""
-        result = self.rewritten(plan)
+        """The plan's rewrite, counted, and kept when it is the cheapest fit so far. The
+        plan that recomputes nothing is rewritten once: every budget search judges it first."""
+        again = not plan.regions and self.unchanged is not None
+        result = self.unchanged if again else self.rewritten(plan)
+        if not plan.regions:
+            self.unchanged = result
         if self.keep_results:
             self.results[id(plan)] = result
-        fits = self.limit is not None and result.after.priority.peak_bytes <= self.limit
+        fits = self.limit is not None and self.measure.of(result.after) <= self.limit
         if fits and (self.best_result is None or result.recompute_flops < self.best_result.recompute_flops):
             self.best_plan, self.best_result = plan, result
-        self._counted()
+        if not again:
+            self._counted()
         return result
 
     def cost(self, plan: Plan) -> PlanCost:
-        return cost_of(self.measured(plan))
+        return cost_of(self.measured(plan), self.measure)
 
     def intervals(self, plan: Plan) -> Intervals:
         if self.model_floors:  # a structure's floor is the search's model, never its answer
             result = self.rewritten(plan, model_only=True)
             self._counted()
-            return intervals_of(self.a, result)
-        return intervals_of(self.a, self.measured(plan))
+            return intervals_of(self.a, result, self.measure)
+        return intervals_of(self.a, self.measured(plan), self.measure)
 
     def _counted(self) -> None:
         self.evaluations += 1

@@ -108,8 +108,11 @@ def search_limits(judge: KeepJudge, choose: Callable[[int], set[str] | None], fl
     fit (without ``thorough``, each evaluation being a rewrite of a large graph, fewer)."""
     search = _Search(judge, choose)
     budget, floor_peak = judge.budget, floor.cost.peak_bytes
+    # the judged peak may be another measure than the model's (ORT's arena): the floor's
+    # excess over its model starts the limits that far below the budget
+    above = max(0, floor_peak - keep_all_limit(floor.timeline, floor.spans, {}))
     try:
-        search.tighten(budget)
+        search.tighten(budget - above)
         top_limit = keep_all_limit(floor.timeline, floor.spans, {c.tensor: c.nbytes for c in ranked})
         for _ in range(loosening):
             limit = _next_limit(search.points, budget, top_limit)
@@ -118,7 +121,7 @@ def search_limits(judge: KeepJudge, choose: Callable[[int], set[str] | None], fl
             search.attempt(limit)
         if thorough:
             for k in range(1, STARTS):
-                search.tighten(budget - k * (budget - floor_peak) // STARTS)
+                search.tighten(budget - above - k * (budget - floor_peak) // STARTS)
             search.sample_bracket()
             search.polish(ranked)
     except _NothingToSave:  # a fit that recomputes nothing cannot be beaten

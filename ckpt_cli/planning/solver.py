@@ -20,11 +20,10 @@ import numpy as np
 
 from ..analysis import Analysis
 from ..errors import BudgetUnreachable
-from .decision import NOTHING, all_kept
 from .plan import Plan
 from .search import Intervals, KeepJudge, search_limits
-from .strategies import (BudgetResult, Candidate, Evaluate, PlanCost, candidates, over_structures, result_of,
-                         unreachable_message)
+from .strategies import (BudgetResult, Candidate, Evaluate, PlanCost, candidates, over_structures,
+                         recomputing_nothing, result_of, unreachable_message)
 
 MAX_CANDIDATES = 2000  # beyond this the MILP is slow; optimal is for graphs of a few hundred nodes
 
@@ -73,10 +72,9 @@ def optimal_plan(a: Analysis, budget: int, evaluate: Evaluate, intervals_of: Int
     linear model above, verified with ``evaluate``), over the same structures as ``budget``
     (or over ``options``); ``strategy`` names the plans it makes; ``beat``: see
     ``over_structures``."""
-    base = a.priority.peak_bytes
-    if base <= budget:
-        plan = Plan([], strategy, ["the original already fits the budget"], decisions=all_kept(a, NOTHING))
-        return BudgetResult(plan, base, 0, [], [], 0)
+    fits, base = recomputing_nothing(a, budget, evaluate, strategy)
+    if fits is not None:
+        return fits
 
     def search(structure: Plan, floor: Intervals) -> tuple[BudgetResult | None, int]:
         ranked = candidates(a, structure)[:MAX_CANDIDATES]

@@ -190,11 +190,32 @@ class BudgetResult:
     recomputed: list[Candidate]
     evaluations: int
     structure: Plan | None = None  # the region structure whose keep set this is (None: a cut's plan, or no regions)
-    near_misses: tuple[Plan, ...] = ()  # cuts that recompute less, just over the budget before pinning
+    near_misses: tuple["NearMiss", ...] = ()  # cuts that recompute less, just over the budget before pinning
+
+
+@dataclass(frozen=True)
+class NearMiss:
+    """A cut just over the budget as judged unpinned (its written graph may fit), and the
+    cut keeping a given number of bytes fewer, for when its written graph is over too."""
+
+    plan: Plan
+    leaner: Callable[[int], Plan | None]
+
+
+def recomputing_nothing(a: Analysis, budget: int, evaluate: Evaluate, strategy: str) -> tuple[BudgetResult | None, int]:
+    """The plan that recomputes nothing (the original in the rewrite's order), judged as
+    any plan is: its result where it fits ``budget`` (no search needed), and its peak, the
+    top of the searched range."""
+    plan = Plan([], strategy, [], decisions=all_kept(a, NOTHING))
+    base = evaluate(plan).peak_bytes
+    if base > budget:
+        return None, base
+    plan.notes.append(f"the original, in the rewrite's order, already fits the budget ({base} <= {budget} bytes)")
+    return BudgetResult(plan, base, 0, [], [], 1), base
 
 
 def parse_budget(text: str, reference_peak: int) -> int:
-    """'2GiB', '512MiB', '1e9' or '40%' (of the original predicted peak) -> bytes."""
+    """'2GiB', '512MiB', '1e9' or '40%' (of ``reference_peak``, the original's) -> bytes."""
     from ..units import parse_bytes
 
     text = text.strip()
@@ -276,11 +297,9 @@ def budget_plan(a: Analysis, budget: int, evaluate: Evaluate, intervals_of: Call
     segmentations); large ones stop at the first that fits. Raises BudgetUnreachable
     when no floor fits.
     """
-    base = a.priority.peak_bytes
-    if base <= budget:
-        plan = Plan([], "budget", [f"the original already fits the budget ({base} <= {budget} bytes)"],
-                    decisions=all_kept(a, NOTHING))
-        return BudgetResult(plan, base, 0, [], [], 0)
+    fits, base = recomputing_nothing(a, budget, evaluate, "budget")
+    if fits is not None:
+        return fits
     exhaustive = len(a.graph.nodes) <= LARGE_GRAPH_NODES
 
     def search(structure: Plan, floor: Intervals) -> tuple[BudgetResult | None, int]:

@@ -1,15 +1,16 @@
 """``ckpt plan --sweep``: predicted peak against recompute share over the min-cut front,
 so a user can pick a budget by looking (as PyTorch's ``visualize_memory_budget_pareto``).
 
-Each corner of the price sweep is rewritten and simulated (the real cost model), so a
-point's peak is what ``--budget`` would be judged by; corners that another point beats
-on both peak and recompute are marked as not on the front, and the default's rule marks
-the knee (``knee.py``).
+Each corner of the price sweep is rewritten and simulated (the real cost model): a
+point's tensor peak and what ORT would hold (``--budget`` judges by that); corners that
+another point beats on both peak and recompute are marked as not on the front, and the
+default's rule marks the knee (``knee.py``).
 """
 
 from __future__ import annotations
 
 from ..analysis import Analysis
+from .evaluate import ORT_PEAK, cost_of
 from .knee import Point, knee_index
 from .mincut import MAX_SOLVES, Policy, build, front, to_plan
 
@@ -27,8 +28,11 @@ def _dominates(q: dict, p: dict) -> bool:
         q["peak_bytes"] < p["peak_bytes"] and q["recompute_flops"] <= p["recompute_flops"])
 
 
-def sweep_points(a: Analysis, evaluate, policy: Policy = Policy()) -> list[dict]:
-    """One point per corner (plus the original, reordered), least recompute first."""
+def sweep_points(a: Analysis, rewritten, policy: Policy = Policy()) -> list[dict]:
+    """One point per corner (plus the original, reordered), least recompute first.
+    ``rewritten``: a plan's (unpinned) rewrite, as the searches judge it. A point's peak is
+    the tensor peak the default's knee is drawn in; its ``ort_peak_bytes`` what a
+    ``--budget`` would be judged by."""
     from .plan import Plan
 
     step_flops = max(1, a.forward_flops + a.backward_flops)
@@ -40,10 +44,12 @@ def sweep_points(a: Analysis, evaluate, policy: Policy = Policy()) -> list[dict]
     cuts = [None] + front(build(a, policy), solves)
     for cut in cuts:
         plan = Plan([], "none") if cut is None else to_plan(a, cut, "sweep")
-        cost = evaluate(plan)
+        result = rewritten(plan)
+        cost = cost_of(result)
         points.append({"price_flops_per_byte": None if cut is None else cut.price,
                        "kept_bytes": a.stashed_bytes if cut is None else cut.kept_bytes,
-                       "peak_bytes": cost.peak_bytes, "recompute_flops": cost.recompute_flops,
+                       "peak_bytes": cost.peak_bytes, "ort_peak_bytes": ORT_PEAK.of(result.after),
+                       "recompute_flops": cost.recompute_flops,
                        "recompute_share": cost.recompute_flops / step_flops, "regions": len(plan.regions)})
     for p in points:
         p["pareto"] = not any(_dominates(q, p) for q in points)

@@ -26,6 +26,7 @@ from .model import SCHEMA_VERSION, envelope
 # (key, label, kind). kind drives formatting; all numeric figures are lower-is-better.
 FIGURES: tuple[tuple[str, str, str], ...] = (
     ("peak_bytes", "predicted peak", "bytes"),
+    ("ort_peak_bytes", "predicted ORT + inputs", "bytes"),
     ("measured_peak_bytes", "measured peak (ORT)", "bytes"),
     ("stashed_bytes", "stashed activations", "bytes"),
     ("recompute_share", "recompute FLOPs / step", "share"),
@@ -131,14 +132,17 @@ def _figures(kind: str, r: dict, source: str) -> dict[str, Any]:
     f: dict[str, Any] = dict.fromkeys(FIGURE_KEYS)
     if kind in ("onnx", "inspect"):
         f["peak_bytes"] = _need(r, "peak_bytes", source)
+        f["ort_peak_bytes"] = r.get("ort_peak_bytes")  # older reports lack it
         f["stashed_bytes"] = _need(r, "stashed_bytes", source)
         f["nodes"] = _need(r, "nodes", source)
         f["recompute_share"] = _recompute_share(r, source)
     elif kind == "plan":
         f["peak_bytes"] = _need(r, "peak_bytes_after", source)
+        f["ort_peak_bytes"] = r.get("ort_peak_bytes_after")
         f["recompute_share"] = _need(r, "recompute_share_of_step", source)
     elif kind == "rewrite":
         f["peak_bytes"] = _need(r, "after.peak_bytes", source)
+        f["ort_peak_bytes"] = (r.get("after") or {}).get("ort_peak_bytes")
         f["stashed_bytes"] = _need(r, "after.stashed_bytes", source)
         f["nodes"] = _need(r, "after.nodes", source)
         f["recompute_share"] = _need(r, "recompute_share_of_step", source)

@@ -218,7 +218,8 @@ def _arena(a: Analysis) -> dict:
     peak (the profiler's mem_bytes_in_use: activations, outputs and small initializers,
     rounded and fragmented as the arena does) and bytes it reserves."""
     arena = a.arena(a.reuse_buffers)
-    return {"arena_in_use_bytes": arena.peak_in_use_bytes, "arena_held_bytes": arena.held_bytes}
+    return {"arena_in_use_bytes": arena.peak_in_use_bytes, "arena_held_bytes": arena.held_bytes,
+            "ort_peak_bytes": a.ort_peak_bytes}
 
 
 def _side(a: Analysis) -> dict:
@@ -295,10 +296,12 @@ def planning_section(a, planned, result, rows: list[dict]) -> dict:
     return {
         "strategy": planned.plan.strategy if planned.plan else "none",
         "budget_bytes": planned.budget,
-        "budget_met": None if planned.budget is None else result.after.priority.peak_bytes <= planned.budget,
+        "budget_met": None if planned.budget is None else result.after.ort_peak_bytes <= planned.budget,
         "evaluations": search.evaluations if search else None,
         "peak_bytes_before": a.priority.peak_bytes,
         "peak_bytes_after": result.after.priority.peak_bytes,
+        "ort_peak_bytes_before": a.ort_peak_bytes,
+        "ort_peak_bytes_after": result.after.ort_peak_bytes,
         "raises_peak": result.after.priority.peak_bytes > a.priority.peak_bytes,
         "recompute_flops": result.recompute_flops,
         "recompute_share_of_step": result.recompute_flops / step if step else 0.0,

@@ -23,6 +23,16 @@ def render_explanations(rows: list[dict], console: Console, limit: int = TOP_EXP
     console.print(t)
 
 
+def render_budget(planning: dict, console: Console) -> None:
+    """One line on the budget, when there is one: met or not, on the figure it bounds."""
+    if planning["budget_bytes"] is None:
+        return
+    met = "met" if planning["budget_met"] else "[red]not met[/red]"
+    console.print(f"budget {human_bytes(planning['budget_bytes'])} {met}: it bounds what ORT holds (arena in use "
+                  f"plus inputs), predicted {human_bytes(planning['ort_peak_bytes_before'])} -> "
+                  f"{human_bytes(planning['ort_peak_bytes_after'])}")
+
+
 def render_plan(r: dict, console: Console) -> None:
     render_facts(r, console)
     target = f", budget {human_bytes(r['budget_bytes'])}" if r["budget_bytes"] is not None else ""
@@ -34,6 +44,7 @@ def render_plan(r: dict, console: Console) -> None:
                   f"({percent(r['peak_bytes_after'] - r['peak_bytes_before'], r['peak_bytes_before'])}); "
                   f"recompute {human_flops(r['recompute_flops'])} = {100 * r['recompute_share_of_step']:.1f}% "
                   f"of the step; {len(r['regions'])} regions")
+    render_budget(r, console)
     if r["raises_peak"]:
         console.print("[yellow]warning: this plan raises the predicted peak; the graph's peak is not in the "
                       "stashed activations it recomputes. Try another --auto strategy or --budget.[/yellow]")

@@ -4,6 +4,7 @@ predicted peak against recompute share."""
 from __future__ import annotations
 
 from html import escape
+from math import ceil
 
 from rich.console import Console
 
@@ -18,7 +19,7 @@ SVG_W, SVG_H, MARGIN = 720, 420, 70
 
 def sweep_report(a, source, points: list[dict], options: dict, notes: list[str]) -> dict:
     return {**envelope("plan", source, options), "sweep": points, "notes": notes,
-            "peak_bytes_before": a.priority.peak_bytes}
+            "peak_bytes_before": a.priority.peak_bytes, "ort_peak_bytes_before": a.ort_peak_bytes}
 
 
 def chart_lines(points: list[dict], width: int = CHART_W, height: int = CHART_H) -> list[str]:
@@ -52,18 +53,24 @@ def render_sweep(r: dict, console: Console) -> None:
     t = _table("Plans (* on the front: no other plan has both a lower peak and less recompute; K the knee)", console,
                ("", "left"), ("predicted peak", "right"), ("kept", "right"), ("recompute", "right"),
                ("share of step", "right"), ("--budget", "right"))
-    base = r["peak_bytes_before"]
+    base, ort_base = r["peak_bytes_before"], r["ort_peak_bytes_before"]
     for p in points:
-        t.add_row(("*" if p["pareto"] else "") + ("K" if p.get("knee") else ""), human_bytes(p["peak_bytes"]), human_bytes(p["kept_bytes"]),
-                  human_flops(p["recompute_flops"]), f"{100 * p['recompute_share']:.1f}%",
-                  f"{100 * p['peak_bytes'] / base:.0f}%")
+        t.add_row(("*" if p["pareto"] else "") + ("K" if p.get("knee") else ""), human_bytes(p["peak_bytes"]),
+                  human_bytes(p["kept_bytes"]), human_flops(p["recompute_flops"]),
+                  f"{100 * p['recompute_share']:.1f}%", _budget_share(p["ort_peak_bytes"], ort_base))
     console.print(t)
+    console.print("  --budget: ORT's arena in use plus inputs, as a share of the original's")
     knee = next((p for p in points if p.get("knee")), None)
     if knee is not None:
-        share = f"{100 * knee['peak_bytes'] / base:.0f}%"
-        console.print(f"Knee (K): {human_bytes(knee['peak_bytes'])}, {share} of the original, for "
-                      f"{100 * knee['recompute_share']:.1f}% of a step's FLOPs")
-        console.print(f"  past it, 1% more of a step saves under 1% of the peak (`--budget {share}`)")
+        console.print(f"Knee (K): {human_bytes(knee['peak_bytes'])}, {100 * knee['peak_bytes'] / base:.0f}% of the "
+                      f"original, for {100 * knee['recompute_share']:.1f}% of a step's FLOPs")
+        console.print("  past it, 1% more of a step saves under 1% of the peak "
+                      f"(`--budget {_budget_share(knee['ort_peak_bytes'], ort_base)}`)")
+
+
+def _budget_share(ort_peak: int, ort_base: int) -> str:
+    """The smallest whole percentage of the original's ORT peak that admits ``ort_peak``."""
+    return f"{ceil(100 * ort_peak / ort_base)}%"
 
 def sweep_svg(points: list[dict], title: str) -> str:
     top = max(p["peak_bytes"] for p in points) * 1.05

@@ -191,6 +191,19 @@ def default_session_saving_note(f: "CheckFigures", tolerant: bool) -> None:
 
 
 Rule = Callable[["CheckFigures", bool], None]
+def budget_held(f: "CheckFigures", budget: int, outside_bytes: int) -> None:
+    """With ``--budget``: what ORT held at the rewrite's measured peak (its arena in use
+    plus the ``outside_bytes`` of inputs kept outside the arena) is within the budget."""
+    m = f.measured.rewritten
+    if m.peak_bytes is None:
+        f.notes.append(f"--budget {budget} B not verified: this ORT build reports no arena peak")
+        return
+    held = m.peak_bytes + outside_bytes
+    if held > budget + noise(m, budget):
+        f.failures.append(f"the rewrite's measured peak ({held} B: arena in use {m.peak_bytes} B plus "
+                          f"{outside_bytes} B of inputs) is above --budget {budget} B")
+
+
 RULES: tuple[Rule, ...] = (
     outputs_match, fused_reference, every_tensor_sized, peak_not_raised, ran_only_file_nodes,
     ran_every_file_node, device_notes, order_followed, prediction_holds, process_peak_notes,
