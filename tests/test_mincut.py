@@ -349,14 +349,16 @@ def test_a_budget_bounds_what_ort_measures_and_the_check_holds_it_to_that(tmp_pa
 
 def test_a_byte_budget_cut_over_the_budget_by_the_solvers_tolerance_is_solved_again(monkeypatch):
     """HiGHS holds the byte row within a feasibility tolerance: on gpt2s at PyTorch's 0.5
-    the cut kept 4 bytes more than the budget. Such a cut is solved again, lower by the excess."""
+    the cut kept 4 bytes more than the budget, and at 0.2 the same cut came back at a budget
+    lowered by those 4 bytes. Such a cut is solved again, lower by the excess, then by a
+    margin too."""
     from types import SimpleNamespace
 
     limits = []
 
     def once(problem, limit, matmul_first, time_limit):
         limits.append(limit)
-        return SimpleNamespace(kept_bytes=limit + 4 if len(limits) == 1 else limit)
+        return SimpleNamespace(kept_bytes=1004 if len(limits) <= 2 else limit)
 
     monkeypatch.setattr(mincut, "_solve_bytes_once", once)
-    assert mincut.solve_bytes(None, 1000).kept_bytes == 996 and limits == [1000, 996]
+    assert mincut.solve_bytes(None, 1000).kept_bytes == 991 and limits == [1000, 996, 991]
