@@ -36,6 +36,7 @@ def _sample_analysis(path: Path, work: Path) -> dict:
         "predicted_file_order_activation_peak": a.priority.activation_peak_bytes,
         "predicted_file_order_peak": a.priority.peak_bytes,
         "resident_bytes": a.priority.resident_bytes,
+        "predicted_ort_peak": a.ort_peak_bytes,
         "sqrt_segments": len(sq.regions),
         "layer_regions": len(layers.regions) if layers else 0,
         "sqrt_plan": str(plan_path),
@@ -43,10 +44,10 @@ def _sample_analysis(path: Path, work: Path) -> dict:
 
 
 def _budget_of(key: str, info: dict) -> int | None:
-    """The byte budget ckpt derives from ``--budget N%`` (int(peak * share), as parse_budget does)."""
+    """The byte budget ckpt derives from ``--budget N%`` (int(ORT peak * share), as parse_budget does)."""
     if not key.startswith("budget"):
         return None
-    return int(info["predicted_file_order_peak"] * int(key[len("budget"):]) / 100)
+    return int(info["predicted_ort_peak"] * int(key[len("budget"):]) / 100)
 
 
 def bench_memory(repeats: int, runs: int, work: Path) -> dict:
@@ -170,15 +171,17 @@ def _variant_row(key: str, title: str, raw: list[dict], info: dict) -> dict:
         "rewrite_check_wall_s": median(x["wall_s"] for x in raw),
     }
     if key.startswith("budget"):
-        row.update(_budget_figures(reps, row["measured_requested"]))
+        row.update(_budget_figures(reps, row["measured_peak"]))
     return row
 
 
 def _budget_figures(reps: list[dict], measured: int | None) -> dict:
-    """A budget row's extras: the budget, the resident bytes, and whether the peaks fit."""
+    """A budget row's extras: the budget, the bytes ORT holds outside its arena, and
+    whether the peaks fit. ``measured``: the arena's bytes in use at the peak."""
     planning = [r.get("planning") or {} for r in reps]
-    # resident (parameters + feeds) = predicted peak with resident - predicted tensor peak
-    resident = median(r["after"]["peak_bytes"] - r["check"]["predicted"]["rewritten"] for r in reps)
+    # outside the arena (parameters + feeds) = predicted ORT peak - predicted arena in use
+    resident = median(p["ort_peak_bytes_after"] - r["check"]["predicted_in_use"]["rewritten"]
+                      for p, r in zip(planning, reps))
     budget = median(p.get("budget_bytes") for p in planning)
     return {
         "budget_bytes": budget, "resident_bytes": resident,
@@ -206,7 +209,7 @@ def render(mem: dict, add) -> None:
         add("")
         add("| row | predicted | measured in use | above baseline | measured tensors | step time "
             "| × ORT default | × original | recompute share | outputs identical | check | budget "
-            "| fits budget (tensors + resident) |")
+            "| fits budget (in use + inputs) |")
         add("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for r in d["rows"]:
             add(_row(r))
@@ -230,10 +233,11 @@ def _render_intro(mem: dict, add) -> None:
         "median. **recompute share**: recomputed FLOPs / (forward + backward FLOPs) of the original.")
     add("- **outputs identical**: loss and every gradient bit-identical to the original's; **check**: "
         "outputs identical and measured in-use peak not above the original's (ckpt settings).")
-    add("- **budget** rows: `--budget N%` is N % of the original's predicted peak *including* parameters and "
-        "feeds (resident bytes). **fits budget**: measured tensors + resident ≤ budget, where resident = "
-        "the report's `after.peak_bytes` − `check.predicted.rewritten`. An unreachable budget (exit 3) shows "
-        "ckpt's one-line error, which names the lowest reachable predicted peak.")
+    add("- **budget** rows: `--budget N%` is N % of what ORT is predicted to hold for the original: its "
+        "arena in use plus the parameters and feeds outside it. **fits budget**: measured in use + those "
+        "inputs ≤ budget, the inputs being the report's `planning.ort_peak_bytes_after` − "
+        "`check.predicted_in_use.rewritten`. An unreachable budget (exit 3) shows ckpt's one-line error, "
+        "which names the lowest reachable predicted peak.")
     add("")
 
 

@@ -71,7 +71,8 @@ def model_path(name: str) -> Path | None:
 
 
 def _budget_point(a, model: Path, cut_peak: int, work: Path, runs: int) -> dict:  # runs 0: predicted only
-    """Peak space: ``--budget`` at the peak the cut's written graph is predicted to reach."""
+    """Peak space: ``--budget`` at what ORT is predicted to hold for the cut's written graph
+    (arena in use plus inputs: what a budget bounds, and the check measures the arena's part)."""
     from ckpt_cli.rewrite.select import make_plan, rewrite_plan
 
     planned = make_plan(a, budget=str(cut_peak))
@@ -79,6 +80,7 @@ def _budget_point(a, model: Path, cut_peak: int, work: Path, runs: int) -> dict:
     index = {n.name: i for i, n in enumerate(a.graph.nodes)}
     copied = [index[name] for r in result.regions for name in r.copies]
     return {"budget_bytes": cut_peak, "predicted_peak": result.after.priority.peak_bytes,
+            "predicted_ort_peak": result.after.ort_peak_bytes,
             "recompute_flops": result.recompute_flops, "recompute_matmul_flops": matmul_flops(a, copied),
             "recomputed_nodes": len(copied),
             **(_check(model, planned.plan.to_json([n.name for n in a.graph.nodes]), work, runs) if runs else {})}
@@ -132,9 +134,10 @@ def bench_peer(runs: int = 3, only: set[str] | None = None, checked: set[float] 
                 written = rewrite(a, plan)
                 pinned = written.after.stashed_bytes
                 row = {"budget": pt["budget"], "torch": pt,
-                       "budget_search": _budget_point(a, model, written.after.priority.peak_bytes, Path(tmp), runs_here),
+                       "budget_search": _budget_point(a, model, written.after.ort_peak_bytes, Path(tmp), runs_here),
                        "ckpt": {"activation_bytes": result.after.stashed_bytes, "kept_bytes": cut.kept_bytes,
                                 "written_peak": written.after.priority.peak_bytes,
+                                "written_ort_peak": written.after.ort_peak_bytes,
                                 "written_recompute_flops": written.recompute_flops,
                                 "pin_guard_bytes": pinned - result.after.stashed_bytes,
                                 "recompute_matmul_flops": matmul_flops(a, cut.copied),
@@ -216,21 +219,29 @@ def _render_peak_space(m: dict, add) -> None:
     if not rows:
         return
     fwd = m["ckpt_forward_matmul_flops"]
-    add("Peak space: the cut's written graph (predicted peak P, recompute R), then `--budget P`. "
-        "Recompute in ckpt's FLOPs (all ops) and as matmul share of the forward; peaks measured on ORT CPU "
-        "(in use); step time against the original's.")
+    add("Peak space: the cut's written graph (P: what ORT is predicted to hold, arena in use plus inputs; "
+        "recompute R), then `--budget P`. Recompute in ckpt's FLOPs (all ops) and as matmul share of the "
+        "forward; peaks measured on ORT CPU (arena in use: the inputs are the same on both sides); step time "
+        "against the original's.")
     add("")
     add("| budget | P (cut, predicted) | cut measured | cut recompute | cut step × | --budget P predicted "
-        "| --budget measured | --budget recompute | --budget step × | recompute --budget/cut |")
-    add("|---|---|---|---|---|---|---|---|---|---|")
+        "| --budget measured | measured ≤ cut | --budget recompute | --budget step × | recompute --budget/cut |")
+    add("|---|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         c, b = row["ckpt"], row["budget_search"]
-        add(f"| {row['budget']} | {_mib(c['written_peak'])} | {_mib(c.get('measured_in_use'))} "
+        add(f"| {row['budget']} | {_mib(c.get('written_ort_peak'))} | {_mib(c.get('measured_in_use'))} "
             f"| {c['written_recompute_flops'] / 1e6:.2f} M ({c['recompute_matmul_flops'] / fwd:.1%}) | {_slow(c)} "
-            f"| {_mib(b['predicted_peak'])} | {_mib(b.get('measured_in_use'))} "
+            f"| {_mib(b.get('predicted_ort_peak'))} | {_mib(b.get('measured_in_use'))} | {_within(b, c)} "
             f"| {b['recompute_flops'] / 1e6:.2f} M ({b['recompute_matmul_flops'] / fwd:.1%}) | {_slow(b)} "
             f"| {_ratio(b['recompute_flops'], c['written_recompute_flops'])} |")
     add("")
+
+
+def _within(budget: dict, cut: dict) -> str:
+    """Whether the budget plan's measured arena stays at or under the cut's."""
+    if budget.get("measured_in_use") is None or cut.get("measured_in_use") is None:
+        return "n/a"
+    return "yes" if budget["measured_in_use"] <= cut["measured_in_use"] else "no"
 
 
 def _slow(r: dict) -> str:

@@ -179,7 +179,7 @@ def _notes(res: dict) -> list[str]:
                 continue
             r = dict(r, row=r["row"].replace("`", ""))
             if r.get("measured_within_budget") is False:
-                notes.append(f"{s}: `{r['row']}` measured tensors + resident ({nbytes(r['measured_plus_resident'])}) "
+                notes.append(f"{s}: `{r['row']}` measured in use + inputs ({nbytes(r['measured_plus_resident'])}) "
                              f"exceed the budget ({nbytes(r['budget_bytes'])}) although the predicted peak fits.")
             if r.get("check_passed") is False:
                 notes.append(f"{s}: `{r['row']}` fails the check (exit codes {r.get('exit_codes')}): measured "
