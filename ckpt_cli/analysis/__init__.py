@@ -117,7 +117,7 @@ class Analysis:
         graph's inputs and initializers, which ORT keeps outside the arena (but for
         initializers under 128 bytes, counted in the arena). The arena hands a request a
         whole free chunk when splitting it would leave too little, so this can exceed the
-        tensor peak by far more than the inputs (CNNs: 10-20%)."""
+        tensor peak by far more than the inputs (measured figures in docs/MEASUREMENTS.md)."""
         return self.arena_in_use(self.reuse_buffers) + self.outside_arena_bytes
 
     @property

@@ -11,7 +11,7 @@ fits the budget, the one with the fewest recompute FLOPs.
    again as far below it, and a fit still over the budget is refused; near misses of the
    search are written too, and shifted down by their overshoot where still over.
 
-Plans are judged by ``PlanEvaluator.measure``: what ORT holds at the peak (``ORT_PEAK``).
+Plans are judged by ``PlanEvaluator.measure``: what ORT holds at the peak (``ort_peak``).
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ class BudgetSearch:
 
     def peak(self, result) -> int:
         """A rewrite's peak as the budget bounds it."""
-        return self.evaluator.measure.of(result.after)
+        return self.evaluator.measure(result.after)
 
     def run(self, budget: int) -> Planned:
         planned = self.searched(budget, budget)

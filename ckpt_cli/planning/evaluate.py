@@ -9,7 +9,6 @@ number of plans judged, and the cheapest rewrite that fits the search's limit.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 from ..analysis import Analysis
@@ -28,27 +27,26 @@ class Rewriter(Protocol):
                  memo: dict | None = None) -> Any: ...
 
 
-@dataclass(frozen=True)
-class PeakMeasure:
-    """Which predicted peak a search compares: ``of`` an analysed graph."""
-
-    name: str
-    of: Callable[[Analysis], int]
+PeakMeasure = Callable[[Analysis], int]  # which predicted peak of an analysed graph a search compares
 
 
-# The peak of the tensors live under ORT's order: what the default's front is drawn in.
-TENSOR_PEAK = PeakMeasure("tensor peak", lambda a: a.priority.peak_bytes)
-# What ORT holds (arena in use plus inputs): what a --budget bounds, a user's "does it fit".
-ORT_PEAK = PeakMeasure("ORT peak", lambda a: a.ort_peak_bytes)
+def tensor_peak(a: Analysis) -> int:
+    """The peak of the tensors live under ORT's order: what the default's front is drawn in."""
+    return a.priority.peak_bytes
 
 
-def cost_of(result, measure: PeakMeasure = TENSOR_PEAK) -> PlanCost:
+def ort_peak(a: Analysis) -> int:
+    """What ORT holds (arena in use plus inputs): what a --budget bounds, "does it fit"."""
+    return a.ort_peak_bytes
+
+
+def cost_of(result, measure: PeakMeasure = tensor_peak) -> PlanCost:
     """A rewrite's cost: its predicted peak by ``measure``, recompute FLOPs and what is
     live at the tensor peak."""
-    return PlanCost(measure.of(result.after), result.recompute_flops, result.after.priority.live_at_peak)
+    return PlanCost(measure(result.after), result.recompute_flops, result.after.priority.live_at_peak)
 
 
-def intervals_of(a: Analysis, result, measure: PeakMeasure = TENSOR_PEAK) -> Intervals:
+def intervals_of(a: Analysis, result, measure: PeakMeasure = tensor_peak) -> Intervals:
     """On the schedule of a plan's (unpinned) rewrite, the steps where keeping each
     recomputed activation would add its bytes: after its last forward use, before its copy
     is born. The linear model of the plan searches."""
@@ -80,7 +78,7 @@ class PlanEvaluator:
 
     def __init__(self, a: Analysis, rewriter: Rewriter, *, limit: int | None = None,
                  ruled: Callable[[Plan], Plan] | None = None, progress: Callable[[str], None] | None = None,
-                 keep_results: bool = False, measure: PeakMeasure = TENSOR_PEAK) -> None:
+                 keep_results: bool = False, measure: PeakMeasure = tensor_peak) -> None:
         self.a = a
         self.rewriter = rewriter
         self.measure = measure
@@ -113,7 +111,7 @@ class PlanEvaluator:
             self.unchanged = result
         if self.keep_results:
             self.results[id(plan)] = result
-        fits = self.limit is not None and self.measure.of(result.after) <= self.limit
+        fits = self.limit is not None and self.measure(result.after) <= self.limit
         if fits and (self.best_result is None or result.recompute_flops < self.best_result.recompute_flops):
             self.best_plan, self.best_result = plan, result
         if not again:

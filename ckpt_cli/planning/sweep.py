@@ -10,7 +10,7 @@ default's rule marks the knee (``knee.py``).
 from __future__ import annotations
 
 from ..analysis import Analysis
-from .evaluate import ORT_PEAK, cost_of
+from .evaluate import cost_of
 from .knee import Point, knee_index
 from .mincut import MAX_SOLVES, Policy, build, front, to_plan
 
@@ -48,7 +48,7 @@ def sweep_points(a: Analysis, rewritten, policy: Policy = Policy()) -> list[dict
         cost = cost_of(result)
         points.append({"price_flops_per_byte": None if cut is None else cut.price,
                        "kept_bytes": a.stashed_bytes if cut is None else cut.kept_bytes,
-                       "peak_bytes": cost.peak_bytes, "ort_peak_bytes": ORT_PEAK.of(result.after),
+                       "peak_bytes": cost.peak_bytes, "ort_peak_bytes": result.after.ort_peak_bytes,
                        "recompute_flops": cost.recompute_flops,
                        "recompute_share": cost.recompute_flops / step_flops, "regions": len(plan.regions)})
     for p in points:

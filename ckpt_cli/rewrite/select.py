@@ -20,7 +20,7 @@ from ..planning import Plan, choose_plan
 from ..planning.budget import BudgetSearch, Planned
 from ..planning.cutsearch import lowest_peak_plan
 from ..planning.decision import NO_GAIN, all_kept
-from ..planning.evaluate import ORT_PEAK, PlanEvaluator, cost_of, intervals_of
+from ..planning.evaluate import PlanEvaluator, cost_of, intervals_of, ort_peak
 from ..planning.explain import explain
 from ..options import MIN_PEAK, PlanOptions
 from ..planning.plan import apply_policy
@@ -58,10 +58,10 @@ def make_plan(a: Analysis, options: PlanOptions | None = None, *, progress: Call
     policy = options.policy
     if options.searches_budget:
         ruled = lambda plan: apply_policy(plan, policy, a.graph)  # noqa: E731
-        evaluator = PlanEvaluator(a, rewrite, ruled=ruled, progress=progress, measure=ORT_PEAK)
+        evaluator = PlanEvaluator(a, rewrite, ruled=ruled, progress=progress, measure=ort_peak)
         write = (lambda planned: rewrite_plan(a, planned)) if pin else None
         return BudgetSearch(evaluator, options.auto, policy, write).run(parse_budget(options.budget,
-                                                                                   ORT_PEAK.of(a)))
+                                                                                   a.ort_peak_bytes))
     if options.auto is not None and options.auto != MIN_PEAK:
         plan = STRATEGIES[options.auto](a)
         if plan is None:
