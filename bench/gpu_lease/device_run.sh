@@ -5,6 +5,10 @@ T0=$(date +%s)
 S=/tmp/site; mkdir -p $S /tmp/bin
 [[ -f /tmp/gpu/libonnxruntime_providers_cuda.so ]] || { echo "part 1 missing on this machine"; exit 9; }
 tar xJf .gpu/p2/rest.tar.xz -C $S && cp /tmp/gpu/libonnxruntime_providers_cuda.so $S/onnxruntime/capi/ || exit 9
+# ckpt's own dependencies the image lacks (google-re2, highspy, ortools and its pins), carried as wheels
+if ls .gpu/p2/whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target $S .gpu/p2/whl/*.whl || exit 9
+fi
 export PYTHONPATH=$S:$PWD PYTHONUNBUFFERED=1
 NV=$(python3 -c "import nvidia,os;print(os.path.dirname(nvidia.__file__) if nvidia.__file__ else list(nvidia.__path__)[0])" 2>/dev/null)
 export LD_LIBRARY_PATH=$(find "$NV" -maxdepth 3 -type d -name lib | tr '\n' ':')${LD_LIBRARY_PATH:-}
