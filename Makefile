@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 OUT    := out
 
-.PHONY: demo test test-fast samples bench bench-quick bench-models gpu-check test-ort-training clean fuzz
+.PHONY: demo test test-fast identity samples bench bench-quick bench-models gpu-check test-ort-training clean fuzz
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -76,3 +76,7 @@ recipe-ort-training: $(STAMP)
 	test -x .venv-ort-training/bin/python || ($(PYTHON) -m venv .venv-ort-training && \
 	  .venv-ort-training/bin/pip install -q "onnxruntime-training-cpu==1.19.2" "numpy<2")
 	$(BIN)/python examples/ort_training_artifacts/run.py --python .venv-ort-training/bin/python
+
+## identity: the same 69 ckpt command lines here and at REF (default HEAD); exit 1 on any difference
+identity: $(STAMP)
+	$(BIN)/python -m bench.identity --ref $(or $(REF),HEAD)
