@@ -66,6 +66,7 @@ class PlanOptions:
     auto: str | None = None
     budget: str | None = None
     policy: Policy = field(default_factory=Policy)
+    activation_budget: float | None = None  # a share of the no-recompute plan's activation bytes
 
     @classmethod
     def of(cls, **keywords) -> "PlanOptions":
@@ -87,6 +88,7 @@ class PlanOptions:
 
     def validate(self) -> "PlanOptions":
         auto, budget = self.auto, self.budget
+        self._validate_activation_budget()
         if budget is not None and auto not in (None, "budget", "optimal"):
             raise UsageError(f"--budget goes with --auto budget (the default) or optimal, not --auto {auto}")
         if (auto or budget) and self.manual:
@@ -98,11 +100,22 @@ class PlanOptions:
             raise UsageError(f"unknown --auto strategy '{auto}' (choose from {', '.join(AUTO_NAMES)})")
         return self
 
+    def _validate_activation_budget(self) -> None:
+        share = self.activation_budget
+        if share is None:
+            return
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0.0 < share <= 1.0:
+            raise UsageError(f"--activation-budget takes a share of the activation bytes in (0, 1], got {share!r}")
+        if self.budget is not None or self.auto is not None or self.manual:
+            raise UsageError("--activation-budget chooses regions itself; drop --budget/--auto/--region/"
+                             "--regions-by-scope/--boundary/--plan")
+
     def policy_json(self) -> dict:
         return {"recompute_ops": sorted(self.policy.recompute_ops), "keep_ops": sorted(self.policy.keep_ops)}
 
     def to_json(self) -> dict:
-        return {"auto": self.auto, "budget": self.budget, **self.policy_json()}
+        shown = {"activation_budget": self.activation_budget} if self.activation_budget is not None else {}
+        return {"auto": self.auto, "budget": self.budget, **shown, **self.policy_json()}
 
 
 @dataclass(frozen=True)

@@ -91,6 +91,10 @@ def auto_options(f):
                      help="Peak-memory budget on what ORT is predicted to hold (its arena in use, as ckpt "
                           "check measures it, plus parameters and inputs): 2GiB, 512MiB, or 40% of the "
                           "original's.")(f)
+    f = click.option("--activation-budget", type=click.FloatRange(0, 1, min_open=True), metavar="F",
+                     help="PyTorch's activation_memory_budget: keep at most this share (0-1] of the "
+                          "activation bytes the backward reads without recompute, recomputing the fewest "
+                          "matmul FLOPs (a tensor-level cut), e.g. 0.5.")(f)
     return f
 
 
@@ -107,7 +111,8 @@ def plan_value(given: dict):
 
     policy = policy_from(given.pop("recompute_ops"), given.pop("keep_ops"))
     return PlanOptions(tuple(given.pop("patterns", ())), given.pop("scope", None), tuple(given.pop("boundaries", ())),
-                       given.pop("plan_file", None), given.pop("auto"), given.pop("budget"), policy)
+                       given.pop("plan_file", None), given.pop("auto"), given.pop("budget"), policy,
+                       given.pop("activation_budget", None))
 
 
 def rewrite_value(given: dict):

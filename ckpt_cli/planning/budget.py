@@ -43,6 +43,7 @@ class Planned:
     user: bool = False  # regions or a strategy the user chose (--region, --plan, --auto): warned about, never dropped
     written: Any = None  # the pinned rewrite of ``plan``, when the budget search checked it
     knee: Knee | None = None  # the default's choice at the knee, against the lowest peak it passed up
+    activation: Any = None  # --activation-budget's ActivationBudget record
 
 
 # A near miss whose written graph is over the budget is shifted down by its overshoot this

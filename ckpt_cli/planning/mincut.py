@@ -369,10 +369,11 @@ def _solve_bytes_once(problem: Problem, max_bytes: int, matmul_first: bool, time
     lo_z[p.read_backward] = 1.0
     hi_k = np.where(p.must_recompute, 0.0, 1.0)
     cost = p.cost.astype(float)
-    if matmul_first:
-        cost = p.matmul_flops.astype(float) + cost / (1.0 + float(cost.sum()))
     # Least cost, then (under one unit in all) the fewest kept bytes.
     tie = p.nbytes.astype(float) / (1.0 + float(p.nbytes.sum()))
+    if matmul_first:  # matmul FLOPs, then cost, then bytes: each tier under one unit of the one above
+        scale = 1.0 + float(cost.sum())
+        cost, tie = p.matmul_flops.astype(float) + cost / scale, tie / scale
     matrix = Triples(np.concatenate(rows), np.concatenate(cols), np.concatenate(vals))
     x = solve_binary(np.concatenate([cost, np.zeros(m), tie]), matrix, np.concatenate(lower), np.concatenate(upper),
                      np.concatenate([np.zeros(n), lo_z, np.zeros(m)]), np.concatenate([np.ones(n), np.ones(m), hi_k]),

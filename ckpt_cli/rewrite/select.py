@@ -17,6 +17,7 @@ from ..analysis import Analysis
 from ..errors import UsageError
 from ..graph import gc_paused
 from ..planning import Plan, choose_plan
+from ..planning.activation import activation_budget_plan
 from ..planning.budget import BudgetSearch, Planned
 from ..planning.cutsearch import lowest_peak_plan
 from ..planning.decision import NO_GAIN, all_kept
@@ -62,6 +63,9 @@ def make_plan(a: Analysis, options: PlanOptions | None = None, *, progress: Call
         write = (lambda planned: rewrite_plan(a, planned)) if pin else None
         return BudgetSearch(evaluator, options.auto, policy, write).run(parse_budget(options.budget,
                                                                                    a.ort_peak_bytes))
+    if options.activation_budget is not None:
+        plan, record = activation_budget_plan(a, options.activation_budget, policy)
+        return Planned(apply_policy(plan, policy, a.graph), user=True, activation=record)
     if options.auto is not None and options.auto != MIN_PEAK:
         plan = STRATEGIES[options.auto](a)
         if plan is None:
