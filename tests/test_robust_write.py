@@ -317,3 +317,22 @@ def test_writers_into_one_folder_take_turns(tmp_path, chain_path):
         os.close(fd)
     assert child.wait(timeout=120) == 0, child.stderr.read()
     assert out.exists()
+
+
+def test_save_model_refuses_a_symlink_for_a_model_with_external_data(ext_model, tmp_path):
+    """The write itself refuses a link for a model with external data (the CLI's output
+    check refuses it earlier; a caller of save_model has no such check): the target stays,
+    and a self-contained model is written through the same link to its target."""
+    from chain import chain_model
+
+    real = tmp_path / "real.onnx"
+    real.write_bytes(b"old")
+    link = ext_model.parent / "link.onnx"
+    link.symlink_to(real)
+    model = onnx.load(ext_model, load_external_data=False)
+    with pytest.raises(UsageError, match=f"a symbolic link; a model with external data must be written to its real "
+                                         f"path \\({real}\\)"):
+        save.save_model(model, link, source_dir=ext_model.parent, force=True)
+    assert real.read_bytes() == b"old" and link.is_symlink()
+    assert save.save_model(chain_model(layers=2, batch=8, width=16), link, force=True) == [real]
+    onnx.checker.check_model(str(link))
