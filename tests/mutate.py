@@ -3,10 +3,11 @@
 ``tests/mutants.toml`` lists the mutants: each changes one exact snippet of one file
 (``original``, which must occur exactly once there, into ``replacement``) and names the
 pytest node ids that must catch it. The runner copies the working tree (tracked and
-untracked files git does not ignore) to a temporary folder, checks that every named test
-passes there unmutated, then applies each mutant in the copy alone (the working tree is
-never written), runs its tests (``-p no:xdist -x``, no bytecode cache, so a mutated
-module is always compiled afresh) and records it:
+untracked files git does not ignore) to a temporary folder (one per ``--jobs``), checks
+that every named test passes there unmutated, then applies each mutant in a copy alone
+(the working tree is never written; the file is restored after each), runs its tests
+(``-p no:xdist -x``, no bytecode written, so a mutated module is always compiled afresh)
+and records it:
 
 - ``caught``: a named test failed (or timed out);
 - ``SURVIVED``: every named test passed with the rule broken;
@@ -15,7 +16,7 @@ module is always compiled afresh) and records it:
 
 It exits 1 on any survivor or error.
 
-    python -m tests.mutate                        # make mutate
+    python -m tests.mutate                        # make mutate (2 jobs)
     python -m tests.mutate --only budget_held     # mutants whose name contains this
     python -m tests.mutate --list
 """
@@ -24,13 +25,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import queue
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
 import time
 import tomllib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,13 +84,22 @@ def _copy_tree(dest: Path) -> None:
 
 def _pytest(tree: Path, tests: list[str], timeout: float) -> tuple[int | None, str]:
     """pytest's exit code over ``tests`` in ``tree`` (None: timed out), and its output's tail."""
-    env = dict(os.environ, PYTHONPATH=str(tree), PYTHONDONTWRITEBYTECODE="1", CI="")
-    cmd = [sys.executable, "-m", "pytest", "-p", "no:xdist", "-p", "no:cacheprovider", "-x", "-q", *tests]
+    (tree / ".tmp").mkdir(exist_ok=True)  # the tests' temporary files, inside the copy
+    env = dict(os.environ, PYTHONPATH=str(tree), PYTHONDONTWRITEBYTECODE="1", CI="", TMPDIR=str(tree / ".tmp"))
+    # hypothesis' plugin alone takes two thirds of a one-test run's start; tests using it run without it
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:xdist", "-p", "no:cacheprovider", "-p", "no:hypothesispytest",
+           "-x", "-q", *tests]
     try:
         r = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return None, ""
     return r.returncode, (r.stdout + r.stderr)[-2000:]
+
+
+def _devices_intact() -> bool:
+    """/dev/null is still a device: a mutant that breaks a write's refusal of special files
+    must not have replaced one of the machine's (its tests write into their own folders)."""
+    return not Path("/dev/null").exists() or stat.S_ISCHR(os.stat("/dev/null").st_mode)
 
 
 def run_mutant(tree: Path, m: Mutant) -> tuple[str, str]:
@@ -101,6 +114,8 @@ def run_mutant(tree: Path, m: Mutant) -> tuple[str, str]:
         rc, tail = _pytest(tree, list(m.tests), TIMEOUT_S)
     finally:
         path.write_text(text, encoding="utf-8")
+    if not _devices_intact():
+        raise SystemExit(f"mutate: {m.name} replaced /dev/null with a file: its tests must write only in tmp_path")
     if rc is None:
         return "caught", f"timed out after {TIMEOUT_S} s"
     if rc in (1, 2):  # tests failed, or the mutated module broke their collection
@@ -108,6 +123,19 @@ def run_mutant(tree: Path, m: Mutant) -> tuple[str, str]:
     if rc == 0:
         return "SURVIVED", "every named test passed"
     return "ERROR", f"pytest exit {rc}: {tail.strip().splitlines()[-1] if tail.strip() else ''}"
+
+
+def _timed(trees: "queue.Queue[Path]", m: Mutant) -> tuple[str, dict]:
+    """Run ``m`` in a tree no other mutant is using, and say how it went."""
+    tree = trees.get()
+    try:
+        t0 = time.monotonic()
+        outcome, detail = run_mutant(tree, m)
+    finally:
+        trees.put(tree)
+    seconds = time.monotonic() - t0
+    print(f"{outcome:8} {m.name} ({seconds:.1f} s){': ' + detail if detail else ''}", flush=True)
+    return m.name, {"outcome": outcome, "detail": detail, "seconds": round(seconds, 1)}
 
 
 def baseline(tree: Path, mutants: list[Mutant]) -> str | None:
@@ -122,6 +150,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--only", metavar="NAME", help="only the mutants whose name contains NAME")
     ap.add_argument("--list", action="store_true", help="list the mutants and their tests, run nothing")
     ap.add_argument("--json", metavar="FILE", help="also write the outcomes as JSON to FILE")
+    ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
+                    help="mutants run at once, each in a copy of the tree of its own (default: 2, or 1 on one core)")
     return ap.parse_args(argv)
 
 
@@ -136,19 +166,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no mutant's name contains {args.only!r}", file=sys.stderr)
         return 2
     start = time.monotonic()
-    outcomes = {}
     with tempfile.TemporaryDirectory(prefix="ckpt_mutate_") as tmp:
-        tree = Path(tmp)
-        _copy_tree(tree)
-        failed = baseline(tree, mutants)
+        trees: queue.Queue[Path] = queue.Queue()
+        for k in range(max(1, args.jobs)):
+            (Path(tmp) / str(k)).mkdir()
+            _copy_tree(Path(tmp) / str(k))
+            trees.put(Path(tmp) / str(k))
+        failed = baseline(Path(tmp) / "0", mutants)
         if failed:
             print(failed, file=sys.stderr)
             return 1
-        for m in mutants:
-            t0 = time.monotonic()
-            outcome, detail = run_mutant(tree, m)
-            outcomes[m.name] = {"outcome": outcome, "detail": detail, "seconds": round(time.monotonic() - t0, 1)}
-            print(f"{outcome:8} {m.name} ({time.monotonic() - t0:.1f} s){': ' + detail if detail else ''}", flush=True)
+        with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+            outcomes = dict(pool.map(lambda m: _timed(trees, m), mutants))
     return _summary(outcomes, time.monotonic() - start, args.json)
 
 

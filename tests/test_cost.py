@@ -134,6 +134,14 @@ def test_the_peer_comparison_notions():
     assert element_flops(flatten.nodes[0], tensors) == 0  # a view computes nothing
 
 
+
+def test_a_gemms_matmul_flops_leave_its_bias_add_out_as_torchs_addmm_does():
+    gemm, tensors = _one_node("Gemm", [(3, 5), (5, 7), (7,)])
+    cost = node_cost(gemm.nodes[0], tensors)
+    assert cost.flops == 2 * 3 * 7 * 5 + 3 * 7 and cost.matmul_flops == 2 * 3 * 7 * 5
+    assert element_flops(gemm.nodes[0], tensors) == 2 * 3 * 7 * 5
+
+
 def _conv_grad_flops(outputs: list[str]) -> int | None:
     """ConvGrad(dY, X, W) as ORT's training build writes it, sized by ckpt's rule for it."""
     from ckpt_cli.analysis.shapes import infer_tensors

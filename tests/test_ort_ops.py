@@ -63,6 +63,21 @@ def test_registration_follows_the_opset():
     assert not ort_registers("NoSuchOp", 20)
 
 
+def test_registration_starts_at_the_version_ort_registers_the_op_from():
+    assert ort_registers("MaxPoolGrad", 9) and not ort_registers("MaxPoolGrad", 8)
+    assert ort_registers("SimplifiedLayerNormalization", 1)
+
+
+def test_contrib_layer_norms_are_registered_where_onnxruntime_lists_no_schemas(monkeypatch):
+    """1.19's training wheel lists no schemas: ORT's contrib LayerNormalization (from
+    version 1, where onnx has it from 17) is known from ckpt's own table then."""
+    from ckpt_cli.ort import registry
+
+    monkeypatch.setattr(registry, "_installed_schemas", lambda: {})
+    assert ort_registers("LayerNormalization", 14) and ort_registers("SimplifiedLayerNormalization", 14)
+    assert ort_registers("ConvGrad", 14) and not ort_registers("SoftmaxGrad_13", 14)
+
+
 def test_max_pool_grad_has_the_pooled_input_shape(tmp_path):
     nodes = [helper.make_node("MaxPool", ["x"], ["p", "idx"], kernel_shape=[2, 2], strides=[2, 2]),
              helper.make_node("MaxPoolGrad", ["p", "idx"], ["dx"], kernel_shape=[2, 2], strides=[2, 2])]
