@@ -43,3 +43,14 @@ def test_every_rule_of_the_verdict_has_a_mutant():
     assert sorted(verdict - named) == []
     dropped = {m.rule for m in MUTANTS if m.name.endswith(".dropped") and m.file == "ckpt_cli/verify/rules.py"}
     assert dropped == {r.__name__ for r in rules.RULES}  # each also dropped from the verdict whole
+
+
+def test_every_kernel_scratch_rule_has_a_mutant_inside_it():
+    """Each rule of ``ort/scratch.py`` (bytes a kernel holds outside ORT's allocator) is
+    broken by a mutant of its own body."""
+    from ckpt_cli.ort import scratch
+
+    snippets = [m.original for m in MUTANTS if m.file == "ckpt_cli/ort/scratch.py"]
+    bare = [f.__name__ for f in set(scratch._RULES.values())
+            if not any(s in inspect.getsource(f) for s in snippets)]
+    assert bare == []
