@@ -25,6 +25,12 @@ JOBS ?= auto
 test: $(STAMP)
 	$(BIN)/python -m pytest $(if $(filter 1,$(JOBS)),,-n $(JOBS))
 
+## mutate: break each rule of tests/mutants.toml alone (a copy of the tree); the tests it names must fail.
+## Exit 1 on a survivor. ONLY=NAME: the mutants whose name contains NAME.
+.PHONY: mutate
+mutate: $(STAMP)
+	$(BIN)/python -m tests.mutate $(if $(ONLY),--only $(ONLY))
+
 ## fuzz: 10,000 mutated models through inspect/plan/rewrite; any crash or invalid output is a defect
 fuzz: $(STAMP)
 	mkdir -p $(OUT)

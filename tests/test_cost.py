@@ -132,3 +132,37 @@ def test_the_peer_comparison_notions():
     assert element_flops(sigmoid.nodes[0], tensors) == 4 * 6  # one per output element, not 4
     flatten, tensors = _one_node("Flatten", [(4, 6)])
     assert element_flops(flatten.nodes[0], tensors) == 0  # a view computes nothing
+
+
+
+def test_a_gemms_matmul_flops_leave_its_bias_add_out_as_torchs_addmm_does():
+    gemm, tensors = _one_node("Gemm", [(3, 5), (5, 7), (7,)])
+    cost = node_cost(gemm.nodes[0], tensors)
+    assert cost.flops == 2 * 3 * 7 * 5 + 3 * 7 and cost.matmul_flops == 2 * 3 * 7 * 5
+    assert element_flops(gemm.nodes[0], tensors) == 2 * 3 * 7 * 5
+
+
+def _conv_grad_flops(outputs: list[str]) -> int | None:
+    """ConvGrad(dY, X, W) as ORT's training build writes it, sized by ckpt's rule for it."""
+    from ckpt_cli.analysis.shapes import infer_tensors
+
+    x, w, dy = (2, 3, 10, 10), (4, 3, 3, 3), (2, 4, 8, 8)
+    node = helper.make_node("ConvGrad", ["dy", "x", "w"], outputs, name="g", domain="com.microsoft")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s)
+                                            for n, s in (("dy", dy), ("x", x), ("w", w))],
+                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs if o])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    g = Graph.from_model(model)
+    tensors = infer_tensors(g)
+    assert tensors["dw"].shape == w  # the premise: ckpt's shape rule sizes the node
+    return node_flops(g.nodes[0], tensors)
+
+
+def test_conv_grad_flops_are_twice_the_forward_conv_counted_from_the_weight_input_2():
+    """ConvGrad's inputs are dY, X, W: dX and dW each cost the forward conv, 2 * |dY| *
+    C_in * kH * kW (W is input 2; X, input 1, is no weight), and dB one add per dY element."""
+    forward = 2 * (2 * 4 * 8 * 8) * (3 * 3 * 3)
+    assert _flops("Conv", [(2, 3, 10, 10), (4, 3, 3, 3)]) == forward  # the premise: the forward count
+    assert _conv_grad_flops(["dx", "dw", "db"]) == 2 * forward + 2 * 4 * 8 * 8
+    assert _conv_grad_flops(["", "dw", "db"]) == forward + 2 * 4 * 8 * 8  # no dX wanted: not computed
+    assert _conv_grad_flops(["dx", "dw"]) == 2 * forward

@@ -38,6 +38,23 @@ def test_takes_the_hull_past_a_dent_in_the_front():
     assert _at(front) == (500, 300)
 
 
+def test_a_hop_at_exactly_the_max_slope_is_taken_and_the_default_slope_is_one():
+    """One percent of a step's FLOPs for one percent of the peak is still bought."""
+    front = [(1000, 0), (500, 500)]
+    assert _at(front) == (500, 500) and _at(front, slope=0.99) == (1000, 0)
+    points = [Point(peak, flops) for peak, flops in [(1000, 0), (500, 510)]]
+    assert knee_index(points, ORIGINAL, STEP) == 0  # slope 1.02 with the default MAX_SLOPE
+    assert knee_index(points, ORIGINAL, STEP, 1.1) == 1
+
+
+def test_the_axes_are_shares_of_the_original_peak_and_of_a_steps_flops():
+    """Half the peak for a quarter of a step (1000 of 4000 FLOPs): slope 0.5, taken; the
+    same FLOPs against a step of 1000 would cost a whole step, slope 2."""
+    points = [Point(1000, 0), Point(500, 1000)]
+    assert knee_index(points, 1000, 4000) == 1 and knee_index(points, 1000, 1000) == 0
+    assert knee_index(points, 3000, 4000) == 0  # a sixth of the original's peak saved: slope 1.5
+
+
 def test_starts_from_the_lowest_peak_among_plans_that_recompute_least():
     front = [(1000, 0), (900, 0), (950, 10), (300, 2000)]
     assert _at(front) == (900, 0)

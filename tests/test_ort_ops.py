@@ -63,6 +63,21 @@ def test_registration_follows_the_opset():
     assert not ort_registers("NoSuchOp", 20)
 
 
+def test_registration_starts_at_the_version_ort_registers_the_op_from():
+    assert ort_registers("MaxPoolGrad", 9) and not ort_registers("MaxPoolGrad", 8)
+    assert ort_registers("SimplifiedLayerNormalization", 1)
+
+
+def test_contrib_layer_norms_are_registered_where_onnxruntime_lists_no_schemas(monkeypatch):
+    """1.19's training wheel lists no schemas: ORT's contrib LayerNormalization (from
+    version 1, where onnx has it from 17) is known from ckpt's own table then."""
+    from ckpt_cli.ort import registry
+
+    monkeypatch.setattr(registry, "_installed_schemas", lambda: {})
+    assert ort_registers("LayerNormalization", 14) and ort_registers("SimplifiedLayerNormalization", 14)
+    assert ort_registers("ConvGrad", 14) and not ort_registers("SoftmaxGrad_13", 14)
+
+
 def test_max_pool_grad_has_the_pooled_input_shape(tmp_path):
     nodes = [helper.make_node("MaxPool", ["x"], ["p", "idx"], kernel_shape=[2, 2], strides=[2, 2]),
              helper.make_node("MaxPoolGrad", ["p", "idx"], ["dx"], kernel_shape=[2, 2], strides=[2, 2])]
@@ -170,3 +185,48 @@ def test_a_graph_ort_refuses_is_refused_by_check_with_orts_message(tmp_path):
     r = run("check", path, out)
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert "ONNX Runtime cannot load" in r.stderr and "No Op registered for SinGrad" in r.stderr
+
+
+def test_dim_binds_a_tensor_declared_only_in_value_info_past_an_op_inference_cannot_reach():
+    """ORT's contrib Inverse has no shape rule in onnx or ckpt: its output is sized only by
+    the file's value_info, where --dim must bind the symbolic batch (else it stays unsized)."""
+    nodes = [helper.make_node("Relu", ["x"], ["h"]),
+             helper.make_node("Inverse", ["h"], ["inv"], domain=MS),
+             helper.make_node("Relu", ["inv"], ["out"])]
+    m = _model(nodes, [helper.make_tensor_value_info("x", F, ["batch", 4, 4])],
+               [helper.make_tensor_value_info("out", F, None)])
+    graph = Graph.from_model(m)
+    assert "inv" not in infer_tensors(graph, {"batch": 64})  # the premise: inference does not reach it
+    m.graph.value_info.append(helper.make_tensor_value_info("inv", F, ["batch", 4, 4]))
+    t = infer_tensors(Graph.from_model(m), {"batch": 64})
+    assert t["inv"].shape == (64, 4, 4) and t["inv"].nbytes == 64 * 4 * 4 * 4
+    assert t["out"].shape == (64, 4, 4)  # and inference goes on from it
+
+
+def test_where_scratch_is_both_branches_broadcast_against_the_condition():
+    """ORT's CPU Where (tensor/where_op.cc) broadcasts X and Y each against the condition
+    into buffers of its own before the select: X_selection and Y_selection."""
+    from ckpt_cli.ort.scratch import scratch_bytes
+
+    shapes = {"cond": ((64, 1, 256), 1), "x": ((64, 64, 256), 4), "y": ((), 4)}
+    node = helper.make_node("Where", ["cond", "x", "y"], ["out"])
+    assert scratch_bytes(Graph.from_model(_model([node], [], [])).nodes[0], shapes.get) == \
+        (64 * 64 * 256 + 64 * 1 * 256) * 4
+
+
+def test_softmax_cross_entropy_scratch_counts_shifted_logits_transposed_copy_and_own_log_prob():
+    """ORT's CPU SoftmaxCrossEntropyLoss holds the shifted logits (N x C), a transposed copy
+    of logits of rank above 2, and log-probabilities of its own when the node has no
+    log_prob output: one, two or three copies of the logits while it runs."""
+    from ckpt_cli.ort.scratch import scratch_bytes
+
+    def copies(logits: tuple, outputs: list[str]) -> float:
+        node = helper.make_node("SoftmaxCrossEntropyLoss", ["scores", "labels"], outputs)
+        sized = {"scores": (logits, 4), "labels": (logits[:1] + logits[2:], 8)}.get
+        return scratch_bytes(Graph.from_model(_model([node], [], [])).nodes[0], sized) / (4 * int(np.prod(logits)))
+
+    assert copies((512, 1000), ["loss", "log_prob"]) == 1
+    assert copies((512, 1000), ["loss"]) == 2
+    assert copies((512, 1000), ["loss", ""]) == 2
+    assert copies((8, 1000, 64), ["loss", "log_prob"]) == 2
+    assert copies((8, 1000, 64), ["loss"]) == 3

@@ -317,3 +317,51 @@ def test_writers_into_one_folder_take_turns(tmp_path, chain_path):
         os.close(fd)
     assert child.wait(timeout=120) == 0, child.stderr.read()
     assert out.exists()
+
+
+def test_save_model_refuses_a_symlink_for_a_model_with_external_data(ext_model, tmp_path):
+    """The write itself refuses a link for a model with external data (the CLI's output
+    check refuses it earlier; a caller of save_model has no such check): the target stays,
+    and a self-contained model is written through the same link to its target."""
+    from chain import chain_model
+
+    real = tmp_path / "real.onnx"
+    real.write_bytes(b"old")
+    link = ext_model.parent / "link.onnx"
+    link.symlink_to(real)
+    model = onnx.load(ext_model, load_external_data=False)
+    with pytest.raises(UsageError, match=f"a symbolic link; a model with external data must be written to its real "
+                                         f"path \\({real}\\)"):
+        save.save_model(model, link, source_dir=ext_model.parent, force=True)
+    assert real.read_bytes() == b"old" and link.is_symlink()
+    assert save.save_model(chain_model(layers=2, batch=8, width=16), link, force=True) == [real]
+    onnx.checker.check_model(str(link))
+
+
+def test_output_check_refuses_the_input_an_existing_file_and_a_link_for_external_data(ext_model, tmp_path):
+    """Before any work: never the input (even with force), an existing file only with force,
+    and a symbolic link only for a model without external data."""
+    with pytest.raises(UsageError, match="refusing to overwrite the input model"):
+        safewrite.check_output_path(ext_model, ext_model, force=True)
+    taken = tmp_path / "taken.onnx"
+    taken.write_bytes(b"old")
+    with pytest.raises(UsageError, match="exists; pass --force to overwrite it"):
+        safewrite.check_output_path(taken, ext_model, force=False)
+    safewrite.check_output_path(taken, ext_model, force=True)
+    link = ext_model.parent / "link.onnx"
+    link.symlink_to(taken)
+    with pytest.raises(UsageError, match="a symbolic link; a model with external data must be written to its real path"):
+        safewrite.check_output_path(link, ext_model, force=True)
+    assert taken.read_bytes() == b"old"
+
+
+def test_write_target_refuses_a_fifo_and_leaves_it_in_place(tmp_path):
+    """A special file is never replaced (here a FIFO in a temporary folder: a broken check
+    under ``make mutate`` must not get to replace a device of the machine)."""
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    with pytest.raises(UsageError, match="not a regular file"):
+        safewrite.write_target(fifo)
+    with pytest.raises(UsageError, match="regular file"):
+        save.write_text_atomic(fifo, "{}")
+    assert fifo.is_fifo()

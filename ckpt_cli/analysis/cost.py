@@ -89,12 +89,13 @@ def node_flops(node: Node, tensors: dict[str, TensorInfo]) -> int | None:
         activation = y if op == "FusedGemm" else 0  # a pointwise activation on the result
         bias = y if len(node.inputs) > 2 and node.inputs[2] != ABSENT else 0  # an empty name: no bias
         return 2 * y * k + bias + activation
-    if op in ("Conv", "ConvGrad", "FusedConv"):
-        w, y = _shape(get(node.inputs[1])), _elems(get(node.inputs[0]) if op == "ConvGrad" else out)
+    if op in ("Conv", "FusedConv"):
+        w, y = _shape(get(node.inputs[1])), _elems(out)
         if w is None or y is None:
             return None
-        per_output = 2 * math.prod(w[1:])  # C_in/group * kernel
-        return y * per_output * (2 if op == "ConvGrad" else 1)
+        return 2 * y * math.prod(w[1:])  # per output: C_in/group * kernel multiply-adds
+    if op == "ConvGrad":
+        return _conv_grad_flops(node, tensors)
     if op == "ConvTranspose":
         x, w = _elems(get(node.inputs[0])), _shape(get(node.inputs[1]))
         if x is None or w is None:
@@ -108,6 +109,17 @@ def node_flops(node: Node, tensors: dict[str, TensorInfo]) -> int | None:
         x = _elems(get(node.inputs[0]))
         return None if x is None else _PER_INPUT[op] * x
     return 0  # data movement: Reshape, Transpose, Gather, Concat, Slice, Shape, ...
+
+
+def _conv_grad_flops(node: Node, tensors: dict[str, TensorInfo]) -> int | None:
+    """ConvGrad(dY, X, W) -> dX, dW, dB, each computed only when the node has it: dX and
+    dW each cost the forward conv (2 * |dY| * C_in/group * kernel, from the weight W),
+    dB one add per element of dY."""
+    dy, w = _elems(tensors.get(node.inputs[0])), _shape(tensors.get(node.inputs[2]))
+    if dy is None or w is None:
+        return None
+    wanted = [i < len(node.outputs) and node.outputs[i] != ABSENT for i in range(3)]
+    return 2 * dy * math.prod(w[1:]) * (wanted[0] + wanted[1]) + dy * wanted[2]
 
 
 def node_cost(node: Node, tensors: dict[str, TensorInfo]) -> NodeCost:

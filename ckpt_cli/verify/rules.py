@@ -2,7 +2,9 @@
 
 Each rule reads the measured figures and adds what it finds: a failure (a premise of the
 saving that does not hold, in one line) or a note. ``judge`` applies them in order; the
-verdict passes when no rule failed. Every rule has a test that fails when it is removed.
+verdict passes when no rule failed. Every rule has a test that fails when it is removed
+or its condition broken: ``tests/mutants.toml`` names it (a new rule comes with its mutant
+there, and ``make mutate`` shows that its test catches it).
 """
 
 from __future__ import annotations

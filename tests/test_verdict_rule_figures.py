@@ -1,0 +1,196 @@
+"""Each rule of the check's verdict, applied by ``judge`` to figures a measurement gives.
+
+Where a rule's premise cannot be broken on a CPU run of ORT's inference build (a second
+device, ORT's training build, a session that fails to load), its test builds the figures
+a measurement gives and judges them with every rule: dropping the rule from ``RULES``, or
+inverting its condition, fails the test (``make mutate`` checks it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ckpt_cli.verify.rules import PROCESS_PEAK_NOISE_BYTES, judge, noise
+from ckpt_cli.verify.stage import (CheckFigures, MeasuredRuns, Measurement, OutputFigures, PlainPrediction,
+                                   PredictionFigures)
+
+MB = 1_000_000
+
+
+def _measured(peak: int, method: str = "profiler") -> Measurement:
+    return Measurement(peak, peak, peak, 0.01, method, [])
+
+
+def _figures(original: int = 10 * MB, rewritten: int = 6 * MB, method: str = "profiler", **runs) -> CheckFigures:
+    """A passing check: equal outputs, the order followed, a lower peak predicted exactly."""
+    measured = MeasuredRuns(_measured(original, method), _measured(rewritten, method),
+                            runs.pop("original_ort_default", None), runs.pop("rewritten_ort_default", None),
+                            runs.pop("rewritten_ort_default_error", None))
+    sides = {"original": original, "rewritten": rewritten}
+    return CheckFigures(
+        provider="cpu", ort_version="1.31.1", enable_mem_reuse=True,
+        outputs=OutputFigures(True, True, None, 0.0, {"w_grad": {"bit_identical": True, "within_tolerance": True}},
+                              **runs),
+        measured=measured, order={"n_not_in_file": 0, "matches": True, "n_not_executed": 0},
+        prediction=PredictionFigures(sides, {k: 0.0 for k in sides}, sides, {k: 0.0 for k in sides}, 0.1))
+
+
+def _judged(f: CheckFigures) -> CheckFigures:
+    judge(f, tolerant=False)
+    return f
+
+
+def test_the_base_figures_pass_every_rule_without_a_note():
+    f = _judged(_figures())
+    assert f.passed and f.notes == [] and f.memory_lower
+
+
+def test_runs_in_default_session_fails_a_rewrite_ort_defaults_cannot_run():
+    f = _judged(_figures(rewritten_ort_default_error="load_failed: Node (guard) has input size 3 not in range"))
+    assert f.failures == ["the rewritten model does not run in a session with ORT's default settings "
+                          "(load_failed: Node (guard) has input size 3 not in range)"]
+
+
+def test_default_session_saving_note_says_when_ort_defaults_save_nothing():
+    f = _judged(_figures(original_ort_default=_measured(8 * MB), rewritten_ort_default=_measured(9 * MB)))
+    assert f.passed and f.notes == ["under ORT's default session settings the rewrite saves nothing "
+                                    f"({9 * MB} B vs {8 * MB} B): run it with ckpt's settings "
+                                    "(ckpt_cli.session_options(path), or `ckpt session MODEL`)"]
+    even = _judged(_figures(original_ort_default=_measured(8 * MB), rewritten_ort_default=_measured(8 * MB)))
+    assert len(even.notes) == 1  # the same peak saves nothing either
+    saved = _judged(_figures(original_ort_default=_measured(8 * MB), rewritten_ort_default=_measured(7 * MB)))
+    assert saved.notes == []  # a saving under the defaults too: nothing to say
+
+
+def test_fused_reference_notes_how_the_unoptimized_original_compares():
+    differ = {"all_bit_identical": False, "n_failed": 2, "max_abs_diff": 3e-07}
+    f = _judged(_figures(reference_level="ORT_ENABLE_EXTENDED", unoptimized_vs_rewritten=differ))
+    assert f.passed and len(f.notes) == 1
+    assert f.notes[0].startswith("outputs compared with the original run at ORT_ENABLE_EXTENDED")
+    assert f.notes[0].endswith("2 outputs differ (max |diff| 3e-07): fused kernels round differently "
+                               "from the ops they replace")
+    same = _judged(_figures(reference_level="ORT_ENABLE_EXTENDED",
+                            unoptimized_vs_rewritten={"all_bit_identical": True}))
+    assert same.notes[0].endswith("every output is bit-identical too")
+
+
+def test_device_notes_say_the_order_is_compared_per_device_and_copies_left_out():
+    f = _figures()
+    f.order.update(nodes_per_provider={"CUDAExecutionProvider": 40, "CPUExecutionProvider": 3}, n_provider_copies=2)
+    _judged(f)
+    assert f.passed and f.notes == [
+        "the order is compared per device (40 on CUDAExecutionProvider, 3 on CPUExecutionProvider): ORT runs a "
+        "stream per device and interleaves them where one waits for the other",
+        "ONNX Runtime added 2 device copies (MemcpyToHost/FromHost) next to CPU-placed shape nodes; they are "
+        "left out of the order comparison"]
+    one = _figures()
+    one.order.update(nodes_per_provider={"CPUExecutionProvider": 43})
+    assert _judged(one).notes == []  # one device: nothing to say
+
+
+def test_process_peak_notes_say_what_the_measurement_resolves():
+    f = _judged(_figures(100_000, 60_000, method="process_peak"))
+    assert f.passed and f.notes == [
+        "memory measured as process_peak (this ORT build's profiler has no memory fields): the process's "
+        "peak above its state before the run, ORT's arena off, page-granular",
+        "both peaks are predicted below 256 KiB, under what process_peak resolves: the memory saving is not "
+        "verified by this check"]
+    assert len(_judged(_figures(method="process_peak")).notes) == 1  # large peaks: the saving is resolved
+
+
+def test_process_peak_noise_allowance_lets_a_rise_of_a_few_pages_pass_and_no_more():
+    """RSS is page-granular with allocator noise: a process peak may read up to 256 KiB (or
+    2% of the original's peak) above the original's and still not be a rise; the profiler's
+    arena figures are exact, so there the same rise fails."""
+    small = PROCESS_PEAK_NOISE_BYTES - 4096
+    assert _judged(_figures(10 * MB, 10 * MB + small, method="process_peak")).passed
+    raised = _judged(_figures(10 * MB, 10 * MB + small))
+    assert raised.failures == [f"the rewritten peak ({10 * MB + small} B) is above the original's ({10 * MB} B)"]
+    assert _judged(_figures(100 * MB, 101 * MB, method="process_peak")).passed  # 1%: within 2% of 100 MB
+    assert not _judged(_figures(100 * MB, 103 * MB, method="process_peak")).passed  # 3%: a rise
+    assert noise(_measured(0, "process_peak"), 100 * MB) == 2 * MB
+    assert noise(_measured(0, "process_peak"), MB) == PROCESS_PEAK_NOISE_BYTES == 256 * 1024
+
+
+
+def test_outputs_match_fails_the_first_differing_output_and_accepts_a_tolerance():
+    f = _figures()
+    f.outputs = OutputFigures(False, True, {"rtol": None, "atol": 1e-6}, 2e-7,
+                              {"a_grad": {"bit_identical": True, "within_tolerance": True},
+                               "w_grad": {"bit_identical": False, "within_tolerance": True}})
+    judge(f, tolerant=False)
+    assert f.failures == ["outputs differ (first: w_grad, max |diff| 2e-07)"]
+    f.failures.clear()
+    judge(f, tolerant=True)  # within --atol
+    assert f.passed
+
+
+def test_every_tensor_sized_fails_a_prediction_with_tensors_counted_as_0_bytes():
+    f = _figures()
+    f.prediction.unsized["rewritten"] = [f"t{k}" for k in range(7)]
+    assert _judged(f).failures == ["the rewritten prediction counts 7 tensors of unknown size as 0 B "
+                                   "(t0, t1, t2, t3, t4, ...)"]
+
+
+def test_peak_not_raised_fails_a_rewrite_above_the_original():
+    f = _judged(_figures(10 * MB, 10 * MB + 1))
+    assert f.failures == [f"the rewritten peak ({10 * MB + 1} B) is above the original's ({10 * MB} B)"]
+    assert f.memory_lower is False
+    assert _judged(_figures(10 * MB, 10 * MB)).passed  # equal is not above
+
+
+def test_ran_only_file_nodes_fails_nodes_ort_added_and_names_the_cause():
+    f = _figures()
+    f.order.update(n_not_in_file=2, not_in_file=["fused/Gelu", "InsertedPrecisionFreeCast_x"])
+    assert _judged(f).failures == ["ONNX Runtime ran 2 nodes that are not in the file (e.g. fused/Gelu, "
+                                   "InsertedPrecisionFreeCast_x): it expanded or fused ops, so the written "
+                                   "schedule is not what ran"]
+    casts = _figures()
+    casts.order.update(n_not_in_file=1, not_in_file=["InsertedPrecisionFreeCast_x"])
+    assert "wrapped the ops that have no float16 kernel in Casts" in _judged(casts).failures[0]
+
+
+def test_ran_every_file_node_fails_a_node_ort_never_ran():
+    f = _figures()
+    f.order.update(n_not_executed=1, not_executed=["/dropped/Add"])
+    assert _judged(f).failures == ["ONNX Runtime never ran 1 nodes of the file (e.g. /dropped/Add): the schedule "
+                                   "judged is not what ran"]
+
+
+def test_order_followed_fails_another_order_and_says_where():
+    f = _figures()
+    f.order.update(matches=False, first_mismatch={"position": 4, "file": "a", "executed": "b", "provider": "CPU"})
+    assert _judged(f).failures == ["ONNX Runtime did not execute the simulated order on CPU (position 4: ckpt "
+                                   "expected a, ORT ran b)"]
+
+
+def test_prediction_holds_fails_a_prediction_off_by_more_than_the_allowed_error():
+    f = _figures()
+    f.prediction.tensor_bytes["rewritten"] = int(6 * MB * 1.2)
+    f.prediction.tensor_error["rewritten"] = 0.2
+    assert _judged(f).failures == ["the rewritten peak prediction (tensor bytes) is +20.0% off the measured "
+                                   "peak (more than --max-prediction-error 10%)"]
+    within = _figures()
+    within.prediction.tensor_bytes["rewritten"] = int(6 * MB * 1.1)
+    within.prediction.tensor_error["rewritten"] = 0.1  # at the limit: holds
+    assert _judged(within).passed
+    unjudged = _figures(method="rss")
+    assert _judged(unjudged).notes == ["memory measured as rss: the peak is not compared with the prediction"]
+
+
+def test_plain_session_note_says_whether_orts_fusions_explain_a_plain_prediction_off():
+    def noted(plain: PlainPrediction) -> list[str]:
+        f = _figures(rewritten_ort_default=_measured(5 * MB), original_ort_default=_measured(9 * MB))
+        f.prediction = replace(f.prediction, plain=plain)
+        return _judged(f).notes
+
+    assert noted(PlainPrediction(5 * MB, 0.1)) == []  # within the error: nothing to say
+    head = (f"under ORT's default settings the rewrite measures {5 * MB} B; ckpt predicted {6 * MB} B (+20.0%) "
+            "on the file's graph, where ORT runs its ORT_ENABLE_ALL fusions")
+    assert noted(PlainPrediction(6 * MB, 0.2)) == [
+        head + " (ORT's fused graph could not be modelled: a size unknown, or another order)"]
+    assert noted(PlainPrediction(6 * MB, 0.2, 5 * MB, 0.0)) == [
+        head + f"; on ORT's fused graph, in the order ORT runs it, ckpt's model gives {5 * MB} B (+0.0%): the "
+        "fusions, not the memory model, explain it"]
+    assert noted(PlainPrediction(6 * MB, 0.2, 6 * MB, 0.2))[0].endswith(
+        "ckpt's model is +20.0% off too: its memory model does not hold for this session")
