@@ -4,6 +4,7 @@ the input's external data, special files, symlinks, concurrent and interrupted w
 import hashlib
 import os
 import signal
+import stat
 import sys
 import threading
 import time
@@ -94,10 +95,22 @@ def test_same_command_same_bytes(ext_model):
     assert xd.name.split(".")[2] == yd.name.split(".")[2] and _digest(xd) == _digest(yd)
 
 
+def _private_char_device(folder: Path) -> Path:
+    """A null device of the test's own (root can make one): were the refusal to regress, the
+    rewrite would replace this node, never the system's /dev/null."""
+    node = folder / "null"
+    try:
+        os.mknod(node, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    except PermissionError:
+        return Path("/dev/null")  # not root: then it cannot be replaced either
+    return node
+
+
 def test_special_files_are_never_replaced(ext_model):
-    code, out = ckpt("rewrite", ext_model, "-o", "/dev/null", "--force", "-q")
+    device = _private_char_device(ext_model.parent)
+    code, out = ckpt("rewrite", ext_model, "-o", device, "--force", "-q")
     assert code == 2 and "regular file" in out
-    assert Path("/dev/null").is_char_device()
+    assert device.is_char_device()
     fifo = ext_model.parent / "pipe"
     os.mkfifo(fifo)
     code, out = ckpt("plan", ext_model, "-o", fifo, "--force", "-q")
