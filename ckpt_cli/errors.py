@@ -24,8 +24,9 @@ class ModelError(CkptError):
     """The model cannot be read or is not a training graph ckpt can work on."""
 
 
-class UsageError(CkptError):
-    """An option names something that does not exist or makes no sense."""
+class UsageError(CkptError, ValueError):
+    """An option names something that does not exist or makes no sense (a ValueError to a
+    library caller that passed it)."""
 
 
 class OutputError(CkptError):
