@@ -100,13 +100,27 @@ def analyse_input(loaded: Loaded, analysis: AnalysisOptions | None = None) -> An
     bound, defaulted = resolve_dims(loaded.graph, dims)
     loss, outputs = analysis.loss, list(analysis.grad_outputs) or None
     if not defaulted:
-        return analyse(loaded.graph, bound, loss, outputs)
-    tensors = infer_tensors(loaded.graph, bound)
-    tied = {d: v for d, v in tied_dims(loaded.graph, tensors, defaulted).items() if bound[d] != v}
-    if tied:
-        bound.update(tied)
+        a = analyse(loaded.graph, bound, loss, outputs)
+    else:
         tensors = infer_tensors(loaded.graph, bound)
-    return analyse(loaded.graph, bound, loss, outputs, tensors, default_dims=defaulted)
+        tied = {d: v for d, v in tied_dims(loaded.graph, tensors, defaulted).items() if bound[d] != v}
+        if tied:
+            bound.update(tied)
+            tensors = infer_tensors(loaded.graph, bound)
+        a = analyse(loaded.graph, bound, loss, outputs, tensors, default_dims=defaulted)
+    _refuse_contradicted_ties(a, dims)
+    return a
+
+
+def _refuse_contradicted_ties(a: Analysis, given: dict[str, int]) -> None:
+    """A --dim that a tied dimension contradicts (the flattened labels of a language model's
+    loss, ``batch_x_32`` beside ``batch``) would size the labels apart from the scores."""
+    for name, value in tied_dims(a.graph, a.tensors, tuple(given)).items():
+        if given[name] != value:
+            others = ", ".join(f"{d}={v}" + (" (ckpt's default: set it with --dim)" if d in a.default_dims else "")
+                               for d, v in a.dims if d != name) or "the model's sizes"
+            raise UsageError(f"--dim {name}={given[name]} contradicts the other dimensions: the loss's labels "
+                             f"need {name}={value} at {others}")
 
 
 _ANALYSIS_KEYWORDS = ("dims", "loss", "grad_outputs")
