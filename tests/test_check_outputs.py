@@ -63,3 +63,36 @@ def test_check_fails_a_rewrite_that_changes_its_outputs(tmp_path, make, words):
 
     failures = json.loads(r.stdout)["failures"]
     assert any("outputs differ" in f and words in f for f in failures), failures
+
+
+def _symbolic_chain_with_feeds(tmp_path, batch: int):
+    from chain import chain_model
+
+    m = chain_model(layers=2, batch=8, width=4)
+    m.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"
+    path = tmp_path / "sym.onnx"
+    onnx.save(m, str(path))
+    rng = np.random.default_rng(0)
+    feeds = {i.name: rng.standard_normal([d.dim_value or batch for d in i.type.tensor_type.shape.dim])
+             .astype(np.float32) for i in m.graph.input}
+    np.savez(tmp_path / "feeds.npz", **feeds)
+    return path, tmp_path / "feeds.npz"
+
+
+def test_feeds_at_another_batch_name_the_dimension(tmp_path):
+    """Feeds at batch 8 against an analysis at ckpt's default batch: the check says so
+    before anything runs, instead of failing on a prediction made for the other batch."""
+    model, feeds = _symbolic_chain_with_feeds(tmp_path, batch=8)
+    r = CliRunner().invoke(main, ["check", str(model), str(model), "--feeds", str(feeds), "--runs", "1"])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.strip().endswith("input 'x' has batch = 8, but the models are analysed at batch = 64: "
+                                     "give --dim batch=8")
+
+
+@pytest.mark.slow
+def test_feeds_at_the_given_batch_pass(tmp_path):
+    pytest.importorskip("onnxruntime")
+    model, feeds = _symbolic_chain_with_feeds(tmp_path, batch=8)
+    r = CliRunner().invoke(main, ["check", str(model), str(model), "--feeds", str(feeds), "--runs", "1",
+                                  "--dim", "batch=8"])
+    assert r.exit_code == 0, r.output
