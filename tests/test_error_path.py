@@ -102,8 +102,9 @@ def test_names_in_error_messages_are_escaped(hostile_model, schema, option):
     assert "\x1b" not in r.stderr and "\x07" not in r.stderr and r.exit_code == 2
 
 
-def test_names_in_reports_are_escaped(hostile_model):
-    for args in (["inspect", hostile_model], ["plan", hostile_model]):
+def test_names_in_reports_are_escaped(hostile_model, tmp_path):
+    rewrite = ["rewrite", hostile_model, "-o", str(tmp_path / "out.onnx")]
+    for args in (["inspect", hostile_model], ["plan", hostile_model], rewrite):
         r = CliRunner().invoke(main, args)
         assert r.exit_code == 0, r.stderr
         assert "\x1b" not in r.output and "\x07" not in r.output

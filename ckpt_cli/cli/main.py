@@ -89,8 +89,8 @@ class CkptGroup(click.Group):
             fail(_usage_message(e, command), EXIT_BAD_INPUT, as_json=_json_requested(args), command=command,
                  debug="--debug" in args)
         except click.exceptions.Abort:  # ^C while click still parses
-            click.echo("ckpt: interrupted", err=True)
-            sys.exit(EXIT_INTERRUPTED)
+            fail("interrupted", EXIT_INTERRUPTED, as_json=_json_requested(args), command=self._command_named(args),
+                 prefix="ckpt: ")
         if not standalone_mode:
             return code
         sys.exit(code if isinstance(code, int) else 0)
@@ -119,11 +119,9 @@ class CkptGroup(click.Group):
             os.dup2(devnull, sys.stdout.fileno())
             sys.exit(EXIT_BROKEN_PIPE)
         except KeyboardInterrupt:
-            click.echo("ckpt: interrupted", err=True)
-            sys.exit(EXIT_INTERRUPTED)
+            _fail(ctx, "interrupted", EXIT_INTERRUPTED, prefix="ckpt: ")
         except _Terminated:
-            click.echo("ckpt: terminated", err=True)
-            sys.exit(EXIT_TERMINATED)
+            _fail(ctx, "terminated", EXIT_TERMINATED, prefix="ckpt: ")
         except OSError as e:  # the environment, not ckpt: unreadable, unwritable, full
             _fail(ctx, _os_message(e), EXIT_BAD_INPUT)
         except MemoryError:

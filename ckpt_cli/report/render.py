@@ -153,9 +153,9 @@ def render_rewrite(r: dict, console: Console) -> None:
                             [b["backward_starts_at"], a["backward_starts_at"]]):
         console.print(line, markup=False)
     if r.get("no_gain_reason"):
-        console.print(f"[yellow]No gain:[/yellow] {r['no_gain_reason']}.")
+        console.print(f"[yellow]No gain:[/yellow] {safe(r['no_gain_reason'])}.")
     if r.get("warning"):
-        console.print(f"[yellow]Warning:[/yellow] {r['warning']}.")
+        console.print(f"[yellow]Warning:[/yellow] {safe(r['warning'])}.")
     _render_pin(r.get("pin"), console)
     _render_mem_pattern_off(r.get("mem_pattern_off"), console)
     _render_ort_optimize(r.get("ort_optimize"), console)
