@@ -24,9 +24,13 @@ class ModelError(CkptError):
     """The model cannot be read or is not a training graph ckpt can work on."""
 
 
-class UsageError(CkptError, ValueError):
-    """An option names something that does not exist or makes no sense (a ValueError to a
-    library caller that passed it)."""
+class UsageError(CkptError):
+    """An option names something that does not exist or makes no sense."""
+
+
+class OptionError(UsageError, ValueError):
+    """An option's value is out of its range or contradicts another: a ValueError to a
+    library caller, raised where the options are checked, before any work."""
 
 
 class OutputError(CkptError):

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
-from .errors import UsageError
+from .errors import OptionError
 from .planning.plan import Policy
 
 MIN_PEAK = "min-peak"  # the default search without stopping at the knee
@@ -46,7 +46,7 @@ def _text(name: str, value) -> str:
         value.encode("utf-8")
     except UnicodeEncodeError:
         shown = value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-        raise UsageError(f"{name} '{shown}' is not UTF-8 text; node and tensor names are") from None
+        raise OptionError(f"{name} '{shown}' is not UTF-8 text; node and tensor names are") from None
     return value
 
 
@@ -63,7 +63,7 @@ def _number(name: str, value, low: float, high: float, optional: bool = False) -
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name}: expected a number, got {type(value).__name__} {_short(value)}")
     if not (math.isfinite(value) and low <= value <= high):
-        raise UsageError(f"{name} {value!r}: expected a number from {low:g} to {high:g}")
+        raise OptionError(f"{name} {value!r}: expected a number from {low:g} to {high:g}")
 
 
 def _integer(name: str, value, low: int, high: int) -> None:
@@ -99,7 +99,7 @@ class AnalysisOptions:
         for name, value in self.dims.items():
             _text("dims", name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise UsageError(f"--dim {name}: a size is a positive integer, got {_short(value)}")
+                raise OptionError(f"--dim {name}: a size is a positive integer, got {_short(value)}")
         if self.loss is not None:
             _text("loss", self.loss)
         _strings("grad_outputs", self.grad_outputs)
@@ -150,14 +150,14 @@ class PlanOptions:
         self._validate_types()
         auto, budget = self.auto, self.budget
         if budget is not None and auto not in (None, "budget", "optimal"):
-            raise UsageError(f"--budget goes with --auto budget (the default) or optimal, not --auto {auto}")
+            raise OptionError(f"--budget goes with --auto budget (the default) or optimal, not --auto {auto}")
         if (auto or budget) and self.manual:
-            raise UsageError("--auto/--budget choose regions themselves; drop --region/--regions-by-scope/"
+            raise OptionError("--auto/--budget choose regions themselves; drop --region/--regions-by-scope/"
                              "--boundary/--plan")
         if budget is None and auto in ("budget", "optimal"):
-            raise UsageError(f"--auto {auto} needs --budget (e.g. --budget 2GiB or --budget 40%)")
+            raise OptionError(f"--auto {auto} needs --budget (e.g. --budget 2GiB or --budget 40%)")
         if auto is not None and auto not in AUTO_NAMES:
-            raise UsageError(f"unknown --auto strategy '{auto}' (choose from {', '.join(AUTO_NAMES)})")
+            raise OptionError(f"unknown --auto strategy '{auto}' (choose from {', '.join(AUTO_NAMES)})")
         return self
 
     def _validate_types(self) -> None:
@@ -198,10 +198,10 @@ class RewriteOptions:
 
     def validate(self) -> "RewriteOptions":
         if self.ort_optimize not in (None, *ORT_OPTIMIZE_PROVIDERS):
-            raise UsageError(f"--ort-optimize {self.ort_optimize}: choose cpu or cuda")
+            raise OptionError(f"--ort-optimize {self.ort_optimize}: choose cpu or cuda")
         p = self.plan
         if self.no_recompute and (p.manual or p.auto or p.budget):
-            raise UsageError("--no-recompute takes no region options")
+            raise OptionError("--no-recompute takes no region options")
         p.validate()
         return self
 
@@ -230,7 +230,7 @@ class CheckOptions:
     def validate(self) -> "CheckOptions":
         """The ranges the command line's options allow."""
         if self.provider not in CHECK_PROVIDERS:
-            raise UsageError(f"provider {_short(self.provider)}: choose {', '.join(CHECK_PROVIDERS)}")
+            raise OptionError(f"provider {_short(self.provider)}: choose {', '.join(CHECK_PROVIDERS)}")
         _integer("--runs", self.runs, 1, 100)
         _integer("--seed", self.seed, 0, 2**31 - 1)
         _number("--rtol", self.rtol, 0, 1, optional=True)

@@ -52,7 +52,8 @@ def _loss_as_float64(path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("make, words", [(_reordered, "position 0 vs 1"), (_loss_as_float64, "dtype float32 vs float64")])
+@pytest.mark.parametrize("make, words", [(_reordered, "position 0 vs 1"),
+                                         (_loss_as_float64, "dtype float32 vs float64")])
 def test_check_fails_a_rewrite_that_changes_its_outputs(tmp_path, make, words):
     pytest.importorskip("onnxruntime")
     changed = tmp_path / "changed.onnx"

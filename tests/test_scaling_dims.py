@@ -72,9 +72,9 @@ def _scores_model(path) -> None:
              make("ReduceSum", ["R"], ["loss"], keepdims=0, name="/f/Sum"),
              make("Shape", ["R"], ["Rs"], name="/b/Shape"), make("Expand", ["tangent_loss", "Rs"], ["dR"], name="/b/E"),
              make("Sign", ["R"], ["mask"], name="/b/Sign"), make("Mul", ["dR", "mask"], ["dS"], name="/b/Mul"),
-             make("MatMul", ["dS", "h"], ["dh1"], name="/b/MatMul1"), make("Transpose", ["dS"], ["dST"], name="/b/T"),
-             make("MatMul", ["dST", "h"], ["dh2"], name="/b/MatMul2"), make("Add", ["dh1", "dh2"], ["dh"], name="/b/Add"),
-             make("Transpose", ["x"], ["xT"], name="/b/Tx"), make("MatMul", ["xT", "dh"], ["W_grad"], name="/b/MatMulW")]
+             make("MatMul", ["dS", "h"], ["dh1"], name="/b/MM1"), make("Transpose", ["dS"], ["dST"], name="/b/T"),
+             make("MatMul", ["dST", "h"], ["dh2"], name="/b/MM2"), make("Add", ["dh1", "dh2"], ["dh"], name="/b/Add"),
+             make("Transpose", ["x"], ["xT"], name="/b/Tx"), make("MatMul", ["xT", "dh"], ["W_grad"], name="/b/MMW")]
     graph = helper.make_graph(nodes, "scores", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4]),
                                                 helper.make_tensor_value_info("tangent_loss", TensorProto.FLOAT, [])],
                               [helper.make_tensor_value_info("loss", TensorProto.FLOAT, []),

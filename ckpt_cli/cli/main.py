@@ -78,18 +78,18 @@ class CkptGroup(click.Group):
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         """click's main, with its usage errors (unknown option, missing argument, bad value,
         unknown command) reported by ``fail`` like every other error."""
-        args = list(sys.argv[1:] if args is None else args)
-        try:
+        words = list(sys.argv[1:] if args is None else args)
+        try:  # args as given: click expands wildcards itself on Windows when it reads sys.argv
             code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except click.exceptions.NoArgsIsHelpError as e:  # plain `ckpt`: the help, as click shows it
             e.show()
             sys.exit(e.exit_code)
         except click.ClickException as e:
-            command = self._command_named(args)
-            fail(_usage_message(e, command), EXIT_BAD_INPUT, as_json=_json_requested(args), command=command,
-                 debug="--debug" in args)
+            command = self._command_named(words)
+            fail(_usage_message(e, command), EXIT_BAD_INPUT, as_json=_json_requested(words), command=command,
+                 debug="--debug" in words)
         except click.exceptions.Abort:  # ^C while click still parses
-            fail("interrupted", EXIT_INTERRUPTED, as_json=_json_requested(args), command=self._command_named(args),
+            fail("interrupted", EXIT_INTERRUPTED, as_json=_json_requested(words), command=self._command_named(words),
                  prefix="ckpt: ")
         if not standalone_mode:
             return code
