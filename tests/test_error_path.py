@@ -116,3 +116,11 @@ def test_sweep_refuses_what_it_would_ignore(extra, schema, tmp_path, monkeypatch
     monkeypatch.chdir(tmp_path)
     doc = one_error(["plan", MLP, "--sweep", "--json", *extra], schema)
     assert extra[0] in doc["error"]["message"] and not (tmp_path / "plan.json").exists()
+
+
+def test_a_file_name_in_the_fail_if_line_is_escaped(tmp_path):
+    report = tmp_path / f"r{TITLE}.json"
+    assert CliRunner().invoke(main, ["inspect", MLP, "--report", str(report), "-q"]).exit_code == 0
+    r = CliRunner().invoke(main, ["compare", str(report), "--fail-if", "peak_bytes>1", "-q"])
+    assert r.exit_code == 1 and "\x1b" not in r.stderr and "\x07" not in r.stderr
+    assert "r\\x1b]0;pwned\\x07.json" in r.stderr
