@@ -14,6 +14,7 @@ The command line (``ckpt_cli.cli``) only parses options, calls these and renders
 
 from __future__ import annotations
 
+import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,9 +58,22 @@ class Loaded:
     data_dir: Path | None  # folder external-data locations are relative to
 
 
+def _typed(name: str, value, cls: type | tuple[type, ...]):
+    """``value`` when it is None or a ``cls``; anything else is the caller's TypeError."""
+    if value is not None and not isinstance(value, cls):
+        expected = "a path" if cls is _PATH else cls.__name__
+        raise TypeError(f"{name}: expected {expected}, got {type(value).__name__}")
+    return value
+
+
+_PATH = (str, os.PathLike)
+
+
 def load_input(model: ModelInput) -> Loaded:
     """A path is loaded from disk; a ModelProto is indexed as it is (its external data,
     if any, must be resolvable from the current folder)."""
+    if not isinstance(model, (str, os.PathLike, onnx.ModelProto)):
+        raise TypeError(f"model: expected a path or an onnx.ModelProto, got {type(model).__name__}")
     if isinstance(model, onnx.ModelProto):
         if not model.HasField("graph") or not model.graph.node:
             raise ModelError("<in-memory model>: not an ONNX model (no graph with nodes in it)")
@@ -76,7 +90,7 @@ def load_input(model: ModelInput) -> Loaded:
 
 def analyse_input(loaded: Loaded, analysis: AnalysisOptions | None = None) -> Analysis:
     """``analyse`` with the option checks every command shares."""
-    analysis = (analysis or AnalysisOptions()).validate()
+    analysis = (_typed("analysis", analysis, AnalysisOptions) or AnalysisOptions()).validate()
     dims = dict(analysis.dims)
     known = symbolic_dims(loaded.graph)  # cheap: reads the graph's inputs and outputs only
     unknown = set(dims) - known
@@ -86,13 +100,27 @@ def analyse_input(loaded: Loaded, analysis: AnalysisOptions | None = None) -> An
     bound, defaulted = resolve_dims(loaded.graph, dims)
     loss, outputs = analysis.loss, list(analysis.grad_outputs) or None
     if not defaulted:
-        return analyse(loaded.graph, bound, loss, outputs)
-    tensors = infer_tensors(loaded.graph, bound)
-    tied = {d: v for d, v in tied_dims(loaded.graph, tensors, defaulted).items() if bound[d] != v}
-    if tied:
-        bound.update(tied)
+        a = analyse(loaded.graph, bound, loss, outputs)
+    else:
         tensors = infer_tensors(loaded.graph, bound)
-    return analyse(loaded.graph, bound, loss, outputs, tensors, default_dims=defaulted)
+        tied = {d: v for d, v in tied_dims(loaded.graph, tensors, defaulted).items() if bound[d] != v}
+        if tied:
+            bound.update(tied)
+            tensors = infer_tensors(loaded.graph, bound)
+        a = analyse(loaded.graph, bound, loss, outputs, tensors, default_dims=defaulted)
+    _refuse_contradicted_ties(a, dims)
+    return a
+
+
+def _refuse_contradicted_ties(a: Analysis, given: dict[str, int]) -> None:
+    """A --dim that a tied dimension contradicts (the flattened labels of a language model's
+    loss, ``batch_x_32`` beside ``batch``) would size the labels apart from the scores."""
+    for name, value in tied_dims(a.graph, a.tensors, tuple(given)).items():
+        if given[name] != value:
+            others = ", ".join(f"{d}={v}" + (" (ckpt's default: set it with --dim)" if d in a.default_dims else "")
+                               for d, v in a.dims if d != name) or "the model's sizes"
+            raise UsageError(f"--dim {name}={given[name]} contradicts the other dimensions: the loss's labels "
+                             f"need {name}={value} at {others}")
 
 
 _ANALYSIS_KEYWORDS = ("dims", "loss", "grad_outputs")
@@ -119,7 +147,7 @@ class InspectResult:
 def inspect_model(model: ModelInput, options: AnalysisOptions | None = None, **keywords) -> InspectResult:
     """Phases, stashed activations and the predicted peak under both ORT orders.
     ``options`` (or the keywords ``dims``, ``loss``, ``grad_outputs``): how to read the graph."""
-    options = options or AnalysisOptions.of(**keywords)
+    options = _typed("options", options, AnalysisOptions) or AnalysisOptions.of(**keywords)
     loaded = load_input(model)
     a = analyse_input(loaded, options)
     report = inspect_report(a, loaded.source, options.to_json())
@@ -170,7 +198,8 @@ def plan_model(model: ModelInput, options: PlanOptions | None = None, *, analysi
 
     given, keywords = _split_keywords(keywords)
     analysis = analysis or given or AnalysisOptions()
-    options = (options or PlanOptions.of(**keywords)).validate()
+    options = (_typed("options", options, PlanOptions) or PlanOptions.of(**keywords)).validate()
+    _typed("output", output, _PATH)
     loaded = load_input(model)
     a = analyse_input(loaded, analysis)
     if output is not None:
@@ -195,9 +224,10 @@ def sweep_model(model: ModelInput, *, svg: str | Path | None = None, policy: Pol
 
     given, _ = _split_keywords(keywords)
     analysis = analysis or given or AnalysisOptions()
+    policy = PlanOptions(policy=policy or Policy()).validate().policy
+    _typed("svg", svg, _PATH)
     loaded = load_input(model)
     a = analyse_input(loaded, analysis)
-    policy = policy or Policy()
     points = sweep_points(a, lambda p: rewrite(a, p, pin=False), policy)
     notes = [policy.describe()] if policy else []
     if svg is not None:
@@ -244,7 +274,7 @@ def check_models(original: ModelInput, rewritten: ModelInput, *, analysis: Analy
     if rest:
         raise TypeError(f"check_models() got an unexpected keyword argument {sorted(rest)[0]!r}")
     analysis = analysis or given or AnalysisOptions()
-    options = (options or CheckOptions()).validate()
+    options = (_typed("options", options, CheckOptions) or CheckOptions()).validate()
     with tempfile.TemporaryDirectory(prefix="ckpt_check_") as tmp:
         paths = {"original": _on_disk(original, Path(tmp), "original.onnx"),
                  "rewritten": _on_disk(rewritten, Path(tmp), "rewritten.onnx")}
@@ -299,15 +329,18 @@ def rewrite_model(model: ModelInput, output: str | Path | None = None, options: 
     re-simulated."""
     given, keywords = _split_keywords(keywords)
     analysis = analysis or given or AnalysisOptions()
-    options = (options or RewriteOptions.of(**keywords)).validate()
+    options = (_typed("options", options, RewriteOptions) or RewriteOptions.of(**keywords)).validate()
+    if not isinstance(check, (bool, CheckOptions)):
+        raise TypeError(f"check: expected True, False or CheckOptions, got {type(check).__name__}")
+    check_options = (check if isinstance(check, CheckOptions) else CheckOptions()).validate()
+    _typed("output", output, _PATH)
     loaded = load_input(model)
     if output is not None:
         check_output_path(Path(output), loaded.path, force)
     a = analyse_input(loaded, analysis)
     out = _rewritten(a, loaded, options, analysis, output, progress)
     if check:
-        out.check = _check_rewrite(model, loaded, a, out, check if isinstance(check, CheckOptions)
-                                   else CheckOptions())
+        out.check = _check_rewrite(model, loaded, a, out, check_options)
         if out.planned is not None and out.planned.budget is not None:
             budget_held(out.check, out.planned.budget, out.result.after.outside_arena_bytes)
         out.report["check"] = out.check.to_json()

@@ -28,6 +28,11 @@ class UsageError(CkptError):
     """An option names something that does not exist or makes no sense."""
 
 
+class OptionError(UsageError, ValueError):
+    """An option's value is out of its range or contradicts another: a ValueError to a
+    library caller, raised where the options are checked, before any work."""
+
+
 class OutputError(CkptError):
     """An output or report cannot be written (read-only folder, disk full, ...)."""
 

@@ -9,17 +9,67 @@ write it. ``CheckOptions``: how ``ckpt check`` runs ONNX Runtime.
 
 from __future__ import annotations
 
+import math
+import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
-from .errors import UsageError
+from .errors import OptionError
 from .planning.plan import Policy
 
 MIN_PEAK = "min-peak"  # the default search without stopping at the knee
 AUTO_NAMES = ("layers", "sqrt", "balanced", "budget", "optimal", MIN_PEAK)
 DEFAULT_MAX_PREDICTION_ERROR = 0.10
 ORT_OPTIMIZE_PROVIDERS = ("cpu", "cuda")
+CHECK_PROVIDERS = ("auto", "cuda", "cpu")
+
+
+def _strings(name: str, value) -> tuple[str, ...]:
+    """A list of names or patterns; one string alone is refused rather than split into characters."""
+    if value is None:
+        return ()
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise TypeError(f"{name}: expected a list of strings, got {type(value).__name__} {_short(value)}")
+    items = tuple(value)
+    for item in items:
+        _text(name, item)
+    return items
+
+
+def _text(name: str, value) -> str:
+    """A string that is UTF-8 text, as node and tensor names are (a command-line word in
+    another encoding reaches Python with its bytes kept as surrogates)."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name}: expected a string, got {type(value).__name__} {_short(value)}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        raise OptionError(f"{name} '{shown}' is not UTF-8 text; node and tensor names are") from None
+    return value
+
+
+def _short(value) -> str:
+    """A value for a message, cut short: a model's repr runs to megabytes."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _number(name: str, value, low: float, high: float, optional: bool = False) -> None:
+    """``value`` is a finite real number in [low, high] (or None when ``optional``)."""
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name}: expected a number, got {type(value).__name__} {_short(value)}")
+    if not (math.isfinite(value) and low <= value <= high):
+        raise OptionError(f"{name} {value!r}: expected a number from {low:g} to {high:g}")
+
+
+def _integer(name: str, value, low: int, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name}: expected an integer, got {type(value).__name__} {_short(value)}")
+    _number(name, value, low, high)
 
 
 def _known(cls, keywords: Mapping[str, Any]) -> dict[str, Any]:
@@ -41,12 +91,18 @@ class AnalysisOptions:
 
     @classmethod
     def of(cls, dims=None, loss=None, grad_outputs=None) -> "AnalysisOptions":
-        return cls(dict(dims or {}), loss, tuple(grad_outputs or ()))
+        if dims is not None and not isinstance(dims, Mapping):
+            raise TypeError(f"dims: expected a mapping of names to sizes, got {type(dims).__name__} {_short(dims)}")
+        return cls(dict(dims or {}), loss, _strings("grad_outputs", grad_outputs))
 
     def validate(self) -> "AnalysisOptions":
         for name, value in self.dims.items():
+            _text("dims", name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise UsageError(f"--dim {name}: a size is a positive integer, got {value!r}")
+                raise OptionError(f"--dim {name}: a size is a positive integer, got {_short(value)}")
+        if self.loss is not None:
+            _text("loss", self.loss)
+        _strings("grad_outputs", self.grad_outputs)
         return self
 
     def to_json(self) -> dict:
@@ -72,9 +128,14 @@ class PlanOptions:
     def of(cls, **keywords) -> "PlanOptions":
         kw = _known(cls, keywords)
         for many in ("regions", "boundaries"):
-            kw[many] = tuple(kw.get(many) or ())
+            kw[many] = _strings(many, kw.get(many))
         if kw.get("plan_file") is not None:
+            if not isinstance(kw["plan_file"], (str, os.PathLike)):
+                raise TypeError(f"plan: expected a path, got {type(kw['plan_file']).__name__}")
             kw["plan_file"] = Path(kw["plan_file"])
+        budget = kw.get("budget")
+        if isinstance(budget, (int, float)) and not isinstance(budget, bool):
+            kw["budget"] = f"{budget:.0f}"  # a number of bytes
         kw["policy"] = kw.get("policy") or Policy()
         return cls(**kw)
 
@@ -87,28 +148,41 @@ class PlanOptions:
         return self.budget is not None or self.auto in ("budget", "optimal")
 
     def validate(self) -> "PlanOptions":
+        self._validate_types()
         auto, budget = self.auto, self.budget
         self._validate_activation_budget()
         if budget is not None and auto not in (None, "budget", "optimal"):
-            raise UsageError(f"--budget goes with --auto budget (the default) or optimal, not --auto {auto}")
+            raise OptionError(f"--budget goes with --auto budget (the default) or optimal, not --auto {auto}")
         if (auto or budget) and self.manual:
-            raise UsageError("--auto/--budget choose regions themselves; drop --region/--regions-by-scope/"
-                             "--boundary/--plan")
+            raise OptionError("--auto/--budget choose regions themselves; drop --region/--regions-by-scope/"
+                              "--boundary/--plan")
         if budget is None and auto in ("budget", "optimal"):
-            raise UsageError(f"--auto {auto} needs --budget (e.g. --budget 2GiB or --budget 40%)")
+            raise OptionError(f"--auto {auto} needs --budget (e.g. --budget 2GiB or --budget 40%)")
         if auto is not None and auto not in AUTO_NAMES:
-            raise UsageError(f"unknown --auto strategy '{auto}' (choose from {', '.join(AUTO_NAMES)})")
+            raise OptionError(f"unknown --auto strategy '{auto}' (choose from {', '.join(AUTO_NAMES)})")
         return self
+
+    def _validate_types(self) -> None:
+        _strings("--region", self.regions)
+        _strings("--boundary", self.boundaries)
+        for name, value in (("--regions-by-scope", self.regions_by_scope), ("--auto", self.auto),
+                            ("--budget", self.budget)):
+            if value is not None:
+                _text(name, value)
+        if not isinstance(self.policy, Policy):
+            raise TypeError(f"policy: expected a ckpt_cli.planning.plan.Policy, got {type(self.policy).__name__}")
 
     def _validate_activation_budget(self) -> None:
         share = self.activation_budget
         if share is None:
             return
-        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0.0 < share <= 1.0:
-            raise UsageError(f"--activation-budget takes a share of the activation bytes in (0, 1], got {share!r}")
+        if isinstance(share, bool) or not isinstance(share, (int, float)):
+            raise TypeError(f"activation_budget: expected a number in (0, 1], got {type(share).__name__}")
+        if not 0.0 < share <= 1.0:
+            raise OptionError(f"--activation-budget takes a share of the activation bytes in (0, 1], got {share!r}")
         if self.budget is not None or self.auto is not None or self.manual:
-            raise UsageError("--activation-budget chooses regions itself; drop --budget/--auto/--region/"
-                             "--regions-by-scope/--boundary/--plan")
+            raise OptionError("--activation-budget chooses regions itself; drop --budget/--auto/--region/"
+                              "--regions-by-scope/--boundary/--plan")
 
     def policy_json(self) -> dict:
         return {"recompute_ops": sorted(self.policy.recompute_ops), "keep_ops": sorted(self.policy.keep_ops)}
@@ -139,10 +213,10 @@ class RewriteOptions:
 
     def validate(self) -> "RewriteOptions":
         if self.ort_optimize not in (None, *ORT_OPTIMIZE_PROVIDERS):
-            raise UsageError(f"--ort-optimize {self.ort_optimize}: choose cpu or cuda")
+            raise OptionError(f"--ort-optimize {self.ort_optimize}: choose cpu or cuda")
         p = self.plan
         if self.no_recompute and (p.manual or p.auto or p.budget):
-            raise UsageError("--no-recompute takes no region options")
+            raise OptionError("--no-recompute takes no region options")
         p.validate()
         return self
 
@@ -169,10 +243,18 @@ class CheckOptions:
     max_prediction_error: float = DEFAULT_MAX_PREDICTION_ERROR
 
     def validate(self) -> "CheckOptions":
-        if self.runs < 1:
-            raise UsageError(f"--runs {self.runs}: at least one run")
-        if self.max_prediction_error < 0:
-            raise UsageError(f"--max-prediction-error {self.max_prediction_error}: not below 0")
+        """The ranges the command line's options allow."""
+        if self.provider not in CHECK_PROVIDERS:
+            raise OptionError(f"provider {_short(self.provider)}: choose {', '.join(CHECK_PROVIDERS)}")
+        _integer("--runs", self.runs, 1, 100)
+        _integer("--seed", self.seed, 0, 2**31 - 1)
+        _number("--rtol", self.rtol, 0, 1, optional=True)
+        _number("--atol", self.atol, 0, math.inf, optional=True)
+        _number("--timeout", self.timeout, 1, 86400, optional=True)
+        _number("--max-prediction-error", self.max_prediction_error, 0, 10)
+        for name, value in (("feeds_file", self.feeds_file), ("python", self.python)):
+            if value is not None and not isinstance(value, (str, os.PathLike)):
+                raise TypeError(f"{name}: expected a path, got {type(value).__name__} {_short(value)}")
         return self
 
     def to_json(self) -> dict:

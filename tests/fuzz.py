@@ -20,11 +20,13 @@ fields and names; flip, cut or insert bytes), runs ``ckpt inspect``, ``plan`` or
 - ``defect``: anything else (exit 70, a traceback, a hang, an input changed, exit 0 with
   an invalid output, outputs that differ beyond what the README documents).
 
-Two case kinds run no mutation: ``check_differs`` (``ckpt check`` of a model against a
+Three case kinds run no mutation: ``check_differs`` (``ckpt check`` of a model against a
 copy with one constant changed: exit 1 naming the differing outputs in one failure line,
-no traceback) and ``concurrent`` (two ``ckpt rewrite --force`` processes writing one
+no traceback), ``concurrent`` (two ``ckpt rewrite --force`` processes writing one
 ``-o`` path at once: each exits 0 or with a clean error, and the file left passes the
-checker, loads and runs in ORT with the input's outputs, with its external data beside it).
+checker, loads and runs in ORT with the input's outputs, with its external data beside it), and
+``usage_json`` (a usage error under ``--json``: exit 2, one stderr line without a raw control
+character, and stdout's error object valid against ckpt_cli/report/schema.json).
 
     python -m tests.fuzz --cases 10000 --seed 1        # make fuzz
     python -m tests.fuzz --cases 200 --seed 0          # what tests/test_fuzz.py runs
@@ -129,7 +131,7 @@ class Seed:
     data: bytes | None = None  # external data file contents, saved as <name>.data
     weight: float = 1.0
     make: Callable[[random.Random], onnx.ModelProto] | None = None  # a generator: a new model each case
-    kind: str = "mutate"  # or "check_differs", "concurrent" (no mutation)
+    kind: str = "mutate"  # or "check_differs", "concurrent", "usage_json" (no mutation)
     ort: bool = True  # plain onnxruntime loads it (the zoo's training ops need onnxruntime-training)
 
     def instance(self, rng: random.Random) -> onnx.ModelProto:
@@ -163,7 +165,8 @@ def load_seeds() -> list[Seed]:
     # about 1.5 s and 1 s a case (ckpt check's child processes; two ckpt processes): a few in 200 cases
     seeds += [Seed("check_differs", None, make=_rand_f32_f64, kind="check_differs", weight=0.08),
               Seed("concurrent", None, make=_rand_f32_f64, kind="concurrent", weight=0.08),
-              _external_seed("concurrent_ext", _small_training_graph(32, 128), kind="concurrent", weight=0.06)]
+              _external_seed("concurrent_ext", _small_training_graph(32, 128), kind="concurrent", weight=0.06),
+              Seed("usage_json", _small_training_graph(), kind="usage_json", weight=0.5)]
     return seeds
 
 
@@ -595,11 +598,60 @@ def _command(rng: random.Random, model: Path, out: Path) -> list[str]:
 
 
 def _json_error(stdout: str, code: int, line: str) -> bool:
-    """Under --json a failure prints {"error": {"exit_code", "message"}} on stdout too."""
+    """Under --json a failure prints the schema's error object on stdout too:
+    {"schema_version": 1, "command": ..., "error": {"exit_code", "message"}}, the message stderr's line."""
+    import jsonschema
+    from importlib import resources
+
     try:
-        return json.loads(stdout) == {"error": {"exit_code": code, "message": line[len("ckpt: error: "):]}}
+        doc = json.loads(stdout)
     except ValueError:
         return False
+    schema = json.loads(resources.files("ckpt_cli.report").joinpath("schema.json").read_text())
+    if list(jsonschema.Draft202012Validator(schema).iter_errors(doc)):
+        return False
+    return doc.get("error") == {"exit_code": code, "message": line[len("ckpt: error: "):]}
+
+
+# Usage errors, each a command line that click or ckpt refuses before any work (M: the model,
+# V: a hostile or random value); --json is put at a random place after the command.
+USAGE_ERRORS = [
+    ["inspect", "M", "--V"], ["--V", "inspect", "M"], ["V"], ["inspect"], ["check", "M"], ["plan"],
+    ["inspect", "M", "--dim"], ["check", "M", "M", "--provider", "V"], ["plan", "M", "--auto", "V"],
+    ["check", "M", "M", "--runs", "V"], ["check", "M", "M", "--runs", "0"], ["check", "M", "M", "--rtol", "-1"],
+    ["check", "M", "M", "--seed", "-3"], ["rewrite", "M", "--force=V"], ["inspect", "M", "V"],
+    ["session", "V"], ["compare"], ["inspect", "M", "--dim", "V=0"], ["plan", "M", "--svg", "x.svg"],
+    ["rewrite", "M", "--ort-optimize", "V"], ["rewrite", "M", "--region", "re:V(", "-o", "o.onnx"],
+    ["inspect", "M", "--loss", "V"], ["rewrite", "M", "--auto", "layers", "--budget", "1GiB"],
+]
+
+
+def _usage_args(rng: random.Random, model: Path) -> list[str]:
+    value = rng.choice(HOSTILE_NAMES[:3] + ["\x1b]0;t\x07", "\x1b[2J", "\udcff", "nope", "x y"]) or "v"
+    args = [str(model) if a == "M" else a.replace("V", value) for a in rng.choice(USAGE_ERRORS)]
+    at = next((i + 1 for i, a in enumerate(args) if not a.startswith("-")), len(args))
+    # never right after an option, which would take --json for its value
+    places = [at] + [i for i in range(at + 1, len(args) + 1) if not args[i - 1].startswith("-")]
+    args.insert(rng.choice(places), "--json")
+    return args
+
+
+def run_usage_case(seed: Seed, rng: random.Random, folder: Path, summary: Summary) -> Outcome:
+    """A usage error under --json: exit 2, one line on stderr with no raw control character,
+    and the schema's error object on stdout."""
+    model = folder / "m.onnx"
+    onnx.save(seed.instance(rng), str(model))
+    args = _usage_args(rng, model)
+    result = _invoke(args)
+    if result is None:
+        return Outcome("defect", f"hang over {CASE_SECONDS}s: {args!r}")
+    summary.exit_codes[result.exit_code] += 1
+    lines = result.stderr.strip().splitlines()
+    if result.exit_code != 2 or len(lines) != 1 or not lines[0].startswith("ckpt: error:"):
+        return Outcome("defect", f"usage error {args!r}: exit {result.exit_code}, {result.output[:300]!r}")
+    if any(c in lines[0] for c in "\x1b\x07\x9b") or not _json_error(result.stdout, 2, lines[0]):
+        return Outcome("defect", f"usage error {args!r}: stderr {lines[0][:200]!r}, stdout {result.stdout[:200]!r}")
+    return Outcome("clean_error")
 
 
 def run_case(seed: Seed, rng: random.Random, work: Path, ort_every: int, case: int, summary: Summary,
@@ -610,6 +662,8 @@ def run_case(seed: Seed, rng: random.Random, work: Path, ort_every: int, case: i
         return run_check_case(seed, rng, folder, summary, debug)
     if seed.kind == "concurrent":
         return run_concurrent_case(seed, rng, folder, summary)
+    if seed.kind == "usage_json":
+        return run_usage_case(seed, rng, folder, summary)
     base = seed.instance(rng)
     model = onnx.ModelProto()
     model.CopyFrom(base)

@@ -292,7 +292,8 @@ def test_a_bug_under_json_is_one_line_and_a_json_error(tmp_path, monkeypatch):
     r = CliRunner().invoke(main, ["plan", str(_chain(tmp_path)), "--json"])
     assert r.exit_code == 70
     assert r.stderr.strip() == "ckpt: internal error: RuntimeError: boom (rerun with --debug for details)"
-    assert json.loads(r.stdout) == {"error": {"exit_code": 70,
+    assert json.loads(r.stdout) == {"schema_version": 1, "command": "plan",
+                                    "error": {"exit_code": 70,
                                               "message": "RuntimeError: boom (rerun with --debug for details)"}}
 
 

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from ..graph import Graph
 from ..markers import FRESH_META, GUARD_META, recompute_source
 from . import Analysis, analyse
-from .shapes import TensorInfo
+from ..errors import ModelError
+from .shapes import _DIM_MAX as DIM_MAX, TensorInfo, symbolic_dims
 
 
 @dataclass(frozen=True)
@@ -22,12 +23,19 @@ class Scaling:
     dims: tuple[tuple[str, int], ...]  # the values the report's figures are at
     peak_bytes: tuple[int, int]  # at those values, and at twice them
     stashed_bytes: tuple[int, int]
-    fixed: tuple[str, ...]  # stashed buffers whose bytes do not double
+    fixed: tuple[str, ...]  # stashed buffers whose bytes grow less than twice
     doubled: Analysis  # the analysis at twice the values, for a second plan
+    faster: tuple[str, ...] = ()  # stashed buffers whose bytes grow more than twice (attention scores)
 
     @property
     def activations_scale(self) -> bool:
-        return not self.fixed
+        return not self.fixed and not self.faster
+
+    @property
+    def linear(self) -> bool:
+        """Whether ``A + B * k`` describes the peak: no stashed buffer grows faster than the
+        dimensions, and the two peaks do not say otherwise (a negative A would)."""
+        return not self.faster and self.intercept >= 0
 
     @property
     def slope(self) -> int:
@@ -39,10 +47,14 @@ class Scaling:
         return 2 * self.peak_bytes[0] - self.peak_bytes[1]
 
     def formula(self) -> str:
+        names = ", ".join(d for d, _ in self.dims)
+        if not self.linear:
+            growth = self.peak_bytes[1] / self.peak_bytes[0] if self.peak_bytes[0] else float("inf")
+            return (f"not linear in {names}: {self.peak_bytes[0]} bytes at the values used, {self.peak_bytes[1]} "
+                    f"at twice them (x{growth:.2f})")
         if len(self.dims) == 1:
             name, value = self.dims[0]
             return f"{self.intercept} + {self.slope / value:g} * {name} bytes"
-        names = ", ".join(d for d, _ in self.dims)
         return f"{self.intercept} + {self.slope} * k bytes, with {names} all k times the values used"
 
     def to_json(self) -> dict:
@@ -52,21 +64,33 @@ class Scaling:
             "peak_bytes": list(self.peak_bytes),
             "stashed_bytes": list(self.stashed_bytes),
             "peak_bytes_formula": self.formula(),
+            "linear": self.linear,
             "activations_scale": self.activations_scale,
             "fixed_activations": list(self.fixed),
+            "faster_activations": list(self.faster),
         }
 
 
 def scaling(a: Analysis) -> Scaling | None:
-    """The analysis again at twice every symbolic dimension (None for a graph without any)."""
-    if not a.dims:
+    """The analysis again at twice every symbolic dimension of the inputs (None for a graph
+    without any, or where twice a value is past what ckpt sizes: 2**40 is a valid --dim).
+    A dimension only outputs declare is left unbound there: it follows from the inputs, and
+    need not double with them (a class count beside the batch)."""
+    inputs = symbolic_dims(a.graph, outputs=False)
+    dims = tuple((d, v) for d, v in a.dims if d in inputs)
+    if not dims or any(2 * v > DIM_MAX for _, v in dims):
         return None
-    doubled = analyse(a.graph, {d: 2 * v for d, v in a.dims}, a.loss_given,
-                      list(a.grad_outputs_given) if a.grad_outputs_given else None, default_dims=a.default_dims)
-    fixed = tuple(sorted({s.buffer for s in a.stashed
-                          if (doubled.tensors[s.buffer].nbytes or 0) != 2 * (a.tensors[s.buffer].nbytes or 0)}))
-    return Scaling(a.dims, (a.priority.peak_bytes, doubled.priority.peak_bytes),
-                   (a.stashed_bytes, doubled.stashed_bytes), fixed, doubled)
+    try:
+        doubled = analyse(a.graph, {d: 2 * v for d, v in dims}, a.loss_given,
+                          list(a.grad_outputs_given) if a.grad_outputs_given else None,
+                          default_dims=tuple(d for d in a.default_dims if d in inputs))
+    except ModelError:  # a tensor past what ckpt sizes at twice the values
+        return None
+    growth = {s.buffer: (doubled.tensors[s.buffer].nbytes or 0) - 2 * (a.tensors[s.buffer].nbytes or 0)
+              for s in a.stashed}
+    return Scaling(dims, (a.priority.peak_bytes, doubled.priority.peak_bytes),
+                   (a.stashed_bytes, doubled.stashed_bytes), tuple(sorted(b for b, g in growth.items() if g < 0)),
+                   doubled, tuple(sorted(b for b, g in growth.items() if g > 0)))
 
 
 def symbolic_shapes(graph: Graph, tensors: dict[str, TensorInfo], scaled: Scaling) -> dict[str, list]:

@@ -9,7 +9,7 @@ import click
 
 from ..errors import UsageError
 from .options import (analysis_options, analysis_value, auto_options, busy, check_options, check_value, emit,
-                      plan_value, policy_options, protect_report, renderer, report_options, rewrite_value)
+                      plan_value, policy_options, protect_report, remember_json, renderer, report_options, rewrite_value)
 
 
 @click.command()
@@ -164,6 +164,7 @@ def plan(model: Path, **given) -> None:
     protect_report(report_path, model, output, svg)
     analysis, options = analysis_value(given), plan_value(given)
     if sweep:
+        _refuse_with_sweep(output, options)
         _sweep(model, svg, options, analysis, (as_json, report_path, quiet))
         return
     if svg is not None:
@@ -172,6 +173,15 @@ def plan(model: Path, **given) -> None:
         result = plan_model(model, options, analysis=analysis, output=output, force=force,
                             progress=status.update if status is not None else None)
     emit(result.to_json(), renderer("plan_view", "render_plan"), as_json, report_path, quiet, (model, output))
+
+
+def _refuse_with_sweep(output: Path | None, options) -> None:
+    """The sweep draws the whole front: no one plan to write, no strategy or budget to follow."""
+    if output is not None:
+        raise UsageError("-o writes one plan, and --sweep makes none: pick a --budget from the sweep and rerun "
+                         "without --sweep, or write the sweep's JSON with --report FILE")
+    if options.auto or options.budget:
+        raise UsageError("--sweep draws the whole min-cut front: drop --auto/--budget")
 
 
 def _sweep(model: Path, svg: Path | None, options, analysis, reporting: tuple) -> None:
@@ -227,7 +237,8 @@ def check(original: Path, rewritten: Path, **given) -> None:
 @click.option("--provider", type=click.Choice(["cpu", "cuda"]), default=None,
               help="The execution provider the session will use (default: the one the model was optimized for "
                    "with --ort-optimize, else cpu).")
-@click.option("--json", "as_json", is_flag=True, help="Print the settings as one JSON object.")
+@click.option("--json", "as_json", is_flag=True, callback=remember_json,
+              help="Print the settings as one JSON object.")
 def session(model: Path, provider, as_json) -> None:
     """Print the ONNX Runtime session a ckpt-written model needs, as Python to paste.
 

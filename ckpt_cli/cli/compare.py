@@ -88,10 +88,12 @@ def _write_chart(svg_path: Path, charted: list) -> None:
 def _fail_if_held(outcomes: list, label: str) -> None:
     """Each --fail-if condition that holds, one line on stderr; then exit 1."""
     from ..report.render import condition_value_text
+    from ..report.text import plain
 
     held = [o for o in outcomes if o.held]
-    for o in held:
-        click.echo(f"ckpt: --fail-if '{o.condition.text}' holds on {label} "
-                   f"({o.condition.operand} = {condition_value_text(o.condition.operand, o.actual)})", err=True)
+    for o in held:  # the label comes from a report's or a model's file: escaped like any name
+        click.echo(plain(f"ckpt: --fail-if '{o.condition.text}' holds on {label} "
+                         f"({o.condition.operand} = {condition_value_text(o.condition.operand, o.actual)})"),
+                   err=True)
     if held:
         sys.exit(1)

@@ -20,13 +20,38 @@ from .compare import compare
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as shells report a reader that went away
 
 
-def _fail(ctx: click.Context, message: str, code: int, prefix: str = "ckpt: error: ") -> None:
-    if ctx.obj and ctx.obj.get("debug"):
+def fail(message: str, code: int, *, as_json: bool, command: str | None, debug: bool = False,
+         prefix: str = "ckpt: error: ") -> None:
+    """The one way ckpt reports a failure: one line on stderr, with every control character
+    of a name the model or the command line put in the message made visible, and under
+    --json one error object on stdout (schema.json's ``error``); then the exit code."""
+    from ..report.text import plain
+
+    if debug:
         traceback.print_exc()
+    message = plain(message)
     click.echo(prefix + message, err=True)
-    if ctx.obj and ctx.obj.get("json"):
-        click.echo(json.dumps({"error": {"exit_code": code, "message": message}}))
+    if as_json:
+        click.echo(json.dumps({"schema_version": 1, "command": command,
+                               "error": {"exit_code": code, "message": message}}))
     sys.exit(code)
+
+
+def _fail(ctx: click.Context, message: str, code: int, prefix: str = "ckpt: error: ") -> None:
+    obj = ctx.obj or {}
+    fail(message, code, as_json=bool(obj.get("json")), command=ctx.invoked_subcommand,
+         debug=bool(obj.get("debug")), prefix=prefix)
+
+
+def _json_requested(args: list[str]) -> bool:
+    """Whether the command line asks for --json: a usage error stops click before the
+    option is read, so the words themselves say."""
+    return "--json" in (args[:args.index("--")] if "--" in args else args)
+
+
+def _usage_message(e: click.ClickException, command: str | None) -> str:
+    """click's message for a usage error, with the command's help hint on the same line."""
+    return f"{e.format_message()} (see 'ckpt {command + ' ' if command else ''}--help')"
 
 
 def _os_message(e: OSError) -> str:
@@ -50,6 +75,31 @@ def _on_sigterm(signum, frame):  # noqa: ARG001
 class CkptGroup(click.Group):
     """Turns expected failures into one line and an exit code; no traceback unless --debug."""
 
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        """click's main, with its usage errors (unknown option, missing argument, bad value,
+        unknown command) reported by ``fail`` like every other error."""
+        words = list(sys.argv[1:] if args is None else args)
+        try:  # args as given: click expands wildcards itself on Windows when it reads sys.argv
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.exceptions.NoArgsIsHelpError as e:  # plain `ckpt`: the help, as click shows it
+            e.show()
+            sys.exit(e.exit_code)
+        except click.ClickException as e:
+            command = self._command_named(words)
+            fail(_usage_message(e, command), EXIT_BAD_INPUT, as_json=_json_requested(words), command=command,
+                 debug="--debug" in words)
+        except click.exceptions.Abort:  # ^C while click still parses
+            fail("interrupted", EXIT_INTERRUPTED, as_json=_json_requested(words), command=self._command_named(words),
+                 prefix="ckpt: ")
+        if not standalone_mode:
+            return code
+        sys.exit(code if isinstance(code, int) else 0)
+
+    def _command_named(self, args: list[str]) -> str | None:
+        """The command the words name: the first that is not a group option (none takes a value)."""
+        first = next((a for a in args if not a.startswith("-")), None)
+        return first if first in self.commands else None
+
     def invoke(self, ctx: click.Context):
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
         # A command is one short process that makes next to no garbage cycles: without the
@@ -69,11 +119,9 @@ class CkptGroup(click.Group):
             os.dup2(devnull, sys.stdout.fileno())
             sys.exit(EXIT_BROKEN_PIPE)
         except KeyboardInterrupt:
-            click.echo("ckpt: interrupted", err=True)
-            sys.exit(EXIT_INTERRUPTED)
+            _fail(ctx, "interrupted", EXIT_INTERRUPTED, prefix="ckpt: ")
         except _Terminated:
-            click.echo("ckpt: terminated", err=True)
-            sys.exit(EXIT_TERMINATED)
+            _fail(ctx, "terminated", EXIT_TERMINATED, prefix="ckpt: ")
         except OSError as e:  # the environment, not ckpt: unreadable, unwritable, full
             _fail(ctx, _os_message(e), EXIT_BAD_INPUT)
         except MemoryError:

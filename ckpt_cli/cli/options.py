@@ -36,8 +36,8 @@ def analysis_options(f):
     return f
 
 
-def _remember_json(ctx: click.Context, param: click.Parameter, value: bool) -> bool:  # noqa: ARG001
-    """A failure under --json prints a JSON error object too (cli._fail): a CI step that
+def remember_json(ctx: click.Context, param: click.Parameter, value: bool) -> bool:  # noqa: ARG001
+    """A failure under --json prints a JSON error object too (cli.main.fail): a CI step that
     parses stdout gets the exit code and the message, not an empty document."""
     if value:
         ctx.find_root().ensure_object(dict)["json"] = True
@@ -45,7 +45,7 @@ def _remember_json(ctx: click.Context, param: click.Parameter, value: bool) -> b
 
 
 def report_options(f):
-    f = click.option("--json", "as_json", is_flag=True, callback=_remember_json,
+    f = click.option("--json", "as_json", is_flag=True, callback=remember_json,
                      help="Print one JSON object instead of tables (on failure: {\"error\": {\"exit_code\", "
                           "\"message\"}}).")(f)
     f = click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path),

@@ -7,6 +7,7 @@ Every rewrite records what it was planned for in the model's ``metadata_props``
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import onnx
@@ -20,6 +21,8 @@ from ..verify.settings import ckpt_session_settings, ort_default_session_setting
 def recorded_settings(path: str | Path) -> dict:
     """The session settings recorded in a ckpt-written model (plain data, no ORT import).
     A model ckpt did not write gets the settings ckpt's check runs originals with."""
+    if not isinstance(path, (str, os.PathLike)):  # a ModelProto's text would fill the message
+        raise TypeError(f"expected the path of a model file, got {type(path).__name__}")
     try:
         model = read_model(path, embedded_weights=False)  # its metadata: the weights are not read
     except Exception as e:  # noqa: BLE001 - any decode failure: not a model

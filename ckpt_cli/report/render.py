@@ -42,6 +42,18 @@ def chart_lines(console: Console, series, boundaries, width: int = 80) -> list[s
                                                  boundaries=boundaries, ascii_only=console.no_color)]
 
 
+def _activation_scaling(scaled: dict, names: str) -> str:
+    """How the stashed activations grow with the dimensions: with them, less, or faster."""
+    if scaled["activations_scale"]:
+        return f"every stashed activation scales with {names}"
+    fixed, faster = len(scaled["fixed_activations"]), len(scaled.get("faster_activations") or ())
+    parts = [f"{fixed} stashed activations do not double with {names}"] if fixed else []
+    if faster:  # as attention scores do with the sequence length
+        parts.append(f"{faster}{'' if fixed else ' stashed activations'} more than double with {names}, "
+                     "growing faster than linearly")
+    return "; ".join(parts)
+
+
 def render_facts(r: dict, console: Console) -> None:
     """The first lines of a report on a model: what its figures rest on."""
     dims = r.get("dims") or {}
@@ -54,9 +66,8 @@ def render_facts(r: dict, console: Console) -> None:
     scaled = r.get("scaling")
     if scaled:
         names = ", ".join(map(safe, scaled["dims"]))
-        line = f"peak = {safe(scaled['peak_bytes_formula'])}; "
-        line += (f"every stashed activation scales with {names}" if scaled["activations_scale"]
-                 else f"{len(scaled['fixed_activations'])} stashed activations do not scale with {names}")
+        line = ("peak = " if scaled.get("linear", True) else "peak ") + f"{safe(scaled['peak_bytes_formula'])}; "
+        line += _activation_scaling(scaled, names)
         if "same_plan_at_doubled_dims" in scaled:
             twice = ", ".join(f"{safe(d)} = {v}" for d, v in scaled["doubled_dims"].items())
             line += ("; the same plan at " if scaled["same_plan_at_doubled_dims"] else "; another plan at ") + twice
@@ -142,9 +153,9 @@ def render_rewrite(r: dict, console: Console) -> None:
                             [b["backward_starts_at"], a["backward_starts_at"]]):
         console.print(line, markup=False)
     if r.get("no_gain_reason"):
-        console.print(f"[yellow]No gain:[/yellow] {r['no_gain_reason']}.")
+        console.print(f"[yellow]No gain:[/yellow] {safe(r['no_gain_reason'])}.")
     if r.get("warning"):
-        console.print(f"[yellow]Warning:[/yellow] {r['warning']}.")
+        console.print(f"[yellow]Warning:[/yellow] {safe(r['warning'])}.")
     _render_pin(r.get("pin"), console)
     _render_mem_pattern_off(r.get("mem_pattern_off"), console)
     _render_ort_optimize(r.get("ort_optimize"), console)

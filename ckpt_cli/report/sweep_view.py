@@ -11,6 +11,7 @@ from rich.console import Console
 from .model import envelope
 from .render import _table
 from .svg import Axes
+from .text import safe
 from ..units import human_bytes, human_flops
 
 CHART_W, CHART_H = 60, 14  # text chart cells
@@ -44,10 +45,10 @@ def chart_lines(points: list[dict], width: int = CHART_W, height: int = CHART_H)
 
 def render_sweep(r: dict, console: Console) -> None:
     points = r["sweep"]
-    console.print(f"[bold]{r['model']}[/bold]: predicted peak against recompute")
+    console.print(f"[bold]{safe(r['model'])}[/bold]: predicted peak against recompute")
     console.print(f"  {len(points)} plans from the min-cut front; original {human_bytes(r['peak_bytes_before'])}")
     for note in r["notes"]:
-        console.print(f"  {note}")
+        console.print(f"  {safe(note)}")
     for line in chart_lines(points):
         console.print(line, highlight=False, markup=False)
     t = _table("Plans (* on the front: no other plan has both a lower peak and less recompute; K the knee)", console,

@@ -28,42 +28,56 @@ def _diffs(a: np.ndarray, b: np.ndarray):
     return d, rel, np.where(nan_b, 0.0, np.abs(bf))
 
 
+def _kind_problem(x: np.ndarray, y: np.ndarray) -> str | None:
+    """Why two outputs are not the same kind of value: a shape or element type changed."""
+    if x.shape != y.shape:
+        return f"shape {list(x.shape)} vs {list(y.shape)}"
+    if x.dtype != y.dtype:
+        return f"dtype {x.dtype} vs {y.dtype}"
+    return None
+
+
+def compare_one(x: np.ndarray, y: np.ndarray, rtol: float, atol: float) -> dict:
+    """One output: the reference ``x`` against the candidate ``y``. Another shape or element
+    type is a difference whatever the values (a float64 output where float32 was is a
+    changed model), with no |diff| to report."""
+    entry = {"dtype": str(x.dtype), "shape": list(x.shape), "bit_identical": False, "max_abs_diff": None,
+             "max_rel_diff": None, "within_tolerance": False}
+    problem = _kind_problem(x, y)
+    if problem is not None:
+        entry["problem"] = problem
+        return entry
+    entry["bit_identical"] = np.ascontiguousarray(x).tobytes() == np.ascontiguousarray(y).tobytes()
+    if x.size == 0:
+        entry.update(max_abs_diff=0.0, max_rel_diff=0.0, within_tolerance=True)
+    else:
+        d, rel, mag = _diffs(x, y)
+        entry.update(max_abs_diff=float(np.max(d)), max_rel_diff=float(np.max(rel)),
+                     within_tolerance=bool(np.all(d <= atol + rtol * mag)))
+    return entry
+
+
 def compare_outputs(a: dict, b: dict, *, rtol: float = DEFAULT_RTOL,
                     atol: float = DEFAULT_ATOL) -> dict:
-    """Compare two {name: array} dicts (a = reference, b = candidate).
+    """Compare two {name: array} dicts (a = reference, b = candidate), each in the order
+    the model returns its outputs.
 
     Per output: bit_identical (same dtype, shape and bytes; NaNs with equal bits
     count as identical), max_abs_diff, max_rel_diff (|a-b| / max(|a|,|b|)),
-    within_tolerance (|a-b| <= atol + rtol*|b| elementwise, NaN == NaN).
+    within_tolerance (|a-b| <= atol + rtol*|b| elementwise, NaN == NaN); ``problem`` when
+    its shape, element type or position changed (a session returns outputs by position).
     Outputs present on one side only are listed in missing / extra and count as
     failures.
     """
     per = {}
-    for name in a:
+    position_b = {name: i for i, name in enumerate(b)}
+    for i, name in enumerate(a):
         if name not in b:
             continue
-        x, y = np.asarray(a[name]), np.asarray(b[name])
-        entry = {"dtype": str(x.dtype), "shape": list(x.shape),
-                 "bit_identical": False, "max_abs_diff": None, "max_rel_diff": None,
-                 "within_tolerance": False}
-        if x.shape != y.shape:
-            entry["problem"] = f"shape {list(x.shape)} vs {list(y.shape)}"
-        elif x.dtype != y.dtype and not (np.issubdtype(x.dtype, np.number)
-                                         and np.issubdtype(y.dtype, np.number)):
-            entry["problem"] = f"dtype {x.dtype} vs {y.dtype}"
-        else:
-            entry["bit_identical"] = (x.dtype == y.dtype and
-                                      np.ascontiguousarray(x).tobytes()
-                                      == np.ascontiguousarray(y).tobytes())
-            if x.dtype != y.dtype:
-                entry["problem"] = f"dtype {x.dtype} vs {y.dtype}"
-            if x.size == 0:
-                entry.update(max_abs_diff=0.0, max_rel_diff=0.0, within_tolerance=True)
-            else:
-                d, rel, mag = _diffs(x, y)
-                entry["max_abs_diff"] = float(np.max(d))
-                entry["max_rel_diff"] = float(np.max(rel))
-                entry["within_tolerance"] = bool(np.all(d <= atol + rtol * mag))
+        entry = compare_one(np.asarray(a[name]), np.asarray(b[name]), rtol, atol)
+        if position_b[name] != i and "problem" not in entry:
+            entry.update(problem=f"position {i} vs {position_b[name]} (the outputs come in another order)",
+                         bit_identical=False, within_tolerance=False)
         per[name] = entry
     missing = [n for n in a if n not in b]
     extra = [n for n in b if n not in a]

@@ -323,6 +323,17 @@ def save_feeds(path, feeds: dict) -> None:
     np.savez(os.fspath(path), **{k: np.asarray(v) for k, v in feeds.items()})
 
 
+def feed_dims(model, feeds: dict) -> dict[str, tuple[int, str]]:
+    """The size each symbolic dimension has in ``feeds`` (checked by ``load_feeds``), and
+    the first input that shows it."""
+    sizes: dict[str, tuple[int, str]] = {}
+    for vi in graph_inputs(_as_model(model)):
+        for d, size in zip(_declared_dims(vi) or (), np.shape(feeds.get(vi.name))):
+            if isinstance(d, str):
+                sizes.setdefault(d, (int(size), vi.name))
+    return sizes
+
+
 def load_feeds(path, model) -> dict:
     """Load an .npz of feeds and check it against the model's inputs.
 

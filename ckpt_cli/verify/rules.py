@@ -34,6 +34,10 @@ def outputs_match(f: "CheckFigures", tolerant: bool) -> None:
     out = f.outputs
     if out.within_tolerance if tolerant else out.equal:
         return
+    changed = [f"{name}: {e['problem']}" for name, e in out.per_output.items() if e.get("problem")]
+    if changed:  # another shape, type or position: no run-to-run spread explains that
+        f.failures.append(f"outputs differ ({'; '.join(changed[:3])}{'; ...' if len(changed) > 3 else ''})")
+        return
     rr = out.run_to_run
     if not tolerant and rr is not None and rr["accepted"]:
         f.notes.append(_spread_note(f, rr))

@@ -26,7 +26,7 @@ from ..markers import SessionPlan
 from ..options import DEFAULT_MAX_PREDICTION_ERROR, CheckOptions
 from ..ops import VIEW_OPS
 from . import driver
-from .feeds import FeedError, load_feeds, make_feeds, save_feeds
+from .feeds import FeedError, feed_dims, load_feeds, make_feeds, save_feeds
 from .plain_model import fused_plain
 from .rules import judge
 
@@ -174,9 +174,20 @@ class CheckFigures:
         return {k: asdict(v) if is_dataclass(v) else copy.deepcopy(v) for k, v in body.items()}
 
 
+def _feeds_at_dims(model, feeds: dict, dims: dict[str, int]) -> None:
+    """Feeds at other sizes than the analysis would be judged against a prediction for
+    those: the check names the dimension instead of failing on the prediction."""
+    for name, (size, where) in feed_dims(model, feeds).items():
+        if name in dims and dims[name] != size:
+            raise FeedError(f"--feeds: input {where!r} has {name} = {size}, but the models are analysed at "
+                            f"{name} = {dims[name]}: give --dim {name}={size}")
+
+
 def prepare_feeds(model, out_path: Path, seed: int, dims: dict[str, int], feeds_file: Path | None) -> None:
     try:
         feeds = load_feeds(feeds_file, model) if feeds_file is not None else make_feeds(model, seed, dims)
+        if feeds_file is not None:
+            _feeds_at_dims(model, feeds, dims)
     except FeedError as e:
         raise UsageError(str(e)) from None
     except (MemoryError, ValueError) as e:  # numpy: too large an array for this machine
