@@ -98,6 +98,16 @@ def analyse_input(loaded: Loaded, analysis: AnalysisOptions | None = None) -> An
 _ANALYSIS_KEYWORDS = ("dims", "loss", "grad_outputs")
 
 
+def refuse_unsized(a: Analysis, allowed: bool) -> None:
+    """A plan on tensors of unknown size counts them as 0 B: never in silence."""
+    unsized = a.unsized()
+    if unsized and not allowed:
+        g = a.graph
+        names = ", ".join(f"{t} ({g.nodes[g.producer[t]].op_type})" for t in list(unsized)[:3])
+        raise ModelError(f"{len(unsized)} tensors have a size known only at run time (e.g. {names}): a plan would "
+                         "count them as 0 B (--allow-unsized plans anyway)")
+
+
 def _split_keywords(keywords: dict) -> tuple[AnalysisOptions | None, dict]:
     """The keyword form of a call: its analysis options, and the rest."""
     given = {k: keywords.pop(k) for k in _ANALYSIS_KEYWORDS if k in keywords}
@@ -173,6 +183,7 @@ def plan_model(model: ModelInput, options: PlanOptions | None = None, *, analysi
     options = (options or PlanOptions.of(**keywords)).validate()
     loaded = load_input(model)
     a = analyse_input(loaded, analysis)
+    refuse_unsized(a, options.allow_unsized)
     if output is not None:
         check_output_path(Path(output), loaded.path, force)
     planned = make_plan(a, options, progress=progress)
@@ -186,7 +197,7 @@ def plan_model(model: ModelInput, options: PlanOptions | None = None, *, analysi
 
 
 def sweep_model(model: ModelInput, *, svg: str | Path | None = None, policy: Policy | None = None,
-                analysis: AnalysisOptions | None = None, **keywords) -> dict:
+                analysis: AnalysisOptions | None = None, allow_unsized: bool = False, **keywords) -> dict:
     """``ckpt plan --sweep``: predicted peak against recompute share over the min-cut
     front (each point a real rewrite), as a report; with ``svg``, the chart there too."""
     from .planning.sweep import sweep_points
@@ -197,6 +208,7 @@ def sweep_model(model: ModelInput, *, svg: str | Path | None = None, policy: Pol
     analysis = analysis or given or AnalysisOptions()
     loaded = load_input(model)
     a = analyse_input(loaded, analysis)
+    refuse_unsized(a, allow_unsized)
     policy = policy or Policy()
     points = sweep_points(a, lambda p: rewrite(a, p, pin=False), policy)
     notes = [policy.describe()] if policy else []
@@ -304,6 +316,7 @@ def rewrite_model(model: ModelInput, output: str | Path | None = None, options: 
     if output is not None:
         check_output_path(Path(output), loaded.path, force)
     a = analyse_input(loaded, analysis)
+    refuse_unsized(a, options.plan.allow_unsized)
     out = _rewritten(a, loaded, options, analysis, output, progress)
     if check:
         out.check = _check_rewrite(model, loaded, a, out, check if isinstance(check, CheckOptions)

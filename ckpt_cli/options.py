@@ -66,6 +66,7 @@ class PlanOptions:
     auto: str | None = None
     budget: str | None = None
     policy: Policy = field(default_factory=Policy)
+    allow_unsized: bool = False  # plan even where a tensor's size is unknown (counted as 0 B)
 
     @classmethod
     def of(cls, **keywords) -> "PlanOptions":

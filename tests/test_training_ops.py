@@ -108,3 +108,33 @@ def test_split_and_divgrad_shapes():
 ])
 def test_broadcast_gradient_axes(a, b, axes):
     assert broadcast_gradient_axes(a, b) == axes
+
+
+def _nonzero_model(tmp_path):
+    from chain import chain_model
+
+    model = chain_model(layers=2, batch=8, width=16)
+    model.graph.node.append(helper.make_node("NonZero", ["x"], ["nonzero"], name="/side/NonZero"))
+    model.graph.node.append(helper.make_node("Size", ["nonzero"], ["found"], name="/side/Size"))
+    model.graph.output.append(helper.make_tensor_value_info("found", onnx.TensorProto.INT64, []))
+    path = tmp_path / "nz.onnx"
+    onnx.save(model, path)
+    return path
+
+
+@pytest.mark.parametrize("command", [["plan"], ["plan", "--sweep"], ["rewrite", "-o", "{out}"]])
+def test_plan_and_rewrite_refuse_unsized_tensors(tmp_path, command):
+    from click.testing import CliRunner
+
+    from ckpt_cli.cli import main as cli
+
+    path, out = _nonzero_model(tmp_path), tmp_path / "out.onnx"
+    args = [c.format(out=out) for c in command]
+    r = CliRunner().invoke(cli, [args[0], str(path), *args[1:]])
+    assert r.exit_code == 2, r.output
+    assert "size known only at run time" in r.output and "nonzero (NonZero)" in r.output
+    assert not out.exists()
+    r = CliRunner().invoke(cli, [args[0], str(path), *args[1:], "--allow-unsized"])
+    assert r.exit_code == 0, r.output
+    if "--sweep" not in args:
+        assert r.output.startswith("warning: 1 tensors have unknown size"), r.output[:200]
