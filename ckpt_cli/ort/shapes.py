@@ -260,6 +260,20 @@ def _broadcast_gradient_args(x: Inputs) -> dict[int, Typed]:
     return {k: (TensorProto.INT64, (len(v),)) for k, v in enumerate(axes)}
 
 
+def _reduce_sum_training(x: Inputs) -> dict[int, Typed]:
+    """ReduceSumTraining(data, axes): ReduceSum with the axes as an input (a shape value)."""
+    typed, axes = x.typed(0), x.value(1)
+    if typed is None or axes is None:
+        return {}
+    dtype, shape = typed
+    axes = {int(a) % len(shape) for a in axes.reshape(-1)} if len(shape) else set()
+    if not axes and x.attr("noop_with_empty_axes", 0):
+        return {0: typed}
+    keep = x.attr("keepdims", 1)
+    reduced = [1 if k in axes or not axes else d for k, d in enumerate(shape)]
+    return {0: (dtype, tuple(reduced) if keep else tuple(d for k, d in enumerate(shape) if axes and k not in axes))}
+
+
 def _broadcast(a: Shape, b: Shape) -> Optional[Shape]:
     out = []
     for x, y in zip((1,) * (len(b) - len(a)) + tuple(a), (1,) * (len(a) - len(b)) + tuple(b)):
@@ -294,8 +308,7 @@ CONTRIB_RULES: dict[str, Rule] = {
     "ConcatTraining": _concat_training,
     "SplitTraining": _split_training,
     "BroadcastGradientArgs": _broadcast_gradient_args,
-    # dA like A, dB like B (the gradient summed back over the broadcast axes)
-    "DivGrad": _same_as({0: 1, 1: 2}),
+    "ReduceSumTraining": _reduce_sum_training,
     "FusedMatMul": _fused_matmul,
     "SoftmaxGrad_13": _same_as({0: 0}),
     "LogSoftmaxGrad_13": _same_as({0: 0}),
