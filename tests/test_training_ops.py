@@ -107,8 +107,10 @@ def test_split_and_divgrad_shapes():
     ((4, 3, 8), (1, 3, 1), ([], [2, 0])),
     ((4, 1, 8), (3, 1), ([1], [2, 0])),
     ((5,), (2, 3, 5), ([1, 0], [])),
+    ((1, 1), (3, 4), ([1, 0], [])),
 ])
 def test_broadcast_gradient_axes(a, b, axes):
+    """The rows are what onnxruntime-training 1.19.2's CPU BroadcastGradientArgs returns."""
     assert broadcast_gradient_axes(a, b) == axes
 
 
