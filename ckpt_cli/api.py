@@ -126,6 +126,16 @@ def _refuse_contradicted_ties(a: Analysis, given: dict[str, int]) -> None:
 _ANALYSIS_KEYWORDS = ("dims", "loss", "grad_outputs")
 
 
+def refuse_unsized(a: Analysis, allowed: bool) -> None:
+    """A plan on tensors of unknown size counts them as 0 B: never in silence."""
+    unsized = a.unsized()
+    if unsized and not allowed:
+        g = a.graph
+        names = ", ".join(f"{t} ({g.nodes[g.producer[t]].op_type})" for t in list(unsized)[:3])
+        raise ModelError(f"{len(unsized)} tensors have a size known only at run time (e.g. {names}): a plan would "
+                         "count them as 0 B (--allow-unsized plans anyway)")
+
+
 def _split_keywords(keywords: dict) -> tuple[AnalysisOptions | None, dict]:
     """The keyword form of a call: its analysis options, and the rest."""
     given = {k: keywords.pop(k) for k in _ANALYSIS_KEYWORDS if k in keywords}
@@ -202,6 +212,7 @@ def plan_model(model: ModelInput, options: PlanOptions | None = None, *, analysi
     _typed("output", output, _PATH)
     loaded = load_input(model)
     a = analyse_input(loaded, analysis)
+    refuse_unsized(a, options.allow_unsized)
     if output is not None:
         check_output_path(Path(output), loaded.path, force)
     planned = make_plan(a, options, progress=progress)
@@ -215,7 +226,7 @@ def plan_model(model: ModelInput, options: PlanOptions | None = None, *, analysi
 
 
 def sweep_model(model: ModelInput, *, svg: str | Path | None = None, policy: Policy | None = None,
-                analysis: AnalysisOptions | None = None, **keywords) -> dict:
+                analysis: AnalysisOptions | None = None, allow_unsized: bool = False, **keywords) -> dict:
     """``ckpt plan --sweep``: predicted peak against recompute share over the min-cut
     front (each point a real rewrite), as a report; with ``svg``, the chart there too."""
     from .planning.sweep import sweep_points
@@ -228,6 +239,7 @@ def sweep_model(model: ModelInput, *, svg: str | Path | None = None, policy: Pol
     _typed("svg", svg, _PATH)
     loaded = load_input(model)
     a = analyse_input(loaded, analysis)
+    refuse_unsized(a, allow_unsized)
     points = sweep_points(a, lambda p: rewrite(a, p, pin=False), policy)
     notes = [policy.describe()] if policy else []
     if svg is not None:
@@ -338,6 +350,7 @@ def rewrite_model(model: ModelInput, output: str | Path | None = None, options: 
     if output is not None:
         check_output_path(Path(output), loaded.path, force)
     a = analyse_input(loaded, analysis)
+    refuse_unsized(a, options.plan.allow_unsized)
     out = _rewritten(a, loaded, options, analysis, output, progress)
     if check:
         out.check = _check_rewrite(model, loaded, a, out, check_options)

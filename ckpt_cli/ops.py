@@ -12,9 +12,41 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .graph import Node
 
+# ONNX Runtime's training and contrib schemas: domain and whether the op draws random
+# numbers (a ``seed`` attribute), from orttraining/core/graph/training_op_defs.cc (1.19:
+# ``TrainableDropout`` in the ONNX domain) and core/graph/contrib_ops/contrib_defs.cc (the
+# Dropout fusions). ATenOp and PythonOp run arbitrary code: counted as random.
+ORT_TRAINING_SCHEMAS: dict[str, tuple[str, bool]] = {
+    **dict.fromkeys(("AveragePoolGrad", "MaxPoolGrad", "SinGrad", "ReshapeGrad", "GatherND",
+                     "SparseSoftmaxCrossEntropy", "SparseSoftmaxCrossEntropyGrad", "HorovodAllReduce",
+                     "HorovodBarrier"), ("", False)),
+    "TrainableDropout": ("", True),
+    **dict.fromkeys(("ReluGrad", "SoftmaxGrad", "SoftmaxGrad_13", "LogSoftmaxGrad", "LogSoftmaxGrad_13", "ConvGrad",
+                     "GatherGrad", "GatherElementsGrad", "DivGrad", "SGDOptimizer", "AdamOptimizer",
+                     "AdamWOptimizer", "LambOptimizer", "InPlaceAccumulator", "InPlaceAccumulatorV2",
+                     "ZeroGradient", "GatherNDGrad", "SoftmaxCrossEntropy", "SoftmaxCrossEntropyGrad",
+                     "SoftmaxCrossEntropyLossGrad", "SoftmaxCrossEntropyLossInternal",
+                     "SoftmaxCrossEntropyLossInternalGrad", "NcclAllReduce", "NcclAllGather",
+                     "NcclReduceScatter", "AdasumAllReduce", "ReduceSumTraining", "SplitTraining",
+                     "ConcatTraining", "DropoutGrad", "TrainableDropoutGrad", "BitmaskDropoutGrad",
+                     "BroadcastGradientArgs", "GistBinarizeEncoder", "GistBinarizeDecoder", "GistPack1Encoder",
+                     "GistPack1Decoder", "GistPack8Encoder", "GistPack8Decoder", "GistPack16Encoder",
+                     "GistPack16Decoder", "GistPackMsfp15Encoder", "GistPackMsfp15Decoder", "SummaryScalar",
+                     "SummaryHistogram", "SummaryMerge", "SummaryText", "GeluGrad", "FastGeluGrad",
+                     "BiasGeluGrad_dX", "BiasFastGeluGrad_dX", "LayerNormalizationGrad",
+                     "SimplifiedLayerNormalizationGrad", "InvertibleLayerNormalizationGrad",
+                     "BatchNormalizationGrad", "BatchNormInternal", "Group", "PassThrough", "IsFinite", "All",
+                     "IsAllFinite", "MixedPrecisionScale", "Scale", "View", "ReduceAllL2", "Send", "Recv",
+                     "MegatronF", "MegatronG", "SliceGrad", "RecordEvent", "WaitEvent", "YieldOp", "ATenOpGrad",
+                     "PythonOpGrad", "LSTMTraining", "LSTMGrad", "GRUTraining", "GRUGrad"),
+                    ("com.microsoft", False)),
+    **dict.fromkeys(("BiasDropout", "BitmaskDropout", "BitmaskBiasDropout", "ATenOp", "PythonOp"),
+                    ("com.microsoft", True)),
+}
+
 # Recomputing these would draw different numbers than the forward pass did.
 RANDOM_OPS = frozenset({"Dropout", "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
-                        "Bernoulli", "Multinomial"})
+                        "Bernoulli", "Multinomial"} | {op for op, (_, rand) in ORT_TRAINING_SCHEMAS.items() if rand})
 
 # The CPU kernels of these ops alias output 0 to input 0 (measured on ORT 1.31).
 VIEW_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"})
@@ -74,6 +106,9 @@ DETERMINISTIC_CONTRIB_OPS = frozenset({
     "FusedMatMul", "FusedGemm", "FusedConv", "Gelu", "FastGelu", "BiasGelu", "QuickGelu", "BiasAdd",
     "SkipLayerNormalization", "SkipSimplifiedLayerNormalization", "LayerNormalization",
     "SimplifiedLayerNormalization", "BiasSoftmax", "Softmax", "Sigmoid", "Relu", "Tanh"})
+# ORT training's forms of Concat and Split (an artifact's gradient builder writes them in
+# place of the standard ops; the extra output of ConcatTraining is the input lengths).
+DETERMINISTIC_TRAINING_OPS = frozenset({"ConcatTraining", "SplitTraining"})
 
 # Ops whose output dimensions all come from their data inputs' dimensions (onnx shape
 # inference leaves them unknown when those are unknown). Others (Expand, Reshape to a
@@ -93,4 +128,5 @@ def is_recomputable(node: Node) -> bool:
         return False
     if node.domain in ("", "ai.onnx"):
         return True
-    return node.domain == CONTRIB_DOMAIN and node.op_type in DETERMINISTIC_CONTRIB_OPS
+    return node.domain == CONTRIB_DOMAIN and (node.op_type in DETERMINISTIC_CONTRIB_OPS
+                                              or node.op_type in DETERMINISTIC_TRAINING_OPS)

@@ -123,6 +123,7 @@ class PlanOptions:
     budget: str | None = None
     policy: Policy = field(default_factory=Policy)
     activation_budget: float | None = None  # a share of the no-recompute plan's activation bytes
+    allow_unsized: bool = False  # plan even where a tensor's size is unknown (counted as 0 B)
 
     @classmethod
     def of(cls, **keywords) -> "PlanOptions":

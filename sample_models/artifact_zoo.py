@@ -246,6 +246,72 @@ def resnet_block() -> nn.Module:
         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, CLASSES))
 
 
+def _double_tile(x: torch.Tensor) -> torch.Tensor:
+    """Nearest 2x upsampling by Tile (``repeat``): each pixel repeated on new axes, then merged."""
+    b, c, h, w = x.shape
+    return x.reshape(b, c, h, 1, w, 1).repeat(1, 1, 1, 2, 1, 2).reshape(b, c, 2 * h, 2 * w)
+
+
+def _double_expand(x: torch.Tensor) -> torch.Tensor:
+    """Nearest 2x upsampling by broadcast: an Expand to a shape computed at run time."""
+    b, c, h, w = x.shape
+    return x.reshape(b, c, h, 1, w, 1).expand(b, c, h, 2, w, 2).reshape(b, c, 2 * h, 2 * w)
+
+
+class UNet(nn.Module):
+    """A two-level UNet: Conv+ReLU pairs, MaxPool down, Tile upsampling, Concat skips."""
+
+    def __init__(self):
+        super().__init__()
+        def pair(c_in: int, c_out: int) -> nn.Module:
+            return nn.Sequential(nn.Conv2d(c_in, c_out, 3, 1, 1), nn.ReLU(), nn.Conv2d(c_out, c_out, 3, 1, 1), nn.ReLU())
+        self.down1, self.down2, self.mid = pair(3, 16), pair(16, 32), pair(32, 64)
+        self.up2, self.up1 = pair(64 + 32, 32), pair(32 + 16, 16)
+        self.head = nn.Conv2d(16, 3, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        s1 = self.down1(x)
+        s2 = self.down2(nn.functional.max_pool2d(s1, 2))
+        y = self.mid(nn.functional.max_pool2d(s2, 2))
+        y = self.up2(torch.cat([_double_tile(y), s2], 1))
+        return self.head(self.up1(torch.cat([_double_tile(y), s1], 1)))
+
+
+class GroupNorm(nn.Module):
+    """GroupNorm written out: Reshape, ReduceMean, Sub, Pow, Sqrt, Div (no fused op)."""
+
+    def __init__(self, groups: int, channels: int):
+        super().__init__()
+        self.groups = groups
+        self.weight = nn.Parameter(torch.ones(1, channels, 1, 1))
+        self.bias = nn.Parameter(torch.zeros(1, channels, 1, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, c, h, w = x.shape
+        g = x.reshape(b, self.groups, -1)
+        centred = g - g.mean(dim=2, keepdim=True)
+        std = (centred.pow(2).mean(dim=2, keepdim=True) + 1e-5).sqrt()
+        return (centred / std).reshape(b, c, h, w) * self.weight + self.bias
+
+
+class Denoiser(nn.Module):
+    """A conv denoiser: Conv+GroupNorm+ReLU, a strided Conv down, Expand upsampling, a skip."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Conv2d(3, 32, 3, 1, 1)
+        self.gn1, self.gn2, self.gn3 = GroupNorm(4, 32), GroupNorm(4, 64), GroupNorm(4, 32)
+        self.down = nn.Conv2d(32, 64, 3, 2, 1)
+        self.up = nn.Conv2d(64, 32, 3, 1, 1)
+        self.out = nn.Conv2d(32, 3, 3, 1, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        s = torch.relu(self.gn1(self.inp(x)))
+        y = torch.relu(self.gn2(self.down(s)))
+        y = torch.relu(self.gn3(self.up(_double_expand(y)))) + s
+        return x - self.out(y)
+
+
 def specs() -> list[Spec]:
     CE, MSE = "CrossEntropyLoss", "MSELoss"
     logits = Tensor("logits", ("batch", CLASSES))
@@ -268,6 +334,9 @@ def specs() -> list[Spec]:
         Spec("embed_ln17", 17, CE, EmbedLN, ids64, logits, 64, ln_stats=True),
         Spec("lstm", 14, MSE, lambda: Recurrent("LSTM"), seq, Tensor("pred", ("batch", 4)), 64),
         Spec("gru", 14, MSE, lambda: Recurrent("GRU"), seq, Tensor("pred", ("batch", 4)), 64),
+        Spec("unet", 17, MSE, UNet, (Tensor("input", ("batch", 3, 32, 32)),), Tensor("pred", ("batch", 3, 32, 32)), 16),
+        Spec("denoiser", 17, MSE, Denoiser, (Tensor("input", ("batch", 3, 32, 32)),),
+             Tensor("pred", ("batch", 3, 32, 32)), 16),
     ]
 
 

@@ -71,3 +71,15 @@ def test_constants_and_unnamed_nodes_are_not_judged():
     order = order_check(["c", "", "a", "b"], ["a", "b"], kernelless={"c"})
     assert order["matches"] and order["n_not_executed"] == 0
     assert order_check(["a", "b", "x"], ["a", "b"])["not_executed"] == ["x"]
+
+
+def test_nodes_ort_ran_outside_the_file_are_named_by_op(rewritten):
+    """ORT ran nodes the schedule does not have (an expansion, a fusion): the failure counts
+    them per op type, as the profiler names their kernels."""
+    a = api.analyse_input(api.load_input(rewritten))
+    dropped = [a.graph.nodes[i] for i in a.priority.order[-2:]]
+    failures = _judged(GPT, rewritten, lambda p: replace(p, order=p.order[:-2]))
+    types = [n.op_type for n in dropped]
+    ops = ", ".join(f"{op} x{types.count(op)}" for op in sorted(dict.fromkeys(types), key=lambda o: -types.count(o)))
+    named = [f for f in failures if f.startswith("ONNX Runtime ran 2 nodes that are not in the file")]
+    assert named and f"({ops}; e.g." in named[0], (ops, failures)

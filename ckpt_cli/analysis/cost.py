@@ -30,6 +30,7 @@ _PER_OUTPUT = {
     "Round": 1, "Cast": 1, "Sin": 4, "Cos": 4, "IsNaN": 1, "IsInf": 1, "BitShift": 1,
     "Sum": 1, "Mean": 1, "Scale": 1, "ReluGrad": 1, "GeluGrad": 12, "FastGeluGrad": 12,
     "SigmoidGrad": 3, "TanhGrad": 3, "Dropout": 2, "BiasGelu": 11, "QuickGelu": 5, "BiasAdd": 2,
+    "DropoutGrad": 2,  # dY scaled where the mask kept it
 }
 # Ops that read their whole input once: FLOPs per input element.
 _PER_INPUT = {
@@ -45,7 +46,18 @@ _PER_INPUT = {
     "GlobalAveragePool": 1, "GlobalMaxPool": 1, "MaxPoolGrad": 1, "TopK": 2,
     "CumSum": 1, "InPlaceAccumulatorV2": 1, "SkipLayerNormalization": 10,
     "SkipSimplifiedLayerNormalization": 8, "BiasSoftmax": 6,
+    "SoftmaxGrad_13": 3, "LogSoftmaxGrad": 3, "LogSoftmaxGrad_13": 3, "ReduceSumTraining": 1,
 }
+# Per-input ops whose counted input is not the first: the losses' gradients read the
+# log-probabilities (input 1); their first input is the loss's scalar gradient.
+_INPUT_AT = {"SoftmaxCrossEntropyLossGrad": 1, "SoftmaxCrossEntropyLossInternalGrad": 1}
+# Gradients of gathers: one add per element of dY (their input ``_DY_INPUT``), scattered.
+_DY_INPUT = {"GatherGrad": 2, "GatherNDGrad": 2, "GatherElementsGrad": 0, "SliceGrad": 0}
+# Recurrent ops (ORT training's LSTM/GRU): gates, and FLOPs per hidden unit and step for
+# their activations and state updates (LSTM: 4 activations of 4, cell and hidden updates 8;
+# GRU: 3 activations of 4, the candidate's reset and the blend 6). The gradient op computes
+# dX, dW, dR and the previous state's gradient: twice the forward's matmuls and updates.
+_RECURRENT = {"LSTMTraining": (4, 24, 1), "GRUTraining": (3, 18, 1), "LSTMGrad": (4, 24, 2), "GRUGrad": (3, 18, 2)}
 
 
 @dataclass(frozen=True)
@@ -102,11 +114,16 @@ def node_flops(node: Node, tensors: dict[str, TensorInfo]) -> int | None:
             return None
         group = node.attr("group", 1)
         return 2 * x * (w[1] * math.prod(w[2:])) // max(group, 1) * group
+    if op in _RECURRENT:
+        return _recurrent_flops(node, tensors)
+    if op in _DY_INPUT:
+        dy = _elems(get(node.inputs[_DY_INPUT[op]])) if len(node.inputs) > _DY_INPUT[op] else None
+        return dy
     if op in _PER_OUTPUT:
         y = _elems(out)
         return None if y is None else _PER_OUTPUT[op] * y
     if op in _PER_INPUT:
-        x = _elems(get(node.inputs[0]))
+        x = _elems(get(node.inputs[_INPUT_AT.get(op, 0)]))
         return None if x is None else _PER_INPUT[op] * x
     return 0  # data movement: Reshape, Transpose, Gather, Concat, Slice, Shape, ...
 
@@ -120,6 +137,18 @@ def _conv_grad_flops(node: Node, tensors: dict[str, TensorInfo]) -> int | None:
         return None
     wanted = [i < len(node.outputs) and node.outputs[i] != ABSENT for i in range(3)]
     return 2 * dy * math.prod(w[1:]) * (wanted[0] + wanted[1]) + dy * wanted[2]
+
+
+def _recurrent_flops(node: Node, tensors: dict[str, TensorInfo]) -> int | None:
+    """X [seq, batch, input], W [dirs, gates*hidden, input]: per step and direction the input
+    and recurrent matmuls (2*gates*hidden*(input+hidden) per batch row) and the updates."""
+    x, w = _shape(tensors.get(node.inputs[0])), _shape(tensors.get(node.inputs[1]))
+    if x is None or w is None or len(x) != 3 or len(w) != 3:
+        return None
+    gates, per_unit, factor = _RECURRENT[node.op_type]
+    hidden = w[1] // gates
+    steps = x[0] * w[0] * x[1]  # seq x dirs x batch
+    return factor * steps * (2 * gates * hidden * (x[2] + hidden) + per_unit * hidden)
 
 
 def node_cost(node: Node, tensors: dict[str, TensorInfo]) -> NodeCost:

@@ -23,8 +23,9 @@ if TYPE_CHECKING:
     from .shapes import TensorInfo
 
 # Ops ckpt evaluates on shape values.
+# Equal and Where: the exporter's shape of an ``expand`` (-1 kept from the input's shape).
 FOLDABLE = frozenset({"Shape", "Size", "Constant", "Gather", "Squeeze", "Unsqueeze", "Add", "Sub", "Mul", "Div",
-                      "Concat", "Slice", "Cast", "Reshape", "Identity"})
+                      "Concat", "Slice", "Cast", "Reshape", "Identity", "Equal", "Where"})
 _MAX_ELEMENTS = 64
 _INTEGER = (onnx.TensorProto.INT64, onnx.TensorProto.INT32)
 
@@ -43,14 +44,31 @@ def fold(graph: Graph, tensors: dict[str, TensorInfo], ops: frozenset[str],
         node = graph.nodes[i]
         if _is_concat_training(node, ops) and node.outputs[0] not in skip:
             value = _evaluate(node, values, tensors, opset, as_op="Concat")
+        elif node.op_type == "BroadcastGradientArgs" and node.domain == "com.microsoft":
+            for out, axes in _gradient_axes(node, values, skip).items():
+                values[out] = made[out] = axes
+            continue
         elif (node.op_type not in ops or node.domain not in ("", "ai.onnx") or len(node.outputs) != 1
                 or node.outputs[0] in skip):
             continue
         else:
             value = _evaluate(node, values, tensors, opset)
-        if value is not None and value.dtype.kind in "iu" and value.size <= _MAX_ELEMENTS:
+        if value is not None and value.dtype.kind in "iub" and value.size <= _MAX_ELEMENTS:
             values[node.outputs[0]] = made[node.outputs[0]] = value
     return made
+
+
+def _gradient_axes(node: Node, values: dict[str, np.ndarray], skip: frozenset[str]) -> dict[str, np.ndarray]:
+    """The values of a BroadcastGradientArgs node's outputs (reduction axes of a broadcast)."""
+    from ..ort.shapes import broadcast_gradient_axes
+
+    if len(node.inputs) < 2 or any(t not in values for t in node.inputs[:2]):
+        return {}
+    try:
+        axes = broadcast_gradient_axes(*(values[t].reshape(-1).tolist() for t in node.inputs[:2]))
+    except ValueError:
+        return {}
+    return {out: np.array(v, np.int64) for out, v in zip(node.outputs, axes) if out != ABSENT and out not in skip}
 
 
 def _is_concat_training(node: Node, ops: frozenset[str]) -> bool:

@@ -121,15 +121,34 @@ def tied_dims(graph: Graph, tensors: dict[str, TensorInfo], free: tuple[str, ...
     declared = {v.name: _shape_of(v.type)[1] for v in graph.model.graph.input}
     tied: dict[str, int] = {}
     for node in graph.nodes:
-        if node.op_type not in _LOSSES or len(node.inputs) < 2:
-            continue
-        scores, labels = tensors.get(node.inputs[0]), declared.get(node.inputs[1])
-        if scores is None or scores.shape is None or not labels or len(labels) + 1 != len(scores.shape):
-            continue
-        for dim, size in zip(labels, scores.shape[:1] + scores.shape[2:]):
-            if dim in free and isinstance(size, int):
-                tied.setdefault(dim, size)
+        if node.op_type in _LOSSES and len(node.inputs) >= 2:
+            scores, labels = tensors.get(node.inputs[0]), declared.get(node.inputs[1])
+            if scores is not None and scores.shape is not None and labels and len(labels) + 1 == len(scores.shape):
+                _tie(tied, labels, scores.shape[:1] + scores.shape[2:], free)
+        elif node.op_type in _ELEMENTWISE_LOSS_OPS and len(node.inputs) == 2:
+            _tie_operands(tied, node, declared, tensors, free)
     return tied
+
+
+# A regression loss compares the prediction with a target input of its shape (MSELoss: Sub):
+# the exporter names the prediction's dims it could not infer, and the target's with them.
+_ELEMENTWISE_LOSS_OPS = frozenset({"Sub"})
+
+
+def _tie(tied: dict[str, int], dims: tuple, sizes: tuple, free: tuple[str, ...]) -> None:
+    for dim, size in zip(dims, sizes):
+        if dim in free and isinstance(size, int) and size > 1:
+            tied.setdefault(dim, size)
+
+
+def _tie_operands(tied: dict[str, int], node, declared: dict, tensors: dict[str, TensorInfo],
+                  free: tuple[str, ...]) -> None:
+    """A graph input's defaulted dims that the other operand of ``node`` sizes."""
+    for mine, other in ((node.inputs[0], node.inputs[1]), (node.inputs[1], node.inputs[0])):
+        dims, info = declared.get(mine), tensors.get(other)
+        if dims and other not in declared and info is not None and info.shape is not None \
+                and len(info.shape) == len(dims):
+            _tie(tied, dims, info.shape, free)
 
 
 def symbolic_dims(graph: Graph, outputs: bool = True) -> set[str]:

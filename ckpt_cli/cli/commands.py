@@ -191,7 +191,8 @@ def _sweep(model: Path, svg: Path | None, options, analysis, reporting: tuple) -
     as_json, report_path, quiet = reporting
     protect_report(svg, model)
     with busy("sweeping the min-cut front", quiet or as_json):
-        report = sweep_model(model, svg=svg, policy=options.policy, analysis=analysis)
+        report = sweep_model(model, svg=svg, policy=options.policy, analysis=analysis,
+                             allow_unsized=options.allow_unsized)
     emit(report, render_sweep, as_json, report_path, quiet, (model, svg))
 
 

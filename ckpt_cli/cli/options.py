@@ -112,7 +112,8 @@ def plan_value(given: dict):
     policy = policy_from(given.pop("recompute_ops"), given.pop("keep_ops"))
     return PlanOptions(tuple(given.pop("patterns", ())), given.pop("scope", None), tuple(given.pop("boundaries", ())),
                        given.pop("plan_file", None), given.pop("auto"), given.pop("budget"), policy,
-                       given.pop("activation_budget", None))
+                       activation_budget=given.pop("activation_budget", None),
+                       allow_unsized=given.pop("allow_unsized", False))
 
 
 def rewrite_value(given: dict):
@@ -211,7 +212,11 @@ def busy(message: str, quiet: bool):
 
 
 def policy_options(f):
-    """The per-op policy options: ``--recompute-ops`` and ``--keep-ops``."""
+    """The per-op policy options: ``--recompute-ops`` and ``--keep-ops`` (and, as every
+    command that plans takes them, ``--allow-unsized``)."""
+    f = click.option("--allow-unsized", is_flag=True,
+                     help="Plan even where a tensor's size is unknown before the run (it counts as 0 B); "
+                          "without it such a model exits 2, naming the tensors.")(f)
     f = click.option("--keep-ops", metavar="OP,OP", default="",
                      help="Never recompute outputs of these op types, e.g. MatMul,Gemm (every strategy).")(f)
     f = click.option("--recompute-ops", metavar="OP,OP", default="",

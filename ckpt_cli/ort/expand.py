@@ -26,6 +26,7 @@ from pathlib import Path
 import onnx
 
 from ..graph import ABSENT, Graph, Node, embedded_bytes, weightless_copy
+from .contrib_functions import contrib_expansion
 
 _INLINE_LIMIT = 1024  # initializers above this many bytes are passed to ORT as inputs
 # Function ops ORT was seen to run as they are (it has a kernel), by op, domain, opset and
@@ -137,7 +138,11 @@ def _excerpt(graph: Graph, functions: set[str]) -> tuple[onnx.ModelProto, set[st
 def expand_functions(graph: Graph) -> Graph:
     """``graph`` with the function ops ORT expands replaced by ORT's expansion (the same
     graph when there is none). An expanded graph's model is ``graph``'s, rewritten in
-    place: ``graph`` is spent."""
+    place: ``graph`` is spent. ORT training's function ops (DivGrad) come first: onnx has
+    no schema for them, and plain ORT no kernel (``ort.contrib_functions``)."""
+    contrib = contrib_expansion(graph)
+    if contrib:
+        graph = splice_expansion(graph, contrib)
     opsets = {n.domain: graph.opset(n.domain) or 1 for n in graph.nodes}
     key_of = _run_as_is_key(graph, opsets)
     functions = {n.name: key for n in graph.nodes
@@ -286,6 +291,13 @@ def _strip_inserted_casts(g: onnx.GraphProto) -> None:
     g.node.extend(kept)
     # the expansion's tensors ran in float32 there: their types are inferred again from the file
     del g.value_info[:]
+
+
+def splice_expansion(graph: Graph, expansion: dict[int, list[onnx.NodeProto]]) -> Graph:
+    """``graph`` with each node at a position of ``expansion`` replaced by its new nodes
+    (in place: ``graph`` is spent)."""
+    _splice_in(graph.model, expansion)
+    return _indexed(graph.model, graph, expansion)
 
 
 def _indexed(model: onnx.ModelProto, graph: Graph, expansion: dict[int, list[onnx.NodeProto]]) -> Graph:

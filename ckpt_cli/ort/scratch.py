@@ -1,12 +1,14 @@
-"""Working memory of ONNX Runtime kernels, allocated outside ORT's allocator.
+"""Working memory of ONNX Runtime kernels: buffers a kernel holds while it runs.
 
-Some CPU kernels build temporaries with Eigen or ``std::vector`` while they run. ORT's
-allocation planner and its profiler never see them; the process does. So they count
-toward a process-peak measurement (the only one ORT's training build allows) and not
-toward ORT's arena. Each rule gives the bytes one node holds while it runs, from the
-kernels of ORT 1.19.2 (``orttraining/training_ops/cpu/nn/layer_norm.cc``,
-``core/providers/cpu/ml/..softmax_cross_entropy_loss``, ``core/providers/cpu/tensor/where_op.cc``),
-each checked against a one-node model in a process-peak measurement.
+Some CPU kernels build temporaries with Eigen or ``std::vector`` while they run; others
+(Conv, ConvGrad: im2col) take them from the temp-space allocator. ORT's allocation planner
+and its profiler see none of them; the process does. So they count toward a process-peak
+measurement (the only one ORT's training build allows). Each rule gives the bytes one
+node holds while it runs, from the kernels of ORT 1.19.2
+(``orttraining/training_ops/cpu/nn/layer_norm.cc``, ``.../cpu/nn/conv_grad.cc``,
+``core/providers/cpu/ml/..softmax_cross_entropy_loss``, ``core/providers/cpu/tensor/where_op.cc``,
+``core/mlas/lib/convolve.cpp``), each checked against a one-node model in a process-peak
+measurement.
 """
 
 from __future__ import annotations
@@ -60,7 +62,36 @@ def _where(node, sized: Sized) -> int:
     return (nx + ny) * x[1] if nx is not None and ny is not None else 0
 
 
+def _conv_grad(node, sized: Sized) -> int:
+    """ConvGrad(dY, X, W): an im2col column buffer for one image and group (input channels
+    per group x kernel elements x output pixels) and a row of ones (output pixels)."""
+    dy, x, w = (sized(t) for t in node.inputs[:3])
+    if not (dy and x and w) or _elements(dy[0][2:]) is None or not isinstance(x[0][1], int):
+        return 0
+    groups = node.attr("group", 1) or 1
+    pixels = _elements(dy[0][2:])
+    return (x[0][1] // groups * _elements(w[0][2:]) * pixels + pixels) * x[1]
+
+
+def _conv(node, sized: Sized) -> int:
+    """Conv (MLAS): a pointwise conv reads its input directly; one with more filters per
+    group than output pixels expands the whole im2col matrix (output pixels x input
+    channels per group x kernel elements); others work in per-thread slices of 64 KiB."""
+    x, w, y = sized(node.inputs[0]), sized(node.inputs[1]), sized(node.outputs[0])
+    if not (x and w and y) or _elements(y[0][2:]) is None or not isinstance(w[0][0], int):
+        return 0
+    groups = node.attr("group", 1) or 1
+    kernel, pixels = _elements(w[0][2:]), _elements(y[0][2:])
+    pointwise = kernel == 1 and set(node.attr("strides", [])) <= {1} and set(node.attr("pads", [])) <= {0}
+    if pointwise or w[0][0] // groups <= pixels:
+        return 0
+    return pixels * w[0][1] * kernel * x[1]
+
+
 _RULES: dict[tuple[str, str], Callable] = {
+    ("com.microsoft", "ConvGrad"): _conv_grad,
+    ("", "ConvGrad"): _conv_grad,
+    ("", "Conv"): _conv,
     ("com.microsoft", "LayerNormalizationGrad"): _layer_norm_grad,
     ("com.microsoft", "SimplifiedLayerNormalizationGrad"): _layer_norm_grad,
     ("com.microsoft", "InvertibleLayerNormalizationGrad"): _layer_norm_grad,

@@ -194,6 +194,86 @@ def _concat_training(x: Inputs) -> dict[int, Typed]:
     return out
 
 
+def _split_lengths(x: Inputs, along: int, outputs: int) -> Optional[list[int]]:
+    """SplitTraining's lengths: the ``split`` value, else (an artifact's gradient of a
+    ConcatTraining) the lengths of that concatenation's inputs, else equal parts."""
+    value = x.value(1)
+    if value is not None:
+        return [int(v) for v in value.reshape(-1)]
+    concat = x.producer(1)
+    if concat is not None and concat.op_type == "ConcatTraining" and tuple(concat.outputs[1:2]) == (x.node.inputs[1],):
+        shapes = [x.typed_tensor(t) for t in concat.inputs if t]
+        axis = concat.attr("axis", 0)
+        if all(s is not None for s in shapes):
+            lengths = [s[1][axis] for s in shapes]
+            return lengths if all(isinstance(d, int) for d in lengths) else None
+    if len(x.node.inputs) < 2 or not x.node.inputs[1]:
+        return [along // outputs] * outputs if isinstance(along, int) and along % outputs == 0 else None
+    return None
+
+
+def _split_training(x: Inputs) -> dict[int, Typed]:
+    """SplitTraining (ORT's training Split): the input cut along ``axis`` into the given lengths."""
+    typed = x.typed(0)
+    if typed is None:
+        return {}
+    dtype, shape = typed
+    axis = x.attr("axis", 0)
+    axis = axis + len(shape) if axis < 0 else axis
+    lengths = _split_lengths(x, shape[axis], len(x.node.outputs))
+    if lengths is None or len(lengths) != len(x.node.outputs):
+        return {}
+    return {k: (dtype, tuple(shape[:axis]) + (n,) + tuple(shape[axis + 1:])) for k, n in enumerate(lengths)}
+
+
+def broadcast_gradient_axes(a: Sequence[int], b: Sequence[int]) -> tuple[list[int], list[int]]:
+    """BroadcastGradientArgs: the axes of the broadcast result that A and B are summed over
+    for their gradients, last to first (onnxruntime
+    orttraining/training_ops/cpu/tensor/broadcast_grad_args.cc)."""
+    rank = max(len(a), len(b))
+    a_axes, b_axes = [], []
+    for k in range(rank - 1, -1, -1):
+        i, j = k - (rank - len(a)), k - (rank - len(b))
+        da, db = (a[i] if i >= 0 else None), (b[j] if j >= 0 else None)
+        if da is None:
+            a_axes.append(k)
+        elif db is None:
+            b_axes.append(k)
+        elif da != db:
+            if da == 1:
+                a_axes.append(k)
+            elif db == 1:
+                b_axes.append(k)
+            else:
+                raise ValueError(f"shapes {list(a)} and {list(b)} do not broadcast")
+    return a_axes, b_axes
+
+
+def _broadcast_gradient_args(x: Inputs) -> dict[int, Typed]:
+    a, b = x.value(0), x.value(1)
+    if a is None or b is None:
+        return {}
+    try:
+        axes = broadcast_gradient_axes([int(d) for d in a.reshape(-1)], [int(d) for d in b.reshape(-1)])
+    except ValueError:
+        return {}
+    return {k: (TensorProto.INT64, (len(v),)) for k, v in enumerate(axes)}
+
+
+def _reduce_sum_training(x: Inputs) -> dict[int, Typed]:
+    """ReduceSumTraining(data, axes): ReduceSum with the axes as an input (a shape value)."""
+    typed, axes = x.typed(0), x.value(1)
+    if typed is None or axes is None:
+        return {}
+    dtype, shape = typed
+    axes = {int(a) % len(shape) for a in axes.reshape(-1)} if len(shape) else set()
+    if not axes and x.attr("noop_with_empty_axes", 0):
+        return {0: typed}
+    keep = x.attr("keepdims", 1)
+    reduced = [1 if k in axes or not axes else d for k, d in enumerate(shape)]
+    return {0: (dtype, tuple(reduced) if keep else tuple(d for k, d in enumerate(shape) if axes and k not in axes))}
+
+
 def _broadcast(a: Shape, b: Shape) -> Optional[Shape]:
     out = []
     for x, y in zip((1,) * (len(b) - len(a)) + tuple(a), (1,) * (len(a) - len(b)) + tuple(b)):
@@ -226,6 +306,9 @@ CONTRIB_RULES: dict[str, Rule] = {
     "BatchNormalizationGrad": _same_as({0: 1, 1: 2, 2: 2}),
     "InPlaceAccumulatorV2": _accumulator,
     "ConcatTraining": _concat_training,
+    "SplitTraining": _split_training,
+    "BroadcastGradientArgs": _broadcast_gradient_args,
+    "ReduceSumTraining": _reduce_sum_training,
     "FusedMatMul": _fused_matmul,
     "SoftmaxGrad_13": _same_as({0: 0}),
     "LogSoftmaxGrad_13": _same_as({0: 0}),

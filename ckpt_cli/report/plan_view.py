@@ -34,6 +34,7 @@ def render_budget(planning: dict, console: Console) -> None:
 
 
 def render_plan(r: dict, console: Console) -> None:
+    render_unsized(r, console, "below")  # a plan on 0 B tensors (--allow-unsized) says so first
     render_facts(r, console)
     target = f", budget {human_bytes(r['budget_bytes'])}" if r["budget_bytes"] is not None else ""
     console.print(f"[bold]{safe(r['model'])}[/bold]: plan '{safe(r['strategy'])}'{target} -> "
@@ -49,4 +50,3 @@ def render_plan(r: dict, console: Console) -> None:
         console.print("[yellow]warning: this plan raises the predicted peak; the graph's peak is not in the "
                       "stashed activations it recomputes. Try another --auto strategy or --budget.[/yellow]")
     render_explanations(r["explanations"], console)
-    render_unsized(r, console)

@@ -128,18 +128,19 @@ def render_inspect(r: dict, console: Console) -> None:
     render_unsized(r, console)
 
 
-def render_unsized(r: dict, console: Console) -> None:
+def render_unsized(r: dict, console: Console, where: str = "above") -> None:
     """Say that byte figures leave out tensors of unknown size, never print a silently partial total."""
     rows = r.get("unsized") or []
     if rows:
         missing = sorted({safe(d) for u in rows for d in u["missing_dims"]})
         names = ", ".join(safe(u["tensor"]) for u in rows[:5])
         console.print(f"[yellow]warning: {len(rows)} tensors have unknown size[/yellow] (e.g. {names}; "
-                      f"unknown dimensions: {', '.join(missing)}): every byte figure above counts them as 0 B, "
+                      f"unknown dimensions: {', '.join(missing)}): every byte figure {where} counts them as 0 B, "
                       "so totals are lower bounds.")
 
 
 def render_rewrite(r: dict, console: Console) -> None:
+    render_unsized(r, console, "below")  # a plan on 0 B tensors (--allow-unsized) says so first
     render_facts(r, console)
     b, a = r["before"], r["after"]
     console.print(f"[bold]{safe(r['model'])}[/bold] -> [bold]{safe(r['output'])}[/bold]  ({safe(r['strategy'])})")
@@ -162,7 +163,6 @@ def render_rewrite(r: dict, console: Console) -> None:
     if not r.get("no_gain_reason"):
         console.print("The saving is measured under these ONNX Runtime session settings (`ckpt session OUTPUT`):")
     console.print("\n".join(map(plain, r["session_settings"].splitlines())), markup=False)
-    render_unsized(r, console)
 
 
 def _before_after_table(r: dict, console: Console) -> Table:

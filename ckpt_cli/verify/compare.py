@@ -3,6 +3,8 @@ node order against the file order."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 
 from ..ops import DEVICE_COPY_OPS
@@ -123,6 +125,7 @@ def order_check(file_order: list, executed: list, executed_ops: list | None = No
     provs = executed_providers or [""] * len(executed)
     copies = [n for n, op in zip(executed, ops) if op in DEVICE_COPY_OPS and n not in file_set]
     skip = set(copies)
+    foreign_ops = Counter(op or "?" for n, op in zip(executed, ops) if n not in file_set and n not in skip)
     kept = [(n, p) for n, p in zip(executed, provs) if n not in skip]
     executed = [n for n, _ in kept]
     executed_set = set(executed)
@@ -154,6 +157,7 @@ def order_check(file_order: list, executed: list, executed_ops: list | None = No
         "n_not_executed": len(not_executed),
         "not_in_file": [n for n in executed if n not in file_set][:50],
         "n_not_in_file": sum(1 for n in executed if n not in file_set),
+        "not_in_file_ops": dict(foreign_ops.most_common()),
         "provider_copies": copies[:50],
         "n_provider_copies": len(copies),
         "nodes_per_provider": {p: n for p, n in per_provider.items() if p},

@@ -92,8 +92,9 @@ def ran_only_file_nodes(f: "CheckFigures", tolerant: bool) -> None:
     casts = [n for n in order["not_in_file"] if n.startswith(ORT_PRECISION_CAST)]
     cause = ("it expanded or fused ops" if len(casts) < len(order["not_in_file"]) else
              "its CPU provider wrapped the ops that have no float16 kernel in Casts and runs them in float32")
+    ops = ", ".join(f"{op} x{k}" for op, k in (order.get("not_in_file_ops") or {}).items())
     f.failures.append(f"ONNX Runtime ran {order['n_not_in_file']} nodes that are not in the file "
-                      f"(e.g. {', '.join(order['not_in_file'][:3])}): {cause}, so the "
+                      f"({ops + '; ' if ops else ''}e.g. {', '.join(order['not_in_file'][:3])}): {cause}, so the "
                       "written schedule is not what ran")
 
 

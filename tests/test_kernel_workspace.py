@@ -1,0 +1,88 @@
+"""Kernel working memory (``ort.scratch``) against one-node models measured on ONNX
+Runtime 1.19.2's training build: ConvGrad's im2col column buffer and Conv's full im2col
+expansion (MLAS, more filters than output pixels), each at three sizes.
+
+The measurement is the process's peak above its state before the run (arena off, blocks
+of 64 KiB and more from mmap), which Linux batches per thread: it under-reads by up to 64
+pages per thread (256 KiB), and was seen up to 372 KiB short of outputs plus workspace on
+these sizes (ConvGrad 2x96x32x32: 3.17 of 3.54 MiB of workspace seen; Conv 1x256x2048x16:
+all of it). So the measured peak must lie between the prediction with the workspace less
+that slack and the prediction plus a page, and well above the prediction without it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from conftest import ROOT
+from test_ort_training import training_python  # noqa: F401 - the fixture
+from ckpt_cli.analysis.memory import simulate
+from ckpt_cli.analysis.shapes import infer_tensors
+from ckpt_cli.graph import Graph
+from ckpt_cli.ort.scratch import scratch_bytes
+
+pytestmark = pytest.mark.slow
+F = TensorProto.FLOAT
+SLACK = 64 * 4096  # Linux's per-thread RSS batching, plus 10% of the workspace (see above)
+SCRIPT = ROOT / "tests" / "fixtures" / "kernel_peak.py"
+
+
+def _model(node, inputs, outputs, ms: bool) -> onnx.ModelProto:
+    opsets = [helper.make_opsetid("", 17)] + ([helper.make_opsetid("com.microsoft", 1)] if ms else [])
+    vi = lambda name, shape: helper.make_tensor_value_info(name, F, shape)  # noqa: E731
+    g = helper.make_graph([node], "one", [vi(*i) for i in inputs], [vi(*o) for o in outputs])
+    return helper.make_model(g, opset_imports=opsets, ir_version=8)
+
+
+def conv_grad(n: int, c: int, m: int, hw: int) -> onnx.ModelProto:
+    node = helper.make_node("ConvGrad", ["dy", "x", "w"], ["dx", "dw", "db"], domain="com.microsoft",
+                            kernel_shape=[3, 3], pads=[1] * 4, strides=[1, 1], group=1, dilations=[1, 1])
+    return _model(node, [("dy", [n, m, hw, hw]), ("x", [n, c, hw, hw]), ("w", [m, c, 3, 3])],
+                  [("dx", [n, c, hw, hw]), ("dw", [m, c, 3, 3]), ("db", [m])], ms=True)
+
+
+def conv(n: int, c: int, m: int, hw: int) -> onnx.ModelProto:
+    node = helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[3, 3], pads=[1] * 4)
+    return _model(node, [("x", [n, c, hw, hw]), ("w", [m, c, 3, 3])], [("y", [n, m, hw, hw])], ms=False)
+
+
+CASES = [(conv_grad, (8, 48, 16, 32)), (conv_grad, (4, 64, 64, 32)), (conv_grad, (2, 96, 32, 32)),
+         (conv, (2, 128, 1024, 16)), (conv, (1, 192, 1024, 16)), (conv, (1, 256, 2048, 16))]
+
+
+def _case_id(make, sizes) -> str:
+    return f"{make.__name__}-{'x'.join(map(str, sizes))}"
+
+
+@pytest.fixture(scope="module")
+def measured(training_python, tmp_path_factory) -> dict[str, int]:  # noqa: F811
+    """Every case's peak, measured in one process (each model its own session)."""
+    folder = tmp_path_factory.mktemp("kernels")
+    paths = {}
+    for make, sizes in CASES:
+        paths[_case_id(make, sizes)] = path = folder / f"{_case_id(make, sizes)}.onnx"
+        onnx.save(make(*sizes), str(path))
+    r = subprocess.run([training_python, str(SCRIPT), *map(str, paths.values()), "--runs", "2"], capture_output=True,
+                       text=True, timeout=300, env=dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536"))
+    assert r.returncode == 0, r.stderr[-1000:]
+    peaks = json.loads(r.stdout)
+    return {case: max(peaks[str(path)]) for case, path in paths.items()}
+
+
+@pytest.mark.parametrize("make,sizes", CASES, ids=[_case_id(*c) for c in CASES])
+def test_workspace_is_what_the_kernel_takes(measured, make, sizes):  # noqa: F811
+    model = make(*sizes)
+    graph = Graph.from_model(model)
+    tensors = infer_tensors(graph)
+    outputs = simulate(graph, [0], tensors).peak_bytes - sum(tensors[t].nbytes for t in graph.inputs)
+    workspace = scratch_bytes(graph.nodes[0], lambda t: (tensors[t].shape, 4))
+    assert workspace >= 1 << 20  # the sizes make it large against the measurement's slack
+    peak = measured[_case_id(make, sizes)]
+    assert outputs + 0.9 * workspace - SLACK <= peak <= outputs + workspace + 4096, (peak, outputs, workspace)
+    assert peak - outputs > workspace / 2  # without the workspace the prediction would be far short
