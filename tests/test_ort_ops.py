@@ -230,3 +230,35 @@ def test_softmax_cross_entropy_scratch_counts_shifted_logits_transposed_copy_and
     assert copies((512, 1000), ["loss", ""]) == 2
     assert copies((8, 1000, 64), ["loss", "log_prob"]) == 2
     assert copies((8, 1000, 64), ["loss"]) == 3
+
+
+def test_conv_grad_scratch_is_one_images_im2col_columns_and_a_row_of_ones():
+    """ORT training's CPU ConvGrad (conv_grad.cc) holds an im2col buffer for one image and
+    group (C_in/group x kernel elements x output pixels) and a row of ones (output pixels)."""
+    from ckpt_cli.ort.scratch import scratch_bytes
+
+    def held(group: int) -> int:
+        node = helper.make_node("ConvGrad", ["dy", "x", "w"], ["dx", "dw", "db"], domain="com.microsoft",
+                                group=group)
+        sized = {"dy": ((2, 8, 10, 12), 4), "x": ((2, 6, 12, 14), 4), "w": ((8, 6 // group, 3, 3), 4)}.get
+        return scratch_bytes(Graph.from_model(_model([node], [], [])).nodes[0], sized)
+
+    pixels = 10 * 12
+    assert held(1) == (6 * 9 * pixels + pixels) * 4
+    assert held(2) == (3 * 9 * pixels + pixels) * 4
+
+
+def test_conv_scratch_expands_im2col_only_with_more_filters_than_pixels():
+    """MLAS Conv reads a pointwise conv's input as it is; with more filters per group than
+    output pixels it expands the whole im2col matrix (pixels x C_in/group x kernel)."""
+    from ckpt_cli.ort.scratch import scratch_bytes
+
+    def held(filters: int, side: int, kernel: int = 3, **attrs) -> int:
+        node = helper.make_node("Conv", ["x", "w"], ["y"], **attrs)
+        sized = {"x": ((1, 4, side + kernel - 1, side + kernel - 1), 4), "w": ((filters, 4, kernel, kernel), 4),
+                 "y": ((1, filters, side, side), 4)}.get
+        return scratch_bytes(Graph.from_model(_model([node], [], [])).nodes[0], sized)
+
+    assert held(64, 4) == 16 * 4 * 9 * 4  # 64 filters > 16 pixels: the whole matrix
+    assert held(8, 4) == 0  # 8 filters <= 16 pixels: per-thread slices
+    assert held(64, 4, kernel=1) == 0  # pointwise
