@@ -60,3 +60,66 @@ def test_rewrite_with_two_dims_runs_at_other_values(tmp_path, batch, seq):
     assert expected.keys() == got.keys()
     for name, value in expected.items():
         assert np.array_equal(value, got[name]) and value.tobytes() == got[name].tobytes(), name
+
+
+def _changed_rewrite(tmp_path, change) -> tuple:
+    """The tokens model, and its rewrite with ``change`` applied to the written file."""
+    from onnx import helper
+
+    src, dst = tmp_path / "tokens.onnx", tmp_path / "out.onnx"
+    onnx.save(tokens_model(), src)
+    rewrite_model(src, dst)
+    model = onnx.load(dst)
+    change(model, helper)
+    onnx.save(model, dst)
+    return src, dst
+
+
+def _check(src, dst):
+    from ckpt_cli import check_models
+    from ckpt_cli.options import CheckOptions
+
+    return check_models(src, dst, options=CheckOptions(provider="cpu", runs=1)).figures
+
+
+@pytest.mark.slow
+def test_check_runs_both_files_at_other_dims(tmp_path):
+    """Each dimension at a value of its own, other than the analysed one: outputs compared there."""
+    f = _check(*_changed_rewrite(tmp_path, lambda m, h: None))
+    other = f.other_dims
+    assert other["dims"]["batch"] != other["dims"]["seq"] and 64 not in other["dims"].values()
+    assert other["all_bit_identical"] and not any("at batch=" in x for x in f.failures)
+
+
+@pytest.mark.slow
+def test_a_rewrite_that_only_runs_at_the_analysed_dims_fails_the_check(tmp_path):
+    """A shape baked in at the analysed values (64 x 64 tokens): the file runs there only."""
+    def bake(model, helper):
+        model.graph.initializer.append(onnx.numpy_helper.from_array(np.array([64, 64, 64], np.int64), "baked_shape"))
+        model.graph.node.append(helper.make_node("Reshape", ["x", "baked_shape"], ["baked"], name="/baked/Reshape"))
+
+    f = _check(*_changed_rewrite(tmp_path, bake))
+    assert any(x.startswith(f"at batch={f.other_dims['dims']['batch']}, seq=") and "does not run" in x
+               for x in f.failures), f.failures
+
+
+@pytest.mark.slow
+def test_outputs_that_differ_at_other_dims_fail_the_check(tmp_path):
+    """The loss plus (seq - 64): the same at the analysed values, off anywhere else."""
+    def shift(model, helper):
+        inits = {"sixty_four": np.array(64, np.int64), "one": np.array([1], np.int64)}
+        model.graph.initializer.extend(onnx.numpy_helper.from_array(v, k) for k, v in inits.items())
+        out = next(o for o in model.graph.output if o.name == "loss")
+        producer = next(n for n in model.graph.node if "loss" in n.output)
+        producer.output[list(producer.output).index("loss")] = "loss_unshifted"
+        model.graph.node.extend([
+            helper.make_node("Shape", ["x"], ["xs"], name="/shift/Shape"),
+            helper.make_node("Gather", ["xs", "one"], ["seq"], name="/shift/Gather"),
+            helper.make_node("Sub", ["seq", "sixty_four"], ["off"], name="/shift/Sub"),
+            helper.make_node("Cast", ["off"], ["offf"], to=onnx.TensorProto.FLOAT, name="/shift/Cast"),
+            helper.make_node("ReduceSum", ["offf"], ["offs"], keepdims=0, name="/shift/ReduceSum"),
+            helper.make_node("Add", ["loss_unshifted", "offs"], [out.name], name="/shift/Add")])
+
+    f = _check(*_changed_rewrite(tmp_path, shift))
+    assert f.outputs.equal  # at the analysed values
+    assert any(x.startswith("at batch=") and "outputs differ from the original's" in x for x in f.failures), f.failures

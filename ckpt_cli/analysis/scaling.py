@@ -10,6 +10,7 @@ the values reported (exact while the peak stays at the same step of the schedule
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import count
 
 from ..errors import CkptError
 from ..graph import Graph
@@ -160,3 +161,20 @@ def _sources(graph: Graph, original: Graph) -> dict[str, str]:
             if node.inputs and node.outputs:
                 source[node.outputs[0]] = source.get(node.inputs[0], node.inputs[0])
     return source
+
+
+def other_assignment(a: Analysis) -> dict[str, int] | None:
+    """Another value of every symbolic dimension of ``a`` (each different from the
+    analysed one and from the others'), dimensions tied to others as the analysis ties
+    them; None for a graph without any, or where the graph cannot be sized there."""
+    if not a.dims:
+        return None
+    # small values, one each: a file that took one dimension for another fails there
+    free = count(3)
+    dims = {d: next(v for v in free if v != value) for d, value in a.dims}
+    try:
+        tied = tied_dims(a.graph, infer_tensors(a.graph, dims), tuple(dims))
+    except CkptError:
+        return None
+    dims.update(tied)
+    return dims if len(dims) == len(a.dims) else None

@@ -42,6 +42,22 @@ def outputs_match(f: "CheckFigures", tolerant: bool) -> None:
     f.failures.append(f"outputs differ (first: {first}, max |diff| {out.max_abs_diff})")
 
 
+def runs_at_other_dims(f: "CheckFigures", tolerant: bool) -> None:
+    """At other values of the symbolic dimensions the rewrite runs where the original runs,
+    with its outputs (a written shape that named one dimension for another fails there)."""
+    other = f.other_dims
+    if other is None:
+        return
+    at = ", ".join(f"{d}={v}" for d, v in other["dims"].items())
+    if "original_failed" in other:
+        f.notes.append(f"the original does not run at {at} ({other['original_failed']}): not compared there")
+    elif "rewritten_failed" in other:
+        f.failures.append(f"at {at} the rewritten model does not run where the original does "
+                          f"({other['rewritten_failed']})")
+    elif not (other["all_within_tolerance"] if tolerant else other["all_bit_identical"]):
+        f.failures.append(f"at {at} the outputs differ from the original's (max |diff| {other['max_abs_diff']})")
+
+
 def _spread_note(f: "CheckFigures", rr: dict) -> str:
     kernels = rr["varying_kernels"]
     worst = max(e["rewrite_diff"] for e in rr["outputs"].values())
@@ -205,7 +221,7 @@ def budget_held(f: "CheckFigures", budget: int, outside_bytes: int) -> None:
 
 
 RULES: tuple[Rule, ...] = (
-    outputs_match, fused_reference, every_tensor_sized, peak_not_raised, ran_only_file_nodes,
+    outputs_match, runs_at_other_dims, fused_reference, every_tensor_sized, peak_not_raised, ran_only_file_nodes,
     ran_every_file_node, device_notes, order_followed, prediction_holds, process_peak_notes,
     runs_in_default_session, plain_session_note, default_session_saving_note,
 )

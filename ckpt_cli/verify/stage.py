@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ..analysis import Analysis
 from ..analysis.memory import visible_peak
+from ..analysis.scaling import other_assignment
 from ..analysis.shapes import TensorInfo
 from ..errors import CheckFailed, ModelError, RunFailed, RuntimeUnavailable, UsageError
 from ..graph import Graph
@@ -139,6 +140,8 @@ class CheckFigures:
     measured: MeasuredRuns
     order: dict  # order_check of the rewritten model's executed order
     prediction: PredictionFigures
+    # the pair run again at other values of the symbolic dimensions ("dims"): outputs only
+    other_dims: dict | None = None
     memory_lower: bool = True
     failures: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -168,7 +171,8 @@ class CheckFigures:
             "unoptimized_vs_rewritten": out.unoptimized_vs_rewritten, "run_to_run": out.run_to_run,
             "predicted_plain": pred.plain.predicted, "prediction_error_plain": pred.plain.error,
             "predicted_plain_fused": pred.plain.fused, "prediction_error_plain_fused": pred.plain.fused_error,
-            "unsized": pred.unsized, "failures": self.failures, "notes": self.notes, "passed": self.passed,
+            "unsized": pred.unsized, "other_dims": self.other_dims,
+            "failures": self.failures, "notes": self.notes, "passed": self.passed,
         }
         # copies, as asdict() made them: the body does not change with the figures
         return {k: asdict(v) if is_dataclass(v) else copy.deepcopy(v) for k, v in body.items()}
@@ -274,9 +278,31 @@ def _measure_pair(original: str | Path, rewritten: str | Path, model, options: C
         return _run(Path(original), Path(rewritten), feeds_path, pair_options)
 
 
+@dataclass(frozen=True)
+class DimValues:
+    """Values of the symbolic dimensions a check runs at: the analysed ones (every figure is
+    at them), and ``other`` ones where both files run once more (outputs only)."""
+
+    analysed: Mapping[str, int] = field(default_factory=dict)
+    other: Mapping[str, int] | None = None
+
+
+def _at_other_dims(original: str | Path, rewritten: str | Path, model, options: CheckOptions,
+                   pair_options: driver.PairOptions, other: Mapping[str, int] | None) -> dict | None:
+    """Both files run once more with ``other`` values of the symbolic dimensions (none with
+    the user's feeds): a file that only runs at the analysed values fails the check."""
+    if not other or options.feeds_file is not None:
+        return None
+    with tempfile.TemporaryDirectory(prefix="ckpt_feeds_") as tmp:
+        feeds_path = Path(tmp) / "feeds.npz"
+        prepare_feeds(model, feeds_path, options.seed, dict(other), None)
+        return {"dims": dict(other), **driver.outputs_at(Path(original), Path(rewritten), feeds_path, pair_options)}
+
+
 def check_files(original: str | Path, rewritten: str | Path, predicted: dict[str, Prediction],
                 options: CheckOptions = CheckOptions(), *, enable_mem_reuse: bool = True, feeds_model=None,
-                dims: dict[str, int] | None = None, reference_level: str | None = None) -> CheckFigures:
+                dims: DimValues | Mapping[str, int] | None = None,
+                reference_level: str | None = None) -> CheckFigures:
     """Measure both files and judge the rewrite.
 
     ``predicted`` maps "original"/"rewritten" to ckpt's predictions for those files
@@ -284,18 +310,20 @@ def check_files(original: str | Path, rewritten: str | Path, predicted: dict[str
     asks for; both run with it). Outputs must be bit-identical unless ``options.rtol``/
     ``options.atol`` are given. ``feeds_model`` is the original ModelProto when already loaded.
     ``reference_level``: the rewritten file holds ORT's fusions made at this optimization
-    level; its outputs are compared with the original's at that level.
+    level; its outputs are compared with the original's at that level. ``dims``: the values
+    of the symbolic dimensions (a ``DimValues`` also gives others to run the files at).
     """
     import onnx
 
     model = feeds_model if feeds_model is not None else onnx.load(str(original), load_external_data=False)
     pair_options = _pair_options(options, predicted["rewritten"].order, enable_mem_reuse, reference_level)
-    pair = _measure_pair(original, rewritten, model, options, pair_options, dims or {})
+    dims = dims if isinstance(dims, DimValues) else DimValues(dict(dims or {}))
+    pair = _measure_pair(original, rewritten, model, options, pair_options, dict(dims.analysed))
     outputs, measured = _output_figures(pair, options, model), _measured_runs(pair)
     plain, notes = _plain_prediction(rewritten, predicted["rewritten"], pair, measured.rewritten_ort_default)
     figures = CheckFigures(pair.provider, pair.rewritten.ckpt.ort_version, enable_mem_reuse, outputs, measured,
                            pair.order, _prediction_figures(predicted, measured, options.max_prediction_error, plain),
-                           notes=notes)
+                           _at_other_dims(original, rewritten, model, options, pair_options, dims.other), notes=notes)
     judge(figures, tolerant=outputs.tolerance is not None)
     return figures
 
@@ -381,5 +409,6 @@ def check_analysed(paths: dict[str, Path], analysed: dict[str, Analysis], dims: 
     provider = optimized["provider"] if optimized and options.provider == "auto" else options.provider
     predicted = {k: predict(a, reuse, plain=k == "rewritten") for k, a in analysed.items()}
     return check_files(paths["original"], paths["rewritten"], predicted, replace(options, provider=provider),
-                       enable_mem_reuse=reuse, feeds_model=analysed["original"].graph.model, dims=dims,
+                       enable_mem_reuse=reuse, feeds_model=analysed["original"].graph.model,
+                       dims=DimValues(dims, other_assignment(analysed["original"])),
                        reference_level=optimized["level"] if optimized else None)
