@@ -174,6 +174,7 @@ def measure_process_peak(model: str | Path, session: str, feeds: str | Path, pyt
         settings = recorded_settings(model)
     else:
         settings = ort_default_session_settings("cpu")
+        settings["measurement_only"] = dict(settings["measurement_only"], process_peak_with_arena=False)
         for key, value in (("execution_order", order), ("graph_optimization_level", level),
                            ("enable_mem_pattern", pattern)):
             if value is not None:

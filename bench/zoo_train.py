@@ -22,7 +22,7 @@ are applied; keys that are not SessionOptions attributes (``settings``, ``provid
 Feeds, from ARTIFACT_DIR/zoo.json: step ``i`` draws from ``numpy.random.RandomState(seed + i)``,
 in zoo.json's order (inputs, then label): int inputs uniform in ``[0, bound)``, float inputs
 standard normal; ``"batch"`` in a shape is ``--batch`` (default: zoo.json's ``batch``),
-``"batch*32"`` batch times 32. ``onnxruntime.set_seed(--ort-seed)`` (default 0) runs before the
+``"batch*32"`` batch times 32, ``"seq"`` zoo.json's ``seq``, ``"tokens"`` batch times seq. ``onnxruntime.set_seed(--ort-seed)`` (default 0) runs before the
 steps, so that Dropout draws the same masks in every process. They are handed to the Module by name, in ``module.input_names()``
 order; a Module input zoo.json does not know is an error.
 
@@ -98,13 +98,15 @@ def session_options(settings: dict | None):
     return so, applied, sorted(ignored)
 
 
-def dims(shape: list, batch: int) -> list[int]:
+def dims(shape: list, batch: int, seq: int | None = None) -> list[int]:
     out = []
     for d in shape:
-        if isinstance(d, str):
+        if d in ("seq", "tokens") and seq is not None:
+            d = seq * (batch if d == "tokens" else 1)
+        elif isinstance(d, str):
             head, _, factor = d.partition("*")
             if head != "batch":
-                raise ValueError(f"unknown dimension {d!r} in zoo.json (only batch, batch*N)")
+                raise ValueError(f"unknown dimension {d!r} in zoo.json (only batch, batch*N, seq, tokens)")
             d = batch * (int(factor) if factor else 1)
         out.append(int(d))
     return out
@@ -119,7 +121,7 @@ def make_batches(zoo: dict, batch: int, steps: int, seed: int) -> list[dict]:
         rng = np.random.RandomState(seed + step)
         feeds = {}
         for t in tensors:
-            shape = dims(t["shape"], batch)
+            shape = dims(t["shape"], batch, zoo.get("seq"))
             if t["dtype"].startswith("int"):
                 if "bound" not in t:
                     raise ValueError(f"int input {t['name']} has no bound in zoo.json")

@@ -24,7 +24,7 @@ import onnx
 
 from .version import __version__
 from .analysis import Analysis, analyse, symbolic_dims
-from .analysis.scaling import Scaling, scaling, symbolic_shapes
+from .analysis.scaling import Scaling, probe_tensors, scaling, symbolic_shapes
 from .analysis.shapes import infer_tensors, resolve_dims, tied_dims
 from .errors import ModelError, UsageError
 from .ort.expand import expand_functions
@@ -371,7 +371,7 @@ def _rewritten(a: Analysis, loaded: Loaded, options: RewriteOptions, analysis: A
         result = without_mem_pattern(result)
     recorded = {**options.to_json(), **analysis.to_json()}
     scaled = scaling(a)
-    shapes = symbolic_shapes(result.graph, result.after.tensors, scaled) if scaled else None
+    shapes = symbolic_shapes(result.graph, result.after.tensors, scaled, probe_tensors(a)) if scaled else None
     rewritten = to_model(result, _provenance(recorded, result, chosen), shapes)
     notes = plan_notes(chosen, result)
     rewritten, result, written, optimized, more = _written(rewritten, result, a, loaded, options, output)

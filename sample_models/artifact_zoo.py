@@ -14,11 +14,14 @@ trainable, BatchNorm running statistics frozen). For each NAME it writes OUT/NAM
 ``training_model.onnx``, ``eval_model.onnx``, ``optimizer_model.onnx``, ``checkpoint`` and
 ``zoo.json``::
 
-    {"name", "opset", "loss": "CrossEntropyLoss" | "MSELoss", "batch": <batch for runs>,
+    {"name", "opset", "loss": "CrossEntropyLoss" | "MSELoss" | "BCEWithLogitsLoss",
+     "batch": <batch for runs>, "seq"?: <sequence length for runs>,
      "inputs": [{"name", "shape", "dtype", "bound"?}], "label": {"name", "shape", "dtype",
      "bound"?}}
 
-Shapes give the batch dimension as the string "batch"; "batch*32" means batch times 32.
+Shapes give the batch dimension as the string "batch"; "batch*32" means batch times 32;
+"seq" is a second symbolic dimension (the tagger's sequence), ``seq`` long in runs, and
+"tokens" batch times seq (the tagger's flattened logits and labels).
 ``bound`` (int inputs only) is the exclusive upper bound of valid values (vocabulary size,
 number of classes). ``batch`` is small but makes the main activations 256 KiB or more each, so
 that a process-RSS memory measurement resolves them. The training graph keeps the symbolic batch dimension; its parameters are
@@ -39,6 +42,10 @@ Model notes:
   into ``training_mode=0`` in ``eval_model.onnx`` but keeps its running-statistics outputs, which
   ORT refuses to load (Module loads the eval model too); those unused outputs are removed from
   ``eval_model.onnx``. ``training_model.onnx`` is left as generated.
+- ``enc_dropout_bce``: a post-LN encoder with dropout on its attention probabilities and
+  ``generate_artifacts``' BCEWithLogitsLoss (a float ``target`` shaped like the one logit).
+- ``tagger``: a tag per token, with the batch and the sequence both symbolic (its input is
+  [batch, seq]); as gpt's, its logits are flattened to [tokens, tags] and its labels are [tokens].
 - ``lstm`` / ``gru``: regressors; ``generate_artifacts``' MSELoss adds a float ``target`` input
   shaped like the output.
 
@@ -75,6 +82,7 @@ from torch import nn
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 VOCAB, SEQ, CLASSES = 1000, 32, 10
+TAGGER_SEQ, TAGS = 24, 9  # the tagger's symbolic sequence: its length in runs, other than any batch
 
 
 # ------------------------------------------------------------------ specs
@@ -114,10 +122,12 @@ class Spec:
         object.__setattr__(self, "label", label)
 
 
-def dims(shape: tuple[int | str, ...], batch: int) -> list[int]:
+def dims(shape: tuple[int | str, ...], batch: int, seq: int = TAGGER_SEQ) -> list[int]:
     out = []
     for d in shape:
-        if isinstance(d, str):
+        if d in ("seq", "tokens"):
+            d = seq * (batch if d == "tokens" else 1)
+        elif isinstance(d, str):
             d = batch * (int(d.split("*")[1]) if "*" in d else 1)
         out.append(d)
     return out
@@ -181,6 +191,57 @@ class Transformer(nn.Module):
         if self.causal:
             return self.head(self.ln(x)).reshape(-1, VOCAB)
         return self.head(x[:, 0])
+
+
+class DropoutAttention(Attention):
+    """Attention with dropout on its probabilities (BERT's attention dropout)."""
+
+    def __init__(self, d: int, heads: int, p: float):
+        super().__init__(d, heads, causal=False)
+        self.drop = nn.Dropout(p)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = (y.reshape(b, t, self.heads, d // self.heads).transpose(1, 2)
+                   for y in self.qkv(x).split(d, dim=2))
+        att = self.drop((q @ k.transpose(-2, -1) / float(np.sqrt(d // self.heads))).softmax(-1))
+        return self.proj((att @ v).transpose(1, 2).reshape(b, t, d))
+
+
+class DropoutEncoder(nn.Module):
+    """Post-LN encoder with attention dropout and one logit (a binary classifier on token 0)."""
+
+    def __init__(self, d: int = 64, layers: int = 2, p: float = 0.1):
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(VOCAB, d), nn.Embedding(SEQ, d)
+        self.attn = nn.ModuleList(DropoutAttention(d, 4, p) for _ in range(layers))
+        self.ln = nn.ModuleList(nn.LayerNorm(d) for _ in range(2 * layers))
+        self.mlp = nn.ModuleList(nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+                                 for _ in range(layers))
+        self.head = nn.Linear(d, 1)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x = self.tok(input_ids) + self.pos.weight
+        for i, (attn, mlp) in enumerate(zip(self.attn, self.mlp)):
+            x = self.ln[2 * i](x + attn(x))
+            x = self.ln[2 * i + 1](x + mlp(x))
+        return self.head(x[:, 0])
+
+
+class Tagger(nn.Module):
+    """A tag per token: embedding, a residual MLP block and a head, any batch and length."""
+
+    def __init__(self, d: int = 64):
+        super().__init__()
+        self.tok = nn.Embedding(VOCAB, d)
+        self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+        self.ln = nn.LayerNorm(d)
+        self.head = nn.Linear(d, TAGS)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x = self.tok(input_ids)
+        # flattened as gpt's LM head: generate_artifacts' CrossEntropyLoss takes the classes last
+        return self.head(self.ln(x + self.fc2(torch.relu(self.fc1(x))))).reshape(-1, TAGS)
 
 
 class EmbedLN(nn.Module):
@@ -333,6 +394,9 @@ def specs() -> list[Spec]:
         Spec("embed_ln", 14, CE, EmbedLN, ids64, logits, 64),
         Spec("embed_ln17", 17, CE, EmbedLN, ids64, logits, 64, ln_stats=True),
         Spec("lstm", 14, MSE, lambda: Recurrent("LSTM"), seq, Tensor("pred", ("batch", 4)), 64),
+        Spec("enc_dropout_bce", 16, "BCEWithLogitsLoss", DropoutEncoder, ids, Tensor("logits", ("batch", 1)), 64),
+        Spec("tagger", 17, CE, Tagger, (Tensor("input_ids", ("batch", "seq"), "int64", VOCAB),),
+             Tensor("logits", ("tokens", TAGS)), 64, ln_stats=True),
         Spec("gru", 14, MSE, lambda: Recurrent("GRU"), seq, Tensor("pred", ("batch", 4)), 64),
         Spec("unet", 17, MSE, UNet, (Tensor("input", ("batch", 3, 32, 32)),), Tensor("pred", ("batch", 3, 32, 32)), 16),
         Spec("denoiser", 17, MSE, Denoiser, (Tensor("input", ("batch", 3, 32, 32)),),
@@ -373,7 +437,8 @@ def export(spec: Spec) -> tuple[onnx.ModelProto, nn.Module]:
     model.train()
     args = tuple(torch.zeros(dims(t.shape, 2), dtype=getattr(torch, t.dtype))
                  for t in spec.inputs)
-    axes = {t.name: {0: axis_name(t.shape[0])} for t in (*spec.inputs, spec.output)}
+    axes = {t.name: {k: axis_name(d) for k, d in enumerate(t.shape) if isinstance(d, str)}
+            for t in (*spec.inputs, spec.output)}
     buf = io.BytesIO()
     with quiet_stderr(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -447,8 +512,11 @@ def generate(spec: Spec, out_dir: str) -> onnx.ModelProto:
 
 
 def zoo_json(spec: Spec) -> dict:
-    return {"name": spec.name, "opset": spec.opset, "loss": spec.loss, "batch": spec.batch,
-            "inputs": [t.to_json() for t in spec.inputs], "label": spec.label.to_json()}
+    out = {"name": spec.name, "opset": spec.opset, "loss": spec.loss, "batch": spec.batch,
+           "inputs": [t.to_json() for t in spec.inputs], "label": spec.label.to_json()}
+    if any("seq" in t.shape or "tokens" in t.shape for t in (*spec.inputs, spec.output)):
+        out["seq"] = TAGGER_SEQ
+    return out
 
 
 def summary(spec: Spec, path: str) -> str:

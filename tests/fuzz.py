@@ -3,7 +3,9 @@
 Each case takes a seed model (the samples, a small hand-made training graph, one with
 external data, two ORT training artifacts of the zoo with com.microsoft gradient ops) or a
 generated one (tests/fixtures/randgraph.py: float32/float64 at opsets 7-18, float16 at 7-18,
-bfloat16 at 13-18), applies one to three protobuf-level or graph-level mutations (delete,
+bfloat16 at 13-18; tests/fixtures/tokens.py: two symbolic dimensions, rewritten at equal or
+different values and run where they differ, every written shape matched against ORT's),
+applies one to three protobuf-level or graph-level mutations (delete,
 duplicate or rewire nodes; change shapes, types, attributes, opsets, external-data
 fields and names; flip, cut or insert bytes), runs ``ckpt inspect``, ``plan`` or
 ``rewrite`` in-process (click's CliRunner, no ``--check``) and classifies the outcome:
@@ -124,6 +126,20 @@ def _rand_bf16(rng):
     return _randgraph(rng, ("bfloat16",), range(13, 19))
 
 
+# The tokens seed's two symbolic dimensions: rewritten at equal values (ckpt's default 64 for
+# both, or equal --dim values) or different ones, and run on ORT where they differ.
+TOKEN_DIMS = ("batch", "seq")
+TOKEN_DIM_OPTIONS = ([], ["--dim", "batch=8", "--dim", "seq=8"], ["--dim", "batch=4", "--dim", "seq=9"],
+                     ["--dim", "seq=6"])
+
+
+def _rand_tokens(rng):
+    from tokens import tokens_model
+
+    return tokens_model(rng.randint(1, 5), rng.choice([8, 16, 32]), rng.getrandbits(16),
+                        rng.choice([TOKEN_DIMS, TOKEN_DIMS[::-1]]))
+
+
 @dataclass
 class Seed:
     name: str
@@ -132,6 +148,9 @@ class Seed:
     weight: float = 1.0
     make: Callable[[random.Random], onnx.ModelProto] | None = None  # a generator: a new model each case
     kind: str = "mutate"  # or "check_differs", "concurrent", "usage_json" (no mutation)
+    # symbolic dimensions: rewritten with one of these option lists, run on ORT at these values
+    dim_options: tuple[list[str], ...] = ()
+    run_dims: dict[str, int] = field(default_factory=dict)
     ort: bool = True  # plain onnxruntime loads it (the zoo's training ops need onnxruntime-training)
 
     def instance(self, rng: random.Random) -> onnx.ModelProto:
@@ -157,7 +176,9 @@ def load_seeds() -> list[Seed]:
     seeds.append(_external_seed("ext", _small_training_graph(), weight=2))
     seeds += [Seed("rand_opset", None, make=_rand_f32_f64, weight=2),
               Seed("rand_f16", None, make=_rand_f16, weight=1.5),
-              Seed("rand_bf16", None, make=_rand_bf16, weight=0.75, ort=False)]  # no bfloat16 CPU kernels
+              Seed("rand_bf16", None, make=_rand_bf16, weight=0.75, ort=False),  # no bfloat16 CPU kernels
+              Seed("tokens", None, make=_rand_tokens, weight=1, dim_options=TOKEN_DIM_OPTIONS,
+                   run_dims={"batch": 3, "seq": 5})]
     for name in ZOO_SEEDS:
         path = SAMPLES / "zoo" / name / "training_model.onnx"
         if path.exists():
@@ -477,8 +498,8 @@ def _ort_run(path: Path, feeds: dict | None) -> OrtRun:
     return OrtRun("ran", outputs=dict(zip([o.name for o in sess.get_outputs()], values)))
 
 
-def _feeds(path: Path) -> dict | None:
-    """Random inputs for the model at ``path`` (symbolic dimensions: 2; integers in [0, 2),
+def _feeds(path: Path, dims: dict[str, int] | None = None) -> dict | None:
+    """Random inputs for the model at ``path`` (symbolic dimensions: ``dims``, else 2; integers in [0, 2),
     valid indices into any axis of 2 or more; ``tangent*``: ones), or None when it cannot
     be read or fed (an untyped or unsized input, too many elements)."""
     import zlib
@@ -499,7 +520,7 @@ def _feeds(path: Path) -> dict | None:
             dt = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type))
         except Exception:  # noqa: BLE001
             return None
-        shape = [d.dim_value if d.HasField("dim_value") else 2 for d in tt.shape.dim]
+        shape = [d.dim_value if d.HasField("dim_value") else (dims or {}).get(d.dim_param, 2) for d in tt.shape.dim]
         if any(d < 0 for d in shape):
             return None
         total += int(np.prod(shape, dtype=np.float64))
@@ -537,10 +558,36 @@ def _f16_normwise(expected: np.ndarray, got: np.ndarray) -> float | None:
     return float(np.abs(a - b).max()) / top if top else None
 
 
+def _declared_dim(dim, values: dict[str, int]) -> int | None:
+    """A written dimension at ``values``: a number, a product of symbols and numbers, or None."""
+    if dim.HasField("dim_value"):
+        return dim.dim_value
+    parts = dim.dim_param.split("*") if dim.dim_param else []
+    if not parts or not all(p in values or p.isdigit() for p in parts):
+        return None
+    return int(np.prod([values[p] if p in values else int(p) for p in parts]))
+
+
+def _wrong_declared_shapes(out: Path, feeds: dict, values: dict[str, int]) -> list[str]:
+    """Tensors whose written value_info shape, at ``values`` of the symbolic dimensions, is
+    not the shape ORT makes (a dimension named for another one that had the same value)."""
+    m = onnx.load(str(out))
+    declared = {v.name: [_declared_dim(d, values) for d in v.type.tensor_type.shape.dim]
+                for v in m.graph.value_info if v.type.HasField("tensor_type") and v.type.tensor_type.HasField("shape")}
+    m.graph.output.extend(v for v in m.graph.value_info if v.name in declared)
+    exposed = out.with_name("exposed.onnx")
+    onnx.save(m, str(exposed))
+    got = _ort_run(exposed, feeds)
+    if got.state != "ran":
+        return [f"({got.state}: {got.why})"]
+    return [f"{t} declared {shape}, ORT made {list(got.outputs[t].shape)}" for t, shape in declared.items()
+            if any(d is not None and d != g for d, g in zip(shape, got.outputs[t].shape))]
+
+
 def _ort_verdict(seed: Seed, src: Path, out: Path, summary: Summary) -> Outcome | None:
     """ONNX Runtime on the written model: loads where the input loads, runs where the input
     runs, and gives the input's outputs bit for bit. None: nothing wrong."""
-    feeds = _feeds(src)
+    feeds = _feeds(src, seed.run_dims)
     got = _ort_run(out, feeds)
     summary.ort_loaded += got.state != "refused"
     if got.state == "refused":
@@ -557,6 +604,9 @@ def _ort_verdict(seed: Seed, src: Path, out: Path, summary: Summary) -> Outcome 
     if got.state != "ran":
         return Outcome("defect", f"output fails to run in ORT where the input runs: {got.why}")
     summary.ort_compared += 1
+    wrong = _wrong_declared_shapes(out, feeds, seed.run_dims) if seed.run_dims else []
+    if wrong:
+        return Outcome("defect", f"written shapes at {seed.run_dims} are not ORT's: {'; '.join(wrong[:3])[:300]}")
     if _unseeded_random(src):
         return None
     differ = {}
@@ -692,6 +742,8 @@ def run_case(seed: Seed, rng: random.Random, work: Path, ort_every: int, case: i
     before = _digest(folder)
     out = folder / "out.onnx"
     args = _command(rng, path, out)
+    if seed.dim_options and args[0] != "inspect":
+        args += rng.choice(seed.dim_options)
     if debug:  # replaying one case: show the traceback
         args = ["--debug", *args]
     signal.signal(signal.SIGALRM, _alarm)

@@ -190,6 +190,24 @@ def test_process_peak_method(branch_files, workdir):
     assert abs(r["peak_bytes"] - expected) <= 0.10 * expected + 512 * 1024, r["runs"]
 
 
+@pytest.mark.slow
+def test_process_peak_under_ort_defaults_keeps_the_arena(branch_files):
+    """ORT's defaults are measured with the arena on in a process-peak build too: the
+    process holds at least the arena's bytes in use at the peak (the profiler's figure of
+    the same session), run after run, and the chunks the arena keeps besides (ORT 1.31:
+    17.7 MB against 8.39 MB in use; with the arena off it read 8.26-8.32 MB)."""
+    _, inter, feeds = branch_files
+    profiled = check.run_model(inter, feeds, provider="cpu", settings="ort_default", runs=2)
+    pp = check.WorkerOptions(memory_method="process_peak")
+    r = check.run_model(inter, feeds, provider="cpu", settings="ort_default", runs=2, worker=pp)
+    defaults = settings.ort_default_session_settings("cpu")
+    arena_off = dict(defaults, measurement_only=dict(defaults["measurement_only"], process_peak_with_arena=False))
+    off = check.run_model(inter, feeds, provider="cpu", settings=arena_off, runs=2, worker=pp)
+    assert profiled["method"] == "profiler" and r["method"] == off["method"] == "process_peak"
+    assert all(run["peak_bytes"] >= profiled["peak_bytes"] for run in r["runs"]), (r["runs"], profiled["peak_bytes"])
+    assert r["peak_bytes"] > off["peak_bytes"] + 1 * MiB, (r["runs"], off["runs"])
+
+
 # Another interpreter for the worker: this one by default (the --python plumbing), one with
 # onnxruntime-training 1.19.2 when CKPT_ORT_TRAINING_PYTHON names it (tests/test_ort_training.py
 # builds such a venv).

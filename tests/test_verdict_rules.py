@@ -50,6 +50,33 @@ def test_a_rewrite_above_the_original_fails(rewritten):
     assert result.figures.memory_lower is False
 
 
+def _for_ort_defaults(src: Path, dst: Path) -> Path:
+    """A copy of ``src`` that records ORT's defaults as the session it is run in."""
+    import onnx
+
+    from ckpt_cli.markers import SessionPlan
+
+    model = onnx.load(src)
+    for key, value in SessionPlan(session="ort_default").to_metadata().items():
+        entry = model.metadata_props.add()
+        entry.key, entry.value = key, value
+    onnx.save(model, dst)
+    return dst
+
+
+def test_a_rewrite_above_the_original_in_the_users_session_fails(rewritten, tmp_path):
+    """The original checked as the rewrite of its rewrite, recorded as run under ORT's defaults
+    (as ORT artifacts and files ckpt wrote for them are): its peak there is higher. Recorded
+    for ckpt's settings, the same pair only gets the note that the defaults save nothing."""
+    options = api.CheckOptions(provider="cpu", runs=1)
+    judged = check_models(rewritten, _for_ort_defaults(GPT, tmp_path / "gpt.defaults.onnx"), options=options).figures
+    assert judged.user_session == "ort_default"
+    assert any(f.startswith("under ORT's default settings, the session this model is run in, the rewritten peak")
+               for f in judged.failures), judged.failures
+    plain = check_models(rewritten, GPT, options=options).figures
+    assert plain.user_session == "ckpt" and not any("the session this model is run in" in f for f in plain.failures)
+
+
 def test_another_executed_order_fails(rewritten):
     """ckpt's simulation assumed another order than the one ORT ran."""
     failures = _judged(GPT, rewritten, lambda p: replace(p, order=tuple(reversed(p.order))))

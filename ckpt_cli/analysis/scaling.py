@@ -10,12 +10,14 @@ the values reported (exact while the peak stays at the same step of the schedule
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import count
 
+from ..errors import CkptError
 from ..graph import Graph
 from ..markers import FRESH_META, GUARD_META, recompute_source
 from . import Analysis, analyse
 from ..errors import ModelError
-from .shapes import _DIM_MAX as DIM_MAX, TensorInfo, symbolic_dims
+from .shapes import _DIM_MAX as DIM_MAX, TensorInfo, infer_tensors, symbolic_dims, tied_dims
 
 
 @dataclass(frozen=True)
@@ -93,35 +95,79 @@ def scaling(a: Analysis) -> Scaling | None:
                    doubled, tuple(sorted(b for b, g in growth.items() if g > 0)))
 
 
-def symbolic_shapes(graph: Graph, tensors: dict[str, TensorInfo], scaled: Scaling) -> dict[str, list]:
+def symbolic_shapes(graph: Graph, tensors: dict[str, TensorInfo], scaled: Scaling,
+                    probe: dict[str, TensorInfo] | None) -> dict[str, list]:
     """Shapes for the value_info of ``graph`` (a rewrite of the analysed one) with the
-    symbolic dimensions put back: a dimension that doubles with the dimensions is written
-    as the symbol of that value (``batch``), or as ``batch*32`` for a multiple of one, or
-    left unnamed; one that does not is a number. A file with the batch baked in would let
-    ORT fold its Shape nodes into constants and fail at any other batch. Tensors ckpt made
-    (recompute copies, guard views) take the scaling of the tensor they copy or view."""
-    by_value = {v: d for d, v in reversed(scaled.dims)}
+    symbolic dimensions put back: a dimension that moves with them is written as the product
+    it is (``batch``, ``batch*seq``, ``seq*seq*4``), or left unnamed; one that does not is a
+    number. A file with the batch baked in would let ORT fold its Shape nodes into constants
+    and fail at any other batch; a dimension named after another that only had the same value
+    makes ORT reuse buffers of the wrong size once they differ. ``probe``: the original's
+    tensors with every dimension a different prime times its value (``probe_tensors``), which
+    tells the dimensions apart; the doubled analysis confirms each product. Tensors ckpt made
+    (recompute copies, guard views) take the shapes of the tensor they copy or view."""
     source = _sources(graph, scaled.doubled.graph)
+    factors = dict(zip((d for d, _ in scaled.dims), _PRIMES))
     out: dict[str, list] = {}
     for t, info in tensors.items():
-        twice = scaled.doubled.tensors.get(source.get(t, t))
+        original = source.get(t, t)
+        twice = scaled.doubled.tensors.get(original)
         if info.shape is None or twice is None or twice.shape is None or len(twice.shape) != len(info.shape):
             continue
-        if twice.shape != info.shape:
-            out[t] = [_symbol(a, b, by_value) for a, b in zip(info.shape, twice.shape)]
+        if twice.shape == info.shape:
+            continue
+        probed = (probe or {}).get(original)
+        apart = probed.shape if probed is not None and probed.shape is not None else (None,) * len(info.shape)
+        if len(apart) != len(info.shape):
+            apart = (None,) * len(info.shape)
+        out[t] = [_symbol(one, two, far, scaled.dims, factors) for one, two, far in zip(info.shape, twice.shape, apart)]
     return out
 
 
-def _symbol(one, two, by_value: dict[int, str]):
+# More dimensions than these in one model: the others are left unnamed (ORT learns them).
+_PRIMES = (3, 5, 7, 11, 13, 17, 19, 23)
+
+
+def probe_dims(dims: tuple[tuple[str, int], ...]) -> dict[str, int]:
+    """Every symbolic dimension at a different prime times its value (the doubled analysis
+    has them all at twice theirs): a size's ratio between the two names its dimensions."""
+    return {d: v * p for (d, v), p in zip(dims, _PRIMES)}
+
+
+def probe_tensors(a: Analysis) -> dict[str, TensorInfo] | None:
+    """The sizes of ``a``'s graph at ``probe_dims`` (defaulted dimensions tied to others, as
+    the analysis ties them), or None where the graph cannot be sized there."""
+    dims = probe_dims(a.dims)
+    try:
+        tensors = infer_tensors(a.graph, dims)
+        tied = {d: v for d, v in tied_dims(a.graph, tensors, a.default_dims).items() if dims[d] != v}
+        if tied:
+            tensors = infer_tensors(a.graph, {**dims, **tied})
+    except CkptError:
+        return None
+    return tensors
+
+
+def _symbol(one, two, far, dims: tuple[tuple[str, int], ...], factors: dict[str, int]):
+    """``one`` (at ``dims``) as the product of symbols it is, given its values at twice the
+    dimensions (``two``) and at the probe (``far``); None where no product fits both."""
     if one == two or not isinstance(one, int):
         return one
-    if two == 2 * one:
-        if one in by_value:
-            return by_value[one]
-        for value, name in by_value.items():
-            if one % value == 0:
-                return f"{name}*{one // value}"
-    return None  # an unnamed dimension: ORT learns it at the run
+    if not isinstance(two, int) or not isinstance(far, int) or one <= 0 or far % one:
+        return None
+    ratio, powers = far // one, {}
+    for d, _ in dims:
+        p = factors.get(d)
+        while p is not None and ratio % p == 0:
+            ratio //= p
+            powers[d] = powers.get(d, 0) + 1
+    product = 1
+    for d, v in dims:
+        product *= v ** powers.get(d, 0)
+    if ratio != 1 or not powers or one % product or two != one * 2 ** sum(powers.values()):
+        return None
+    names = [d for d, _ in dims for _ in range(powers.get(d, 0))]
+    return "*".join(names + ([str(one // product)] if one != product else []))
 
 
 _VIEWS = frozenset({"Reshape", "Identity"})  # ckpt's guards and fresh views: identities on input 0
@@ -139,3 +185,20 @@ def _sources(graph: Graph, original: Graph) -> dict[str, str]:
             if node.inputs and node.outputs:
                 source[node.outputs[0]] = source.get(node.inputs[0], node.inputs[0])
     return source
+
+
+def other_assignment(a: Analysis) -> dict[str, int] | None:
+    """Another value of every symbolic dimension of ``a`` (each different from the
+    analysed one and from the others'), dimensions tied to others as the analysis ties
+    them; None for a graph without any, or where the graph cannot be sized there."""
+    if not a.dims:
+        return None
+    # small values, one each: a file that took one dimension for another fails there
+    free = count(3)
+    dims = {d: next(v for v in free if v != value) for d, value in a.dims}
+    try:
+        tied = tied_dims(a.graph, infer_tensors(a.graph, dims), tuple(dims))
+    except CkptError:
+        return None
+    dims.update(tied)
+    return dims if len(dims) == len(a.dims) else None

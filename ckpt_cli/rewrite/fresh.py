@@ -35,10 +35,10 @@ from ..analysis.memory import MemoryProfile, profile_of
 from ..analysis.planner import Buffers, plan_buffers
 from ..analysis.shapes import TensorInfo
 from ..analysis.timeline import bytes_in_use, peak_of
-from ..graph import ABSENT, Graph
+from ..graph import ABSENT, Graph, Node
 from ..markers import FRESH_META
 from ..ops import SHAPE_FROM_INPUTS_OPS
-from .guards import GuardNodes
+from .guards import GuardNodes, fused_with_reader
 from .order import executed_order
 from .pin import trigger_of
 
@@ -54,6 +54,10 @@ _PROBE_ROUNDS, _PROBE_GAIN = 2, 0.01
 # Graphs above this many nodes skip the greedy: on large transformers its probe gains too
 # little to write anything, yet slows the pinned rewrite; the graphs it helps are smaller.
 _GREEDY_NODES = 8_000
+
+# Consumers whose output shape takes dimensions from each of these inputs alone: one view
+# of either hides the output's shape (an elementwise op's broadcast would not).
+_SHAPE_FROM_EITHER = {"MatMul": (0, 1), "Gemm": (0, 1)}
 
 
 @dataclass(frozen=True)
@@ -77,7 +81,8 @@ def _eligible(graph: Graph, tensors: dict[str, TensorInfo], forward: frozenset[s
     for i, node in enumerate(graph.nodes):
         if node.op_type not in SHAPE_FROM_INPUTS_OPS or node.domain not in ("", "ai.onnx") or node.name in forward:
             continue
-        if not any(_rank(tensors.get(t)) for t in node.inputs if t != ABSENT and t not in constants):
+        data = [t for t in node.inputs if t != ABSENT and t not in constants and _rank(tensors.get(t))]
+        if not _viewed_inputs(graph, node, data):
             continue
         for t in ids.outputs[i]:
             if t >= 0 and ids.names[t] not in outputs:
@@ -181,12 +186,16 @@ def apply(graph: Graph, tensors: dict[str, TensorInfo], fresh: set[str], local: 
     views: dict[str, str] = {}
     before: dict[int, list[onnx.NodeProto]] = {}
     rewired: dict[int, onnx.NodeProto] = {}
+    made: set[str] = set()
     for node in graph.nodes:
         if not fresh.intersection(node.outputs):
             continue
+        data = _viewed_inputs(graph, node, [x for x in node.inputs if x != ABSENT and x not in constants
+                                            and _rank(tensors.get(x))])
+        if not data:
+            continue  # every way to hide its shape would split a fusion: left to ORT
         p = onnx.NodeProto()
         p.CopyFrom(node.proto)
-        data = [x for x in node.inputs if x != ABSENT and x not in constants and _rank(tensors.get(x))]
         source = local and (trigger_of(graph, node.index, forward)
                             or max(data, key=lambda x: position.get(x, -1), default=None))
         shapes = {} if local else shared
@@ -205,12 +214,25 @@ def apply(graph: Graph, tensors: dict[str, TensorInfo], fresh: set[str], local: 
         for t in node.outputs:
             if t in fresh:
                 tensors[t] = replace(tensors[t], static_shape=False)
+                made.add(t)
     protos = list(head)
     for node in graph.nodes:
         protos.extend(before.get(node.index, ()))
         protos.append(rewired.get(node.index, node.proto))
     new = executed_order(graph.with_nodes(protos))
-    return FreshResult(new, tensors, tuple(sorted(fresh)), len(protos) - len(graph.nodes))
+    return FreshResult(new, tensors, tuple(sorted(made)), len(protos) - len(graph.nodes))
+
+
+def _viewed_inputs(graph: Graph, node: Node, data: list[str]) -> list[str]:
+    """The data inputs of ``node`` to read through views so that ORT cannot know its output's
+    shape, none of them fused with ``node`` by ORT; empty where that cannot be done."""
+    apart = [x for x in data if not fused_with_reader(graph, x)]
+    if len(apart) == len(data):
+        return data
+    either = _SHAPE_FROM_EITHER.get(node.op_type, ())
+    if any(node.inputs[k] in apart for k in either if k < len(node.inputs)):
+        return apart
+    return []
 
 
 def unshare(graph: Graph, tensors: dict[str, TensorInfo], recorded_reuse: bool = True,

@@ -15,7 +15,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
@@ -401,3 +401,22 @@ def check_pair(original, rewritten, feeds_path, options: PairOptions = PairOptio
     return PairRun(provider, cmp, _side(orig, default), _side(rew, rew_default), default_cmp, o.reference_level,
                    unoptimized, spread, _executed_order(pair, rew), settings_for("ckpt", provider, o.enable_mem_reuse),
                    settings_snippet(provider, o.enable_mem_reuse))
+
+
+def outputs_at(original, rewritten, feeds_path, options: PairOptions = PairOptions()) -> dict:
+    """Both models once under ckpt's settings on other feeds (another value of each symbolic
+    dimension): the comparison of their outputs, or why one of them did not run
+    (``{"original_failed": ...}`` or ``{"rewritten_failed": ...}``). No memory is measured."""
+    o = replace(options, worker=replace(options.worker, memory_method="profiler"))
+    provider = resolve_provider(o.provider, o.worker.python)
+    with tempfile.TemporaryDirectory(prefix="ckpt_dims_") as tmp:
+        pair = _Pair(original, rewritten, feeds_path, provider, o, tmp)
+        try:
+            pair.measure(original, pair.ckpt_settings(o.enable_mem_reuse, o.reference_level), pair.npz("o"), runs=1)
+        except RunFailed as e:
+            return {"original_failed": f"{e.kind}: {e.message}"}
+        try:
+            pair.measure(rewritten, "ckpt", pair.npz("r"), runs=1)
+        except RunFailed as e:
+            return {"rewritten_failed": f"{e.kind}: {e.message}"}
+        return _comparison_summary(_compare(pair, _load_npz(pair.npz("o")), _load_npz(pair.npz("r"))))

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ..analysis import Analysis
 from ..analysis.memory import visible_peak
+from ..analysis.scaling import other_assignment
 from ..analysis.shapes import TensorInfo
 from ..errors import CheckFailed, ModelError, RunFailed, RuntimeUnavailable, UsageError
 from ..graph import Graph
@@ -139,6 +140,9 @@ class CheckFigures:
     measured: MeasuredRuns
     order: dict  # order_check of the rewritten model's executed order
     prediction: PredictionFigures
+    # the pair run again at other values of the symbolic dimensions ("dims"): outputs only
+    other_dims: dict | None = None
+    user_session: str = "ckpt"  # the session the rewrite is run in (RunsAt.user_session)
     memory_lower: bool = True
     failures: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -168,7 +172,8 @@ class CheckFigures:
             "unoptimized_vs_rewritten": out.unoptimized_vs_rewritten, "run_to_run": out.run_to_run,
             "predicted_plain": pred.plain.predicted, "prediction_error_plain": pred.plain.error,
             "predicted_plain_fused": pred.plain.fused, "prediction_error_plain_fused": pred.plain.fused_error,
-            "unsized": pred.unsized, "failures": self.failures, "notes": self.notes, "passed": self.passed,
+            "unsized": pred.unsized, "other_dims": self.other_dims, "user_session": self.user_session,
+            "failures": self.failures, "notes": self.notes, "passed": self.passed,
         }
         # copies, as asdict() made them: the body does not change with the figures
         return {k: asdict(v) if is_dataclass(v) else copy.deepcopy(v) for k, v in body.items()}
@@ -285,9 +290,35 @@ def _measure_pair(original: str | Path, rewritten: str | Path, model, options: C
         return _run(Path(original), Path(rewritten), feeds_path, pair_options)
 
 
+@dataclass(frozen=True)
+class RunsAt:
+    """Where a check runs the files besides its options: the values of the symbolic
+    dimensions every figure is at (``dims``), ``other_dims`` where both files run once more
+    (outputs only), and the session the rewrite is run in (``user_session``): "ort_default"
+    for a file written for ORT's defaults and for an ORT training artifact (the Module API
+    runs those in an untuned session), else "ckpt" (its recorded settings)."""
+
+    dims: Mapping[str, int] = field(default_factory=dict)
+    other_dims: Mapping[str, int] | None = None
+    user_session: str = "ckpt"
+
+
+def _at_other_dims(original: str | Path, rewritten: str | Path, model, options: CheckOptions,
+                   pair_options: driver.PairOptions, other: Mapping[str, int] | None) -> dict | None:
+    """Both files run once more with ``other`` values of the symbolic dimensions (none with
+    the user's feeds): a file that only runs at the analysed values fails the check."""
+    if not other or options.feeds_file is not None:
+        return None
+    with tempfile.TemporaryDirectory(prefix="ckpt_feeds_") as tmp:
+        feeds_path = Path(tmp) / "feeds.npz"
+        prepare_feeds(model, feeds_path, options.seed, dict(other), None)
+        return {"dims": dict(other), **driver.outputs_at(Path(original), Path(rewritten), feeds_path, pair_options)}
+
+
 def check_files(original: str | Path, rewritten: str | Path, predicted: dict[str, Prediction],
                 options: CheckOptions = CheckOptions(), *, enable_mem_reuse: bool = True, feeds_model=None,
-                dims: dict[str, int] | None = None, reference_level: str | None = None) -> CheckFigures:
+                dims: RunsAt | Mapping[str, int] | None = None,
+                reference_level: str | None = None) -> CheckFigures:
     """Measure both files and judge the rewrite.
 
     ``predicted`` maps "original"/"rewritten" to ckpt's predictions for those files
@@ -295,18 +326,21 @@ def check_files(original: str | Path, rewritten: str | Path, predicted: dict[str
     asks for; both run with it). Outputs must be bit-identical unless ``options.rtol``/
     ``options.atol`` are given. ``feeds_model`` is the original ModelProto when already loaded.
     ``reference_level``: the rewritten file holds ORT's fusions made at this optimization
-    level; its outputs are compared with the original's at that level.
+    level; its outputs are compared with the original's at that level. ``dims``: the values
+    of the symbolic dimensions (a ``RunsAt`` also gives others, and the user's session).
     """
     import onnx
 
     model = feeds_model if feeds_model is not None else onnx.load(str(original), load_external_data=False)
     pair_options = _pair_options(options, predicted["rewritten"].order, enable_mem_reuse, reference_level)
-    pair = _measure_pair(original, rewritten, model, options, pair_options, dims or {})
+    runs_at = dims if isinstance(dims, RunsAt) else RunsAt(dict(dims or {}))
+    pair = _measure_pair(original, rewritten, model, options, pair_options, dict(runs_at.dims))
     outputs, measured = _output_figures(pair, options, model), _measured_runs(pair)
     plain, notes = _plain_prediction(rewritten, predicted["rewritten"], pair, measured.rewritten_ort_default)
     figures = CheckFigures(pair.provider, pair.rewritten.ckpt.ort_version, enable_mem_reuse, outputs, measured,
                            pair.order, _prediction_figures(predicted, measured, options.max_prediction_error, plain),
-                           notes=notes)
+                           _at_other_dims(original, rewritten, model, options, pair_options, runs_at.other_dims),
+                           runs_at.user_session, notes=notes)
     judge(figures, tolerant=outputs.tolerance is not None)
     return figures
 
@@ -380,6 +414,14 @@ def _same_outputs(original: Graph, rewritten: Graph) -> None:
         raise CheckFailed(f"the models' outputs differ: {'; '.join(only)}")
 
 
+def _user_session(analysed: dict[str, Analysis], plan: SessionPlan) -> str:
+    """The session the rewrite is run in (``RunsAt.user_session``)."""
+    from ..rewrite.mem_pattern import is_ort_artifact
+
+    artifact = is_ort_artifact(analysed["original"].graph)
+    return "ort_default" if plan.session == "ort_default" or artifact else "ckpt"
+
+
 def check_analysed(paths: dict[str, Path], analysed: dict[str, Analysis], dims: dict[str, int],
                    options: CheckOptions) -> CheckFigures:
     """``check_files`` for two analysed files: each predicted under the setting the rewrite
@@ -388,9 +430,11 @@ def check_analysed(paths: dict[str, Path], analysed: dict[str, Analysis], dims: 
     reuse = analysed["rewritten"].reuse_buffers  # both run with the setting the rewrite asks for
     # A file ORT optimized offline runs on the provider it was optimized for, and its fusions
     # round like the original's at that optimization level: compare outputs with that.
-    optimized = SessionPlan.read(analysed["rewritten"].graph.model, paths["rewritten"]).ort_optimize
+    plan = SessionPlan.read(analysed["rewritten"].graph.model, paths["rewritten"])
+    optimized = plan.ort_optimize
     provider = optimized["provider"] if optimized and options.provider == "auto" else options.provider
     predicted = {k: predict(a, reuse, plain=k == "rewritten") for k, a in analysed.items()}
     return check_files(paths["original"], paths["rewritten"], predicted, replace(options, provider=provider),
-                       enable_mem_reuse=reuse, feeds_model=analysed["original"].graph.model, dims=dims,
+                       enable_mem_reuse=reuse, feeds_model=analysed["original"].graph.model,
+                       dims=RunsAt(dims, other_assignment(analysed["original"]), _user_session(analysed, plan)),
                        reference_level=optimized["level"] if optimized else None)

@@ -53,7 +53,8 @@ What the numbers mean (on ORT 1.31.1 CPU):
   ``peak_requested_bytes`` is the same max over ``mem_bytes_requested_in_use``
   (exact, unrounded).  Graph inputs (feeds) are never counted; graph outputs are.
 * method "process_peak" (ORT builds whose profiler has no ``mem_*`` fields, such
-  as 1.19.2): a second session with the CPU arena OFF; before each run write 5 to
+  as 1.19.2): a second session with the CPU arena OFF (ORT's defaults: ON, see
+  ``_measure_process_peak``); before each run write 5 to
   /proc/self/clear_refs (resets VmHWM), read VmRSS, run, read VmHWM;
   ``peak_bytes`` = VmHWM - VmRSS(before) = bytes above the pre-run state, i.e.
   comparable to ``peak_above_baseline_bytes`` of the profiler method (page
@@ -390,39 +391,49 @@ def _measure_profiler(ort, np, spec, settings, feeds_path, warnings):
 
 
 def _measure_process_peak(ort, np, spec, settings, feeds_path, warnings):
-    """Arena off, VmHWM - VmRSS per run (CPU only)."""
+    """VmHWM above the process's state before the run, per run (CPU only). ckpt's settings
+    run with the arena off: every run starts from the loaded session. ORT's defaults keep
+    it (``process_peak_with_arena``): the arena holds the chunks it took after a run, so
+    each run's peak is taken above the state before the first run, what the process holds
+    for the model's runs as a user's session does."""
     if os.environ.get("MALLOC_MMAP_THRESHOLD_") != "65536":
         warnings.append("MALLOC_MMAP_THRESHOLD_=65536 was not set at process start; "
                         "process_peak may under-read after the first run")
+    with_arena = bool(settings.get("measurement_only", {}).get("process_peak_with_arena"))
     so = _session_options(ort, settings, threads=spec["intra_op_threads"], profile_prefix=None,
-                          arena=False)
+                          arena=None if with_arena else False)
     sess = _make_session(ort, spec["model"], so, spec["provider"], settings)
     feeds = _load_feeds(np, feeds_path, sess)
-    per_run = []
-    out = None
+    per_run, out, start = [], None, None
     try:
         for i in range(spec["runs"] + 1):
             out = None
             gc.collect()
-            try:
-                with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
-                    f.write("5")
-                before = _proc_status()["VmRSS"]
-                ok = True
-            except OSError as e:
-                if i == 0:
-                    warnings.append(f"cannot reset VmHWM ({_one_line(e)}); no memory numbers")
-                ok = False
+            before = _reset_peak(warnings if i == 0 else [])
+            start = before if start is None else start
             out, dt = _run_once(sess, feeds)
             if i > 0:
-                peak = _proc_status()["VmHWM"] - before if ok else None
-                per_run.append({"peak_bytes": peak, "time_s": dt})
+                base = start if with_arena else before
+                per_run.append({"peak_bytes": _proc_status()["VmHWM"] - base if base is not None else None,
+                                "time_s": dt})
     except WorkerError:
         raise
     except Exception as e:  # noqa: BLE001
         raise WorkerError("run_failed", _one_line(e)) from None
     names = [o.name for o in sess.get_outputs()]
     return per_run, dict(zip(names, out))
+
+
+def _reset_peak(warnings: list) -> int | None:
+    """Reset VmHWM to the current resident size (write 5 to clear_refs) and return that
+    size; None (with a warning) where the kernel does not allow it."""
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+            f.write("5")
+        return _proc_status()["VmRSS"]
+    except OSError as e:
+        warnings.append(f"cannot reset VmHWM ({_one_line(e)}); no memory numbers")
+        return None
 
 
 def _process_peak_in_child(spec: dict) -> dict:
