@@ -241,9 +241,21 @@ def budget_held(f: "CheckFigures", budget: int, outside_bytes: int) -> None:
 
 
 RULES: tuple[Rule, ...] = (
-    outputs_match, runs_at_other_dims, fused_reference, every_tensor_sized, peak_not_raised, user_session_not_raised,
-    ran_only_file_nodes, ran_every_file_node, device_notes, order_followed, prediction_holds, process_peak_notes,
-    runs_in_default_session, plain_session_note, default_session_saving_note,
+    outputs_match,
+    runs_at_other_dims,
+    fused_reference,
+    every_tensor_sized,
+    peak_not_raised,
+    user_session_not_raised,
+    ran_only_file_nodes,
+    ran_every_file_node,
+    device_notes,
+    order_followed,
+    prediction_holds,
+    process_peak_notes,
+    runs_in_default_session,
+    plain_session_note,
+    default_session_saving_note,
 )
 
 
