@@ -90,24 +90,54 @@ def fresh_venv(wheel: Path, work: Path) -> dict:
             "pip_check_ok": check.returncode == 0, "ckpt_help_s": round(median(times), 3)}
 
 
+def measure(venv: bool = True, source: Path = REPO) -> dict:
+    """Resolution on every platform and, with ``venv``, a fresh venv's figures (``make bench``)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        wheel = build_wheel(work / "wheel", source)
+        out: dict = {"resolution": {}}
+        for name, (tags, environment) in PLATFORMS.items():
+            (work / name).mkdir()
+            out["resolution"][name] = resolve(wheel, tags, environment, work / name)
+        if venv:
+            out["venv"] = fresh_venv(wheel, work)
+    return out
+
+
+def render(res: dict | None, add) -> None:
+    """Section 8 of bench/RESULTS.md."""
+    add("## 8. Install")
+    add("")
+    if not res or "error" in res:
+        add(f"Not measured{': ' + res['error'] if res else ''}.")
+        add("")
+        return
+    add("`python -m bench.install --venv`: the wheel's dependencies as pip resolves them per platform (PyPI), "
+        "and a fresh venv with `pip install` of the wheel.")
+    add("")
+    for name, found in res["resolution"].items():
+        ort = [p for p in found.get("packages", []) if p.startswith("onnxruntime")]
+        add(f"- {name}: " + (f"resolves ({', '.join(ort)}, {len(found['packages'])} packages)" if found["ok"]
+                             else f"FAILS: {' '.join(found['error'])}"))
+    if "venv" in res:
+        v = res["venv"]
+        add(f"- fresh venv: {v['venv_mib']} MiB; pip check: {v['pip_check']}; `ckpt --help` {v['ckpt_help_s']} s "
+            "(median of 5)")
+    add("")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--venv", action="store_true", help="also measure a fresh venv with the wheel installed")
     ap.add_argument("--json", help="write the figures to this file")
     ap.add_argument("--source", type=Path, default=REPO, help="the source tree to build (default: this one)")
     a = ap.parse_args(argv)
-    with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
-        wheel = build_wheel(work / "wheel", a.source)
-        out: dict = {"resolution": {}}
-        for name, (tags, environment) in PLATFORMS.items():
-            (work / name).mkdir()
-            out["resolution"][name] = found = resolve(wheel, tags, environment, work / name)
-            print(f"{name}: " + (" ".join(found["packages"]) if found["ok"] else f"FAILED {found['error']}"))
-        if a.venv:
-            out["venv"] = fresh_venv(wheel, work)
-            print(f"fresh venv: {out['venv']['venv_mib']} MiB, pip check: {out['venv']['pip_check']}, "
-                  f"ckpt --help {out['venv']['ckpt_help_s']} s")
+    out = measure(a.venv, a.source)
+    for name, found in out["resolution"].items():
+        print(f"{name}: " + (" ".join(found["packages"]) if found["ok"] else f"FAILED {found['error']}"))
+    if a.venv:
+        print(f"fresh venv: {out['venv']['venv_mib']} MiB, pip check: {out['venv']['pip_check']}, "
+              f"ckpt --help {out['venv']['ckpt_help_s']} s")
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=1) + "\n")
     return 0 if all(r["ok"] for r in out["resolution"].values()) else 1
