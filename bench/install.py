@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -76,15 +77,17 @@ def resolve(wheel: Path, platforms: list[str], environment: dict, work: Path) ->
 def fresh_venv(wheel: Path, work: Path) -> dict:
     """A new venv with the wheel installed: its size, `pip check`, and `ckpt --help`'s start time."""
     venv = work / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    subprocess.run([venv / "bin" / "python", "-m", "pip", "install", "-q", str(wheel)], check=True)
-    check = subprocess.run([venv / "bin" / "python", "-m", "pip", "check"], capture_output=True, text=True)
+    # the venv alone: a PYTHONPATH naming a source tree (its egg-info) would make pip skip the wheel
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, env=env)
+    subprocess.run([venv / "bin" / "python", "-m", "pip", "install", "-q", str(wheel)], check=True, env=env)
+    check = subprocess.run([venv / "bin" / "python", "-m", "pip", "check"], capture_output=True, text=True, env=env)
     size = subprocess.run(["du", "-sk", str(venv)], capture_output=True, text=True, check=True)
-    subprocess.run([venv / "bin" / "ckpt", "--help"], capture_output=True, check=True)  # warm the page cache
+    subprocess.run([venv / "bin" / "ckpt", "--help"], capture_output=True, check=True, env=env)  # warm the page cache
     times = []
     for _ in range(5):
         start = time.perf_counter()
-        subprocess.run([venv / "bin" / "ckpt", "--help"], capture_output=True, check=True)
+        subprocess.run([venv / "bin" / "ckpt", "--help"], capture_output=True, check=True, env=env)
         times.append(time.perf_counter() - start)
     return {"venv_mib": round(int(size.stdout.split()[0]) / 1024, 1), "pip_check": check.stdout.strip(),
             "pip_check_ok": check.returncode == 0, "ckpt_help_s": round(median(times), 3)}
