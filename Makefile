@@ -31,6 +31,10 @@ test: $(STAMP)
 mutate: $(STAMP)
 	$(BIN)/python -m tests.mutate $(if $(ONLY),--only $(ONLY))
 
+## test-fast: the suite without the tests marked slow (those run ONNX Runtime in child processes)
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest $(if $(filter 1,$(JOBS)),,-n $(JOBS)) -m "not slow"
+
 ## fuzz: 10,000 mutated models through inspect/plan/rewrite; any crash or invalid output is a defect
 fuzz: $(STAMP)
 	mkdir -p $(OUT)

@@ -37,6 +37,8 @@ formatting, ``run_measured``, the machine description) is in ``bench/common.py``
    ``activation_memory_budget`` (``bench/peer_pytorch.json``), ckpt's tensor-level cut, its
    recompute FLOPs, and its rewrite checked on ORT (measured peak, bit-identical outputs).
 7. ``budget`` against ``optimal`` on every sample (``bench/agreement.py``), through ``make_plan``.
+8. Install (``bench/install.py``, needs PyPI; not in --quick): the wheel's dependencies resolved for
+   Linux x86_64, macOS arm64 and Windows AMD64, a fresh venv's size and ``ckpt --help``'s start time.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import big_weights, memory, plan_quality, speed
+from bench import big_weights, install, memory, plan_quality, speed
 from bench.big_weights import bench_big_weights
 from bench.common import BENCH, ckpt_cmd, log, machine_info, nbytes, secs
 from bench.common import missing as _missing
@@ -91,6 +93,7 @@ def render_md(res: dict) -> str:
         from bench.agreement import render as render_agreement
 
         render_agreement(res["agreement"], add)
+    install.render(res.get("install"), add)
     if res.get("notes"):
         add("## Notes")
         add("")
@@ -218,6 +221,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--skip-plan-quality", action="store_true")
     ap.add_argument("--skip-peer", action="store_true", help="skip the comparison with PyTorch's partitioner")
     ap.add_argument("--skip-agreement", action="store_true", help="skip budget against optimal on every sample")
+    ap.add_argument("--skip-install", action="store_true", help="skip the install section (needs PyPI)")
     ap.add_argument("--out-dir", type=Path, default=BENCH, help="where RESULTS.md and results.json go")
     ap.add_argument("--keep", action="store_true", help="keep the scratch directory")
     ap.add_argument("--update", action="store_true",
@@ -301,6 +305,7 @@ def main(argv=None) -> int:
         ("plan_quality", a.skip_plan_quality, bench_plan_quality),
         ("agreement", a.skip_agreement, _agreement),
         ("peer", a.skip_peer, lambda: _peer(a.runs)),
+        ("install", a.quick or a.skip_install, install.measure),
     ]
     res, measured_at = _start_from_kept(a, res)
     commit = res["machine"]["git"]["commit"] + ("+dirty" if res["machine"]["git"]["dirty"] else "")

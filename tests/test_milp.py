@@ -106,3 +106,9 @@ def test_repeated_triples_are_summed():
     halves = Triples(np.array([0, 0, 0]), np.array([0, 0, 1]), np.array([0.5, 0.5, 1.0]))
     x = solve_binary(np.array([-2.0, -1.0]), halves, np.array([-np.inf]), np.array([1.0]))
     assert x is not None and list(np.round(x)) == [1.0, 0.0]
+
+
+def test_highspy_is_used_through_its_public_names_only():
+    """highspy's private modules (``highspy._core``) change between releases."""
+    sources = (Path(__file__).parent.parent / "ckpt_cli").rglob("*.py")
+    assert not [p.name for p in sources if "highspy._" in p.read_text(encoding="utf-8")]

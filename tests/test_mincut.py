@@ -362,3 +362,66 @@ def test_a_byte_budget_cut_over_the_budget_by_the_solvers_tolerance_is_solved_ag
 
     monkeypatch.setattr(mincut, "_solve_bytes_once", once)
     assert mincut.solve_bytes(None, 1000).kept_bytes == 991 and limits == [1000, 996, 991]
+
+
+def _brute_force_copied(problem, price: int) -> frozenset:
+    """The least-cost cut by enumeration; among ties, the union of the tied copied sets,
+    each pruned to what the backward needs (optimal closures are closed under union)."""
+    import itertools
+    import numpy as np
+
+    best, union = None, set()
+    n = len(problem.nodes)
+    for bits in itertools.product((False, True), repeat=n):
+        cut = mincut._cut(problem, float(price), np.array(bits, dtype=bool))
+        if any(problem.must_recompute[problem.tensors.index(t)] for t in cut.kept):
+            continue
+        total = cut.cost + price * int(sum(problem.nbytes[problem.tensors.index(t)] for t in cut.kept))
+        if best is None or total < best:
+            best, union = total, set()
+        if total == best:
+            union |= cut.copied
+    return frozenset(union)
+
+
+def test_solve_returns_the_least_cost_cut_that_recomputes_the_most():
+    """Random chains of up to 7 copyable nodes with tied costs: the max-flow cut against
+    enumeration, so any max-flow solver gives the same cut (ties included)."""
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    for case in range(40):
+        n = int(rng.integers(2, 8))
+        # tensor u is made by node u (u < n) or is a forward input (u == n: its producer cannot be copied)
+        heads, tails = [n], [0]
+        for k in range(1, n):
+            for u in sorted(set(rng.integers(0, k, size=int(rng.integers(1, 3))).tolist()) | {k - 1}):
+                heads.append(u)
+                tails.append(k)
+        read = sorted(set(rng.integers(0, n, size=int(rng.integers(1, 4))).tolist()))
+        problem = mincut.Problem(
+            nodes=list(range(n)), cost=rng.choice([0, 2, 4], size=n).astype(np.int64),
+            tensors=[f"t{u}" for u in range(n + 1)], nbytes=rng.choice([0, 1, 2, 4], size=n + 1).astype(np.int64),
+            must_recompute=np.r_[rng.random(n) < 0.15, False], producer=np.r_[np.arange(n), -1].astype(np.int64),
+            heads=np.asarray(heads, dtype=np.int64), tails=np.asarray(tails, dtype=np.int64),
+            read_backward=np.asarray(read, dtype=np.int64), buffer=[f"t{u}" for u in range(n + 1)],
+            matmul_flops=np.zeros(n, dtype=np.int64), flops=np.zeros(n, dtype=np.int64))
+        for price in (1, 2):
+            assert mincut.solve(problem, price).copied == _brute_force_copied(problem, price), (case, price)
+
+
+def test_scipy_loads_only_when_a_cut_is_solved_and_nothing_heavier_does():
+    """scipy.sparse takes 0.3-0.45 s to import: only a solve loads it; pandas (OR-Tools'
+    dependency, once the max-flow solver's) never."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys; from ckpt_cli.planning import mincut; from ckpt_cli.analysis import analyse; "
+            "from ckpt_cli.io.load import load_graph; a = analyse(load_graph(sys.argv[1])); "
+            "before = 'scipy' in sys.modules; problem = mincut.build(a); mincut.solve(problem, 1.0); "
+            "print(before, 'scipy.sparse.csgraph' in sys.modules, 'pandas' in sys.modules or 'ortools' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, str(SAMPLES / "mlp.onnx")], capture_output=True, text=True,
+                         cwd=Path(__file__).parent.parent)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "True", "False"]

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import click
 
-from ..errors import UsageError
+from ..errors import ModelError, UsageError
+from ..markers import SESSION_META
 from .options import (analysis_options, analysis_value, auto_options, busy, check_options, check_value, emit,
                       plan_value, policy_options, protect_report, remember_json, renderer, report_options, rewrite_value)
 
@@ -32,6 +33,7 @@ def inspect(model: Path, **given) -> None:
 
     as_json, report_path, quiet = given.pop("as_json"), given.pop("report_path"), given.pop("quiet")
     protect_report(report_path, model)
+    warn_if_undone(model)
     result = inspect_model(model, analysis_value(given))
     emit(result.to_json(), renderer("render", "render_inspect"), as_json, report_path, quiet, (model,))
 
@@ -225,6 +227,7 @@ def check(original: Path, rewritten: Path, **given) -> None:
 
     as_json, report_path, quiet = given.pop("as_json"), given.pop("report_path"), given.pop("quiet")
     protect_report(report_path, original, rewritten)
+    warn_if_undone(original, rewritten)
     options = check_value(given)
     with busy(f"running both graphs on ONNX Runtime ({options.runs} runs each, plus ORT defaults)", quiet or as_json):
         result = check_models(original, rewritten, analysis=analysis_value(given), options=options)
@@ -255,10 +258,33 @@ def session(model: Path, provider, as_json) -> None:
     from ..ort.session import recorded_settings
     from ..verify.settings import settings_snippet
 
-    settings = recorded_settings(model)
+    settings = recorded_settings(model)  # an unreadable file: its own error
+    if not warn_if_undone(model):
+        raise ModelError(f"{model}: not a model ckpt wrote (it has no {SESSION_META} metadata): "
+                         "ckpt session prints the settings of `ckpt rewrite` outputs")
     provider = provider or settings.get("ort_optimize", {}).get("provider", "cpu")
     if as_json:
         click.echo(json.dumps({"model": str(model), "session_settings": settings}, indent=2))
     else:
         click.echo(settings_snippet(provider, settings["enable_mem_reuse"], str(model), settings["settings"],
                                     settings.get("mem_pattern_off_input")), nl=False)
+
+
+def warn_if_undone(*models: Path) -> bool:
+    """One line on stderr for each model ckpt rewrote that a later tool undid; whether the
+    last was written by ckpt. A file that cannot be read is left to the command's own load."""
+    from ..io.serialize import read_model
+    from ..io.written import undone_rewrite, written_by_ckpt
+
+    written = False
+    for path in models:
+        try:
+            model = read_model(path, embedded_weights=False)  # the metadata and nodes: not the weights
+        except Exception:  # noqa: BLE001 - reported by the command's own load, as it always was
+            written = False
+            continue
+        written = written_by_ckpt(model)
+        message = undone_rewrite(model, path)
+        if message:
+            click.echo(message, err=True)
+    return written

@@ -163,6 +163,20 @@ def main(ctx: click.Context, debug: bool) -> None:
     """
     ctx.ensure_object(dict)
     ctx.obj["debug"] = debug
+    _warn_of_ort_version()
+
+
+_warned: list[bool] = []
+
+
+def _warn_of_ort_version() -> None:
+    """Once per process: the installed onnxruntime is not a release the memory model is validated on."""
+    from ..report.model import ort_version, ort_version_warning
+
+    message = None if _warned else ort_version_warning(ort_version())
+    _warned.append(True)
+    if message:
+        click.echo(message, err=True)
 
 
 

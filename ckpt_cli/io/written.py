@@ -6,8 +6,8 @@ from typing import TYPE_CHECKING
 
 import onnx
 
-from ..markers import (FRESH_META, GUARD_META, MEM_REUSE_META, PIN_META, SESSION_META, SessionPlan,
-                       is_recompute_copy)
+from ..markers import (FRESH_META, GUARD_META, MEM_PATTERN_META, MEM_REUSE_META, PIN_META, PROVENANCE_PREFIX,
+                       RECOMPUTE_META, SESSION_META, SessionPlan, is_recompute_copy)
 from .save import build_model
 
 if TYPE_CHECKING:
@@ -95,3 +95,36 @@ def _copy_value_info(result: RewriteResult, shapes: dict[str, list]) -> list[onn
             if t and info is not None and info.dtype and info.shape is not None:
                 out.append(onnx.helper.make_tensor_value_info(t, info.dtype, shapes.get(t, list(info.shape))))
     return out
+
+
+def written_by_ckpt(model: onnx.ModelProto) -> bool:
+    """Whether ``model`` carries the session record every model ckpt writes has."""
+    return any(p.key == SESSION_META for p in model.metadata_props)
+
+
+def undone_rewrite(model: onnx.ModelProto, path: object) -> str | None:
+    """One line when ``model``'s metadata says ckpt rewrote it but its recompute copies,
+    guards or memory-pattern input are gone: a tool that ran after ckpt (a simplifier such
+    as onnxslim or onnxsim merges copies back into their originals and drops node
+    metadata) undid the rewrite. None when nothing is missing or ckpt did not write it."""
+    if not written_by_ckpt(model):
+        return None
+    meta = {p.key: p.value for p in model.metadata_props}
+    marks = [p.key for n in model.graph.node for p in n.metadata_props]
+    missing = []
+    for what, key, mark in (("recompute copies", PROVENANCE_PREFIX + "recompute_nodes", RECOMPUTE_META),
+                            ("guard nodes", PIN_META, GUARD_META)):
+        want = int(meta[key]) if meta.get(key, "").isdigit() else 0
+        have = marks.count(mark)
+        if have < want:
+            missing.append(f"{want - have} of its {want} {what}")
+    if FRESH_META in meta and FRESH_META not in marks:
+        missing.append("its fresh-buffer guards")
+    pattern = meta.get(MEM_PATTERN_META)
+    if pattern is not None and pattern not in {i.name for i in model.graph.input}:
+        missing.append(f"its input {pattern!r}")
+    if not missing:
+        return None
+    listed = ", ".join(missing[:-1]) + " and " + missing[-1] if len(missing) > 1 else missing[0]
+    return (f"ckpt: warning: {path}: ckpt rewrote this model, but {listed} are gone: a tool run after "
+            f"ckpt (a simplifier such as onnxslim or onnxsim) undid the rewrite; run ckpt last")

@@ -8,6 +8,8 @@ matrix given as (row, column, value) triples.
 
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,7 +36,6 @@ def solve_binary(cost: np.ndarray, matrix: Triples, row_lower: np.ndarray, row_u
     ``row_lower <= A x <= row_upper``, A the ``matrix``; the best x found within
     ``time_limit`` seconds, or None when there is none (infeasible, or none found in time)."""
     import highspy
-    from highspy._core import _Highs
 
     n, m = len(cost), len(row_lower)
     inf = highspy.kHighsInf
@@ -57,11 +58,7 @@ def solve_binary(cost: np.ndarray, matrix: Triples, row_lower: np.ndarray, row_u
     lp.a_matrix_.index_ = cols.astype(np.int32)
     lp.a_matrix_.value_ = vals
     lp.integrality_ = [highspy.HighsVarType.kInteger] * n
-    # The solver class itself: highspy.Highs() enables callbacks on construction, which writes
-    # HiGHS's banner to the process's stdout before any option can turn output off (HiGHS
-    # issue 2749), and a --json report there must hold nothing else.
-    h = _Highs()
-    h.setOptionValue("output_flag", False)
+    h = _quiet_highs()
     h.setOptionValue("time_limit", float(time_limit))
     h.setOptionValue("mip_rel_gap", MIP_REL_GAP)
     h.setOptionValue("threads", 1)
@@ -72,3 +69,29 @@ def solve_binary(cost: np.ndarray, matrix: Triples, row_lower: np.ndarray, row_u
     if info.primal_solution_status != highspy.SolutionStatus.kSolutionStatusFeasible:
         return None
     return np.asarray(h.getSolution().col_value)
+
+
+def _quiet_highs():
+    """A silent ``highspy.Highs``. Its constructor enables callbacks, which writes HiGHS's
+    banner to file descriptor 1 before any option can turn output off (HiGHS issue 2749),
+    and a --json report there must hold nothing else: descriptor 1 points at the null
+    device while it is built (HiGHS flushes each log line)."""
+    import highspy
+
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:  # no descriptor 1: nothing to keep clean
+        saved = -1
+    if saved >= 0:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 1)
+        os.close(null)
+    try:
+        h = highspy.Highs()
+    finally:
+        if saved >= 0:
+            os.dup2(saved, 1)
+            os.close(saved)
+    h.silent()
+    return h

@@ -44,6 +44,20 @@ def ort_version() -> str | None:
     return None
 
 
+# The ONNX Runtime releases (major.minor) the memory model's predictions were measured
+# against: 1.31 (inference builds, CPU and CUDA) and 1.19 (the last training build).
+VALIDATED_ORT = ("1.19", "1.31")
+
+
+def ort_version_warning(version: str | None) -> str | None:
+    """One line to warn with when ``version`` (an installed onnxruntime's) is not a release
+    the memory model was validated on; None when it is, or when none is installed."""
+    if version is None or ".".join(version.split(".")[:2]) in VALIDATED_ORT:
+        return None
+    return (f"ckpt: warning: onnxruntime {version} is not a release ckpt's memory model is validated on "
+            f"({', '.join(VALIDATED_ORT)}): predicted peaks may differ from what it holds")
+
+
 @dataclass(frozen=True)
 class Source:
     """The model a report is about: its path (or a label for an in-memory model) and hash."""
