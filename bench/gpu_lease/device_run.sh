@@ -5,7 +5,7 @@ T0=$(date +%s)
 S=/tmp/site; mkdir -p $S /tmp/bin
 [[ -f /tmp/gpu/libonnxruntime_providers_cuda.so ]] || { echo "part 1 missing on this machine"; exit 9; }
 tar xJf .gpu/p2/rest.tar.xz -C $S && cp /tmp/gpu/libonnxruntime_providers_cuda.so $S/onnxruntime/capi/ || exit 9
-# ckpt's own dependencies the image lacks (google-re2, highspy, scipy), carried as wheels
+# ckpt's own dependencies the image lacks (google-re2, highspy), carried as wheels
 if ls .gpu/p2/whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target $S .gpu/p2/whl/*.whl || exit 9
 fi

@@ -2,7 +2,7 @@
 # Prepare the two device calls of a GPU lease (README.md beside this file):
 #   .gpu/p1/cuda90.xz      onnxruntime-gpu's CUDA provider, sm_90 cubins only (about 52 MB)
 #   .gpu/p2/rest.tar.xz    the rest of the onnxruntime-gpu package (about 13 MB)
-#   .gpu/p2/whl/           ckpt's dependencies the image lacks (google-re2, highspy, scipy)
+#   .gpu/p2/whl/           ckpt's dependencies the image lacks (google-re2, highspy)
 #   .gpu/p2/prebuilt/      the rewrites make gpu-check checks (CPU work, done here)
 #   .gpu/p2/device_run.sh, probe.py
 # Run from the repository root, with .venv made (make demo). Needs xz, readelf, pip.
@@ -21,7 +21,7 @@ xz -9 -T2 -c .gpu/cuda.so > .gpu/p1/cuda90.xz && rm "$lib" .gpu/cuda.so
 rm -rf .gpu/wheel
 # ckpt's dependencies the device image lacks; pinned to this venv's versions
 mkdir -p .gpu/p2/whl
-for pkg in google-re2 highspy scipy; do
+for pkg in google-re2 highspy; do  # the image has scipy, onnx, numpy, click and rich
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
         --platform manylinux2014_x86_64 -d .gpu/p2/whl "$pkg==$(.venv/bin/python -m pip show "$pkg" | awk '/^Version/{print $2}')"
