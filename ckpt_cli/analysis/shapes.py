@@ -240,17 +240,17 @@ def _with_shape_values(graph: Graph, model: onnx.ModelProto, tensors: dict[str, 
 
 
 def _inferred(model: onnx.ModelProto, light: onnx.GraphProto, strict_for: object = None) -> dict[str, TensorInfo]:
-    """Inferred tensor types. With ``strict_for`` (the model's name), shapes that contradict
-    the ops (the file's or inferred) make an invalid model."""
+    """Inferred tensor types. With ``strict_for`` (the model's name), types and shapes that
+    contradict the ops (the file's or inferred) make an invalid model."""
     try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=strict_for is not None,
-                                                     data_prop=True).graph
+        strict = strict_for is not None
+        inferred = onnx.shape_inference.infer_shapes(model, check_type=strict, strict_mode=strict, data_prop=True).graph
     except onnx.shape_inference.InferenceError as e:
         if strict_for is None:
             inferred = light
         else:
             first = next((line for line in str(e).splitlines() if line.strip()), "")
-            raise ModelError(f"{strict_for}: shapes do not fit the ops ({first[:300]})") from None
+            raise ModelError(f"{strict_for}: types or shapes do not fit the ops ({first[:300]})") from None
     except Exception:  # inference is best effort otherwise: fall back to what the file declares
         inferred = light
     tensors: dict[str, TensorInfo] = {}

@@ -26,6 +26,7 @@ from pathlib import Path
 import onnx
 
 from ..graph import ABSENT, Graph, Node, embedded_bytes, weightless_copy
+from . import ort_module
 
 _INLINE_LIMIT = 1024  # initializers above this many bytes are passed to ORT as inputs
 # Function ops ORT was seen to run as they are (it has a kernel), by op, domain, opset and
@@ -60,8 +61,7 @@ def _has_function(op_type: str, domain: str, opset: int) -> bool:
 
 def _resolved(model: onnx.ModelProto) -> onnx.ModelProto | None:
     """The graph ORT runs at ORT_DISABLE_ALL on the CPU provider, or None if it cannot load it."""
-    import onnxruntime as ort
-
+    ort = ort_module()
     with tempfile.TemporaryDirectory(prefix="ckpt_expand_") as tmp:
         src, out = Path(tmp) / "model.onnx", Path(tmp) / "resolved.onnx"
         onnx.save(weightless_copy(model, inline_bytes=_INLINE_LIMIT), src)
@@ -76,7 +76,7 @@ def _resolved(model: onnx.ModelProto) -> onnx.ModelProto | None:
         return onnx.load(str(out))
 
 
-def _typed(graph: Graph, names: set[str]) -> dict[str, onnx.ValueInfoProto] | None:
+def graph_types(graph: Graph, names: set[str]) -> dict[str, onnx.ValueInfoProto] | None:
     """The graph's types of ``names`` (declared, else onnx's shape inference over the nodes
     they depend on), or None when one has no element type."""
     model = graph.model
@@ -117,7 +117,7 @@ def _excerpt(graph: Graph, functions: set[str]) -> tuple[onnx.ModelProto, set[st
     small = {t.name: t for t in src.initializer if t.name in needed
              and t.data_location != onnx.TensorProto.EXTERNAL and embedded_bytes(t) <= _INLINE_LIMIT}
     big = {t.name: t for t in src.initializer if t.name in needed and t.name not in small}
-    types = _typed(graph, needed - set(small) - set(big))
+    types = graph_types(graph, needed - set(small) - set(big))
     if types is None:
         return None
     model = onnx.ModelProto(ir_version=graph.model.ir_version, producer_name=graph.model.producer_name)
