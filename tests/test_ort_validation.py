@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 from onnx import TensorProto, helper, numpy_helper
 
-from chain import chain_model
+from chain import chain_feeds, chain_model
 from ckpt_cli.cli import main
 from conftest import SAMPLES
 
@@ -143,3 +143,40 @@ def test_missing_onnxruntime_says_what_to_install():
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 4 and len(lines) == 1, r.stderr
     assert lines[0].startswith("ckpt: error: onnxruntime is not installed") and "pip install onnxruntime" in lines[0]
+
+
+def _function_constant_model(folder: Path) -> Path:
+    """The chain with a local function whose Constant keeps its value in ``c.bin`` beside the model."""
+    value = np.full((16,), 0.5, np.float32)
+    (folder / "c.bin").write_bytes(value.tobytes())
+    c = onnx.TensorProto(name="c", data_type=TensorProto.FLOAT, dims=[16], data_location=TensorProto.EXTERNAL)
+    for key, field in (("location", "c.bin"), ("offset", "0"), ("length", "64")):
+        entry = c.external_data.add()
+        entry.key, entry.value = key, field
+    body = [helper.make_node("Constant", [], ["k"], value=c), helper.make_node("Add", ["a", "k"], ["b"])]
+    m = chain_model(layers=2, batch=8, width=16)
+    m.functions.append(helper.make_function("local", "AddC", ["a"], ["b"], body, [helper.make_opsetid("", 17)]))
+    m.opset_import.append(helper.make_opsetid("local", 1))
+    m.graph.node.append(helper.make_node("AddC", ["x"], ["y"], domain="local", name="addc"))
+    m.graph.output.append(helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 16]))
+    onnx.save(m, folder / "m.onnx")
+    return folder / "m.onnx"
+
+
+def test_function_constant_external_data_beside_the_model(tmp_path, monkeypatch):
+    src, elsewhere, out = tmp_path / "src", tmp_path / "elsewhere", tmp_path / "out"
+    for folder in (src, elsewhere, out):
+        folder.mkdir()
+    model = _function_constant_model(src)
+    monkeypatch.chdir(elsewhere)  # the value lies beside the model, not in the working folder
+    code, text = _inspect(model)
+    assert code == 0, text
+    monkeypatch.chdir(src)  # where a relative location would resolve: the output must not depend on it
+    result = CliRunner().invoke(main, ["rewrite", str(model), "-o", str(out / "r.onnx"), "-q"])
+    assert result.exit_code == 0, result.output
+    import onnxruntime as ort
+
+    feeds = chain_feeds(onnx.load(model))
+    session = ort.InferenceSession(str(out / "r.onnx"), providers=["CPUExecutionProvider"])
+    y = session.run(["y"], feeds)[0]
+    assert np.array_equal(y, feeds["x"] + np.float32(0.5))

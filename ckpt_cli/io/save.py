@@ -27,7 +27,7 @@ from pathlib import Path
 import onnx
 
 from ..errors import UsageError
-from .external import external_tensors, is_external, locate, other_tensors
+from .external import external_tensors, function_tensors, is_external, locate, other_tensors
 from ..graph import Graph, Node, embedded_bytes, expected_bytes, gc_paused
 from .safewrite import (check_output_path, check_report_path, commit, exit_on_sigterm, must_create, os_errors,
                         remove_stale_temps, signals_deferred, temp_beside, write_target,
@@ -141,8 +141,8 @@ def _write_pair(model: onnx.ModelProto, path: Path, source_dir: Path, exclusive:
             external.append(t)
         else:
             _embed(t, source_dir)
-    for t in filter(is_external, other_tensors(model.graph)):
-        _embed(t, source_dir)  # Constant values and other attributes: ORT resolves their files against the cwd
+    for t in filter(is_external, chain(other_tensors(model.graph), function_tensors(model))):
+        _embed(t, source_dir)  # attributes (Constant values), local functions' too: ORT reads them from the cwd
     spill = sum(map(embedded_bytes, initializers)) > _EMBED_LIMIT
     written: list[Path] = []
     created = committed = False
