@@ -4,6 +4,7 @@ resolve and in a training artifact it cannot (gradient ops only onnxruntime-trai
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -180,3 +181,24 @@ def test_function_constant_external_data_beside_the_model(tmp_path, monkeypatch)
     session = ort.InferenceSession(str(out / "r.onnx"), providers=["CPUExecutionProvider"])
     y = session.run(["y"], feeds)[0]
     assert np.array_equal(y, feeds["x"] + np.float32(0.5))
+
+
+def test_bfloat16_note_says_what_cpu_does(tmp_path):
+    """The note is what ORT's CPU provider does with a bfloat16 graph: it refuses the session
+    (no kernel), it does not compute in float32 between Casts as it does for float16."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures"))
+    from randgraph import build_random_training_graph
+
+    import onnxruntime as ort
+    from onnxruntime.capi.onnxruntime_pybind11_state import NotImplemented as NoKernel
+
+    model = build_random_training_graph(3, 6, "bfloat16", opset=17)
+    path = tmp_path / "bf16.onnx"
+    onnx.save(model, path)
+    with pytest.raises(NoKernel):
+        ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    result = CliRunner().invoke(main, ["inspect", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    note = json.loads(result.stdout)["reduced_precision"]
+    assert note["dtypes"] == ["bfloat16"]
+    assert "refuses to load" in note["cpu"] and "float32" not in note["cpu"], note
