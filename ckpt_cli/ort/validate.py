@@ -85,6 +85,20 @@ def ort_reason(error: Exception) -> str:
     return _PREFIX.sub("", first.strip(), count=1)[:300] or first[:300]
 
 
+def _resolve(ort, ort_state, so, model: onnx.ModelProto) -> None:
+    """Load ``model`` in ORT; raises what ORT raises. Loading resolves the graph (schemas,
+    types, ORT's shape inference): 0.7 s at 13k nodes. Initializing (kernels, allocation
+    plan) costs 9 times that: only small graphs get it."""
+    data = model.SerializeToString()
+    try:
+        session = ort_state.InferenceSession(so, data, False, False)  # what ort.InferenceSession wraps
+    except TypeError:  # another binding's signature: the whole session
+        ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
+        return
+    if len(model.graph.node) <= _INITIALIZE_MAX_NODES:
+        session.initialize_session(["CPUExecutionProvider"], [{}], set())
+
+
 def _session_refusal(model: onnx.ModelProto, folder: Path) -> str | None:
     """ORT's reason for refusing ``model`` in a CPU session (None: it loads, or only lacks a
     CPU kernel for an op, which another provider may have)."""
@@ -98,11 +112,7 @@ def _session_refusal(model: onnx.ModelProto, folder: Path) -> str | None:
     # Tensors kept as external data (Constant values) lie beside the model, wherever ckpt runs.
     so.add_session_config_entry("session.model_external_initializers_file_folder_path", str(folder))
     try:
-        # Loading resolves the graph (schemas, types, ORT's shape inference): 0.7 s at 13k nodes.
-        # Initializing (kernels, allocation plan) costs 9 times that: only small graphs get it.
-        session = ort_state.InferenceSession(so, model.SerializeToString(), False, False)
-        if len(model.graph.node) <= _INITIALIZE_MAX_NODES:
-            session.initialize_session(["CPUExecutionProvider"], [{}], set())
+        _resolve(ort, ort_state, so, model)
     except ort_state.NotImplemented:
         return None
     except Exception as e:  # noqa: BLE001 - any other refusal is the model's
