@@ -6,6 +6,7 @@ schemas register ``LayerNormalization`` from version 1, where onnx has it only f
 opset 17, and ORT's training fusion rebuilds it in graphs exported at opsets 14-16.
 onnx's checker refuses all of these ("No Op registered for ..."); ckpt accepts a node
 that ORT registers at the node's opset and leaves every other unknown op to the checker.
+Accepted here is not valid: ORT itself then checks such nodes (ort/validate.py).
 """
 
 from __future__ import annotations
