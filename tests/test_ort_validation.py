@@ -202,3 +202,16 @@ def test_bfloat16_note_says_what_cpu_does(tmp_path):
     note = json.loads(result.stdout)["reduced_precision"]
     assert note["dtypes"] == ["bfloat16"]
     assert "refuses to load" in note["cpu"] and "float32" not in note["cpu"], note
+
+
+def test_contradicting_types_before_a_function_op_refused(tmp_path):
+    """A training artifact ORT cannot resolve, whose float initializer is also declared a bool
+    graph output, read by a function op (SoftmaxCrossEntropyLoss's gradient path): a clean
+    refusal, not an internal error from typing the function op's inputs."""
+    artifact = onnx.load(SAMPLES / "zoo" / "embed_ln17" / "training_model.onnx")
+
+    def declare_bool(m: onnx.ModelProto) -> None:
+        m.graph.output.append(helper.make_tensor_value_info("onnx::loss::2_grad", TensorProto.BOOL, [1]))
+
+    code, out = _inspect(_saved(tmp_path, artifact, declare_bool))
+    assert code == 2 and out.startswith("ckpt: error:") and len(out.strip().splitlines()) == 1, out

@@ -94,7 +94,10 @@ def graph_types(graph: Graph, names: set[str]) -> dict[str, onnx.ValueInfoProto]
                     ancestors.add(p)
                     wanted.append(p)
         nodes = (graph.nodes[i].proto for i in graph.topological_order() if i in ancestors)
-        inferred = onnx.shape_inference.infer_shapes(weightless_copy(model, nodes, inline_bytes=0)).graph
+        try:
+            inferred = onnx.shape_inference.infer_shapes(weightless_copy(model, nodes, inline_bytes=0)).graph
+        except onnx.shape_inference.InferenceError:
+            return None  # types contradicting the ops: strict inference refuses the model, naming the node
         known.update((v.name, v) for v in chain(inferred.value_info, inferred.output)
                      if v.name in names and v.name not in known)
     if len(known) < len(names) or any(not v.type.HasField("tensor_type") or not v.type.tensor_type.elem_type
