@@ -26,7 +26,7 @@ import onnx
 
 from ..errors import ModelError
 from ..graph import ABSENT, Graph, embedded_bytes, weightless_copy
-from . import ort_module
+from . import ort_module, output_ir_version
 from .expand import graph_types
 from .registry import is_ort_only
 
@@ -162,6 +162,7 @@ def check_on_ort(graph: Graph, path: Path, order: list[int]) -> None:
         light = _ort_only_excerpt(graph)
     if light is None:
         return
+    light.ir_version = output_ir_version(model)  # the version ckpt writes: one ORT loads
     reason = _session_refusal(light, path.parent.resolve())
     if reason is not None:
         raise ModelError(f"{path}: ONNX Runtime refuses the model ({reason})")
