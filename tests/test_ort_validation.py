@@ -215,3 +215,32 @@ def test_contradicting_types_before_a_function_op_refused(tmp_path):
 
     code, out = _inspect(_saved(tmp_path, artifact, declare_bool))
     assert code == 2 and out.startswith("ckpt: error:") and len(out.strip().splitlines()) == 1, out
+
+
+def _folded_shape_model(expand_to: list[int]) -> onnx.ModelProto:
+    """A Reshape whose target only evaluating Shape/Div/Mul gives ([4, 4] -> [2, 8]), its
+    result's gradient path Expanded to ``expand_to``."""
+    i64 = lambda name, v: numpy_helper.from_array(np.array(v, np.int64), name)  # noqa: E731
+    nodes = [helper.make_node("Sigmoid", ["x"], ["s"]), helper.make_node("Shape", ["s"], ["sh"]),
+             helper.make_node("Div", ["sh", "c0"], ["a"]), helper.make_node("Mul", ["a", "c1"], ["b"]),
+             helper.make_node("Reshape", ["s", "b"], ["r"]), helper.make_node("Mul", ["r", "p"], ["rp"]),
+             helper.make_node("ReduceSum", ["rp"], ["loss"], keepdims=0),
+             helper.make_node("Mul", ["r", "tangent_loss"], ["dr"], name="bwd_Mul"),
+             helper.make_node("Expand", ["dr", "to"], ["p_grad"], name="bwd_Expand")]
+    graph = helper.make_graph(
+        nodes, "folded", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 4]),
+                          helper.make_tensor_value_info("p", TensorProto.FLOAT, [2, 8]),
+                          helper.make_tensor_value_info("tangent_loss", TensorProto.FLOAT, [])],
+        [helper.make_tensor_value_info("loss", TensorProto.FLOAT, []),
+         helper.make_tensor_value_info("p_grad", TensorProto.FLOAT, expand_to)],
+        [i64("c0", [2, 1]), i64("c1", [1, 2]), i64("to", expand_to)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_shapes_only_folding_reveals_are_refused(tmp_path):
+    """ORT at ORT_DISABLE_ALL cannot see this Expand's input shape and loads the model (a run
+    fails); a rewrite declaring the shapes ckpt folded would not load: refused at the input."""
+    code, out = _inspect(_saved(tmp_path, _folded_shape_model([2, 8]), lambda m: None))
+    assert code == 0, out
+    code, out = _inspect(_saved(tmp_path, _folded_shape_model([8, 4]), lambda m: None))
+    assert code == 2 and "bwd_Expand" in out and "Incompatible dimensions" in out, out

@@ -157,7 +157,8 @@ def infer_tensors(graph: Graph, dims: dict[str, int] | None = None) -> dict[str,
     # Artifacts declare gradients with the batch dimension too: bind it wherever it is declared.
     for v in chain(light.input, light.value_info, light.output):
         _bind(v, dims)
-    tensors = _with_shape_values(graph, model, _inferred(model, light, strict_for=graph.path or "model"), FOLDABLE)
+    name = graph.path or "model"
+    tensors = _with_shape_values(graph, model, _inferred(model, light, strict_for=name), FOLDABLE, strict_for=name)
     blind = _ort_blind_values(graph, tensors)
     if blind:
         _mark_ort_static(graph, model, tensors, blind)
@@ -215,9 +216,11 @@ def _mark_ort_static(graph: Graph, model: onnx.ModelProto, tensors: dict[str, Te
 
 
 def _with_shape_values(graph: Graph, model: onnx.ModelProto, tensors: dict[str, TensorInfo], ops: frozenset[str],
-                       skip: frozenset[str] = frozenset()) -> dict[str, TensorInfo]:
+                       skip: frozenset[str] = frozenset(), strict_for: object = None) -> dict[str, TensorInfo]:
     """Where tensors are unsized, evaluate shape values through ``ops`` and infer again with
-    them as constants (a few rounds: a value can size the input of the next Shape)."""
+    them as constants (a few rounds: a value can size the input of the next Shape). With
+    ``strict_for``, shapes those values contradict make an invalid model: ORT meets them at
+    run time (an Expand to a shape its input does not broadcast to)."""
     made = [t for n in graph.nodes for t in n.outputs if t != ABSENT]
     folded: dict = {}
     for _ in range(4):
@@ -234,7 +237,7 @@ def _with_shape_values(graph: Graph, model: onnx.ModelProto, tensors: dict[str, 
         g.node.extend(n for n in model.graph.node if not folded.keys() & set(n.output))
         g.initializer.extend(numpy_helper.from_array(v, t) for t, v in folded.items())
         m.opset_import.extend(model.opset_import)
-        tensors = {**tensors, **{t: info for t, info in _inferred(m, g).items()
+        tensors = {**tensors, **{t: info for t, info in _inferred(m, g, strict_for).items()
                                  if info.nbytes is not None and (t not in tensors or tensors[t].nbytes is None)}}
     return tensors
 
