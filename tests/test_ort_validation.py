@@ -244,3 +244,13 @@ def test_shapes_only_folding_reveals_are_refused(tmp_path):
     assert code == 0, out
     code, out = _inspect(_saved(tmp_path, _folded_shape_model([8, 4]), lambda m: None))
     assert code == 2 and "bwd_Expand" in out and "Incompatible dimensions" in out, out
+
+
+def test_declared_output_type_of_ort_registered_op_in_artifact_checked(tmp_path):
+    """The excerpt ORT judges keeps the file's declared output types (LayerNormalization's
+    output declared int64 where ORT infers float)."""
+    def declare(m: onnx.ModelProto) -> None:
+        next(v for v in m.graph.value_info if v.name == "/ln/Add_1_output_0").type.tensor_type.elem_type = 7
+
+    code, out = _inspect(_saved(tmp_path, onnx.load(ARTIFACT), declare))
+    assert code == 2 and "/ln/Add_1_output_0" in out, out

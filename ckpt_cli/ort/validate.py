@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 from functools import cache
+from itertools import chain
 from pathlib import Path
 from typing import Iterator
 
@@ -146,7 +147,9 @@ def _ort_only_excerpt(graph: Graph) -> onnx.ModelProto | None:
     g.initializer.extend(small)
     g.input.extend(types[t] for t in sorted(types))
     g.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in big)
-    g.output.extend(onnx.ValueInfoProto(name=t) for t in sorted(made) if t != ABSENT)
+    # outputs as the file declares them (ORT checks a declared type against the op's)
+    declared = {v.name: v for v in chain(src.value_info, src.output)}
+    g.output.extend(declared.get(t) or onnx.ValueInfoProto(name=t) for t in sorted(made) if t != ABSENT)
     return model
 
 
