@@ -19,7 +19,8 @@ STAGES: tuple[tuple[str, ...], ...] = (
     # vocabulary every stage shares; ort's op facts: the ops it registers, their shapes and scratch
     ("errors", "units", "version", "graph", "ops", "markers", "ort", "ort.registry", "ort.shapes", "ort.scratch",
      "io"),
-    ("io.load", "ort.expand", "io.external", "io.serialize"),  # serialize: the file bytes, read and written
+    # serialize: the file bytes, read and written; validate: what ORT's session refuses
+    ("io.load", "ort.expand", "ort.validate", "io.external", "io.serialize"),
     ("analysis",),
     ("planning", "options"),  # options: what a command is asked, as values (a plan's policy among them)
     ("rewrite",),

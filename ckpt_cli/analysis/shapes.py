@@ -176,7 +176,8 @@ def infer_tensors(graph: Graph, dims: dict[str, int] | None = None) -> dict[str,
     # Artifacts declare gradients with the batch dimension too: bind it wherever it is declared.
     for v in chain(light.input, light.value_info, light.output):
         _bind(v, dims)
-    tensors = _with_shape_values(graph, model, _inferred(model, light, strict_for=graph.path or "model"), FOLDABLE)
+    name = graph.path or "model"
+    tensors = _with_shape_values(graph, model, _inferred(model, light, strict_for=name), FOLDABLE, strict_for=name)
     blind = _ort_blind_values(graph, tensors)
     if blind:
         _mark_ort_static(graph, model, tensors, blind)
@@ -234,9 +235,11 @@ def _mark_ort_static(graph: Graph, model: onnx.ModelProto, tensors: dict[str, Te
 
 
 def _with_shape_values(graph: Graph, model: onnx.ModelProto, tensors: dict[str, TensorInfo], ops: frozenset[str],
-                       skip: frozenset[str] = frozenset()) -> dict[str, TensorInfo]:
+                       skip: frozenset[str] = frozenset(), strict_for: object = None) -> dict[str, TensorInfo]:
     """Where tensors are unsized, evaluate shape values through ``ops`` and infer again with
-    them as constants (a few rounds: a value can size the input of the next Shape)."""
+    them as constants (a few rounds: a value can size the input of the next Shape). With
+    ``strict_for``, shapes those values contradict make an invalid model: ORT meets them at
+    run time (an Expand to a shape its input does not broadcast to)."""
     made = [t for n in graph.nodes for t in n.outputs if t != ABSENT]
     folded: dict = {}
     for _ in range(4):
@@ -253,23 +256,23 @@ def _with_shape_values(graph: Graph, model: onnx.ModelProto, tensors: dict[str, 
         g.node.extend(n for n in model.graph.node if not folded.keys() & set(n.output))
         g.initializer.extend(numpy_helper.from_array(v, t) for t, v in folded.items())
         m.opset_import.extend(model.opset_import)
-        tensors = {**tensors, **{t: info for t, info in _inferred(m, g).items()
+        tensors = {**tensors, **{t: info for t, info in _inferred(m, g, strict_for).items()
                                  if info.nbytes is not None and (t not in tensors or tensors[t].nbytes is None)}}
     return tensors
 
 
 def _inferred(model: onnx.ModelProto, light: onnx.GraphProto, strict_for: object = None) -> dict[str, TensorInfo]:
-    """Inferred tensor types. With ``strict_for`` (the model's name), shapes that contradict
-    the ops (the file's or inferred) make an invalid model."""
+    """Inferred tensor types. With ``strict_for`` (the model's name), types and shapes that
+    contradict the ops (the file's or inferred) make an invalid model."""
     try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=strict_for is not None,
-                                                     data_prop=True).graph
+        strict = strict_for is not None
+        inferred = onnx.shape_inference.infer_shapes(model, check_type=strict, strict_mode=strict, data_prop=True).graph
     except onnx.shape_inference.InferenceError as e:
         if strict_for is None:
             inferred = light
         else:
             first = next((line for line in str(e).splitlines() if line.strip()), "")
-            raise ModelError(f"{strict_for}: shapes do not fit the ops ({first[:300]})") from None
+            raise ModelError(f"{strict_for}: types or shapes do not fit the ops ({first[:300]})") from None
     except Exception:  # inference is best effort otherwise: fall back to what the file declares
         inferred = light
     tensors: dict[str, TensorInfo] = {}

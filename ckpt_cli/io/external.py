@@ -72,8 +72,18 @@ def other_tensors(g: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
                 yield from _attribute_tensors(a)
 
 
+def function_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
+    """Every TensorProto in the attributes of the model's local functions' nodes."""
+    for f in model.functions:
+        for node in f.node:
+            for a in node.attribute:
+                if a.type in _TENSOR_TYPES or a.type in _GRAPH_TYPES:
+                    yield from _attribute_tensors(a)
+
+
 def external_tensors(model: onnx.ModelProto) -> list[onnx.TensorProto]:
-    return [t for t in graph_tensors(model.graph) if is_external(t)]
+    """The externally stored tensors of the graph and of the local functions."""
+    return [t for t in chain(graph_tensors(model.graph), function_tensors(model)) if is_external(t)]
 
 
 def _fields(t: onnx.TensorProto, where: Path) -> dict[str, str]:

@@ -17,6 +17,7 @@ from ..ort.expand import expand_functions
 from .external import check_embedded, check_external, external_tensors
 from ..graph import ABSENT, Graph, Node, embedded_bytes, gc_paused, weightless_copy
 from ..ort.registry import ort_only_nodes
+from ..ort.validate import check_on_ort
 from .serialize import read_model
 
 _PROTOBUF_LIMIT = 2**31 - 1
@@ -82,6 +83,7 @@ def load_graph(path: str | Path) -> Graph:
     order = graph.topological_order()  # raises on a cycle
     if len(model.graph.node) <= _CHECKER_MAX_NODES:
         _run_checker(model, path, order, external)
+        check_on_ort(graph, path, order)
     _data_files[path.resolve()] = files
     graph = expand_functions(graph)  # plan on the nodes ORT runs
     graph.topological_order()

@@ -27,7 +27,8 @@ from pathlib import Path
 import onnx
 
 from ..errors import UsageError
-from .external import external_tensors, is_external, locate, other_tensors
+from ..ort import output_ir_version
+from .external import external_tensors, function_tensors, is_external, locate, other_tensors
 from ..graph import Graph, Node, embedded_bytes, expected_bytes, gc_paused
 from .safewrite import (check_output_path, check_report_path, commit, exit_on_sigterm, must_create, os_errors,
                         remove_stale_temps, signals_deferred, temp_beside, write_target,
@@ -37,20 +38,9 @@ from .serialize import read_model, write_model
 __all__ = ["build_model", "save_model", "output_ir_version", "check_output_path", "check_report_path",
            "remove_stale_temps", "write_target", "write_text_atomic"]
 
-# ORT 1.31 refuses IR versions above 13; onnx 1.23 writes IR 14 by default.
-_PREFERRED_IR = 10
-_MAX_ORT_IR = 13
 _EMBED_LIMIT = 1_800_000_000  # beyond this, large tensors go to external data
 _EXTERNAL_MIN_BYTES = 1024
 _COPY_CHUNK = 16 << 20
-
-
-def output_ir_version(model: onnx.ModelProto) -> int:
-    try:
-        needed = onnx.helper.find_min_ir_version_for(list(model.opset_import), ignore_unknown=True)
-    except Exception:
-        needed = _PREFERRED_IR
-    return min(model.ir_version, max(_PREFERRED_IR, needed), _MAX_ORT_IR)
 
 
 @gc_paused
@@ -141,8 +131,8 @@ def _write_pair(model: onnx.ModelProto, path: Path, source_dir: Path, exclusive:
             external.append(t)
         else:
             _embed(t, source_dir)
-    for t in filter(is_external, other_tensors(model.graph)):
-        _embed(t, source_dir)  # Constant values and other attributes: ORT resolves their files against the cwd
+    for t in filter(is_external, chain(other_tensors(model.graph), function_tensors(model))):
+        _embed(t, source_dir)  # attributes (Constant values), local functions' too: ORT reads them from the cwd
     spill = sum(map(embedded_bytes, initializers)) > _EMBED_LIMIT
     written: list[Path] = []
     created = committed = False

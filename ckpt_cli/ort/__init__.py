@@ -1,1 +1,32 @@
 """What is specific to ONNX Runtime: the ops it registers beyond onnx's own schemas."""
+
+from __future__ import annotations
+
+import onnx
+
+from ..errors import RuntimeUnavailable
+
+# ORT 1.31 refuses IR versions above 13; onnx 1.23 writes IR 14 by default.
+_PREFERRED_IR = 10
+_MAX_ORT_IR = 13
+
+_INSTALL = ("onnxruntime is not installed in this Python ({why}); ckpt needs it: "
+            "pip install onnxruntime-gpu (CUDA and CPU) or onnxruntime (CPU only)")
+
+
+def ort_module():
+    """``onnxruntime``, or RuntimeUnavailable saying what to install."""
+    try:
+        import onnxruntime
+    except ImportError as e:
+        raise RuntimeUnavailable("provider_unavailable", _INSTALL.format(why=e)) from None
+    return onnxruntime
+
+
+def output_ir_version(model: onnx.ModelProto) -> int:
+    """The IR version ckpt writes ``model`` at: one ORT loads, as low as its opsets allow."""
+    try:
+        needed = onnx.helper.find_min_ir_version_for(list(model.opset_import), ignore_unknown=True)
+    except Exception:
+        needed = _PREFERRED_IR
+    return min(model.ir_version, max(_PREFERRED_IR, needed), _MAX_ORT_IR)

@@ -26,6 +26,7 @@ from pathlib import Path
 import onnx
 
 from ..graph import ABSENT, Graph, Node, embedded_bytes, weightless_copy
+from . import ort_module
 from .contrib_functions import contrib_expansion
 
 _INLINE_LIMIT = 1024  # initializers above this many bytes are passed to ORT as inputs
@@ -61,8 +62,7 @@ def _has_function(op_type: str, domain: str, opset: int) -> bool:
 
 def _resolved(model: onnx.ModelProto) -> onnx.ModelProto | None:
     """The graph ORT runs at ORT_DISABLE_ALL on the CPU provider, or None if it cannot load it."""
-    import onnxruntime as ort
-
+    ort = ort_module()
     with tempfile.TemporaryDirectory(prefix="ckpt_expand_") as tmp:
         src, out = Path(tmp) / "model.onnx", Path(tmp) / "resolved.onnx"
         onnx.save(weightless_copy(model, inline_bytes=_INLINE_LIMIT), src)
@@ -77,7 +77,7 @@ def _resolved(model: onnx.ModelProto) -> onnx.ModelProto | None:
         return onnx.load(str(out))
 
 
-def _typed(graph: Graph, names: set[str]) -> dict[str, onnx.ValueInfoProto] | None:
+def graph_types(graph: Graph, names: set[str]) -> dict[str, onnx.ValueInfoProto] | None:
     """The graph's types of ``names`` (declared, else onnx's shape inference over the nodes
     they depend on), or None when one has no element type."""
     model = graph.model
@@ -95,7 +95,10 @@ def _typed(graph: Graph, names: set[str]) -> dict[str, onnx.ValueInfoProto] | No
                     ancestors.add(p)
                     wanted.append(p)
         nodes = (graph.nodes[i].proto for i in graph.topological_order() if i in ancestors)
-        inferred = onnx.shape_inference.infer_shapes(weightless_copy(model, nodes, inline_bytes=0)).graph
+        try:
+            inferred = onnx.shape_inference.infer_shapes(weightless_copy(model, nodes, inline_bytes=0)).graph
+        except onnx.shape_inference.InferenceError:
+            return None  # types contradicting the ops: strict inference refuses the model, naming the node
         known.update((v.name, v) for v in chain(inferred.value_info, inferred.output)
                      if v.name in names and v.name not in known)
     if len(known) < len(names) or any(not v.type.HasField("tensor_type") or not v.type.tensor_type.elem_type
@@ -118,7 +121,7 @@ def _excerpt(graph: Graph, functions: set[str]) -> tuple[onnx.ModelProto, set[st
     small = {t.name: t for t in src.initializer if t.name in needed
              and t.data_location != onnx.TensorProto.EXTERNAL and embedded_bytes(t) <= _INLINE_LIMIT}
     big = {t.name: t for t in src.initializer if t.name in needed and t.name not in small}
-    types = _typed(graph, needed - set(small) - set(big))
+    types = graph_types(graph, needed - set(small) - set(big))
     if types is None:
         return None
     model = onnx.ModelProto(ir_version=graph.model.ir_version, producer_name=graph.model.producer_name)

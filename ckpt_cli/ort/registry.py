@@ -6,6 +6,7 @@ schemas register ``LayerNormalization`` from version 1, where onnx has it only f
 opset 17, and ORT's training fusion rebuilds it in graphs exported at opsets 14-16.
 onnx's checker refuses all of these ("No Op registered for ..."); ckpt accepts a node
 that ORT registers at the node's opset and leaves every other unknown op to the checker.
+Accepted here is not valid: ORT itself then checks such nodes (ort/validate.py).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ TRAINING_OPS: dict[str, int] = {
 }
 # ORT's contrib schemas in the ONNX domain (core/graph/contrib_ops), which onnx adds later or never.
 CONTRIB_OPS: dict[str, int] = {"LayerNormalization": 1, "SimplifiedLayerNormalization": 1}
+_TENSORRT_PLUGIN = "_TRT"  # suffix of the plugin schemas ORT registers for its TensorRT provider
 
 
 @cache
@@ -40,7 +42,8 @@ def _installed_schemas() -> dict[str, int]:
         return {}
     lowest: dict[str, int] = {}
     for s in schemas:
-        if s.domain in ONNX_DOMAINS:
+        # TensorRT plugin schemas: only ORT's TensorRT provider runs them, never the CPU one
+        if s.domain in ONNX_DOMAINS and not s.name.endswith(_TENSORRT_PLUGIN):
             lowest[s.name] = min(s.since_version, lowest.get(s.name, s.since_version))
     return lowest
 
@@ -57,6 +60,11 @@ def ort_registers(op_type: str, opset: int) -> bool:
     return since is not None and since <= opset
 
 
+def is_ort_only(op_type: str, opset: int) -> bool:
+    """An ONNX-domain op onnx does not know at ``opset`` and ORT registers."""
+    return not onnx_knows(op_type, opset) and ort_registers(op_type, opset)
+
+
 def onnx_opset(model: onnx.ModelProto) -> int:
     return next((o.version for o in model.opset_import if o.domain in ONNX_DOMAINS), 0)
 
@@ -71,7 +79,7 @@ def ort_only_nodes(model: onnx.ModelProto, nodes: Iterable[onnx.NodeProto] | Non
             continue
         accepted = unknown.get(node.op_type)
         if accepted is None:
-            accepted = unknown[node.op_type] = not onnx_knows(node.op_type, opset) and ort_registers(node.op_type, opset)
+            accepted = unknown[node.op_type] = is_ort_only(node.op_type, opset)
         if accepted:
             out.append(node)
     return out

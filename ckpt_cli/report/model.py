@@ -110,6 +110,10 @@ def model_facts(a: Analysis) -> dict:
 CPU_FLOAT16_NOTE = ("ONNX Runtime's CPU provider runs ops without {dtype} kernels in float32 and rounds only "
                     "where it inserts Casts; a rewrite moves those points, so on CPU its results can differ "
                     "from the original's in the last {dtype} bits, and `ckpt check` on CPU fails it (check on CUDA)")
+# bfloat16 gets no such Casts: the CPU provider has no bfloat16 kernel for most ops (Mul, MatMul,
+# Add, Tanh...) and refuses the session (NOT_IMPLEMENTED), at every optimization level.
+CPU_BFLOAT16_NOTE = ("ONNX Runtime's CPU provider has no bfloat16 kernels for most ops (Mul, MatMul, Add...) "
+                     "and refuses to load such a model; run and check it on CUDA")
 
 
 def reduced_precision(a: Analysis) -> dict | None:
@@ -118,7 +122,10 @@ def reduced_precision(a: Analysis) -> dict | None:
     found = sorted({names[t.dtype] for t in a.tensors.values() if t.dtype in names})
     if not found:
         return None
-    return {"dtypes": found, "cpu": CPU_FLOAT16_NOTE.format(dtype="/".join(found))}
+    notes = [CPU_BFLOAT16_NOTE] if "bfloat16" in found else []
+    if "float16" in found:
+        notes.insert(0, CPU_FLOAT16_NOTE.format(dtype="float16"))
+    return {"dtypes": found, "cpu": "; ".join(notes)}
 
 
 def stashed_rows(a: Analysis, limit: int | None = TOP_STASHED) -> list[dict]:
