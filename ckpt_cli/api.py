@@ -25,7 +25,7 @@ import onnx
 from .version import __version__
 from .analysis import Analysis, analyse, symbolic_dims
 from .analysis.scaling import Scaling, probe_tensors, scaling, symbolic_shapes
-from .analysis.shapes import infer_tensors, resolve_dims, tied_dims
+from .analysis.shapes import infer_tied, resolve_dims, tied_dims
 from .errors import ModelError, UsageError
 from .ort.expand import expand_functions
 from .graph import Graph
@@ -102,11 +102,7 @@ def analyse_input(loaded: Loaded, analysis: AnalysisOptions | None = None) -> An
     if not defaulted:
         a = analyse(loaded.graph, bound, loss, outputs)
     else:
-        tensors = infer_tensors(loaded.graph, bound)
-        tied = {d: v for d, v in tied_dims(loaded.graph, tensors, defaulted).items() if bound[d] != v}
-        if tied:
-            bound.update(tied)
-            tensors = infer_tensors(loaded.graph, bound)
+        tensors, bound = infer_tied(loaded.graph, bound, defaulted)
         a = analyse(loaded.graph, bound, loss, outputs, tensors, default_dims=defaulted)
     _refuse_contradicted_ties(a, dims)
     return a

@@ -17,7 +17,7 @@ from ..graph import Graph
 from ..markers import FRESH_META, GUARD_META, recompute_source
 from . import Analysis, analyse
 from ..errors import ModelError
-from .shapes import _DIM_MAX as DIM_MAX, TensorInfo, infer_tensors, symbolic_dims, tied_dims
+from .shapes import _DIM_MAX as DIM_MAX, TensorInfo, infer_tied, symbolic_dims
 
 
 @dataclass(frozen=True)
@@ -82,10 +82,11 @@ def scaling(a: Analysis) -> Scaling | None:
     dims = tuple((d, v) for d, v in a.dims if d in inputs)
     if not dims or any(2 * v > DIM_MAX for _, v in dims):
         return None
+    defaulted = tuple(d for d in a.default_dims if d in inputs)
     try:
-        doubled = analyse(a.graph, {d: 2 * v for d, v in dims}, a.loss_given,
-                          list(a.grad_outputs_given) if a.grad_outputs_given else None,
-                          default_dims=tuple(d for d in a.default_dims if d in inputs))
+        tensors, twice = infer_tied(a.graph, {d: 2 * v for d, v in dims}, defaulted)
+        doubled = analyse(a.graph, twice, a.loss_given, list(a.grad_outputs_given) if a.grad_outputs_given else None,
+                          tensors, default_dims=defaulted)
     except ModelError:  # a tensor past what ckpt sizes at twice the values
         return None
     growth = {s.buffer: (doubled.tensors[s.buffer].nbytes or 0) - 2 * (a.tensors[s.buffer].nbytes or 0)
@@ -139,13 +140,9 @@ def probe_tensors(a: Analysis) -> dict[str, TensorInfo] | None:
     the analysis ties them), or None where the graph cannot be sized there."""
     dims = probe_dims(a.dims)
     try:
-        tensors = infer_tensors(a.graph, dims)
-        tied = {d: v for d, v in tied_dims(a.graph, tensors, a.default_dims).items() if dims[d] != v}
-        if tied:
-            tensors = infer_tensors(a.graph, {**dims, **tied})
+        return infer_tied(a.graph, dims, a.default_dims)[0]
     except CkptError:
         return None
-    return tensors
 
 
 def _symbol(one, two, far, dims: tuple[tuple[str, int], ...], factors: dict[str, int]):
@@ -197,8 +194,7 @@ def other_assignment(a: Analysis) -> dict[str, int] | None:
     free = count(3)
     dims = {d: next(v for v in free if v != value) for d, value in a.dims}
     try:
-        tied = tied_dims(a.graph, infer_tensors(a.graph, dims), tuple(dims))
+        dims = infer_tied(a.graph, dims, tuple(dims))[1]
     except CkptError:
         return None
-    dims.update(tied)
     return dims if len(dims) == len(a.dims) else None

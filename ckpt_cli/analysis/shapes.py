@@ -160,8 +160,10 @@ def symbolic_dims(graph: Graph, outputs: bool = True) -> set[str]:
     return names
 
 
-def infer_tensors(graph: Graph, dims: dict[str, int] | None = None) -> dict[str, TensorInfo]:
-    """Shape, dtype and bytes of every tensor in the graph that inference can reach."""
+def infer_tensors(graph: Graph, dims: dict[str, int] | None = None, strict: bool = True) -> dict[str, TensorInfo]:
+    """Shape, dtype and bytes of every tensor in the graph that inference can reach. ``strict``:
+    types and shapes that contradict the ops refuse the model; off for a first sizing at
+    defaulted dims, which the dims tied to other tensors then correct."""
     dims = dims or {}
     for name, value in dims.items():
         if not 0 < value <= _DIM_MAX:
@@ -176,7 +178,7 @@ def infer_tensors(graph: Graph, dims: dict[str, int] | None = None) -> dict[str,
     # Artifacts declare gradients with the batch dimension too: bind it wherever it is declared.
     for v in chain(light.input, light.value_info, light.output):
         _bind(v, dims)
-    name = graph.path or "model"
+    name = (graph.path or "model") if strict else None
     tensors = _with_shape_values(graph, model, _inferred(model, light, strict_for=name), FOLDABLE, strict_for=name)
     blind = _ort_blind_values(graph, tensors)
     if blind:
@@ -185,6 +187,28 @@ def infer_tensors(graph: Graph, dims: dict[str, int] | None = None) -> dict[str,
         tensors[t.name] = _info(t.data_type, tuple(t.dims))
     _through_ort_ops(graph, model, tensors)
     return tensors
+
+
+def infer_tied(graph: Graph, bound: dict[str, int], free: tuple[str, ...]
+               ) -> tuple[dict[str, TensorInfo], dict[str, int]]:
+    """``infer_tensors`` at ``bound``, with the dims of ``free`` that other tensors tie (a
+    loss's flattened labels, a regression target) set to the values they tie to; the
+    tensors and the dims they were sized at. A value given to a free dim can contradict
+    its tie, so where the strict sizing refuses, a lenient one finds the ties first."""
+    dims = dict(bound)
+    try:
+        tensors = infer_tensors(graph, dims)
+    except ModelError:
+        if not _retie(graph, infer_tensors(graph, dims, strict=False), dims, free):
+            raise
+        return infer_tensors(graph, dims), dims
+    return (infer_tensors(graph, dims), dims) if _retie(graph, tensors, dims, free) else (tensors, dims)
+
+
+def _retie(graph: Graph, tensors: dict[str, TensorInfo], dims: dict[str, int], free: tuple[str, ...]) -> bool:
+    tied = {d: v for d, v in tied_dims(graph, tensors, free).items() if dims.get(d) != v}
+    dims.update(tied)
+    return bool(tied)
 
 
 def _ort_blind_values(graph: Graph, tensors: dict[str, TensorInfo]) -> list[str]:
