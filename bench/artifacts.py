@@ -188,7 +188,7 @@ class Setup:
 
 
 def bench_model(name: str, prio: int, ctx: Setup) -> dict:
-    py, ckpt, out_dir, steps, run = ctx.py, ctx.ckpt, ctx.out_dir, ctx.steps, ctx.run
+    py, ckpt, out_dir, run = ctx.py, ctx.ckpt, ctx.out_dir, ctx.run
     row: dict = {"model": name, "seconds": {}}
     art = out_dir / name
     orig, rw = art / "training_model.onnx", art / "training_model.ckpt.onnx"

@@ -4,15 +4,11 @@ every artifact analysed with no options, every tensor sized, the sizes ORT compu
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-import numpy as np
 import onnx
 import pytest
-from conftest import ROOT, SAMPLES
+from conftest import SAMPLES
 
 from ckpt_cli import inspect_model, plan_model
 from ckpt_cli.analysis.shapes import DEFAULT_DIM

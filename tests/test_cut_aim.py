@@ -141,9 +141,7 @@ def test_on_a_transformer_the_aimed_search_fits_in_one_to_four_rewrites_near_the
     corner and refining between two (17-23 rewrites there): at most 1% of the forward's
     FLOPs more recompute."""
     from ckpt_cli.rewrite.select import keep_intervals, plan_cost
-    from ckpt_cli.planning.evaluate import intervals_of
     from ckpt_cli.planning.cutsearch import search_cuts
-    from ckpt_cli.rewrite import rewrite
 
     a = transformer
     budget = int(a.priority.peak_bytes * share)

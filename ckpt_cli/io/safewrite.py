@@ -17,7 +17,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-import onnx
 
 from ..errors import OutputError, UsageError
 from .external import external_tensors, locate

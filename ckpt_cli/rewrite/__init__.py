@@ -20,7 +20,7 @@ from .mem_pattern import PatternOff, is_ort_artifact, pattern_off
 from .apply import Surgery, apply_plan
 from .pin import GUARD_MIN_OPSET, PinResult, pin as pin_schedule
 from .recompute import RegionResult
-from .schedule import MEM_REUSE_OFF_MARGIN, ScheduleCache, choose_order_and_reuse, choose_schedule
+from .schedule import ScheduleCache, choose_schedule
 
 
 @dataclass

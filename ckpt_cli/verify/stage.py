@@ -24,7 +24,7 @@ from ..analysis.shapes import TensorInfo
 from ..errors import CheckFailed, ModelError, RunFailed, RuntimeUnavailable, UsageError
 from ..graph import Graph
 from ..markers import SessionPlan
-from ..options import DEFAULT_MAX_PREDICTION_ERROR, CheckOptions
+from ..options import CheckOptions
 from ..ops import VIEW_OPS
 from . import driver
 from .feeds import FeedError, feed_dims, load_feeds, make_feeds, save_feeds
