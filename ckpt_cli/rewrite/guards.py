@@ -67,9 +67,8 @@ class GuardNodes:
 # (GemmTransposeFusion, MatmulTransposeFusion, MatMulScaleFusion, MatMulAddFusion, GemmSum
 # and GemmActivation fusions, BiasGelu, BiasSoftmax, BiasDropout, SkipLayerNorm, Conv
 # fusions, Cast and Transpose elimination). A view between the two keeps them apart,
-# and the unfused pair need not round as the fused kernel does (fresh views once left zoo
-# bert's five weight-gradient Gemm + Transpose pairs unfused). No guard reads such a tensor
-# and no view goes between the two.
+# and the unfused pair rounds differently: a weight-gradient Gemm and its Transpose gave
+# training losses 1 ulp apart. No guard reads such a tensor and no view goes between the two.
 _FUSED_WITH = {
     "Transpose": frozenset({"MatMul", "Gemm", "FusedMatMul", "Transpose"}),
     "MatMul": frozenset({"Transpose", "Add", "Mul", "Div"}),
