@@ -284,8 +284,9 @@ def _fused_away(training_python: str, path: Path, tmp_path: Path) -> set[str]:
 @pytest.mark.parametrize("name", ["bert", "gpt", "resnet_block"])
 def test_the_rewrite_keeps_every_fusion_of_the_original(training_python, tmp_path, name):
     """What ORT fuses of the original's nodes in the Module API's session, it fuses in the
-    rewrite too: a pair ckpt's views or guards split need not round as the fused kernel does
-    (bert: fresh-tensor views split its five weight-gradient Gemm + Transpose pairs)."""
+    rewrite too: a fusion ckpt's views or guards split rounds differently (bert: the five
+    weight-gradient Gemm + Transpose pairs, split by fresh-tensor views, gave losses 1 ulp
+    apart)."""
     src = SAMPLES / "zoo" / name / "training_model.onnx"
     out = tmp_path / f"{name}.ckpt.onnx"
     assert _ckpt("rewrite", src, "-o", out).returncode == 0
