@@ -61,33 +61,3 @@ class GuardNodes:
         """``Reshape(x, shape)`` with ``shape`` all zeros: ``x`` itself, read through a guard."""
         self.tensors[output] = info
         return self.node("Reshape", [x, shape], output, mark)
-
-
-# Producer -> consumer pairs ONNX Runtime's graph transformers fuse into one kernel
-# (GemmTransposeFusion, MatmulTransposeFusion, MatMulScaleFusion, MatMulAddFusion, GemmSum
-# and GemmActivation fusions, BiasGelu, BiasSoftmax, BiasDropout, SkipLayerNorm, Conv
-# fusions, Cast and Transpose elimination). A view between the two keeps them apart,
-# and the unfused pair rounds differently: a weight-gradient Gemm and its Transpose gave
-# training losses 1 ulp apart. No guard reads such a tensor and no view goes between the two.
-_FUSED_WITH = {
-    "Transpose": frozenset({"MatMul", "Gemm", "FusedMatMul", "Transpose"}),
-    "MatMul": frozenset({"Transpose", "Add", "Mul", "Div"}),
-    "FusedMatMul": frozenset({"Transpose", "Add", "Mul", "Div"}),
-    "Gemm": frozenset({"Transpose", "Add", "Sum", "Relu", "Sigmoid", "Tanh", "LeakyRelu", "HardSigmoid"}),
-    "Mul": frozenset({"MatMul", "FusedMatMul"}),
-    "Div": frozenset({"MatMul", "FusedMatMul"}),
-    "Add": frozenset({"Gelu", "FastGelu", "Softmax", "Dropout", "LayerNormalization"}),
-    "Cast": frozenset({"Cast"}),
-    "Conv": frozenset({"Add", "Mul", "Relu", "Sigmoid", "Tanh", "LeakyRelu", "BatchNormalization", "Clip"}),
-}
-
-
-def fused_with_reader(graph: Graph, t: str) -> bool:
-    """Whether ORT fuses the producer of ``t`` with the one node that reads it (a pair of
-    _FUSED_WITH; ORT fuses only a node whose output goes nowhere else): a view between
-    them, or one more reader of ``t`` (a guard's Size), would keep the pair apart."""
-    readers = graph.consumers.get(t, ())
-    if len(readers) != 1 or t not in graph.producer or t in graph.outputs:
-        return False
-    producer, reader = graph.nodes[graph.producer[t]], graph.nodes[readers[0]]
-    return reader.op_type in _FUSED_WITH.get(producer.op_type, ())

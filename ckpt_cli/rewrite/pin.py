@@ -30,7 +30,7 @@ from ..analysis.shapes import TensorInfo
 from ..graph import ABSENT, Graph, Node
 from ..markers import CSE_GUARD_ATTR, GUARD_META, REGION_META, is_recompute_copy
 from ..ops import HOST_INPUT_SLOTS, SHAPE_ONLY_OPS
-from .guards import GuardNodes, fused_with_reader
+from .guards import GuardNodes
 from .order import executed_order
 
 
@@ -72,8 +72,7 @@ def trigger_of(graph: Graph, position: int, forward: set[str] | frozenset[str],
     """The output of the nearest node written before ``position`` (not in ``skip``) that
     computes data at run time: ORT folds Constant and Shape, and Size runs as soon as its
     input exists. A forward tensor only if it is a graph output (the loss): under ORT's
-    DEFAULT order the guard's read could keep any other one alive until the block. Never
-    a tensor ORT fuses away with its reader: the guard's read would split the pair."""
+    DEFAULT order the guard's read could keep any other one alive until the block."""
     return triggers_of(graph, [position], forward, skip)[0]
 
 
@@ -90,8 +89,7 @@ def triggers_of(graph: Graph, positions: list[int], forward: set[str] | frozense
             node = graph.nodes[k]
             if k in skip or node.op_type in SHAPE_ONLY_OPS or node.op_type == "Constant":
                 continue
-            out = next((t for t in node.outputs if t != ABSENT and (node.name not in forward or t in outputs)
-                        and not fused_with_reader(graph, t)), None)
+            out = next((t for t in node.outputs if t != ABSENT and (node.name not in forward or t in outputs)), None)
             if out is not None:
                 answer = out
                 break
