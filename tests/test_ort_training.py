@@ -251,45 +251,4 @@ def test_a_rewrite_planned_at_the_default_batch_runs_at_any_batch(training_pytho
     report = json.loads(r.stdout)
     assert report["rewritten_ort_default"] is not None, report.get("rewritten_ort_default_error")
     assert report["outputs_equal"] and report["other_dims"]["all_bit_identical"], report["failures"]
-    # Planned at batch 64, the rewrite measures above the original at batch 16 in ORT's default
-    # session, the Module API's (19.2 vs 18.6 MB, since fresh views no longer split ORT's
-    # fusions): the check says so, and that may be its only failure. Open: planning for the
-    # Module session at other batches.
-    assert r.returncode in (0, 1)
-    assert [f for f in report["failures"] if "the session this model is run in" not in f] == [], report["failures"]
-
-
-_OPTIMIZED = """
-import sys, onnxruntime as ort
-so = ort.SessionOptions()
-so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-so.optimized_model_filepath = sys.argv[2]
-so.log_severity_level = 3
-ort.InferenceSession(sys.argv[1], so, providers=["CPUExecutionProvider"])
-"""
-
-
-def _fused_away(training_python: str, path: Path, tmp_path: Path) -> set[str]:
-    """Names of the file's nodes that ORT's ORT_ENABLE_ALL graph (the Module API's session)
-    no longer has: those it fused into others."""
-    import onnx
-
-    out = tmp_path / f"{path.stem}.optimized.onnx"
-    r = subprocess.run([training_python, "-c", _OPTIMIZED, str(path), str(out)], capture_output=True, text=True,
-                       timeout=300)
-    assert r.returncode == 0, r.stderr[-1000:]
-    return {n.name for n in onnx.load(path).graph.node} - {n.name for n in onnx.load(out).graph.node}
-
-
-@pytest.mark.parametrize("name", ["bert", "gpt", "resnet_block"])
-def test_the_rewrite_keeps_every_fusion_of_the_original(training_python, tmp_path, name):
-    """What ORT fuses of the original's nodes in the Module API's session, it fuses in the
-    rewrite too: a fusion ckpt's views or guards split rounds differently (bert: the five
-    weight-gradient Gemm + Transpose pairs, split by fresh-tensor views, gave losses 1 ulp
-    apart)."""
-    src = SAMPLES / "zoo" / name / "training_model.onnx"
-    out = tmp_path / f"{name}.ckpt.onnx"
-    assert _ckpt("rewrite", src, "-o", out).returncode == 0
-    fused, kept = _fused_away(training_python, src, tmp_path), _fused_away(training_python, out, tmp_path)
-    assert fused, "ORT fuses nothing here: a vacuous check"
-    assert fused <= kept, sorted(fused - kept)[:6]
+    assert r.returncode == 0 and report["passed"], report["failures"]

@@ -35,7 +35,7 @@ from ..analysis.memory import MemoryProfile, profile_of
 from ..analysis.planner import Buffers, plan_buffers
 from ..analysis.shapes import TensorInfo
 from ..analysis.timeline import bytes_in_use, peak_of
-from ..graph import ABSENT, Graph, Node
+from ..graph import ABSENT, Graph
 from ..markers import FRESH_META
 from ..ops import SHAPE_FROM_INPUTS_OPS
 from .guards import GuardNodes
@@ -55,27 +55,6 @@ _PROBE_ROUNDS, _PROBE_GAIN = 2, 0.01
 # little to write anything, yet slows the pinned rewrite; the graphs it helps are smaller.
 _GREEDY_NODES = 8_000
 
-# Producer -> consumer pairs ONNX Runtime's graph transformers fuse into one kernel
-# (GemmTransposeFusion, MatmulTransposeFusion, MatMulScaleFusion, MatMulAddFusion, GemmSum
-# and GemmActivation fusions, BiasGelu, BiasSoftmax, BiasDropout, SkipLayerNorm, Conv
-# fusions, Cast and Transpose elimination). A view between the two keeps them apart,
-# and the unfused pair rounds differently: a weight-gradient Gemm and its Transpose gave
-# training losses 1 ulp apart. No view goes there; the consumer is left to ORT's planner.
-_FUSED_WITH = {
-    "Transpose": frozenset({"MatMul", "Gemm", "FusedMatMul", "Transpose"}),
-    "MatMul": frozenset({"Transpose", "Add", "Mul", "Div"}),
-    "FusedMatMul": frozenset({"Transpose", "Add", "Mul", "Div"}),
-    "Gemm": frozenset({"Transpose", "Add", "Sum", "Relu", "Sigmoid", "Tanh", "LeakyRelu", "HardSigmoid"}),
-    "Mul": frozenset({"MatMul", "FusedMatMul"}),
-    "Div": frozenset({"MatMul", "FusedMatMul"}),
-    "Add": frozenset({"Gelu", "FastGelu", "Softmax", "Dropout", "LayerNormalization"}),
-    "Cast": frozenset({"Cast"}),
-    "Conv": frozenset({"Add", "Mul", "Relu", "Sigmoid", "Tanh", "LeakyRelu", "BatchNormalization", "Clip"}),
-}
-# Consumers whose output shape takes dimensions from each of these inputs alone: one view
-# of either hides the output's shape (an elementwise op's broadcast would not).
-_SHAPE_FROM_EITHER = {"MatMul": (0, 1), "Gemm": (0, 1)}
-
 
 @dataclass(frozen=True)
 class FreshResult:
@@ -94,13 +73,11 @@ def _eligible(graph: Graph, tensors: dict[str, TensorInfo], forward: frozenset[s
     ids = graph.ids
     constants = set(graph.initializers) | {t for n in graph.nodes if n.op_type == "Constant" for t in n.outputs}
     outputs = set(graph.outputs)
-    producer = {t: n for n in graph.nodes for t in n.outputs}
     ok = [False] * len(ids.names)
     for i, node in enumerate(graph.nodes):
         if node.op_type not in SHAPE_FROM_INPUTS_OPS or node.domain not in ("", "ai.onnx") or node.name in forward:
             continue
-        data = [t for t in node.inputs if t != ABSENT and t not in constants and _rank(tensors.get(t))]
-        if not _viewed_inputs(graph, node, data, producer):
+        if not any(_rank(tensors.get(t)) for t in node.inputs if t != ABSENT and t not in constants):
             continue
         for t in ids.outputs[i]:
             if t >= 0 and ids.names[t] not in outputs:
@@ -204,17 +181,12 @@ def apply(graph: Graph, tensors: dict[str, TensorInfo], fresh: set[str], local: 
     views: dict[str, str] = {}
     before: dict[int, list[onnx.NodeProto]] = {}
     rewired: dict[int, onnx.NodeProto] = {}
-    producer = {t: n for n in graph.nodes for t in n.outputs}
-    made: set[str] = set()
     for node in graph.nodes:
         if not fresh.intersection(node.outputs):
             continue
-        data = _viewed_inputs(graph, node, [x for x in node.inputs if x != ABSENT and x not in constants
-                                     and _rank(tensors.get(x))], producer)
-        if not data:
-            continue  # every way to hide its shape would split a fusion: left to ORT
         p = onnx.NodeProto()
         p.CopyFrom(node.proto)
+        data = [x for x in node.inputs if x != ABSENT and x not in constants and _rank(tensors.get(x))]
         source = local and (trigger_of(graph, node.index, forward)
                             or max(data, key=lambda x: position.get(x, -1), default=None))
         shapes = {} if local else shared
@@ -233,32 +205,12 @@ def apply(graph: Graph, tensors: dict[str, TensorInfo], fresh: set[str], local: 
         for t in node.outputs:
             if t in fresh:
                 tensors[t] = replace(tensors[t], static_shape=False)
-                made.add(t)
     protos = list(head)
     for node in graph.nodes:
         protos.extend(before.get(node.index, ()))
         protos.append(rewired.get(node.index, node.proto))
     new = executed_order(graph.with_nodes(protos))
-    return FreshResult(new, tensors, tuple(sorted(made)), len(protos) - len(graph.nodes))
-
-
-def _fuses(graph: Graph, x: str, producer: Node | None, consumer: Node) -> bool:
-    """Whether ORT fuses ``producer`` into ``consumer`` through ``x``: a pair of _FUSED_WITH,
-    and ``x`` read by ``consumer`` alone (ORT fuses only a node whose output goes nowhere else)."""
-    return (producer is not None and consumer.op_type in _FUSED_WITH.get(producer.op_type, ())
-            and len(graph.consumers.get(x, ())) == 1 and x not in graph.outputs)
-
-
-def _viewed_inputs(graph: Graph, node: Node, data: list[str], producer: dict[str, Node]) -> list[str]:
-    """The data inputs of ``node`` to read through views so that ORT cannot know its output's
-    shape, none of them fused with ``node`` by ORT; empty where that cannot be done."""
-    apart = [x for x in data if not _fuses(graph, x, producer.get(x), node)]
-    if len(apart) == len(data):
-        return data
-    either = _SHAPE_FROM_EITHER.get(node.op_type, ())
-    if any(node.inputs[k] in apart for k in either if k < len(node.inputs)):
-        return apart
-    return []
+    return FreshResult(new, tensors, tuple(sorted(fresh)), len(protos) - len(graph.nodes))
 
 
 def unshare(graph: Graph, tensors: dict[str, TensorInfo], recorded_reuse: bool = True,
