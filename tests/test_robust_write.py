@@ -317,3 +317,30 @@ def test_writers_into_one_folder_take_turns(tmp_path, chain_path):
         os.close(fd)
     assert child.wait(timeout=120) == 0, child.stderr.read()
     assert out.exists()
+
+
+def test_held_folder_lock_is_waited_for_with_a_bound(tmp_path, chain_path, monkeypatch):
+    """Was: ``flock . ckpt rewrite ...`` waited forever."""
+    import fcntl
+
+    monkeypatch.setattr(save, "LOCK_WAIT_S", 1.0)
+    fd = os.open(tmp_path, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        code, out = ckpt("rewrite", chain_path, "-o", tmp_path / "out.onnx", "-q")
+    finally:
+        os.close(fd)
+    assert code == 2 and "held its write lock for 1 s" in out, out
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+def test_writable_unreadable_folder_is_written(tmp_path, chain_path):
+    folder = tmp_path / "drop"
+    folder.mkdir(mode=0o733)
+    folder.chmod(0o733)
+    try:
+        code, out = ckpt("rewrite", chain_path, "-o", folder / "out.onnx", "-q")
+        assert code == 0, out
+    finally:
+        folder.chmod(0o755)
+    assert (folder / "out.onnx").is_file()

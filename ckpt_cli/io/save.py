@@ -20,13 +20,15 @@ import fcntl
 import hashlib
 import os
 import re
+import sys
+import time
 from contextlib import contextmanager
 from itertools import chain
 from pathlib import Path
 
 import onnx
 
-from ..errors import UsageError
+from ..errors import OutputError, UsageError
 from .external import external_tensors, is_external, locate, other_tensors
 from ..graph import Graph, Node, embedded_bytes, expected_bytes, gc_paused
 from .safewrite import (check_output_path, check_report_path, commit, exit_on_sigterm, must_create, os_errors,
@@ -114,15 +116,38 @@ def _folder_locked(folder: Path):
     model it replaces points at and removes them after its commit, so two at once could
     remove the data the other's committed model reads. A lock on the folder itself leaves
     no file behind (where the filesystem has no locks, writers run unlocked)."""
-    fd = os.open(folder, os.O_RDONLY)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except OSError:
-            pass
+        fd = os.open(folder, os.O_RDONLY)
+    except PermissionError:  # a writable folder we may not list (mode 0733): writes work, unlocked
+        yield
+        return
+    try:
+        _lock(fd, folder)
         yield
     finally:
         os.close(fd)  # closing releases the lock
+
+
+# How long a writer waits for another to leave the output folder before giving up.
+LOCK_WAIT_S = 120.0
+
+
+def _lock(fd: int, folder: Path) -> None:
+    deadline, said = time.monotonic() + LOCK_WAIT_S, False
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise OutputError(f"{folder}: another process has held its write lock for {LOCK_WAIT_S:g} s; "
+                                  "writing there later or elsewhere") from None
+            if not said:
+                print(f"ckpt: waiting for another writer in {folder}", file=sys.stderr)
+                said = True
+            time.sleep(0.1)
+        except OSError:  # no locks on this filesystem
+            return
 
 
 def _write_pair(model: onnx.ModelProto, path: Path, source_dir: Path, exclusive: bool,
