@@ -344,3 +344,29 @@ def test_writable_unreadable_folder_is_written(tmp_path, chain_path):
     finally:
         folder.chmod(0o755)
     assert (folder / "out.onnx").is_file()
+
+
+def test_data_left_by_a_kill_after_the_commit_is_removed_next_time(ext_model, monkeypatch):
+    """Was: a kill between the model's rename and the old data's removal left a data file
+    that no later write removed."""
+    folder = ext_model.parent
+    out = folder / "out.onnx"
+    assert ckpt("rewrite", ext_model, "-o", out, "-q")[0] == 0
+    old_data = set(folder.glob("out.onnx.*.data"))
+    other = folder / "other"
+    other.mkdir()
+    save_transformer(str(other / "b.onnx"), layers=1, embed_weights=True, external_data=True, seed=7)
+    script = ("import os, sys, onnx; from pathlib import Path; from ckpt_cli.io import save\n"
+              "save._remove_previous_data = lambda *a: os.kill(os.getpid(), 9)\n"
+              "m = onnx.load(sys.argv[1], load_external_data=False)\n"
+              "save.save_model(m, Path(sys.argv[2]), source_dir=Path(sys.argv[1]).parent, force=True)\n")
+    import subprocess
+    assert subprocess.run([sys.executable, "-c", script, str(other / "b.onnx"), str(out)]).returncode == -9
+    assert old_data <= set(folder.glob("out.onnx.*.data"))  # left behind
+    assert len(set(folder.glob("out.onnx.*.data"))) == 2
+    model = onnx.load(other / "b.onnx", load_external_data=False)
+    save.save_model(model, out, source_dir=other, force=True)
+    read = {next(e.value for e in t.external_data if e.key == "location")
+            for t in onnx.load(out, load_external_data=False).graph.initializer if t.external_data}
+    assert {p.name for p in folder.glob("out.onnx.*.data")} == read
+    assert not list(folder.glob(".*.remove"))

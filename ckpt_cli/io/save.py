@@ -105,9 +105,43 @@ def save_model(model: onnx.ModelProto, path: str | Path, source_dir: Path | None
     exclusive = must_create(path) if force is None else not force
     with os_errors(path), _folder_locked(path.parent):
         remove_stale_temps(path)
+        _finish_removals(path)
         previous = _data_files_read_by(path)
         with exit_on_sigterm():
-            return _write_pair(model, path, source_dir, exclusive, previous)
+            journal = _note_removals(path, previous)
+            try:
+                return _write_pair(model, path, source_dir, exclusive, previous)
+            finally:  # only a SIGKILL leaves the note
+                journal.unlink(missing_ok=True)
+
+
+def _journal_pattern(name: str) -> re.Pattern:
+    return re.compile(rf"^\.{re.escape(name)}\.\d+\.remove$")
+
+
+def _note_removals(path: Path, previous: set[Path]) -> Path:
+    """Name the data files this write removes after its commit: a write killed in between
+    leaves the note, and the next write to ``path`` finishes the removal."""
+    journal = path.with_name(f".{path.name}.{os.getpid()}.remove")
+    journal.write_text("".join(f"{p.name}\n" for p in sorted(previous)))
+    return journal
+
+
+def _finish_removals(path: Path) -> None:
+    """Data files an interrupted write meant to remove that the model at ``path`` no longer
+    reads (under the folder lock, any note left is of a write that ended)."""
+    from .load import loaded_data_files
+
+    pattern, data = _journal_pattern(path.name), data_file_pattern(path.name)
+    for journal in path.parent.glob(f".{path.name}.*.remove"):
+        if not pattern.match(journal.name):
+            continue
+        keep = _data_files_read_by(path) | loaded_data_files()
+        for name in journal.read_text().split():
+            target = path.parent / name
+            if data.match(name) and target.resolve() not in keep and target not in keep:
+                target.unlink(missing_ok=True)
+        journal.unlink(missing_ok=True)
 
 
 @contextmanager
