@@ -378,3 +378,56 @@ def test_write_target_refuses_a_fifo_and_leaves_it_in_place(tmp_path):
     with pytest.raises(UsageError, match="regular file"):
         save.write_text_atomic(fifo, "{}")
     assert fifo.is_fifo()
+
+
+def test_held_folder_lock_is_waited_for_with_a_bound(tmp_path, chain_path, monkeypatch):
+    """Was: ``flock . ckpt rewrite ...`` waited forever."""
+    import fcntl
+
+    monkeypatch.setattr(save, "LOCK_WAIT_S", 1.0)
+    fd = os.open(tmp_path, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        code, out = ckpt("rewrite", chain_path, "-o", tmp_path / "out.onnx", "-q")
+    finally:
+        os.close(fd)
+    assert code == 2 and "held its write lock for 1 s" in out, out
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+def test_writable_unreadable_folder_is_written(tmp_path, chain_path):
+    folder = tmp_path / "drop"
+    folder.mkdir(mode=0o733)
+    folder.chmod(0o733)
+    try:
+        code, out = ckpt("rewrite", chain_path, "-o", folder / "out.onnx", "-q")
+        assert code == 0, out
+    finally:
+        folder.chmod(0o755)
+    assert (folder / "out.onnx").is_file()
+
+
+def test_data_left_by_a_kill_after_the_commit_is_removed_next_time(ext_model, monkeypatch):
+    """Was: a kill between the model's rename and the old data's removal left a data file
+    that no later write removed."""
+    folder = ext_model.parent
+    out = folder / "out.onnx"
+    assert ckpt("rewrite", ext_model, "-o", out, "-q")[0] == 0
+    old_data = set(folder.glob("out.onnx.*.data"))
+    other = folder / "other"
+    other.mkdir()
+    save_transformer(str(other / "b.onnx"), layers=1, embed_weights=True, external_data=True, seed=7)
+    script = ("import os, sys, onnx; from pathlib import Path; from ckpt_cli.io import save\n"
+              "save._remove_previous_data = lambda *a: os.kill(os.getpid(), 9)\n"
+              "m = onnx.load(sys.argv[1], load_external_data=False)\n"
+              "save.save_model(m, Path(sys.argv[2]), source_dir=Path(sys.argv[1]).parent, force=True)\n")
+    import subprocess
+    assert subprocess.run([sys.executable, "-c", script, str(other / "b.onnx"), str(out)]).returncode == -9
+    assert old_data <= set(folder.glob("out.onnx.*.data"))  # left behind
+    assert len(set(folder.glob("out.onnx.*.data"))) == 2
+    model = onnx.load(other / "b.onnx", load_external_data=False)
+    save.save_model(model, out, source_dir=other, force=True)
+    read = {next(e.value for e in t.external_data if e.key == "location")
+            for t in onnx.load(out, load_external_data=False).graph.initializer if t.external_data}
+    assert {p.name for p in folder.glob("out.onnx.*.data")} == read
+    assert not list(folder.glob(".*.remove"))

@@ -20,13 +20,15 @@ import fcntl
 import hashlib
 import os
 import re
+import sys
+import time
 from contextlib import contextmanager
 from itertools import chain
 from pathlib import Path
 
 import onnx
 
-from ..errors import UsageError
+from ..errors import OutputError, UsageError
 from ..ort import output_ir_version
 from .external import external_tensors, function_tensors, is_external, locate, other_tensors
 from ..graph import Graph, Node, embedded_bytes, expected_bytes, gc_paused
@@ -93,9 +95,43 @@ def save_model(model: onnx.ModelProto, path: str | Path, source_dir: Path | None
     exclusive = must_create(path) if force is None else not force
     with os_errors(path), _folder_locked(path.parent):
         remove_stale_temps(path)
+        _finish_removals(path)
         previous = _data_files_read_by(path)
         with exit_on_sigterm():
-            return _write_pair(model, path, source_dir, exclusive, previous)
+            journal = _note_removals(path, previous)
+            try:
+                return _write_pair(model, path, source_dir, exclusive, previous)
+            finally:  # only a SIGKILL leaves the note
+                journal.unlink(missing_ok=True)
+
+
+def _journal_pattern(name: str) -> re.Pattern:
+    return re.compile(rf"^\.{re.escape(name)}\.\d+\.remove$")
+
+
+def _note_removals(path: Path, previous: set[Path]) -> Path:
+    """Name the data files this write removes after its commit: a write killed in between
+    leaves the note, and the next write to ``path`` finishes the removal."""
+    journal = path.with_name(f".{path.name}.{os.getpid()}.remove")
+    journal.write_text("".join(f"{p.name}\n" for p in sorted(previous)))
+    return journal
+
+
+def _finish_removals(path: Path) -> None:
+    """Data files an interrupted write meant to remove that the model at ``path`` no longer
+    reads (under the folder lock, any note left is of a write that ended)."""
+    from .load import loaded_data_files
+
+    pattern, data = _journal_pattern(path.name), data_file_pattern(path.name)
+    for journal in path.parent.glob(f".{path.name}.*.remove"):
+        if not pattern.match(journal.name):
+            continue
+        keep = _data_files_read_by(path) | loaded_data_files()
+        for name in journal.read_text().split():
+            target = path.parent / name
+            if data.match(name) and target.resolve() not in keep and target not in keep:
+                target.unlink(missing_ok=True)
+        journal.unlink(missing_ok=True)
 
 
 @contextmanager
@@ -104,15 +140,38 @@ def _folder_locked(folder: Path):
     model it replaces points at and removes them after its commit, so two at once could
     remove the data the other's committed model reads. A lock on the folder itself leaves
     no file behind (where the filesystem has no locks, writers run unlocked)."""
-    fd = os.open(folder, os.O_RDONLY)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except OSError:
-            pass
+        fd = os.open(folder, os.O_RDONLY)
+    except PermissionError:  # a writable folder we may not list (mode 0733): writes work, unlocked
+        yield
+        return
+    try:
+        _lock(fd, folder)
         yield
     finally:
         os.close(fd)  # closing releases the lock
+
+
+# How long a writer waits for another to leave the output folder before giving up.
+LOCK_WAIT_S = 120.0
+
+
+def _lock(fd: int, folder: Path) -> None:
+    deadline, said = time.monotonic() + LOCK_WAIT_S, False
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise OutputError(f"{folder}: another process has held its write lock for {LOCK_WAIT_S:g} s; "
+                                  "writing there later or elsewhere") from None
+            if not said:
+                print(f"ckpt: waiting for another writer in {folder}", file=sys.stderr)
+                said = True
+            time.sleep(0.1)
+        except OSError:  # no locks on this filesystem
+            return
 
 
 def _write_pair(model: onnx.ModelProto, path: Path, source_dir: Path, exclusive: bool,

@@ -12,14 +12,13 @@ from __future__ import annotations
 import functools
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass, fields, replace
 
-import numpy as np
 
 from ..errors import RunFailed, RuntimeCheckError, RuntimeUnavailable
+from . import child
 from . import worker as _worker
 from .compare import DEFAULT_ATOL, DEFAULT_RTOL, compare_outputs, order_check
 from .settings import settings_for, settings_snippet
@@ -36,50 +35,40 @@ CHILD_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536"}
 DEFAULT_TIMEOUT_S = 600.0
 
 
-@dataclass
-class _Child:
-    returncode: int
-    stdout: str
-    stderr: str
-
-
 def _child_env() -> dict:
     env = dict(os.environ)
     env.update(CHILD_ENV)
     return env
 
 
-def _spawn(argv: list, timeout: float | None) -> _Child:
+def _spawn(argv: list, timeout: float | None, what: str) -> child.Child:
+    return child.run_child(argv, _child_env(), timeout, what)
+
+
+def _answer_line(out: child.Child, what: str) -> object:
+    lines = [line for line in out.stdout.splitlines() if line.strip()]
+    if not lines:
+        return None
     try:
-        p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                           env=_child_env(), timeout=timeout, check=False)
-    except subprocess.TimeoutExpired as e:
-        err = e.stderr.decode("utf-8", "replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
-        raise RunFailed("timeout", f"ONNX Runtime ran past the {timeout:g} s timeout (--timeout)", err) from None
-    except OSError as e:
-        raise RunFailed("load_failed", f"cannot start {argv[0]}: {e.strerror or e}") from None
-    return _Child(p.returncode, p.stdout, p.stderr)
+        return child.parse_json_line(lines[-1])
+    except (ValueError, RecursionError) as e:
+        if out.returncode != 0:
+            return None  # a crash that printed something: the crash is the news
+        raise RunFailed("bad_answer", f"{what} answered no JSON result ({child.printable(str(e), 200)})",
+                        out.stderr) from None
 
 
-def _parse(child: _Child) -> dict:
-    lines = [l for l in child.stdout.splitlines() if l.strip()]
-    result = None
-    if lines:
-        try:
-            result = json.loads(lines[-1])
-        except json.JSONDecodeError:
-            result = None
-    if not isinstance(result, dict):
-        tail = " | ".join(child.stderr.strip().splitlines()[-3:])
-        how = (f"killed by signal {-child.returncode}" if child.returncode < 0
-               else f"exit code {child.returncode}")
-        if child.returncode in (-9, 137):
-            how += " (out of memory?)"
-        raise RunFailed("crashed", f"worker gave no result ({how}): {tail}", child.stderr)
-    if not result.get("ok"):
+def _parse(out: child.Child, what: str, required: tuple[str, ...] = ()) -> dict:
+    result = _answer_line(out, what)
+    if result is None:
+        tail = child.printable(" | ".join(out.stderr.strip().splitlines()[-3:]), 300)
+        raise RunFailed("crashed", f"{what} gave no result ({child.how_it_ended(out.returncode)})"
+                        + (f": {tail}" if tail else ""), out.stderr)
+    result = child.checked_answer(result, what, required)
+    if not result["ok"]:
         kind = result.get("kind", "run_failed")
         cls = RuntimeUnavailable if kind == "provider_unavailable" else RunFailed
-        raise cls(kind, result.get("message", "worker failed"), child.stderr)
+        raise cls(kind, child.printable(result.get("message", "worker failed")), out.stderr)
     return result
 
 
@@ -125,10 +114,16 @@ def run_model(model_path, feeds_path, *, provider: str, settings: str | dict = "
         spec_path = os.path.join(tmp, "spec.json")
         with open(spec_path, "w", encoding="utf-8") as f:
             json.dump(spec, f)
-        child = _spawn([worker.python or sys.executable, WORKER_PATH, spec_path], worker.timeout)
-    result = _parse(child)
+        what = _running(model_path, session)
+        out = _spawn([worker.python or sys.executable, WORKER_PATH, spec_path], worker.timeout, what)
+    result = _parse(out, what, child.MEASURED_FIELDS)
     result["python"] = worker.python or sys.executable
     return result
+
+
+def _running(model_path, session: dict) -> str:
+    """The worker run, as errors name it."""
+    return f"the worker running {os.path.basename(os.fspath(model_path))} ({session.get('settings', 'custom')} settings)"
 
 
 # --------------------------------------------------------------------------- providers
@@ -147,38 +142,44 @@ def _tiny_model_path(directory: str) -> str:
     return path
 
 
-@functools.lru_cache(maxsize=8)
-def probe_provider(provider: str, python: str | None = None) -> tuple:
+def probe_provider(provider: str, python: str | None = None, timeout: float | None = DEFAULT_TIMEOUT_S) -> tuple:
     """(usable, reason): can `provider` really create a session under `python`?
 
     onnxruntime-gpu lists CUDAExecutionProvider even with no GPU or no CUDA
     libraries; the only robust test is to create a session in a child process and
-    look at ``get_providers()[0]`` (the wrapper silently falls back to CPU).
+    look at ``get_providers()[0]`` (the wrapper silently falls back to CPU). A probe that
+    runs past ``timeout`` raises RunFailed: a hung interpreter is not a missing provider.
     """
+    return _probe(provider, python, timeout)
+
+
+@functools.lru_cache(maxsize=8)
+def _probe(provider: str, python: str | None, timeout: float | None) -> tuple:
+    what = f"the {provider} provider probe"
     with tempfile.TemporaryDirectory(prefix="ckpt_probe_") as tmp:
-        child = _spawn([python or sys.executable, WORKER_PATH, "--probe", provider,
-                        _tiny_model_path(tmp)], timeout=300)
+        out = _spawn([python or sys.executable, WORKER_PATH, "--probe", provider, _tiny_model_path(tmp)],
+                     timeout, what)
     try:
-        _parse(child)
+        _parse(out, what)
     except RuntimeCheckError as e:
         return False, e.message
     return True, ""
 
 
-def resolve_provider(requested: str = "auto", python: str | None = None) -> str:
+def resolve_provider(requested: str = "auto", python: str | None = None,
+                     timeout: float | None = DEFAULT_TIMEOUT_S) -> str:
     """"cpu" -> "cpu"; "cuda" -> "cuda" (run_model raises RuntimeUnavailable if it
     cannot); "auto" -> "cuda" when a CUDA session really runs on CUDA, else "cpu"."""
     if requested in ("cpu", "cuda"):
         return requested
     if requested != "auto":
         raise ValueError(f"provider must be 'auto', 'cuda' or 'cpu', not {requested!r}")
-    ok, _ = probe_provider("cuda", python)
+    ok, _ = probe_provider("cuda", python, timeout)
     return "cuda" if ok else "cpu"
 
 
-def _load_npz(path) -> dict:
-    with np.load(path, allow_pickle=False) as z:
-        return {k: z[k] for k in z.files}
+def _load_npz(path, what: str = "the worker") -> dict:
+    return child.load_outputs(path, what)
 
 
 def file_node_order(model_path) -> list:
@@ -297,6 +298,10 @@ class _Pair:
     def npz(self, name: str) -> str:
         return os.path.join(self.tmp, f"{name}.npz")
 
+    def outputs(self, name: str, model) -> dict:
+        """The outputs the child running ``model`` wrote to ``npz(name)``."""
+        return _load_npz(self.npz(name), f"the worker running {os.path.basename(os.fspath(model))}")
+
     def measure(self, model, settings: str | dict, outputs_path: str | None, runs: int | None = None) -> dict:
         o = self.options
         return run_model(model, self.feeds_path, provider=self.provider, settings=settings,
@@ -326,7 +331,7 @@ def _run_to_run_spread(pair: _Pair, o_vals: dict, r_vals: dict) -> dict:
     again = pair.npz("original_again")
     settings = pair.ckpt_settings(not pair.options.enable_mem_reuse, pair.options.reference_level)
     pair.measure(pair.original, settings, again, runs=1)
-    noise = compare_outputs(o_vals, _load_npz(again), rtol=DEFAULT_RTOL, atol=DEFAULT_ATOL)["outputs"]
+    noise = compare_outputs(o_vals, pair.outputs("original_again", pair.original), rtol=DEFAULT_RTOL, atol=DEFAULT_ATOL)["outputs"]
     diff = compare_outputs(o_vals, r_vals, rtol=DEFAULT_RTOL, atol=DEFAULT_ATOL)["outputs"]
     return {name: {"original_spread": noise.get(name, {}).get("max_abs_diff") or 0.0,
                    "rewrite_diff": d["max_abs_diff"] or 0.0, "within_tolerance": d["within_tolerance"],
@@ -340,7 +345,7 @@ def _reference_outputs(pair: _Pair) -> dict:
     out = pair.npz("reference")
     settings = pair.ckpt_settings(pair.options.enable_mem_reuse, pair.options.reference_level)
     pair.measure(pair.original, settings, out, runs=1)
-    return _load_npz(out)
+    return pair.outputs("reference", pair.original)
 
 
 def _side(ckpt: dict, ort_default: dict | None) -> SideRuns:
@@ -360,7 +365,7 @@ def _ort_default_runs(pair: _Pair, o_vals: dict) -> tuple[dict, dict, dict]:
         rewritten = pair.measure(pair.rewritten, "ort_default", None)
     except RunFailed as e:  # a finding about the rewrite, not a reason to stop the check
         rewritten = {"failed": f"{e.kind}: {e.message}"}
-    return original, rewritten, _comparison_summary(_compare(pair, o_vals, _load_npz(out)))
+    return original, rewritten, _comparison_summary(_compare(pair, o_vals, pair.outputs("default", pair.original)))
 
 
 def _executed_order(pair: _Pair, rewritten: dict) -> dict:
@@ -381,12 +386,12 @@ def check_pair(original, rewritten, feeds_path, options: PairOptions = PairOptio
     file's do; ``unoptimized_vs_rewritten`` then summarises the comparison with the original as is.
     """
     o = options
-    provider = resolve_provider(o.provider, o.worker.python)
+    provider = resolve_provider(o.provider, o.worker.python, o.worker.timeout)
     with tempfile.TemporaryDirectory(prefix="ckpt_check_") as tmp:
         pair = _Pair(original, rewritten, feeds_path, provider, o, tmp)
         orig = pair.measure(original, "ckpt", pair.npz("original"))
         rew = pair.measure(rewritten, "ckpt", pair.npz("rewritten"))
-        o_vals, r_vals = _load_npz(pair.npz("original")), _load_npz(pair.npz("rewritten"))
+        o_vals, r_vals = pair.outputs("original", original), pair.outputs("rewritten", rewritten)
         unoptimized = None
         if o.reference_level is not None:
             unoptimized = _comparison_summary(_compare(pair, o_vals, r_vals))

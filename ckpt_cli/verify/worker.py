@@ -34,7 +34,7 @@ Result (one JSON object on stdout; everything else goes to stderr)::
      "executed_providers": [the provider that ran each, same length],
      "session_settings": {...}, "warnings": [...]}
     {"ok": false, "kind": "provider_unavailable" | "load_failed" | "run_failed"
-                          | "bad_feeds" | "bad_spec", "message": "one line"}
+                          | "bad_feeds" | "bad_spec" | "crashed", "message": "one line"}
 
 Exit code 0 on success, non-zero on failure (see ``EXIT_CODES``).
 
@@ -82,6 +82,7 @@ import contextlib
 import gc
 import json
 import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -95,6 +96,7 @@ EXIT_CODES = {
     "run_failed": 5,
     "bad_feeds": 6,
     "bad_spec": 7,
+    "crashed": 8,
 }
 
 _PROVIDER_NAMES = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
@@ -450,12 +452,23 @@ def _process_peak_in_child(spec: dict) -> dict:
             os.remove(path)
     try:
         res = json.loads(proc.stdout.strip().splitlines()[-1])
-    except (IndexError, json.JSONDecodeError):
-        raise WorkerError("run_failed", f"process_peak child died (exit code "
-                                        f"{proc.returncode})") from None
+    except (IndexError, ValueError):
+        raise WorkerError("crashed", f"the process-peak child measuring {os.path.basename(spec['model'])} "
+                                     f"({spec['settings']} settings, arena off) gave no result: "
+                                     f"{_how_it_ended(proc.returncode)}") from None
     if not res.get("ok"):
         raise WorkerError(res.get("kind", "run_failed"), res.get("message", "?"))
     return res
+
+
+def _how_it_ended(returncode: int) -> str:
+    if returncode >= 0:
+        return f"exit code {returncode}"
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        name = "a signal"
+    return f"killed by {name} (signal {-returncode})"
 
 
 def _process_peak_main(spec: dict) -> dict:
