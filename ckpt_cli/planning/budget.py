@@ -115,7 +115,7 @@ class BudgetSearch:
 
     def _as_written(self, planned: Planned, plan: Plan, written, budget: int) -> Planned:
         peak = self.peak(written)
-        plan.notes.append(f"pinned, its written peak {peak} <= budget {budget} bytes (the search's "
+        plan.notes.append(f"pinned, its written peak {human_bytes(peak)} <= budget {human_bytes(budget)} (the search's "
                           "unpinned rewrite was over)")
         search = replace(planned.search, plan=plan, peak_bytes=peak, recompute_flops=written.recompute_flops,
                          kept=[], recomputed=[], structure=None, near_misses=())

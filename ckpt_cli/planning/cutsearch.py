@@ -31,6 +31,7 @@ from .plan import Plan, apply_policy
 from .regions import default_regions
 from .search import Intervals, PlanCost, keep_all_limit, polish_plan
 from .strategies import BudgetResult, NearMiss, candidates, recomputing_nothing
+from ..units import human_bytes
 
 REFINE_STEPS = 6  # byte limits tried between two corners on small graphs
 
@@ -358,7 +359,7 @@ def cut_budget_plan(a: Analysis, budget: int, evaluate: Callable[[Plan], PlanCos
         old.near_misses = _near_misses(found, budget, old.recompute_flops) if cuts_thorough else ()
         return polished(a, old, evaluate, budget, policy) if polish else old
     best = found.best
-    best.plan.notes.append(f"predicted peak {best.cost.peak_bytes} <= budget {budget} bytes "
+    best.plan.notes.append(f"predicted peak {human_bytes(best.cost.peak_bytes)} <= budget {human_bytes(budget)} "
                            f"({evaluations} evaluations)")
     result = BudgetResult(best.plan, best.cost.peak_bytes, best.cost.recompute_flops, [], [], evaluations,
                           near_misses=_near_misses(found, budget, best.cost.recompute_flops) if cuts_thorough else ())
@@ -406,7 +407,8 @@ def polished(a: Analysis, result: BudgetResult, evaluate: Callable[[Plan], PlanC
         return replace(result, evaluations=evaluations)
     plan, cost = fitted.plan, fitted.cost
     plan.notes.append(f"then kept {len(fitted.keep)} more, one at a time, each checked by the real cost model: "
-                      f"predicted peak {cost.peak_bytes} <= budget {budget} bytes ({evaluations} evaluations)")
+                      f"predicted peak {human_bytes(cost.peak_bytes)} <= budget {human_bytes(budget)} "
+                      f"({evaluations} evaluations)")
     return replace(result, plan=plan, peak_bytes=cost.peak_bytes, recompute_flops=cost.recompute_flops,
                    kept=result.kept + [c for c in ranked if c.tensor in fitted.keep],
                    recomputed=[c for c in result.recomputed if c.tensor not in fitted.keep],
@@ -476,7 +478,7 @@ def _judged_defaults(a: Analysis, evaluate: Callable[[Plan], PlanCost], thorough
     reorder = Plan([], "none", ["reordering alone gives the lowest peak"], decisions=all_kept(a, REORDER))
     options: list[Plan] = [reorder] if thorough else []
     options += structures(a) if thorough else [default_regions(a)]
-    options += [to_plan(a, c, "lowest") for c in corners]
+    options += [to_plan(a, c, "mincut") for c in corners]
     options = [apply_policy(p, policy, a.graph) for p in options]
     return reorder, [(plan, evaluate(plan)) for plan in options]
 

@@ -41,6 +41,7 @@ from ..graph import ABSENT
 from ..ops import SHAPE_ONLY_OPS, VIEW_OPS, is_recomputable
 from .decision import cut_decisions
 from .plan import Plan, Policy, Region
+from ..units import human_bytes
 
 # A byte moved by a recompute costs as much as this many FLOPs (a CPU core does a few
 # FLOPs per byte of memory bandwidth; pointwise ops are bandwidth-bound).
@@ -311,7 +312,7 @@ def to_plan(a: Analysis, cut: Cut, strategy: str = "mincut") -> Plan:
     plan = Plan(regions, strategy, decisions=cut_decisions(a, cut.copied))
     how = (f"min cut at {cut.price:.3g} FLOP per byte" if cut.price == cut.price
            else "MILP between two corners of the min-cut front")  # NaN price: from solve_bytes
-    plan.notes.append(f"tensor-level {how}: keeps {len(cut.kept)} tensors ({cut.kept_bytes} bytes), "
+    plan.notes.append(f"tensor-level {how}: keeps {len(cut.kept)} tensors ({human_bytes(cut.kept_bytes)}), "
                       f"recomputes {len(cut.copied)} nodes")
     return plan
 

@@ -20,6 +20,7 @@ from .plan import Plan, Region
 from .rangemax import RangeMax
 from .regions import default_regions, layer_regions, sqrt_regions
 from .search import LOOSENING, Fitted, Intervals, KeepJudge, PlanCost, search_limits
+from ..units import human_bytes
 
 # Above this, searches are lean: one structure that fits, a few evaluations (each is a
 # rewrite of the whole graph, and the thorough search makes many).
@@ -321,7 +322,8 @@ def budget_plan(a: Analysis, budget: int, evaluate: Evaluate, intervals_of: Call
                                                beat=beat)
     if best is not None:
         best.evaluations = evaluations
-        best.plan.notes.append(f"predicted peak {best.peak_bytes} <= budget {budget} bytes ({evaluations} evaluations)")
+        best.plan.notes.append(f"predicted peak {human_bytes(best.peak_bytes)} <= budget {human_bytes(budget)} "
+                               f"({evaluations} evaluations)")
         return best
     raise BudgetUnreachable(unreachable_message(a, budget, lowest or PlanCost(base, 0)))
 
