@@ -76,7 +76,8 @@ def test_endless_output_is_cut_at_the_answer_bound(chain_path, tmp_path):
     assert proc.returncode == 5, stderr
     line = one_error_line(stderr)
     assert "printed more than 32 MiB" in line and "chain.onnx" in line, line
-    assert peak_mib < 400, f"ckpt's peak RSS {peak_mib:.0f} MiB while reading a child's endless output"
+    # bounded reading holds 250-500 MiB (ckpt, ORT and a 32 MiB answer); unbounded grows by GBs
+    assert peak_mib < 1024, f"ckpt's peak RSS {peak_mib:.0f} MiB while reading a child's endless output"
 
 
 def test_timeout_kills_the_wrapped_worker(chain_path, tmp_path):
