@@ -30,13 +30,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ("mlp", "cnn", "gpt")
 ZOO = ("zoo/bert", "zoo/lenet", "zoo/mlp_dropout")
-# Keys whose values are wall-clock or machine figures, not results.
-VOLATILE_KEYS = re.compile(r"(seconds|elapsed|_ms$|_s$|time|duration|step|wall|started|python|version|host)")
+# Keys whose values are wall-clock or machine figures, not results (never a share or a FLOP count).
+VOLATILE_KEYS = re.compile(r"^(step_time_s|time_s|python|ckpt_version|ort_version)$|seconds|elapsed|_ms$")
 VOLATILE_TEXT = [
     (re.compile(r"\d+(\.\d+)?\s?(ms|s|µs)\b"), "<time>"),
     (re.compile(r"\d+(\.\d+)?x (slower|faster)"), "<ratio>"),
     (re.compile(r"(/tmp|/var/folders)/\S+"), "<tmp>"),
-    (re.compile(r"step[^\n]*"), "<step>"),
 ]
 
 
