@@ -326,10 +326,11 @@ def rewrite_model(model: ModelInput, output: str | Path | None = None, options: 
 
     ``options`` (or its keywords): regions come from ``regions`` (globs or ``re:`` regexes
     over node names), ``regions_by_scope``, ``boundaries`` ('IN1,IN2:OUT1'), a ``plan``
-    file, ``auto`` or ``budget``; with none, the lowest-peak plan. ``pin`` holds the written
-    order in the data flow (guard nodes), so that any ORT session runs it; unless
-    ``keep_mem_pattern``, it also turns ORT's memory pattern off where that predicts a lower
-    plain-session peak (an optional input nobody feeds, ``rewrite/mem_pattern.py``). The
+    file, ``auto`` or ``budget``; with none, the knee of the front, judged again in a plain
+    session. ``pin`` holds the written order in the data flow (guard nodes), so that any
+    ORT session runs it; with ``keep_mem_pattern=False`` it also turns ORT's memory pattern
+    off where that predicts a lower plain-session peak (an optional input nobody feeds,
+    ``rewrite/mem_pattern.py``), which changes the model's inputs. The
     rewritten ModelProto is in the result; it is written only when ``output`` is given
     (atomically, never over the input). ``check`` (True or CheckOptions) runs both models
     on ONNX Runtime. ``ort_optimize`` ("cpu" or "cuda") then lets ORT fuse the rewritten
@@ -359,12 +360,14 @@ def rewrite_model(model: ModelInput, output: str | Path | None = None, options: 
 def _rewritten(a: Analysis, loaded: Loaded, options: RewriteOptions, analysis: AnalysisOptions,
                output: str | Path | None, progress: Callable[[str], None] | None) -> RewriteModelResult:
     """Plan, rewrite, write (when ``output``) and report."""
+    finish = without_mem_pattern if options.pin and not options.keep_mem_pattern else None
     replan = None if options.no_recompute else (lambda d: make_plan(d, options.plan, pin=options.pin))
-    planned = None if options.no_recompute else make_plan(a, options.plan, progress=progress, pin=options.pin)
+    planned = None if options.no_recompute else make_plan(a, options.plan, progress=progress, pin=options.pin,
+                                                          finish=finish)
     chosen = planned.plan if planned else None
     result = rewrite_plan(a, planned, options.pin)
-    if options.pin and not options.keep_mem_pattern:
-        result = without_mem_pattern(result)
+    if finish is not None:
+        result = finish(result)
     recorded = {**options.to_json(), **analysis.to_json()}
     scaled = scaling(a)
     shapes = symbolic_shapes(result.graph, result.after.tensors, scaled, probe_tensors(a)) if scaled else None

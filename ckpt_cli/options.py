@@ -197,16 +197,17 @@ class PlanOptions:
 class RewriteOptions:
     """A plan's options, and how the rewrite is written: ``no_recompute`` (the order only),
     ``pin`` (guard nodes hold the order), ``keep_mem_pattern`` (leave ORT's memory pattern to
-    the session), ``ort_optimize`` (then let ORT fuse the graph for this provider)."""
+    the session and the model's inputs as they are; False adds the input that turns the
+    pattern off where that predicts less), ``ort_optimize`` (then let ORT fuse the graph for this provider)."""
 
     plan: PlanOptions = field(default_factory=PlanOptions)
     no_recompute: bool = False
     pin: bool = True
-    keep_mem_pattern: bool = False
+    keep_mem_pattern: bool = True
     ort_optimize: str | None = None
 
     @classmethod
-    def of(cls, *, no_recompute: bool = False, pin: bool = True, keep_mem_pattern: bool = False,
+    def of(cls, *, no_recompute: bool = False, pin: bool = True, keep_mem_pattern: bool = True,
            ort_optimize: str | None = None, plan=None, **plan_keywords) -> "RewriteOptions":
         """The keyword form: ``plan`` is the plan file (as ``rewrite_model(plan=...)``)."""
         return cls(PlanOptions.of(plan_file=plan, **plan_keywords), no_recompute, pin, keep_mem_pattern,

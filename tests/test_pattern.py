@@ -81,7 +81,7 @@ def test_check_reports_the_plain_session_prediction(tmp_path):
 
     out = tmp_path / "gpt.ckpt.onnx"
     runner = CliRunner()
-    # the pattern kept in the file: this tests its model (tests/test_mem_pattern.py the file without it)
+    # the pattern kept in the file (the default): this tests its model (tests/test_mem_pattern.py the file without it)
     assert runner.invoke(main, ["rewrite", str(SAMPLES / "gpt.onnx"), "-o", str(out), "-q",
                                 "--keep-mem-pattern"]).exit_code == 0
     done = runner.invoke(main, ["check", str(SAMPLES / "gpt.onnx"), str(out), "--provider", "cpu", "--runs", "1",

@@ -59,9 +59,11 @@ def default_output(model: Path) -> Path:
 @click.option("--no-recompute", is_flag=True, help="Only write the memory-efficient order, no recompute.")
 @click.option("--pin/--no-pin", default=True, show_default=True,
               help="Hold the written order in the data flow (guard nodes), so that it survives any ORT session.")
-@click.option("--keep-mem-pattern", is_flag=True,
-              help="Leave ORT's memory pattern to the session. By default, where ckpt predicts it raises a plain "
-                   "session's peak, the file turns it off itself with an optional input nobody feeds.")
+@click.option("--keep-mem-pattern/--mem-pattern-off", default=True, show_default=True,
+              help="Keep the model's inputs as they are and leave ORT's memory pattern to the session (the "
+                   "default plan is judged in a plain session with it on). --mem-pattern-off adds an optional "
+                   "input nobody feeds, which turns the pattern off where ckpt predicts that lowers a plain "
+                   "session's peak; tools that feed every input (Polygraphy, perf tests) then need --keep-mem-pattern.")
 @click.option("--ort-optimize", "ort_optimize", type=click.Choice(["cpu", "cuda"]), default=None,
               help="Then let ONNX Runtime fuse the rewritten graph for this provider (ORT_ENABLE_EXTENDED) and "
                    "write ORT's graph, re-sorted and re-simulated (run it with ORT_DISABLE_ALL, as recorded).")

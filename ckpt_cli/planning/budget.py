@@ -44,6 +44,7 @@ class Planned:
     written: Any = None  # the pinned rewrite of ``plan``, when the budget search checked it
     knee: Knee | None = None  # the default's choice at the knee, against the lowest peak it passed up
     activation: Any = None  # --activation-budget's ActivationBudget record
+    plain: Any = None  # the default's PlainChoice: the knee judged again in a plain InferenceSession
 
 
 # A near miss whose written graph is over the budget is shifted down by its overshoot this

@@ -25,7 +25,7 @@ from ..analysis import Analysis
 from ..errors import BudgetUnreachable
 from ..ops import SHAPE_ONLY_OPS
 from .decision import REORDER, all_kept
-from .knee import Knee, Point, knee_index
+from .knee import Knee, Point, hull_path, knee_index
 from .mincut import MAX_SOLVES, Cut, Policy, Problem, build, front, solve_bytes, to_plan
 from .plan import Plan, apply_policy
 from .regions import default_regions
@@ -433,6 +433,7 @@ class DefaultPlan(NamedTuple):
     cost: PlanCost | None = None
     knee: Knee | None = None
     lowest: Plan | None = None
+    beyond: tuple = ()  # (plan, cost) of the front's hull vertices past the knee, toward the lowest peak
 
 
 def lowest_peak_plan(a: Analysis, evaluate: Callable[[Plan], PlanCost], *, thorough: bool,
@@ -461,7 +462,7 @@ def lowest_peak_plan(a: Analysis, evaluate: Callable[[Plan], PlanCost], *, thoro
 
 
 def _lowest_note(judged: list[tuple[Plan, PlanCost]], cost: PlanCost) -> str:
-    return (f"the lowest predicted peak of {len(judged)} plans ({min(c.peak_bytes for _, c in judged)} bytes); "
+    return (f"the lowest predicted peak of {len(judged)} plans ({human_bytes(min(c.peak_bytes for _, c in judged))}); "
             f"this one is within {NEAR_LOWEST:.0%} of it with the fewest recompute FLOPs")
 
 
@@ -491,6 +492,9 @@ def _at_knee(a: Analysis, judged: list[tuple[Plan, PlanCost]], lowest: int) -> D
     i = knee_index(points, a.priority.peak_bytes, step)
     knee = Knee(a.priority.peak_bytes, step, points[i], points[lowest], len(points))
     plan, cost = judged[i]
+    first, *hops = hull_path(points, a.priority.peak_bytes, step)
+    path = [first, *(v for v, _ in hops)]
+    beyond = tuple(judged[v] for v in path[path.index(i) + 1:]) if i in path else ()
     reorder_only = plan.strategy == "none"
     if reorder_only:
         plan.notes.clear()
@@ -499,4 +503,4 @@ def _at_knee(a: Analysis, judged: list[tuple[Plan, PlanCost]], lowest: int) -> D
         return DefaultPlan(plan, cost, knee)
     passed_up, its_cost = judged[lowest]
     passed_up.notes.append(_lowest_note(judged, its_cost))
-    return DefaultPlan(plan, cost, knee, passed_up)
+    return DefaultPlan(plan, cost, knee, passed_up, beyond)

@@ -76,16 +76,27 @@ def knee_index(points: Sequence[Point], original_peak: int, step_flops: int, max
     """The index of the knee among ``points``: from the least recompute (lowest peak among
     ties), hop along the lower convex hull toward lower peaks while a hop's slope, in
     step-FLOPs share per peak share saved, stays within ``max_slope``."""
+    path = hull_path(points, original_peak, step_flops)
+    at = path[0]
+    for nxt, slope in path[1:]:
+        if slope > max_slope:
+            return at
+        at = nxt
+    return at
+
+
+def hull_path(points: Sequence[Point], original_peak: int, step_flops: int) -> list:
+    """The lower convex hull of ``points`` from the least recompute to the lowest peak: the
+    first vertex's index, then (index, slope of the hop to it) per vertex."""
     x = [p.peak_bytes / max(1, original_peak) for p in points]
     y = [p.recompute_flops / max(1, step_flops) for p in points]
     at = min(range(len(points)), key=lambda i: (y[i], x[i]))
+    path: list = [at]
     while True:
         lower = [j for j in range(len(points)) if x[j] < x[at]]
         if not lower:
-            return at
+            return path
         # the next hull vertex: the least slope, the farthest among equal slopes
         slope = {j: max(0.0, y[j] - y[at]) / (x[at] - x[j]) for j in lower}
-        nxt = min(lower, key=lambda j: (slope[j], x[j]))
-        if slope[nxt] > max_slope:
-            return at
-        at = nxt
+        at = min(lower, key=lambda j: (slope[j], x[j]))
+        path.append((at, slope[at]))

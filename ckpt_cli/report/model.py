@@ -328,6 +328,7 @@ def planning_section(a, planned, result, rows: list[dict]) -> dict:
         "recompute_share_of_step": result.recompute_flops / step if step else 0.0,
         "knee": planned.knee.to_json() if planned.knee else None,
         "activation_budget": planned.activation.to_json() if planned.activation else None,
+        "plain_session": planned.plain.to_json() if planned.plain else None,
         "explanations": rows,
     }
 

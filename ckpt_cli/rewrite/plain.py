@@ -1,0 +1,145 @@
+"""Judge the default's plans in the session a joint graph's user opens: ``InferenceSession(path)``.
+
+Nothing set there means ORT_ENABLE_ALL's fusions, ORT's DEFAULT order, buffer reuse and
+the memory pattern: from the second run on, every intermediate buffer lives in one block
+that the arena serves from a power-of-two region, taken whole unless the region is at
+least twice the block. A plan whose peak is low under ckpt's settings can hold as much as
+the original there, when its block lands in the same region. ckpt predicts that session
+from ORT's own fused graph of the written file (``verify/plain_model.py``), so the knee's
+rewrite and the front's hull vertices past it are judged by it, and the knee rule is
+applied again on those predictions: the default moves along the front while a step's
+recompute buys at least as much plain-session peak. The choice is recorded here.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+from ..analysis import Analysis
+from ..errors import CkptError
+from ..io.save import save_model
+from ..io.written import to_model
+from ..planning.knee import MAX_SLOPE, Point, knee_index
+from ..units import human_bytes
+from . import RewriteResult, unchanged
+
+# Each judgement runs ORT's optimizer on the written file in a child process: on larger
+# graphs or weights the default is not held up for it.
+MAX_JUDGED_NODES = 5_000
+MAX_JUDGED_WEIGHT_BYTES = 256 << 20
+
+
+@dataclass(frozen=True)
+class PlainJudged:
+    """One plan, judged: its recompute and predicted peaks (ckpt's settings; plain session)."""
+
+    recompute_flops: int
+    settings_peak_bytes: int
+    plain_peak_bytes: int
+
+    def to_json(self) -> dict:
+        return {"recompute_flops": self.recompute_flops, "settings_peak_bytes": self.settings_peak_bytes,
+                "plain_peak_bytes": self.plain_peak_bytes}
+
+
+@dataclass(frozen=True)
+class PlainChoice:
+    """The default's choice in a plain session: the original's predicted peak there, the
+    plans judged (the knee first, then the hull vertices past it) and the one taken."""
+
+    original_plain_bytes: int
+    judged: tuple[PlainJudged, ...]
+    chosen: int
+    step_flops: int
+
+    @property
+    def moved(self) -> bool:
+        return self.chosen != 0
+
+    def ratio(self, i: int) -> float:
+        return self.judged[i].plain_peak_bytes / max(1, self.original_plain_bytes)
+
+    def line(self) -> str:
+        knee, taken = self.judged[0], self.judged[self.chosen]
+        head = (f"in a plain InferenceSession (ORT's defaults) the knee's rewrite is predicted at "
+                f"{human_bytes(knee.plain_peak_bytes)}, {self.ratio(0):.2f}x the original's "
+                f"{human_bytes(self.original_plain_bytes)}")
+        if not self.moved:
+            return head + f"; none of the {len(self.judged) - 1} plans past it buys more there for its recompute"
+        extra = (taken.recompute_flops - knee.recompute_flops) / max(1, self.step_flops)
+        return (head + f"; the default takes the plan {self.chosen} hull step(s) further: "
+                f"{human_bytes(taken.plain_peak_bytes)} there ({self.ratio(self.chosen):.2f}x), "
+                f"{human_bytes(taken.settings_peak_bytes)} under ckpt's settings, for {extra:+.1%} of a step's FLOPs")
+
+    def to_json(self) -> dict:
+        return {"session": "InferenceSession(path), no options", "max_slope": MAX_SLOPE,
+                "original_plain_peak_bytes": self.original_plain_bytes,
+                "judged": [j.to_json() for j in self.judged], "chosen": self.chosen, "moved": self.moved,
+                "chosen_plain_ratio": round(self.ratio(self.chosen), 6)}
+
+
+def judged_here(a: Analysis) -> str | None:
+    """Why the default is not judged in a plain session for ``a``; None when it is."""
+    if len(a.graph.nodes) > MAX_JUDGED_NODES:
+        return f"graphs above {MAX_JUDGED_NODES} nodes are not judged in a plain session"
+    weights = sum(a.tensors[t].nbytes or 0 for t in a.graph.initializers if t in a.tensors)
+    if weights > MAX_JUDGED_WEIGHT_BYTES:
+        return f"models above {human_bytes(MAX_JUDGED_WEIGHT_BYTES)} of weights are not judged in a plain session"
+    return None
+
+
+def plain_peak(a: Analysis, result: RewriteResult, folder: Path, name: str) -> int | None:
+    """The predicted plain-session peak of ``result`` as it would be written; None when ORT
+    cannot build its fused graph or a tensor of it has no known size."""
+    path = folder / f"{name}.onnx"
+    source = a.graph.path.parent if a.graph.path is not None else None
+    try:
+        save_model(to_model(result), path, source_dir=source, force=True)
+    except CkptError:
+        return None
+    return _fused_peak(path, result.after.tensors)
+
+
+def _fused_peak(path: Path, known: dict) -> int | None:
+    from ..verify.plain_model import fused_plain
+
+    fused = fused_plain(path, known)
+    return fused.peak_in_use_bytes if fused is not None else None
+
+
+def original_plain_peak(a: Analysis, folder: Path) -> int | None:
+    """The original's plain-session peak: its own file where it has one."""
+    if a.graph.path is not None:
+        return _fused_peak(a.graph.path, a.tensors)
+    return plain_peak(a, unchanged(a), folder, "original")
+
+
+def choose_in_plain(a: Analysis, candidates: Sequence[RewriteResult], settings_peaks: Sequence[int],
+                    recompute: Sequence[int]) -> PlainChoice | None:
+    """The knee rule again, over the plain-session predictions of ``candidates`` (the knee's
+    rewrite first); None when a prediction cannot be made."""
+    with tempfile.TemporaryDirectory(prefix="ckpt_plain_") as tmp:
+        base = original_plain_peak(a, Path(tmp))
+        peaks = [plain_peak(a, r, Path(tmp), f"plan{i}") for i, r in enumerate(candidates)]
+    if base is None or any(p is None for p in peaks):
+        return None
+    step = a.forward_flops + a.backward_flops
+    points = [Point(p, f) for p, f in zip(peaks, recompute)]
+    chosen = knee_index(points, base, step)
+    judged = tuple(PlainJudged(f, s, p) for f, s, p in zip(recompute, settings_peaks, peaks))
+    return PlainChoice(base, judged, chosen, step)
+
+
+def plain_judgement(a: Analysis, written: Callable[[int], RewriteResult], count: int,
+                    settings_peaks: Sequence[int], recompute: Sequence[int]) -> PlainChoice | None:
+    """``choose_in_plain`` over ``count`` candidates written by ``written(i)``, or None
+    where ``a`` is not judged (``judged_here``)."""
+    if judged_here(a) is not None or count < 2:
+        return None
+    return choose_in_plain(a, [written(i) for i in range(count)], settings_peaks, recompute)
+
+
+__all__ = ["PlainChoice", "PlainJudged", "choose_in_plain", "judged_here", "plain_judgement", "plain_peak"]

@@ -1,0 +1,51 @@
+"""The written file in the tools ckpt's users already run: Polygraphy's standard replay (inputs
+and outputs saved from the original, loaded for the rewrite) passes on the default rewrite,
+which keeps the model's signature; a simplifier run after ckpt is noticed by ``inspect``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import SAMPLES
+from ckpt_cli.cli import main
+
+# polygraphy has no __main__: its console script sits beside the interpreter
+POLYGRAPHY = [str(Path(sys.executable).parent / "polygraphy")]
+
+
+def _polygraphy(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([*POLYGRAPHY, "run", *args, "--onnxrt"], cwd=cwd, capture_output=True, text=True,
+                          timeout=300, check=False)
+
+
+def _rewritten(name: str, tmp_path: Path) -> Path:
+    out = tmp_path / f"{name}.ckpt.onnx"
+    done = CliRunner().invoke(main, ["rewrite", str(SAMPLES / f"{name}.onnx"), "-o", str(out), "-q"])
+    assert done.exit_code == 0, done.output
+    return out
+
+
+@pytest.mark.parametrize("name", ["gpt", "mlp", "cnn"])
+def test_polygraphy_replay_passes_on_the_default_rewrite(name, tmp_path):
+    out = _rewritten(name, tmp_path)
+    saved = _polygraphy(str(SAMPLES / f"{name}.onnx"), "--save-inputs", "in.json", "--save-outputs", "out.json",
+                        cwd=tmp_path)
+    assert saved.returncode == 0, saved.stdout[-2000:] + saved.stderr[-2000:]
+    replay = _polygraphy(str(out), "--load-inputs", "in.json", "--load-outputs", "out.json", cwd=tmp_path)
+    assert replay.returncode == 0 and "PASSED" in replay.stdout + replay.stderr, replay.stdout[-3000:]
+
+
+def test_onnxslim_after_ckpt_is_noticed_by_inspect(tmp_path):
+    import onnxslim
+
+    out = _rewritten("gpt", tmp_path)
+    slim = tmp_path / "gpt.slim.onnx"
+    onnxslim.slim(str(out), str(slim))
+    done = CliRunner().invoke(main, ["inspect", str(slim), "-q"])
+    assert "undid the rewrite; run ckpt last" in done.output, done.output
+    assert "0 of its" not in done.output.split("undid")[0]  # the copies are counted as gone, not kept
