@@ -46,16 +46,13 @@ its enable_mem_reuse; ORT's defaults for a graph written unchanged) (c);
 predicts for (c) before any run (the arena peak of the file order; for a graph written
 unchanged, whose (c) is ORT's defaults, its model of the graph ORT builds at ORT_ENABLE_ALL,
 `ckpt_cli/verify/plain_model.py`), and its error against the measured (c). The rewrites are written as
-`ckpt rewrite` writes them by default: where ckpt predicts that ORT's memory pattern raises a
-plain session's peak (its one block takes a whole power-of-two arena chunk), the file turns
-the pattern off itself with an optional input nobody feeds (`rewrite/mem_pattern.py`), so
-(a) then runs as (b) does. Step time: the fastest of 10 runs
+`ckpt rewrite` writes them by default: the model's inputs kept, so ORT's memory pattern is
+on in (a), and the default plan judged in that session (`ckpt_cli/rewrite/plain.py`). Step time: the fastest of 10 runs
 (two alternating rounds of 5 per graph) under (c), ORT's profiler on; the
 machine is shared, so only large differences mean anything. The ORT training artifact runs
 only in onnxruntime-training-cpu 1.19.2 (`.venv-ort-training`), whose profiler has no memory
 fields: its row is the process peak (VmHWM above the state before the run, ORT's arena off,
-median of 3 runs) through ckpt's check worker, in every column; the memory-pattern switch is
-not written into artifacts (the Module API would count it as a user input).
+median of 3 runs) through ckpt's check worker, in every column.
 
 """
 
@@ -194,19 +191,10 @@ MiB = 2**20
 
 
 def _rewrite(source: Path, out: Path, pin: bool):
-    from ckpt_cli.analysis import analyse
-    from ckpt_cli.io.load import load_graph
-    from ckpt_cli.rewrite.select import make_plan, rewrite_plan
-    from ckpt_cli.rewrite import without_mem_pattern
-    from ckpt_cli.io.save import save_model
-    from ckpt_cli.io.written import to_model
+    """The rewrite as ``ckpt rewrite`` writes it by default (``--no-pin`` when not ``pin``)."""
+    from ckpt_cli.api import rewrite_model
 
-    a = analyse(load_graph(source))
-    result = rewrite_plan(a, make_plan(a), pin)
-    if pin:  # as `ckpt rewrite` writes it: the memory pattern off where that predicts less
-        result = without_mem_pattern(result)
-    save_model(to_model(result), out)
-    return result
+    return rewrite_model(source, out, pin=pin, force=True).result
 
 
 def predicted_recorded(result, path: Path, process_peak: bool = False) -> int:

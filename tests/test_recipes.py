@@ -95,8 +95,10 @@ def test_rewrite_halves_the_measured_peak(gpt_runs):
     assert new <= 0.5 * peak["original @ ckpt's order"], peak
     assert new <= 0.5 * peak["original @ rewrite's"], peak
     assert new <= 0.5 * peak["original @ ORT defaults"], peak
-    # an untuned session too: the file turns ORT's memory pattern off itself (measured 0.65x)
-    assert peak["rewrite @ ORT defaults"] <= 0.8 * peak["original @ ORT defaults"], peak
+    # An untuned session: never above the original beyond the guards' constants. The model's
+    # inputs are kept, so ORT's memory pattern is on, and this graph's block lands in the
+    # original's arena region with every plan (measured 1.00x; 0.65x with --mem-pattern-off).
+    assert peak["rewrite @ ORT defaults"] <= peak["original @ ORT defaults"] + (64 << 10), peak
 
 
 def test_report_prints_the_recipes_lines(gpt_runs, capsys):
