@@ -10,7 +10,7 @@ import click
 from ..errors import ModelError, UsageError
 from ..markers import SESSION_META
 from .options import (analysis_options, analysis_value, auto_options, busy, check_options, check_value, emit,
-                      plan_value, policy_options, protect_report, remember_json, renderer, report_options, rewrite_value)
+                      plan_value, policy_options, protect_report, renderer, report_options, rewrite_value)
 
 
 @click.command()
@@ -241,9 +241,8 @@ def check(original: Path, rewritten: Path, **given) -> None:
 @click.option("--provider", type=click.Choice(["cpu", "cuda"]), default=None,
               help="The execution provider the session will use (default: the one the model was optimized for "
                    "with --ort-optimize, else cpu).")
-@click.option("--json", "as_json", is_flag=True, callback=remember_json,
-              help="Print the settings as one JSON object.")
-def session(model: Path, provider, as_json) -> None:
+@report_options
+def session(model: Path, provider, as_json, report_path, quiet) -> None:
     """Print the ONNX Runtime session a ckpt-written model needs, as Python to paste.
 
     The settings are read from the model's metadata (what the rewrite planned for). In
@@ -252,27 +251,32 @@ def session(model: Path, provider, as_json) -> None:
     \b
     Example:
       ckpt session gpt.ckpt.onnx
+      ckpt session gpt.ckpt.onnx --json | jq .settings.execution_order
     """
-    import json
-
     from ..ort.session import recorded_settings
-    from ..verify.settings import settings_snippet
+    from ..report.model import session_report
 
+    protect_report(report_path, model)
     settings = recorded_settings(model)  # an unreadable file: its own error
-    if not warn_if_undone(model):
+    undone: list[str] = []
+    if not warn_if_undone(model, said=undone):
         raise ModelError(f"{model}: not a model ckpt wrote (it has no {SESSION_META} metadata): "
                          "ckpt session prints the settings of `ckpt rewrite` outputs")
     provider = provider or settings.get("ort_optimize", {}).get("provider", "cpu")
-    if as_json:
-        click.echo(json.dumps({"model": str(model), "session_settings": settings}, indent=2))
-    else:
-        click.echo(settings_snippet(provider, settings["enable_mem_reuse"], str(model), settings["settings"],
-                                    settings.get("mem_pattern_off_input")), nl=False)
+    report = session_report(model, provider, settings, undone[0] if undone else None)
+    emit(report, _render_session, as_json, report_path, quiet, (model,))
 
 
-def warn_if_undone(*models: Path) -> bool:
-    """One line on stderr for each model ckpt rewrote that a later tool undid; whether the
-    last was written by ckpt. A file that cannot be read is left to the command's own load."""
+def _render_session(r: dict, console) -> None:
+    """The snippet as it is, to paste or pipe into a file (no markup, no wrapping)."""
+    if not console.quiet:
+        click.echo(r["session_settings"], nl=False)
+
+
+def warn_if_undone(*models: Path, said: list[str] | None = None) -> bool:
+    """One line on stderr for each model ckpt rewrote that a later tool undid (also appended
+    to ``said``); whether the last was written by ckpt. A file that cannot be read is left
+    to the command's own load."""
     from ..io.serialize import read_model
     from ..io.written import undone_rewrite, written_by_ckpt
 
@@ -287,4 +291,6 @@ def warn_if_undone(*models: Path) -> bool:
         message = undone_rewrite(model, path)
         if message:
             click.echo(message, err=True)
+            if said is not None:
+                said.append(message)
     return written
