@@ -9,7 +9,9 @@ import click
 
 from ..errors import ModelError, UsageError
 from ..markers import SESSION_META
-from .options import (analysis_options, analysis_value, auto_options, busy, check_options, check_value, emit,
+from ..progress import listening
+from .progress import progress
+from .options import (analysis_options, analysis_value, auto_options, check_options, check_value, emit,
                       plan_value, policy_options, protect_report, renderer, report_options, rewrite_value)
 
 
@@ -101,11 +103,11 @@ def rewrite(model: Path, **given) -> None:
     check = check_value(given) if run_the_check else False
     analysis, options = analysis_value(given), rewrite_value(given)
     protect_report(report_path, model, output, options.plan.plan_file)
-    searching = options.plan.auto or options.plan.budget
-    with busy("planning" + (", then checking on ONNX Runtime" if run_the_check else ""),
-              quiet or as_json) as status:
+    # A log hears of stages only when the ORT check runs (the long part of the work), and not
+    # under --json, whose readers often take both streams as one (2>&1).
+    with progress("reading the model", quiet, lines=run_the_check and not as_json) as shown, listening(shown.stage):
         result = rewrite_model(model, output, options, analysis=analysis, force=force, check=check,
-                               progress=status.update if status is not None and searching else None)
+                               progress=shown.detail)
     emit(result.to_json(), _render_rewrite, as_json, report_path, quiet, (model, output, options.plan.plan_file))
     if result.check is not None and not result.check.passed:
         sys.exit(1)
@@ -171,9 +173,8 @@ def plan(model: Path, **given) -> None:
         return
     if svg is not None:
         raise UsageError("--svg goes with --sweep")
-    with busy("planning", quiet or as_json) as status:
-        result = plan_model(model, options, analysis=analysis, output=output, force=force,
-                            progress=status.update if status is not None else None)
+    with progress("planning", quiet, lines=False) as shown:
+        result = plan_model(model, options, analysis=analysis, output=output, force=force, progress=shown.detail)
     emit(result.to_json(), renderer("plan_view", "render_plan"), as_json, report_path, quiet, (model, output))
 
 
@@ -192,7 +193,7 @@ def _sweep(model: Path, svg: Path | None, options, analysis, reporting: tuple) -
 
     as_json, report_path, quiet = reporting
     protect_report(svg, model)
-    with busy("sweeping the min-cut front", quiet or as_json):
+    with progress("sweeping the min-cut front", quiet, lines=False):
         report = sweep_model(model, svg=svg, policy=options.policy, analysis=analysis,
                              allow_unsized=options.allow_unsized)
     emit(report, render_sweep, as_json, report_path, quiet, (model, svg))
@@ -229,7 +230,7 @@ def check(original: Path, rewritten: Path, **given) -> None:
     protect_report(report_path, original, rewritten)
     warn_if_undone(original, rewritten)
     options = check_value(given)
-    with busy(f"running both graphs on ONNX Runtime ({options.runs} runs each, plus ORT defaults)", quiet or as_json):
+    with progress("reading both models", quiet, lines=not as_json) as shown, listening(shown.stage):
         result = check_models(original, rewritten, analysis=analysis_value(given), options=options)
     emit(result.to_json(), renderer("render", "render_check"), as_json, report_path, quiet, (original, rewritten))
     if not result.passed:
