@@ -36,6 +36,7 @@ VOLATILE_TEXT = [
     # progress lines: printed or not by how long a stage took (ckpt_cli/cli/progress.py)
     (re.compile(r"^ckpt: (?:\d+ min )?\d+ s: .*\n?|^ckpt: done in .*\n?", re.M), ""),
     (re.compile(r"\d+(\.\d+)?\s?(ms|s|µs)\b"), "<time>"),
+    (re.compile(r" +<time>"), " <time>"),  # a table pads a time to its column's widest
     (re.compile(r"\d+(\.\d+)?x (slower|faster)"), "<ratio>"),
     (re.compile(r"(/tmp|/var/folders)/\S+"), "<tmp>"),
 ]
