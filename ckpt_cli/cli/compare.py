@@ -29,7 +29,7 @@ from .options import emit, parse_dims, protect_report, report_options
               help="How to print the comparison: tables for a terminal, or markdown (a GitHub step summary: "
                    ">> $GITHUB_STEP_SUMMARY).")
 @report_options
-def compare(inputs, conditions, svg_path, dims, allow_mixed, fmt, as_json, report_path, quiet) -> None:
+def compare(inputs, conditions, svg_path, dims, allow_mixed, fmt, **reporting) -> None:
     """Compare reports and models side by side; with --fail-if, a CI memory gate.
 
     Each INPUT is a JSON report of `ckpt inspect`, `ckpt rewrite` (its rewritten
@@ -62,6 +62,7 @@ def compare(inputs, conditions, svg_path, dims, allow_mixed, fmt, as_json, repor
     from ..report.conditions import parse_condition
     from ..report.render import render_compare
 
+    as_json, report_path, quiet = reporting["as_json"], reporting["report_path"], reporting["quiet"]
     if fmt != "text" and as_json:
         raise UsageError("--format and --json both say how to print: choose one")
     parsed = [parse_condition(c) for c in conditions]
