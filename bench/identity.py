@@ -33,7 +33,10 @@ ZOO = ("zoo/bert", "zoo/lenet", "zoo/mlp_dropout")
 # Keys whose values are wall-clock or machine figures, not results (never a share or a FLOP count).
 VOLATILE_KEYS = re.compile(r"^(step_time_s|time_s|python|ckpt_version|ort_version)$|seconds|elapsed|_ms$")
 VOLATILE_TEXT = [
+    # progress lines: printed or not by how long a stage took (ckpt_cli/cli/progress.py)
+    (re.compile(r"^ckpt: (?:\d+ min )?\d+ s: .*\n?|^ckpt: done in .*\n?", re.M), ""),
     (re.compile(r"\d+(\.\d+)?\s?(ms|s|µs)\b"), "<time>"),
+    (re.compile(r" +<time>"), " <time>"),  # a table pads a time to its column's widest
     (re.compile(r"\d+(\.\d+)?x (slower|faster)"), "<ratio>"),
     (re.compile(r"(/tmp|/var/folders)/\S+"), "<tmp>"),
 ]

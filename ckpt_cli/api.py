@@ -36,6 +36,7 @@ from .rewrite.select import make_plan, plan_notes, plan_rows, rewrite_plan
 from .planning.decision import Decision
 from .options import AnalysisOptions, CheckOptions, PlanOptions, RewriteOptions
 from .planning.plan import Policy
+from .progress import stage
 from .report.model import Source, check_report, inspect_report, plan_report, planning_section, rewrite_report
 from .rewrite import RewriteResult, rewrite, without_mem_pattern
 from .io.save import check_output_path, save_model
@@ -286,6 +287,7 @@ def check_models(original: ModelInput, rewritten: ModelInput, *, analysis: Analy
     with tempfile.TemporaryDirectory(prefix="ckpt_check_") as tmp:
         paths = {"original": _on_disk(original, Path(tmp), "original.onnx"),
                  "rewritten": _on_disk(rewritten, Path(tmp), "rewritten.onnx")}
+        stage("analysing both models")
         analysed = {k: analyse_input(load_input(p), analysis) for k, p in paths.items()}
         figures = check_analysed(paths, analysed, dict(analysed["original"].dims), options)
     report = check_report(_source(original), _source(rewritten), figures.to_json(),
@@ -343,13 +345,16 @@ def rewrite_model(model: ModelInput, output: str | Path | None = None, options: 
         raise TypeError(f"check: expected True, False or CheckOptions, got {type(check).__name__}")
     check_options = (check if isinstance(check, CheckOptions) else CheckOptions()).validate()
     _typed("output", output, _PATH)
+    stage("reading the model")
     loaded = load_input(model)
     if output is not None:
         check_output_path(Path(output), loaded.path, force)
+    stage("analysing the graph")
     a = analyse_input(loaded, analysis)
     refuse_unsized(a, options.plan.allow_unsized)
     out = _rewritten(a, loaded, options, analysis, output, progress)
     if check:
+        stage("ORT check: analysing the written model")
         out.check = _check_rewrite(model, loaded, a, out, check_options)
         if out.planned is not None and out.planned.budget is not None:
             budget_held(out.check, out.planned.budget, out.result.after.outside_arena_bytes)
@@ -362,9 +367,11 @@ def _rewritten(a: Analysis, loaded: Loaded, options: RewriteOptions, analysis: A
     """Plan, rewrite, write (when ``output``) and report."""
     finish = without_mem_pattern if options.pin and not options.keep_mem_pattern else None
     replan = None if options.no_recompute else (lambda d: make_plan(d, options.plan, pin=options.pin))
+    stage("planning")
     planned = None if options.no_recompute else make_plan(a, options.plan, progress=progress, pin=options.pin,
                                                           finish=finish)
     chosen = planned.plan if planned else None
+    stage("rewriting the graph")
     result = rewrite_plan(a, planned, options.pin)
     if finish is not None:
         result = finish(result)
@@ -373,6 +380,7 @@ def _rewritten(a: Analysis, loaded: Loaded, options: RewriteOptions, analysis: A
     shapes = symbolic_shapes(result.graph, result.after.tensors, scaled, probe_tensors(a)) if scaled else None
     rewritten = to_model(result, _provenance(recorded, result, chosen), shapes)
     notes = plan_notes(chosen, result)
+    stage("writing the model" if options.ort_optimize is None else "optimizing on ORT, writing the model")
     rewritten, result, written, optimized, more = _written(rewritten, result, a, loaded, options, output)
     report = rewrite_report(a, loaded.source, result, str(written[0]) if written else None,
                             chosen.to_json([n.name for n in a.graph.nodes]) if chosen else None, notes + more,

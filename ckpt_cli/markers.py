@@ -46,6 +46,9 @@ PATTERN_OFF_INPUT = "ckpt_mem_pattern_off"
 MEM_PATTERN_META = "ckpt.mem_pattern_off"
 # Model metadata: provenance keys (version, options, plan summary) start with this.
 PROVENANCE_PREFIX = "ckpt."
+# Model metadata: the producer of the model ckpt read ("pytorch 2.5.1"): a written model's
+# producer_name and producer_version are ckpt's own.
+SOURCE_PRODUCER_META = "ckpt.source_producer"
 
 # An attribute ONNX's checker ignores (leading "__"); it makes a copy that reads only
 # original tensors differ from its original for ORT's common-subexpression elimination,

@@ -154,3 +154,21 @@ def test_the_pinned_knee_plan_is_predicted_to_the_byte():
     result = ckpt_cli.rewrite_model(model)
     check = ckpt_cli.check_models(model, result.model, options=ckpt_cli.CheckOptions(runs=1))
     assert check.figures.rewritten.peak_requested_bytes == check.figures.predicted["rewritten"]
+
+
+def test_written_model_names_ckpt_as_producer_and_keeps_the_source(tmp_path):
+    """Tools that read producer_name/producer_version (Netron, model registries) see ckpt's;
+    the exporter that made the original stays in the metadata, through a second rewrite too."""
+    from ckpt_cli.markers import SOURCE_PRODUCER_META
+    from ckpt_cli.version import __version__
+
+    source = onnx.load(str(SAMPLES / "gpt.onnx"), load_external_data=False)
+    first, second = tmp_path / "a.onnx", tmp_path / "b.onnx"
+    ckpt_cli.rewrite_model(SAMPLES / "gpt.onnx", first)
+    ckpt_cli.rewrite_model(first, second)
+    for path in (first, second):
+        m = onnx.load(str(path), load_external_data=False)
+        assert (m.producer_name, m.producer_version) == ("ckpt", __version__)
+        meta = {p.key: p.value for p in m.metadata_props}
+        assert meta[SOURCE_PRODUCER_META] == f"{source.producer_name} {source.producer_version}"
+        assert source.producer_name == "pytorch"

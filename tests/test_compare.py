@@ -171,6 +171,52 @@ def test_labels_are_unique(mlp, tmp_path):
     assert len(set(labels)) == 3
 
 
+def _markdown_table(text: str, first_cell: str) -> dict[str, list[str]]:
+    """The markdown table whose header starts with ``first_cell``: its rows by first cell."""
+    for block in text.split("\n\n"):
+        rows = [[c.strip() for c in line.strip("|").split(" | ")] for line in block.splitlines()]
+        if block.startswith("|") and rows[0][0] == first_cell:
+            return {row[0]: row[1:] for row in rows}
+    raise AssertionError(f"no table starts with {first_cell!r}")
+
+
+def test_markdown_gives_the_figures_compare_prints(mlp):
+    from ckpt_cli.report.compare import FIGURES
+    from ckpt_cli.report.render import change_words, figure_text
+
+    args = ("compare", MLP, mlp["check"], mlp["rewrite"], "--fail-if", "ratio(peak_bytes)>100%")
+    r = ckpt(*args, "--format", "markdown")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(ckpt(*args, "--json").stdout)
+    text = r.stdout
+    assert text.startswith("### ckpt compare: 3 inputs\n") and "\x1b[" not in text
+    table = _markdown_table(text, "")
+    assert table[""] == ["mlp.onnx", "check.json", "rewrite.json"] and set(table["---"]) <= {"---:"}
+    shown = [label for _, label, _ in FIGURES if label in table]
+    assert shown == [label for key, label, _ in FIGURES if any(c["figures"][key] is not None for c in doc["inputs"])]
+    for key, label, kind in FIGURES:
+        for k, c in enumerate(doc["inputs"]):
+            if label in table:
+                change = c["vs_first"] and c["figures"][key] is not None and c["vs_first"][key]
+                value = figure_text(c["figures"][key], kind)
+                assert table[label][k] == (f"{value} ({change_words(change, kind)})" if change else value)
+    assert "measured peak (ORT)" in table and table["outputs bit-identical"][1:] == ["yes", "yes"]
+    scopes = _markdown_table(text, "scope")
+    assert list(scopes)[2:] == [row["scope"].replace("_", "\\_") for row in doc["scopes"]]
+    assert "- `--fail-if` ratio(peak\\_bytes)\\>100%: " in text and text.rstrip().endswith(": ok")
+
+
+def test_markdown_escapes_names_and_keeps_the_gate(mlp, tmp_path):
+    odd = tmp_path / "a|b*c.json"
+    odd.write_text(mlp["rewrite"].read_text())
+    r = ckpt("compare", MLP, odd, "--format", "markdown", "--fail-if", "peak_bytes>1B")
+    assert r.exit_code == 1 and "ckpt: --fail-if 'peak_bytes>1B' holds" in r.stderr
+    assert "| mlp.onnx | a\\|b\\*c.json |" in r.stdout and "**holds: FAIL**" in r.stdout
+    assert ckpt("compare", MLP, odd, "--format", "markdown", "-q").stdout == ""
+    both = ckpt("compare", MLP, "--format", "markdown", "--json")
+    assert both.exit_code == 2 and "--format and --json" in both.stderr
+
+
 # ---------------------------------------------------------------------------------- the gate
 
 def test_fail_if_holds_exits_1(mlp):
@@ -287,8 +333,9 @@ def test_memory_gate_script_passes_a_generous_budget(gate_env, tmp_path):
     r = _gate(gate_env, MLP, "1GiB", tmp_path / "out", cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr
     out = tmp_path / "out"
-    for name in ("mlp.ckpt.onnx", "rewrite.json", "compare.json", "compare.txt", "memory.svg"):
+    for name in ("mlp.ckpt.onnx", "rewrite.json", "compare.json", "compare.txt", "compare.md", "memory.svg"):
         assert (out / name).exists(), name
+    assert (out / "compare.md").read_text().startswith("### ckpt compare: 2 inputs")
     doc = json.loads((out / "compare.json").read_text())
     assert doc["failed"] is False
     assert [c["condition"] for c in doc["conditions"]] == ["measured_peak_bytes>1GiB", "ratio(peak_bytes)>100%"]
@@ -300,6 +347,7 @@ def test_memory_gate_script_fails_an_impossible_budget(gate_env, tmp_path):
     assert r.returncode == 1, r.stdout[-2000:] + r.stderr
     assert "--fail-if 'measured_peak_bytes>1KiB' holds" in r.stderr
     assert json.loads((tmp_path / "out" / "compare.json").read_text())["failed"] is True
+    assert "**holds: FAIL**" in (tmp_path / "out" / "compare.md").read_text()
 
 
 def test_memory_gate_script_usage_errors_exit_2(gate_env, tmp_path):

@@ -137,3 +137,66 @@ def test_schema_requires_the_readme_contract(schema):
     assert set(defs["envelope"]["required"]) == {"schema_version", "command", "ckpt_version", "ort_version",
                                                  "python", "options"}
     assert {"model", "model_sha256"} <= set(defs["model_envelope"]["required"])
+
+
+# What every command prints under --json, success and failure alike: usage errors (click's
+# and ckpt's own) and errors met while running print the error object; a check that fails
+# or a --fail-if that holds prints its report. {m}: the sample MLP, {w}: its rewrite,
+# {bad}: a file that is not a model, {tmp}: a fresh folder.
+EVERY_OUTPUT = {
+    "inspect": (["inspect", "{m}"], 0),
+    "inspect usage error": (["inspect", "{m}", "--dim", "batch"], 2),
+    "inspect runtime error": (["inspect", "{bad}"], 2),
+    "plan": (["plan", "{m}", "--auto", "sqrt"], 0),
+    "plan usage error": (["plan", "{m}", "--auto", "nope"], 2),
+    "plan runtime error": (["plan", "{m}", "--budget", "1B"], 3),
+    "plan --activation-budget": (["plan", "{m}", "--activation-budget", "0.5"], 0),
+    "plan --sweep": (["plan", "{m}", "--sweep"], 0),
+    "plan --sweep --svg": (["plan", "{m}", "--sweep", "--svg", "{tmp}/front.svg"], 0),
+    "plan --sweep usage error": (["plan", "{m}", "--sweep", "--budget", "50%"], 2),
+    "plan --sweep runtime error": (["plan", "{bad}", "--sweep"], 2),
+    "rewrite": (["rewrite", "{m}", "-o", "{tmp}/out.onnx"], 0),
+    "rewrite --no-recompute": (["rewrite", "{m}", "-o", "{tmp}/out.onnx", "--no-recompute"], 0),
+    "rewrite --ort-optimize": (["rewrite", "{m}", "-o", "{tmp}/out.onnx", "--ort-optimize", "cpu"], 0),
+    "rewrite --check": (["rewrite", "{m}", "-o", "{tmp}/out.onnx", "--check", "--runs", "1", "--provider", "cpu"], 0),
+    "rewrite usage error": (["rewrite", "{m}", "--ort-optimize", "tpu"], 2),
+    "rewrite runtime error": (["rewrite", "{m}", "-o", "{w}"], 2),  # exists, no --force
+    "check": (["check", "{m}", "{w}", "--runs", "1", "--provider", "cpu"], 0),
+    "check usage error": (["check", "{m}", "{w}", "--runs", "0"], 2),
+    "check runtime error": (["check", "{m}", "{w}", "--python", "{tmp}/no-python"], 5),
+    "compare": (["compare", "{m}", "{w}"], 0),
+    "compare --fail-if holds": (["compare", "{m}", "{w}", "--fail-if", "peak_bytes>1"], 1),
+    "compare usage error": (["compare", "{m}", "--fail-if", "peak_bytes>>1"], 2),
+    "compare runtime error": (["compare", "{m}", "--fail-if", "no.such>1"], 2),
+    "session": (["session", "{w}"], 0),
+    "session usage error": (["session", "{w}", "--provider", "tpu"], 2),
+    "session runtime error": (["session", "{m}"], 2),  # not a model ckpt wrote
+}
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    path = tmp_path_factory.mktemp("written") / "mlp.ckpt.onnx"
+    _run(["rewrite", str(SAMPLES / "mlp.onnx"), "-o", str(path), "-q"], path.parent)
+    bad = path.parent / "bad.onnx"
+    bad.write_bytes(b"not a model")
+    return {"m": str(SAMPLES / "mlp.onnx"), "w": str(path), "bad": str(bad)}
+
+
+@pytest.mark.parametrize("case", EVERY_OUTPUT, ids=list(EVERY_OUTPUT))
+def test_every_json_output_validates(schema, written, tmp_path, case):
+    """One JSON object on stdout that the schema accepts, whatever the outcome; a report a
+    command finishes is the same object in its --report file."""
+    words, code = EVERY_OUTPUT[case]
+    args = [w.format(tmp=tmp_path, **written) for w in words]
+    report = tmp_path / "report.json"
+    r = CliRunner().invoke(_group(), [*args, "--json", "--report", str(report)], catch_exceptions=False)
+    assert r.exit_code == code, (r.exit_code, r.stderr)
+    doc = json.loads(r.stdout)
+    errors = _errors(schema, doc)
+    assert not errors, [f"{list(e.absolute_path)}: {e.message[:200]}" for e in errors[:5]]
+    assert doc["command"] == args[0]
+    if "error" in case:
+        assert doc["error"]["exit_code"] == code and not report.exists()
+    else:
+        assert "error" not in doc and json.loads(report.read_text()) == doc

@@ -3,6 +3,8 @@ refuses a model ckpt did not write."""
 
 from __future__ import annotations
 
+import json
+
 import onnx
 import pytest
 from click.testing import CliRunner
@@ -76,6 +78,17 @@ def test_session_warns_of_an_undone_rewrite_and_refuses_an_original(undone):
     assert original.exit_code == 2 and original.stdout == ""
     assert original.stderr.strip().endswith("ckpt session prints the settings of `ckpt rewrite` outputs")
     assert "not a model ckpt wrote" in original.stderr and len(original.stderr.strip().splitlines()) == 1
+
+
+def test_session_report_carries_the_undone_line_and_quiet_prints_nothing(undone, tmp_path):
+    written, slimmed = undone
+    r = CliRunner().invoke(main, ["session", str(slimmed), "--json"])
+    assert r.exit_code == 0 and UNDONE in json.loads(r.stdout)["undone_rewrite"]
+    clean = CliRunner().invoke(main, ["session", str(written), "-q", "--report", str(tmp_path / "s.json")])
+    assert clean.exit_code == 0 and clean.stdout == ""
+    report = json.loads((tmp_path / "s.json").read_text())
+    assert report["undone_rewrite"] is None and report["settings"]["execution_order"] == "PRIORITY_BASED"
+    assert report["session_settings"] == CliRunner().invoke(main, ["session", str(written)]).stdout
 
 
 @pytest.mark.slow

@@ -9,8 +9,10 @@ import click
 
 from ..errors import ModelError, UsageError
 from ..markers import SESSION_META
-from .options import (analysis_options, analysis_value, auto_options, busy, check_options, check_value, emit,
-                      plan_value, policy_options, protect_report, remember_json, renderer, report_options, rewrite_value)
+from ..progress import listening
+from .progress import progress
+from .options import (analysis_options, analysis_value, auto_options, check_options, check_value, emit,
+                      plan_value, policy_options, protect_report, renderer, report_options, rewrite_value)
 
 
 @click.command()
@@ -103,11 +105,11 @@ def rewrite(model: Path, **given) -> None:
     check = check_value(given) if run_the_check else False
     analysis, options = analysis_value(given), rewrite_value(given)
     protect_report(report_path, model, output, options.plan.plan_file)
-    searching = options.plan.auto or options.plan.budget
-    with busy("planning" + (", then checking on ONNX Runtime" if run_the_check else ""),
-              quiet or as_json) as status:
+    # A log hears of stages only when the ORT check runs (the long part of the work), and not
+    # under --json, whose readers often take both streams as one (2>&1).
+    with progress("reading the model", quiet, lines=run_the_check and not as_json) as shown, listening(shown.stage):
         result = rewrite_model(model, output, options, analysis=analysis, force=force, check=check,
-                               progress=status.update if status is not None and searching else None)
+                               progress=shown.detail)
     emit(result.to_json(), _render_rewrite, as_json, report_path, quiet, (model, output, options.plan.plan_file))
     if result.check is not None and not result.check.passed:
         sys.exit(1)
@@ -173,9 +175,8 @@ def plan(model: Path, **given) -> None:
         return
     if svg is not None:
         raise UsageError("--svg goes with --sweep")
-    with busy("planning", quiet or as_json) as status:
-        result = plan_model(model, options, analysis=analysis, output=output, force=force,
-                            progress=status.update if status is not None else None)
+    with progress("planning", quiet, lines=False) as shown:
+        result = plan_model(model, options, analysis=analysis, output=output, force=force, progress=shown.detail)
     emit(result.to_json(), renderer("plan_view", "render_plan"), as_json, report_path, quiet, (model, output))
 
 
@@ -194,7 +195,7 @@ def _sweep(model: Path, svg: Path | None, options, analysis, reporting: tuple) -
 
     as_json, report_path, quiet = reporting
     protect_report(svg, model)
-    with busy("sweeping the min-cut front", quiet or as_json):
+    with progress("sweeping the min-cut front", quiet, lines=False):
         report = sweep_model(model, svg=svg, policy=options.policy, analysis=analysis,
                              allow_unsized=options.allow_unsized)
     emit(report, render_sweep, as_json, report_path, quiet, (model, svg))
@@ -231,7 +232,7 @@ def check(original: Path, rewritten: Path, **given) -> None:
     protect_report(report_path, original, rewritten)
     warn_if_undone(original, rewritten)
     options = check_value(given)
-    with busy(f"running both graphs on ONNX Runtime ({options.runs} runs each, plus ORT defaults)", quiet or as_json):
+    with progress("reading both models", quiet, lines=not as_json) as shown, listening(shown.stage):
         result = check_models(original, rewritten, analysis=analysis_value(given), options=options)
     emit(result.to_json(), renderer("render", "render_check"), as_json, report_path, quiet, (original, rewritten))
     if not result.passed:
@@ -243,9 +244,8 @@ def check(original: Path, rewritten: Path, **given) -> None:
 @click.option("--provider", type=click.Choice(["cpu", "cuda"]), default=None,
               help="The execution provider the session will use (default: the one the model was optimized for "
                    "with --ort-optimize, else cpu).")
-@click.option("--json", "as_json", is_flag=True, callback=remember_json,
-              help="Print the settings as one JSON object.")
-def session(model: Path, provider, as_json) -> None:
+@report_options
+def session(model: Path, provider, as_json, report_path, quiet) -> None:
     """Print the ONNX Runtime session a ckpt-written model needs, as Python to paste.
 
     The settings are read from the model's metadata (what the rewrite planned for). In
@@ -254,27 +254,32 @@ def session(model: Path, provider, as_json) -> None:
     \b
     Example:
       ckpt session gpt.ckpt.onnx
+      ckpt session gpt.ckpt.onnx --json | jq .settings.execution_order
     """
-    import json
-
     from ..ort.session import recorded_settings
-    from ..verify.settings import settings_snippet
+    from ..report.model import session_report
 
+    protect_report(report_path, model)
     settings = recorded_settings(model)  # an unreadable file: its own error
-    if not warn_if_undone(model):
+    undone: list[str] = []
+    if not warn_if_undone(model, said=undone):
         raise ModelError(f"{model}: not a model ckpt wrote (it has no {SESSION_META} metadata): "
                          "ckpt session prints the settings of `ckpt rewrite` outputs")
     provider = provider or settings.get("ort_optimize", {}).get("provider", "cpu")
-    if as_json:
-        click.echo(json.dumps({"model": str(model), "session_settings": settings}, indent=2))
-    else:
-        click.echo(settings_snippet(provider, settings["enable_mem_reuse"], str(model), settings["settings"],
-                                    settings.get("mem_pattern_off_input")), nl=False)
+    report = session_report(model, provider, settings, undone[0] if undone else None)
+    emit(report, _render_session, as_json, report_path, quiet, (model,))
 
 
-def warn_if_undone(*models: Path) -> bool:
-    """One line on stderr for each model ckpt rewrote that a later tool undid; whether the
-    last was written by ckpt. A file that cannot be read is left to the command's own load."""
+def _render_session(r: dict, console) -> None:
+    """The snippet as it is, to paste or pipe into a file (no markup, no wrapping)."""
+    if not console.quiet:
+        click.echo(r["session_settings"], nl=False)
+
+
+def warn_if_undone(*models: Path, said: list[str] | None = None) -> bool:
+    """One line on stderr for each model ckpt rewrote that a later tool undid (also appended
+    to ``said``); whether the last was written by ckpt. A file that cannot be read is left
+    to the command's own load."""
     from ..io.serialize import read_model
     from ..io.written import undone_rewrite, written_by_ckpt
 
@@ -289,4 +294,6 @@ def warn_if_undone(*models: Path) -> bool:
         message = undone_rewrite(model, path)
         if message:
             click.echo(message, err=True)
+            if said is not None:
+                said.append(message)
     return written

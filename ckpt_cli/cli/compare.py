@@ -25,8 +25,11 @@ from .options import emit, parse_dims, protect_report, report_options
               help="Bind a symbolic dimension of the ONNX inputs (repeatable), e.g. --dim batch=8.")
 @click.option("--allow-mixed", is_flag=True,
               help="Compare inputs about different original models (refused by default).")
+@click.option("--format", "fmt", type=click.Choice(["text", "markdown"]), default="text", show_default=True,
+              help="How to print the comparison: tables for a terminal, or markdown (a GitHub step summary: "
+                   ">> $GITHUB_STEP_SUMMARY).")
 @report_options
-def compare(inputs, conditions, svg_path, dims, allow_mixed, as_json, report_path, quiet) -> None:
+def compare(inputs, conditions, svg_path, dims, allow_mixed, fmt, **reporting) -> None:
     """Compare reports and models side by side; with --fail-if, a CI memory gate.
 
     Each INPUT is a JSON report of `ckpt inspect`, `ckpt rewrite` (its rewritten
@@ -53,11 +56,15 @@ def compare(inputs, conditions, svg_path, dims, allow_mixed, as_json, report_pat
       ckpt compare before.json after.json --svg memory.svg
       ckpt compare model.onnx rewrite.json --fail-if 'measured_peak_bytes>2GiB'
       ckpt compare base.json new.json --fail-if 'ratio(peak_bytes)>105%' --json
+      ckpt compare model.onnx rewrite.json --format markdown >> "$GITHUB_STEP_SUMMARY"
     """
     from ..report.compare import compare_report, evaluate, load_inputs
     from ..report.conditions import parse_condition
     from ..report.render import render_compare
 
+    as_json, report_path, quiet = reporting["as_json"], reporting["report_path"], reporting["quiet"]
+    if fmt != "text" and as_json:
+        raise UsageError("--format and --json both say how to print: choose one")
     parsed = [parse_condition(c) for c in conditions]
     protect_report(report_path, *map(Path, inputs), svg_path)
     protect_report(svg_path, *map(Path, inputs))
@@ -72,8 +79,16 @@ def compare(inputs, conditions, svg_path, dims, allow_mixed, as_json, report_pat
     report = compare_report(loaded, outcomes, options)
     if svg_path is not None:
         _write_chart(svg_path, charted)
-    emit(report, render_compare, as_json, report_path, quiet, (*map(Path, inputs), svg_path))
+    render = _render_markdown if fmt == "markdown" else render_compare
+    emit(report, render, as_json, report_path, quiet, (*map(Path, inputs), svg_path))
     _fail_if_held(outcomes, loaded[-1].label)
+
+
+def _render_markdown(report: dict, console) -> None:
+    from ..report.markdown import compare_markdown
+
+    if not console.quiet:
+        click.echo(compare_markdown(report), nl=False)
 
 
 def _write_chart(svg_path: Path, charted: list) -> None:

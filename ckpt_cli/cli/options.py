@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 
 import click
@@ -198,17 +197,6 @@ def renderer(module: str, name: str):
 
         getattr(import_module(f"ckpt_cli.report.{module}"), name)(report, console)
     return render
-
-
-def busy(message: str, quiet: bool):
-    """A spinner on a terminal; nothing in JSON mode or when output is not a TTY."""
-    import contextlib
-
-    if quiet or not sys.stderr.isatty():
-        return contextlib.nullcontext()
-    from rich.console import Console
-
-    return Console(stderr=True).status(message)
 
 
 def policy_options(f):

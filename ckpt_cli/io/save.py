@@ -29,6 +29,7 @@ from pathlib import Path
 import onnx
 
 from ..errors import OutputError, UsageError
+from ..markers import SOURCE_PRODUCER_META
 from ..ort import output_ir_version
 from .external import external_tensors, function_tensors, is_external, locate, other_tensors
 from ..graph import Graph, Node, embedded_bytes, expected_bytes, gc_paused
@@ -36,6 +37,7 @@ from .safewrite import (check_output_path, check_report_path, commit, exit_on_si
                         remove_stale_temps, signals_deferred, temp_beside, write_target,
                         write_text_atomic)
 from .serialize import read_model, write_model
+from ..version import __version__
 
 __all__ = ["build_model", "save_model", "output_ir_version", "check_output_path", "check_report_path",
            "remove_stale_temps", "write_target", "write_text_atomic"]
@@ -57,9 +59,8 @@ def build_model(graph: Graph, nodes: list[onnx.NodeProto], metadata: dict[str, s
     # reads, not inputs: an initializer only a subgraph reads is used too
     used = set(chain.from_iterable(n.reads for n in indexed)) | set(graph.outputs)
     produced = set(chain.from_iterable(n.outputs for n in indexed))
-    m = onnx.ModelProto(ir_version=output_ir_version(src), producer_name="ckpt",
-                        producer_version=src.producer_version or "", domain=src.domain,
-                        model_version=src.model_version, doc_string=src.doc_string)
+    m = onnx.ModelProto(ir_version=output_ir_version(src), producer_name="ckpt", producer_version=__version__,
+                        domain=src.domain, model_version=src.model_version, doc_string=src.doc_string)
     # Filled in place: ModelProto(graph=g) serializes and parses g, weights and all.
     g = m.graph
     g.name, g.doc_string = src.graph.name, src.graph.doc_string
@@ -70,7 +71,9 @@ def build_model(graph: Graph, nodes: list[onnx.NodeProto], metadata: dict[str, s
     g.sparse_initializer.extend(src.graph.sparse_initializer)
     g.value_info.extend(v for v in src.graph.value_info if v.name in produced)
     m.opset_import.extend(src.opset_import)
-    metadata = metadata or {}
+    metadata = dict(metadata or {})
+    if src.producer_name and src.producer_name != "ckpt":  # a rewrite of a rewrite keeps the first one's
+        metadata[SOURCE_PRODUCER_META] = f"{src.producer_name} {src.producer_version}".strip()
     m.metadata_props.extend(p for p in src.metadata_props if p.key not in metadata)
     for key, value in sorted(metadata.items()):
         entry = m.metadata_props.add()

@@ -347,3 +347,14 @@ def plan_report(a, source, planned, result, rows: list[dict], output: str | None
         "plan": plan_json,
         "unsized": unsized_rows(a),
     }
+
+
+def session_report(model: Path, provider: str, settings: dict, undone: str | None) -> dict:
+    """``ckpt session``: the settings a ckpt-written model records (``settings``), and the
+    Python that builds them (``session_settings``, the same snippet a rewrite report holds)."""
+    from ..verify.settings import settings_snippet
+
+    snippet = settings_snippet(provider, settings["enable_mem_reuse"], str(model), settings["settings"],
+                               settings.get("mem_pattern_off_input"))
+    return {**envelope("session", Source.of_file(model), {"provider": provider}), "provider": provider,
+            "settings": settings, "session_settings": snippet, "undone_rewrite": undone}

@@ -284,7 +284,7 @@ def render_check(r: dict, console: Console) -> None:
 
 # ------------------------------------------------------------------------------ ckpt compare
 
-def _figure_text(value, kind: str) -> str:
+def figure_text(value, kind: str) -> str:
     if value is None:
         return "-"
     if kind == "bytes":
@@ -303,6 +303,13 @@ def _change_text(ch: dict | None, kind: str) -> str:
     green when lower (every numeric figure compared is lower-is-better), red when higher."""
     if ch is None:
         return ""
+    diff = ch["diff"]
+    colour = "green" if diff < 0 else "red" if diff > 0 else "dim"
+    return f"[{colour}]{change_words(ch, kind)}[/{colour}]"
+
+
+def change_words(ch: dict, kind: str) -> str:
+    """A change against the first column as plain words: difference, and ratio but for shares."""
     diff, ratio = ch["diff"], ch["ratio"]
     if kind == "bytes":
         text = ("+" if diff >= 0 else "-") + human_bytes(abs(diff))
@@ -314,8 +321,7 @@ def _change_text(ch: dict | None, kind: str) -> str:
         text = f"{diff:+d}" if isinstance(diff, int) else f"{diff:+g}"
     if ratio is not None and kind != "share":
         text += f" x{ratio:.2f}"
-    colour = "green" if diff < 0 else "red" if diff > 0 else "dim"
-    return f"[{colour}]{text}[/{colour}]"
+    return text
 
 
 def render_compare(r: dict, console: Console) -> None:
@@ -334,7 +340,7 @@ def render_compare(r: dict, console: Console) -> None:
             continue
         cells = []
         for k, (c, v) in enumerate(zip(cols, values)):
-            text = _figure_text(v, kind)
+            text = figure_text(v, kind)
             if kind == "bool" and v is not None:
                 text = f"[green]{text}[/green]" if v else f"[red]{text}[/red]"
             second = _change_text(c["vs_first"][key], kind) if k else ""

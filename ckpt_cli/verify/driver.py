@@ -18,6 +18,7 @@ from dataclasses import dataclass, fields, replace
 
 
 from ..errors import RunFailed, RuntimeCheckError, RuntimeUnavailable
+from ..progress import stage
 from . import child
 from . import worker as _worker
 from .compare import DEFAULT_ATOL, DEFAULT_RTOL, compare_outputs, order_check
@@ -115,6 +116,8 @@ def run_model(model_path, feeds_path, *, provider: str, settings: str | dict = "
         with open(spec_path, "w", encoding="utf-8") as f:
             json.dump(spec, f)
         what = _running(model_path, session)
+        stage(f"ORT check: {os.path.basename(os.fspath(model_path))}, {session.get('settings', 'custom')} settings, "
+              f"{runs} run{'s' if runs != 1 else ''} + warm-up")
         out = _spawn([worker.python or sys.executable, WORKER_PATH, spec_path], worker.timeout, what)
     result = _parse(out, what, child.MEASURED_FIELDS)
     result["python"] = worker.python or sys.executable
@@ -156,6 +159,7 @@ def probe_provider(provider: str, python: str | None = None, timeout: float | No
 @functools.lru_cache(maxsize=8)
 def _probe(provider: str, python: str | None, timeout: float | None) -> tuple:
     what = f"the {provider} provider probe"
+    stage(f"ORT check: probing the {provider.upper()} provider")
     with tempfile.TemporaryDirectory(prefix="ckpt_probe_") as tmp:
         out = _spawn([python or sys.executable, WORKER_PATH, "--probe", provider, _tiny_model_path(tmp)],
                      timeout, what)

@@ -5,7 +5,8 @@
 #   usage: memory_gate.sh MODEL.onnx BUDGET [OUT_DIR]
 #     BUDGET   bytes, or with a binary unit: 512MiB, 2GiB
 #     OUT_DIR  where the artifacts go (default: ckpt-out):
-#              MODEL.ckpt.onnx, rewrite.json, compare.json, compare.txt, memory.svg
+#              MODEL.ckpt.onnx, rewrite.json, compare.json, compare.txt, compare.md
+#              (markdown, for a CI job summary), memory.svg
 #
 #   environment (all optional):
 #     CKPT           the ckpt command (default: ckpt; may be several words)
@@ -56,6 +57,11 @@ gate=0
     --svg "$out/memory.svg" --report "$out/compare.json" \
     --fail-if "$field>$budget" \
     --fail-if "ratio(peak_bytes)>100%" | tee "$out/compare.txt" || gate=${PIPESTATUS[0]}
+
+# 3. The same comparison as markdown for the job summary; the gate above already decided,
+#    and said on stderr which condition held.
+"${ckpt[@]}" compare "$model" "$out/rewrite.json" --format markdown \
+    --fail-if "$field>$budget" --fail-if "ratio(peak_bytes)>100%" > "$out/compare.md" 2> /dev/null || true
 
 if [[ $gate -ne 0 ]]; then
     exit "$gate"
