@@ -23,6 +23,9 @@ AUTO_NAMES = ("layers", "sqrt", "balanced", "budget", "optimal", MIN_PEAK)
 DEFAULT_MAX_PREDICTION_ERROR = 0.10
 ORT_OPTIMIZE_PROVIDERS = ("cpu", "cuda")
 CHECK_PROVIDERS = ("auto", "cuda", "cpu")
+# One ONNX Runtime child (a measured model's warm-up and runs, an offline optimization) may
+# run this long by default: a hung or thrashing ORT must end in an error, not hold CI.
+DEFAULT_TIMEOUT_S = 600.0
 
 
 def _strings(name: str, value) -> tuple[str, ...]:
@@ -64,6 +67,11 @@ def _number(name: str, value, low: float, high: float, optional: bool = False) -
         raise TypeError(f"{name}: expected a number, got {type(value).__name__} {_short(value)}")
     if not (math.isfinite(value) and low <= value <= high):
         raise OptionError(f"{name} {value!r}: expected a number from {low:g} to {high:g}")
+
+
+def validate_timeout(value) -> None:
+    """Seconds a child process of ONNX Runtime may run (``--timeout``), or None: no limit."""
+    _number("--timeout", value, 1, 86400, optional=True)
 
 
 def _integer(name: str, value, low: int, high: int) -> None:
@@ -240,7 +248,7 @@ class CheckOptions:
     python: str | None = None
     rtol: float | None = None
     atol: float | None = None
-    timeout: float | None = 600.0
+    timeout: float | None = DEFAULT_TIMEOUT_S
     max_prediction_error: float = DEFAULT_MAX_PREDICTION_ERROR
 
     def validate(self) -> "CheckOptions":
@@ -251,7 +259,7 @@ class CheckOptions:
         _integer("--seed", self.seed, 0, 2**31 - 1)
         _number("--rtol", self.rtol, 0, 1, optional=True)
         _number("--atol", self.atol, 0, math.inf, optional=True)
-        _number("--timeout", self.timeout, 1, 86400, optional=True)
+        validate_timeout(self.timeout)
         _number("--max-prediction-error", self.max_prediction_error, 0, 10)
         for name, value in (("feeds_file", self.feeds_file), ("python", self.python)):
             if value is not None and not isinstance(value, (str, os.PathLike)):

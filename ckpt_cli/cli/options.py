@@ -71,8 +71,8 @@ def check_options(f):
     f = click.option("--atol", type=click.FloatRange(0, min_open=False),
                      help="Accept outputs within this absolute tolerance.")(f)
     f = click.option("--timeout", type=click.FloatRange(1, 86400), default=600, show_default=True,
-                     help="Seconds one ONNX Runtime run (a model's warm-up and runs) may take; past it the "
-                          "check exits 5.")(f)
+                     help="Seconds one ONNX Runtime child may take (a model's warm-up and runs; "
+                          "rewrite --ort-optimize's optimization); past it ckpt exits 5.")(f)
     f = click.option("--max-prediction-error", type=click.FloatRange(0, 10), default=0.10, show_default=True,
                      help="Fail the check when ckpt's predicted peak is further off the measured one "
                           "(a share: 0.1 = 10%).")(f)
