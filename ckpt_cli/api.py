@@ -34,7 +34,7 @@ from .io.load import load_graph
 from .planning.budget import Planned
 from .rewrite.select import make_plan, plan_notes, plan_rows, rewrite_plan
 from .planning.decision import Decision
-from .options import DEFAULT_TIMEOUT_S, AnalysisOptions, CheckOptions, PlanOptions, RewriteOptions, validate_timeout
+from .options import AnalysisOptions, CheckOptions, PlanOptions, RewriteOptions
 from .planning.plan import Policy
 from .report.model import Source, check_report, inspect_report, plan_report, planning_section, rewrite_report
 from .rewrite import RewriteResult, rewrite, without_mem_pattern
@@ -321,8 +321,7 @@ class RewriteModelResult:
 
 def rewrite_model(model: ModelInput, output: str | Path | None = None, options: RewriteOptions | None = None, *,
                   analysis: AnalysisOptions | None = None, force: bool = False, check: bool | CheckOptions = False,
-                  progress: Callable[[str], None] | None = None, timeout: float | None = DEFAULT_TIMEOUT_S,
-                  **keywords) -> RewriteModelResult:
+                  progress: Callable[[str], None] | None = None, **keywords) -> RewriteModelResult:
     """Rewrite a training graph to recompute activations instead of stashing them.
 
     ``options`` (or its keywords): regions come from ``regions`` (globs or ``re:`` regexes
@@ -335,22 +334,21 @@ def rewrite_model(model: ModelInput, output: str | Path | None = None, options: 
     (atomically, never over the input). ``check`` (True or CheckOptions) runs both models
     on ONNX Runtime. ``ort_optimize`` ("cpu" or "cuda") then lets ORT fuse the rewritten
     graph for that provider (ORT_ENABLE_EXTENDED) and writes ORT's graph, re-sorted and
-    re-simulated; ORT's child process for it may run ``timeout`` seconds (None: no limit),
-    the check's runs ``check``'s."""
+    re-simulated; ORT's child process for it may run ``timeout`` seconds (None: no limit;
+    the check's runs take ``check``'s)."""
     given, keywords = _split_keywords(keywords)
     analysis = analysis or given or AnalysisOptions()
     options = (_typed("options", options, RewriteOptions) or RewriteOptions.of(**keywords)).validate()
     if not isinstance(check, (bool, CheckOptions)):
         raise TypeError(f"check: expected True, False or CheckOptions, got {type(check).__name__}")
     check_options = (check if isinstance(check, CheckOptions) else CheckOptions()).validate()
-    validate_timeout(timeout)
     _typed("output", output, _PATH)
     loaded = load_input(model)
     if output is not None:
         check_output_path(Path(output), loaded.path, force)
     a = analyse_input(loaded, analysis)
     refuse_unsized(a, options.plan.allow_unsized)
-    out = _rewritten(a, loaded, options, analysis, output, progress, timeout)
+    out = _rewritten(a, loaded, options, analysis, output, progress)
     if check:
         out.check = _check_rewrite(model, loaded, a, out, check_options)
         if out.planned is not None and out.planned.budget is not None:
@@ -360,8 +358,7 @@ def rewrite_model(model: ModelInput, output: str | Path | None = None, options: 
 
 
 def _rewritten(a: Analysis, loaded: Loaded, options: RewriteOptions, analysis: AnalysisOptions,
-               output: str | Path | None, progress: Callable[[str], None] | None,
-               timeout: float | None) -> RewriteModelResult:
+               output: str | Path | None, progress: Callable[[str], None] | None) -> RewriteModelResult:
     """Plan, rewrite, write (when ``output``) and report."""
     replan = None if options.no_recompute else (lambda d: make_plan(d, options.plan, pin=options.pin))
     planned = None if options.no_recompute else make_plan(a, options.plan, progress=progress, pin=options.pin)
@@ -374,7 +371,7 @@ def _rewritten(a: Analysis, loaded: Loaded, options: RewriteOptions, analysis: A
     shapes = symbolic_shapes(result.graph, result.after.tensors, scaled, probe_tensors(a)) if scaled else None
     rewritten = to_model(result, _provenance(recorded, result, chosen), shapes)
     notes = plan_notes(chosen, result)
-    rewritten, result, written, optimized, more = _written(rewritten, result, a, loaded, options, output, timeout)
+    rewritten, result, written, optimized, more = _written(rewritten, result, a, loaded, options, output)
     report = rewrite_report(a, loaded.source, result, str(written[0]) if written else None,
                             chosen.to_json([n.name for n in a.graph.nodes]) if chosen else None, notes + more,
                             settings_snippet(options.ort_optimize if optimized else "cpu", result.mem_reuse,
@@ -389,7 +386,7 @@ def _rewritten(a: Analysis, loaded: Loaded, options: RewriteOptions, analysis: A
 
 
 def _written(rewritten: onnx.ModelProto, result: RewriteResult, a: Analysis, loaded: Loaded,
-             options: RewriteOptions, output: str | Path | None, timeout: float | None):
+             options: RewriteOptions, output: str | Path | None):
     """The model as written (ORT's optimization of it with ``ort_optimize``), the files
     written, ORT's optimization record and notes."""
     optimized, notes = None, []
@@ -397,21 +394,21 @@ def _written(rewritten: onnx.ModelProto, result: RewriteResult, a: Analysis, loa
         # A graph written unchanged runs under ORT's defaults, which optimize it themselves.
         notes.append("--ort-optimize: nothing to optimize offline, the graph is written unchanged for ORT's defaults")
     elif options.ort_optimize is not None:
-        rewritten, result, written, optimized = _ort_optimized(rewritten, result, a, options.ort_optimize, loaded,
-                                                               output, timeout)
+        rewritten, result, written, optimized = _ort_optimized(rewritten, result, a, options, loaded, output)
     if optimized is None:
         written = save_model(rewritten, Path(output), source_dir=loaded.data_dir) if output is not None else []
     return rewritten, result, written, optimized, notes
 
 
-def _ort_optimized(rewritten: onnx.ModelProto, result: RewriteResult, a: Analysis, provider: str, loaded: Loaded,
-                  output: str | Path | None, timeout: float | None):
+def _ort_optimized(rewritten: onnx.ModelProto, result: RewriteResult, a: Analysis, options: RewriteOptions,
+                   loaded: Loaded, output: str | Path | None):
     """ORT's optimization of the rewrite (``ckpt_cli/ort/optimize.py``), written to ``output``
     when given: (model, result, files written, Optimized)."""
     from .ort.optimize import ort_optimize
 
     with tempfile.TemporaryDirectory(prefix="ckpt_ortopt_") as tmp:
-        optimized = ort_optimize(rewritten, result, a, provider, Path(tmp), loaded.data_dir, timeout)
+        optimized = ort_optimize(rewritten, result, a, options.ort_optimize, Path(tmp), loaded.data_dir,
+                                 options.timeout)
         model = optimized.model
         written = save_model(model, Path(output), source_dir=Path(tmp)) if output is not None else []
         if output is None and optimized.external:

@@ -205,24 +205,28 @@ class PlanOptions:
 class RewriteOptions:
     """A plan's options, and how the rewrite is written: ``no_recompute`` (the order only),
     ``pin`` (guard nodes hold the order), ``keep_mem_pattern`` (leave ORT's memory pattern to
-    the session), ``ort_optimize`` (then let ORT fuse the graph for this provider)."""
+    the session), ``ort_optimize`` (then let ORT fuse the graph for this provider, in a child
+    process that may run ``timeout`` seconds; None: no limit)."""
 
     plan: PlanOptions = field(default_factory=PlanOptions)
     no_recompute: bool = False
     pin: bool = True
     keep_mem_pattern: bool = False
     ort_optimize: str | None = None
+    timeout: float | None = DEFAULT_TIMEOUT_S  # how long, not what: not recorded by to_json
 
     @classmethod
     def of(cls, *, no_recompute: bool = False, pin: bool = True, keep_mem_pattern: bool = False,
-           ort_optimize: str | None = None, plan=None, **plan_keywords) -> "RewriteOptions":
+           ort_optimize: str | None = None, timeout: float | None = DEFAULT_TIMEOUT_S, plan=None,
+           **plan_keywords) -> "RewriteOptions":
         """The keyword form: ``plan`` is the plan file (as ``rewrite_model(plan=...)``)."""
         return cls(PlanOptions.of(plan_file=plan, **plan_keywords), no_recompute, pin, keep_mem_pattern,
-                   ort_optimize)
+                   ort_optimize, timeout)
 
     def validate(self) -> "RewriteOptions":
         if self.ort_optimize not in (None, *ORT_OPTIMIZE_PROVIDERS):
             raise OptionError(f"--ort-optimize {self.ort_optimize}: choose cpu or cuda")
+        validate_timeout(self.timeout)
         p = self.plan
         if self.no_recompute and (p.manual or p.auto or p.budget):
             raise OptionError("--no-recompute takes no region options")

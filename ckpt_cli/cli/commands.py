@@ -98,15 +98,14 @@ def rewrite(model: Path, **given) -> None:
     as_json, report_path, quiet = given.pop("as_json"), given.pop("report_path"), given.pop("quiet")
     output = _output_file(given.pop("output") or default_output(model), model)
     force, run_the_check = given.pop("force"), given.pop("run_the_check")
-    timeout = given["timeout"]  # ORT's children: the check's runs, and --ort-optimize's
+    analysis, options = analysis_value(given), rewrite_value(given)  # --timeout: for --ort-optimize too
     check = check_value(given) if run_the_check else False
-    analysis, options = analysis_value(given), rewrite_value(given)
     protect_report(report_path, model, output, options.plan.plan_file)
     searching = options.plan.auto or options.plan.budget
     with busy("planning" + (", then checking on ONNX Runtime" if run_the_check else ""),
               quiet or as_json) as status:
         result = rewrite_model(model, output, options, analysis=analysis, force=force, check=check,
-                               progress=status.update if status is not None and searching else None, timeout=timeout)
+                               progress=status.update if status is not None and searching else None)
     emit(result.to_json(), _render_rewrite, as_json, report_path, quiet, (model, output, options.plan.plan_file))
     if result.check is not None and not result.check.passed:
         sys.exit(1)

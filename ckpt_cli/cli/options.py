@@ -121,7 +121,7 @@ def rewrite_value(given: dict):
     from ..options import RewriteOptions
 
     return RewriteOptions(plan_value(given), given.pop("no_recompute"), given.pop("pin"),
-                          given.pop("keep_mem_pattern"), given.pop("ort_optimize"))
+                          given.pop("keep_mem_pattern"), given.pop("ort_optimize"), given["timeout"])
 
 
 def check_value(given: dict):
