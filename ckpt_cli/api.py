@@ -337,7 +337,8 @@ def rewrite_model(model: ModelInput, output: str | Path | None = None, options: 
     (atomically, never over the input). ``check`` (True or CheckOptions) runs both models
     on ONNX Runtime. ``ort_optimize`` ("cpu" or "cuda") then lets ORT fuse the rewritten
     graph for that provider (ORT_ENABLE_EXTENDED) and writes ORT's graph, re-sorted and
-    re-simulated."""
+    re-simulated; ORT's child process for it may run ``timeout`` seconds (None: no limit;
+    the check's runs take ``check``'s)."""
     given, keywords = _split_keywords(keywords)
     analysis = analysis or given or AnalysisOptions()
     options = (_typed("options", options, RewriteOptions) or RewriteOptions.of(**keywords)).validate()
@@ -404,21 +405,21 @@ def _written(rewritten: onnx.ModelProto, result: RewriteResult, a: Analysis, loa
         # A graph written unchanged runs under ORT's defaults, which optimize it themselves.
         notes.append("--ort-optimize: nothing to optimize offline, the graph is written unchanged for ORT's defaults")
     elif options.ort_optimize is not None:
-        rewritten, result, written, optimized = _ort_optimized(rewritten, result, a, options.ort_optimize, loaded,
-                                                               output)
+        rewritten, result, written, optimized = _ort_optimized(rewritten, result, a, options, loaded, output)
     if optimized is None:
         written = save_model(rewritten, Path(output), source_dir=loaded.data_dir) if output is not None else []
     return rewritten, result, written, optimized, notes
 
 
-def _ort_optimized(rewritten: onnx.ModelProto, result: RewriteResult, a: Analysis, provider: str, loaded: Loaded,
-                  output: str | Path | None):
+def _ort_optimized(rewritten: onnx.ModelProto, result: RewriteResult, a: Analysis, options: RewriteOptions,
+                   loaded: Loaded, output: str | Path | None):
     """ORT's optimization of the rewrite (``ckpt_cli/ort/optimize.py``), written to ``output``
     when given: (model, result, files written, Optimized)."""
     from .ort.optimize import ort_optimize
 
     with tempfile.TemporaryDirectory(prefix="ckpt_ortopt_") as tmp:
-        optimized = ort_optimize(rewritten, result, a, provider, Path(tmp), loaded.data_dir)
+        optimized = ort_optimize(rewritten, result, a, options.ort_optimize, Path(tmp), loaded.data_dir,
+                                 options.timeout)
         model = optimized.model
         written = save_model(model, Path(output), source_dir=Path(tmp)) if output is not None else []
         if output is None and optimized.external:

@@ -23,6 +23,9 @@ AUTO_NAMES = ("layers", "sqrt", "balanced", "budget", "optimal", MIN_PEAK)
 DEFAULT_MAX_PREDICTION_ERROR = 0.10
 ORT_OPTIMIZE_PROVIDERS = ("cpu", "cuda")
 CHECK_PROVIDERS = ("auto", "cuda", "cpu")
+# One ONNX Runtime child (a measured model's warm-up and runs, an offline optimization) may
+# run this long by default: a hung or thrashing ORT must end in an error, not hold CI.
+DEFAULT_TIMEOUT_S = 600.0
 
 
 def _strings(name: str, value) -> tuple[str, ...]:
@@ -64,6 +67,11 @@ def _number(name: str, value, low: float, high: float, optional: bool = False) -
         raise TypeError(f"{name}: expected a number, got {type(value).__name__} {_short(value)}")
     if not (math.isfinite(value) and low <= value <= high):
         raise OptionError(f"{name} {value!r}: expected a number from {low:g} to {high:g}")
+
+
+def validate_timeout(value) -> None:
+    """Seconds a child process of ONNX Runtime may run (``--timeout``), or None: no limit."""
+    _number("--timeout", value, 1, 86400, optional=True)
 
 
 def _integer(name: str, value, low: int, high: int) -> None:
@@ -198,24 +206,28 @@ class RewriteOptions:
     """A plan's options, and how the rewrite is written: ``no_recompute`` (the order only),
     ``pin`` (guard nodes hold the order), ``keep_mem_pattern`` (leave ORT's memory pattern to
     the session and the model's inputs as they are; False adds the input that turns the
-    pattern off where that predicts less), ``ort_optimize`` (then let ORT fuse the graph for this provider)."""
+    pattern off where that predicts less), ``ort_optimize`` (then let ORT fuse the graph for
+    this provider, in a child process that may run ``timeout`` seconds; None: no limit)."""
 
     plan: PlanOptions = field(default_factory=PlanOptions)
     no_recompute: bool = False
     pin: bool = True
     keep_mem_pattern: bool = True
     ort_optimize: str | None = None
+    timeout: float | None = DEFAULT_TIMEOUT_S  # how long, not what: not recorded by to_json
 
     @classmethod
     def of(cls, *, no_recompute: bool = False, pin: bool = True, keep_mem_pattern: bool = True,
-           ort_optimize: str | None = None, plan=None, **plan_keywords) -> "RewriteOptions":
+           ort_optimize: str | None = None, timeout: float | None = DEFAULT_TIMEOUT_S, plan=None,
+           **plan_keywords) -> "RewriteOptions":
         """The keyword form: ``plan`` is the plan file (as ``rewrite_model(plan=...)``)."""
         return cls(PlanOptions.of(plan_file=plan, **plan_keywords), no_recompute, pin, keep_mem_pattern,
-                   ort_optimize)
+                   ort_optimize, timeout)
 
     def validate(self) -> "RewriteOptions":
         if self.ort_optimize not in (None, *ORT_OPTIMIZE_PROVIDERS):
             raise OptionError(f"--ort-optimize {self.ort_optimize}: choose cpu or cuda")
+        validate_timeout(self.timeout)
         p = self.plan
         if self.no_recompute and (p.manual or p.auto or p.budget):
             raise OptionError("--no-recompute takes no region options")
@@ -241,7 +253,7 @@ class CheckOptions:
     python: str | None = None
     rtol: float | None = None
     atol: float | None = None
-    timeout: float | None = 600.0
+    timeout: float | None = DEFAULT_TIMEOUT_S
     max_prediction_error: float = DEFAULT_MAX_PREDICTION_ERROR
 
     def validate(self) -> "CheckOptions":
@@ -252,7 +264,7 @@ class CheckOptions:
         _integer("--seed", self.seed, 0, 2**31 - 1)
         _number("--rtol", self.rtol, 0, 1, optional=True)
         _number("--atol", self.atol, 0, math.inf, optional=True)
-        _number("--timeout", self.timeout, 1, 86400, optional=True)
+        validate_timeout(self.timeout)
         _number("--max-prediction-error", self.max_prediction_error, 0, 10)
         for name, value in (("feeds_file", self.feeds_file), ("python", self.python)):
             if value is not None and not isinstance(value, (str, os.PathLike)):

@@ -25,6 +25,8 @@ BAD_CALLS = {
                          ValueError, "--timeout -5"),
     "negative timeout of rewrite's check": (
         lambda: ckpt_cli.rewrite_model(MLP, check=ckpt_cli.CheckOptions(timeout=-5)), ValueError, "--timeout"),
+    "negative timeout of --ort-optimize": (lambda: ckpt_cli.rewrite_model(MLP, ort_optimize="cpu", timeout=-5),
+                                           ValueError, "--timeout -5"),
     "no runs": (lambda: ckpt_cli.check_models(MLP, MLP, options=ckpt_cli.CheckOptions(runs=0)), ValueError, "--runs"),
     "unknown provider": (lambda: ckpt_cli.check_models(MLP, MLP, options=ckpt_cli.CheckOptions(provider="tpu")),
                          ValueError, "provider 'tpu'"),

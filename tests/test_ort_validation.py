@@ -254,3 +254,60 @@ def test_declared_output_type_of_ort_registered_op_in_artifact_checked(tmp_path)
 
     code, out = _inspect(_saved(tmp_path, onnx.load(ARTIFACT), declare))
     assert code == 2 and "/ln/Add_1_output_0" in out, out
+
+
+ARTIFACT17 = SAMPLES / "zoo" / "embed_ln17" / "training_model.onnx"  # opset 17: no op only ORT registers
+
+
+def _int_matmul(m: onnx.ModelProto) -> None:
+    """MatMul of the int64 labels and a float constant: the model's only ONNX-domain op whose
+    types contradict it, after the gradient ops only onnxruntime-training registers."""
+    m.graph.initializer.append(_f("c", [1]))
+    m.graph.node.append(helper.make_node("MatMul", ["labels", "c"], ["y"], name="int_matmul"))
+    m.graph.value_info.append(helper.make_tensor_value_info("y", TensorProto.INT64, ["batch"]))
+
+
+def test_type_error_after_training_ops_refused_at_bound_dims(tmp_path):
+    """onnx's strict inference lets this through once the batch is bound (an unknown-domain op
+    before it); ORT, given every node it registers, refuses it."""
+    code, out = _inspect(_saved(tmp_path, onnx.load(ARTIFACT17), _int_matmul))
+    assert code == 2 and out.startswith("ckpt: error:") and len(out.strip().splitlines()) == 1, out
+    assert "int_matmul" in out and "bound to different types" in out, out
+
+
+def test_training_op_output_declared_with_a_wrong_type_refused(tmp_path):
+    """A gradient op's output (only onnxruntime-training infers it) declared int64 where an
+    ONNX-domain op reading it needs a float: what ORT then meets in the Gemm."""
+    def declare(m: onnx.ModelProto) -> None:
+        next(v for v in m.graph.value_info if v.name == "logits_grad").type.tensor_type.elem_type = TensorProto.INT64
+
+    code, out = _inspect(_saved(tmp_path, onnx.load(ARTIFACT17), declare))
+    assert code == 2 and "ONNX Runtime refuses the model" in out, out
+
+
+def _with_op(op: str, domain: str) -> Callable[[onnx.ModelProto], None]:
+    def change(m: onnx.ModelProto) -> None:
+        m.graph.node.append(helper.make_node(op, ["x", "x"], ["y"], domain=domain, name="odd"))
+        m.graph.output.append(helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 16]))
+        m.opset_import.append(helper.make_opsetid(domain, 1))
+    return change
+
+
+@pytest.mark.parametrize("op", ["NoSuchOp", "Relu"])
+@pytest.mark.parametrize("base", ["chain", "artifact"])
+def test_unknown_com_microsoft_op_refused(tmp_path, op, base):
+    """An op in ORT's own domain that neither onnxruntime nor onnxruntime-training registers:
+    every ORT refuses it, in a graph ORT resolves and in a training artifact."""
+    model = chain_model(layers=2, batch=8, width=16) if base == "chain" else onnx.load(ARTIFACT17)
+    if base == "artifact":
+        model.graph.input.append(helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 16]))
+    code, out = _inspect(_saved(tmp_path, model, _with_op(op, "com.microsoft")))
+    assert code == 2 and len(out.strip().splitlines()) == 1, out
+    assert f"com.microsoft:{op} is an op neither onnxruntime" in out, out
+
+
+def test_training_op_plain_onnxruntime_lacks_accepted(tmp_path):
+    """ReluGrad: only onnxruntime-training registers it; ckpt cannot refuse it."""
+    code, out = _inspect(_saved(tmp_path, chain_model(layers=2, batch=8, width=16),
+                                _with_op("ReluGrad", "com.microsoft")))
+    assert code == 0, out

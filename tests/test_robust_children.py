@@ -21,7 +21,8 @@ from click.testing import CliRunner
 
 from ckpt_cli.cli import main
 from ckpt_cli.errors import RunFailed
-from ckpt_cli.verify import child, driver
+from ckpt_cli.ort import child
+from ckpt_cli.verify import driver
 from ckpt_cli.verify.feeds import make_feeds, save_feeds
 
 REAL = sys.executable
@@ -165,3 +166,40 @@ def test_npz_header_claiming_more_than_it_holds_is_refused(tmp_path):
         z.writestr("y.npy", header.getvalue() + bytes(16))
     with pytest.raises(RunFailed, match="claims 36 bytes and holds 16"):
         child.load_outputs(str(path), "the worker")
+
+
+def test_ort_optimize_honours_the_timeout_and_kills_its_group(chain_path, tmp_path, monkeypatch):
+    """Was: ORT's offline optimization child ran under a fixed 1800 s timeout, whatever
+    --timeout said, and a process it started outlived it."""
+    from ckpt_cli.ort import optimize
+
+    pid_file = tmp_path / "spinner.pid"
+    hang = (f"import subprocess, sys, time\np = subprocess.Popen([sys.executable, '-c', 'while True: pass'])\n"
+            f"open({str(pid_file)!r}, 'w').write(str(p.pid))\ntime.sleep(120)\n")
+    monkeypatch.setattr(optimize, "_CHILD", hang)
+    started = time.monotonic()
+    r = CliRunner().invoke(main, ["rewrite", str(chain_path), "-o", str(tmp_path / "out.onnx"), "--ort-optimize",
+                                  "cpu", "--timeout", "2"])
+    line = one_error_line(r.output)
+    assert r.exit_code == 5 and "optimization ran past the 2 s timeout (--timeout)" in line, line
+    assert time.monotonic() - started < 60
+    assert not (tmp_path / "out.onnx").exists()
+    spinner = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while not _gone(spinner) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _gone(spinner), "a process of ORT's optimization child outlived the timeout"
+
+
+@pytest.mark.parametrize("script,says", [
+    ("print('{\"ok\": true, \"onnxruntime\": ' + '7' * 5000 + '}')", "gave no result (exit code 0)"),
+    ("import os; os.kill(os.getpid(), 11)", "gave no result (killed by SIGSEGV (signal 11))"),
+])
+def test_ort_optimize_child_without_an_answer_is_exit_5(chain_path, tmp_path, monkeypatch, script, says):
+    from ckpt_cli.ort import optimize
+
+    monkeypatch.setattr(optimize, "_CHILD", script)
+    r = CliRunner().invoke(main, ["rewrite", str(chain_path), "-o", str(tmp_path / "out.onnx"), "--ort-optimize",
+                                  "cpu"])
+    line = one_error_line(r.output)
+    assert r.exit_code == 5 and says in line, line

@@ -102,8 +102,8 @@ def rewrite(model: Path, **given) -> None:
     as_json, report_path, quiet = given.pop("as_json"), given.pop("report_path"), given.pop("quiet")
     output = _output_file(given.pop("output") or default_output(model), model)
     force, run_the_check = given.pop("force"), given.pop("run_the_check")
+    analysis, options = analysis_value(given), rewrite_value(given)  # --timeout: for --ort-optimize too
     check = check_value(given) if run_the_check else False
-    analysis, options = analysis_value(given), rewrite_value(given)
     protect_report(report_path, model, output, options.plan.plan_file)
     # A log hears of stages only when the ORT check runs (the long part of the work), and not
     # under --json, whose readers often take both streams as one (2>&1).

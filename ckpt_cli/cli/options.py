@@ -70,8 +70,8 @@ def check_options(f):
     f = click.option("--atol", type=click.FloatRange(0, min_open=False),
                      help="Accept outputs within this absolute tolerance.")(f)
     f = click.option("--timeout", type=click.FloatRange(1, 86400), default=600, show_default=True,
-                     help="Seconds one ONNX Runtime run (a model's warm-up and runs) may take; past it the "
-                          "check exits 5.")(f)
+                     help="Seconds one ONNX Runtime child may take (a model's warm-up and runs; "
+                          "rewrite --ort-optimize's optimization); past it ckpt exits 5.")(f)
     f = click.option("--max-prediction-error", type=click.FloatRange(0, 10), default=0.10, show_default=True,
                      help="Fail the check when ckpt's predicted peak is further off the measured one "
                           "(a share: 0.1 = 10%).")(f)
@@ -120,7 +120,7 @@ def rewrite_value(given: dict):
     from ..options import RewriteOptions
 
     return RewriteOptions(plan_value(given), given.pop("no_recompute"), given.pop("pin"),
-                          given.pop("keep_mem_pattern"), given.pop("ort_optimize"))
+                          given.pop("keep_mem_pattern"), given.pop("ort_optimize"), given["timeout"])
 
 
 def check_value(given: dict):

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import heapq
 import json
-import subprocess
+import os
 import sys
 from collections import Counter
 from dataclasses import dataclass, field, replace
@@ -33,13 +33,14 @@ from ..graph import ABSENT, Graph
 from ..io.load import load_graph
 from ..markers import GUARD_META, PIN_META, PROVENANCE_PREFIX, SessionPlan, is_recompute_copy
 from ..ops import DEVICE_COPY_OPS, is_recomputable
+from ..options import DEFAULT_TIMEOUT_S
 from ..rewrite import RewriteResult
 from ..rewrite.order import executed_order
+from . import child
 from ..io.save import build_model, save_model
 
 LEVEL = "ORT_ENABLE_EXTENDED"
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
-_TIMEOUT_S = 1800
 
 # Runs in a child: ORT logs to the process's stderr, and a provider library that fails to
 # load must end in one line, not a log or a crash of ckpt itself.
@@ -100,38 +101,41 @@ class Optimized:
 
 
 def run_ort_optimizer(model_path: Path, output: Path, provider: str, external: str | None = None,
-                      level: str = LEVEL) -> str:
+                      level: str = LEVEL, timeout: float | None = DEFAULT_TIMEOUT_S) -> str:
     """Let ORT optimize ``model_path`` into ``output`` for ``provider`` ("cpu"/"cuda") at
-    ``level``; returns ORT's version. Raises RuntimeUnavailable when the provider cannot start."""
+    ``level``; returns ORT's version. Raises RuntimeUnavailable when the provider cannot
+    start, RunFailed (exit 5) when the child runs past ``timeout`` seconds (its whole process
+    group is killed) or ends without an answer."""
     spec = {"model": str(model_path), "output": str(output), "provider": PROVIDERS[provider], "level": level,
             "external": external}
-    try:
-        done = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(spec)], capture_output=True, text=True,
-                              timeout=_TIMEOUT_S, check=False)
-    except subprocess.TimeoutExpired:
-        raise RunFailed("timeout", f"ONNX Runtime's optimization ran past {_TIMEOUT_S} s") from None
+    what = "ONNX Runtime's optimization"
+    done = child.run_child([sys.executable, "-c", _CHILD, json.dumps(spec)], dict(os.environ), timeout, what)
     lines = [line for line in done.stdout.splitlines() if line.strip()]
     try:
-        answer = json.loads(lines[-1])
-    except (IndexError, json.JSONDecodeError):
-        raise RunFailed("crashed", f"ONNX Runtime's optimization gave no result (exit code {done.returncode})") from None
+        answer = child.parse_json_line(lines[-1])
+    except (IndexError, ValueError, RecursionError):
+        tail = child.printable(" | ".join(done.stderr.strip().splitlines()[-3:]), 300)
+        raise RunFailed("crashed", f"{what} gave no result ({child.how_it_ended(done.returncode)})"
+                        + (f": {tail}" if tail else ""), done.stderr) from None
+    answer = child.checked_answer(answer, what)
     if answer["ok"]:
-        return answer["onnxruntime"]
-    if answer["kind"] == "provider_unavailable":
-        raise RuntimeUnavailable(answer["kind"], f"--ort-optimize {provider}: {answer['message']}")
-    raise ModelError(f"ONNX Runtime cannot optimize the rewritten model: {answer['message']}")
+        return str(answer.get("onnxruntime", "?"))
+    message = child.printable(str(answer.get("message", "")))
+    if answer.get("kind") == "provider_unavailable":
+        raise RuntimeUnavailable("provider_unavailable", f"--ort-optimize {provider}: {message}")
+    raise ModelError(f"ONNX Runtime cannot optimize the rewritten model: {message}")
 
 
 def ort_optimize(rewritten: onnx.ModelProto, result: RewriteResult, before: Analysis, provider: str,
-                 folder: Path, source_dir: Path | None) -> Optimized:
+                 folder: Path, source_dir: Path | None, timeout: float | None = DEFAULT_TIMEOUT_S) -> Optimized:
     """Optimize ``rewritten`` (the model of ``result``) with ORT for ``provider`` in ``folder``
     and bring the tags, order and prediction back. ``before`` is the analysis of the input
     (its loss and gradient outputs classify the optimized graph). The model's metadata is
-    kept, with the figures of the optimized graph."""
+    kept, with the figures of the optimized graph. ORT's child may run ``timeout`` seconds."""
     src = folder / "rewritten.onnx"
     written = save_model(rewritten, src, source_dir=source_dir, force=True)
     out = folder / "optimized.onnx"
-    version = run_ort_optimizer(src, out, provider, "optimized.data" if len(written) > 1 else None)
+    version = run_ort_optimizer(src, out, provider, "optimized.data" if len(written) > 1 else None, timeout=timeout)
     _drop_device_copies(out)
     loaded = load_graph(out)
     graph, guards = _restore(loaded, result.graph)

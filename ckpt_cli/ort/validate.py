@@ -10,9 +10,11 @@ inference), plus, for graphs up to 2,000 nodes, its kernels' creation (about 40 
 An op the CPU provider has no kernel for is not the model's fault (bfloat16 arithmetic:
 the model is valid, a CUDA session runs it) and passes. A graph holding ops this
 onnxruntime has no schema for (an ORT training artifact's gradient ops, which only
-onnxruntime-training registers) cannot be resolved at all: there ORT is given the nodes
-it registers in the ONNX domain and onnx does not know (LayerNormalization below opset
-17), typed as the graph types their inputs, and onnx's checks cover the rest.
+onnxruntime-training registers) cannot be resolved whole: there ORT is given every node
+it registers, with what the others make typed as the file declares it (onnx's strict
+inference misses type errors after an op of a domain it does not know). An op of ORT's
+own domains (com.microsoft) that neither this onnxruntime nor onnxruntime-training
+registers is refused: no ORT build loads it.
 """
 
 from __future__ import annotations
@@ -26,10 +28,9 @@ from typing import Iterator
 import onnx
 
 from ..errors import ModelError
-from ..graph import ABSENT, Graph, embedded_bytes, weightless_copy
+from ..graph import ABSENT, Graph, Node, embedded_bytes, weightless_copy
+from ..ops import ORT_TRAINING_SCHEMAS
 from . import ort_module, output_ir_version
-from .expand import graph_types
-from .registry import is_ort_only
 
 _INLINE_BYTES = 1024  # initializers above this many bytes reach ORT as typed graph inputs
 _INITIALIZE_MAX_NODES = 2_000  # ORT creates the kernels of graphs up to this size (0.1 s) too
@@ -121,35 +122,108 @@ def _session_refusal(model: onnx.ModelProto, folder: Path) -> str | None:
     return None
 
 
-def _ort_only_excerpt(graph: Graph) -> onnx.ModelProto | None:
-    """The ONNX-domain nodes onnx does not know and this onnxruntime registers, with their
-    inputs typed as the graph types them; None when there is none or a type is unknown."""
-    opset = graph.opset("") or 1
+def _unknown_op(model: onnx.ModelProto) -> str | None:
+    """The first op of a domain this onnxruntime registers ops in (com.microsoft...) that it
+    does not register, that is no local function and none of onnxruntime-training's ops
+    (``ORT_TRAINING_SCHEMAS``): ORT refuses it in any build. None: there is none, or this
+    onnxruntime does not list its schemas."""
     registered = _registered()
-    nodes = [n for n in graph.nodes if n.domain in _ONNX_DOMAINS and ("", n.op_type) in registered
-             and is_ort_only(n.op_type, opset)]
+    owned = {d for d, _ in registered} - {""}  # the ONNX domain's unknown ops are onnx.checker's
+    local = {(f.domain, f.name) for f in model.functions}
+    for node in chain(_all_nodes(model.graph), (n for f in model.functions for n in f.node)):
+        key = (node.domain, node.op_type)
+        if node.domain in owned and key not in registered and key not in local \
+                and ORT_TRAINING_SCHEMAS.get(node.op_type, ("", False))[0] != node.domain:
+            return f"{node.domain}:{node.op_type}"
+    return None
+
+
+def _resolvable_nodes(graph: Graph) -> list[Node]:
+    """The nodes this onnxruntime resolves on their own, in topological order: registered ops
+    (local functions of registered ops) whose subgraphs hold only such ops, reading what the
+    graph types or such nodes make. A tensor an unregistered op (a training op) makes is
+    typed where the file declares it."""
+    registered = _registered()
+    model = graph.model
+    functions = {(f.domain, f.name) for f in model.functions
+                 if all(_key(n) in registered for n in f.node)}
+
+    def resolvable(proto: onnx.NodeProto) -> bool:
+        if _key(proto) not in registered and (proto.domain, proto.op_type) not in functions:
+            return False
+        return all(_key(n) in registered or (n.domain, n.op_type) in functions for n in _subgraph_nodes(proto))
+
+    src = model.graph
+    typed = {v.name for v in chain(src.input, src.value_info, src.output) if _elem_type(v)}
+    typed |= {t.name for t in src.initializer} | {ABSENT}
+    kept = []
+    for i in graph.topological_order():
+        node = graph.nodes[i]
+        if resolvable(node.proto) and all(t in typed for t in node.reads):
+            kept.append(node)
+            typed.update(node.outputs)
+    return kept
+
+
+def _key(node: onnx.NodeProto) -> tuple[str, str]:
+    return "" if node.domain in _ONNX_DOMAINS else node.domain, node.op_type
+
+
+def _subgraph_nodes(node: onnx.NodeProto) -> Iterator[onnx.NodeProto]:
+    for a in node.attribute:
+        for g in [a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs:
+            yield from _all_nodes(g)
+
+
+def _elem_type(v: onnx.ValueInfoProto) -> int:
+    return v.type.tensor_type.elem_type if v.type.HasField("tensor_type") else 0
+
+
+def _rank_only(v: onnx.ValueInfoProto) -> onnx.ValueInfoProto:
+    """``v``'s element type and rank: the sizes a training op makes are ORT's to infer, and it
+    merges a declared size that contradicts them leniently."""
+    out = onnx.ValueInfoProto()
+    out.CopyFrom(v)
+    tt = out.type.tensor_type
+    if tt.HasField("shape"):
+        for d in tt.shape.dim:
+            d.Clear()
+    return out
+
+
+def _resolvable_excerpt(graph: Graph) -> onnx.ModelProto | None:
+    """For a graph this onnxruntime cannot resolve whole (an ORT training artifact's gradient
+    ops, which only onnxruntime-training registers): the nodes it can (``_resolvable_nodes``),
+    with what the others make as typed graph inputs; None when there is none."""
+    nodes = _resolvable_nodes(graph)
     if not nodes:
         return None
-    made = {t for n in nodes for t in n.outputs}
-    needed = {t for n in nodes for t in n.inputs if t != ABSENT and t not in made}
     src = graph.model.graph
-    small = [t for t in src.initializer if t.name in needed and t.data_location != onnx.TensorProto.EXTERNAL
+    made = {t for n in nodes for t in n.outputs if t != ABSENT}
+    needed = {t for n in nodes for t in n.reads if t != ABSENT and t not in made}
+    declared = {v.name: v for v in chain(src.value_info, src.output)}
+    inputs = {v.name: v for v in src.input}
+    initializers = {t.name: t for t in src.initializer}
+    small = [t for name, t in initializers.items() if name in needed and t.data_location != onnx.TensorProto.EXTERNAL
              and embedded_bytes(t) <= _INLINE_BYTES]
     inlined = {t.name for t in small}
-    big = [t for t in src.initializer if t.name in needed and t.name not in inlined]
-    types = graph_types(graph, needed - {t.name for t in src.initializer})
-    if types is None:
-        return None
     model = onnx.ModelProto(ir_version=graph.model.ir_version)
     model.opset_import.extend(graph.model.opset_import)
+    used = {(n.domain, n.op_type) for n in nodes}
+    model.functions.extend(f for f in graph.model.functions if (f.domain, f.name) in used)
     g = model.graph
     g.node.extend(n.proto for n in nodes)
     g.initializer.extend(small)
-    g.input.extend(types[t] for t in sorted(types))
-    g.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in big)
-    # outputs as the file declares them (ORT checks a declared type against the op's)
-    declared = {v.name: v for v in chain(src.value_info, src.output)}
-    g.output.extend(declared.get(t) or onnx.ValueInfoProto(name=t) for t in sorted(made) if t != ABSENT)
+    for t in sorted(needed - inlined):
+        if t in inputs:
+            g.input.append(inputs[t])
+        elif t in initializers:
+            g.input.append(onnx.helper.make_tensor_value_info(t, initializers[t].data_type,
+                                                              list(initializers[t].dims)))
+        else:
+            g.input.append(_rank_only(declared[t]))
+    # made tensors as the file declares them (ORT checks a declared type against the op's)
+    g.output.extend(declared.get(t) or onnx.ValueInfoProto(name=t) for t in sorted(made))
     return model
 
 
@@ -162,7 +236,11 @@ def check_on_ort(graph: Graph, path: Path, order: list[int]) -> None:
     if ort_resolvable(model):
         light = weightless_copy(model, (model.graph.node[i] for i in order), inline_bytes=_INLINE_BYTES)
     else:
-        light = _ort_only_excerpt(graph)
+        unknown = _unknown_op(model)
+        if unknown is not None:
+            raise ModelError(f"{path}: ONNX Runtime refuses the model ({unknown} is an op neither onnxruntime "
+                             f"{ort_module().__version__} nor onnxruntime-training registers)")
+        light = _resolvable_excerpt(graph)
     if light is None:
         return
     light.ir_version = output_ir_version(model)  # the version ckpt writes: one ORT loads

@@ -18,8 +18,9 @@ from dataclasses import dataclass, fields, replace
 
 
 from ..errors import RunFailed, RuntimeCheckError, RuntimeUnavailable
+from ..options import DEFAULT_TIMEOUT_S
+from ..ort import child
 from ..progress import stage
-from . import child
 from . import worker as _worker
 from .compare import DEFAULT_ATOL, DEFAULT_RTOL, compare_outputs, order_check
 from .settings import settings_for, settings_snippet
@@ -31,9 +32,6 @@ WORKER_PATH = os.path.abspath(_worker.__file__)
 # process_peak method (without it a second run under-reads).  Harmless for the profiler method.
 CHILD_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536"}
 
-# One measured child (warm-up plus runs) may take this long by default: a hung or
-# thrashing ORT must end in an error, not hold CI.
-DEFAULT_TIMEOUT_S = 600.0
 
 
 def _child_env() -> dict:

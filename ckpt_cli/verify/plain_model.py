@@ -16,8 +16,9 @@ from pathlib import Path
 
 from ..analysis.pattern import predict_plain
 from ..analysis.shapes import TensorInfo, infer_tensors
-from ..errors import CkptError
+from ..errors import CkptError, RunFailed
 from ..io.load import load_graph
+from ..options import DEFAULT_TIMEOUT_S
 from ..ort.optimize import run_ort_optimizer
 
 PLAIN_LEVEL = "ORT_ENABLE_ALL"  # what InferenceSession(path) builds
@@ -29,19 +30,26 @@ class FusedPlain:
     order: tuple[str, ...]  # the node names of ORT's fused graph, in the order ORT runs them
 
 
-def fused_plain(model_path: str | Path, known: Mapping[str, TensorInfo]) -> FusedPlain | None:
+def fused_plain(model_path: str | Path, known: Mapping[str, TensorInfo],
+                timeout: float | None = DEFAULT_TIMEOUT_S) -> FusedPlain | None:
     """ckpt's prediction of ``InferenceSession(model_path)`` on the CPU from ORT's own
     ORT_ENABLE_ALL graph of it; None when ORT cannot write that graph or a tensor of it has
     no known size. ``known``: the file's tensors; a fused node keeps the output names of the
-    nodes it replaces, and onnx's shape inference stops at ORT's contrib ops."""
+    nodes it replaces, and onnx's shape inference stops at ORT's contrib ops. ORT's child
+    running past ``timeout`` seconds is the check's failure (RunFailed), not a missing model."""
     with tempfile.TemporaryDirectory(prefix="ckpt_plain_") as tmp:
         fused = Path(tmp) / "fused.onnx"
         try:
-            run_ort_optimizer(Path(model_path), fused, "cpu", external="fused.onnx.data", level=PLAIN_LEVEL)
+            run_ort_optimizer(Path(model_path), fused, "cpu", external="fused.onnx.data", level=PLAIN_LEVEL,
+                              timeout=timeout)
             # the tensors only: a whole analysis would also simulate another order and
             # classify phases, which a graph ORT fused need not pass
             graph = load_graph(fused)
             inferred = infer_tensors(graph)
+        except RunFailed as e:
+            if e.kind == "timeout":
+                raise
+            return None
         except (CkptError, OSError):
             return None
         tensors = {t: known[t] if info.nbytes is None and t in known else info for t, info in inferred.items()}

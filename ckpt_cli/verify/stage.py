@@ -248,7 +248,7 @@ def _measured_runs(pair: driver.PairRun) -> MeasuredRuns:
 
 
 def _plain_prediction(rewritten: str | Path, predicted: Prediction, pair: driver.PairRun,
-                      default: Measurement | None) -> tuple[PlainPrediction, list[str]]:
+                      default: Measurement | None, timeout: float | None) -> tuple[PlainPrediction, list[str]]:
     """The rewrite's plain-session prediction against ``default``, its peak under ORT's
     defaults; with the notes it gives."""
     plain = predicted.plain_in_use_bytes
@@ -259,7 +259,7 @@ def _plain_prediction(rewritten: str | Path, predicted: Prediction, pair: driver
     error = _relative_error(plain, default.peak_bytes)
     if abs(error or 0.0) <= PLAIN_FUSED_ABOVE:
         return PlainPrediction(plain, error), []
-    fused = fused_plain(rewritten, predicted.tensors or {})
+    fused = fused_plain(rewritten, predicted.tensors or {}, timeout)
     executed = pair.rewritten.ort_default_order
     if fused is not None and executed is not None and list(fused.order) != executed:
         return PlainPrediction(plain, error), ["the plain session did not run ORT's fused graph in the order ORT "
@@ -336,7 +336,8 @@ def check_files(original: str | Path, rewritten: str | Path, predicted: dict[str
     runs_at = dims if isinstance(dims, RunsAt) else RunsAt(dict(dims or {}))
     pair = _measure_pair(original, rewritten, model, options, pair_options, dict(runs_at.dims))
     outputs, measured = _output_figures(pair, options, model), _measured_runs(pair)
-    plain, notes = _plain_prediction(rewritten, predicted["rewritten"], pair, measured.rewritten_ort_default)
+    plain, notes = _plain_prediction(rewritten, predicted["rewritten"], pair, measured.rewritten_ort_default,
+                                     options.timeout)
     figures = CheckFigures(pair.provider, pair.rewritten.ckpt.ort_version, enable_mem_reuse, outputs, measured,
                            pair.order, _prediction_figures(predicted, measured, options.max_prediction_error, plain),
                            _at_other_dims(original, rewritten, model, options, pair_options, runs_at.other_dims),
