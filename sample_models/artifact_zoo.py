@@ -14,7 +14,8 @@ trainable, BatchNorm running statistics frozen). For each NAME it writes OUT/NAM
 ``training_model.onnx``, ``eval_model.onnx``, ``optimizer_model.onnx``, ``checkpoint`` and
 ``zoo.json``::
 
-    {"name", "opset", "loss": "CrossEntropyLoss" | "MSELoss" | "BCEWithLogitsLoss",
+    {"name", "opset", "loss": "CrossEntropyLoss" | "MSELoss" | "BCEWithLogitsLoss" | "L1Loss"
+             | "KLDivLoss",
      "batch": <batch for runs>, "seq"?: <sequence length for runs>,
      "inputs": [{"name", "shape", "dtype", "bound"?}], "label": {"name", "shape", "dtype",
      "bound"?}}
@@ -46,6 +47,18 @@ Model notes:
   ``generate_artifacts``' BCEWithLogitsLoss (a float ``target`` shaped like the one logit).
 - ``tagger``: a tag per token, with the batch and the sequence both symbolic (its input is
   [batch, seq]); as gpt's, its logits are flattened to [tokens, tags] and its labels are [tokens].
+- ``mobilenet_v2``: inverted residuals with depthwise 3x3 convolutions (``group`` = channels)
+  and ReLU6, which ``generate_artifacts`` differentiates as ``Clip`` through comparison ops.
+- ``vit``: a strided Conv cuts 4x4 patches; a class token and learned positions; pre-LN layers
+  with ``scaled_dot_product_attention`` (written as MatMul / Softmax).
+- ``seq2seq``: two token inputs; the decoder's layers attend to the encoder's output
+  (cross-attention); logits flattened as gpt's.
+- ``llama``: RMSNorm (fused by ``generate_artifacts`` into ORT's SimplifiedLayerNormalization),
+  rotary embeddings from cos/sin buffers (frozen parameters), SwiGLU (SiLU becomes QuickGelu).
+- ``frozen_backbone``: parameters with ``requires_grad=False`` go to ``frozen_params`` (with
+  the buffers): the backbone gets no gradient and no optimizer state; ``L1Loss``.
+- ``keyword_kl``: ``KLDivLoss`` is an onnxblock loss of this file (``CUSTOM_LOSSES``), not a
+  ``LossType``: KL(softmax(target) || softmax(logits)), ``target`` a teacher's logits.
 - ``lstm`` / ``gru``: regressors; ``generate_artifacts``' MSELoss adds a float ``target`` input
   shaped like the output.
 
@@ -77,7 +90,7 @@ import onnxruntime as ort
 import torch
 from onnx import numpy_helper
 from onnxruntime.training import api, artifacts
-from onnxruntime.training.onnxblock import _graph_utils
+from onnxruntime.training.onnxblock import _graph_utils, blocks
 from torch import nn
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -114,7 +127,7 @@ class Spec:
 
     def __post_init__(self) -> None:
         # The label input generate_artifacts adds: CrossEntropyLoss drops the output's last
-        # (class) axis and wants int64, MSELoss copies the output.
+        # (class) axis and wants int64; the others (MSE, L1, BCE, KL) copy the output.
         if self.loss == "CrossEntropyLoss":
             label = Tensor("labels", self.output.shape[:-1], "int64", self.output.shape[-1])
         else:
@@ -373,6 +386,223 @@ class Denoiser(nn.Module):
         return x - self.out(y)
 
 
+class InvertedResidual(nn.Module):
+    """MobileNetV2's block: 1x1 expand, 3x3 depthwise (groups = channels), 1x1 linear project."""
+
+    def __init__(self, c_in: int, c_out: int, stride: int, expand: int = 4):
+        super().__init__()
+        hidden = c_in * expand
+        self.residual = stride == 1 and c_in == c_out
+        self.body = nn.Sequential(
+            nn.Conv2d(c_in, hidden, 1, bias=False), nn.BatchNorm2d(hidden), nn.ReLU6(),
+            nn.Conv2d(hidden, hidden, 3, stride, 1, groups=hidden, bias=False),
+            nn.BatchNorm2d(hidden), nn.ReLU6(),
+            nn.Conv2d(hidden, c_out, 1, bias=False), nn.BatchNorm2d(c_out))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.body(x) if self.residual else self.body(x)
+
+
+def mobilenet_v2() -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, 2, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU6(),
+        InvertedResidual(16, 16, 1), InvertedResidual(16, 24, 2), InvertedResidual(24, 24, 1),
+        nn.Conv2d(24, 64, 1, bias=False), nn.BatchNorm2d(64), nn.ReLU6(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, CLASSES))
+
+
+class MultiHead(nn.Module):
+    """Attention of x's queries over mem's keys and values (mem is x: self-attention)."""
+
+    def __init__(self, d: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.q, self.kv, self.proj = nn.Linear(d, d), nn.Linear(d, 2 * d), nn.Linear(d, d)
+
+    def split(self, y: torch.Tensor) -> torch.Tensor:
+        b, t, d = y.shape
+        return y.reshape(b, t, self.heads, d // self.heads).transpose(1, 2)
+
+    def forward(self, x: torch.Tensor, mem: torch.Tensor, causal: bool = False) -> torch.Tensor:
+        b, t, d = x.shape
+        k, v = self.kv(mem).split(d, dim=2)
+        y = nn.functional.scaled_dot_product_attention(
+            self.split(self.q(x)), self.split(k), self.split(v), is_causal=causal)
+        return self.proj(y.transpose(1, 2).reshape(b, t, d))
+
+
+class PreNormLayer(nn.Module):
+    """Pre-LN layer: self-attention, optional cross-attention over mem, GELU MLP."""
+
+    def __init__(self, d: int, heads: int, cross: bool = False, causal: bool = False):
+        super().__init__()
+        self.causal = causal
+        self.attn = MultiHead(d, heads)
+        self.cross = MultiHead(d, heads) if cross else None
+        self.ln = nn.ModuleList(nn.LayerNorm(d) for _ in range(3 if cross else 2))
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def forward(self, x: torch.Tensor, mem: torch.Tensor | None = None) -> torch.Tensor:
+        h = self.ln[0](x)
+        x = x + self.attn(h, h, self.causal)
+        if self.cross is not None:
+            x = x + self.cross(self.ln[1](x), mem)
+        return x + self.mlp(self.ln[-1](x))
+
+
+class ViT(nn.Module):
+    """ViT: a strided Conv cuts 4x4 patches, a class token, learned positions, pre-LN layers."""
+
+    def __init__(self, d: int = 64, layers: int = 2, patch: int = 4):
+        super().__init__()
+        self.patch = nn.Conv2d(3, d, patch, patch)
+        self.cls = nn.Parameter(torch.zeros(1, 1, d))
+        self.pos = nn.Parameter(0.02 * torch.randn(1, 1 + (32 // patch) ** 2, d))
+        self.layers = nn.ModuleList(PreNormLayer(d, 4) for _ in range(layers))
+        self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.patch(x).flatten(2).transpose(1, 2)
+        x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], 1) + self.pos
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(self.ln(x)[:, 0])
+
+
+class Seq2Seq(nn.Module):
+    """Encoder-decoder: a pre-LN encoder; decoder layers with causal self-attention and
+    cross-attention over the encoder's output; an LM head over every target token."""
+
+    def __init__(self, d: int = 64, layers: int = 2):
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(VOCAB, d), nn.Embedding(SEQ, d)
+        self.enc = nn.ModuleList(PreNormLayer(d, 4) for _ in range(layers))
+        self.dec = nn.ModuleList(PreNormLayer(d, 4, cross=True, causal=True) for _ in range(layers))
+        self.ln_enc, self.ln_dec = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.head = nn.Linear(d, VOCAB)
+
+    def forward(self, src_ids: torch.Tensor, tgt_ids: torch.Tensor) -> torch.Tensor:
+        mem = self.tok(src_ids) + self.pos.weight
+        for layer in self.enc:
+            mem = layer(mem)
+        mem = self.ln_enc(mem)
+        y = self.tok(tgt_ids) + self.pos.weight
+        for layer in self.dec:
+            y = layer(y, mem)
+        return self.head(self.ln_dec(y)).reshape(-1, VOCAB)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding: each half of the head's features rotated against the other."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], -1) * sin
+
+
+class LlamaLayer(nn.Module):
+    def __init__(self, d: int, heads: int, ffn: int):
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.norm2 = RMSNorm(d), RMSNorm(d)
+        self.qkv, self.o = nn.Linear(d, 3 * d, bias=False), nn.Linear(d, d, bias=False)
+        self.gate, self.up = nn.Linear(d, ffn, bias=False), nn.Linear(d, ffn, bias=False)
+        self.down = nn.Linear(ffn, d, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = (y.reshape(b, t, self.heads, d // self.heads).transpose(1, 2)
+                   for y in self.qkv(self.norm1(x)).split(d, dim=2))
+        y = nn.functional.scaled_dot_product_attention(
+            _rotate(q, cos, sin), _rotate(k, cos, sin), v, is_causal=True)
+        x = x + self.o(y.transpose(1, 2).reshape(b, t, d))
+        h = self.norm2(x)
+        return x + self.down(nn.functional.silu(self.gate(h)) * self.up(h))
+
+
+class Llama(nn.Module):
+    """Llama-style decoder: RMSNorm, rotary positions (cos/sin buffers, frozen), SwiGLU, no biases."""
+
+    def __init__(self, d: int = 64, layers: int = 2, heads: int = 4):
+        super().__init__()
+        self.tok = nn.Embedding(VOCAB, d)
+        self.layers = nn.ModuleList(LlamaLayer(d, heads, 172) for _ in range(layers))
+        self.norm, self.head = RMSNorm(d), nn.Linear(d, VOCAB, bias=False)
+        half = d // heads // 2
+        angles = torch.arange(SEQ).float()[:, None] / 10000 ** (torch.arange(half).float() / half)
+        self.register_buffer("rope_cos", torch.cat([angles.cos()] * 2, -1))
+        self.register_buffer("rope_sin", torch.cat([angles.sin()] * 2, -1))
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x = self.tok(input_ids)
+        for layer in self.layers:
+            x = layer(x, self.rope_cos, self.rope_sin)
+        return self.head(self.norm(x)).reshape(-1, VOCAB)
+
+
+class FrozenBackbone(nn.Module):
+    """A box regressor: a convolution backbone whose weights are frozen (``frozen_params``: no
+    gradients, no optimizer state) under a trainable head."""
+
+    def __init__(self):
+        super().__init__()
+        self.backbone = nn.Sequential(
+            nn.Conv2d(3, 32, 3, 1, 1), nn.ReLU(), nn.Conv2d(32, 64, 3, 2, 1), nn.ReLU(),
+            nn.Conv2d(64, 64, 3, 1, 1), nn.ReLU())
+        self.backbone.requires_grad_(False)
+        self.head = nn.Sequential(
+            nn.Conv2d(64, 64, 3, 1, 1), nn.ReLU(), nn.Conv2d(64, 64, 3, 1, 1), nn.ReLU(),
+            nn.Conv2d(64, 32, 3, 2, 1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+            nn.Linear(32, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.backbone(x))
+
+
+def keyword_net() -> nn.Module:
+    """A keyword spotter over 40 x 128 audio features: Conv1d + GELU layers, mean pool.
+    (With ``groups=4`` in its second Conv1d ORT 1.19.2 corrupts its heap: see the README.)"""
+    return nn.Sequential(
+        nn.Conv1d(40, 64, 5, 1, 2), nn.GELU(), nn.Conv1d(64, 128, 3, 2, 1), nn.GELU(),
+        nn.Conv1d(128, 128, 3, 1, 1), nn.GELU(), nn.AdaptiveAvgPool1d(1), nn.Flatten(),
+        nn.Linear(128, CLASSES))
+
+
+class KLDivLoss(blocks.Block):
+    """Distillation loss: KL(softmax(target) || softmax(logits)), summed over the classes and
+    averaged over the batch; ``target`` holds a teacher's logits, shaped like the output."""
+
+    def build(self, logits: str, target: str = "target") -> str:
+        if not _graph_utils.node_arg_exists(self.base, target):
+            target = blocks.InputLike(logits)(target)
+        graph = self.base.graph
+        axes = _graph_utils.generate_graph_name("kl.axes")
+        graph.initializer.append(numpy_helper.from_array(np.array([-1], np.int64), axes))
+
+        def node(op: str, inputs: list[str], **attrs) -> str:
+            out = _graph_utils.generate_graph_name(f"kl.{op.lower()}")
+            graph.node.append(onnx.helper.make_node(
+                op, inputs, [out], _graph_utils.generate_graph_name(f"kl.{op}"), **attrs))
+            return out
+
+        log_q = node("LogSoftmax", [logits], axis=-1)
+        log_p = node("LogSoftmax", [target], axis=-1)
+        p = node("Softmax", [target], axis=-1)
+        per_row = node("ReduceSum", [node("Mul", [p, node("Sub", [log_p, log_q])]), axes],
+                       keepdims=0)
+        return node("ReduceMean", [per_row], keepdims=0)
+
+
+CUSTOM_LOSSES = {"KLDivLoss": KLDivLoss}  # onnxblock losses of this file, not a LossType
+
+
 def specs() -> list[Spec]:
     CE, MSE = "CrossEntropyLoss", "MSELoss"
     logits = Tensor("logits", ("batch", CLASSES))
@@ -401,6 +631,18 @@ def specs() -> list[Spec]:
         Spec("unet", 17, MSE, UNet, (Tensor("input", ("batch", 3, 32, 32)),), Tensor("pred", ("batch", 3, 32, 32)), 16),
         Spec("denoiser", 17, MSE, Denoiser, (Tensor("input", ("batch", 3, 32, 32)),),
              Tensor("pred", ("batch", 3, 32, 32)), 16),
+        Spec("mobilenet_v2", 17, CE, mobilenet_v2, (Tensor("input", ("batch", 3, 32, 32)),),
+             logits, 32),
+        Spec("vit", 17, CE, ViT, (Tensor("input", ("batch", 3, 32, 32)),), logits, 32,
+             ln_stats=True),
+        Spec("seq2seq", 17, CE, Seq2Seq, (*(Tensor(n, ("batch", SEQ), "int64", VOCAB)
+                                            for n in ("src_ids", "tgt_ids")),),
+             Tensor("logits", (f"batch*{SEQ}", VOCAB)), 16, ln_stats=True),
+        Spec("llama", 17, CE, Llama, ids, Tensor("logits", (f"batch*{SEQ}", VOCAB)), 16),
+        Spec("frozen_backbone", 17, "L1Loss", FrozenBackbone,
+             (Tensor("input", ("batch", 3, 32, 32)),), Tensor("pred", ("batch", 4)), 16),
+        Spec("keyword_kl", 17, "KLDivLoss", keyword_net, (Tensor("input", ("batch", 40, 128)),),
+             logits, 64),
     ]
 
 
@@ -495,6 +737,7 @@ def generate(spec: Spec, out_dir: str) -> onnx.ModelProto:
     if missing:
         raise RuntimeError(f"parameters not exported as initializers: {missing}")
     frozen = [n for n, _ in module.named_buffers() if n in inits]
+    frozen += [n for n, p in module.named_parameters() if not p.requires_grad]
     os.makedirs(out_dir, exist_ok=True)
     # onnxblock numbers the names it makes (onnx::loss::2) with a process-wide counter: restart
     # it so that a model's files do not depend on which models ran before it.
@@ -502,7 +745,8 @@ def generate(spec: Spec, out_dir: str) -> onnx.ModelProto:
     with quiet_stderr():
         artifacts.generate_artifacts(
             onnx_model, requires_grad=params, frozen_params=frozen,
-            loss=getattr(artifacts.LossType, spec.loss), optimizer=artifacts.OptimType.AdamW,
+            loss=CUSTOM_LOSSES[spec.loss]() if spec.loss in CUSTOM_LOSSES
+            else getattr(artifacts.LossType, spec.loss), optimizer=artifacts.OptimType.AdamW,
             artifact_directory=out_dir)
     fix_eval_batchnorm(os.path.join(out_dir, "eval_model.onnx"))
     with open(os.path.join(out_dir, "zoo.json"), "w", encoding="utf-8") as f:

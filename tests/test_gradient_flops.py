@@ -57,19 +57,22 @@ TABLE = [
     # elementwise: per output element
     *[elementwise(op, 1) for op in ("Add", "Sub", "Mul", "Div", "Pow", "Where", "Equal", "Less", "LessOrEqual",
                                     "GreaterOrEqual", "And", "Sum")],
-    *[elementwise(op, 1, n=1) for op in ("Relu", "Neg", "Reciprocal", "Not", "Cast")],
+    *[elementwise(op, 1, n=1) for op in ("Relu", "Neg", "Reciprocal", "Not", "Cast", "Abs", "Sign")],
     elementwise("Sqrt", 2, n=1), elementwise("Clip", 2, n=1), elementwise("Exp", 4, n=1),
     elementwise("Erf", 8, n=1), elementwise("Gelu", 10, n=1), elementwise("Gelu", 10, MS, n=1),
-    elementwise("Dropout", 2, n=1), elementwise("Scale", 1, MS),
+    elementwise("Dropout", 2, n=1), elementwise("Scale", 1, MS), elementwise("QuickGelu", 5, MS, n=1),
     # their gradients: per output element
     elementwise("ReluGrad", 1, MS), elementwise("GeluGrad", 12, MS), elementwise("DropoutGrad", 2, MS),
+    elementwise("QuickGeluGrad", 8, MS),
     # reductions, normalizations, losses: per input element
     row("ReduceSum", [X, (1,)], [(8, 16, 1)], E), row("ReduceMean", [X, (1,)], [(8, 16, 1)], E),
     row("ReduceSumTraining", [X, (1,)], [(8, 16, 1)], E, MS),
     row("Softmax", [X], [X], 5 * E), row("LogSoftmax", [X], [X], 5 * E),
-    row("SoftmaxGrad_13", [X, X], [X], 3 * E, MS),
+    row("SoftmaxGrad_13", [X, X], [X], 3 * E, MS), row("LogSoftmaxGrad_13", [X, X], [X], 3 * E, MS),
     row("LayerNormalization", [X, (32,), (32,)], [X], 8 * E),
     row("LayerNormalizationGrad", [X, X, (32,), (8, 16, 1), (8, 16, 1)], [X, (32,), (32,)], 12 * E, MS),
+    row("SimplifiedLayerNormalization", [X, (32,)], [X, (8, 16, 1)], 6 * E),  # ORT's, in the ONNX domain
+    row("SimplifiedLayerNormalizationGrad", [X, X, (32,), (8, 16, 1)], [X, (32,)], 9 * E, MS),
     row("BatchNormInternal", [IMG, (8,), (8,), (8,), (8,)], [IMG], 7 * math.prod(IMG), MS),
     row("BatchNormalizationGrad", [IMG, IMG, (8,), (8,), (8,)], [IMG, (8,), (8,)], 10 * math.prod(IMG), MS),
     row("SoftmaxCrossEntropyLoss", [(64, 10), (64,)], [()], 6 * 640),
@@ -80,6 +83,7 @@ TABLE = [
     row("InPlaceAccumulatorV2", [W3, W3], [(1,), W3], math.prod(W3), MS),
     # gradients of gathers: one add per element of dY
     row("GatherGrad", [(2,), (8, 16), (8, 16, 32)], [(1000, 32)], 8 * 16 * 32, MS),
+    row("SliceGrad", [X, (3,), (1,), (1,)], [(8, 16, 64)], E, MS),
     # data movement and shape ops: free
     *[row(op, [X, (3,)], [X], 0) for op in ("Reshape", "Expand", "Tile", "Slice", "Gather", "GatherElements",
                                             "ScatterElements", "ScatterND", "Squeeze", "Unsqueeze", "Transpose",

@@ -31,6 +31,7 @@ _PER_OUTPUT = {
     "Sum": 1, "Mean": 1, "Scale": 1, "ReluGrad": 1, "GeluGrad": 12, "FastGeluGrad": 12,
     "SigmoidGrad": 3, "TanhGrad": 3, "Dropout": 2, "BiasGelu": 11, "QuickGelu": 5, "BiasAdd": 2,
     "DropoutGrad": 2,  # dY scaled where the mask kept it
+    "QuickGeluGrad": 8,  # the sigmoid again (5), then dY * (s + a*x*s*(1-s))
 }
 # Ops that read their whole input once: FLOPs per input element.
 _PER_INPUT = {
@@ -40,6 +41,7 @@ _PER_INPUT = {
     "LayerNormalization": 8, "SimplifiedLayerNormalization": 6, "BatchNormalization": 5,
     "BatchNormInternal": 7, "InstanceNormalization": 8, "GroupNormalization": 8,
     "LpNormalization": 3, "MeanVarianceNormalization": 8, "LayerNormalizationGrad": 12,
+    "SimplifiedLayerNormalizationGrad": 9,  # LayerNormalizationGrad without the mean's terms
     "BatchNormalizationGrad": 10, "SoftmaxCrossEntropyLoss": 6, "NegativeLogLikelihoodLoss": 1,
     "SoftmaxCrossEntropyLossInternal": 6, "SoftmaxCrossEntropyLossGrad": 3,
     "SoftmaxCrossEntropyLossInternalGrad": 3, "MaxPool": 1, "AveragePool": 1,
