@@ -82,3 +82,12 @@ def test_measured_peaks_are_still_the_recorded_ones(training_python, tmp_path): 
     for case, (path, _) in zip(cases, spec):
         median = sorted(peaks[path])[1]
         assert abs(median / MEASURED[case] - 1) <= WITHIN, (case, median, MEASURED[case])
+
+
+def test_reduce_sum_training_by_computed_axes_has_no_shape_before_the_run(tmp_path):
+    """ORT's ReduceSumTraining infers no shape unless its axes are an initializer: DivGrad's
+    reductions (axes from BroadcastGradientArgs) take buffers its planner never reuses."""
+    _, a = _model("denoiser", tmp_path)
+    reduced = [t for n in a.graph.nodes if n.op_type == "ReduceSumTraining" for t in n.outputs]
+    assert len(reduced) == 3 * 2 and all(a.tensors[t].nbytes for t in reduced)
+    assert all(a.tensors[t].planner_shape is None for t in reduced)
