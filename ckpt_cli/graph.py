@@ -112,6 +112,9 @@ class Graph:
     producer: dict[str, int] = field(default_factory=dict)
     consumers: dict[str, list[int]] = field(default_factory=dict)
     path: Path | None = None
+    # Nodes ORT makes when it inlines a function op of the file at session start: it numbers
+    # them after the file's nodes, which decides where its PRIORITY_BASED order runs them.
+    inlined: tuple[int, ...] = ()
 
     @classmethod
     def from_model(cls, model: onnx.ModelProto, path: Path | None = None) -> "Graph":

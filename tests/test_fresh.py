@@ -121,7 +121,7 @@ def test_a_written_file_is_sized_through_its_guards_at_any_batch(tmp_path):
     from ckpt_cli.cli import main
 
     out = tmp_path / "bert.onnx"
-    src = SAMPLES / "zoo" / "bert" / "training_model.onnx"
+    src = SAMPLES / "zoo" / "bert17" / "training_model.onnx"
     r = CliRunner().invoke(main, ["rewrite", str(src), "-o", str(out), "--json"])
     assert r.exit_code == 0, r.output
     assert json.loads(r.output)["pin"]["guard_nodes"] > 0

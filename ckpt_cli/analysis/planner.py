@@ -52,17 +52,20 @@ class Buffers:
 
 
 def _reuse_key(info: TensorInfo | None):
-    if (info is None or not info.static_shape or info.shape is None or not info.shape
-            or not all(isinstance(d, int) for d in info.shape)):
+    shape = None if info is None else info.planner_shape
+    # a statically sized tensor is reused by its sizes (symbols bound); a symbolic one by names
+    if not shape or (info.static_shape and not all(isinstance(d, int) for d in shape)):
         return None
-    return (info.shape, itemsize(info.dtype))
+    return (shape, itemsize(info.dtype))
 
 
 def _same_size(a: TensorInfo | None, b: TensorInfo | None) -> bool:
-    """ORT's ``SameSize``: same element size and the same known dimensions."""
-    return (a is not None and b is not None and a.static_shape and b.static_shape
-            and a.shape is not None and a.shape == b.shape
-            and all(isinstance(d, int) or (d and d != "?") for d in a.shape)
+    """ORT's ``SameSize``: same element size and the same known dimensions (symbols by name)."""
+    if a is None or b is None:
+        return False
+    shape = a.planner_shape
+    return (shape is not None and shape == b.planner_shape
+            and all(isinstance(d, int) or (d and d != "?") for d in shape)
             and itemsize(a.dtype) == itemsize(b.dtype) > 0)
 
 
@@ -73,7 +76,7 @@ def reuse_classes(infos: list[TensorInfo | None]) -> tuple[list[int], int]:
     class_of: dict[tuple | None, int] = {}  # (shape, dtype) -> class
     out: list[int] = []
     for info in infos:
-        kind = None if info is None else (info.shape, info.dtype, info.static_shape)
+        kind = None if info is None else (info.shape, info.dtype, info.static_shape, info.ort_shape)
         if kind not in class_of:
             key = _reuse_key(info)
             class_of[kind] = -1 if key is None else classes.setdefault(key, len(classes))

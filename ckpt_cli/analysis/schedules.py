@@ -20,7 +20,7 @@ def priority_based(graph: Graph, file_order: list[int] | None = None) -> list[in
 
     With ``file_order``, the order for the graph written with its nodes in that order
     (still as indices into ``graph.nodes``)."""
-    at = list(range(len(graph.nodes))) if file_order is None else list(file_order)  # file position -> node
+    at = _ort_numbering(graph) if file_order is None else list(file_order)  # ORT's node index -> node
     n = len(at)
     position = [0] * n
     for p, i in enumerate(at):
@@ -46,6 +46,14 @@ def priority_based(graph: Graph, file_order: list[int] | None = None) -> list[in
             if indegree[j] == 0:
                 push(ready, key[j])
     return order
+
+
+def _ort_numbering(graph: Graph) -> list[int]:
+    """The nodes by the index ORT gives them: file order, the nodes it inlines last."""
+    if not graph.inlined:
+        return list(range(len(graph.nodes)))
+    inlined = set(graph.inlined)
+    return [i for i in range(len(graph.nodes)) if i not in inlined] + sorted(inlined)
 
 
 def _runs_as_written(at: list[int], position: list[int], preds: list[list[int]], high: list[bool]) -> bool:

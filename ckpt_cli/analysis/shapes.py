@@ -39,6 +39,14 @@ class TensorInfo:
     # ORT knows the shape before the run. Its allocation planner reuses buffers and writes
     # in place only for such shapes; ONNX's data propagation finds some that ORT does not.
     static_shape: bool = True
+    # Where ORT knows the shape only by symbolic dimensions (an artifact's ``unk__35``), that
+    # shape: the planner still reuses and writes in place between tensors of equal symbols.
+    ort_shape: tuple[int | str, ...] | None = None
+
+    @property
+    def planner_shape(self) -> tuple[int | str, ...] | None:
+        """The shape ORT's allocation planner compares buffers by (None: it knows none)."""
+        return self.shape if self.static_shape else self.ort_shape
 
     @property
     def missing(self) -> tuple[str, ...]:
@@ -175,6 +183,8 @@ def infer_tensors(graph: Graph, dims: dict[str, int] | None = None, strict: bool
     # model that loads into an error.
     del model.functions[:]
     light = model.graph
+    unbound = onnx.ModelProto()
+    unbound.CopyFrom(model)
     # Artifacts declare gradients with the batch dimension too: bind it wherever it is declared.
     for v in chain(light.input, light.value_info, light.output):
         _bind(v, dims)
@@ -186,7 +196,36 @@ def infer_tensors(graph: Graph, dims: dict[str, int] | None = None, strict: bool
     for t in src.initializer:
         tensors[t.name] = _info(t.data_type, tuple(t.dims))
     _through_ort_ops(graph, model, tensors)
+    _symbols_to_ort(unbound, tensors, dims)
     return tensors
+
+
+def _symbols_to_ort(unbound: onnx.ModelProto, tensors: dict[str, TensorInfo], dims: dict[str, int]) -> None:
+    """Tensors ORT knows only by a symbol the file declares and no dimension binds (an
+    artifact's ``unk__35``): ORT's planner compares them by their symbols, whatever sizes
+    ckpt found. ORT infers with the file's symbols unbound ('batch' stays a symbol), merges
+    that into a declared shape keeping a declared symbol where it inferred no number, and
+    carries symbols from inputs to outputs: onnx's inference without data propagation, on
+    the file as it is, does the same (it has no rule for ORT's contrib ops nor reads ckpt's
+    guard views: what ORT cannot size there stays unknown, unless the file declares it)."""
+    g = unbound.graph
+    symbols = {d for v in chain(g.input, g.value_info, g.output)
+               for d in _shape_of(v.type)[1] or () if isinstance(d, str)} - {_DIM_UNKNOWN} - set(dims)
+    if not symbols:
+        return
+    try:
+        inferred = onnx.shape_inference.infer_shapes(unbound, data_prop=False).graph
+    except Exception:  # best effort: the sizes stand as found
+        return
+    for v in chain(inferred.value_info, inferred.output):
+        info, shape = tensors.get(v.name), _shape_of(v.type)[1]
+        if info is None or info.shape is None or not shape or len(shape) != len(info.shape):
+            continue
+        bound = [dims.get(d, d) if isinstance(d, str) else d for d in shape]
+        free = [d for d in bound if isinstance(d, str)]
+        if free and all(d in symbols for d in free) and all(
+                d == e for d, e in zip(bound, info.shape) if isinstance(d, int)):
+            tensors[v.name] = replace(info, static_shape=False, ort_shape=shape)
 
 
 def infer_tied(graph: Graph, bound: dict[str, int], free: tuple[str, ...]
@@ -255,7 +294,12 @@ def _mark_ort_static(graph: Graph, model: onnx.ModelProto, tensors: dict[str, Te
     seen = _with_shape_values(graph, m, _inferred(m, g), FOLDABLE, frozenset(cut))
     for t, info in tensors.items():
         if info.nbytes is not None and t not in cut and (t not in seen or seen[t].shape != info.shape):
-            tensors[t] = replace(info, static_shape=False)
+            tensors[t] = unknown_to_ort(info)
+
+
+def unknown_to_ort(info: TensorInfo) -> TensorInfo:
+    """``info`` with a shape ORT's planner does not know before the run, not even by symbols."""
+    return replace(info, static_shape=False, ort_shape=None)
 
 
 def _with_shape_values(graph: Graph, model: onnx.ModelProto, tensors: dict[str, TensorInfo], ops: frozenset[str],
@@ -344,16 +388,21 @@ def _fill_ort_op_shapes(graph: Graph, tensors: dict[str, TensorInfo]) -> list[st
         i = graph.producer.get(name)
         return graph.nodes[i] if i is not None else None
 
+    # ORT turns Constant nodes into initializers before it infers shapes
+    constants = set(graph.initializers) | {t for n in graph.nodes if n.op_type == "Constant" for t in n.outputs}
     sized = []
     for i in graph.topological_order():
         if i not in rules:
             continue
         node = graph.nodes[i]
+        known = ort_shapes.ort_knows_outputs(node, constants.__contains__)
         for pos, (dtype, shape) in rules[i](ort_shapes.Inputs(node, typed, value, producer)).items():
             out = node.outputs[pos] if pos < len(node.outputs) else ABSENT
             if out == ABSENT or shape is None or (out in tensors and tensors[out].nbytes is not None):
                 continue
             tensors[out] = _info(dtype or (tensors[out].dtype if out in tensors else 0), tuple(shape))
+            if not known:
+                tensors[out] = unknown_to_ort(tensors[out])
             if tensors[out].nbytes is not None:
                 sized.append(out)
     return sized
@@ -398,7 +447,7 @@ def _unknown_to_ort(tensors: dict[str, TensorInfo], names: set[str], declared: s
     declares them (it has no rule for ckpt's guards)."""
     for t in names - declared:
         if t in tensors:
-            tensors[t] = replace(tensors[t], static_shape=False)
+            tensors[t] = unknown_to_ort(tensors[t])
 
 
 def _merge_sized(tensors: dict[str, TensorInfo], new: dict[str, TensorInfo]) -> None:

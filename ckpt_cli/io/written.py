@@ -77,6 +77,8 @@ def _static_value_info(result: RewriteResult, shapes: dict[str, list]) -> list[o
                 continue
             if info.static_shape and info.shape is not None and all(isinstance(d, int) for d in info.shape):
                 out.append(onnx.helper.make_tensor_value_info(t, info.dtype, shapes.get(t, list(info.shape))))
+            elif info.ort_shape is not None:  # known by its symbols: the file keeps them
+                out.append(onnx.helper.make_tensor_value_info(t, info.dtype, list(info.ort_shape)))
             else:
                 out.append(onnx.helper.make_tensor_value_info(t, info.dtype, None))
     return out

@@ -144,8 +144,15 @@ def expand_functions(graph: Graph) -> Graph:
     place: ``graph`` is spent. ORT training's function ops (DivGrad) come first: onnx has
     no schema for them, and plain ORT no kernel (``ort.contrib_functions``)."""
     contrib = contrib_expansion(graph)
-    if contrib:
-        graph = splice_expansion(graph, contrib)
+    if not contrib:
+        return _expand_onnx_functions(graph)
+    made = {p.name for ps in contrib.values() for p in ps}
+    graph = _expand_onnx_functions(splice_expansion(graph, contrib))
+    graph.inlined = tuple(n.index for n in graph.nodes if n.name in made)
+    return graph
+
+
+def _expand_onnx_functions(graph: Graph) -> Graph:
     opsets = {n.domain: graph.opset(n.domain) or 1 for n in graph.nodes}
     key_of = _run_as_is_key(graph, opsets)
     functions = {n.name: key for n in graph.nodes

@@ -346,6 +346,19 @@ ONNX_DOMAIN_RULES: dict[str, Rule] = {
 }
 
 
+# Ops whose output ORT's own shape inference sizes only when this input is an initializer
+# (ReduceSumTraining's axes, SplitTraining's lengths: training_op_defs.cc skips them
+# otherwise): ORT's planner then knows no shape for them before the run.
+ORT_SIZES_FROM_CONSTANT: dict[str, int] = {"ReduceSumTraining": 1, "SplitTraining": 1}
+
+
+def ort_knows_outputs(node, constant: Callable[[str], bool]) -> bool:
+    """Whether ORT's shape inference sizes ``node``'s outputs before the run (as far as the
+    rules here tell: an input it needs as an initializer is one)."""
+    pos = ORT_SIZES_FROM_CONSTANT.get(node.op_type)
+    return pos is None or node.domain in ("", "ai.onnx") or (pos < len(node.inputs) and constant(node.inputs[pos]))
+
+
 def contrib_rule(op_type: str) -> Optional[Rule]:
     rule = CONTRIB_RULES.get(op_type)
     if rule is None and (op_type.endswith("Grad") or op_type in _ELEMENTWISE):

@@ -33,7 +33,7 @@ from ..analysis.arena import ArenaResult, predict_in_use
 from ..analysis.lifetimes import Lifetimes, lifetimes
 from ..analysis.memory import MemoryProfile, profile_of
 from ..analysis.planner import Buffers, plan_buffers
-from ..analysis.shapes import TensorInfo
+from ..analysis.shapes import TensorInfo, unknown_to_ort
 from ..analysis.timeline import bytes_in_use, peak_of
 from ..graph import ABSENT, Graph
 from ..markers import FRESH_META
@@ -133,7 +133,7 @@ def candidates(graph: Graph, tensors: dict[str, TensorInfo], orders: list[list[i
 
 
 def _hidden(tensors: dict[str, TensorInfo], names: list[str], fresh: set[int]) -> dict[str, TensorInfo]:
-    return {**tensors, **{names[t]: replace(tensors[names[t]], static_shape=False) for t in fresh}}
+    return {**tensors, **{names[t]: unknown_to_ort(tensors[names[t]]) for t in fresh}}
 
 
 def _recorded_peak(graph: Graph, tensors: dict[str, TensorInfo], reuse: bool
@@ -199,12 +199,12 @@ def apply(graph: Graph, tensors: dict[str, TensorInfo], fresh: set[str], local: 
                 if rank not in shapes:
                     shapes[rank] = zero_shape(source, rank, chain) if local else zero_shape(initializer, rank, head)
                 views[x] = fresh_name(f"{x}_ckpt_fresh")
-                chain.append(make.view(x, shapes[rank], views[x], "1", replace(tensors[x], static_shape=False)))
+                chain.append(make.view(x, shapes[rank], views[x], "1", unknown_to_ort(tensors[x])))
             p.input[j] = views[x]
         rewired[node.index] = p
         for t in node.outputs:
             if t in fresh:
-                tensors[t] = replace(tensors[t], static_shape=False)
+                tensors[t] = unknown_to_ort(tensors[t])
     protos = list(head)
     for node in graph.nodes:
         protos.extend(before.get(node.index, ()))
