@@ -300,12 +300,13 @@ class RunsAt:
     dimensions every figure is at (``dims``), ``other_dims`` where both files run once more
     (outputs only), and the session the rewrite is run in (``user_session``): "ort_default"
     for a file written for ORT's defaults and for an ORT training artifact (the Module API
-    runs those in an untuned session), else "ckpt" (its recorded settings)."""
+    runs those in an untuned session), else "ckpt" (its recorded settings); ``artifact``:
+    the original is an ORT training artifact, also trained in the Module API."""
 
     dims: Mapping[str, int] = field(default_factory=dict)
     other_dims: Mapping[str, int] | None = None
     user_session: str = "ckpt"
-    artifact: bool = False  # the original is an ORT training artifact: trained by the Module API too
+    artifact: bool = False
 
 
 def _at_other_dims(original: str | Path, rewritten: str | Path, model, options: CheckOptions,
