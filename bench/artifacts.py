@@ -272,7 +272,7 @@ def _check(ctx: Setup, orig: Path, rw: Path, row: dict, prio: int) -> dict:
         rec.update({k: data.get(k) for k in ("passed", "outputs_equal", "failures", "notes",
                                              "prediction_error", "predicted", "order_matches",
                                              "memory_lower", "max_abs_diff",
-                                             "rewritten_ort_default_error")})
+                                             "rewritten_ort_default_error", "module_sessions")})
         for k in ("original", "rewritten", "original_ort_default", "rewritten_ort_default"):
             v = data.get(k)
             rec[f"{k}_peak_bytes"] = v.get("peak_bytes") if isinstance(v, dict) else None

@@ -32,6 +32,10 @@ itself with it. Everything (artifacts, optimizer state, all batches) is loaded f
 goes to ``/proc/self/clear_refs`` (VmHWM reset) and ``peak_bytes`` is VmHWM after the last step
 minus VmRSS before the first: what training added on top of the loaded state.
 
+The session options, the Module loop and its measurement are ``ckpt_cli/verify/module_child.py``'s,
+the child ``ckpt check`` trains artifacts in (loaded by path: it needs nothing beyond numpy and
+onnxruntime); the feeds from zoo.json are this script's own.
+
 Import: ``import onnxruntime`` in the training wheel imports torch (its build validation loads
 ORTModule), about 3.5 s of every run; Module and Optimizer need only ORT's core, so torch is
 kept out unless ``--allow-torch``.
@@ -43,59 +47,30 @@ ORT version, the settings applied.
 from __future__ import annotations
 
 import argparse
-import importlib
+import importlib.util
 import json
 import os
 import sys
-import time
-import types
 
 MMAP_THRESHOLD = "65536"
-SESSION_ATTRS = ("execution_order", "graph_optimization_level", "enable_mem_pattern",
-                 "enable_mem_reuse", "enable_cpu_mem_arena")
+# The Module loop and its measurement are ckpt check's own (its Module child runs the same code).
+_CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "ckpt_cli", "verify",
+                      "module_child.py")
 
 
-def _import_training(module: str):
-    """``onnxruntime.training.<module>`` without torch: the package ``__init__`` imports its
-    torch-based parts; if torch is absent (or kept out), load the submodule from a bare package."""
-    try:
-        return importlib.import_module(f"onnxruntime.training.{module}")
-    except ModuleNotFoundError as err:
-        if err.name != "torch":
-            raise
-    import onnxruntime
-
-    for name in [m for m in sys.modules if m.startswith("onnxruntime.training")]:
-        del sys.modules[name]
-    package = types.ModuleType("onnxruntime.training")
-    package.__path__ = [os.path.join(os.path.dirname(onnxruntime.__file__), "training")]
-    sys.modules["onnxruntime.training"] = package
-    return importlib.import_module(f"onnxruntime.training.{module}")
+def _module_child():
+    """``ckpt_cli/verify/module_child.py`` by path: the training interpreter need not have
+    ckpt's dependencies, and that file has none."""
+    spec = importlib.util.spec_from_file_location("ckpt_module_child", _CHILD)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def session_options(settings: dict | None):
     """ORT's SessionOptions with one intra-op thread and ``settings`` applied; returns
     (options, applied, ignored)."""
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 1
-    applied, ignored = {}, []
-    for key, value in (settings or {}).items():
-        if key == "execution_order":
-            so.execution_order = getattr(ort.ExecutionOrder, value)
-        elif key == "graph_optimization_level":
-            so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, value)
-        elif key == "config_entries":
-            for k, v in (value or {}).items():
-                so.add_session_config_entry(str(k), str(v))
-        elif key in SESSION_ATTRS:
-            setattr(so, key, bool(value))
-        else:
-            ignored.append(key)
-            continue
-        applied[key] = value
-    return so, applied, sorted(ignored)
+    return _module_child().session_options(settings)
 
 
 def dims(shape: list, batch: int, seq: int | None = None) -> list[int]:
@@ -132,26 +107,20 @@ def make_batches(zoo: dict, batch: int, steps: int, seed: int) -> list[dict]:
     return out
 
 
-def _status() -> dict[str, int]:
-    with open("/proc/self/status", encoding="ascii") as f:
-        fields = dict(line.split(":", 1) for line in f if ":" in line)
-    return {k: int(fields[k].split()[0]) * 1024 for k in ("VmRSS", "VmHWM")}
-
-
 def train(art_dir: str, training_model: str, steps: int, settings: dict | None,
           batch: int | None, seed: int, ort_seed: int | None = 0) -> dict:
     import numpy as np
     import onnxruntime as ort
 
-    api = _import_training("api")
+    child = _module_child()
+    api = child.import_training("api")
     with open(os.path.join(art_dir, "zoo.json"), encoding="utf-8") as f:
         zoo = json.load(f)
     batch = batch or int(zoo["batch"])
-    so, applied, ignored = session_options(settings)
-    state = api.CheckpointState.load_checkpoint(os.path.join(art_dir, "checkpoint"))
-    module = api.Module(training_model, state, os.path.join(art_dir, "eval_model.onnx"),
-                        device="cpu", session_options=so)
-    optimizer = api.Optimizer(os.path.join(art_dir, "optimizer_model.onnx"), module)
+    so, applied, ignored = child.session_options(settings)
+    module, optimizer = child.open_module(api, training_model, os.path.join(art_dir, "checkpoint"),
+                                          os.path.join(art_dir, "eval_model.onnx"),
+                                          os.path.join(art_dir, "optimizer_model.onnx"), so)
     names = list(module.input_names())
     known = [t["name"] for t in (*zoo["inputs"], zoo["label"])]
     unknown = [n for n in names if n not in known]
@@ -159,30 +128,11 @@ def train(art_dir: str, training_model: str, steps: int, settings: dict | None,
         raise RuntimeError(f"Module inputs {unknown} are not in zoo.json (Module wants {names}, "
                            f"zoo.json has {known})")
     data = [[feeds[n] for n in names] for feeds in make_batches(zoo, batch, steps, seed)]
-    # Random ops without a seed attribute (Dropout) draw from ORT's default generator: seed it,
-    # or every process draws other masks (ckpt check's worker does the same)
-    if ort_seed is not None and hasattr(ort, "set_seed"):
-        ort.set_seed(ort_seed)
-
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    before = _status()
-    losses, times = [], []
-    for inputs in data:
-        start = time.perf_counter()
-        module.train()
-        loss = module(*inputs)
-        optimizer.step()
-        module.lazy_reset_grad()
-        times.append(time.perf_counter() - start)
-        losses.append(float(np.asarray(loss).reshape(())))
-    after = _status()
+    measured = child.run_steps(module, optimizer, data, ort_seed)
     return {
         "artifact_dir": art_dir, "training_model": training_model, "steps": steps,
         "batch": batch, "seed": seed, "ort_seed": ort_seed, "input_names": names,
-        "losses": losses, "losses_hex": [x.hex() for x in losses], "step_s": times,
-        "peak_bytes": after["VmHWM"] - before["VmRSS"],
-        "vmrss_before_bytes": before["VmRSS"], "vmhwm_after_bytes": after["VmHWM"],
+        **measured,
         "settings_applied": applied, "settings_ignored": ignored,
         "intra_op_num_threads": so.intra_op_num_threads,
         "ort_version": ort.__version__, "numpy_version": np.__version__,
@@ -209,8 +159,8 @@ def main(argv: list[str] | None = None) -> int:
         # glibc reads it at process start only
         env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=MMAP_THRESHOLD)
         os.execve(sys.executable, [sys.executable, os.path.abspath(__file__), *sys.argv[1:]], env)
-    if not args.allow_torch and "torch" not in sys.modules:
-        sys.modules["torch"] = None  # type: ignore[assignment]  # import torch -> ImportError
+    if not args.allow_torch:
+        _module_child().keep_torch_out()
     result = train(args.artifact_dir, args.training_model, args.steps, args.settings,
                    args.batch, args.seed, None if args.ort_seed < 0 else args.ort_seed)
     print(json.dumps(result))

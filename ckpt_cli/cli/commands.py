@@ -215,7 +215,10 @@ def check(original: Path, rewritten: Path, **given) -> None:
     without ckpt's settings). Compares every output bit for bit, reads the real peak
     of each run from ORT's profiler, and checks that ORT executed the rewritten nodes,
     and only those, in the written order (nodes ORT adds are named, and tolerated
-    where the rewritten peak stays within --max-prediction-error).
+    where the rewritten peak stays within --max-prediction-error). An ORT training artifact
+    (checkpoint, eval and optimizer models beside the original) is also trained 3 steps in
+    ORT's Module API, untuned and under the rewrite's settings: the rewrite's process peak
+    untuned must not be above the original's, and its losses must be bit-identical in both.
 
     Exit code 0 when every premise holds; 1 when outputs differ, memory got worse, ORT
     ran another order or nodes not in the file that put the peak off the prediction, or

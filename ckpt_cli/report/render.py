@@ -233,6 +233,20 @@ def _render_ort_optimize(opt: dict | None, console: Console) -> None:
                       + (f" Forward ops ckpt cannot recompute (kept): {safe(kept)}." if kept else ""))
 
 
+def _render_module_sessions(m: dict | None, console: Console) -> None:
+    """The Module API's training sessions: four process peaks and whether the losses agree."""
+    if not m or "skipped" in m:
+        return
+    for session, label in (("untuned", "untuned"), ("settings", "recorded settings")):
+        o, w = m.get(f"original_{session}"), m.get(f"rewritten_{session}")
+        peaks = " -> ".join(human_bytes(x["peak_bytes"]) if x else "did not run" for x in (o, w))
+        change = f" ({percent(w['peak_bytes'] - o['peak_bytes'], o['peak_bytes'])})" if o and w and o["peak_bytes"] else ""
+        same = m["losses_identical"][session]
+        losses = "n/a" if same is None else "bit-identical" if same else "DIFFER"
+        console.print(f"Module API training, {m['steps']} steps, {label}: process peak {peaks}{change}; "
+                      f"losses {losses}")
+
+
 def render_check(r: dict, console: Console) -> None:
     o, w, d = r["original"], r["rewritten"], r["original_ort_default"]
     console.print(f"[bold]{safe(r['model'])}[/bold] vs [bold]{safe(r['rewritten_model'])}[/bold] on {r['provider']} "
@@ -263,6 +277,7 @@ def render_check(r: dict, console: Console) -> None:
     if d is not None and d["peak_bytes"] and w["peak_bytes"]:
         console.print(f"against ORT's default settings: {human_bytes(d['peak_bytes'])} -> "
                       f"{human_bytes(w['peak_bytes'])} ({percent(w['peak_bytes'] - d['peak_bytes'], d['peak_bytes'])})")
+    _render_module_sessions(r.get("module_sessions"), console)
     for label, key in (("peak in use", "prediction_error_in_use"), ("tensor bytes", "prediction_error")):
         errs = [f"{k} {v * 100:+.1f}%" for k, v in r[key].items() if v is not None]
         if errs:

@@ -3,6 +3,8 @@
 - ``stage``: ``check_files`` (paths + predictions -> ``CheckFigures`` with a verdict)
 - ``driver``: one child process per measured model (``run_model``, ``check_pair`` -> ``PairRun``)
 - ``worker``: the standalone script a child runs (numpy + onnxruntime only)
+- ``module_runs``: an ORT training artifact trained by the Module API (``module_child``, a
+  standalone script as ``worker``), untuned and under the rewrite's settings
 - ``compare``: outputs bit for bit, executed order against file order
 - ``feeds``: generated or given inputs
 - ``settings``: the session settings measured and recommended

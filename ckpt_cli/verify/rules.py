@@ -15,6 +15,10 @@ if TYPE_CHECKING:
     from .stage import CheckFigures, Measurement
 
 PROCESS_PEAK_NOISE_BYTES = 256 * 1024
+# A Module session's process peak (VmHWM, malloc's mmap threshold at 64 KiB): measured
+# the same twice within a page or two; a rise above this is the rewrite's.
+MODULE_NOISE_BYTES = 64 * 1024
+MODULE_NOISE_SHARE = 0.01
 # ORT's CPU provider names the Casts it wraps around ops that have no float16 kernel so.
 ORT_PRECISION_CAST = "InsertedPrecisionFreeCast_"
 
@@ -111,6 +115,44 @@ def user_session_not_raised(f: "CheckFigures", tolerant: bool) -> None:
         f.memory_lower = False
         f.failures.append(f"under ORT's default settings, the session this model is run in, the rewritten peak "
                           f"({rd.peak_bytes} B) is above the original's ({od.peak_bytes} B)")
+
+
+def module_noise(reference: int) -> int:
+    """Bytes below which a Module session's process peak rise is measurement noise."""
+    return max(MODULE_NOISE_BYTES, int(MODULE_NOISE_SHARE * reference))
+
+
+def module_session_not_raised(f: "CheckFigures", tolerant: bool) -> None:
+    """An ORT training artifact trained by the Module API in its untuned session, the one
+    its users run: the rewrite's process peak there is not above the original's."""
+    m = f.module_sessions
+    if m is None:
+        return
+    if "skipped" in m:
+        f.notes.append(f"the Module API's training sessions were not run: {m['skipped']}")
+        return
+    o, r = m.get("original_untuned"), m.get("rewritten_untuned")
+    if o is not None and r is not None and r["peak_bytes"] > o["peak_bytes"] + module_noise(o["peak_bytes"]):
+        f.memory_lower = False
+        f.failures.append(f"trained by the Module API in its untuned session, the rewrite's process peak "
+                          f"({r['peak_bytes']} B) is above the original's ({o['peak_bytes']} B)")
+
+
+def module_losses_identical(f: "CheckFigures", tolerant: bool) -> None:
+    """The rewrite trains in the Module API, untuned and under its settings, with the
+    original's losses bit for bit (a loss rounded otherwise is another training run)."""
+    m = f.module_sessions
+    if m is None or "skipped" in m:
+        return
+    for session, where in (("untuned", "untuned"), ("settings", "under the recorded settings")):
+        error = m["errors"].get(f"rewritten_{session}")
+        o, r = m.get(f"original_{session}"), m.get(f"rewritten_{session}")
+        if error and o is not None:
+            f.failures.append(f"the Module API does not train the rewrite {where} ({error})")
+        elif o is not None and r is not None and o["losses_hex"] != r["losses_hex"]:
+            step = next(i for i, (a, b) in enumerate(zip(o["losses_hex"], r["losses_hex"])) if a != b)
+            f.failures.append(f"trained by the Module API {where}, the losses differ from the original's "
+                              f"(step {step + 1}: {r['losses_hex'][step]} vs {o['losses_hex'][step]})")
 
 
 def ran_only_file_nodes(f: "CheckFigures", tolerant: bool) -> None:
@@ -266,6 +308,8 @@ RULES: tuple[Rule, ...] = (
     every_tensor_sized,
     peak_not_raised,
     user_session_not_raised,
+    module_session_not_raised,
+    module_losses_identical,
     ran_only_file_nodes,
     ran_every_file_node,
     device_notes,

@@ -28,6 +28,7 @@ from ..options import CheckOptions
 from ..ops import VIEW_OPS
 from . import driver
 from .feeds import FeedError, feed_dims, load_feeds, make_feeds, save_feeds
+from .module_runs import module_sessions
 from .plain_model import fused_plain
 from .rules import judge
 
@@ -143,6 +144,8 @@ class CheckFigures:
     # the pair run again at other values of the symbolic dimensions ("dims"): outputs only
     other_dims: dict | None = None
     user_session: str = "ckpt"  # the session the rewrite is run in (RunsAt.user_session)
+    # an ORT training artifact trained by the Module API (module_runs.module_sessions)
+    module_sessions: dict | None = None
     memory_lower: bool = True
     failures: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -173,6 +176,7 @@ class CheckFigures:
             "predicted_plain": pred.plain.predicted, "prediction_error_plain": pred.plain.error,
             "predicted_plain_fused": pred.plain.fused, "prediction_error_plain_fused": pred.plain.fused_error,
             "unsized": pred.unsized, "other_dims": self.other_dims, "user_session": self.user_session,
+            "module_sessions": self.module_sessions,
             "failures": self.failures, "notes": self.notes, "passed": self.passed,
         }
         # copies, as asdict() made them: the body does not change with the figures
@@ -296,11 +300,13 @@ class RunsAt:
     dimensions every figure is at (``dims``), ``other_dims`` where both files run once more
     (outputs only), and the session the rewrite is run in (``user_session``): "ort_default"
     for a file written for ORT's defaults and for an ORT training artifact (the Module API
-    runs those in an untuned session), else "ckpt" (its recorded settings)."""
+    runs those in an untuned session), else "ckpt" (its recorded settings); ``artifact``:
+    the original is an ORT training artifact, also trained in the Module API."""
 
     dims: Mapping[str, int] = field(default_factory=dict)
     other_dims: Mapping[str, int] | None = None
     user_session: str = "ckpt"
+    artifact: bool = False
 
 
 def _at_other_dims(original: str | Path, rewritten: str | Path, model, options: CheckOptions,
@@ -313,6 +319,17 @@ def _at_other_dims(original: str | Path, rewritten: str | Path, model, options: 
         feeds_path = Path(tmp) / "feeds.npz"
         prepare_feeds(model, feeds_path, options.seed, dict(other), None)
         return {"dims": dict(other), **driver.outputs_at(Path(original), Path(rewritten), feeds_path, pair_options)}
+
+
+def _module_sessions(original: str | Path, rewritten: str | Path, model, options: CheckOptions,
+                     worker: driver.WorkerOptions, provider: str, dims: Mapping[str, int]) -> dict:
+    """Both training models in the Module API (``module_runs``), on the check's feeds."""
+    if provider != "cpu":
+        return {"skipped": f"the Module API runs on CPU here, the check on {provider}"}
+    with tempfile.TemporaryDirectory(prefix="ckpt_feeds_") as tmp:
+        feeds_path = Path(tmp) / "feeds.npz"
+        prepare_feeds(model, feeds_path, options.seed, dict(dims), options.feeds_file)
+        return module_sessions(original, rewritten, feeds_path, worker)
 
 
 def check_files(original: str | Path, rewritten: str | Path, predicted: dict[str, Prediction],
@@ -338,10 +355,12 @@ def check_files(original: str | Path, rewritten: str | Path, predicted: dict[str
     outputs, measured = _output_figures(pair, options, model), _measured_runs(pair)
     plain, notes = _plain_prediction(rewritten, predicted["rewritten"], pair, measured.rewritten_ort_default,
                                      options.timeout)
+    module = (_module_sessions(original, rewritten, model, options, pair_options.worker, pair.provider, runs_at.dims)
+              if runs_at.artifact else None)
     figures = CheckFigures(pair.provider, pair.rewritten.ckpt.ort_version, enable_mem_reuse, outputs, measured,
                            pair.order, _prediction_figures(predicted, measured, options.max_prediction_error, plain),
                            _at_other_dims(original, rewritten, model, options, pair_options, runs_at.other_dims),
-                           runs_at.user_session, notes=notes)
+                           runs_at.user_session, module, notes=notes)
     judge(figures, tolerant=outputs.tolerance is not None)
     return figures
 
@@ -417,10 +436,13 @@ def _same_outputs(original: Graph, rewritten: Graph) -> None:
 
 def _user_session(analysed: dict[str, Analysis], plan: SessionPlan) -> str:
     """The session the rewrite is run in (``RunsAt.user_session``)."""
+    return "ort_default" if plan.session == "ort_default" or _artifact(analysed) else "ckpt"
+
+
+def _artifact(analysed: dict[str, Analysis]) -> bool:
     from ..rewrite.mem_pattern import is_ort_artifact
 
-    artifact = is_ort_artifact(analysed["original"].graph)
-    return "ort_default" if plan.session == "ort_default" or artifact else "ckpt"
+    return is_ort_artifact(analysed["original"].graph)
 
 
 def check_analysed(paths: dict[str, Path], analysed: dict[str, Analysis], dims: dict[str, int],
@@ -437,5 +459,6 @@ def check_analysed(paths: dict[str, Path], analysed: dict[str, Analysis], dims: 
     predicted = {k: predict(a, reuse, plain=k == "rewritten") for k, a in analysed.items()}
     return check_files(paths["original"], paths["rewritten"], predicted, replace(options, provider=provider),
                        enable_mem_reuse=reuse, feeds_model=analysed["original"].graph.model,
-                       dims=RunsAt(dims, other_assignment(analysed["original"]), _user_session(analysed, plan)),
+                       dims=RunsAt(dims, other_assignment(analysed["original"]), _user_session(analysed, plan),
+                                   _artifact(analysed)),
                        reference_level=optimized["level"] if optimized else None)

@@ -1,0 +1,116 @@
+"""The session a user of an ORT training artifact runs: ORT's Module API, measured.
+
+An artifact (``generate_artifacts``' folder: ``training_model.onnx`` beside ``checkpoint``,
+``eval_model.onnx`` and ``optimizer_model.onnx``) is trained through ``Module`` +
+``Optimizer``, by default in an untuned session (ORT_ENABLE_ALL's fusions, the memory pattern,
+buffer reuse and the arena). The check trains the original and the rewrite there and under
+the rewrite's recorded settings, a few steps each from the original's checkpoint, each in a
+fresh child (``module_child.py``) under ``--python``: process peak and losses per run.
+The rewritten training model runs with the original's checkpoint, eval and optimizer models,
+as a user who swaps the file in does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from ..errors import RunFailed
+from . import child
+from . import module_child as _module_child
+from .driver import WorkerOptions, _child_env, _parse
+
+MODULE_CHILD_PATH = os.path.abspath(_module_child.__file__)
+# Enough for the optimizer's state to be in place and losses to move; each step is a full
+# training step of the model, so more only costs time.
+STEPS = 3
+ARTIFACT_FILES = {"checkpoint": "checkpoint", "eval_model": "eval_model.onnx",
+                  "optimizer_model": "optimizer_model.onnx"}
+SESSIONS = ("untuned", "settings")
+SIDES = ("original", "rewritten")
+# A finding about the model (the child answered why ORT did not run it), not a child gone wrong.
+_MODEL_FAILURES = ("load_failed", "run_failed")
+
+
+def artifact_files(training_model: str | os.PathLike) -> dict[str, str] | str:
+    """The artifact's other files beside ``training_model``, or why there are none."""
+    folder = Path(training_model).resolve().parent
+    files = {k: folder / name for k, name in ARTIFACT_FILES.items()}
+    missing = [p.name for p in files.values() if not p.exists()]
+    if missing:
+        return f"the original's folder has no {', '.join(missing)}"
+    return {k: str(p) for k, p in files.items()}
+
+
+def _checked(answer: dict, steps: int, what: str) -> dict:
+    """The figures of a child's answer, strictly: one finite loss per step, a byte count."""
+    hexes, times, peak = answer.get("losses_hex"), answer.get("step_s"), answer.get("peak_bytes")
+    try:
+        if not (isinstance(hexes, list) and len(hexes) == steps and all(isinstance(h, str) and len(h) < 40
+                                                                         for h in hexes)):
+            raise ValueError("losses_hex")
+        for h in hexes:
+            float.fromhex(h)
+        if not (isinstance(times, list) and len(times) == steps and all(type(t) in (int, float) for t in times)):
+            raise ValueError("step_s")
+        if type(peak) is not int:
+            raise ValueError("peak_bytes")
+    except ValueError as e:
+        raise RunFailed("bad_answer", f"{what} answered a malformed result ({e})") from None
+    return {"peak_bytes": peak, "losses_hex": hexes, "time_s": statistics.median(times)}
+
+
+def run_module(training_model: str | os.PathLike, files: dict[str, str], feeds_path: str | os.PathLike,
+               settings: dict | None, worker: WorkerOptions, steps: int = STEPS) -> dict:
+    """Train ``training_model`` for ``steps`` steps in a fresh child: its peak_bytes (process
+    peak above the loaded state), losses_hex and median step time. Raises RunFailed."""
+    session = "untuned" if settings is None else "recorded settings"
+    what = f"the Module child training {os.path.basename(os.fspath(training_model))} ({session})"
+    spec = {"training_model": os.path.abspath(os.fspath(training_model)), **files,
+            "feeds": os.path.abspath(os.fspath(feeds_path)), "steps": steps, "seed": int(worker.seed),
+            "settings": settings}
+    with tempfile.TemporaryDirectory(prefix="ckpt_module_") as tmp:
+        spec_path = os.path.join(tmp, "spec.json")
+        with open(spec_path, "w", encoding="utf-8") as f:
+            json.dump(spec, f)
+        out = child.run_child([worker.python or sys.executable, MODULE_CHILD_PATH, spec_path], _child_env(),
+                              worker.timeout, what)
+    return _checked(_parse(out, what), steps, what)
+
+
+def _identical(runs: dict, session: str) -> bool | None:
+    o, r = runs.get(f"original_{session}"), runs.get(f"rewritten_{session}")
+    return None if o is None or r is None else o["losses_hex"] == r["losses_hex"]
+
+
+def module_sessions(original: str | os.PathLike, rewritten: str | os.PathLike, feeds_path: str | os.PathLike,
+                    worker: WorkerOptions, steps: int = STEPS) -> dict:
+    """Both training models in the Module API, untuned and under the rewrite's recorded
+    settings: ``{"steps", "settings", "<side>_<session>": figures, "errors", "losses_identical"}``,
+    or ``{"skipped": why}`` when the original cannot be trained here."""
+    from ..ort.session import recorded_settings
+
+    files = artifact_files(original)
+    if isinstance(files, str):
+        return {"skipped": files}
+    settings = recorded_settings(rewritten)
+    runs: dict = {}
+    errors: dict[str, str] = {}
+    for session in SESSIONS:
+        for side, model in zip(SIDES, (original, rewritten)):
+            key = f"{side}_{session}"
+            try:
+                runs[key] = run_module(model, files, feeds_path, settings if session == "settings" else None,
+                                       worker, steps)
+            except RunFailed as e:
+                if key == "original_untuned" and e.kind in (*_MODEL_FAILURES, "training_unavailable"):
+                    return {"skipped": f"the Module API did not train the original ({e.kind}: {e.message})"}
+                if e.kind not in _MODEL_FAILURES:
+                    raise
+                errors[key] = f"{e.kind}: {e.message}"
+    return {"steps": steps, "settings": settings, **runs, "errors": errors,
+            "losses_identical": {s: _identical(runs, s) for s in SESSIONS}}

@@ -1,0 +1,185 @@
+"""The check trains an ORT training artifact in the Module API, the session its users run.
+
+The rules are judged on the figures the Module runs give (no onnxruntime-training needed);
+the child's answer is parsed strictly; and, with ``CKPT_ORT_TRAINING_PYTHON`` naming an
+interpreter with onnxruntime-training-cpu 1.19.2 and torch, ``ckpt check`` on a zoo artifact
+generated afresh (its checkpoint is not in the repository) runs the four Module sessions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from importlib import resources
+
+import pytest
+from conftest import ROOT
+
+from ckpt_cli.errors import RunFailed
+from ckpt_cli.report.model import check_report
+from ckpt_cli.verify.driver import WorkerOptions
+from ckpt_cli.verify.module_runs import artifact_files, run_module
+from ckpt_cli.verify.rules import MODULE_NOISE_BYTES, judge
+from test_verdict_rule_figures import _figures
+
+MIB = 1 << 20
+LOSSES = ["0x1.277f8a0000000p+1", "0x1.3f1f800000000p+1", "0x1.374e0a0000000p+1"]
+
+
+def _run(peak: int, losses: list[str] = LOSSES) -> dict:
+    return {"peak_bytes": peak, "losses_hex": list(losses), "time_s": 0.1}
+
+
+def _sessions(rewritten_untuned: dict | None = None, rewritten_settings: dict | None = None,
+              errors: dict | None = None) -> dict:
+    """A passing artifact: the rewrite lower in both sessions, every loss the same."""
+    runs = {"original_untuned": _run(20 * MIB), "rewritten_untuned": rewritten_untuned or _run(12 * MIB),
+            "original_settings": _run(16 * MIB), "rewritten_settings": rewritten_settings or _run(8 * MIB)}
+    for key in errors or {}:
+        runs.pop(key)
+    same = {s: (None if f"rewritten_{s}" in (errors or {}) else
+                runs[f"original_{s}"]["losses_hex"] == runs[f"rewritten_{s}"]["losses_hex"])
+            for s in ("untuned", "settings")}
+    return {"steps": 3, "settings": {"settings": "ckpt"}, **runs, "errors": errors or {}, "losses_identical": same}
+
+
+def _judged(module: dict):
+    f = _figures()
+    f.module_sessions = module
+    judge(f, tolerant=False)
+    return f
+
+
+def test_the_module_figures_of_a_good_rewrite_pass():
+    f = _judged(_sessions())
+    assert f.passed and f.notes == [] and f.memory_lower
+
+
+def test_module_session_not_raised_fails_a_rewrite_above_the_original_untuned():
+    f = _judged(_sessions(rewritten_untuned=_run(21 * MIB)))
+    assert f.failures == ["trained by the Module API in its untuned session, the rewrite's process peak "
+                          f"({21 * MIB} B) is above the original's ({20 * MIB} B)"]
+    assert not f.memory_lower
+    # within max(64 KiB, 1%) of the original: noise, not a finding
+    assert _judged(_sessions(rewritten_untuned=_run(20 * MIB + 200 * 1024))).passed
+    small = _sessions(rewritten_untuned=_run(MIB + MODULE_NOISE_BYTES + 4096))
+    small["original_untuned"] = _run(MIB)
+    assert not _judged(small).passed
+    # above the original under the settings only: the untuned session is the one judged
+    assert _judged(_sessions(rewritten_settings=_run(17 * MIB))).passed
+
+
+def test_module_losses_identical_fails_a_loss_one_ulp_off_in_either_session():
+    off = [LOSSES[0], "0x1.3f1f810000000p+1", LOSSES[2]]
+    f = _judged(_sessions(rewritten_untuned=_run(12 * MIB, off)))
+    assert f.failures == ["trained by the Module API untuned, the losses differ from the original's "
+                          "(step 2: 0x1.3f1f810000000p+1 vs 0x1.3f1f800000000p+1)"]
+    g = _judged(_sessions(rewritten_settings=_run(8 * MIB, off)))
+    assert g.failures == ["trained by the Module API under the recorded settings, the losses differ from the "
+                          "original's (step 2: 0x1.3f1f810000000p+1 vs 0x1.3f1f800000000p+1)"]
+    h = _judged(_sessions(errors={"rewritten_settings": "run_failed: Shape mismatch"}))
+    assert h.failures == ["the Module API does not train the rewrite under the recorded settings "
+                          "(run_failed: Shape mismatch)"]
+
+
+def test_skipped_module_sessions_are_a_note():
+    f = _judged({"skipped": "the original's folder has no checkpoint"})
+    assert f.passed and f.notes == ["the Module API's training sessions were not run: the original's folder "
+                                    "has no checkpoint"]
+
+
+def test_the_report_shows_the_four_figures_and_validates():
+    jsonschema = pytest.importorskip("jsonschema")
+    from rich.console import Console
+
+    from ckpt_cli.report.render import render_check
+    from ckpt_cli.report.model import Source
+
+    f = _figures()
+    f.module_sessions = _sessions(rewritten_settings=_run(8 * MIB, LOSSES[::-1]))
+    judge(f, tolerant=False)
+    src = Source.of_file(ROOT / "sample_models" / "mlp.onnx")
+    report = check_report(src, src, f.to_json(), {})
+    schema = json.loads(resources.files("ckpt_cli.report").joinpath("schema.json").read_text())
+    errors = list(jsonschema.Draft202012Validator(schema).iter_errors(report))
+    assert not errors, [e.message[:200] for e in errors[:3]]
+    console = Console(record=True, width=200, color_system=None)
+    render_check(report, console)
+    text = console.export_text()
+    assert "Module API training, 3 steps, untuned: process peak 20.0 MiB -> 12.0 MiB (-40.0%); losses bit-identical" in text
+    assert "recorded settings: process peak 16.0 MiB -> 8.0 MiB (-50.0%); losses DIFFER" in text
+
+
+def _fake_python(tmp_path, answer: str):
+    """An interpreter that prints ``answer`` whatever it is asked to run."""
+    path = tmp_path / "python"
+    path.write_text(f"#!/bin/sh\ncat <<'EOF'\n{answer}\nEOF\n")
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return str(path)
+
+
+@pytest.mark.parametrize("answer, kind", [
+    ('{"ok": true, "losses_hex": ["0x1p+0"], "step_s": [0.1], "peak_bytes": 1}', "bad_answer"),  # one loss of 3
+    ('{"ok": true, "losses_hex": ["nan?", "x", "y"], "step_s": [0.1, 0.1, 0.1], "peak_bytes": 1}', "bad_answer"),
+    ('{"ok": true, "losses_hex": ["0x1p+0", "0x1p+0", "0x1p+0"], "step_s": [0, 0, 0], "peak_bytes": 1.5}',
+     "bad_answer"),
+    ("not json", "bad_answer"),
+    ("", "crashed"),
+])
+def test_a_misbehaving_module_child_is_a_run_failure(tmp_path, answer, kind):
+    files = {k: str(tmp_path / k) for k in ("checkpoint", "eval_model", "optimizer_model")}
+    with pytest.raises(RunFailed) as e:
+        run_module(tmp_path / "t.onnx", files, tmp_path / "f.npz", None,
+                   WorkerOptions(python=_fake_python(tmp_path, answer), timeout=30))
+    assert e.value.kind == kind and e.value.exit_code == 5
+
+
+def test_artifact_files_are_found_beside_the_training_model(tmp_path):
+    assert artifact_files(tmp_path / "training_model.onnx") == (
+        "the original's folder has no checkpoint, eval_model.onnx, optimizer_model.onnx")
+    for name in ("checkpoint", "eval_model.onnx", "optimizer_model.onnx"):
+        (tmp_path / name).write_bytes(b"")
+    assert set(artifact_files(tmp_path / "training_model.onnx")) == {"checkpoint", "eval_model", "optimizer_model"}
+
+
+# --------------------------------------------------------------------------- with onnxruntime-training
+
+
+def _training_python() -> str:
+    python = os.environ.get("CKPT_ORT_TRAINING_PYTHON")
+    if not python:
+        pytest.skip("CKPT_ORT_TRAINING_PYTHON is not set")
+    probe = "import torch, onnxruntime.training.artifacts"
+    if subprocess.run([python, "-c", probe], capture_output=True, timeout=120).returncode != 0:
+        pytest.skip(f"{python} cannot import torch and onnxruntime.training (needed to generate an artifact)")
+    return python
+
+
+@pytest.mark.slow
+def test_check_trains_a_zoo_artifact_in_the_module_api(tmp_path):
+    python = _training_python()
+    zoo = tmp_path / "zoo"
+    made = subprocess.run([python, ROOT / "sample_models" / "artifact_zoo.py", "--out-dir", zoo, "--only", "mlp",
+                           "--no-verify"], capture_output=True, text=True, timeout=300)
+    assert made.returncode == 0, made.stderr[-1000:]
+    original = zoo / "mlp" / "training_model.onnx"
+    rewritten = tmp_path / "elsewhere" / "mlp.ckpt.onnx"  # not beside the checkpoint
+    rewritten.parent.mkdir()
+    cli = [sys.executable, "-m", "ckpt_cli.cli"]
+    env = dict(os.environ, NO_COLOR="1")
+    assert subprocess.run([*cli, "rewrite", original, "-o", rewritten], cwd=ROOT, env=env,
+                          capture_output=True, timeout=300).returncode == 0
+    r = subprocess.run([*cli, "check", original, rewritten, "--python", python, "--provider", "cpu", "--runs", "1",
+                        "--json"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    report = json.loads(r.stdout)
+    m = report["module_sessions"]
+    assert m["errors"] == {} and m["steps"] == 3, m
+    for key in ("original_untuned", "rewritten_untuned", "original_settings", "rewritten_settings"):
+        assert m[key]["peak_bytes"] > MIB and len(m[key]["losses_hex"]) == 3, (key, m[key])
+    assert m["losses_identical"] == {"untuned": True, "settings": True}
+    assert m["rewritten_untuned"]["peak_bytes"] <= m["original_untuned"]["peak_bytes"] + max(64 << 10, m[
+        "original_untuned"]["peak_bytes"] // 100)
+    assert r.returncode == 0 and report["passed"], report["failures"]
