@@ -38,10 +38,17 @@ ORT_TRAINING_SCHEMAS: dict[str, tuple[str, bool]] = {
                      "BatchNormalizationGrad", "BatchNormInternal", "Group", "PassThrough", "IsFinite", "All",
                      "IsAllFinite", "MixedPrecisionScale", "Scale", "View", "ReduceAllL2", "Send", "Recv",
                      "MegatronF", "MegatronG", "SliceGrad", "RecordEvent", "WaitEvent", "YieldOp", "ATenOpGrad",
-                     "PythonOpGrad", "LSTMTraining", "LSTMGrad", "GRUTraining", "GRUGrad"),
+                     "PythonOpGrad", "LSTMTraining", "LSTMGrad", "GRUTraining", "GRUGrad",
+                     # the names onnxruntime-training 1.19.2 loads a com.microsoft node of (each
+                     # identifier in its library tried as a one-node model) beyond the above
+                     "BatchScale", "ConvTransposeGrad", "FakeQuant", "FakeQuantGrad", "FlattenAndUnpad",
+                     "InplaceClipGradNorm", "LeakyReluGrad", "NegativeLogLikelihoodLossInternal",
+                     "NegativeLogLikelihoodLossInternal2", "PadAndUnflatten", "QuickGeluGrad", "ResizeGrad",
+                     "SGDOptimizerV2", "ScaledSum", "ShrunkenGather", "SigmoidGrad", "SoftmaxDropoutGrad",
+                     "TanhGrad"),
                     ("com.microsoft", False)),
-    **dict.fromkeys(("BiasDropout", "BitmaskDropout", "BitmaskBiasDropout", "ATenOp", "PythonOp"),
-                    ("com.microsoft", True)),
+    **dict.fromkeys(("BiasDropout", "BitmaskDropout", "BitmaskBiasDropout", "BiasSoftmaxDropout", "ATenOp",
+                     "PythonOp"), ("com.microsoft", True)),
 }
 
 # Recomputing these would draw different numbers than the forward pass did.

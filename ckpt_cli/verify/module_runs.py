@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 from ..errors import RunFailed
-from . import child
+from ..ort import child
 from . import module_child as _module_child
 from .driver import WorkerOptions, _child_env, _parse
 
