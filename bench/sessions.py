@@ -47,7 +47,7 @@ predicts for (c) before any run (the arena peak of the file order; for a graph w
 unchanged, whose (c) is ORT's defaults, its model of the graph ORT builds at ORT_ENABLE_ALL,
 `ckpt_cli/verify/plain_model.py`), and its error against the measured (c). The rewrites are written as
 `ckpt rewrite` writes them by default: the model's inputs kept, so ORT's memory pattern is
-on in (a), and the default plan judged in that session (`ckpt_cli/rewrite/plain.py`). Step time: the fastest of 10 runs
+on in (a), and the default plan judged in that session (`ckpt_cli/verify/plain_choice.py`). Step time: the fastest of 10 runs
 (two alternating rounds of 5 per graph) under (c), ORT's profiler on; the
 machine is shared, so only large differences mean anything. The ORT training artifact runs
 only in onnxruntime-training-cpu 1.19.2 (`.venv-ort-training`), whose profiler has no memory

@@ -33,6 +33,7 @@ from .markers import PROVENANCE_PREFIX
 from .io.load import load_graph
 from .planning.budget import Planned
 from .rewrite.select import make_plan, plan_notes, plan_rows, rewrite_plan
+from .verify.plain_choice import judged_in_plain
 from .planning.decision import Decision
 from .options import AnalysisOptions, CheckOptions, PlanOptions, RewriteOptions
 from .planning.plan import Policy
@@ -212,7 +213,7 @@ def plan_model(model: ModelInput, options: PlanOptions | None = None, *, analysi
     refuse_unsized(a, options.allow_unsized)
     if output is not None:
         check_output_path(Path(output), loaded.path, force)
-    planned = make_plan(a, options, progress=progress)
+    planned = judged_in_plain(a, make_plan(a, options, progress=progress))
     result = rewrite_plan(a, planned)
     report = plan_report(a, loaded.source, planned, result, plan_rows(a, planned, result),
                          str(output) if output else None, {**options.to_json(), **analysis.to_json()})
@@ -369,8 +370,10 @@ def _rewritten(a: Analysis, loaded: Loaded, options: RewriteOptions, analysis: A
     finish = without_mem_pattern if options.pin and not options.keep_mem_pattern else None
     replan = None if options.no_recompute else (lambda d: make_plan(d, options.plan, pin=options.pin))
     stage("planning")
-    planned = None if options.no_recompute else make_plan(a, options.plan, progress=progress, pin=options.pin,
-                                                          finish=finish)
+    planned = None if options.no_recompute else make_plan(a, options.plan, progress=progress, pin=options.pin)
+    if planned is not None and options.pin:
+        stage("judging the default in a plain session")
+        planned = judged_in_plain(a, planned, finish)
     chosen = planned.plan if planned else None
     stage("rewriting the graph")
     result = rewrite_plan(a, planned, options.pin)

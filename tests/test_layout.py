@@ -17,7 +17,8 @@ PACKAGE = Path(ckpt_cli.__file__).parent
 # In pipeline order; each entry names the top-level modules or packages of one stage.
 STAGES: tuple[tuple[str, ...], ...] = (
     # vocabulary every stage shares; ort's op facts: the ops it registers, their shapes and scratch
-    ("errors", "units", "version", "graph", "ops", "markers", "ort", "ort.registry", "ort.shapes", "ort.scratch",
+    ("errors", "units", "version", "progress", "graph", "ops", "markers", "ort", "ort.registry", "ort.shapes",
+     "ort.scratch",
      "io"),
     # serialize: the file bytes, read and written; validate: what ORT's session refuses
     ("io.load", "ort.expand", "ort.validate", "io.external", "io.serialize"),
@@ -25,9 +26,9 @@ STAGES: tuple[tuple[str, ...], ...] = (
     ("planning", "options"),  # options: what a command is asked, as values (a plan's policy among them)
     ("rewrite",),
     ("io.save", "io.safewrite", "io.written", "ort.optimize"),  # ort.optimize: saves, has ORT optimize, loads back
-    ("verify",),
+    ("verify", "ort.session"),  # ort.session: the settings a written model records, read back
     ("report",),
-    ("api", "ort.session"),
+    ("api",),
     ("cli", "__init__"),
 )
 STAGE_OF = {name: k for k, names in enumerate(STAGES) for name in names}

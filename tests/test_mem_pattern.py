@@ -3,7 +3,7 @@
 InferenceSession, nobody has to feed it, ckpt's own tools read such files, and the
 rewrite of every sample then measures below the original in a plain session. By default
 the model's inputs are kept: the default plan is judged in a plain session with the
-pattern on instead (rewrite/plain.py, tests/test_plain_choice.py)."""
+pattern on instead (verify/plain_choice.py, tests/test_plain_choice.py)."""
 
 from __future__ import annotations
 

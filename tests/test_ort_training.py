@@ -239,7 +239,9 @@ def test_a_rewrite_planned_at_the_default_batch_runs_at_any_batch(training_pytho
     ORT at its defaults folds Shape nodes into constants and the file fails at any other batch."""
     import onnx
 
-    src = SAMPLES / "zoo" / "bert" / "training_model.onnx"
+    # bert17: zoo bert's default is written unchanged (predicted 0.90x in the Module session,
+    # short of the margin), so it has no copies to declare
+    src = SAMPLES / "zoo" / "bert17" / "training_model.onnx"
     out = tmp_path / "bert.ckpt.onnx"
     assert _ckpt("rewrite", src, "-o", out).returncode == 0
     declared = {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]

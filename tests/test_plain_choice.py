@@ -1,5 +1,5 @@
 """The default keeps the model's signature and is judged in the session a joint graph's user
-opens, ``InferenceSession(path)`` with nothing set (rewrite/plain.py): the knee's rewrite and
+opens, ``InferenceSession(path)`` with nothing set (verify/plain_choice.py): the knee's rewrite and
 the front's hull vertices past it are predicted there (memory pattern on), and the knee rule
 is applied again on those predictions. The predictions are checked against ORT's profiler."""
 
@@ -18,7 +18,7 @@ from ckpt_cli.analysis import analyse
 from ckpt_cli.cli import main
 from ckpt_cli.io.load import load_graph
 from ckpt_cli.planning.knee import Point
-from ckpt_cli.rewrite.plain import PlainChoice, PlainJudged, judged_here, MAX_JUDGED_NODES
+from ckpt_cli.verify.plain_choice import PlainChoice, PlainJudged, judged_here, MAX_JUDGED_NODES
 
 
 def _signature(path: Path) -> list[tuple[str, str]]:

@@ -45,6 +45,8 @@ class Planned:
     knee: Knee | None = None  # the default's choice at the knee, against the lowest peak it passed up
     activation: Any = None  # --activation-budget's ActivationBudget record
     plain: Any = None  # the default's PlainChoice: the knee judged again in a plain InferenceSession
+    beyond: tuple = ()  # the default's (plan, cost, unpinned rewrite) of each hull vertex past the knee
+    knee_cost: Any = None  # the knee's PlanCost, with ``beyond``
 
 
 # A near miss whose written graph is over the budget is shifted down by its overshoot this

@@ -19,7 +19,7 @@ from ..graph import gc_paused
 from ..planning import Plan, choose_plan
 from ..planning.activation import activation_budget_plan
 from ..planning.budget import BudgetSearch, Planned
-from ..planning.cutsearch import DefaultPlan, lowest_peak_plan
+from ..planning.cutsearch import lowest_peak_plan
 from ..planning.decision import NO_GAIN, all_kept
 from ..planning.evaluate import PlanEvaluator, cost_of, intervals_of, ort_peak
 from ..planning.explain import explain
@@ -30,7 +30,6 @@ from ..planning.strategies import LARGE_GRAPH_NODES, STRATEGIES, PlanCost, parse
 from ..units import human_bytes
 from . import RewriteResult, module_shortfall, original_best, original_floor, pinned, rewrite, unchanged
 from .mem_pattern import is_ort_artifact
-from .plain import plain_judgement
 
 def plan_cost(a: Analysis, plan: Plan) -> PlanCost:
     """The cost model of plan searches: the plan's unpinned rewrite, simulated."""
@@ -46,18 +45,15 @@ def keep_intervals(a: Analysis, plan: Plan) -> Intervals:
 _LEGACY_KEYWORDS = {"patterns": "regions", "scope": "regions_by_scope"}
 
 
-Finish = Callable[[RewriteResult], RewriteResult]
-
-
 @gc_paused
 def make_plan(a: Analysis, options: PlanOptions | None = None, *, progress: Callable[[str], None] | None = None,
-              pin: bool = True, finish: Finish | None = None, **keywords) -> Planned:
+              pin: bool = True, **keywords) -> Planned:
     """The plan for ``options`` (or its keywords): user-marked regions, a named strategy, a
     budget, or by default the knee of the peak/recompute front (``--auto min-peak``: its
     lowest peak). ``progress`` hears how a search is going (plans evaluated, best so far). The
     options' per-op policy is honoured by every strategy, and judged with it. ``pin``: the
-    graph will be written pinned, so a budget is checked on that; ``finish`` turns a pinned
-    rewrite into the one written (the memory-pattern input), for the plain-session judgement."""
+    graph will be written pinned, so a budget is checked on that. The default's hull
+    vertices past the knee are recorded for its plain-session judgement."""
     if options is None:
         options = PlanOptions.of(**{_LEGACY_KEYWORDS.get(k, k): v for k, v in keywords.items()})
     options.validate()
@@ -92,36 +88,11 @@ def make_plan(a: Analysis, options: PlanOptions | None = None, *, progress: Call
         return planned
     lowest = Planned(chosen.lowest, result=evaluator.results.get(id(chosen.lowest)), knee=chosen.knee)
     planned = knee_or_lowest(a, planned, lowest, pin)
-    if not pin or planned.knee is None or planned.knee.passed_over is not None or not chosen.beyond:
+    if planned.knee is None or planned.knee.passed_over is not None:
         return planned
-    return in_plain_session(a, planned, chosen, evaluator.results, finish or (lambda r: r))
-
-
-def in_plain_session(a: Analysis, knee: Planned, chosen: DefaultPlan, results: dict, finish: Finish) -> Planned:
-    """The knee, or a hull vertex past it that a plain ``InferenceSession`` holds for less
-    (``rewrite/plain.py``), with the judgement recorded."""
-    plans = [knee.plan, *(p for p, _ in chosen.beyond)]
-    costs = [chosen.cost, *(c for _, c in chosen.beyond)]
-    written: dict[int, RewriteResult] = {0: knee.written}
-
-    def write(i: int) -> RewriteResult:
-        if i not in written:
-            result = results.get(id(plans[i]))
-            written[i] = pinned(a, result) if result is not None else rewrite(a, plans[i], True)
-        return finish(written[i])
-
-    choice = plain_judgement(a, write, len(plans), [c.peak_bytes for c in costs],
-                             [c.recompute_flops for c in costs])
-    if choice is None:
-        return knee
-    taken = plans[choice.chosen]
-    if choice.moved and knee.knee is not None:
-        taken.notes.append(knee.knee.line())
-    taken.notes.append(choice.line())
-    if not choice.moved:
-        return replace(knee, plain=choice)
-    return Planned(taken, result=results.get(id(taken)), knee=knee.knee, written=written[choice.chosen],
-                   plain=choice)
+    # the hull vertices past the knee, for the plain-session judgement (verify/plain_choice.py)
+    beyond = tuple((p, c, evaluator.results.get(id(p))) for p, c in chosen.beyond)
+    return replace(planned, beyond=beyond, knee_cost=chosen.cost)
 
 
 def knee_or_lowest(a: Analysis, knee: Planned, lowest: Planned, pin: bool) -> Planned:

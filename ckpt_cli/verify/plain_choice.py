@@ -8,13 +8,13 @@ the original there, when its block lands in the same region. ckpt predicts that 
 from ORT's own fused graph of the written file (``verify/plain_model.py``), so the knee's
 rewrite and the front's hull vertices past it are judged by it, and the knee rule is
 applied again on those predictions: the default moves along the front while a step's
-recompute buys at least as much plain-session peak. The choice is recorded here.
+recompute buys at least as much plain-session peak. The choice is recorded on the plan.
 """
 
 from __future__ import annotations
 
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -22,9 +22,13 @@ from ..analysis import Analysis
 from ..errors import CkptError
 from ..io.save import save_model
 from ..io.written import to_model
+from ..planning.budget import Planned
 from ..planning.knee import MAX_SLOPE, Point, knee_index
+from ..rewrite import RewriteResult, pinned, rewrite, unchanged
 from ..units import human_bytes
-from . import RewriteResult, unchanged
+from .plain_model import fused_plain
+
+Finish = Callable[[RewriteResult], RewriteResult]
 
 # Each judgement runs ORT's optimizer on the written file in a child process: on larger
 # graphs or weights the default is not held up for it.
@@ -104,8 +108,6 @@ def plain_peak(a: Analysis, result: RewriteResult, folder: Path, name: str) -> i
 
 
 def _fused_peak(path: Path, known: dict) -> int | None:
-    from ..verify.plain_model import fused_plain
-
     fused = fused_plain(path, known)
     return fused.peak_in_use_bytes if fused is not None else None
 
@@ -142,4 +144,36 @@ def plain_judgement(a: Analysis, written: Callable[[int], RewriteResult], count:
     return choose_in_plain(a, [written(i) for i in range(count)], settings_peaks, recompute)
 
 
-__all__ = ["PlainChoice", "PlainJudged", "choose_in_plain", "judged_here", "plain_judgement", "plain_peak"]
+def judged_in_plain(a: Analysis, knee: Planned, finish: Finish | None = None) -> Planned:
+    """The default's knee, or a hull vertex past it that a plain ``InferenceSession`` holds
+    for less, with the judgement recorded; ``knee`` as it is where there is nothing to judge
+    (no vertex past it: ``make_plan`` records them on the default's knee only).
+    ``finish`` turns a pinned rewrite into the one written (the memory-pattern input)."""
+    if not knee.beyond or knee.written is None or knee.knee_cost is None:
+        return knee
+    finish = finish or (lambda r: r)
+    plans = [knee.plan, *(p for p, _, _ in knee.beyond)]
+    costs = [knee.knee_cost, *(c for _, c, _ in knee.beyond)]
+    unpinned = [knee.result, *(r for _, _, r in knee.beyond)]
+    written: dict[int, RewriteResult] = {0: knee.written}
+
+    def write(i: int) -> RewriteResult:
+        if i not in written:
+            written[i] = pinned(a, unpinned[i]) if unpinned[i] is not None else rewrite(a, plans[i], True)
+        return finish(written[i])
+
+    choice = plain_judgement(a, write, len(plans), [c.peak_bytes for c in costs], [c.recompute_flops for c in costs])
+    if choice is None:
+        return knee
+    taken = plans[choice.chosen]
+    if choice.moved and knee.knee is not None:
+        taken.notes.append(knee.knee.line())
+    taken.notes.append(choice.line())
+    if not choice.moved:
+        return replace(knee, plain=choice)
+    return Planned(taken, result=unpinned[choice.chosen], knee=knee.knee, written=written[choice.chosen],
+                   plain=choice)
+
+
+__all__ = ["PlainChoice", "PlainJudged", "choose_in_plain", "judged_here", "judged_in_plain", "plain_judgement",
+           "plain_peak"]
