@@ -1,0 +1,235 @@
+"""The external data file is written in one pass, hashed beside the copy, and not written
+again over an identical earlier output: reads counted through ``datafile.read_range`` (every
+read of weights) and, on Linux, the process's read bytes."""
+
+import hashlib
+import os
+import threading
+from collections import Counter
+from pathlib import Path
+
+import onnx
+import pytest
+from click.testing import CliRunner
+
+from bench.synthetic import save_transformer
+from ckpt_cli.cli import main
+from ckpt_cli.errors import UsageError
+from ckpt_cli.io import datafile, save
+
+
+def ckpt(*args) -> tuple[int, str]:
+    r = CliRunner().invoke(main, [str(a) for a in args])
+    assert "Traceback" not in r.output, r.output
+    return r.exit_code, r.output
+
+
+@pytest.fixture
+def model(tmp_path) -> Path:
+    """About 1 MiB of weights in ``src/m.onnx.data``."""
+    (tmp_path / "src").mkdir()
+    save_transformer(str(tmp_path / "src" / "m.onnx"), layers=2, d_model=96, heads=4, embed_weights=True,
+                     external_data=True)
+    return tmp_path / "src" / "m.onnx"
+
+
+@pytest.fixture
+def reads(monkeypatch) -> Counter:
+    """Bytes read through ``read_range``, by file name."""
+    counted: Counter = Counter()
+    real = datafile.read_range
+
+    def counting(file, offset, length):
+        for chunk in real(file, offset, length):
+            counted[Path(file).name] += len(chunk)
+            yield chunk
+
+    monkeypatch.setattr(datafile, "read_range", counting)
+    return counted
+
+
+def _has_xattrs(folder: Path) -> bool:
+    probe = folder / "probe"
+    probe.write_bytes(b"")
+    try:
+        os.setxattr(probe, "user.ckpt.probe", b"1")
+        return True
+    except (OSError, AttributeError):
+        return False
+    finally:
+        probe.unlink()
+
+
+def _data_file(out: Path) -> Path:
+    (data,) = out.parent.glob(f"{out.name}.*.data")
+    return data
+
+
+def _extents(src: Path) -> list[tuple[int, int]]:
+    """(offset, length) of the tensors that stay external (1 KiB and more), in model order."""
+    m = onnx.load(src, load_external_data=False)
+    out = []
+    for t in m.graph.initializer:
+        fields = {e.key: e.value for e in t.external_data}
+        if t.data_location == onnx.TensorProto.EXTERNAL and int(fields["length"]) >= 1024:
+            out.append((int(fields.get("offset", 0)), int(fields["length"])))
+    return out
+
+
+def _weights(src: Path) -> int:
+    return sum(length for _, length in _extents(src))
+
+
+def _serial_layout(src: Path) -> bytes:
+    """The data file as ckpt has always laid it out: the external tensors in model order, each
+    at a 64-byte boundary, zeros between."""
+    data = (src.parent / (src.name + ".data")).read_bytes()
+    out = bytearray()
+    for start, length in _extents(src):
+        out += bytes(-len(out) % 64)
+        out += data[start:start + length]
+    return bytes(out)
+
+
+def _save(src: Path, out: Path, force: bool = True) -> list[Path]:
+    m = onnx.load(src, load_external_data=False)
+    return save.save_model(m, out, source_dir=src.parent, force=force)
+
+
+def test_data_file_is_the_serial_layout_named_by_its_hash(model, tmp_path, reads):
+    out = tmp_path / "out.onnx"
+    _save(model, out)
+    data = _data_file(out)
+    content = data.read_bytes()
+    assert content == _serial_layout(model)
+    digest = hashlib.blake2b(content, digest_size=16).hexdigest()
+    assert data.name == f"out.onnx.{digest[:8]}.data"
+    if _has_xattrs(tmp_path):
+        assert datafile.recorded_digest(data) == digest
+    # the first write reads the weights once, and nothing of what it wrote
+    assert reads == {"m.onnx.data": _weights(model)}
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_spilled_weights_are_laid_out_after_the_external_ones(model, tmp_path, monkeypatch):
+    monkeypatch.setattr(save, "_EMBED_LIMIT", 0)
+    m = onnx.load(model, load_external_data=False)
+    spilled = [t.raw_data for t in m.graph.initializer if len(t.raw_data) >= 1024]
+    assert spilled  # the causal mask
+    out = tmp_path / "out.onnx"
+    save.save_model(m, out, source_dir=model.parent, force=True)
+    expected = bytearray(_serial_layout(model))
+    for raw in spilled:
+        expected += bytes(-len(expected) % 64) + raw
+    assert _data_file(out).read_bytes() == expected
+    onnx.checker.check_model(str(out))
+
+
+def test_force_over_an_identical_output_reads_the_weights_once_and_writes_no_data(model, tmp_path, reads,
+                                                                                  monkeypatch):
+    if not _has_xattrs(tmp_path):
+        pytest.skip("no user extended attributes on this filesystem")
+    out = tmp_path / "out.onnx"
+    assert ckpt("rewrite", model, "-o", out, "-q")[0] == 0
+    data = _data_file(out)
+    before = data.stat()
+    weights = _weights(model)
+    reads.clear()
+    writes = []
+    monkeypatch.setattr(datafile, "write", lambda *a: writes.append(a))
+    io_before = _read_bytes()
+    assert ckpt("rewrite", model, "-o", out, "--force", "-q")[0] == 0
+    io_after = _read_bytes()
+    assert reads["m.onnx.data"] == weights
+    assert reads[data.name] <= 16 * 4096  # a few windows, to stop early when the weights differ
+    assert not writes
+    after = _data_file(out).stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    if io_before is not None:  # every read of the process, not only read_range's
+        assert io_after - io_before < weights + 2 * out.stat().st_size + (1 << 20)
+    onnx.checker.check_model(str(out))
+
+
+def _read_bytes() -> int | None:
+    try:
+        text = Path("/proc/self/io").read_text()
+    except OSError:
+        return None
+    return int(next(line.split()[1] for line in text.splitlines() if line.startswith("rchar:")))
+
+
+def test_other_weights_of_the_same_size_stop_the_check_at_the_first_window(model, tmp_path, reads):
+    out = tmp_path / "out.onnx"
+    _save(model, out)
+    old = _data_file(out)
+    (tmp_path / "other").mkdir()
+    other = tmp_path / "other" / "m.onnx"
+    save_transformer(str(other), layers=2, d_model=96, heads=4, embed_weights=True, external_data=True, seed=5)
+    weights = _weights(other)
+    reads.clear()
+    _save(other, out)
+    new = _data_file(out)
+    assert new != old and not old.exists()
+    assert new.read_bytes() == _serial_layout(other)
+    assert reads["m.onnx.data"] < 2 * weights  # the check read one tensor, not the weights
+
+
+def test_a_changed_data_file_is_not_trusted(model, tmp_path):
+    out = tmp_path / "out.onnx"
+    _save(model, out)
+    data = _data_file(out)
+    content = bytearray(data.read_bytes())
+    content[100] ^= 0xFF
+    with open(data, "r+b") as f:  # in place, same size: the record's mtime no longer matches
+        f.write(content)
+    assert datafile.recorded_digest(data) is None
+    code, text = ckpt("rewrite", model, "-o", out, "--force", "-q")
+    assert code == 2 and "exists with other content" in text
+    assert data.read_bytes() == bytes(content)
+
+
+def test_without_extended_attributes_the_existing_file_is_compared(model, tmp_path, reads, monkeypatch):
+    def no_xattrs(*a, **k):
+        raise OSError(95, "Operation not supported")
+
+    monkeypatch.setattr(os, "setxattr", no_xattrs)
+    monkeypatch.setattr(os, "getxattr", no_xattrs)
+    out = tmp_path / "out.onnx"
+    _save(model, out)
+    data = _data_file(out)
+    before = data.stat()
+    reads.clear()
+    _save(model, out)
+    weights = _weights(model)
+    assert reads == {"m.onnx.data": weights, data.name: weights}  # the new copy's digest is not read again
+    after = _data_file(out).stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_truncated_source_fails_cleanly_and_stops_the_hash_thread(model, tmp_path, monkeypatch):
+    m = onnx.load(model, load_external_data=False)
+    out = tmp_path / "out.onnx"
+    real = datafile.read_range
+
+    def short(file, offset, length):  # the file shrank after its extents were checked
+        yield from real(file, offset, max(0, length - 8))
+
+    monkeypatch.setattr(datafile, "read_range", short)
+    with pytest.raises(UsageError, match="truncated"):
+        save.save_model(m, out, source_dir=model.parent, force=True)
+    assert not list(tmp_path.glob("out.onnx*"))
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    assert not [t for t in threading.enumerate() if t.name == "ckpt-hash"]
+
+
+def test_a_linked_data_file_is_not_trusted(model, tmp_path):
+    out = tmp_path / "out.onnx"
+    _save(model, out)
+    data = _data_file(out)
+    copy = tmp_path / "elsewhere.data"
+    os.replace(data, copy)  # keeps its record
+    data.symlink_to(copy)
+    code, text = ckpt("rewrite", model, "-o", out, "--force", "-q")
+    assert code == 2 and "not a regular file" in text
+    assert data.is_symlink() and copy.exists()
