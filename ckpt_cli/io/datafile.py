@@ -1,8 +1,9 @@
 """The external data file of a written model, at the speed of a file copy.
 
 Its bytes (the source's external tensors, then any tensors spilled out of a too-large
-model, each at a 64-byte boundary) are streamed once: the content hash that names the
-file runs in a second thread beside the reads and writes, and is kept as a record on the
+model, each at a 64-byte boundary) are copied once, by the kernel where it can: the
+content hash that names the file runs in a second thread beside the copy, reading the
+written bytes back from the page cache, and is kept as a record on the
 file (an extended attribute: digest, size, mtime), so that a later write of the same bytes
 over this output proves them already in place by reading only the source, and writes
 nothing. Where extended attributes are missing (not Linux, some filesystems), an existing
@@ -17,7 +18,7 @@ import stat
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import Iterator
 
 import onnx
 
@@ -32,6 +33,7 @@ _RECORD = "user.ckpt.blake2b"
 # instead of after a whole pass of hashing.
 _WINDOWS = 16
 _WINDOW_BYTES = 4096
+_kernel_copy = hasattr(os, "copy_file_range")
 
 
 @dataclass(frozen=True)
@@ -105,24 +107,46 @@ def _stream(pieces: list[Piece]) -> Iterator[bytes]:
 
 
 class _Hasher:
-    """blake2b fed from a second thread: hashing (under 1 GB/s) runs beside the reads and
-    writes instead of after each of them. hashlib releases the GIL on large buffers."""
+    """blake2b fed from a second thread: hashing (under 1 GB/s) runs beside the copy instead
+    of after each chunk. Fed bytes, or spans of the file being written (``readback``) to read
+    back from the page cache. hashlib releases the GIL on large buffers."""
 
-    def __init__(self) -> None:
+    def __init__(self, readback: int | None = None) -> None:
         self._digest = hashlib.blake2b(digest_size=16)
-        self._queue: queue.Queue[bytes | None] = queue.Queue(maxsize=2)  # bounds the memory held
+        self._readback = readback
+        self._failed: BaseException | None = None
+        self._queue: queue.Queue[bytes | tuple[int, int] | None] = queue.Queue(maxsize=2)  # bounds the lag
         self._thread = threading.Thread(target=self._run, name="ckpt-hash", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        while (chunk := self._queue.get()) is not None:
-            self._digest.update(chunk)
+        while (item := self._queue.get()) is not None:
+            if self._failed is not None:
+                continue  # drain: the writer learns of the failure at the end
+            try:
+                if isinstance(item, tuple):
+                    self._hash_span(*item)
+                else:
+                    self._digest.update(item)
+            except BaseException as e:  # noqa: BLE001 - handed to the writer's thread
+                self._failed = e
 
-    def update(self, chunk: bytes) -> None:
-        self._queue.put(chunk)
+    def _hash_span(self, offset: int, length: int) -> None:
+        while length > 0:
+            chunk = read_back(self._readback, offset, min(length, CHUNK))
+            if not chunk:
+                raise OSError(f"written data ended {length} bytes early")
+            self._digest.update(chunk)
+            offset, length = offset + len(chunk), length - len(chunk)
+
+    def update(self, item: bytes | tuple[int, int]) -> None:
+        """Hash ``item``: bytes, or an (offset, length) span already written to the file."""
+        self._queue.put(item)
 
     def hexdigest(self) -> str:
         self.close()
+        if self._failed is not None:
+            raise self._failed
         return self._digest.hexdigest()
 
     def close(self) -> None:
@@ -137,13 +161,55 @@ class _Hasher:
         self.close()
 
 
-def write(pieces: list[Piece], f: BinaryIO) -> str:
-    """Stream the data file into ``f``; its digest (hex), computed as it was written."""
-    with _Hasher() as h:
-        for chunk in _stream(pieces):
-            h.update(chunk)
-            f.write(chunk)
+def read_back(fd: int, offset: int, length: int) -> bytes:
+    """Bytes of the file being written, to hash them (the tests count these reads)."""
+    return os.pread(fd, length, offset)
+
+
+def write(pieces: list[Piece], fd: int) -> str:
+    """Write the data file to ``fd`` (an empty file open for reading and writing, unbuffered);
+    its digest (hex), of the bytes as written. Source extents are copied by the kernel
+    (copy_file_range: no copy through Python, a reflink where the filesystem shares blocks)
+    and read back from the page cache for the hash; where the kernel cannot, read and written."""
+    pos = 0
+    with _Hasher(readback=fd) as h:
+        for p in pieces:
+            if p.offset > pos:
+                _write_all(fd, bytes(p.offset - pos), h)
+            if p.source is None:
+                _write_all(fd, p.tensor.raw_data, h)
+            elif copy_range(p.source.file, p.source.offset, p.length, fd, h) != p.length:
+                raise UsageError(f"{p.source.file}: external data of '{p.tensor.name}' is truncated")
+            pos = p.offset + p.length
         return h.hexdigest()
+
+
+def _write_all(fd: int, data: bytes, h: _Hasher) -> None:
+    h.update(data)
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def copy_range(file: Path, offset: int, length: int, fd: int, h: _Hasher) -> int:
+    """Append ``length`` bytes of ``file`` from ``offset`` to ``fd``, each span handed to the
+    hasher once written; the bytes copied (fewer where the file ends)."""
+    done = 0
+    with open(file, "rb", buffering=0) as src:
+        while done < length and _kernel_copy:
+            start = os.lseek(fd, 0, os.SEEK_CUR)
+            try:
+                n = os.copy_file_range(src.fileno(), fd, min(length - done, CHUNK), offset + done)
+            except OSError:  # not between these files (another filesystem, an old kernel)
+                break
+            if n == 0:  # the end of the file, or a filesystem that copies nothing: read to tell
+                break
+            h.update((start, n))
+            done += n
+        for chunk in read_range(file, offset + done, length - done):
+            _write_all(fd, chunk, h)
+            done += len(chunk)
+    return done
 
 
 def file_digest(path: Path) -> str:

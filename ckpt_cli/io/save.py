@@ -209,9 +209,8 @@ def _write_pair(model: onnx.ModelProto, path: Path, source_dir: Path, exclusive:
                 data_path = same[0]  # the previous output's data holds these bytes: nothing to write
             else:
                 tmp_data = temp_beside(path.with_name(path.name + ".data"))
-                with open(tmp_data, "wb") as f:
-                    digest = datafile.write(pieces, f)
-                    f.flush()
+                with open(tmp_data, "r+b", buffering=0) as f:
+                    digest = datafile.write(pieces, f.fileno())
                     os.fsync(f.fileno())
                 datafile.record(tmp_data, digest)
                 data_path = _data_name(path, digest)
