@@ -1,13 +1,12 @@
 """The external data file of a written model, at the speed of a file copy.
 
 Its bytes (the source's external tensors, then any tensors spilled out of a too-large
-model, each at a 64-byte boundary) are copied once, by the kernel where it can: the
+model, each at a 64-byte boundary) are copied once, by the kernel where it can. The
 content hash that names the file runs in a second thread beside the copy, reading the
-written bytes back from the page cache, and is kept as a record on the
-file (an extended attribute: digest, size, mtime), so that a later write of the same bytes
-over this output proves them already in place by reading only the source, and writes
-nothing. Where extended attributes are missing (not Linux, some filesystems), an existing
-file is hashed instead."""
+written bytes back from the page cache, and is kept as a record on the file (an extended
+attribute: digest, size, mtime): a later write of the same bytes over this output proves
+them in place by reading only the source, and writes nothing. Where extended attributes
+are missing (not Linux, some filesystems), an existing file is hashed instead."""
 
 from __future__ import annotations
 
