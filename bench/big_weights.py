@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -66,12 +67,15 @@ def copy_speed(src: Path, work: Path, repeats: int = 3) -> dict:
     runs: dict[str, list[dict]] = {name: [] for name in COPY_ROWS}
     for _ in range(repeats):
         copied.unlink(missing_ok=True)
+        os.sync()  # no writeback left over from the step before charged to this one
         runs[COPY_ROWS[0]].append(run_measured(["sh", "-c", 'cp -- "$1" "$2" && sync -- "$2"', "copy",
                                                 str(data), str(copied)]))
         copied.unlink(missing_ok=True)
         for old in [out, *work.glob("out.onnx.*.data")]:
             old.unlink(missing_ok=True)
+        os.sync()
         runs[COPY_ROWS[1]].append(run_measured(rewrite))
+        os.sync()
         runs[COPY_ROWS[2]].append(run_measured(rewrite))
     rows = {name: {"wall_s": median(r["wall_s"] for r in rs), "max_rss_bytes": max(r["max_rss_bytes"] or 0 for r in rs),
                    "rc": max(r["rc"] for r in rs), "walls_s": [r["wall_s"] for r in rs]} for name, rs in runs.items()}
