@@ -273,3 +273,34 @@ def test_a_failed_read_back_fails_the_write_cleanly(model, tmp_path, monkeypatch
     assert code != 0 and "Input/output error" in text
     assert not list(tmp_path.glob("out.onnx*"))
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_data_of_an_older_ckpt_is_read_once_then_recorded(model, tmp_path, reads):
+    if not _has_xattrs(tmp_path):
+        pytest.skip("no user extended attributes on this filesystem")
+    out = tmp_path / "out.onnx"
+    _save(model, out)
+    data = _data_file(out)
+    os.removexattr(data, "user.ckpt.blake2b")  # as an older ckpt wrote it
+    weights = _weights(model)
+    reads.clear()
+    _save(model, out)
+    assert reads[data.name] == weights and datafile.recorded_digest(data) is not None
+    reads.clear()
+    _save(model, out)
+    assert reads["m.onnx.data"] == weights and reads[data.name] <= 16 * 4096 and not reads["written"]
+
+
+def test_the_input_data_gets_no_record(model, tmp_path):
+    if not _has_xattrs(tmp_path):
+        pytest.skip("no user extended attributes on this filesystem")
+    out = tmp_path / "out.onnx"
+    _save(model, out)
+    data = _data_file(out)
+    os.removexattr(data, "user.ckpt.blake2b")
+    # a copy of the output as the input: its data is the file the new output is named after
+    (tmp_path / "in.onnx").write_bytes(out.read_bytes())
+    before = data.stat()
+    assert ckpt("rewrite", tmp_path / "in.onnx", "-o", out, "--force", "-q")[0] == 0
+    assert datafile.recorded_digest(data) is None and data.stat().st_ctime_ns == before.st_ctime_ns
+    assert _data_file(out) == data

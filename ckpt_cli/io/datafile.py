@@ -218,11 +218,12 @@ def file_digest(path: Path) -> str:
         return h.hexdigest()
 
 
-def record(path: Path, digest: str) -> None:
-    """Keep ``digest`` on the finished file, with the size and mtime it describes (a later
-    change of the bytes changes the mtime and voids it). Best effort: no record, no harm."""
+def record(path: Path, digest: str, st: os.stat_result | None = None) -> None:
+    """Keep ``digest`` on the finished file, with the size and mtime it describes (``st``:
+    as stat gave them before the bytes were hashed; a change since voids the record). Best
+    effort: no record, no harm."""
     try:
-        st = os.stat(path)
+        st = st or os.stat(path)
         os.setxattr(path, _RECORD, f"{digest} {st.st_size} {st.st_mtime_ns}".encode())
     except (OSError, AttributeError):  # no xattrs here (filesystem, platform)
         pass
@@ -246,9 +247,16 @@ def _record_of(path: Path) -> tuple[str, int] | None:
     return digest, st.st_size
 
 
-def digest_of(path: Path) -> str:
-    """``path``'s content digest: the record where it holds, else by reading the file."""
-    return recorded_digest(path) or file_digest(path)
+def digest_of(path: Path, keep: bool = False) -> str:
+    """``path``'s content digest: the record where it holds, else by reading the file, and
+    with ``keep`` recording it (a data file of an older ckpt, read once, not again)."""
+    found = recorded_digest(path)
+    if found is None:
+        st = os.stat(path)
+        found = file_digest(path)
+        if keep:
+            record(path, found, st)
+    return found
 
 
 def _windows(path: Path, size: int) -> dict[int, bytes]:

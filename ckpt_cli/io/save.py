@@ -215,7 +215,8 @@ def _write_pair(model: onnx.ModelProto, path: Path, source_dir: Path, exclusive:
                 datafile.record(tmp_data, digest)
                 data_path = _data_name(path, digest)
                 with signals_deferred():
-                    created = _place_data(tmp_data, data_path, digest)
+                    created = _place_data(tmp_data, data_path, digest,
+                                          {p.source.file for p in pieces if p.source is not None})
             datafile.point_at(pieces, data_path.name)
             written.append(data_path)
         tmp_model = temp_beside(path)
@@ -244,14 +245,18 @@ def _data_name(path: Path, digest: str) -> Path:
     return path.with_name(f"{path.name}.{digest[:8]}.data")
 
 
-def _place_data(tmp: Path, data_path: Path, digest: str) -> bool:
+def _place_data(tmp: Path, data_path: Path, digest: str, sources: set[Path]) -> bool:
     """Move finished data (content ``digest``) to its content-named place; False when a file
     of that name already holds the same bytes (the name is their hash). A stranger's file
-    there is refused."""
+    there is refused. ``sources``: the files the data was copied from."""
     if data_path.is_symlink() or (data_path.exists() and not data_path.is_file()):
         raise UsageError(f"{data_path}: exists and is not a regular file; remove it")
     if data_path.exists():
-        if datafile.digest_of(data_path) == digest:
+        from .load import loaded_data_files
+
+        # the input's data is never modified, not even by a record on it
+        keep = data_path.resolve() not in loaded_data_files() | sources
+        if datafile.digest_of(data_path, keep=keep) == digest:
             return False
         raise UsageError(f"{data_path}: exists with other content; remove it or choose another -o")
     os.replace(tmp, data_path)
