@@ -291,4 +291,5 @@ def matching_file(pieces: list[Piece], size: int, candidates: set[Path]) -> tupl
             h.update(chunk)
             pos += len(chunk)
         digest = h.hexdigest()
-    return next(((c, digest) for c in windows if records[c] == digest), None)
+    # the record checked again: a file changed during the pass has lost it
+    return next(((c, digest) for c in windows if records[c] == digest == recorded_digest(c)), None)
