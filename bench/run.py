@@ -32,7 +32,9 @@ formatting, ``run_measured``, the machine description) is in ``bench/common.py``
 4. GPT targets (``bench/plan_quality.py``): from the gpt sweep, the lowest reachable peak and its
    recompute share, and what the bytes live at the floor's peak are.
 5. Big weights (``bench/big_weights.py``): ckpt's time and peak RSS on a model with over 2 GB of
-   weights as external data, and on one with 1 GB embedded in the .onnx file.
+   weights as external data, and on one with 1 GB embedded in the .onnx file; the external
+   one's rewrite (first write, and ``--force`` over that identical output) against ``cp`` +
+   ``sync`` of its data file, median of 3.
 6. Against PyTorch's min-cut partitioner (``bench/peer.py``): at PyTorch's activation bytes per
    ``activation_memory_budget`` (``bench/peer_pytorch.json``), ckpt's tensor-level cut, its
    recompute FLOPs, and its rewrite checked on ORT (measured peak, bit-identical outputs).

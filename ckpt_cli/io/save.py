@@ -7,7 +7,9 @@ a partial file or a model paired with another model's data:
   them at once (SIGKILL cannot be caught);
 - external data goes to ``<output>.<hash8>.data``, named by its content, so the new data
   never replaces the data the previous output reads; the model is renamed into place last,
-  then the previous output's data file (ckpt's naming only) is removed;
+  then the previous output's data file (ckpt's naming only) is removed. Where the previous
+  output's data already holds the same bytes (its recorded digest, ``datafile.py``), it is
+  kept and no data is written;
 - a new output is created exclusively (a hard link, which fails if the name exists), so of
   two runs writing the same new path without ``--force`` the second fails;
 - symbolic links are followed (the target is replaced, the link kept) and only regular files
@@ -17,7 +19,6 @@ a partial file or a model paired with another model's data:
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import os
 import re
 import sys
@@ -31,6 +32,7 @@ import onnx
 from ..errors import OutputError, UsageError
 from ..markers import SOURCE_PRODUCER_META
 from ..ort import output_ir_version
+from . import datafile
 from .external import external_tensors, function_tensors, is_external, locate, other_tensors
 from ..graph import Graph, Node, embedded_bytes, expected_bytes, gc_paused
 from .safewrite import (check_output_path, check_report_path, commit, exit_on_sigterm, must_create, os_errors,
@@ -44,7 +46,6 @@ __all__ = ["build_model", "save_model", "output_ir_version", "check_output_path"
 
 _EMBED_LIMIT = 1_800_000_000  # beyond this, large tensors go to external data
 _EXTERNAL_MIN_BYTES = 1024
-_COPY_CHUNK = 16 << 20
 
 
 @gc_paused
@@ -195,33 +196,31 @@ def _write_pair(model: onnx.ModelProto, path: Path, source_dir: Path, exclusive:
             _embed(t, source_dir)
     for t in filter(is_external, chain(other_tensors(model.graph), function_tensors(model))):
         _embed(t, source_dir)  # attributes (Constant values), local functions' too: ORT reads them from the cwd
-    spill = sum(map(embedded_bytes, initializers)) > _EMBED_LIMIT
+    spilled = []
+    if sum(map(embedded_bytes, initializers)) > _EMBED_LIMIT:
+        spilled = [t for t in initializers if embedded_bytes(t) >= _EXTERNAL_MIN_BYTES]
     written: list[Path] = []
     created = committed = False
     data_path: Path | None = None
-    tmp_data = temp_beside(path.with_name(path.name + ".data")) if (external or spill) else None
+    tmp_data: Path | None = None
     tmp_model: Path | None = None
     try:
-        if tmp_data is not None:
-            moved: list[onnx.TensorProto] = []
-            digest = hashlib.blake2b(digest_size=16)
-            with open(tmp_data, "wb") as f:
-                out = _HashingWriter(f, digest)
-                for t in external:
-                    _copy_external(t, out, source_dir)
-                    moved.append(t)
-                if spill:
-                    for t in initializers:
-                        if embedded_bytes(t) >= _EXTERNAL_MIN_BYTES:
-                            _spill(t, out)
-                            moved.append(t)
-                f.flush()
-                os.fsync(f.fileno())
-            data_path = path.with_name(f"{path.name}.{digest.hexdigest()[:8]}.data")
-            for t in moved:
-                _set_location(t, data_path.name)
-            with signals_deferred():
-                created = _place_data(tmp_data, data_path)
+        if external or spilled:
+            pieces, size = datafile.layout(external, spilled, source_dir)
+            same = datafile.matching_file(pieces, size, previous)
+            if same is not None and same[0] == _data_name(path, same[1]):
+                data_path = same[0]  # the previous output's data holds these bytes: nothing to write
+            else:
+                tmp_data = temp_beside(path.with_name(path.name + ".data"))
+                with open(tmp_data, "r+b", buffering=0) as f:
+                    digest = datafile.write(pieces, f.fileno())
+                    os.fsync(f.fileno())
+                datafile.record(tmp_data, digest)
+                data_path = _data_name(path, digest)
+                with signals_deferred():
+                    created = _place_data(tmp_data, data_path, digest,
+                                          {p.source.file for p in pieces if p.source is not None})
+            datafile.point_at(pieces, data_path.name)
             written.append(data_path)
         tmp_model = temp_beside(path)
         with open(tmp_model, "wb") as f:
@@ -245,25 +244,26 @@ def _write_pair(model: onnx.ModelProto, path: Path, source_dir: Path, exclusive:
     return written
 
 
-def _place_data(tmp: Path, data_path: Path) -> bool:
-    """Move finished data to its content-named place; False when a file of that name already
-    holds the same bytes (the name is their hash). A stranger's file there is refused."""
+def _data_name(path: Path, digest: str) -> Path:
+    return path.with_name(f"{path.name}.{digest[:8]}.data")
+
+
+def _place_data(tmp: Path, data_path: Path, digest: str, sources: set[Path]) -> bool:
+    """Move finished data (content ``digest``) to its content-named place; False when a file
+    of that name already holds the same bytes (the name is their hash). A stranger's file
+    there is refused. ``sources``: the files the data was copied from."""
     if data_path.is_symlink() or (data_path.exists() and not data_path.is_file()):
         raise UsageError(f"{data_path}: exists and is not a regular file; remove it")
     if data_path.exists():
-        if _file_digest(data_path) == _file_digest(tmp):
+        from .load import loaded_data_files
+
+        # the input's data is never modified, not even by a record on it
+        keep = data_path.resolve() not in loaded_data_files() | sources
+        if datafile.digest_of(data_path, keep=keep) == digest:
             return False
         raise UsageError(f"{data_path}: exists with other content; remove it or choose another -o")
     os.replace(tmp, data_path)
     return True
-
-
-def _file_digest(path: Path) -> bytes:
-    digest = hashlib.blake2b(digest_size=16)
-    with open(path, "rb") as f:
-        while chunk := f.read(_COPY_CHUNK):
-            digest.update(chunk)
-    return digest.digest()
 
 
 def data_file_pattern(name: str) -> re.Pattern:
@@ -299,57 +299,6 @@ def _remove_previous_data(previous: set[Path], written: list[Path]) -> None:
             data.unlink(missing_ok=True)
 
 
-class _HashingWriter:
-    """A binary file that hashes what is written to it."""
-
-    def __init__(self, f, digest) -> None:
-        self.f, self.digest = f, digest
-
-    def write(self, data: bytes) -> None:
-        self.f.write(data)
-        self.digest.update(data)
-
-    def tell(self) -> int:
-        return self.f.tell()
-
-
-def _set_external(t: onnx.TensorProto, location: str, offset: int, length: int) -> None:
-    del t.external_data[:]
-    for k, v in (("location", location), ("offset", str(offset)), ("length", str(length))):
-        entry = t.external_data.add()
-        entry.key, entry.value = k, v
-    t.data_location = onnx.TensorProto.EXTERNAL
-
-
-def _set_location(t: onnx.TensorProto, location: str) -> None:
-    for e in t.external_data:
-        if e.key == "location":
-            e.value = location
-
-
-def _align(out) -> int:
-    pos = out.tell()
-    pad = (-pos) % 64
-    if pad:
-        out.write(b"\0" * pad)
-    return pos + pad
-
-
-def _copy_external(t: onnx.TensorProto, out, source_dir: Path) -> None:
-    extent = locate(t, source_dir, source_dir)  # checked again: the file may have changed since loading
-    start = _align(out)
-    with open(extent.file, "rb") as f:
-        f.seek(extent.offset)
-        left = extent.length
-        while left:
-            chunk = f.read(min(left, _COPY_CHUNK))
-            if not chunk:
-                raise UsageError(f"{extent.file}: external data of '{t.name}' is truncated")
-            out.write(chunk)
-            left -= len(chunk)
-    _set_external(t, "", start, extent.length)
-
-
 def _embed(t: onnx.TensorProto, source_dir: Path) -> None:
     extent = locate(t, source_dir, source_dir)
     with open(extent.file, "rb") as f:
@@ -360,11 +309,3 @@ def _embed(t: onnx.TensorProto, source_dir: Path) -> None:
     del t.external_data[:]
     t.data_location = onnx.TensorProto.DEFAULT
     t.raw_data = data
-
-
-def _spill(t: onnx.TensorProto, out) -> None:
-    start = _align(out)
-    out.write(t.raw_data)
-    length = len(t.raw_data)
-    t.ClearField("raw_data")
-    _set_external(t, "", start, length)
