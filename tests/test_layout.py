@@ -25,7 +25,7 @@ STAGES: tuple[tuple[str, ...], ...] = (
     ("analysis",),
     ("planning", "options"),  # options: what a command is asked, as values (a plan's policy among them)
     ("rewrite",),
-    ("io.save", "io.safewrite", "io.written", "ort.optimize"),  # ort.optimize: saves, has ORT optimize, loads back
+    ("io.save", "io.safewrite", "io.written", "io.datafile", "ort.optimize"),  # ort.optimize: saves, has ORT optimize, loads back
     ("verify", "ort.session"),  # ort.session: the settings a written model records, read back
     ("report",),
     ("api",),

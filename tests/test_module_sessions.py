@@ -8,6 +8,7 @@ generated afresh (its checkpoint is not in the repository) runs the four Module 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import stat
@@ -23,6 +24,7 @@ from ckpt_cli.report.model import check_report
 from ckpt_cli.verify.driver import WorkerOptions
 from ckpt_cli.verify.module_runs import artifact_files, run_module
 from ckpt_cli.verify.rules import MODULE_NOISE_BYTES, judge
+from test_ort_training import training_python  # noqa: F401 - the fixture
 from test_verdict_rule_figures import _figures
 
 MIB = 1 << 20
@@ -148,25 +150,17 @@ def test_artifact_files_are_found_beside_the_training_model(tmp_path):
 # --------------------------------------------------------------------------- with onnxruntime-training
 
 
-def _training_python() -> str:
-    python = os.environ.get("CKPT_ORT_TRAINING_PYTHON")
-    if not python:
-        pytest.skip("CKPT_ORT_TRAINING_PYTHON is not set")
-    probe = "import torch, onnxruntime.training.artifacts"
-    if subprocess.run([python, "-c", probe], capture_output=True, timeout=120).returncode != 0:
-        pytest.skip(f"{python} cannot import torch and onnxruntime.training (needed to generate an artifact)")
-    return python
-
-
 @pytest.mark.slow
-def test_check_trains_a_zoo_artifact_in_the_module_api(tmp_path):
-    python = _training_python()
-    zoo = tmp_path / "zoo"
-    made = subprocess.run([python, ROOT / "sample_models" / "artifact_zoo.py", "--out-dir", zoo, "--only", "mlp",
-                           "--no-verify"], capture_output=True, text=True, timeout=300)
-    assert made.returncode == 0, made.stderr[-1000:]
-    original = zoo / "mlp" / "training_model.onnx"
-    rewritten = tmp_path / "elsewhere" / "mlp.ckpt.onnx"  # not beside the checkpoint
+def test_check_trains_an_artifact_in_the_module_api(training_python, tmp_path):  # noqa: F811
+    """The ORT-training recipe's artifacts (made without torch), the rewrite written elsewhere."""
+    python = training_python
+    spec = importlib.util.spec_from_file_location("recipe_ort_run", ROOT / "examples" / "ort_training_artifacts" / "run.py")
+    run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run)
+    artifacts = tmp_path / "artifacts"
+    run._run(python, "make", str(artifacts))
+    original = artifacts / "training_model.onnx"
+    rewritten = tmp_path / "elsewhere" / "model.ckpt.onnx"  # not beside the checkpoint
     rewritten.parent.mkdir()
     cli = [sys.executable, "-m", "ckpt_cli.cli"]
     env = dict(os.environ, NO_COLOR="1")
