@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from .render import change_words, condition_value_text, figure_text
+from .render import change_words, condition_value_text, figure_text, scope_cells, scoped_columns
 from .text import plain
 from ..units import human_bytes, human_flops
 
@@ -44,20 +44,13 @@ def _figures(cols: list[dict]) -> list[str]:
 
 def _scopes(r: dict) -> list[str]:
     cols = r["inputs"]
-    scoped = [k for k, c in enumerate(cols) if any(row["stashed_bytes"][k] is not None for row in r["scopes"])]
-    if not r["scopes"] or len(scoped) < 2:
+    scoped = scoped_columns(r)
+    if not scoped:
         return []
-    base = scoped[0]
     rows = []
     for row in r["scopes"]:
-        vals = row["stashed_bytes"]
-        cells = []
-        for k in scoped:
-            text = human_bytes(vals[k])
-            if k != base:
-                d = vals[k] - vals[base]
-                text += f" ({'+' if d >= 0 else '-'}{human_bytes(abs(d))})"
-            cells.append(text)
+        cells = [text if d is None else f"{text} ({'+' if d >= 0 else '-'}{human_bytes(abs(d))})"
+                 for text, d in scope_cells(row, scoped)]
         rows.append([md(row["scope"]), *cells])
     header = ["scope", *(md(cols[k]["label"]) for k in scoped)]
     return ["", "**Stashed bytes by scope, largest changes**", "",

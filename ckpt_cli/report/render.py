@@ -363,18 +363,14 @@ def render_compare(r: dict, console: Console) -> None:
         t.add_row(label, *cells)
     console.print(t)
 
-    scoped = [k for k, c in enumerate(cols) if any(row["stashed_bytes"][k] is not None for row in r["scopes"])]
-    if r["scopes"] and len(scoped) >= 2:
-        base = scoped[0]
+    scoped = scoped_columns(r)
+    if scoped:
         t = _table("Stashed bytes by scope, largest changes", console, ("scope", "left"),
                    *((safe(cols[k]["label"]), "right") for k in scoped))
         for row in r["scopes"]:
-            vals = row["stashed_bytes"]
             cells = []
-            for k in scoped:
-                text = human_bytes(vals[k])
-                if k != base:
-                    d = vals[k] - vals[base]
+            for text, d in scope_cells(row, scoped):
+                if d is not None:
                     colour = "green" if d < 0 else "red" if d > 0 else "dim"
                     text += f" [{colour}]{'+' if d >= 0 else '-'}{human_bytes(abs(d))}[/{colour}]"
                 cells.append(text)
@@ -409,3 +405,15 @@ def condition_value_text(operand: str, value: float) -> str:
     if operand.endswith("bytes") and value == int(value):
         return f"{int(value)} ({human_bytes(value)})"
     return f"{value:g}"
+
+
+def scoped_columns(r: dict) -> list[int]:
+    """The compared files with stashed bytes by scope, when two or more have them; else []."""
+    scoped = [k for k in range(len(r["inputs"])) if any(row["stashed_bytes"][k] is not None for row in r["scopes"])]
+    return scoped if r["scopes"] and len(scoped) >= 2 else []
+
+
+def scope_cells(row: dict, scoped: list[int]) -> list[tuple[str, int | None]]:
+    """Per scoped file: its stashed bytes as text, and the change against the first (None there)."""
+    vals, base = row["stashed_bytes"], scoped[0]
+    return [(human_bytes(vals[k]), None if k == base else vals[k] - vals[base]) for k in scoped]
