@@ -29,7 +29,8 @@ timeout; one model's failure is recorded in its row and the others go on):
 Done when (``--assert`` exits 1 and lists what failed otherwise): inspect and rewrite exit 0;
 check passes with both prediction errors within 10%; the Module losses are bit-identical,
 original vs rewrite, in both sessions; the rewrite's peak is at most the original's, untuned
-and under settings; for gpt and bert the rewrite under its settings is at most 0.6x the original
+and under settings (a rewrite that looks worse is run again, twice, both sides one after the
+other, and judged by each side's lowest peak); for gpt and bert the rewrite under its settings is at most 0.6x the original
 untuned.
 """
 
@@ -70,6 +71,7 @@ CROSS_TARGET = {"gpt": 0.6, "bert": 0.6}  # rewrite under settings / original un
 # from the heap, unseen: a rewrite is called worse only by more than the larger of these.
 PEAK_NOISE_BYTES = 64 * 1024
 PEAK_NOISE_SHARE = 0.01
+REMEASURE = 2  # extra serial runs of both sides before a rewrite is called worse
 
 
 def _worse_by(row: dict, a: str, b: str) -> int | None:
@@ -258,7 +260,34 @@ def bench_model(name: str, prio: int, ctx: Setup) -> dict:
         results = {k: f.result() for k, f in futures.items()}
     row["check"] = results.pop("check")
     row["train"] = results
+    _remeasure_suspects(ctx, art, {"original": orig, "rewrite": rw}, settings, row, prio)
     return _finish(row, t_model)
+
+
+def _suspect_pairs(row: dict) -> list[tuple[str, str]]:
+    """The (rewrite, original) runs whose peaks say the rewrite is worse beyond noise."""
+    pairs = [(f"rewrite/{s}", f"original/{s}") for s in SESSIONS] + [("rewrite/settings", "original/untuned")]
+    return [(a, b) for a, b in pairs if (_worse_by(row, a, b) or 0) > 0]
+
+
+def _remeasure_suspects(ctx: Setup, art: Path, models: dict, settings, row: dict, prio: int) -> None:
+    # The first runs share the CPUs with the check and each other; a verdict of "worse" is
+    # only given when it survives REMEASURE more runs of both sides, one at a time, each
+    # side judged by its lowest peak (noise only ever adds to a high-water mark).
+    for _ in range(REMEASURE):
+        keys = sorted({k for pair in _suspect_pairs(row) for k in pair})
+        if not keys:
+            return
+        for key in keys:
+            side, session = key.split("/")
+            again = _train(ctx, art, models[side], settings if session == "settings" else None,
+                           row, prio)
+            first = row["train"].get(key) or {}
+            if "peak_bytes" in again and "peak_bytes" in first:
+                runs = first.setdefault("peak_bytes_runs", [first["peak_bytes"]])
+                runs.append(again["peak_bytes"])
+                first["peak_bytes"] = min(runs)
+        ctx.run.log(f"{row['model']}: remeasured {', '.join(keys)}")
 
 
 def _check(ctx: Setup, orig: Path, rw: Path, row: dict, prio: int) -> dict:
