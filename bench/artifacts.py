@@ -11,7 +11,8 @@ For every model of ``sample_models/artifact_zoo.py`` (each step a child process,
 timeout; one model's failure is recorded in its row and the others go on):
   1. ``PY sample_models/artifact_zoo.py --out-dir DIR --only NAME --no-verify``
   2. ``ckpt inspect DIR/NAME/training_model.onnx --json``
-  3. ``ckpt rewrite DIR/NAME/training_model.onnx -o DIR/NAME/training_model.ckpt.onnx --json``
+  3. ``ckpt rewrite DIR/NAME/training_model.onnx -o DIR/NAME/training_model.ckpt.onnx --json --python PY``
+     (the default is chosen by training its plans in the Module API's untuned session)
   4. ``ckpt check ORIGINAL REWRITE --python PY --json --provider cpu`` (the Module runs on the
      CPU; ``--provider cpu`` only skips auto's CUDA probe, a child process per check). The
      training wheel's ``import onnxruntime`` imports torch (~4 s; check starts 8 such
@@ -220,19 +221,22 @@ def bench_model(name: str, prio: int, ctx: Setup) -> dict:
         rec.update({k: data.get(k) for k in ("peak_bytes", "peak_bytes_ort_default",
                                              "stashed_bytes", "nodes", "dims")})
     row["inspect"] = rec
-    # Module runs at the batch ckpt planned for: the dimension's value in its report
+    # Module runs at the batch and sequence ckpt planned for: the dimensions' values in its report
     row["batch"] = (((rec.get("dims") or {}).get("batch")) or {}).get("value")
+    row["seq"] = (((rec.get("dims") or {}).get("seq")) or {}).get("value")
 
     # 3. rewrite (removed first: an --out-dir reused from an earlier run still has one)
     rw.unlink(missing_ok=True)
-    rec, data = stage("rewrite", [ckpt, "rewrite", orig, "-o", rw, "--json"])
+    rec, data = stage("rewrite", [ckpt, "rewrite", orig, "-o", rw, "--json", "--python", py],
+                      env=ctx.check_env)
     if isinstance(data, dict) and rec["rc"] == 0:
         rec.update({"strategy": data.get("strategy"), "warning": data.get("warning"),
                     "no_gain_reason": data.get("no_gain_reason"),
                     "mem_pattern_off": data.get("mem_pattern_off"),
                     "recompute_nodes": data.get("recompute_nodes"),
                     "predicted_peak_before": (data.get("before") or {}).get("peak_bytes"),
-                    "predicted_peak_after": (data.get("after") or {}).get("peak_bytes")})
+                    "predicted_peak_after": (data.get("after") or {}).get("peak_bytes"),
+                    "module_session": (data.get("planning") or {}).get("module_session")})
     row["rewrite"] = rec
     run.log(f"{name}: inspect rc={row['inspect']['rc']}, rewrite rc={rec['rc']}")
     if rec["rc"] != 0 or not rw.exists():
@@ -318,6 +322,8 @@ def _train(ctx: Setup, art: Path, model: Path, settings, row: dict, prio: int) -
     cmd = [ctx.py, TRAIN_SCRIPT, art, model, "--steps", str(ctx.steps)]
     if row.get("batch"):
         cmd += ["--batch", str(row["batch"])]
+    if row.get("seq"):
+        cmd += ["--seq", str(row["seq"])]
     if settings is not None:
         cmd += ["--settings", json.dumps(settings)]
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
@@ -517,7 +523,7 @@ def markdown(meta: dict, rows: list[dict]) -> str:
         f"total {meta['total_s']:.0f} s; {meta['torch_in_check']}.",
         "",
         "Per model: `artifact_zoo.py --only NAME --no-verify`, `ckpt inspect --json`, "
-        "`ckpt rewrite --json` (no options), `ckpt check ORIG REWRITE --python PY --json "
+        "`ckpt rewrite --json --python PY` (no other options), `ckpt check ORIG REWRITE --python PY --json "
         "--provider cpu`, then `bench/zoo_train.py` (Module + AdamW Optimizer from the "
         "checkpoint, same feeds, `onnxruntime.set_seed(0)`) for the original and the rewrite, untuned (ORT's defaults, one "
         "intra-op thread) and under the rewrite's recorded settings "

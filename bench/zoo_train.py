@@ -4,7 +4,7 @@ Runs in the training interpreter (onnxruntime-training-cpu 1.19.2, numpy<2), not
 venv; ``bench/artifacts.py`` drives it. By hand:
 
     MALLOC_MMAP_THRESHOLD_=65536 python bench/zoo_train.py ARTIFACT_DIR TRAINING_MODEL \\
-        [--steps 10] [--settings JSON] [--batch N] [--seed 1]
+        [--steps 10] [--settings JSON] [--batch N] [--seq N] [--seed 1]
 
 ``Module(TRAINING_MODEL, CheckpointState.load_checkpoint(ARTIFACT_DIR/checkpoint),
 ARTIFACT_DIR/eval_model.onnx, device="cpu", session_options=...)`` and
@@ -22,7 +22,7 @@ are applied; keys that are not SessionOptions attributes (``settings``, ``provid
 Feeds, from ARTIFACT_DIR/zoo.json: step ``i`` draws from ``numpy.random.RandomState(seed + i)``,
 in zoo.json's order (inputs, then label): int inputs uniform in ``[0, bound)``, float inputs
 standard normal; ``"batch"`` in a shape is ``--batch`` (default: zoo.json's ``batch``),
-``"batch*32"`` batch times 32, ``"seq"`` zoo.json's ``seq``, ``"tokens"`` batch times seq. ``onnxruntime.set_seed(--ort-seed)`` (default 0) runs before the
+``"batch*32"`` batch times 32, ``"seq"`` ``--seq`` (default: zoo.json's ``seq``), ``"tokens"`` batch times seq. ``onnxruntime.set_seed(--ort-seed)`` (default 0) runs before the
 steps, so that Dropout draws the same masks in every process. They are handed to the Module by name, in ``module.input_names()``
 order; a Module input zoo.json does not know is an error.
 
@@ -87,7 +87,7 @@ def dims(shape: list, batch: int, seq: int | None = None) -> list[int]:
     return out
 
 
-def make_batches(zoo: dict, batch: int, steps: int, seed: int) -> list[dict]:
+def make_batches(zoo: dict, batch: int, steps: int, seed: int, seq: int | None = None) -> list[dict]:
     import numpy as np
 
     tensors = [*zoo["inputs"], zoo["label"]]
@@ -96,7 +96,7 @@ def make_batches(zoo: dict, batch: int, steps: int, seed: int) -> list[dict]:
         rng = np.random.RandomState(seed + step)
         feeds = {}
         for t in tensors:
-            shape = dims(t["shape"], batch, zoo.get("seq"))
+            shape = dims(t["shape"], batch, seq or zoo.get("seq"))
             if t["dtype"].startswith("int"):
                 if "bound" not in t:
                     raise ValueError(f"int input {t['name']} has no bound in zoo.json")
@@ -108,7 +108,7 @@ def make_batches(zoo: dict, batch: int, steps: int, seed: int) -> list[dict]:
 
 
 def train(art_dir: str, training_model: str, steps: int, settings: dict | None,
-          batch: int | None, seed: int, ort_seed: int | None = 0) -> dict:
+          batch: int | None, seed: int, ort_seed: int | None = 0, seq: int | None = None) -> dict:
     import numpy as np
     import onnxruntime as ort
 
@@ -127,11 +127,11 @@ def train(art_dir: str, training_model: str, steps: int, settings: dict | None,
     if unknown:
         raise RuntimeError(f"Module inputs {unknown} are not in zoo.json (Module wants {names}, "
                            f"zoo.json has {known})")
-    data = [[feeds[n] for n in names] for feeds in make_batches(zoo, batch, steps, seed)]
+    data = [[feeds[n] for n in names] for feeds in make_batches(zoo, batch, steps, seed, seq)]
     measured = child.run_steps(module, optimizer, data, ort_seed)
     return {
         "artifact_dir": art_dir, "training_model": training_model, "steps": steps,
-        "batch": batch, "seed": seed, "ort_seed": ort_seed, "input_names": names,
+        "batch": batch, "seq": seq or zoo.get("seq"), "seed": seed, "ort_seed": ort_seed, "input_names": names,
         **measured,
         "settings_applied": applied, "settings_ignored": ignored,
         "intra_op_num_threads": so.intra_op_num_threads,
@@ -149,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--settings", type=json.loads, default=None,
                     help="SessionOptions settings as JSON (ckpt's recorded_settings)")
     ap.add_argument("--batch", type=int, default=None, help="default: zoo.json's batch")
+    ap.add_argument("--seq", type=int, default=None, help="default: zoo.json's seq")
     ap.add_argument("--seed", type=int, default=1, help="step i's feeds use seed + i")
     ap.add_argument("--ort-seed", type=int, default=0,
                     help="onnxruntime.set_seed before the steps (Dropout's masks); -1: not set")
@@ -162,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.allow_torch:
         _module_child().keep_torch_out()
     result = train(args.artifact_dir, args.training_model, args.steps, args.settings,
-                   args.batch, args.seed, None if args.ort_seed < 0 else args.ort_seed)
+                   args.batch, args.seed, None if args.ort_seed < 0 else args.ort_seed, args.seq)
     print(json.dumps(result))
     return 0
 

@@ -34,6 +34,8 @@ from .io.load import load_graph
 from .planning.budget import Planned
 from .rewrite.select import make_plan, plan_notes, plan_rows, rewrite_plan
 from .verify.plain_choice import judged_in_plain
+from .verify.driver import WorkerOptions
+from .verify.module_choice import judged_by_training, judged_in_module
 from .planning.decision import Decision
 from .options import AnalysisOptions, CheckOptions, PlanOptions, RewriteOptions
 from .planning.plan import Policy
@@ -371,7 +373,11 @@ def _rewritten(a: Analysis, loaded: Loaded, options: RewriteOptions, analysis: A
     replan = None if options.no_recompute else (lambda d: make_plan(d, options.plan, pin=options.pin))
     stage("planning")
     planned = None if options.no_recompute else make_plan(a, options.plan, progress=progress, pin=options.pin)
-    if planned is not None and options.pin:
+    if planned is not None and options.pin and options.trainer is not None and judged_by_training(a):
+        stage("judging the default by training it in the Module API")
+        planned = judged_in_module(a, planned, a.graph.model, WorkerOptions(options.trainer, options.timeout),
+                                   finish)
+    elif planned is not None and options.pin:
         stage("judging the default in a plain session")
         planned = judged_in_plain(a, planned, finish)
     chosen = planned.plan if planned else None

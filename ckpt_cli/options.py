@@ -215,14 +215,17 @@ class RewriteOptions:
     keep_mem_pattern: bool = True
     ort_optimize: str | None = None
     timeout: float | None = DEFAULT_TIMEOUT_S  # how long, not what: not recorded by to_json
+    # an interpreter with onnxruntime-training: an ORT training artifact's default is chosen
+    # by training its plans there (verify/module_choice.py); a machine's path, not recorded
+    trainer: str | None = None
 
     @classmethod
     def of(cls, *, no_recompute: bool = False, pin: bool = True, keep_mem_pattern: bool = True,
            ort_optimize: str | None = None, timeout: float | None = DEFAULT_TIMEOUT_S, plan=None,
-           **plan_keywords) -> "RewriteOptions":
+           trainer: str | None = None, **plan_keywords) -> "RewriteOptions":
         """The keyword form: ``plan`` is the plan file (as ``rewrite_model(plan=...)``)."""
         return cls(PlanOptions.of(plan_file=plan, **plan_keywords), no_recompute, pin, keep_mem_pattern,
-                   ort_optimize, timeout)
+                   ort_optimize, timeout, trainer)
 
     def validate(self) -> "RewriteOptions":
         if self.ort_optimize not in (None, *ORT_OPTIMIZE_PROVIDERS):

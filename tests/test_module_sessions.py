@@ -164,15 +164,20 @@ def test_check_trains_an_artifact_in_the_module_api(training_python, tmp_path): 
     rewritten.parent.mkdir()
     cli = [sys.executable, "-m", "ckpt_cli.cli"]
     env = dict(os.environ, NO_COLOR="1")
-    assert subprocess.run([*cli, "rewrite", original, "-o", rewritten], cwd=ROOT, env=env,
-                          capture_output=True, timeout=300).returncode == 0
+    w = subprocess.run([*cli, "rewrite", original, "-o", rewritten, "--python", python, "--json"], cwd=ROOT,
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert w.returncode == 0, w.stderr[-2000:]
+    choice = json.loads(w.stdout)["planning"]["module_session"]  # the default, chosen by training it
+    assert choice["steps"] == 10 and choice["original_peak_bytes"] > MIB, choice
+    taken = choice["judged"][choice["chosen"]] if choice["chosen"] is not None else None
+    assert taken is None or (taken["losses_identical"] and taken["peak_bytes"] <= choice["original_peak_bytes"])
     r = subprocess.run([*cli, "check", original, rewritten, "--python", python, "--provider", "cpu", "--runs", "1",
                         "--json"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     report = json.loads(r.stdout)
     m = report["module_sessions"]
-    assert m["errors"] == {} and m["steps"] == 3, m
+    assert m["errors"] == {} and m["steps"] == 10, m
     for key in ("original_untuned", "rewritten_untuned", "original_settings", "rewritten_settings"):
-        assert m[key]["peak_bytes"] > MIB and len(m[key]["losses_hex"]) == 3, (key, m[key])
+        assert m[key]["peak_bytes"] > MIB and len(m[key]["losses_hex"]) == 10, (key, m[key])
     assert m["losses_identical"] == {"untuned": True, "settings": True}
     assert m["rewritten_untuned"]["peak_bytes"] <= m["original_untuned"]["peak_bytes"] + max(64 << 10, m[
         "original_untuned"]["peak_bytes"] // 100)

@@ -216,7 +216,7 @@ def check(original: Path, rewritten: Path, **given) -> None:
     of each run from ORT's profiler, and checks that ORT executed the rewritten nodes,
     and only those, in the written order (nodes ORT adds are named, and tolerated
     where the rewritten peak stays within --max-prediction-error). An ORT training artifact
-    (checkpoint, eval and optimizer models beside the original) is also trained 3 steps in
+    (checkpoint, eval and optimizer models beside the original) is also trained 10 steps in
     ORT's Module API, untuned and under the rewrite's settings: the rewrite's process peak
     untuned must not be above the original's, and its losses must be bit-identical in both.
 

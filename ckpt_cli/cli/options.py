@@ -65,7 +65,9 @@ def check_options(f):
     f = click.option("--feeds", "feeds_file", type=click.Path(dir_okay=False, path_type=Path),
                      help="Feed these inputs (.npz, one array per graph input) instead of generated ones.")(f)
     f = click.option("--python", "python", metavar="PATH",
-                     help="Run ONNX Runtime under this interpreter (needs numpy and onnxruntime there).")(f)
+                     help="Run ONNX Runtime under this interpreter (needs numpy and onnxruntime there). "
+                          "With onnxruntime-training there, rewrite also chooses an ORT training "
+                          "artifact's default by training its plans in the Module API's untuned session.")(f)
     f = click.option("--rtol", type=click.FloatRange(0, 1), help="Accept outputs within this relative tolerance.")(f)
     f = click.option("--atol", type=click.FloatRange(0, min_open=False),
                      help="Accept outputs within this absolute tolerance.")(f)
@@ -120,7 +122,8 @@ def rewrite_value(given: dict):
     from ..options import RewriteOptions
 
     return RewriteOptions(plan_value(given), given.pop("no_recompute"), given.pop("pin"),
-                          given.pop("keep_mem_pattern"), given.pop("ort_optimize"), given["timeout"])
+                          given.pop("keep_mem_pattern"), given.pop("ort_optimize"), given["timeout"],
+                          given["python"])
 
 
 def check_value(given: dict):

@@ -101,15 +101,16 @@ class Optimized:
 
 
 def run_ort_optimizer(model_path: Path, output: Path, provider: str, external: str | None = None,
-                      level: str = LEVEL, timeout: float | None = DEFAULT_TIMEOUT_S) -> str:
+                      level: str = LEVEL, timeout: float | None = DEFAULT_TIMEOUT_S,
+                      python: str | None = None) -> str:
     """Let ORT optimize ``model_path`` into ``output`` for ``provider`` ("cpu"/"cuda") at
-    ``level``; returns ORT's version. Raises RuntimeUnavailable when the provider cannot
+    ``level``, under the interpreter ``python`` (None: this one); returns ORT's version. Raises RuntimeUnavailable when the provider cannot
     start, RunFailed (exit 5) when the child runs past ``timeout`` seconds (its whole process
     group is killed) or ends without an answer."""
     spec = {"model": str(model_path), "output": str(output), "provider": PROVIDERS[provider], "level": level,
             "external": external}
     what = "ONNX Runtime's optimization"
-    done = child.run_child([sys.executable, "-c", _CHILD, json.dumps(spec)], dict(os.environ), timeout, what)
+    done = child.run_child([python or sys.executable, "-c", _CHILD, json.dumps(spec)], dict(os.environ), timeout, what)
     lines = [line for line in done.stdout.splitlines() if line.strip()]
     try:
         answer = child.parse_json_line(lines[-1])

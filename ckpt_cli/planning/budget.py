@@ -47,6 +47,9 @@ class Planned:
     plain: Any = None  # the default's PlainChoice: the knee judged again in a plain InferenceSession
     beyond: tuple = ()  # the default's (plan, cost, unpinned rewrite) of each hull vertex past the knee
     knee_cost: Any = None  # the knee's PlanCost, with ``beyond``
+    cost: Any = None  # the default's PlanCost, where it has one
+    fallbacks: tuple = ()  # the default's (plan, cost, unpinned rewrite) with less recompute, lowest peak first
+    module: Any = None  # the default's ModuleChoice: an ORT training artifact judged by training it
 
 
 # A near miss whose written graph is over the budget is shifted down by its overshoot this

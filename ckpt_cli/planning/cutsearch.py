@@ -434,6 +434,7 @@ class DefaultPlan(NamedTuple):
     knee: Knee | None = None
     lowest: Plan | None = None
     beyond: tuple = ()  # (plan, cost) of the front's hull vertices past the knee, toward the lowest peak
+    fallbacks: tuple = ()  # (plan, cost) of the plans with less recompute than ``plan``, lowest peak first
 
 
 def lowest_peak_plan(a: Analysis, evaluate: Callable[[Plan], PlanCost], *, thorough: bool,
@@ -458,7 +459,19 @@ def lowest_peak_plan(a: Analysis, evaluate: Callable[[Plan], PlanCost], *, thoro
         return _at_knee(a, judged, best)
     plan, cost = judged[best]
     plan.notes.append(_lowest_note(judged, cost))
-    return DefaultPlan(plan, cost)
+    return DefaultPlan(plan, cost, fallbacks=_fallbacks(judged, cost))
+
+
+def _fallbacks(judged: list[tuple[Plan, PlanCost]], chosen: PlanCost) -> tuple:
+    """The plans that recompute less than ``chosen``, each below every plan before it in
+    recompute: the front from the lowest peak toward the original, for a session that
+    refuses the lowest (an ORT training artifact's, judged by training it)."""
+    out, least = [], chosen.recompute_flops
+    for plan, cost in sorted(judged, key=lambda pc: (pc[1].peak_bytes, pc[1].recompute_flops)):
+        if cost.recompute_flops < least and plan.strategy != "none":
+            out.append((plan, cost))
+            least = cost.recompute_flops
+    return tuple(out)
 
 
 def _lowest_note(judged: list[tuple[Plan, PlanCost]], cost: PlanCost) -> str:

@@ -329,6 +329,7 @@ def planning_section(a, planned, result, rows: list[dict]) -> dict:
         "knee": planned.knee.to_json() if planned.knee else None,
         "activation_budget": planned.activation.to_json() if planned.activation else None,
         "plain_session": planned.plain.to_json() if planned.plain else None,
+        "module_session": planned.module.to_json() if planned.module else None,
         "explanations": rows,
     }
 

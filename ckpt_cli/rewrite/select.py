@@ -85,7 +85,8 @@ def make_plan(a: Analysis, options: PlanOptions | None = None, *, progress: Call
                               policy=policy, at_knee=at_knee)
     planned = Planned(chosen.plan, result=evaluator.results.get(id(chosen.plan)), knee=chosen.knee)
     if chosen.lowest is None:
-        return planned
+        fallbacks = tuple((p, c, evaluator.results.get(id(p))) for p, c in chosen.fallbacks)
+        return replace(planned, cost=chosen.cost, fallbacks=fallbacks)
     lowest = Planned(chosen.lowest, result=evaluator.results.get(id(chosen.lowest)), knee=chosen.knee)
     planned = knee_or_lowest(a, planned, lowest, pin)
     if planned.knee is None or planned.knee.passed_over is not None:
@@ -131,7 +132,9 @@ def never_worse(a: Analysis, planned: Planned | None, result: RewriteResult) -> 
     reason in ``no_gain``. A budget is the user's own limit and is kept as it is."""
     if planned is None or planned.budget is not None:
         return result
-    if not planned.user and is_ort_artifact(a.graph):
+    if planned.module is not None and planned.module.chosen is None:
+        return _unchanged(a, planned.module.line(), result.notes)
+    if not planned.user and planned.module is None and is_ort_artifact(a.graph):
         shortfall = module_shortfall(a, result)
         if shortfall is not None:
             return _unchanged(a, shortfall, result.notes)

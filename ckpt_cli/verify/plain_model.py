@@ -31,7 +31,7 @@ class FusedPlain:
 
 
 def fused_plain(model_path: str | Path, known: Mapping[str, TensorInfo],
-                timeout: float | None = DEFAULT_TIMEOUT_S) -> FusedPlain | None:
+                timeout: float | None = DEFAULT_TIMEOUT_S, python: str | None = None) -> FusedPlain | None:
     """ckpt's prediction of ``InferenceSession(model_path)`` on the CPU from ORT's own
     ORT_ENABLE_ALL graph of it; None when ORT cannot write that graph or a tensor of it has
     no known size. ``known``: the file's tensors; a fused node keeps the output names of the
@@ -41,7 +41,7 @@ def fused_plain(model_path: str | Path, known: Mapping[str, TensorInfo],
         fused = Path(tmp) / "fused.onnx"
         try:
             run_ort_optimizer(Path(model_path), fused, "cpu", external="fused.onnx.data", level=PLAIN_LEVEL,
-                              timeout=timeout)
+                              timeout=timeout, python=python)
             # the tensors only: a whole analysis would also simulate another order and
             # classify phases, which a graph ORT fused need not pass
             graph = load_graph(fused)
@@ -53,7 +53,8 @@ def fused_plain(model_path: str | Path, known: Mapping[str, TensorInfo],
         except (CkptError, OSError):
             return None
         tensors = {t: known[t] if info.nbytes is None and t in known else info for t, info in inferred.items()}
-        produced = (t for n in graph.nodes for t in n.outputs if t)
+        produced = [t for n in graph.nodes for t in n.outputs if t]
+        tensors.update((t, known[t]) for t in produced if t not in tensors and t in known)
         if any(t not in tensors or tensors[t].nbytes is None for t in produced):
             return None
         order = list(range(len(graph.nodes)))  # ORT wrote them in the order it runs them

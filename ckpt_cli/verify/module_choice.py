@@ -1,0 +1,184 @@
+"""Judge an ORT training artifact's default in the session its users run: the Module API, untuned.
+
+Users of ``generate_artifacts``' output train through ``Module`` + ``Optimizer`` with ORT's
+defaults: ORT_ENABLE_ALL's fusions, DEFAULT order, the memory pattern, buffer reuse and the
+arena. ckpt's memory model does not predict that session's process peak well enough to tell
+a rewrite 0.9x of the original from one 1.1x (the fusions and the pattern's block move it
+both ways), and a fusion that treats a recompute copy unlike its original rounds the loss
+differently. With an interpreter that has onnxruntime-training (``--python``), the default's
+plan and the plans with less recompute along its front are trained there instead, a few
+steps each from the artifact's checkpoint, lowest predicted peak first, untuned and under
+the settings ckpt records for it: the first whose process peak in both is not above the
+original's untuned, with the original's losses bit for bit in both, is written. When none is, the graph is written unchanged, with the figures in one line.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+from ..analysis import Analysis
+from ..errors import CkptError, RunFailed
+from ..io.save import save_model
+from ..io.written import to_model
+from ..planning.budget import Planned
+from ..rewrite import RewriteResult, pinned, rewrite
+from ..rewrite.mem_pattern import is_ort_artifact
+from ..units import human_bytes
+from .driver import WorkerOptions
+from .module_runs import STEPS, artifact_files, run_module
+from .stage import prepare_feeds
+
+Finish = Callable[[RewriteResult], RewriteResult]
+
+# Each plan tried is two training children (a few seconds on the zoo's models): the
+# default's plan and at most this many with less recompute.
+MAX_FALLBACKS = 5
+
+
+@dataclass(frozen=True)
+class ModuleJudged:
+    """One plan trained by the Module API untuned: its recompute, ckpt's predicted peak
+    under its settings, and the measured process peak and whether the losses matched."""
+
+    recompute_flops: int
+    settings_peak_bytes: int  # predicted
+    peak_bytes: int | None  # measured untuned; None: the Module API did not train it (``error``)
+    identical: bool  # the original's losses, untuned and under the settings
+    error: str | None = None
+    peak_bytes_settings: int | None = None  # measured under the settings ckpt records for it
+
+    def accepted(self, original_peak: int) -> bool:
+        return (self.error is None and self.identical and self.peak_bytes is not None
+                and self.peak_bytes_settings is not None
+                and max(self.peak_bytes, self.peak_bytes_settings) <= original_peak)
+
+    def to_json(self) -> dict:
+        return {"recompute_flops": self.recompute_flops, "settings_peak_bytes": self.settings_peak_bytes,
+                "peak_bytes": self.peak_bytes, "peak_bytes_under_settings": self.peak_bytes_settings,
+                "losses_identical": self.identical, "error": self.error}
+
+
+@dataclass(frozen=True)
+class ModuleChoice:
+    """The original's measured untuned peak, the plans trained (the default's first), and
+    the one taken (None: none, the graph is written unchanged)."""
+
+    original_peak_bytes: int
+    judged: tuple[ModuleJudged, ...]
+    chosen: int | None
+    steps: int
+
+    def ratio(self, i: int) -> float:
+        return (self.judged[i].peak_bytes or 0) / max(1, self.original_peak_bytes)
+
+    def line(self) -> str:
+        head = (f"trained by the Module API untuned ({self.steps} steps), the original's process peak is "
+                f"{human_bytes(self.original_peak_bytes)}")
+        if self.chosen is None:
+            return head + (f"; none of the {len(self.judged)} plans tried stays at or below it with the "
+                           f"original's losses bit for bit ({self._why_not()}): the graph is written unchanged")
+        taken = self.judged[self.chosen]
+        which = "the default's plan" if self.chosen == 0 else f"plan {self.chosen + 1} of the front (less recompute)"
+        settings = (taken.peak_bytes_settings or 0) / max(1, self.original_peak_bytes)
+        return (head + f"; {which} measures {human_bytes(taken.peak_bytes or 0)} there ({self.ratio(self.chosen):.2f}x)"
+                f" and {human_bytes(taken.peak_bytes_settings or 0)} under ckpt's settings ({settings:.2f}x), "
+                "with the same losses")
+
+    def _why_not(self) -> str:
+        def one(j: ModuleJudged) -> str:
+            if j.error is not None or j.peak_bytes is None or j.peak_bytes_settings is None:
+                return "not trained"
+            base = max(1, self.original_peak_bytes)
+            return (f"{j.peak_bytes / base:.2f}x, {j.peak_bytes_settings / base:.2f}x under its settings"
+                    + ("" if j.identical else ", losses differ"))
+        return "; ".join(one(j) for j in self.judged)
+
+    def to_json(self) -> dict:
+        return {"session": "Module API, ORT's defaults", "steps": self.steps,
+                "original_peak_bytes": self.original_peak_bytes,
+                "judged": [j.to_json() for j in self.judged], "chosen": self.chosen}
+
+
+def judged_by_training(a: Analysis) -> bool:
+    """Whether ``a`` is an ORT training artifact on disk with its checkpoint beside it."""
+    return (is_ort_artifact(a.graph) and a.graph.path is not None
+            and not isinstance(artifact_files(a.graph.path), str))
+
+
+def _candidates(a: Analysis, planned: Planned) -> list[tuple]:
+    return [(planned.plan, planned.cost, planned.result), *planned.fallbacks[:MAX_FALLBACKS]]
+
+
+def judged_in_module(a: Analysis, planned: Planned, feeds_model, worker: WorkerOptions,
+                     finish: Finish | None = None) -> Planned:
+    """``planned`` (the default of an artifact), or the first plan of its front that the
+    Module API trains at no more than the original's untuned peak with the same losses,
+    with the choice recorded; ``planned`` as it is where nothing can be judged."""
+    if planned.user or planned.budget is not None or planned.plan is None or planned.cost is None \
+            or not judged_by_training(a):
+        return planned
+    finish = finish or (lambda r: r)
+    files = artifact_files(a.graph.path)
+    candidates = _candidates(a, planned)
+    with tempfile.TemporaryDirectory(prefix="ckpt_module_choice_") as tmp:
+        feeds = Path(tmp) / "feeds.npz"
+        prepare_feeds(feeds_model, feeds, worker.seed, dict(a.dims), None)
+        try:
+            original = run_module(a.graph.path, files, feeds, None, worker, STEPS)
+        except RunFailed as e:
+            if e.kind == "timeout":
+                raise
+            planned.plan.notes.append(f"the Module API did not train the original here ({e.message}): "
+                                      "the default is judged by ckpt's model of its session")
+            return planned
+        judged, written, losses = [], {}, {}
+
+        def reference(settings: dict) -> list[str]:
+            key = repr(sorted(settings.items()))
+            if key not in losses:
+                losses[key] = run_module(a.graph.path, files, feeds, settings, worker, STEPS)["losses_hex"]
+            return losses[key]
+
+        for i, (plan, cost, unpinned) in enumerate(candidates):
+            result = finish(pinned(a, unpinned) if unpinned is not None else rewrite(a, plan, True))
+            written[i] = result
+            judged.append(_train(a, result, Path(tmp) / f"plan{i}.onnx", files, feeds, worker, cost, original,
+                                 reference))
+            if judged[-1].accepted(original["peak_bytes"]):
+                break
+    chosen = len(judged) - 1 if judged[-1].accepted(original["peak_bytes"]) else None
+    choice = ModuleChoice(original["peak_bytes"], tuple(judged), chosen, STEPS)
+    if chosen is None:
+        return replace(planned, module=choice)
+    plan, cost, unpinned = candidates[chosen]
+    plan.notes.append(choice.line())
+    return Planned(plan, result=unpinned, written=written[chosen], cost=cost, module=choice)
+
+
+def _train(a: Analysis, result: RewriteResult, path: Path, files: dict, feeds: Path, worker: WorkerOptions,
+           cost, original: dict, reference: Callable[[dict], list[str]]) -> ModuleJudged:
+    """``result`` trained untuned and under its recorded settings; ``reference(settings)``:
+    the original's losses under those settings."""
+    from ..ort.session import recorded_settings
+
+    source = a.graph.path.parent if a.graph.path is not None else None
+    try:
+        save_model(to_model(result), path, source_dir=source, force=True)
+        untuned = run_module(path, files, feeds, None, worker, STEPS)
+        settings = recorded_settings(path)
+        tuned = run_module(path, files, feeds, settings, worker, STEPS)
+    except RunFailed as e:
+        if e.kind == "timeout":
+            raise
+        return ModuleJudged(cost.recompute_flops, cost.peak_bytes, None, False, f"{e.kind}: {e.message}")
+    except CkptError as e:
+        return ModuleJudged(cost.recompute_flops, cost.peak_bytes, None, False, str(e))
+    same = untuned["losses_hex"] == original["losses_hex"] and tuned["losses_hex"] == reference(settings)
+    return ModuleJudged(cost.recompute_flops, cost.peak_bytes, untuned["peak_bytes"], same,
+                        peak_bytes_settings=tuned["peak_bytes"])
+
+
+__all__ = ["ModuleChoice", "ModuleJudged", "judged_by_training", "judged_in_module"]

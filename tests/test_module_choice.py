@@ -1,0 +1,123 @@
+"""An ORT training artifact's default is chosen by training its plans in the Module API.
+
+The Module runs are faked here (their figures are what the choice reads); the real run,
+with onnxruntime-training, is in ``test_module_sessions.py``.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+from ckpt_cli import api
+from ckpt_cli.rewrite import RewriteResult
+from ckpt_cli.verify import module_choice
+
+ZOO_BERT = ROOT / "sample_models" / "zoo" / "bert" / "training_model.onnx"
+LOSSES = ["0x1.277f8a0000000p+1", "0x1.3f1f800000000p+1", "0x1.374e0a0000000p+1"]
+ORIGINAL_PEAK = 70 << 20
+
+
+@pytest.fixture
+def artifact(tmp_path: Path) -> Path:
+    """The zoo's BERT training model beside stand-ins of its checkpoint and other models."""
+    model = tmp_path / "training_model.onnx"
+    shutil.copy(ZOO_BERT, model)
+    for name in ("checkpoint", "eval_model.onnx", "optimizer_model.onnx"):
+        (tmp_path / name).write_bytes(b"")
+    return model
+
+
+def _fake_module(monkeypatch: pytest.MonkeyPatch, runs: dict[str, tuple]) -> list[str]:
+    """Module runs answering ``runs[file stem]``: (peak, losses) untuned, then optionally the
+    peak and losses under the recorded settings (default: the same); returns the runs in
+    order, ``stem`` untuned and ``stem/settings`` under the settings."""
+    trained: list[str] = []
+
+    def run_module(training_model, files, feeds, settings, worker, steps):
+        stem = Path(training_model).stem
+        trained.append(stem if settings is None else f"{stem}/settings")
+        assert Path(feeds).exists() and worker.python == "trainer" and steps == 10
+        answer = runs[stem]
+        peak, losses = answer[:2] if settings is None else (answer[2:] or answer[:2])
+        return {"peak_bytes": peak, "losses_hex": losses, "time_s": 0.1}
+
+    monkeypatch.setattr(module_choice, "run_module", run_module)
+    return trained
+
+
+def _rewrite(artifact: Path, trainer: str | None = "trainer") -> api.RewriteModelResult:
+    return api.rewrite_model(artifact, trainer=trainer)
+
+
+def test_the_default_plan_is_written_when_the_module_session_holds_it_lower(monkeypatch, artifact):
+    trained = _fake_module(monkeypatch, {"training_model": (ORIGINAL_PEAK, LOSSES), "plan0": (50 << 20, LOSSES)})
+    out = _rewrite(artifact)
+    m = out.report["planning"]["module_session"]
+    assert trained == ["training_model", "plan0", "plan0/settings", "training_model/settings"]
+    assert m["chosen"] == 0 and m["original_peak_bytes"] == ORIGINAL_PEAK
+    assert m["judged"][0]["peak_bytes"] == 50 << 20 and m["judged"][0]["losses_identical"]
+    assert out.result.recompute_flops > 0 and out.result.no_gain is None
+    assert any("measures 50.0 MiB there (0.71x) and 50.0 MiB under ckpt's settings (0.71x)" in n for n in out.report["plan_notes"]), out.report["plan_notes"]
+
+
+def test_a_plan_whose_losses_differ_is_passed_over_for_one_with_less_recompute(monkeypatch, artifact):
+    off = [LOSSES[0], "0x1.3f1f810000000p+1", LOSSES[2]]
+    trained = _fake_module(monkeypatch, {"training_model": (ORIGINAL_PEAK, LOSSES), "plan0": (40 << 20, off),
+                                         "plan1": (60 << 20, LOSSES)})
+    out = _rewrite(artifact)
+    m = out.report["planning"]["module_session"]
+    assert [t for t in trained if "/" not in t] == ["training_model", "plan0", "plan1"] and m["chosen"] == 1
+    assert m["judged"][0]["losses_identical"] is False
+    assert m["judged"][1]["recompute_flops"] < m["judged"][0]["recompute_flops"]
+    assert out.result.recompute_flops == m["judged"][1]["recompute_flops"]
+
+
+def test_nothing_lower_in_the_module_session_writes_the_graph_unchanged(monkeypatch, artifact):
+    higher = {f"plan{i}": (ORIGINAL_PEAK + (1 << 20), LOSSES) for i in range(1 + module_choice.MAX_FALLBACKS)}
+    trained = _fake_module(monkeypatch, {"training_model": (ORIGINAL_PEAK, LOSSES), **higher})
+    out = _rewrite(artifact)
+    m = out.report["planning"]["module_session"]
+    assert m["chosen"] is None and len([t for t in trained if "/" not in t]) == 1 + len(m["judged"]) >= 2
+    assert out.result.recompute_flops == 0
+    assert "none of the" in out.result.no_gain and "written unchanged" in out.result.no_gain
+
+
+def test_a_plan_above_the_original_under_its_settings_is_passed_over(monkeypatch, artifact):
+    trained = _fake_module(monkeypatch, {"training_model": (ORIGINAL_PEAK, LOSSES),
+                                         "plan0": (50 << 20, LOSSES, ORIGINAL_PEAK + (1 << 20), LOSSES),
+                                         "plan1": (60 << 20, LOSSES)})
+    m = _rewrite(artifact).report["planning"]["module_session"]
+    assert m["chosen"] == 1 and m["judged"][0]["peak_bytes_under_settings"] == ORIGINAL_PEAK + (1 << 20)
+    assert trained.count("training_model/settings") == 1  # the original's reference, once per settings
+
+
+def test_losses_that_differ_under_the_settings_only_are_refused(monkeypatch, artifact):
+    off = [LOSSES[0], LOSSES[1], "0x1.374e0b0000000p+1"]
+    _fake_module(monkeypatch, {"training_model": (ORIGINAL_PEAK, LOSSES), "plan0": (50 << 20, LOSSES, 40 << 20, off),
+                               "plan1": (60 << 20, LOSSES)})
+    m = _rewrite(artifact).report["planning"]["module_session"]
+    assert m["chosen"] == 1 and m["judged"][0]["losses_identical"] is False
+
+
+def test_a_peak_equal_to_the_original_is_not_above_it(monkeypatch, artifact):
+    _fake_module(monkeypatch, {"training_model": (ORIGINAL_PEAK, LOSSES), "plan0": (ORIGINAL_PEAK, LOSSES)})
+    assert _rewrite(artifact).report["planning"]["module_session"]["chosen"] == 0
+
+
+def test_without_a_trainer_the_model_of_the_session_guards_as_before(monkeypatch, artifact):
+    def never(*_a, **_k) -> RewriteResult:
+        raise AssertionError("no Module run without a trainer")
+
+    monkeypatch.setattr(module_choice, "run_module", never)
+    out = _rewrite(artifact, trainer=None)
+    assert out.report["planning"]["module_session"] is None
+
+
+def test_an_artifact_without_its_checkpoint_is_not_trained(monkeypatch, artifact):
+    (artifact.parent / "checkpoint").unlink()
+    monkeypatch.setattr(module_choice, "run_module", lambda *a, **k: pytest.fail("trained"))
+    assert _rewrite(artifact).report["planning"]["module_session"] is None
