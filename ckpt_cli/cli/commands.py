@@ -189,8 +189,10 @@ def _refuse_with_sweep(output: Path | None, options) -> None:
     if output is not None:
         raise UsageError("-o writes one plan, and --sweep makes none: pick a --budget from the sweep and rerun "
                          "without --sweep, or write the sweep's JSON with --report FILE")
-    if options.auto or options.budget or options.activation_budget is not None:
-        raise UsageError("--sweep draws the whole min-cut front: drop --auto/--budget/--activation-budget")
+    if options.auto or options.budget:
+        raise UsageError("--sweep draws the whole min-cut front: drop --auto/--budget")
+    if options.activation_budget is not None:
+        raise UsageError("--sweep draws the whole min-cut front: drop --activation-budget")
 
 
 def _sweep(model: Path, svg: Path | None, options, analysis, reporting: tuple) -> None:
