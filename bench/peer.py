@@ -2,6 +2,7 @@
 
     python -m bench.peer            # writes bench/PEER.md and bench/peer_results.json
     python -m bench.peer --models gpt2s --runs 1   # one model's entry, replaced in the results
+    python -m bench.peer --models gpt,gpt12 --activation-budget-only   # only the CLI rows below
 
 The PyTorch figures come from ``bench/peer_pytorch.json`` (``bench/peer_pytorch.py``,
 run with torch). For each PyTorch point, ckpt's plan is the cut with the least
@@ -12,6 +13,12 @@ same two ways: ``matmul`` (2*M*N*K of matmul-class ops, as torch's flop counter)
 that is not a view or a shape read). ckpt's activation bytes are the rewritten graph's
 stashed bytes (without pin's guard scalars, a few bytes, reported apart); each ckpt plan is rewritten and checked on ONNX Runtime (``ckpt rewrite
 --plan P --check``): measured peak, prediction error, bit-identical outputs.
+
+The same knob through the command line: ``ckpt rewrite --activation-budget F --check`` at
+PyTorch's F (0.5, 0.2; the same F keeps more bytes in ckpt, whose reference is the plan
+that recomputes nothing, than in PyTorch, whose reference already recomputes cheap ops),
+and at the F that lands on PyTorch's own activation bytes, where the matmul recompute of
+the two compares like for like.
 """
 
 from __future__ import annotations
@@ -68,6 +75,46 @@ def model_path(name: str) -> Path | None:
         if (folder / f"{name}.onnx").exists():
             return folder / f"{name}.onnx"
     return None
+
+
+def _activation_cli(model: Path, share: float, work: Path, runs: int) -> dict:
+    """``ckpt rewrite --activation-budget F`` (``--check`` when ``runs``) through the command
+    line: its record of the choice, and the check's verdict."""
+    from bench.run import ckpt_cmd
+
+    check = ["--check", "--provider", "cpu", "--runs", str(runs)] if runs else []
+    out = subprocess.run([*ckpt_cmd(), "rewrite", str(model), "--activation-budget", repr(share),
+                          "-o", str(work / "ab.onnx"), "--force", *check, "--json"],
+                         capture_output=True, text=True, cwd=REPO)
+    if out.returncode not in (0, 1):
+        return {"share": share, "error": out.stderr.strip().splitlines()[-1] if out.stderr.strip()
+                else f"exit {out.returncode}"}
+    r = json.loads(out.stdout)
+    row = {**r["planning"]["activation_budget"], "exit_code": out.returncode}
+    if runs:
+        c = r["check"]
+        row |= {"outputs_equal": c["outputs_equal"], "passed": out.returncode == 0,
+                "measured_in_use": c["rewritten"]["peak_bytes"], "original_in_use": c["original"]["peak_bytes"]}
+    return row
+
+
+def activation_rows(m: dict, model: Path, runs: int, checked: set[float] | None = None) -> list[dict]:
+    """Per compared PyTorch budget: ckpt at the same F, and at the F that keeps PyTorch's bytes."""
+    from ckpt_cli.analysis import analyse
+    from ckpt_cli.io.load import load_graph
+
+    base = analyse(load_graph(model)).stashed_bytes  # the no-recompute plan's activation bytes
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="ckpt_peer_ab_") as tmp:
+        for pt in m["points"]:
+            if pt["partitioner"] != "min_cut" or pt["budget"] not in COMPARED:
+                continue
+            at_bytes = (pt["activation_bytes"] + 0.5) / base  # its limit rounds down to PyTorch's bytes
+            here = _runs_at(pt["budget"], model, runs, checked)
+            rows.append({"budget": pt["budget"], "torch": pt,
+                         "same_share": _activation_cli(model, pt["budget"], Path(tmp), here),
+                         "torch_bytes": _activation_cli(model, at_bytes, Path(tmp), here)})
+    return rows
 
 
 def _budget_point(a, model: Path, cut_peak: int, work: Path, runs: int) -> dict:  # runs 0: predicted only
@@ -146,8 +193,20 @@ def bench_peer(runs: int = 3, only: set[str] | None = None, checked: set[float] 
                                 **(_check(model, plan.to_json([n.name for n in a.graph.nodes]), Path(tmp), runs_here)
                                    if runs_here else {})}}
                 entry["points"].append(row)
+        entry["activation_budget"] = activation_rows(m, model, runs, checked)
         out["models"].append(entry)
     return out
+
+
+def _with_activation_rows(res: dict, only: set[str] | None, runs: int) -> dict:
+    """The results with the ``--activation-budget`` rows of ``only`` (None: every model) run anew."""
+    peer = {m["model"]: m for m in json.loads(PEER_JSON.read_text())["models"]}
+    for entry in res["models"]:
+        model = model_path(entry["model"])
+        if (only is not None and entry["model"] not in only) or model is None:
+            continue
+        entry["activation_budget"] = activation_rows(peer[entry["model"]], model, runs)
+    return res
 
 
 def _mib(x) -> str:
@@ -208,10 +267,45 @@ def render(res: dict, add) -> None:
                 f"elements {_ratio(row['ckpt']['recompute_element_flops'], row['torch']['recompute_element_flops'])}"
                 for row in m["points"] if row["budget"] in COMPARED) + ".")
         add("")
+        _render_activation_budget(m, add)
         _render_peak_space(m, add)
         add("ckpt's min-cut front (corners of the price sweep): " + ", ".join(
             f"{_mib(f['kept_bytes'])} @ {f['matmul_flops'] / m['ckpt_forward_matmul_flops']:.1%}" for f in m["front"]))
         add("")
+
+
+def _render_activation_budget(m: dict, add) -> None:
+    rows = m.get("activation_budget")
+    if not rows:
+        return
+    fwd = m["ckpt_forward_matmul_flops"]
+    add("The same knob through the command line (`ckpt rewrite --activation-budget F --check`): at PyTorch's F, "
+        "and at the F whose limit is PyTorch's activation bytes (matmul recompute compared like for like). "
+        "Activations: the bytes the plan keeps for the backward, and their share of ckpt's reference (the "
+        "no-recompute plan's); check: `--check` on ORT CPU (bit-identical outputs among its premises), arena in use "
+        "measured against the original's.")
+    add("")
+    add("| budget | torch activations | torch matmul recompute | ckpt F | ckpt activations (share) "
+        "| ckpt matmul recompute | matmul ratio ckpt/torch | outputs equal | check | measured (in use) |")
+    add("|---|---|---|---|---|---|---|---|---|---|")
+    for row in rows:
+        t = row["torch"]
+        for c in (row["same_share"], row["torch_bytes"]):
+            if "error" in c:
+                add(f"| {row['budget']} | {_mib(t['activation_bytes'])} | | {c['share']:.4g} | {c['error']} "
+                    "| | | | | |")
+                continue
+            add(f"| {row['budget']} | {_mib(t['activation_bytes'])} "
+                f"| {t['recompute_matmul_flops'] / m['torch_forward_matmul_flops']:.1%} | {c['share']:.4g} "
+                f"| {_mib(c['kept_bytes'])} ({c['kept_share']:.3f}) | {c['recompute_matmul_flops'] / fwd:.1%} "
+                f"| {_ratio(c['recompute_matmul_flops'], t['recompute_matmul_flops'])} "
+                f"| {c.get('outputs_equal', 'n/a')} | {_passed(c)} "
+                f"| {_mib(c.get('measured_in_use'))} of {_mib(c.get('original_in_use'))} |")
+    add("")
+
+
+def _passed(c: dict) -> str:
+    return "n/a" if "passed" not in c else "PASS" if c["passed"] else "FAIL"
 
 
 def _render_peak_space(m: dict, add) -> None:
@@ -253,11 +347,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", help="comma-separated; their entries replace those in peer_results.json")
     p.add_argument("--runs", type=int, default=3, help="ORT runs per check (0: predicted figures only)")
     p.add_argument("--check-budgets", help="comma-separated PyTorch budgets to check on ORT (default: all)")
+    p.add_argument("--activation-budget-only", action="store_true",
+                   help="only the `--activation-budget` rows of --models, added to the results as they are")
     args = p.parse_args(argv)
     only = set(args.models.split(",")) if args.models else None
     checked = {float(b) for b in args.check_budgets.split(",")} if args.check_budgets else None
-    res = bench_peer(args.runs, only, checked)
     results = BENCH / "peer_results.json"
+    if args.activation_budget_only:
+        res = _with_activation_rows(json.loads(results.read_text()), only, args.runs)
+    else:
+        res = bench_peer(args.runs, only, checked)
     if only is not None and results.exists():
         fresh = {m["model"]: m for m in res["models"]}
         kept = json.loads(results.read_text())["models"]

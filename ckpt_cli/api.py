@@ -201,8 +201,9 @@ def plan_model(model: ModelInput, options: PlanOptions | None = None, *, analysi
                output: str | Path | None = None, force: bool = False,
                progress: Callable[[str], None] | None = None, **keywords) -> PlanResult:
     """Choose regions (``options``, or its keywords: ``auto`` = layers, sqrt, balanced,
-    budget, optimal; ``budget`` = '2GiB' or '40%'; ``policy`` = per-op rules) and explain the
-    choice; with ``output``, write the plan file there."""
+    budget, optimal; ``budget`` = '2GiB' or '40%'; ``activation_budget`` = F in [0, 1], PyTorch's
+    activation_memory_budget; ``policy`` = per-op rules) and explain the choice; with
+    ``output``, write the plan file there."""
     from .io.save import write_text_atomic
     import json
 
@@ -331,7 +332,7 @@ def rewrite_model(model: ModelInput, output: str | Path | None = None, options: 
 
     ``options`` (or its keywords): regions come from ``regions`` (globs or ``re:`` regexes
     over node names), ``regions_by_scope``, ``boundaries`` ('IN1,IN2:OUT1'), a ``plan``
-    file, ``auto`` or ``budget``; with none, the knee of the front, judged again in a plain
+    file, ``auto``, ``budget`` or ``activation_budget``; with none, the knee of the front, judged again in a plain
     session. ``pin`` holds the written order in the data flow (guard nodes), so that any
     ORT session runs it; with ``keep_mem_pattern=False`` it also turns ORT's memory pattern
     off where that predicts a lower plain-session peak (an optional input nobody feeds,

@@ -186,9 +186,9 @@ class PlanOptions:
         if share is None:
             return
         if isinstance(share, bool) or not isinstance(share, (int, float)):
-            raise TypeError(f"activation_budget: expected a number in (0, 1], got {type(share).__name__}")
-        if not 0.0 < share <= 1.0:
-            raise OptionError(f"--activation-budget takes a share of the activation bytes in (0, 1], got {share!r}")
+            raise TypeError(f"activation_budget: expected a number in [0, 1], got {type(share).__name__}")
+        if not 0.0 <= share <= 1.0:
+            raise OptionError(f"--activation-budget takes a share of the activation bytes in [0, 1], got {share!r}")
         if self.budget is not None or self.auto is not None or self.manual:
             raise OptionError("--activation-budget chooses regions itself; drop --budget/--auto/--region/"
                               "--regions-by-scope/--boundary/--plan")
@@ -196,9 +196,12 @@ class PlanOptions:
     def policy_json(self) -> dict:
         return {"recompute_ops": sorted(self.policy.recompute_ops), "keep_ops": sorted(self.policy.keep_ops)}
 
+    def activation_json(self) -> dict:
+        """``activation_budget`` where it is given (reports without it stay as they were)."""
+        return {"activation_budget": self.activation_budget} if self.activation_budget is not None else {}
+
     def to_json(self) -> dict:
-        shown = {"activation_budget": self.activation_budget} if self.activation_budget is not None else {}
-        return {"auto": self.auto, "budget": self.budget, **shown, **self.policy_json()}
+        return {"auto": self.auto, "budget": self.budget, **self.activation_json(), **self.policy_json()}
 
 
 @dataclass(frozen=True)
@@ -234,6 +237,8 @@ class RewriteOptions:
         p = self.plan
         if self.no_recompute and (p.manual or p.auto or p.budget):
             raise OptionError("--no-recompute takes no region options")
+        if self.no_recompute and p.activation_budget is not None:
+            raise OptionError("--no-recompute recomputes nothing: drop --activation-budget (or use 1)")
         p.validate()
         return self
 
@@ -242,7 +247,8 @@ class RewriteOptions:
         return {"regions": list(p.regions), "regions_by_scope": p.regions_by_scope,
                 "boundaries": list(p.boundaries), "plan": str(p.plan_file) if p.plan_file else None,
                 "no_recompute": self.no_recompute, "pin": self.pin, "keep_mem_pattern": self.keep_mem_pattern,
-                "auto": p.auto, "budget": p.budget, "ort_optimize": self.ort_optimize, **p.policy_json()}
+                "auto": p.auto, "budget": p.budget, **p.activation_json(), "ort_optimize": self.ort_optimize,
+                **p.policy_json()}
 
 
 @dataclass(frozen=True)

@@ -10,11 +10,15 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import ROOT, SAMPLES
+import ckpt_cli
 from ckpt_cli.analysis import analyse
 from ckpt_cli.cli import main
+from ckpt_cli.errors import BudgetUnreachable
 from ckpt_cli.io.load import load_graph
 from ckpt_cli.planning import mincut
 from ckpt_cli.planning.activation import activation_budget_plan, no_recompute_bytes
+from ckpt_cli.planning.plan import Policy
+from ckpt_cli.rewrite import rewrite
 
 # PyTorch 2.13's min_cut_rematerialization_partition on the same models (its activation bytes
 # and matmul recompute per activation_memory_budget), as measured for the peer bench.
@@ -46,9 +50,36 @@ def test_activation_budget_keeps_at_most_its_share(gpt):
         assert record["kept_bytes"] <= record["limit_bytes"] == int(share * base)
 
 
-def test_activation_budget_of_one_recomputes_no_matmul(gpt):
+def test_activation_budget_of_one_recomputes_nothing(gpt):
     plan, record = activation_budget_plan(gpt, 1.0)
     assert record.recompute_matmul_flops == 0 and record.kept_bytes == record.no_recompute_bytes
+    assert plan.regions == [] and record.kept_share == 1.0
+
+
+def test_activation_budget_of_zero_recomputes_all_it_can(gpt):
+    """PyTorch's 0 saves only the inputs; on the GPT sample every activation can be recomputed."""
+    plan, record = activation_budget_plan(gpt, 0.0)
+    assert record.kept_bytes == 0 == record.limit_bytes and record.kept_share == 0.0
+    assert rewrite(gpt, plan, pin=False).after.stashed_bytes == 0
+
+
+SHARES = (1.0, 0.8, 0.5, 0.2, 0.05, 0.0)
+
+
+@pytest.mark.parametrize("model", ["gpt", "mlp", "cnn", "resnet18"])
+def test_activation_budget_rewrite_keeps_its_share_and_recompute_grows_as_it_shrinks(model):
+    """The rewritten graph (unpinned: pinning adds guard scalars) stashes at most F of the
+    no-recompute plan's bytes, and a smaller F never recomputes fewer matmul FLOPs."""
+    a = analyse(load_graph(SAMPLES / f"{model}.onnx"))
+    base = a.stashed_bytes
+    matmul = []
+    for share in SHARES:
+        plan, record = activation_budget_plan(a, share)
+        assert record.no_recompute_bytes == base
+        assert record.kept_bytes <= share * base
+        assert rewrite(a, plan, pin=False).after.stashed_bytes <= share * base, share
+        matmul.append(record.recompute_matmul_flops)
+    assert matmul == sorted(matmul) and matmul[0] == 0, matmul
 
 
 def test_activation_budget_takes_the_fewest_matmul_flops_on_the_front(gpt):
@@ -82,15 +113,48 @@ def test_activation_budget_refuses_other_plan_choices(command, extra, tmp_path):
     assert code == 2 and "--activation-budget chooses regions itself" in out
 
 
-@pytest.mark.parametrize("share", ["0", "1.5", "-0.1", "half"])
+@pytest.mark.parametrize("command,extra", [("plan", ("--sweep",)), ("rewrite", ("--no-recompute",))])
+def test_activation_budget_refuses_options_that_plan_nothing(command, extra, tmp_path):
+    where = ("-o", tmp_path / "x.onnx") if command == "rewrite" else ()
+    code, out = run(command, SAMPLES / "gpt.onnx", *where, "--activation-budget", "0.5", *extra)
+    assert code == 2 and "--activation-budget" in out and len(out.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("share", ["1.5", "-0.1", "half", "nan"])
 def test_activation_budget_outside_zero_one_is_a_usage_error(share):
     code, out = run("plan", SAMPLES / "gpt.onnx", "--activation-budget", share)
-    assert code == 2 and "--activation-budget" in out
+    assert code == 2 and "--activation-budget" in out and len(out.strip().splitlines()) == 1
+
+
+def test_activation_budget_no_cut_reaches_exits_3_in_one_line():
+    """Kept MatMul/Gemm outputs cannot be recomputed: 0.6 of the GPT sample's activations
+    stay, so 0.5 is unreachable (the code of an unreachable --budget), 0.7 is not."""
+    code, out = run("plan", SAMPLES / "gpt.onnx", "--activation-budget", "0.5", "--keep-ops", "MatMul,Gemm")
+    assert code == 3 and "unreachable" in out and len(out.strip().splitlines()) == 1
+    code, out = run("plan", SAMPLES / "gpt.onnx", "--activation-budget", "0.5", "--keep-ops", "MatMul,Gemm",
+                    "--json")
+    doc = next(line for line in out.splitlines() if line.startswith("{"))
+    assert code == 3 and json.loads(doc)["error"]["exit_code"] == 3
+    assert run("plan", SAMPLES / "gpt.onnx", "--activation-budget", "0.7", "--keep-ops", "MatMul,Gemm")[0] == 0
 
 
 def test_activation_budget_library_refuses_a_share_outside_zero_one(gpt):
     with pytest.raises(ValueError):
-        activation_budget_plan(gpt, 0.0)
+        activation_budget_plan(gpt, 1.5)
+    with pytest.raises(BudgetUnreachable):
+        activation_budget_plan(gpt, 0.5, Policy(keep_ops=frozenset({"MatMul", "Gemm"})))
+    with pytest.raises(ValueError, match="--activation-budget"):
+        ckpt_cli.plan_model(SAMPLES / "gpt.onnx", activation_budget=-0.5)
+    with pytest.raises(TypeError, match="activation_budget"):
+        ckpt_cli.plan_model(SAMPLES / "gpt.onnx", activation_budget="0.5")
+
+
+def test_activation_budget_through_the_library_records_its_choice():
+    result = ckpt_cli.plan_model(SAMPLES / "gpt.onnx", activation_budget=0.2)
+    record = result.to_json()["activation_budget"]
+    assert record["kept_bytes"] <= 0.2 * record["no_recompute_bytes"]
+    assert record["kept_share"] == record["kept_bytes"] / record["no_recompute_bytes"]
+    assert result.to_json()["options"]["activation_budget"] == 0.2
 
 
 @pytest.mark.slow
@@ -102,3 +166,25 @@ def test_activation_budget_rewrite_passes_its_check(tmp_path):
     assert report["planning"]["activation_budget"]["kept_bytes"] <= report["planning"]["activation_budget"][
         "limit_bytes"]
     assert report["check"]["passed"] and report["after"]["peak_bytes"] < report["before"]["peak_bytes"]
+    assert report["check"]["outputs_equal"] and report["options"]["activation_budget"] == 0.5
+
+
+@pytest.mark.slow
+def test_activation_budget_rewrite_through_the_library_passes_its_check():
+    """0.2 through rewrite_model: bit-identical outputs on ORT, at most 0.2 of the activations."""
+    out = ckpt_cli.rewrite_model(SAMPLES / "gpt.onnx", activation_budget=0.2,
+                                 check=ckpt_cli.CheckOptions(provider="cpu", runs=1))
+    record = out.report["planning"]["activation_budget"]
+    assert out.check.passed and out.check.to_json()["outputs_equal"]
+    assert record["kept_bytes"] <= 0.2 * record["no_recompute_bytes"]
+    assert out.result.recompute_flops > 0
+
+
+def test_activation_budget_without_a_milp_answer_takes_the_best_corner_that_fits(gpt, monkeypatch):
+    """HiGHS may find nothing in its time limit though a cut fits: the front's corner under
+    the limit with the fewest matmul FLOPs, not an 'unreachable' exit."""
+    monkeypatch.setattr(mincut, "solve_bytes", lambda *args, **kw: None)
+    _, record = activation_budget_plan(gpt, 0.5)
+    fitting = [c for c in mincut.front(mincut.build(gpt)) if c.kept_bytes <= record.limit_bytes]
+    assert record.kept_bytes <= record.limit_bytes
+    assert record.recompute_matmul_flops == min(c.matmul_flops for c in fitting)

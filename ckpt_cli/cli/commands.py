@@ -96,6 +96,7 @@ def rewrite(model: Path, **given) -> None:
       ckpt rewrite model.onnx --boundary 'x:h3' --force
       ckpt rewrite model.onnx --plan plan.json
       ckpt rewrite sample_models/gpt.onnx --ort-optimize cpu --check
+      ckpt rewrite sample_models/gpt.onnx --activation-budget 0.5 --check
     """
     from ..api import rewrite_model
 
@@ -154,14 +155,17 @@ def plan(model: Path, **given) -> None:
     at small tensors), balanced (recompute only cheap memory-bound ops, keep MatMul/Conv
     outputs), budget (the least recompute FLOPs whose predicted ORT peak fits --budget),
     optimal (the budget problem as an exact MILP, to measure budget against).
-    For every stashed activation the report says whether it is kept or recomputed and
-    why. An unreachable budget exits with code 3 and says what dominates the peak.
+    --activation-budget F speaks PyTorch's activation_memory_budget: keep at most F of
+    the activation bytes the no-recompute plan saves for the backward, with the fewest
+    matmul FLOPs recomputed. For every stashed activation the report says whether it is kept or recomputed and
+    why. An unreachable budget (or activation budget) exits with code 3 and says why.
 
     \b
     Examples:
       ckpt plan sample_models/gpt.onnx --budget 75% -o plan.json
       ckpt rewrite sample_models/gpt.onnx --plan plan.json -o gpt.ckpt.onnx
       ckpt plan model.onnx --auto balanced --json | jq '.explanations[:5]'
+      ckpt plan sample_models/gpt.onnx --activation-budget 0.2 --json | jq .activation_budget
     """
     from ..api import plan_model
 
@@ -187,6 +191,8 @@ def _refuse_with_sweep(output: Path | None, options) -> None:
                          "without --sweep, or write the sweep's JSON with --report FILE")
     if options.auto or options.budget:
         raise UsageError("--sweep draws the whole min-cut front: drop --auto/--budget")
+    if options.activation_budget is not None:
+        raise UsageError("--sweep draws the whole min-cut front: drop --activation-budget")
 
 
 def _sweep(model: Path, svg: Path | None, options, analysis, reporting: tuple) -> None:

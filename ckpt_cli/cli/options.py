@@ -92,10 +92,12 @@ def auto_options(f):
                      help="Peak-memory budget on what ORT is predicted to hold (its arena in use, as ckpt "
                           "check measures it, plus parameters and inputs): 2GiB, 512MiB, or 40% of the "
                           "original's.")(f)
-    f = click.option("--activation-budget", type=click.FloatRange(0, 1, min_open=True), metavar="F",
-                     help="PyTorch's activation_memory_budget: keep at most this share (0-1] of the "
-                          "activation bytes the backward reads without recompute, recomputing the fewest "
-                          "matmul FLOPs (a tensor-level cut), e.g. 0.5.")(f)
+    f = click.option("--activation-budget", type=click.FloatRange(0, 1), metavar="F",
+                     help="PyTorch's torch._functorch.config.activation_memory_budget in ckpt: keep at most "
+                          "F (0-1) of the activation bytes the backward reads when nothing is recomputed, "
+                          "recomputing the fewest matmul FLOPs (a tensor-level min cut). 1 recomputes "
+                          "nothing, 0.5 keeps half the activations, 0 recomputes all it can; a share no "
+                          "cut reaches exits 3. It bounds activations, not the peak (--budget does).")(f)
     return f
 
 
