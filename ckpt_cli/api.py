@@ -35,7 +35,7 @@ from .planning.budget import Planned
 from .rewrite.select import make_plan, plan_notes, plan_rows, rewrite_plan
 from .verify.plain_choice import judged_in_plain
 from .verify.driver import WorkerOptions
-from .verify.module_choice import judged_by_training, judged_in_module
+from .verify.module_choice import Writer, judged_by_training, judged_in_module
 from .planning.decision import Decision
 from .options import AnalysisOptions, CheckOptions, PlanOptions, RewriteOptions
 from .planning.plan import Policy
@@ -374,10 +374,18 @@ def _rewritten(a: Analysis, loaded: Loaded, options: RewriteOptions, analysis: A
     replan = None if options.no_recompute else (lambda d: make_plan(d, options.plan, pin=options.pin))
     stage("planning")
     planned = None if options.no_recompute else make_plan(a, options.plan, progress=progress, pin=options.pin)
-    if planned is not None and options.pin and options.trainer is not None and judged_by_training(a):
+    recorded = {**options.to_json(), **analysis.to_json()}
+    scaled = scaling(a)
+
+    def model_of(result: RewriteResult, plan) -> onnx.ModelProto:
+        shapes = symbolic_shapes(result.graph, result.after.tensors, scaled, probe_tensors(a)) if scaled else None
+        return to_model(result, _provenance(recorded, result, plan), shapes)
+
+    if planned is not None and options.pin and options.trainer is not None and options.ort_optimize is None \
+            and judged_by_training(a):
         stage("judging the default by training it in the Module API")
-        planned = judged_in_module(a, planned, a.graph.model, WorkerOptions(options.trainer, options.timeout),
-                                   finish)
+        worker = WorkerOptions(options.trainer, options.timeout)
+        planned = judged_in_module(a, planned, a.graph.model, worker, Writer(finish, model_of))
     elif planned is not None and options.pin:
         stage("judging the default in a plain session")
         planned = judged_in_plain(a, planned, finish)
@@ -386,10 +394,7 @@ def _rewritten(a: Analysis, loaded: Loaded, options: RewriteOptions, analysis: A
     result = rewrite_plan(a, planned, options.pin)
     if finish is not None:
         result = finish(result)
-    recorded = {**options.to_json(), **analysis.to_json()}
-    scaled = scaling(a)
-    shapes = symbolic_shapes(result.graph, result.after.tensors, scaled, probe_tensors(a)) if scaled else None
-    rewritten = to_model(result, _provenance(recorded, result, chosen), shapes)
+    rewritten = model_of(result, chosen)
     notes = plan_notes(chosen, result)
     stage("writing the model" if options.ort_optimize is None else "optimizing on ORT, writing the model")
     rewritten, result, written, optimized, more = _written(rewritten, result, a, loaded, options, output)

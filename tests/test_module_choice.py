@@ -95,6 +95,13 @@ def test_a_plan_above_the_original_under_its_settings_is_passed_over(monkeypatch
     assert trained.count("training_model/settings") == 1  # the original's reference, once per settings
 
 
+def test_a_plan_above_the_original_under_the_same_settings_is_passed_over(monkeypatch, artifact):
+    _fake_module(monkeypatch, {"training_model": (ORIGINAL_PEAK, LOSSES, 30 << 20, LOSSES),
+                               "plan0": (50 << 20, LOSSES, 31 << 20, LOSSES), "plan1": (60 << 20, LOSSES, 29 << 20, LOSSES)})
+    m = _rewrite(artifact).report["planning"]["module_session"]
+    assert m["chosen"] == 1 and m["judged"][0]["original_peak_bytes_under_settings"] == 30 << 20
+
+
 def test_losses_that_differ_under_the_settings_only_are_refused(monkeypatch, artifact):
     off = [LOSSES[0], LOSSES[1], "0x1.374e0b0000000p+1"]
     _fake_module(monkeypatch, {"training_model": (ORIGINAL_PEAK, LOSSES), "plan0": (50 << 20, LOSSES, 40 << 20, off),

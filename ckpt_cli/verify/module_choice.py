@@ -8,8 +8,9 @@ both ways), and a fusion that treats a recompute copy unlike its original rounds
 differently. With an interpreter that has onnxruntime-training (``--python``), the default's
 plan and the plans with less recompute along its front are trained there instead, a few
 steps each from the artifact's checkpoint, lowest predicted peak first, untuned and under
-the settings ckpt records for it: the first whose process peak in both is not above the
-original's untuned, with the original's losses bit for bit in both, is written. When none is, the graph is written unchanged, with the figures in one line.
+the settings ckpt records for it (the original too, under the same settings): the first
+whose process peak is not above the original's untuned, nor under its settings above the
+original's in either session, with the original's losses bit for bit in both, is written. When none is, the graph is written unchanged, with the figures in one line.
 """
 
 from __future__ import annotations
@@ -31,7 +32,24 @@ from .driver import WorkerOptions
 from .module_runs import STEPS, artifact_files, run_module
 from .stage import prepare_feeds
 
-Finish = Callable[[RewriteResult], RewriteResult]
+
+
+@dataclass(frozen=True)
+class Writer:
+    """How the command writes a rewrite: ``finish`` turns the pinned rewrite into the one
+    written, ``model(result, plan)`` makes its file's model (metadata and the shapes of
+    symbolic dimensions included: the Module's session plans its memory from them), so
+    what is trained is byte for byte what would be written."""
+
+    finish: Callable[[RewriteResult], RewriteResult] | None = None
+    model: Callable[[RewriteResult, object], object] | None = None
+
+    def result(self, result: RewriteResult) -> RewriteResult:
+        return self.finish(result) if self.finish is not None else result
+
+    def save(self, a: Analysis, result: RewriteResult, plan, path: Path) -> None:
+        model = self.model(result, plan) if self.model is not None else to_model(result)
+        save_model(model, path, source_dir=a.graph.path.parent if a.graph.path is not None else None, force=True)
 
 # Each plan tried is two training children (a few seconds on the zoo's models): the
 # default's plan and at most this many with less recompute.
@@ -46,19 +64,30 @@ class ModuleJudged:
     recompute_flops: int
     settings_peak_bytes: int  # predicted
     peak_bytes: int | None  # measured untuned; None: the Module API did not train it (``error``)
-    identical: bool  # the original's losses, untuned and under the settings
+    identical_untuned: bool  # the original's losses, untuned
     error: str | None = None
     peak_bytes_settings: int | None = None  # measured under the settings ckpt records for it
+    identical_settings: bool = False  # the original's losses under the same settings
+    original_peak_settings: int | None = None  # the original's, measured under the same settings
+
+    @property
+    def identical(self) -> bool:
+        return self.identical_untuned and self.identical_settings
 
     def accepted(self, original_peak: int) -> bool:
-        return (self.error is None and self.identical and self.peak_bytes is not None
-                and self.peak_bytes_settings is not None
-                and max(self.peak_bytes, self.peak_bytes_settings) <= original_peak)
+        """Trained with the original's losses, and not above the original's peak untuned,
+        nor under its settings above the original's untuned or under the same settings."""
+        if self.error is not None or not self.identical or None in (self.peak_bytes, self.peak_bytes_settings):
+            return False
+        settings_limit = min(original_peak, self.original_peak_settings or original_peak)
+        return self.peak_bytes <= original_peak and self.peak_bytes_settings <= settings_limit
 
     def to_json(self) -> dict:
         return {"recompute_flops": self.recompute_flops, "settings_peak_bytes": self.settings_peak_bytes,
                 "peak_bytes": self.peak_bytes, "peak_bytes_under_settings": self.peak_bytes_settings,
-                "losses_identical": self.identical, "error": self.error}
+                "original_peak_bytes_under_settings": self.original_peak_settings,
+                "losses_identical": self.identical, "losses_identical_untuned": self.identical_untuned,
+                "losses_identical_under_settings": self.identical_settings, "error": self.error}
 
 
 @dataclass(frozen=True)
@@ -92,8 +121,11 @@ class ModuleChoice:
             if j.error is not None or j.peak_bytes is None or j.peak_bytes_settings is None:
                 return "not trained"
             base = max(1, self.original_peak_bytes)
-            return (f"{j.peak_bytes / base:.2f}x, {j.peak_bytes_settings / base:.2f}x under its settings"
-                    + ("" if j.identical else ", losses differ"))
+            differ = [w for w, same in (("untuned", j.identical_untuned), ("under its settings", j.identical_settings))
+                      if not same]
+            tuned = j.peak_bytes_settings / max(1, j.original_peak_settings or base)
+            return (f"{j.peak_bytes / base:.2f}x, {tuned:.2f}x the original under its settings"
+                    + (f", losses differ {' and '.join(differ)}" if differ else ""))
         return "; ".join(one(j) for j in self.judged)
 
     def to_json(self) -> dict:
@@ -113,14 +145,13 @@ def _candidates(a: Analysis, planned: Planned) -> list[tuple]:
 
 
 def judged_in_module(a: Analysis, planned: Planned, feeds_model, worker: WorkerOptions,
-                     finish: Finish | None = None) -> Planned:
+                     writer: Writer = Writer()) -> Planned:
     """``planned`` (the default of an artifact), or the first plan of its front that the
     Module API trains at no more than the original's untuned peak with the same losses,
     with the choice recorded; ``planned`` as it is where nothing can be judged."""
     if planned.user or planned.budget is not None or planned.plan is None or planned.cost is None \
             or not judged_by_training(a):
         return planned
-    finish = finish or (lambda r: r)
     files = artifact_files(a.graph.path)
     candidates = _candidates(a, planned)
     with tempfile.TemporaryDirectory(prefix="ckpt_module_choice_") as tmp:
@@ -136,17 +167,18 @@ def judged_in_module(a: Analysis, planned: Planned, feeds_model, worker: WorkerO
             return planned
         judged, written, losses = [], {}, {}
 
-        def reference(settings: dict) -> list[str]:
+        def reference(settings: dict) -> dict:
             key = repr(sorted(settings.items()))
             if key not in losses:
-                losses[key] = run_module(a.graph.path, files, feeds, settings, worker, STEPS)["losses_hex"]
+                losses[key] = run_module(a.graph.path, files, feeds, settings, worker, STEPS)
             return losses[key]
 
         for i, (plan, cost, unpinned) in enumerate(candidates):
-            result = finish(pinned(a, unpinned) if unpinned is not None else rewrite(a, plan, True))
+            result = writer.result(pinned(a, unpinned) if unpinned is not None else rewrite(a, plan, True))
             written[i] = result
-            judged.append(_train(a, result, Path(tmp) / f"plan{i}.onnx", files, feeds, worker, cost, original,
-                                 reference))
+            path = Path(tmp) / f"plan{i}.onnx"
+            judged.append(_train(lambda: writer.save(a, result, plan, path), path, files, feeds, worker, cost,
+                                 original, reference))
             if judged[-1].accepted(original["peak_bytes"]):
                 break
     chosen = len(judged) - 1 if judged[-1].accepted(original["peak_bytes"]) else None
@@ -158,27 +190,28 @@ def judged_in_module(a: Analysis, planned: Planned, feeds_model, worker: WorkerO
     return Planned(plan, result=unpinned, written=written[chosen], cost=cost, module=choice)
 
 
-def _train(a: Analysis, result: RewriteResult, path: Path, files: dict, feeds: Path, worker: WorkerOptions,
-           cost, original: dict, reference: Callable[[dict], list[str]]) -> ModuleJudged:
-    """``result`` trained untuned and under its recorded settings; ``reference(settings)``:
-    the original's losses under those settings."""
+def _train(save: Callable[[], None], path: Path, files: dict, feeds: Path, worker: WorkerOptions,
+           cost, original: dict, reference: Callable[[dict], dict]) -> ModuleJudged:
+    """The model ``save()`` writes to ``path``, trained untuned and under its recorded
+    settings; ``reference(settings)``: the original's run under those settings."""
     from ..ort.session import recorded_settings
 
-    source = a.graph.path.parent if a.graph.path is not None else None
     try:
-        save_model(to_model(result), path, source_dir=source, force=True)
+        save()
         untuned = run_module(path, files, feeds, None, worker, STEPS)
         settings = recorded_settings(path)
         tuned = run_module(path, files, feeds, settings, worker, STEPS)
+        base = reference(settings)
     except RunFailed as e:
         if e.kind == "timeout":
             raise
         return ModuleJudged(cost.recompute_flops, cost.peak_bytes, None, False, f"{e.kind}: {e.message}")
     except CkptError as e:
         return ModuleJudged(cost.recompute_flops, cost.peak_bytes, None, False, str(e))
-    same = untuned["losses_hex"] == original["losses_hex"] and tuned["losses_hex"] == reference(settings)
-    return ModuleJudged(cost.recompute_flops, cost.peak_bytes, untuned["peak_bytes"], same,
-                        peak_bytes_settings=tuned["peak_bytes"])
+    return ModuleJudged(cost.recompute_flops, cost.peak_bytes, untuned["peak_bytes"],
+                        untuned["losses_hex"] == original["losses_hex"], peak_bytes_settings=tuned["peak_bytes"],
+                        identical_settings=tuned["losses_hex"] == base["losses_hex"],
+                        original_peak_settings=base["peak_bytes"])
 
 
-__all__ = ["ModuleChoice", "ModuleJudged", "judged_by_training", "judged_in_module"]
+__all__ = ["ModuleChoice", "ModuleJudged", "Writer", "judged_by_training", "judged_in_module"]
