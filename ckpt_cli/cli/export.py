@@ -59,9 +59,10 @@ def export(factory: str, input_specs: tuple[str, ...], loss: str, output: Path, 
     Limits: shapes are static; forward must not call torch.autograd.grad; dropout exports as
     ONNX random ops (masks differ from PyTorch's); 2-D convolutions with groups=1 only.
     """
-    from ..export import export_training_graph, make_inputs, model_from_factory, parse_input_spec
+    from ..export import check_outputs, export_training_graph, make_inputs, model_from_factory, parse_input_spec
 
     specs = [parse_input_spec(s) for s in input_specs]
+    check_outputs(output, force)  # before the minutes torch takes
     with progress("importing torch", quiet) as shown, listening(shown.stage):
         model, given = model_from_factory(factory, seed)
         if specs:
@@ -93,4 +94,7 @@ def _summary(result, loss: str) -> None:
     print(f"  inputs: {inputs}; feed tangent_loss = 1.0 and the parameters from {result.init_path.name}", file=out)
     if result.max_error is not None:
         print(f"  max difference from eager PyTorch: {result.max_error:.2g} (relative)", file=out)
+    elif result.random_ops:
+        print(f"  not compared with eager PyTorch: it draws random numbers ({', '.join(result.random_ops)}), "
+              "its own, not PyTorch's; ONNX Runtime runs it", file=out)
     print(f"next: ckpt rewrite {result.path} --check", file=out)

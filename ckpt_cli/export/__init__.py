@@ -21,7 +21,7 @@ from ..errors import CheckFailed, CkptError, EXIT_RUNTIME, ModelError, OptionErr
 
 INSTALL = "pip install 'onnx-ckpt[torch]'"
 LOSSES = ("cross_entropy", "mse", "sum")
-DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "bool")
+DTYPES = ("float32", "float16", "float64", "int64", "int32", "bool")
 DEFAULT_TOLERANCE = 1e-4
 
 
@@ -54,6 +54,7 @@ class ExportResult:
     nodes: int
     max_error: float | None  # None: not compared with eager PyTorch
     outputs: list[str] = field(default_factory=list)
+    random_ops: list[str] = field(default_factory=list)  # dropout & co: run on ORT, not compared
 
 
 _SPEC = re.compile(r"^(?:(?P<name>[A-Za-z_][\w.]*)=)?(?P<shape>\d+(?:,\d+)*|)(?::(?P<dtype>[a-z0-9]+)(?:<(?P<high>\d+))?)?$")
@@ -198,6 +199,14 @@ def init_path_of(path: Path) -> Path:
     return path.with_name((path.name[:-5] if path.name.endswith(".onnx") else path.name) + ".init.npz")
 
 
+def check_outputs(path: Path, force: bool) -> None:
+    """UsageError (exit 2) if the graph or its .init.npz exists without ``force``, or cannot be written."""
+    from ..io.safewrite import check_output_path
+
+    check_output_path(path, None, force)
+    check_output_path(init_path_of(path), None, force)
+
+
 def export_training_graph(model, example_inputs: Sequence, path: str | Path, *,
                           input_names: Sequence[str] | None = None, loss: str | None = None,
                           verify: bool = True, tolerance: float = DEFAULT_TOLERANCE,
@@ -218,11 +227,8 @@ def export_training_graph(model, example_inputs: Sequence, path: str | Path, *,
     ExportFailed (exit 2) when torch cannot trace or translate the model.
     """
     require_torch()
-    from ..io.safewrite import check_output_path
-
     path = Path(path)
-    check_output_path(path, None, force)
-    check_output_path(init_path_of(path), None, force)
+    check_outputs(path, force)
     if loss is not None and loss not in LOSSES:
         raise OptionError(f"loss {loss!r}: one of {', '.join(LOSSES)}, or None when the model returns its loss")
     example_inputs = tuple(example_inputs)

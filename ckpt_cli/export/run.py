@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..errors import CheckFailed
+from ..errors import CheckFailed, RunFailed
+from ..ops import RANDOM_OPS
 from ..progress import stage
 from ..io.safewrite import commit, exit_on_sigterm, must_create, os_errors, remove_stale_temps, temp_beside
 from . import ExportFailed, ExportResult, _one_line, init_path_of
@@ -97,6 +99,19 @@ def _check_loss(traced: nn.Module, inputs: tuple) -> None:
                            "or pass --loss cross_entropy|mse|sum")
 
 
+def _export_error(e: Exception) -> str:
+    """The cause in torch's long report: the op without a translation, or the summary's line."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(e))
+    op = re.search(r"No ONNX function found for <OpOverload\(op='([\w.]+)', overload='(\w+)'", text)
+    if op:
+        return f"its ONNX exporter cannot translate {op[1]}.{op[2]} (no ONNX function, no decomposition)"
+    summary = re.search(r"## Exception summary\s+<class '[\w.]*?(\w+)'>: ([^\n]+)", text)
+    if summary:
+        return f"{summary[1]}: {summary[2]}"
+    first = text.strip().splitlines()
+    return f"{type(e).__name__}: {first[0]}" if first else type(e).__name__
+
+
 def _save_npz(path: Path, state: dict[str, np.ndarray]) -> None:
     with os_errors(path), exit_on_sigterm():
         remove_stale_temps(path)
@@ -121,7 +136,7 @@ def export(model: nn.Module, inputs: tuple, path: Path, names: list[str], loss: 
     except (KeyboardInterrupt, MemoryError, CheckFailed):
         raise
     except Exception as e:
-        raise ExportFailed(f"torch could not export the model: {_one_line(e)}") from None
+        raise ExportFailed(f"torch could not export the model: {_export_error(e)}") from None
     save_model(proto, path)
     init_path = init_path_of(path)
     state = {n: v.numpy() for n, v in feeds.items() if n not in names and n != TANGENT}
@@ -131,7 +146,11 @@ def export(model: nn.Module, inputs: tuple, path: Path, names: list[str], loss: 
         inputs={n: (tuple(v.shape), str(v.dtype).removeprefix("torch.")) for n, v in feeds.items() if n in names},
         parameters=sum(p.numel() for p in model.parameters() if p.requires_grad),
         nodes=len(proto.graph.node), max_error=None, outputs=[o.name for o in proto.graph.output])
-    if verify:
+    result.random_ops = sorted({n.op_type for n in proto.graph.node if n.op_type in RANDOM_OPS})
+    if verify and result.random_ops:  # its masks are not PyTorch's: only whether ORT runs it
+        stage("running it on ONNX Runtime")
+        _run_on_ort(path, feeds)
+    elif verify:
         stage("comparing with eager PyTorch on ONNX Runtime")
         result.max_error = _compare_with_torch(traced, prefix, inputs, path, feeds)
         if not result.max_error <= tolerance:
@@ -140,15 +159,23 @@ def export(model: nn.Module, inputs: tuple, path: Path, names: list[str], loss: 
     return result
 
 
-def _compare_with_torch(traced: nn.Module, prefix: str, inputs: tuple, path: Path, feeds: dict) -> float:
-    """Largest ``|ort - torch| / max(1, max |torch|)`` over the loss, gradients and updated buffers."""
+def _run_on_ort(path: Path, feeds: dict) -> dict[str, np.ndarray]:
     from ..ort import ort_module
 
     ort = ort_module()
     so = ort.SessionOptions()
     so.intra_op_num_threads = 1  # ScatterND-add (embedding gradients) is racy with more
-    sess = ort.InferenceSession(os.fspath(path), so, providers=["CPUExecutionProvider"])
-    got = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, {n: v.numpy() for n, v in feeds.items()})))
+    try:
+        sess = ort.InferenceSession(os.fspath(path), so, providers=["CPUExecutionProvider"])
+        outputs = sess.run(None, {n: v.numpy() for n, v in feeds.items()})
+    except Exception as e:  # the files stay: --no-verify writes the same
+        raise RunFailed("run_failed", f"{path}: ONNX Runtime cannot run the exported graph: {_one_line(e)}") from None
+    return dict(zip([o.name for o in sess.get_outputs()], outputs))
+
+
+def _compare_with_torch(traced: nn.Module, prefix: str, inputs: tuple, path: Path, feeds: dict) -> float:
+    """Largest ``|ort - torch| / max(1, max |torch|)`` over the loss, gradients and updated buffers."""
+    got = _run_on_ort(path, feeds)
     with _state_kept(traced):
         for p in traced.parameters():
             p.grad = None

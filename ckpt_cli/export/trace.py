@@ -30,30 +30,51 @@ TANGENT = "tangent_loss"
 # Backward ops with neither a decomposition nor an ONNX translation in torch 2.13
 def _convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation,
                           transposed, output_padding, groups, output_mask):
-    """aten.convolution_backward -> Conv / ConvTranspose / ReduceSum (2-D, groups=1)."""
-    if transposed or groups != 1 or input.dim() != 4:
+    """aten.convolution_backward -> Conv / ConvTranspose / ReduceSum (1-D to 3-D, any groups)."""
+    nd = input.dim() - 2
+    if nd not in (1, 2, 3):
         return NotImplemented
+    if transposed:  # its input's gradient is the plain convolution; its weight's, with x and dY swapped
+        grad_input = grad_weight = grad_bias = None
+        if output_mask[0]:
+            grad_input = aten.convolution.default(
+                grad_output, weight, None, stride, padding, dilation, False, [0] * nd, groups)
+        if output_mask[1]:
+            grad_weight = _convolution_weight_grad(input, grad_output, weight, stride, padding, dilation, groups)
+        if output_mask[2]:
+            grad_bias = grad_output.sum(dim=[0, *range(2, 2 + nd)])
+        return grad_input, grad_weight, grad_bias
     grad_input = grad_weight = grad_bias = None
-    kh, kw = weight.shape[2], weight.shape[3]
     if output_mask[0]:
         # output_padding recovers the exact input size when stride > 1
         out_pad = [
             input.shape[2 + i]
             - ((grad_output.shape[2 + i] - 1) * stride[i] - 2 * padding[i]
                + dilation[i] * (weight.shape[2 + i] - 1) + 1)
-            for i in range(2)
+            for i in range(nd)
         ]
         grad_input = aten.convolution.default(
-            grad_output, weight, None, stride, padding, dilation, True, out_pad, 1)
+            grad_output, weight, None, stride, padding, dilation, True, out_pad, groups)
     if output_mask[1]:
-        # dW[o, i] = sum_n x[n, i] (*) dY[n, o]: a convolution over the batch axis
-        gw = aten.convolution.default(
-            input.transpose(0, 1), grad_output.transpose(0, 1), None,
-            dilation, padding, stride, False, [0, 0], 1)
-        grad_weight = gw.transpose(0, 1)[:, :, :kh, :kw]
+        grad_weight = _convolution_weight_grad(grad_output, input, weight, stride, padding, dilation, groups)
     if output_mask[2]:
-        grad_bias = grad_output.sum(dim=[0, 2, 3])
+        grad_bias = grad_output.sum(dim=[0, *range(2, 2 + nd)])
     return grad_input, grad_weight, grad_bias
+
+
+def _convolution_weight_grad(grad_output, input, weight, stride, padding, dilation, groups):
+    """dW[o, i] = sum_n x[n, i] (*) dY[n, o]: a convolution with the batch axis as channels
+    (in groups: channel i of group k meets only the outputs of group k)."""
+    nd = input.dim() - 2
+    if groups == 1:
+        x = input.transpose(0, 1)
+    else:  # (N, C) -> (C / groups, groups * N): each group's batch, side by side
+        n, c = input.shape[:2]
+        x = input.reshape(n, groups, c // groups, *input.shape[2:]).permute(
+            2, 1, 0, *range(3, 3 + nd)).reshape(c // groups, groups * n, *input.shape[2:])
+    gw = aten.convolution.default(
+        x, grad_output.transpose(0, 1), None, dilation, padding, stride, False, [0] * nd, groups)
+    return gw.transpose(0, 1)[(slice(None), slice(None), *(slice(0, k) for k in weight.shape[2:]))]
 
 
 def _max_pool2d_with_indices_backward(grad_output, self, kernel_size, stride, padding,
@@ -66,10 +87,27 @@ def _max_pool2d_with_indices_backward(grad_output, self, kernel_size, stride, pa
     return zeros.scatter_add(2, idx, g).reshape(N, C, H, W)
 
 
+def _avg_pool2d_backward(grad_output, self, kernel_size, stride, padding, ceil_mode,
+                         count_include_pad, divisor_override):
+    """A transposed depthwise convolution with a constant kernel, where every window has the
+    same divisor (no ceil_mode; no padding, or padding counted)."""
+    kh, kw = kernel_size if len(kernel_size) == 2 else (kernel_size[0],) * 2
+    sh, sw = (stride if len(stride) == 2 else (stride[0],) * 2) if stride else (kh, kw)
+    ph, pw = padding if len(padding) == 2 else (padding[0],) * 2
+    if ceil_mode or self.dim() != 4 or ((ph or pw) and not count_include_pad and divisor_override is None):
+        return NotImplemented
+    c = self.shape[1]
+    kernel = torch.full((c, 1, kh, kw), 1.0 / (divisor_override or kh * kw), dtype=grad_output.dtype,
+                        device=grad_output.device)
+    out_pad = [self.shape[2 + i] - ((grad_output.shape[2 + i] - 1) * s - 2 * p + k)
+               for i, (s, p, k) in enumerate(((sh, ph, kh), (sw, pw, kw)))]
+    return aten.convolution.default(grad_output, kernel, None, [sh, sw], [ph, pw], [1, 1], True, out_pad, c)
+
+
 def decompositions() -> dict:
     """Core ATen decompositions; PyTorch's own decomposition of training-mode BatchNorm (the
-    exporter would translate it as an inference-mode BatchNormalization); and the two CNN
-    backward ops above."""
+    exporter would translate it as an inference-mode BatchNormalization); and the two
+    convolutional backward ops above."""
     from torch._decomp import core_aten_decompositions, decomposition_table
 
     table = dict(core_aten_decompositions())
@@ -77,6 +115,7 @@ def decompositions() -> dict:
     table[bn] = decomposition_table[bn]
     table[aten.convolution_backward.default] = _convolution_backward
     table[aten.max_pool2d_with_indices_backward.default] = _max_pool2d_with_indices_backward
+    table[aten.avg_pool2d_backward.default] = _avg_pool2d_backward
     return table
 
 
@@ -115,7 +154,10 @@ def _trace_joint(traced: nn.Module, named: nn.Module, example_inputs) -> torch.f
         if path:
             hooks += [sub.register_forward_pre_hook(enter(path)), sub.register_forward_hook(leave)]
     try:
-        with fx_traceback.preserve_node_meta(), contextlib.ExitStack() as stack:
+        # attention and LSTM as the ops they are made of: their fused CPU kernels' backward
+        # ops have no ONNX translation
+        with fx_traceback.preserve_node_meta(), contextlib.ExitStack() as stack, \
+                torch.nn.attention.sdpa_kernel([torch.nn.attention.SDPBackend.MATH]), _no_mkldnn():
             joint = aot_export_joint_with_descriptors(
                 stack, traced, tuple(example_inputs), decompositions=decompositions())
     finally:
@@ -124,6 +166,20 @@ def _trace_joint(traced: nn.Module, named: nn.Module, example_inputs) -> torch.f
         while open_scopes:  # a forward that raised leaves its scopes open
             open_scopes.pop().__exit__(None, None, None)
     return joint.graph_module
+
+
+@contextlib.contextmanager
+def _no_mkldnn():
+    with warnings.catch_warnings():  # setting the flags warns of TF32, which CPU float32 never uses
+        warnings.simplefilter("ignore", UserWarning)
+        flags = torch.backends.mkldnn.flags(enabled=False)
+        flags.__enter__()
+    try:
+        yield
+    finally:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            flags.__exit__(None, None, None)
 
 
 def _module_stack(model: nn.Module, path: str) -> dict:
