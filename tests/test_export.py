@@ -128,6 +128,33 @@ def test_a_bad_input_shape_is_a_usage_error_before_torch(monkeypatch, tmp_path, 
     assert code == 2 and says in err and err.count("\n") == 1, (code, err)
 
 
+def test_factory_references(tmp_path):
+    from ckpt_cli.errors import CkptError
+    from ckpt_cli.export import load_factory
+
+    (tmp_path / "mine.py").write_text("from helper import VALUE\nmake = lambda: VALUE\n")
+    (tmp_path / "helper.py").write_text("VALUE = 3\n")  # a sibling import of the user's file
+    (tmp_path / "broken.py").write_text("raise ValueError('bad\\nsecond line')\n")
+    assert load_factory(f"{tmp_path / 'mine.py'}:make")() == 3
+    assert load_factory("json:dumps") is json.dumps  # package.module:NAME
+    assert load_factory("os.path:join.__name__") == "join"  # a dotted NAME
+    for ref, says in (("models.py", "expected FILE.py:NAME"), (f"{tmp_path / 'mine.py'}:nothing", "has no 'nothing'"),
+                      ("no/such.py:f", "no such file"), ("no_such_module_here:f", "no such module"),
+                      (f"{tmp_path / 'broken.py'}:f", "importing it raised ValueError: bad$")):
+        with pytest.raises(CkptError, match=says) as e:
+            load_factory(ref)
+        assert e.value.exit_code == 2
+
+
+def test_input_specs():
+    from ckpt_cli.export import InputSpec, parse_input_spec
+
+    assert parse_input_spec("8,3,32,32") == InputSpec((8, 3, 32, 32))
+    assert parse_input_spec("ids=8,64:int64<256") == InputSpec((8, 64), "int64", 256, "ids")
+    assert parse_input_spec("mask=8,64:bool") == InputSpec((8, 64), "bool", None, "mask")
+    assert parse_input_spec("scale=:float64") == InputSpec((), "float64", None, "scale")
+
+
 def test_help_teaches_without_torch(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)
     code, out, _ = _invoke("export", "--help")

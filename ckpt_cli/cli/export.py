@@ -57,7 +57,8 @@ def export(factory: str, input_specs: tuple[str, ...], loss: str, output: Path, 
 
     \b
     Limits: shapes are static; forward must not call torch.autograd.grad; dropout exports as
-    ONNX random ops (masks differ from PyTorch's); 2-D convolutions with groups=1 only.
+    ONNX random ops (masks differ from PyTorch's, so --verify only runs the graph); a layer
+    whose backward op torch cannot translate exits 2 naming the op (docs/commands.md).
     """
     from ..export import check_outputs, export_training_graph, make_inputs, model_from_factory, parse_input_spec
 

@@ -231,7 +231,13 @@ def export_training_graph(model, example_inputs: Sequence, path: str | Path, *,
     check_outputs(path, force)
     if loss is not None and loss not in LOSSES:
         raise OptionError(f"loss {loss!r}: one of {', '.join(LOSSES)}, or None when the model returns its loss")
+    import torch
+
+    if not isinstance(model, torch.nn.Module):
+        raise OptionError(f"model: a {type(model).__name__}, not a torch.nn.Module")
     example_inputs = tuple(example_inputs)
+    if not all(isinstance(x, torch.Tensor) for x in example_inputs):
+        raise OptionError("example_inputs: tensors only, one per forward argument")
     names = list(input_names) if input_names is not None else forward_input_names(model, len(example_inputs))
     if len(names) != len(example_inputs) or len(set(names)) != len(names):
         raise OptionError(f"input names {names}: need {len(example_inputs)} distinct names, one per input")

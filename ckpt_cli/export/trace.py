@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import warnings
 from collections.abc import Sequence
 
@@ -77,14 +78,14 @@ def _convolution_weight_grad(grad_output, input, weight, stride, padding, dilati
     return gw.transpose(0, 1)[(slice(None), slice(None), *(slice(0, k) for k in weight.shape[2:]))]
 
 
-def _max_pool2d_with_indices_backward(grad_output, self, kernel_size, stride, padding,
-                                      dilation, ceil_mode, indices):
+def _max_pool_with_indices_backward(grad_output, self, kernel_size, stride, padding,
+                                    dilation, ceil_mode, indices):
     """Scatter-add the output gradient to the argmax positions (indices are per-plane)."""
-    N, C, H, W = self.shape
-    g = grad_output.reshape(N, C, -1)
-    idx = indices.reshape(N, C, -1)
-    zeros = torch.zeros(N, C, H * W, dtype=grad_output.dtype, device=grad_output.device)
-    return zeros.scatter_add(2, idx, g).reshape(N, C, H, W)
+    n, c = self.shape[:2]
+    g = grad_output.reshape(n, c, -1)
+    idx = indices.reshape(n, c, -1)
+    zeros = torch.zeros(n, c, math.prod(self.shape[2:]), dtype=grad_output.dtype, device=grad_output.device)
+    return zeros.scatter_add(2, idx, g).reshape(self.shape)
 
 
 def _avg_pool2d_backward(grad_output, self, kernel_size, stride, padding, ceil_mode,
@@ -104,6 +105,14 @@ def _avg_pool2d_backward(grad_output, self, kernel_size, stride, padding, ceil_m
     return aten.convolution.default(grad_output, kernel, None, [sh, sw], [ph, pw], [1, 1], True, out_pad, c)
 
 
+def _adaptive_avg_pool2d_backward(grad_output, self):
+    """Where the output size divides the input's: an average pool with kernel = stride."""
+    (h, w), (oh, ow) = self.shape[-2:], grad_output.shape[-2:]
+    if self.dim() != 4 or h % oh or w % ow:
+        return NotImplemented
+    return _avg_pool2d_backward(grad_output, self, [h // oh, w // ow], [h // oh, w // ow], [0, 0], False, True, None)
+
+
 def decompositions() -> dict:
     """Core ATen decompositions; PyTorch's own decomposition of training-mode BatchNorm (the
     exporter would translate it as an inference-mode BatchNormalization); and the two
@@ -114,8 +123,10 @@ def decompositions() -> dict:
     bn = aten._native_batch_norm_legit_functional.default
     table[bn] = decomposition_table[bn]
     table[aten.convolution_backward.default] = _convolution_backward
-    table[aten.max_pool2d_with_indices_backward.default] = _max_pool2d_with_indices_backward
+    table[aten.max_pool2d_with_indices_backward.default] = _max_pool_with_indices_backward
+    table[aten.max_pool3d_with_indices_backward.default] = _max_pool_with_indices_backward
     table[aten.avg_pool2d_backward.default] = _avg_pool2d_backward
+    table[aten._adaptive_avg_pool2d_backward.default] = _adaptive_avg_pool2d_backward
     return table
 
 
