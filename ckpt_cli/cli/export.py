@@ -35,8 +35,7 @@ _INPUT_HELP = ("One example input per forward argument, in order (repeatable): [
 @click.option("--tolerance", type=click.FloatRange(min=0), default=1e-4, show_default=True,
               help="Largest |ort - torch| / max(1, max |torch|) over every output --verify accepts.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress and no summary; errors only.")
-def export(factory: str, input_specs: tuple[str, ...], loss: str, output: Path, force: bool, seed: int,
-           verify: bool, tolerance: float, quiet: bool) -> None:
+def export(factory: str, input_specs: tuple[str, ...], output: Path, quiet: bool, **given) -> None:
     """Export a PyTorch model's training step as one ONNX graph for ckpt.
 
     FILE.py:NAME (or package.module:NAME) names a function that returns an nn.Module, or
@@ -63,20 +62,20 @@ def export(factory: str, input_specs: tuple[str, ...], loss: str, output: Path, 
     from ..export import check_outputs, export_training_graph, make_inputs, model_from_factory, parse_input_spec
 
     specs = [parse_input_spec(s) for s in input_specs]
-    check_outputs(output, force)  # before the minutes torch takes
+    check_outputs(output, given["force"])  # before the seconds torch takes to import
+    loss = None if given["loss"] == "none" else given["loss"]
     with progress("importing torch", quiet) as shown, listening(shown.stage):
-        model, given = model_from_factory(factory, seed)
+        model, inputs = model_from_factory(factory, given["seed"])
         if specs:
-            given = make_inputs(specs, seed)
-        if given is None:
+            inputs = make_inputs(specs, given["seed"])
+        if inputs is None:
             raise UsageError(f"{factory}: give --input-shape, one per forward argument, or have it return "
                              "(model, example_inputs)")
-        names = _names(model, specs, len(given))
-        result = export_training_graph(model, given, output, input_names=names,
-                                       loss=None if loss == "none" else loss, verify=verify,
-                                       tolerance=tolerance, force=force)
+        result = export_training_graph(model, inputs, output, input_names=_names(model, specs, len(inputs)),
+                                       loss=loss, verify=given["verify"], tolerance=given["tolerance"],
+                                       force=given["force"])
     if not quiet:
-        _summary(result, loss)
+        _summary(result)
 
 
 def _names(model, specs: list, count: int) -> list[str]:
@@ -86,7 +85,7 @@ def _names(model, specs: list, count: int) -> list[str]:
     return [s.name or default[k] for k, s in enumerate(specs)] if specs else default
 
 
-def _summary(result, loss: str) -> None:
+def _summary(result) -> None:
     size = result.path.stat().st_size / 2**20
     inputs = ", ".join(f"{n}[{','.join(map(str, shape))}] {dtype}" for n, (shape, dtype) in result.inputs.items())
     out = sys.stdout

@@ -13,48 +13,16 @@ import os
 import re
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import CheckFailed, CkptError, EXIT_RUNTIME, ModelError, OptionError, UsageError
+from ..errors import CheckFailed, ModelError, OptionError, UsageError
+from .common import ExportFailed, ExportResult, InputSpec, TorchMissing, init_path_of, one_line
 
 INSTALL = "pip install 'onnx-ckpt[torch]'"
 LOSSES = ("cross_entropy", "mse", "sum")
 DTYPES = ("float32", "float16", "float64", "int64", "int32", "bool")
 DEFAULT_TOLERANCE = 1e-4
-
-
-class TorchMissing(CkptError):
-    """torch (or the ONNX exporter's onnxscript) is not installed."""
-
-    exit_code = EXIT_RUNTIME
-
-
-class ExportFailed(ModelError):
-    """torch could not trace or translate the model."""
-
-
-@dataclass(frozen=True)
-class InputSpec:
-    """One example input: its shape, dtype, and for integers the values' upper bound."""
-
-    shape: tuple[int, ...]
-    dtype: str = "float32"
-    high: int | None = None
-    name: str | None = None
-
-
-@dataclass
-class ExportResult:
-    path: Path
-    init_path: Path  # the module's initial parameters and buffers, by graph input name
-    inputs: dict[str, tuple[tuple[int, ...], str]]  # the user's inputs: name -> (shape, dtype)
-    parameters: int  # trainable elements
-    nodes: int
-    max_error: float | None  # None: not compared with eager PyTorch
-    outputs: list[str] = field(default_factory=list)
-    random_ops: list[str] = field(default_factory=list)  # dropout & co: run on ORT, not compared
 
 
 _SPEC = re.compile(r"^(?:(?P<name>[A-Za-z_][\w.]*)=)?(?P<shape>\d+(?:,\d+)*|)(?::(?P<dtype>[a-z0-9]+)(?:<(?P<high>\d+))?)?$")
@@ -119,7 +87,7 @@ def _import_file(source: str):
         spec.loader.exec_module(module)
     except Exception as e:
         sys.modules.pop(name, None)
-        raise ModelError(f"{source}: importing it raised {_one_line(e)}") from None
+        raise ModelError(f"{source}: importing it raised {one_line(e)}") from None
     return module
 
 
@@ -130,14 +98,9 @@ def _import_module(source: str):
     except ModuleNotFoundError as e:
         if e.name and source.startswith(e.name):
             raise UsageError(f"{source}: no such module (give a FILE.py path, or run from its folder)") from None
-        raise ModelError(f"{source}: importing it raised {_one_line(e)}") from None
+        raise ModelError(f"{source}: importing it raised {one_line(e)}") from None
     except Exception as e:
-        raise ModelError(f"{source}: importing it raised {_one_line(e)}") from None
-
-
-def _one_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
+        raise ModelError(f"{source}: importing it raised {one_line(e)}") from None
 
 
 def model_from_factory(ref: str, seed: int = 0):
@@ -154,7 +117,7 @@ def model_from_factory(ref: str, seed: int = 0):
         try:
             obj = obj()
         except Exception as e:
-            raise ModelError(f"{ref}() raised {_one_line(e)}") from None
+            raise ModelError(f"{ref}() raised {one_line(e)}") from None
     inputs = None
     if isinstance(obj, tuple) and len(obj) == 2 and isinstance(obj[0], torch.nn.Module):
         obj, inputs = obj
@@ -192,11 +155,6 @@ def forward_input_names(model, count: int) -> list[str]:
         params = []
     names = [p.name for p in params[:count]]
     return names + [f"input_{k}" for k in range(len(names), count)]
-
-
-def init_path_of(path: Path) -> Path:
-    """``model.onnx`` -> ``model.init.npz``."""
-    return path.with_name((path.name[:-5] if path.name.endswith(".onnx") else path.name) + ".init.npz")
 
 
 def check_outputs(path: Path, force: bool) -> None:

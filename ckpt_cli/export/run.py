@@ -16,7 +16,7 @@ from ..errors import CheckFailed, RunFailed
 from ..ops import RANDOM_OPS
 from ..progress import stage
 from ..io.safewrite import commit, exit_on_sigterm, must_create, os_errors, remove_stale_temps, temp_beside
-from . import ExportFailed, ExportResult, _one_line, init_path_of
+from .common import ExportFailed, ExportResult, init_path_of, one_line
 from .trace import TANGENT, export_joint
 
 _PREFIX = "model."  # the loss wrapper's name for the user's module
@@ -64,7 +64,7 @@ def _probe_output(model: nn.Module, inputs: tuple):
         try:
             return model(*inputs)
         except Exception as e:
-            raise ExportFailed(f"the model's forward on the example inputs raised {_one_line(e)}") from None
+            raise ExportFailed(f"the model's forward on the example inputs raised {one_line(e)}") from None
 
 
 def _with_loss(model: nn.Module, inputs: tuple, names: list[str], loss: str | None):
@@ -169,7 +169,7 @@ def _run_on_ort(path: Path, feeds: dict) -> dict[str, np.ndarray]:
         sess = ort.InferenceSession(os.fspath(path), so, providers=["CPUExecutionProvider"])
         outputs = sess.run(None, {n: v.numpy() for n, v in feeds.items()})
     except Exception as e:  # the files stay: --no-verify writes the same
-        raise RunFailed("run_failed", f"{path}: ONNX Runtime cannot run the exported graph: {_one_line(e)}") from None
+        raise RunFailed("run_failed", f"{path}: ONNX Runtime cannot run the exported graph: {one_line(e)}") from None
     return dict(zip([o.name for o in sess.get_outputs()], outputs))
 
 

@@ -29,9 +29,9 @@ TANGENT = "tangent_loss"
 
 
 # Backward ops with neither a decomposition nor an ONNX translation in torch 2.13
-def _convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation,
-                          transposed, output_padding, groups, output_mask):
+def _convolution_backward(grad_output, input, weight, *args):
     """aten.convolution_backward -> Conv / ConvTranspose / ReduceSum (1-D to 3-D, any groups)."""
+    _, stride, padding, dilation, transposed, _, groups, output_mask = args  # aten's signature
     nd = input.dim() - 2
     if nd not in (1, 2, 3):
         return NotImplemented
