@@ -29,7 +29,7 @@ _SPEC = re.compile(r"^(?:(?P<name>[A-Za-z_][\w.]*)=)?(?P<shape>\d+(?:,\d+)*|)(?:
 
 
 def parse_input_spec(text: str) -> InputSpec:
-    """``[NAME=]D0,D1,...[:DTYPE[<HIGH]]``: ``8,3,32,32``, ``ids=8,64:int64<256``, ``=:float32``
+    """``[NAME=]D0,D1,...[:DTYPE[<HIGH]]``: ``8,3,32,32``, ``ids=8,64:int64<256``, ``scale=:float64``
     (a scalar). Integer inputs draw from [0, HIGH), which they must give."""
     m = _SPEC.match(text.replace(" ", ""))
     if m is None:
@@ -109,8 +109,8 @@ def model_from_factory(ref: str, seed: int = 0):
     require_torch()
     import torch
 
+    torch.manual_seed(seed)  # a module made at import time is seeded too
     obj = load_factory(ref)
-    torch.manual_seed(seed)
     if not isinstance(obj, torch.nn.Module):
         if not callable(obj):
             raise UsageError(f"{ref}: is a {type(obj).__name__}, not a module or a function that makes one")
