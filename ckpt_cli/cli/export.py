@@ -12,7 +12,7 @@ from ..progress import listening
 from .progress import progress
 
 _LOSS_HELP = ("Turn the model's output into the loss: cross_entropy (class scores on the last axis: (N, classes) "
-              "or (batch, seq, vocab); adds an int64 'labels' input shaped like the output without that axis), mse (adds a float 'target' "
+              "or (batch, seq, vocab), nothing else; adds an int64 'labels' input shaped like the output without that axis), mse (adds a float 'target' "
               "input shaped like the output), sum. Default none: forward returns the scalar loss itself.")
 _INPUT_HELP = ("One example input per forward argument, in order (repeatable): [NAME=]D0,D1,...[:DTYPE[<HIGH]], "
                "e.g. 8,3,32,32 or input_ids=8,64:int64<50257 (integers drawn from [0, HIGH)). Floats are "

@@ -79,8 +79,9 @@ def _with_loss(model: nn.Module, inputs: tuple, names: list[str], loss: str | No
         return _Summed(model), inputs, names, _PREFIX
     gen = torch.Generator().manual_seed(1)
     if loss == "cross_entropy":
-        if out.dim() < 1:
-            raise ExportFailed("--loss cross_entropy: the model returned a scalar, not class scores")
+        if out.dim() not in (2, 3):  # (N, C, H, W) would be read as classes on W
+            raise ExportFailed(f"--loss cross_entropy: the model returned {list(out.shape)}; it takes class scores "
+                               "(N, classes) or (batch, seq, classes): return the loss from forward instead")
         target = torch.randint(0, out.shape[-1], out.shape[:-1], generator=gen)
         extra = "labels"
     else:
