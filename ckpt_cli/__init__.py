@@ -9,7 +9,8 @@ The library is a one-way pipeline of small stages, each a function over a
 (``inspect_model``, ``plan_model``, ``rewrite_model``, ``check_models``, re-exported
 here), each taking its options as one frozen value (``ckpt_cli.options``: AnalysisOptions,
 PlanOptions, RewriteOptions, CheckOptions) or as keywords; ``session_options(path)`` gives the ``onnxruntime.SessionOptions`` a written
-model needs. The ``ckpt`` command line is a thin layer over these functions.
+model needs; ``export_training_graph(model, example_inputs, path)`` writes a PyTorch module's
+training graph (needs torch: ``pip install 'onnx-ckpt[torch]'``). The ``ckpt`` command line is a thin layer over these functions.
 """
 
 from .version import __version__
@@ -17,7 +18,7 @@ from .version import __version__
 _API = ("inspect_model", "plan_model", "sweep_model", "rewrite_model", "check_models", "CheckOptions",
         "AnalysisOptions", "PlanOptions", "RewriteOptions")
 
-__all__ = [*_API, "session_options", "__version__"]
+__all__ = [*_API, "session_options", "export_training_graph", "__version__"]
 
 
 def __getattr__(name: str):
@@ -30,4 +31,8 @@ def __getattr__(name: str):
         from .ort.session import session_options
 
         return session_options
+    if name == "export_training_graph":  # torch is imported only when it runs
+        from .export import export_training_graph
+
+        return export_training_graph
     raise AttributeError(f"module 'ckpt_cli' has no attribute {name!r}")

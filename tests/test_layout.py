@@ -27,6 +27,7 @@ STAGES: tuple[tuple[str, ...], ...] = (
     ("rewrite",),
     ("io.save", "io.safewrite", "io.written", "io.datafile", "ort.optimize"),  # ort.optimize: saves, has ORT optimize, loads back
     ("verify", "ort.session"),  # ort.session: the settings a written model records, read back
+    ("export",),  # a PyTorch module -> a training graph: saves it, runs it on ORT
     ("report",),
     ("api",),
     ("cli", "__init__"),

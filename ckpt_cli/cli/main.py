@@ -16,6 +16,7 @@ from ..version import __version__
 from ..errors import EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_TERMINATED, CkptError
 from .commands import check, inspect, plan, rewrite, session
 from .compare import compare
+from .export import export
 
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as shells report a reader that went away
 
@@ -156,6 +157,7 @@ def main(ctx: click.Context, debug: bool) -> None:
       ckpt check model.onnx model.ckpt.onnx --json
       ckpt session model.ckpt.onnx             # the SessionOptions it needs
       ckpt compare model.onnx rewrite.json --fail-if 'peak_bytes>2GiB'
+      ckpt export models.py:make_model -i 8,3,32,32 --loss cross_entropy -o model.onnx
 
     Exit codes: 0 ok, 1 check failed or a --fail-if condition held, 2 bad input or
     usage, 3 budget unreachable, 4 runtime unavailable, 5 ONNX Runtime could not run a
@@ -180,5 +182,5 @@ def _warn_of_ort_version() -> None:
 
 
 
-for command in (inspect, rewrite, plan, check, session, compare):
+for command in (inspect, rewrite, plan, check, session, compare, export):
     main.add_command(command)

@@ -8,7 +8,7 @@
 # Environment:
 #   PY           Python with ckpt installed (default: python3)
 #   CKPT         the ckpt command (default: the one next to $PY, else ckpt on the PATH)
-#   TORCH_PY     Python with torch 2.13 CPU, onnx, onnxscript (`pip install '.[examples]'`) for
+#   TORCH_PY     Python with torch 2.13 CPU, onnx, onnxscript (`pip install '.[torch]'`) for
 #                the export step (default: $PY). Without torch the committed small_gpt.onnx
 #                (made by export.py, byte-identical on rerun) is used.
 #   OUT          where the graphs go (default: out/recipe-torch)

@@ -1,0 +1,326 @@
+"""PyTorch module -> one ONNX graph of its forward and backward pass.
+
+Imported only once torch is known to be installed: ``ckpt_cli.export`` checks first.
+
+  1. ``aot_export_joint_with_descriptors`` traces forward and autograd's backward into one FX
+     graph of core ATen ops. Forward hooks record each op's module path, which AOTAutograd
+     copies onto the backward ops it makes; ckpt later finds the repeated layers from it.
+  2. ``torch.export`` of a wrapper that runs that FX graph, then
+     ``torch.onnx.export(dynamo=True)``.
+  3. Inputs and outputs are renamed after AOTAutograd's descriptors, the exporter's folded
+     constant-filled initializers become ConstantOfShape nodes again (small files), IR 10.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import warnings
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+import torch.fx.traceback as fx_traceback
+import torch.nn as nn
+
+aten = torch.ops.aten
+TANGENT = "tangent_loss"
+
+
+# Backward ops with neither a decomposition nor an ONNX translation in torch 2.13
+def _convolution_backward(grad_output, input, weight, *args):
+    """aten.convolution_backward -> Conv / ConvTranspose / ReduceSum (1-D to 3-D, any groups)."""
+    _, stride, padding, dilation, transposed, _, groups, output_mask = args  # aten's signature
+    nd = input.dim() - 2
+    if nd not in (1, 2, 3):
+        return NotImplemented
+    if transposed:  # its input's gradient is the plain convolution; its weight's, with x and dY swapped
+        grad_input = grad_weight = grad_bias = None
+        if output_mask[0]:
+            grad_input = aten.convolution.default(
+                grad_output, weight, None, stride, padding, dilation, False, [0] * nd, groups)
+        if output_mask[1]:
+            grad_weight = _convolution_weight_grad(input, grad_output, weight, stride, padding, dilation, groups)
+        if output_mask[2]:
+            grad_bias = grad_output.sum(dim=[0, *range(2, 2 + nd)])
+        return grad_input, grad_weight, grad_bias
+    grad_input = grad_weight = grad_bias = None
+    if output_mask[0]:
+        # output_padding recovers the exact input size when stride > 1
+        out_pad = [
+            input.shape[2 + i]
+            - ((grad_output.shape[2 + i] - 1) * stride[i] - 2 * padding[i]
+               + dilation[i] * (weight.shape[2 + i] - 1) + 1)
+            for i in range(nd)
+        ]
+        grad_input = aten.convolution.default(
+            grad_output, weight, None, stride, padding, dilation, True, out_pad, groups)
+    if output_mask[1]:
+        grad_weight = _convolution_weight_grad(grad_output, input, weight, stride, padding, dilation, groups)
+    if output_mask[2]:
+        grad_bias = grad_output.sum(dim=[0, *range(2, 2 + nd)])
+    return grad_input, grad_weight, grad_bias
+
+
+def _convolution_weight_grad(grad_output, input, weight, stride, padding, dilation, groups):
+    """dW[o, i] = sum_n x[n, i] (*) dY[n, o]: a convolution with the batch axis as channels
+    (in groups: channel i of group k meets only the outputs of group k)."""
+    nd = input.dim() - 2
+    if groups == 1:
+        x = input.transpose(0, 1)
+    else:  # (N, C) -> (C / groups, groups * N): each group's batch, side by side
+        n, c = input.shape[:2]
+        x = input.reshape(n, groups, c // groups, *input.shape[2:]).permute(
+            2, 1, 0, *range(3, 3 + nd)).reshape(c // groups, groups * n, *input.shape[2:])
+    gw = aten.convolution.default(
+        x, grad_output.transpose(0, 1), None, dilation, padding, stride, False, [0] * nd, groups)
+    return gw.transpose(0, 1)[(slice(None), slice(None), *(slice(0, k) for k in weight.shape[2:]))]
+
+
+def _max_pool_with_indices_backward(grad_output, self, kernel_size, stride, padding,
+                                    dilation, ceil_mode, indices):
+    """Scatter-add the output gradient to the argmax positions (indices are per-plane)."""
+    n, c = self.shape[:2]
+    g = grad_output.reshape(n, c, -1)
+    idx = indices.reshape(n, c, -1)
+    zeros = torch.zeros(n, c, math.prod(self.shape[2:]), dtype=grad_output.dtype, device=grad_output.device)
+    return zeros.scatter_add(2, idx, g).reshape(self.shape)
+
+
+def _avg_pool2d_backward(grad_output, self, kernel_size, stride, padding, ceil_mode,
+                         count_include_pad, divisor_override):
+    """A transposed depthwise convolution with a constant kernel, where every window has the
+    same divisor (no ceil_mode; no padding, or padding counted)."""
+    kh, kw = kernel_size if len(kernel_size) == 2 else (kernel_size[0],) * 2
+    sh, sw = (stride if len(stride) == 2 else (stride[0],) * 2) if stride else (kh, kw)
+    ph, pw = padding if len(padding) == 2 else (padding[0],) * 2
+    if ceil_mode or self.dim() != 4 or ((ph or pw) and not count_include_pad and divisor_override is None):
+        return NotImplemented
+    c = self.shape[1]
+    kernel = torch.full((c, 1, kh, kw), 1.0 / (divisor_override or kh * kw), dtype=grad_output.dtype,
+                        device=grad_output.device)
+    out_pad = [self.shape[2 + i] - ((grad_output.shape[2 + i] - 1) * s - 2 * p + k)
+               for i, (s, p, k) in enumerate(((sh, ph, kh), (sw, pw, kw)))]
+    return aten.convolution.default(grad_output, kernel, None, [sh, sw], [ph, pw], [1, 1], True, out_pad, c)
+
+
+def _adaptive_avg_pool2d_backward(grad_output, self):
+    """Where the output size divides the input's: an average pool with kernel = stride."""
+    (h, w), (oh, ow) = self.shape[-2:], grad_output.shape[-2:]
+    if self.dim() != 4 or h % oh or w % ow:
+        return NotImplemented
+    return _avg_pool2d_backward(grad_output, self, [h // oh, w // ow], [h // oh, w // ow], [0, 0], False, True, None)
+
+
+def decompositions() -> dict:
+    """Core ATen decompositions; PyTorch's own decomposition of training-mode BatchNorm (the
+    exporter would translate it as an inference-mode BatchNormalization); and the two
+    convolutional backward ops above."""
+    from torch._decomp import core_aten_decompositions, decomposition_table
+
+    table = dict(core_aten_decompositions())
+    bn = aten._native_batch_norm_legit_functional.default
+    table[bn] = decomposition_table[bn]
+    table[aten.convolution_backward.default] = _convolution_backward
+    table[aten.max_pool2d_with_indices_backward.default] = _max_pool_with_indices_backward
+    table[aten.max_pool3d_with_indices_backward.default] = _max_pool_with_indices_backward
+    table[aten.avg_pool2d_backward.default] = _avg_pool2d_backward
+    table[aten._adaptive_avg_pool2d_backward.default] = _adaptive_avg_pool2d_backward
+    return table
+
+
+class _RunJoint(nn.Module):
+    """Runs the joint FX graph node by node, so torch.export keeps each node's metadata."""
+
+    def __init__(self, gm, keep):
+        super().__init__()
+        self.gm, self.keep = gm, keep
+
+    def forward(self, *args):
+        out = torch.fx.Interpreter(self.gm).run(*args)
+        out = torch.utils._pytree.tree_leaves(out, is_leaf=lambda x: x is None)
+        return tuple(out[i] for i in self.keep)
+
+
+def _trace_joint(traced: nn.Module, named: nn.Module, example_inputs) -> torch.fx.GraphModule:
+    """AOTAutograd's joint graph of ``traced``, every op annotated with the path in ``named``
+    of the module that ran it."""
+    from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
+
+    open_scopes = []
+
+    def enter(path):
+        def hook(module, args):
+            scope = fx_traceback.annotate({"module": path})
+            scope.__enter__()
+            open_scopes.append(scope)
+        return hook
+
+    def leave(module, args, out):
+        open_scopes.pop().__exit__(None, None, None)
+
+    hooks = []
+    for path, sub in named.named_modules():
+        if path:
+            hooks += [sub.register_forward_pre_hook(enter(path)), sub.register_forward_hook(leave)]
+    try:
+        # attention and LSTM as the ops they are made of: their fused CPU kernels' backward
+        # ops have no ONNX translation
+        with fx_traceback.preserve_node_meta(), contextlib.ExitStack() as stack, \
+                torch.nn.attention.sdpa_kernel([torch.nn.attention.SDPBackend.MATH]), _no_mkldnn():
+            joint = aot_export_joint_with_descriptors(
+                stack, traced, tuple(example_inputs), decompositions=decompositions())
+    finally:
+        for h in hooks:
+            h.remove()
+        while open_scopes:  # a forward that raised leaves its scopes open
+            open_scopes.pop().__exit__(None, None, None)
+    return joint.graph_module
+
+
+@contextlib.contextmanager
+def _no_mkldnn():
+    with warnings.catch_warnings():  # setting the flags warns of TF32, which CPU float32 never uses
+        warnings.simplefilter("ignore", UserWarning)
+        flags = torch.backends.mkldnn.flags(enabled=False)
+        flags.__enter__()
+    try:
+        yield
+    finally:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            flags.__exit__(None, None, None)
+
+
+def _module_stack(model: nn.Module, path: str) -> dict:
+    """``nn_module_stack`` as torch.export writes it; the exporter turns it into name scopes."""
+    stack = {"L__self__": ("", f"{type(model).__module__}.{type(model).__qualname__}")}
+    parts = path.split(".") if path else []
+    for i in range(1, len(parts) + 1):
+        sub_path = ".".join(parts[:i])
+        sub = model.get_submodule(sub_path)
+        if isinstance(sub, (nn.ModuleList, nn.ModuleDict)) and i < len(parts):
+            continue
+        stack["L__self___" + sub_path.replace(".", "_")] = (
+            sub_path, f"{type(sub).__module__}.{type(sub).__qualname__}")
+    return stack
+
+
+def _names(gm, traced: nn.Module, prefix: str, example_inputs, input_names):
+    """Graph input names/values and kept output indices/names, from AOTAutograd's descriptors
+    (parameter and buffer names without ``prefix``, the loss wrapper's)."""
+    from torch._functorch._aot_autograd import descriptors as D
+
+    state = {**dict(traced.named_parameters()), **dict(traced.named_buffers())}
+    in_names, in_values = [], []
+    for node in gm.graph.find_nodes(op="placeholder"):
+        desc = node.meta["desc"]
+        if isinstance(desc, (D.ParamAOTInput, D.BufferAOTInput)):
+            in_names.append(desc.target.removeprefix(prefix))
+            in_values.append(state[desc.target].detach().clone())
+        elif isinstance(desc, D.PlainAOTInput):
+            in_names.append(input_names[desc.idx])
+            in_values.append(example_inputs[desc.idx])
+        elif isinstance(desc, D.TangentAOTInput):
+            in_names.append(TANGENT)
+            in_values.append(torch.ones((), dtype=torch.float32))
+        else:
+            raise NotImplementedError(f"graph input {desc!r}")
+    keep, out_names = [], []
+    out_node = gm.graph.find_nodes(op="output")[0]
+    for i, (arg, desc) in enumerate(zip(out_node.args[0], out_node.meta["desc"])):
+        if arg is None:  # gradient of an integer input
+            continue
+        if isinstance(desc, D.PlainAOTOutput):
+            name = "loss"
+        elif isinstance(desc, D.GradAOTOutput):
+            name = f"{desc.grad_of.target.removeprefix(prefix)}_grad"
+        elif isinstance(desc, D.InputMutationAOTOutput):
+            name = f"{desc.mutated_input.target.removeprefix(prefix)}_updated"
+        else:
+            raise NotImplementedError(f"graph output {desc!r}")
+        keep.append(i)
+        out_names.append(name)
+    return in_names, in_values, keep, out_names
+
+
+def _unfold_zeros(graph, min_elements: int = 1024) -> None:
+    """The exporter folds ``zeros``/``full`` into initializers (loss seeds, embedding-gradient
+    buffers): put back a ConstantOfShape node, so the file does not carry them."""
+    import onnx_ir as ir
+
+    nodes = list(graph)
+    for name in list(graph.initializers):
+        value = graph.initializers[name]
+        if value.is_graph_input() or value.is_graph_output() or value.const_value is None:
+            continue
+        arr = value.const_value.numpy()
+        if arr.size < min_elements or not (arr == arr.flat[0]).all():
+            continue
+        first_user = min((u for u, _ in value.uses()), key=nodes.index)
+        shape = ir.Value(name=f"{name}_shape", const_value=ir.tensor(np.array(arr.shape, np.int64)))
+        graph.register_initializer(shape)
+        node = ir.Node("", "ConstantOfShape", [shape], name=f"node_{name}", num_outputs=1,
+                       attributes=[ir.AttrTensor("value", ir.tensor(arr.flat[:1].copy()))])
+        graph.insert_before(first_user, node)
+        graph.initializers.pop(name)
+        value.replace_all_uses_with(node.outputs[0])
+        node.outputs[0].name, node.outputs[0].shape, node.outputs[0].dtype = name, ir.Shape(arr.shape), value.dtype
+
+
+def _to_onnx(gm, named: nn.Module, in_values, keep):
+    """The joint graph as an onnx_ir model, each node in the name scope of its module."""
+    with fx_traceback.preserve_node_meta():
+        ep = torch.export.export(_RunJoint(gm, keep), tuple(in_values), strict=False)
+    for node in ep.graph.nodes:  # module paths -> ONNX name scopes
+        if node.op == "call_function":
+            path = (node.meta.get("custom") or {}).get("module", "")
+            node.meta["nn_module_stack"] = _module_stack(named, path)
+    with warnings.catch_warnings(), _quiet("torch.onnx"):
+        warnings.simplefilter("ignore")  # the exporter's own chatter; errors still raise
+        return torch.onnx.export(ep, dynamo=True, optimize=True, verbose=False).model
+
+
+@contextlib.contextmanager
+def _quiet(name: str):
+    """The logger's warnings (\"torchvision is not installed. Skipping ...\") off for the block."""
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _finish(model, in_names, out_names):
+    """Names after the descriptors; loss first, then gradients, then updated buffers; IR 10."""
+    import onnx_ir as ir
+
+    graph = model.graph
+    for value, name in zip(graph.inputs, in_names):
+        value.name = name
+    outputs = list(graph.outputs)
+    for value, name in zip(outputs, out_names):
+        value.name = name
+    graph.outputs.clear()
+    for i in sorted(range(len(outputs)), key=lambda i: (
+            out_names[i] != "loss", not out_names[i].endswith("_grad"), i)):
+        graph.outputs.append(outputs[i])
+    _unfold_zeros(graph)
+    for node in graph:  # the stack trace only points at _RunJoint: drop it
+        node.metadata_props.pop("pkg.torch.onnx.stack_trace", None)
+    proto = ir.serde.serialize_model(model)
+    proto.ir_version = 10  # ONNX Runtime 1.31 loads IR <= 13; ckpt writes <= 10
+    return proto
+
+
+def export_joint(traced: nn.Module, named: nn.Module, prefix: str, example_inputs: Sequence,
+                 input_names: Sequence[str]):
+    """(ONNX ModelProto, {graph input name: tensor}) of ``traced``'s training step."""
+    traced.train()
+    gm = _trace_joint(traced, named, example_inputs)
+    in_names, in_values, keep, out_names = _names(gm, traced, prefix, example_inputs, input_names)
+    proto = _finish(_to_onnx(gm, named, in_values, keep), in_names, out_names)
+    return proto, dict(zip(in_names, in_values))
