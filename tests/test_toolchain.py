@@ -57,6 +57,7 @@ def test_onnxslim_after_ckpt_is_noticed_by_inspect(tmp_path):
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(slim), providers=["CPUExecutionProvider"])
-    feeds = {i.name: np.zeros(i.shape, np.int64) for i in session.get_inputs()}  # token ids and labels
+    dtypes = {"tensor(int64)": np.int64, "tensor(float)": np.float32}
+    feeds = {i.name: np.zeros(i.shape, dtypes[i.type]) for i in session.get_inputs()}
     with pytest.raises(Exception, match="dimension with value zero exceeds"):
         session.run(None, feeds)
