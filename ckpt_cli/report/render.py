@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 from rich import box
@@ -21,10 +22,31 @@ class _Console(Console):
         raise BrokenPipeError
 
 
+# Piped output (a CI log) is read by grep and diff: a sentence stays on one line, and a table
+# is as wide as its cells, without the spaces rich pads lines with.
+_PIPED_WIDTH = 10_000
+_TRAILING = re.compile(r"[ \t]+(?=\n)")
+
+
+class _TrimmedLines:
+    """``file`` without the spaces at the ends of lines."""
+
+    def __init__(self, file) -> None:
+        self._file = file
+
+    def write(self, text: str) -> int:
+        return self._file.write(_TRAILING.sub("", text))
+
+    def __getattr__(self, name: str):
+        return getattr(self._file, name)
+
+
 def make_console(quiet: bool = False, file=None) -> Console:
     file = file or sys.stdout
-    plain = not file.isatty() or bool(os.environ.get("NO_COLOR"))
-    return _Console(file=file, no_color=plain, highlight=False, width=None if not plain else 100,
+    piped = not file.isatty()
+    plain = piped or bool(os.environ.get("NO_COLOR"))
+    width = _PIPED_WIDTH if piped else 100 if plain else None
+    return _Console(file=_TrimmedLines(file) if piped else file, no_color=plain, highlight=False, width=width,
                     soft_wrap=False, quiet=quiet, emoji=False)
 
 
