@@ -26,7 +26,7 @@ from .version import __version__
 from .analysis import Analysis, analyse, symbolic_dims
 from .analysis.scaling import Scaling, probe_tensors, scaling, symbolic_shapes
 from .analysis.shapes import infer_tied, resolve_dims, tied_dims
-from .errors import ModelError, UsageError
+from .errors import CkptError, ModelError, UsageError
 from .ort.expand import expand_functions
 from .graph import Graph
 from .markers import PROVENANCE_PREFIX
@@ -359,8 +359,14 @@ def rewrite_model(model: ModelInput, output: str | Path | None = None, options: 
     refuse_unsized(a, options.plan.allow_unsized)
     out = _rewritten(a, loaded, options, analysis, output, progress)
     if check:
-        stage("ORT check: analysing the written model")
-        out.check = _check_rewrite(model, loaded, a, out, check_options)
+        try:
+            stage("ORT check: analysing the written model")
+            out.check = _check_rewrite(model, loaded, a, out, check_options)
+        except CkptError as e:  # the model is written: its report says why the check did not judge it
+            from .report.text import plain  # rich: only on this path
+
+            e.report = {**out.report, "check_error": {"exit_code": e.exit_code, "message": plain(str(e))}}
+            raise
         if out.planned is not None and out.planned.budget is not None:
             budget_held(out.check, out.planned.budget, out.result.after.outside_arena_bytes)
         out.report["check"] = out.check.to_json()

@@ -18,6 +18,8 @@ class CkptError(Exception):
     """An expected failure: printed as one line, mapped to ``exit_code``."""
 
     exit_code = EXIT_BAD_INPUT
+    # the report of what was done before the failure (a rewrite written before its check failed)
+    report: dict | None = None
 
 
 class ModelError(CkptError):

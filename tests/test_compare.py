@@ -135,6 +135,22 @@ def test_json_figures_follow_the_reports(mlp):
     assert cols[2]["regions"][0]["freed_bytes"] == max(g["freed_bytes"] for g in rep["rewrite"]["regions"])
 
 
+def test_the_original_takes_its_measured_figures_from_the_check_beside_it(mlp):
+    """The rewrite --check report measured the original too: its column shows them, and a
+    --fail-if on the measured ratio is judged instead of exiting 2."""
+    rep = mlp["reports"]
+    for report in ("rewrite", "check"):
+        r = ckpt("compare", MLP, mlp[report], "--json")
+        original = json.loads(r.stdout)["inputs"][0]["figures"]
+        measured = (rep["rewrite"]["check"] if report == "rewrite" else rep["check"])["original"]
+        assert original["measured_peak_bytes"] == measured["peak_bytes"] and original["measured_peak_bytes"]
+        assert original["step_time_s"] == measured["time_s"]
+    r = ckpt("compare", MLP, mlp["rewrite"], "--fail-if", "ratio(measured_peak_bytes)>1000%")
+    assert r.exit_code == 0, r.output
+    r = ckpt("compare", MLP, mlp["rewrite"], "--fail-if", "ratio(measured_peak_bytes)>0.01")
+    assert r.exit_code == 1 and "holds" in r.output, r.output
+
+
 def test_rewritten_model_recompute_share_matches_the_rewrite_report(mlp):
     doc = json.loads(ckpt("compare", MLP, mlp["rewritten"], "--json").stdout)
     share = doc["inputs"][1]["figures"]["recompute_share"]

@@ -168,7 +168,8 @@ def test_layer_norm_grad_holds_four_copies_of_x_while_it_runs():
 
 def test_a_graph_ort_refuses_is_refused_by_check_with_orts_message(tmp_path):
     """ckpt accepts SinGrad (the training build registers it in the ONNX domain); the plain
-    onnxruntime this check runs has no kernel for it, and says so: one line, exit 2."""
+    onnxruntime this check runs has no schema for it, and says so: one line, exit 4 (an ORT
+    build without the model's ops, README)."""
     import subprocess
     import sys
 
@@ -183,8 +184,33 @@ def test_a_graph_ort_refuses_is_refused_by_check_with_orts_message(tmp_path):
                                     capture_output=True, text=True, timeout=300)
     assert run("rewrite", path, "-o", out, "-q").returncode == 0
     r = run("check", path, out)
-    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
-    assert "ONNX Runtime cannot load" in r.stderr and "No Op registered for SinGrad" in r.stderr
+    assert r.returncode == 4 and r.stderr.count("\n") == 1, r.stderr
+    assert "this onnxruntime cannot load the model" in r.stderr and "No Op registered for SinGrad" in r.stderr
+
+
+def test_a_valid_graph_orts_default_optimizations_refuse_is_ort_failing_exit_5(tmp_path):
+    """A generated training graph (the fuzzer's case 1660) that onnx's checker and ORT with
+    optimizations off accept, but ORT's default optimizations break ("Node input ... is not a
+    graph input"): the model is valid, ORT failed: one line, exit 5, naming the session."""
+    import subprocess
+    import sys
+
+    import onnxruntime as ort
+    from randgraph import build_random_training_graph
+
+    path = tmp_path / "a.onnx"
+    onnx.save(build_random_training_graph(739466100, 15, "float32", opset=11), path)
+    onnx.checker.check_model(str(path), full_check=True)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    with pytest.raises(Exception, match="is not a graph input"):
+        ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    r = subprocess.run([sys.executable, "-m", "ckpt_cli.cli", "check", str(path), str(path), "--runs", "1"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 5 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith("ckpt: error: ONNX Runtime could not load a model ckpt validated"), r.stderr
+    assert "is not a graph input" in r.stderr and "(under ORT's default settings)" in r.stderr
 
 
 def test_dim_binds_a_tensor_declared_only_in_value_info_past_an_op_inference_cannot_reach():

@@ -56,3 +56,17 @@ def test_unknown_sizes_are_announced_not_silent():
     text = out.getvalue()
     assert "1 tensors have unknown size" in text and "lower bounds" in text and "nz\\[/]" not in text
     assert "nz[/]" in text
+
+
+def test_piped_text_keeps_each_sentence_on_one_line_without_padding(tmp_path):
+    """Piped output (a CI log): no sentence wrapped mid-phrase, no line padded with spaces."""
+    from conftest import SAMPLES
+
+    r = CliRunner().invoke(main, ["rewrite", str(SAMPLES / "gpt.onnx"), "-o", str(tmp_path / "g.onnx")])
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    assert not [line for line in lines if line != line.rstrip()]
+    knee = [line for line in lines if "the lowest predicted peak of" in line]
+    assert len(knee) == 1 and knee[0].endswith("with the fewest recompute FLOPs"), knee
+    pinned = next(line for line in lines if line.startswith("Order pinned:"))
+    assert pinned.endswith("under any execution order and optimization level."), pinned

@@ -4,6 +4,7 @@ scaling report states how the peak really grows with the dimensions."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import onnx
@@ -14,6 +15,7 @@ from conftest import SAMPLES
 from onnx import TensorProto, helper, numpy_helper
 
 from ckpt_cli.cli import main
+from ckpt_cli.units import human_bytes
 
 ZOO_GPT = SAMPLES / "zoo" / "gpt" / "training_model.onnx"  # labels declared [batch_x_32] beside [batch, 32]
 
@@ -100,3 +102,18 @@ def test_a_linear_peak_keeps_its_formula(tmp_path):
     scaled = json.loads(out)["scaling"]
     assert code == 0 and scaled["linear"] and not scaled["faster_activations"], scaled
     assert scaled["peak_bytes_formula"].endswith("* batch bytes") and not scaled["peak_bytes_formula"].startswith("-")
+
+
+def test_the_scaling_line_gives_units_not_raw_bytes(tmp_path):
+    """The JSON keeps the formula in bytes; the text line gives its terms in units."""
+    path = _symbolic_chain(tmp_path, width=64)
+    scaled = json.loads(run("inspect", path, "--dim", "batch=64", "--json")[1])["scaling"]
+    p0, p1 = scaled["peak_bytes"]
+    line = next(t for t in run("inspect", path, "--dim", "batch=64")[1].splitlines() if t.startswith("peak"))
+    assert line.startswith(f"peak = {human_bytes(2 * p0 - p1)} + {human_bytes((p1 - p0) / 64)} * batch;"), line
+    assert not re.search(r"\d{4,}", line.split(";")[0]), line
+    path = tmp_path / "scores.onnx"
+    _scores_model(path)
+    line = next(t for t in run("inspect", path)[1].splitlines() if t.startswith("peak"))
+    assert line.startswith("peak not linear in batch: ") and " at twice them (x" in line, line
+    assert not re.search(r"\d{4,}", line.split(";")[0]), line

@@ -202,3 +202,19 @@ def test_every_json_output_validates(schema, written, tmp_path, case):
         assert doc["error"]["exit_code"] == code and not report.exists()
     else:
         assert "error" not in doc and json.loads(report.read_text()) == doc
+
+
+def test_rewrite_check_that_fails_to_run_writes_the_models_report(schema, tmp_path):
+    """The check ends with exit 5 (its --python cannot run ORT) after the model is written:
+    the --report describes that model and says why the check did not judge it."""
+    import sys
+
+    out, report = tmp_path / "mlp.ckpt.onnx", tmp_path / "mlp.json"
+    args = ["rewrite", str(SAMPLES / "mlp.onnx"), "-o", str(out), "--check", "--python", sys.executable + "-none",
+            "--report", str(report)]
+    done = CliRunner().invoke(_group(), args)
+    assert done.exit_code == 5 and out.is_file(), done.output
+    written = json.loads(report.read_text())
+    assert written["output"] == str(out) and "check" not in written
+    assert written["check_error"]["exit_code"] == 5 and "cannot start" in written["check_error"]["message"]
+    assert not _errors(schema, written)

@@ -87,3 +87,10 @@ def test_a_region_that_recomputes_nothing_says_so(tmp_path):
     code, out = run("rewrite", SAMPLES / "gpt.onnx", "--region", "node_gelu*", "-o", tmp_path / "g.onnx")
     assert code == 0, out
     assert "region 'node_gelu*' recomputes nothing" in out
+
+
+def test_sweep_with_o_is_refused_instead_of_writing_nothing(tmp_path):
+    out = tmp_path / "sweep.json"
+    r = CliRunner().invoke(main, ["plan", str(SAMPLES / "mlp.onnx"), "--sweep", "-o", str(out)])
+    assert r.exit_code == 2 and "--sweep makes none" in r.output and "--report FILE" in r.output, r.output
+    assert not out.exists()

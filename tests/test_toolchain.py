@@ -49,3 +49,15 @@ def test_onnxslim_after_ckpt_is_noticed_by_inspect(tmp_path):
     done = CliRunner().invoke(main, ["inspect", str(slim), "-q"])
     assert "undid the rewrite; run ckpt last" in done.output, done.output
     assert "0 of its" not in done.output.split("undid")[0]  # the copies are counted as gone, not kept
+    # onnxslim folds a copy's Reshape into its fresh-buffer guard's (shape [0, 0, 0, 0], zeros
+    # copied from the first Reshape's output) over an input of another rank: ORT loads the
+    # file but fails at that Reshape when run, so the refusal is right
+    assert done.exit_code == 2 and "Invalid position of 0" in done.output, done.output
+    import numpy as np
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(slim), providers=["CPUExecutionProvider"])
+    dtypes = {"tensor(int64)": np.int64, "tensor(float)": np.float32}
+    feeds = {i.name: np.zeros(i.shape, dtypes[i.type]) for i in session.get_inputs()}
+    with pytest.raises(Exception, match="dimension with value zero exceeds"):
+        session.run(None, feeds)

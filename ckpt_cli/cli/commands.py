@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from ..errors import ModelError, UsageError
+from ..errors import CkptError, ModelError, UsageError
 from ..markers import SESSION_META
 from ..progress import listening
 from .progress import progress
@@ -108,9 +108,15 @@ def rewrite(model: Path, **given) -> None:
     protect_report(report_path, model, output, options.plan.plan_file)
     # A log hears of stages only when the ORT check runs (the long part of the work), and not
     # under --json, whose readers often take both streams as one (2>&1).
-    with progress("reading the model", quiet, lines=run_the_check and not as_json) as shown, listening(shown.stage):
-        result = rewrite_model(model, output, options, analysis=analysis, force=force, check=check,
-                               progress=shown.detail)
+    try:
+        with progress("reading the model", quiet, lines=run_the_check and not as_json) as shown, \
+                listening(shown.stage):
+            result = rewrite_model(model, output, options, analysis=analysis, force=force, check=check,
+                                   progress=shown.detail)
+    except CkptError as e:
+        if e.report is not None and report_path is not None:  # the model is written: so is its report
+            emit(e.report, None, True, report_path, True, (model, output, options.plan.plan_file))
+        raise
     emit(result.to_json(), _render_rewrite, as_json, report_path, quiet, (model, output, options.plan.plan_file))
     if result.check is not None and not result.check.passed:
         sys.exit(1)

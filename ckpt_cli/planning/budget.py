@@ -89,7 +89,7 @@ class BudgetSearch:
             return self.cheaper_as_written(planned, budget)
         line = (f"budget {human_bytes(budget)} is unreachable: the best fit found peaks at "
                 f"{human_bytes(self.peak(planned.written))} once its order is pinned "
-                f"({guards:+d} bytes against the search's unpinned rewrite)")
+                f"({'+' if guards >= 0 else '-'}{human_bytes(abs(guards))} against the search's unpinned rewrite)")
         try:
             planned = self.searched(budget - guards, budget)
         except BudgetUnreachable:

@@ -211,7 +211,8 @@ def recomputing_nothing(a: Analysis, budget: int, evaluate: Evaluate, strategy: 
     base = evaluate(plan).peak_bytes
     if base > budget:
         return None, base
-    plan.notes.append(f"the original, in the rewrite's order, already fits the budget ({base} <= {budget} bytes)")
+    plan.notes.append(f"the original, in the rewrite's order, already fits the budget ({human_bytes(base)} <= "
+                      f"{human_bytes(budget)})")
     return BudgetResult(plan, base, 0, [], [], 1), base
 
 

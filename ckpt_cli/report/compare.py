@@ -6,7 +6,8 @@ Every input becomes one column, described by the same figures:
 * an ``inspect`` report describes the model it inspected;
 * a ``rewrite`` report describes the rewritten model (its ``after`` side, plus the
   measured figures of ``check`` when it was written with ``--check``);
-* a ``check`` report describes the rewritten model it measured.
+* a ``check`` report describes the rewritten model it measured; the original model (or
+  its inspect report) beside it takes the original's measured figures from it.
 
 The first input is the baseline: every other column shows its difference and ratio
 to it. ``--fail-if`` conditions (see :mod:`.conditions`) read the last input.
@@ -227,12 +228,29 @@ def load_inputs(paths: list[str], dims: dict[str, int] | None = None, allow_mixe
     inputs = [load_input(p, label, dims) for p, label in zip(paths, labels_for(paths))]
     if not allow_mixed:
         check_same_model(inputs)
+    _measured_originals(inputs)
     known = set().union(*(i.dim_names for i in inputs))
     unknown = sorted(set(dims or {}) - known)
     if unknown:
         have = ", ".join(sorted(known)) or "none"
         raise UsageError(f"--dim {unknown[0]}: no ONNX input has this symbolic dimension (they have: {have})")
     return inputs
+
+
+def _measured_originals(inputs: list[Input]) -> None:
+    """An original model (or its inspect report) beside a check or rewrite --check report
+    that measured it takes the original's measured figures from that report."""
+    measured: dict[str, dict] = {}
+    for inp in inputs:
+        check = inp.report if inp.kind == "check" else inp.report.get("check") if inp.kind == "rewrite" else None
+        sha = inp.report.get("model_sha256")
+        if isinstance(check, dict) and isinstance(check.get("original"), dict) and isinstance(sha, str):
+            measured.setdefault(sha, check["original"])
+    for inp in inputs:
+        side = measured.get(inp.report.get("model_sha256")) if inp.kind in ("onnx", "inspect") else None
+        if side is not None and inp.figures["measured_peak_bytes"] is None:
+            inp.figures["measured_peak_bytes"] = side.get("peak_bytes")
+            inp.figures["step_time_s"] = side.get("time_s")
 
 
 def _original_sha(inp: Input) -> str | None:

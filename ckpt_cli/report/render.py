@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 from rich import box
@@ -21,10 +22,31 @@ class _Console(Console):
         raise BrokenPipeError
 
 
+# Piped output (a CI log) is read by grep and diff: a sentence stays on one line, and a table
+# is as wide as its cells, without the spaces rich pads lines with.
+_PIPED_WIDTH = 10_000
+_TRAILING = re.compile(r"[ \t]+(?=\n)")
+
+
+class _TrimmedLines:
+    """``file`` without the spaces at the ends of lines."""
+
+    def __init__(self, file) -> None:
+        self._file = file
+
+    def write(self, text: str) -> int:
+        return self._file.write(_TRAILING.sub("", text))
+
+    def __getattr__(self, name: str):
+        return getattr(self._file, name)
+
+
 def make_console(quiet: bool = False, file=None) -> Console:
     file = file or sys.stdout
-    plain = not file.isatty() or bool(os.environ.get("NO_COLOR"))
-    return _Console(file=file, no_color=plain, highlight=False, width=None if not plain else 100,
+    piped = not file.isatty()
+    plain = piped or bool(os.environ.get("NO_COLOR"))
+    width = _PIPED_WIDTH if piped else 100 if plain else None
+    return _Console(file=_TrimmedLines(file) if piped else file, no_color=plain, highlight=False, width=width,
                     soft_wrap=False, quiet=quiet, emoji=False)
 
 
@@ -54,6 +76,21 @@ def _activation_scaling(scaled: dict, names: str) -> str:
     return "; ".join(parts)
 
 
+def _scaling_formula(scaled: dict) -> str:
+    """``peak_bytes_formula`` in units: how the peak grows with the symbolic dimensions."""
+    (p0, p1), dims = scaled["peak_bytes"], scaled["dims"]
+    names = ", ".join(map(safe, dims))
+    if not scaled.get("linear", True):
+        growth = f"x{p1 / p0:.2f}" if p0 else "from 0 B"
+        return (f"peak not linear in {names}: {human_bytes(p0)} at the values used, {human_bytes(p1)} at twice "
+                f"them ({growth})")
+    intercept, slope = 2 * p0 - p1, p1 - p0
+    if len(dims) == 1:
+        (name, value), = dims.items()
+        return f"peak = {human_bytes(intercept)} + {human_bytes(slope / value)} * {safe(name)}"
+    return f"peak = {human_bytes(intercept)} + {human_bytes(slope)} * k, with {names} all k times the values used"
+
+
 def render_facts(r: dict, console: Console) -> None:
     """The first lines of a report on a model: what its figures rest on."""
     dims = r.get("dims") or {}
@@ -66,7 +103,7 @@ def render_facts(r: dict, console: Console) -> None:
     scaled = r.get("scaling")
     if scaled:
         names = ", ".join(map(safe, scaled["dims"]))
-        line = ("peak = " if scaled.get("linear", True) else "peak ") + f"{safe(scaled['peak_bytes_formula'])}; "
+        line = f"{_scaling_formula(scaled)}; "
         line += _activation_scaling(scaled, names)
         if "same_plan_at_doubled_dims" in scaled:
             twice = ", ".join(f"{safe(d)} = {v}" for d, v in scaled["doubled_dims"].items())

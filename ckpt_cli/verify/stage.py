@@ -21,7 +21,7 @@ from ..analysis import Analysis
 from ..analysis.memory import visible_peak
 from ..analysis.scaling import other_assignment
 from ..analysis.shapes import TensorInfo
-from ..errors import CheckFailed, ModelError, RunFailed, RuntimeUnavailable, UsageError
+from ..errors import CheckFailed, RunFailed, RuntimeUnavailable, UsageError
 from ..graph import Graph
 from ..markers import SessionPlan
 from ..options import CheckOptions
@@ -35,6 +35,8 @@ from .rules import judge
 # Above this error of the plain-session prediction, the check also models ORT's fused graph
 # (one ORT optimization and analysis more) to tell fusions from a memory-model error.
 PLAIN_FUSED_ABOVE = 0.02
+# what ORT says of an op this build has no schema for (an ORT training op in plain onnxruntime)
+_MISSING_OP = ("not a registered function/op", "No Op registered for")
 
 
 # The check's child processes run with this glibc mmap threshold: smaller blocks come from
@@ -217,14 +219,16 @@ def _run(original: Path, rewritten: Path, feeds: Path, options: driver.PairOptio
             raise RuntimeUnavailable(e.kind, f"ONNX Runtime provider '{provider}' is unavailable: {e.message}") from None
         raise
     except RunFailed as e:
-        if e.kind == "load_failed" and "not a registered function/op" in e.message:
+        if e.kind == "load_failed" and any(m in e.message for m in _MISSING_OP):
             raise RuntimeUnavailable(e.kind, f"this onnxruntime cannot load the model ({e.message}); run the "
                                      "check with --python pointing at an environment with the ORT build that "
                                      "has these ops (e.g. onnxruntime-training)") from None
         if e.kind == "bad_feeds":
             raise UsageError(e.message) from None
         if e.kind == "load_failed" and "cannot start" not in e.message and "cannot import" not in e.message:
-            raise ModelError(f"ONNX Runtime cannot load the model: {e.message}") from None
+            # ckpt's validation had ORT load it with optimizations off: not the model's fault
+            raise RunFailed(e.kind, f"ONNX Runtime could not load a model ckpt validated (ORT loads it with "
+                                    f"optimizations off): {e.message}") from None
         raise RunFailed(e.kind, f"ONNX Runtime failed ({e.kind}): {e.message}") from None
 
 
