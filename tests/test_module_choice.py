@@ -110,6 +110,14 @@ def test_losses_that_differ_under_the_settings_only_are_refused(monkeypatch, art
     assert m["chosen"] == 1 and m["judged"][0]["losses_identical"] is False
 
 
+def test_a_plan_above_the_original_untuned_is_passed_over_however_low_under_its_settings(monkeypatch, artifact):
+    _fake_module(monkeypatch, {"training_model": (ORIGINAL_PEAK, LOSSES),
+                               "plan0": (ORIGINAL_PEAK + (1 << 20), LOSSES, 20 << 20, LOSSES),
+                               "plan1": (60 << 20, LOSSES)})
+    m = _rewrite(artifact).report["planning"]["module_session"]
+    assert m["chosen"] == 1 and m["judged"][0]["peak_bytes"] == ORIGINAL_PEAK + (1 << 20)
+
+
 def test_a_peak_equal_to_the_original_is_not_above_it(monkeypatch, artifact):
     _fake_module(monkeypatch, {"training_model": (ORIGINAL_PEAK, LOSSES), "plan0": (ORIGINAL_PEAK, LOSSES)})
     assert _rewrite(artifact).report["planning"]["module_session"]["chosen"] == 0
