@@ -14,7 +14,12 @@ producer reads its data inputs through ``Reshape(x, z)``, an identity view whose
 ``Slice(Mul(Size(input), zeros), 0, rank)``. ORT propagates shape values through Size and
 Mul but not through Slice, so it cannot size the view; it never folds Size either. The
 written model declares the shapes of every other tensor (``value_info``), which ORT merges
-into what it infers: exactly the chosen tensors are unknown to it. The choice is greedy on
+into what it infers: exactly the chosen tensors are unknown to it. No view goes on an edge
+that ORT's fusions merge (``ops.ORT_FUSED_EDGES``): it would stop the fusion, and the fused
+kernel rounds otherwise, so the rewrite would no longer train bit for bit as the original.
+Of an op whose output shape needs all its inputs' shapes, the other inputs are viewed; an
+input made by a backward Transpose is hidden behind it (the Transpose's input is viewed,
+its output is hidden too); else the tensor is not made fresh. The choice is greedy on
 ckpt's planner model: simulate the written order and ORT's DEFAULT order with reuse on,
 take the buffers that are idle at the higher peak, mark the tensor that would take each
 of them next, and repeat while the peak drops. The best set is kept only where the

@@ -18,6 +18,11 @@ one input): every other copy depends on those. Every copy then reads a tensor it
 original does not, so CSE cannot merge them and the ``__ckpt_recompute`` attribute is
 dropped: ORT's fusions copy attributes into fused nodes (Gemm + Relu into FusedGemm
 gets ``activation___ckpt_recompute``), which makes the session fail to load.
+
+Guards stay off the edges ORT's fusions merge (``ops.ORT_FUSED_EDGES``): a copy's guard
+goes on an input it reads on no such edge where it has one, and a trigger is never a
+tensor that ORT fuses into its reader (its ``Size`` would be one reader too many). A fused
+kernel rounds otherwise, and the rewrite would not train bit for bit as the original.
 """
 
 from __future__ import annotations
