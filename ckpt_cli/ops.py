@@ -127,6 +127,13 @@ SHAPE_FROM_INPUTS_OPS = frozenset({
     "ReduceSum", "ReduceMean", "ReduceMax", "Gather", "Slice", "ScatterND", "ScatterElements", "Clip",
 })
 
+# Of those, the ops whose output shape ONNX infers only when every input's shape is known
+# (broadcasting, MatMul, Concat, Gather; checked with onnx.shape_inference): hiding one
+# input's shape hides the output's. Not Gemm: one known input gives it a dimension.
+ALL_INPUT_SHAPES_OPS = frozenset({
+    "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Where", "Equal", "Less", "Greater", "And", "Or",
+    "MatMul", "Concat", "Gather"})
+
 
 def is_recomputable(node: Node) -> bool:
     """Deterministic, without subgraphs, and a standard op or one of ORT's deterministic
@@ -137,3 +144,36 @@ def is_recomputable(node: Node) -> bool:
         return True
     return node.domain == CONTRIB_DOMAIN and (node.op_type in DETERMINISTIC_CONTRIB_OPS
                                               or node.op_type in DETERMINISTIC_TRAINING_OPS)
+
+
+_ACTIVATIONS = ("Relu", "Sigmoid", "Tanh", "LeakyRelu", "Clip", "HardSigmoid", "Elu", "Selu", "Softplus")
+# Producer -> consumer edges that ONNX Runtime's CPU graph fusions (up to ORT_ENABLE_ALL)
+# merge into one node: GemmTransposeFusion, MatmulTransposeFusion, MatMulAddFusion,
+# MatMulScaleFusion, BiasGeluFusion, SkipLayerNormFusion, GemmActivationFusion,
+# ConvActivationFusion, ConvAddFusion, ConvMulFusion, ConvBNFusion, DivMulFusion,
+# FuseReluClip, NotWhereFusion, and the TransposeOptimizer (two Transposes cancel or merge).
+# A fused kernel rounds differently from the ops it replaces (FusedMatMul with transB against
+# a MatMul after a Transpose): a node put on such an edge, or a reader added to the
+# producer's output (the fusions want it read once), makes ORT compute other bits.
+ORT_FUSED_EDGES: frozenset[tuple[str, str]] = frozenset(
+    {("Transpose", op) for op in ("MatMul", "FusedMatMul", "Gemm", "Transpose")}
+    | {("Gemm", "Transpose"), ("MatMul", "Add"), ("Add", "Gelu"), ("Add", "FastGelu")}
+    | {(a, b) for a in ("MatMul", "FusedMatMul") for b in ("Mul", "Div")} | {("Mul", "MatMul"), ("Div", "MatMul")}
+    | {("Add", "LayerNormalization"), ("Add", "SimplifiedLayerNormalization")}
+    | {(p, act) for p in ("Gemm", "Conv") for act in _ACTIVATIONS}
+    | {("Conv", op) for op in ("Add", "Mul", "BatchNormalization")}
+    | {("Div", "Mul"), ("Relu", "Clip"), ("Not", "Where")})
+# Op chains that ORT's fusions of decomposed functions match whole (GeluFusion,
+# LayerNormFusion, SimplifiedLayerNormFusion, FastGeluFusion, QuickGeluFusion): their edges
+# (Mul -> Mul, Add -> Mul, ...) are common elsewhere, so an edge counts only inside the chain.
+ORT_FUSED_CHAINS: tuple[tuple[str, ...], ...] = (
+    ("Div", "Erf", "Add", "Mul", "Mul"), ("Mul", "Erf", "Add", "Mul", "Mul"),
+    ("ReduceMean", "Sub", "Pow", "ReduceMean", "Add", "Sqrt", "Div", "Mul", "Add"),
+    ("ReduceMean", "Sub", "Div", "Mul", "Add"),
+    ("Pow", "ReduceMean", "Add", "Sqrt", "Reciprocal", "Mul", "Mul"), ("Pow", "ReduceMean", "Add", "Sqrt", "Div", "Mul"),
+    ("Mul", "Mul", "Mul", "Add", "Mul", "Tanh", "Add", "Mul", "Mul"), ("Mul", "Sigmoid", "Mul"))
+
+
+def ort_may_fuse(producer_op: str, consumer_op: str) -> bool:
+    """Whether ORT's CPU fusions may merge a ``producer_op`` node into its ``consumer_op`` reader."""
+    return (producer_op, consumer_op) in ORT_FUSED_EDGES

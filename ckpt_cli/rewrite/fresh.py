@@ -14,7 +14,12 @@ producer reads its data inputs through ``Reshape(x, z)``, an identity view whose
 ``Slice(Mul(Size(input), zeros), 0, rank)``. ORT propagates shape values through Size and
 Mul but not through Slice, so it cannot size the view; it never folds Size either. The
 written model declares the shapes of every other tensor (``value_info``), which ORT merges
-into what it infers: exactly the chosen tensors are unknown to it. The choice is greedy on
+into what it infers: exactly the chosen tensors are unknown to it. No view goes on an edge
+that ORT's fusions merge (``ops.ORT_FUSED_EDGES``): it would stop the fusion, and the fused
+kernel rounds otherwise, so the rewrite would no longer train bit for bit as the original.
+Of an op whose output shape needs all its inputs' shapes, the other inputs are viewed; an
+input made by a backward Transpose is hidden behind it (the Transpose's input is viewed,
+its output is hidden too); else the tensor is not made fresh. The choice is greedy on
 ckpt's planner model: simulate the written order and ORT's DEFAULT order with reuse on,
 take the buffers that are idle at the higher peak, mark the tensor that would take each
 of them next, and repeat while the peak drops. The best set is kept only where the
@@ -35,10 +40,10 @@ from ..analysis.memory import MemoryProfile, profile_of
 from ..analysis.planner import Buffers, plan_buffers
 from ..analysis.shapes import TensorInfo, unknown_to_ort
 from ..analysis.timeline import bytes_in_use, peak_of
-from ..graph import ABSENT, Graph
+from ..graph import ABSENT, Graph, Node
 from ..markers import FRESH_META
-from ..ops import SHAPE_FROM_INPUTS_OPS
-from .guards import GuardNodes
+from ..ops import ALL_INPUT_SHAPES_OPS, SHAPE_FROM_INPUTS_OPS
+from .guards import GuardNodes, fused_edge, read_by_fusion
 from .order import executed_order
 from .pin import trigger_of
 
@@ -77,12 +82,46 @@ def _eligible(graph: Graph, tensors: dict[str, TensorInfo], forward: frozenset[s
     for i, node in enumerate(graph.nodes):
         if node.op_type not in SHAPE_FROM_INPUTS_OPS or node.domain not in ("", "ai.onnx") or node.name in forward:
             continue
-        if not any(_rank(tensors.get(t)) for t in node.inputs if t != ABSENT and t not in constants):
+        if not _viewed(graph, node, tensors, constants, forward):
             continue
         for t in ids.outputs[i]:
             if t >= 0 and ids.names[t] not in outputs:
                 ok[t] = True
     return ok
+
+
+def _viewed(graph: Graph, node: Node, tensors: dict[str, TensorInfo], constants: set[str],
+            forward: frozenset[str]) -> list[tuple[Node, str]]:
+    """The (reader, input) edges whose views hide the shapes of ``node``'s outputs from ORT,
+    none if it cannot be done: each data input (of known rank) of ``node``, or, for an op
+    whose output shape ORT infers only from all of them, those of them on no edge that ORT
+    fuses over (a view there would stop the fusion, and the fused kernel rounds otherwise).
+    An input on such an edge is hidden behind its producer instead where that is a backward
+    Transpose: the view goes on the Transpose's input, and the fused pair stays."""
+    data = [x for x in node.inputs if x != ABSENT and x not in constants and _rank(tensors.get(x))]
+    free = [(node, x) for x in data if not fused_edge(graph, x, node)]
+    if free and node.op_type in ALL_INPUT_SHAPES_OPS:
+        return free
+    edges = []
+    for x in data:
+        edge = (node, x) if not fused_edge(graph, x, node) else _behind(graph, x, tensors, constants, forward)
+        if edge is None:
+            return []
+        edges.append(edge)
+    return edges
+
+
+def _behind(graph: Graph, x: str, tensors: dict[str, TensorInfo], constants: set[str],
+            forward: frozenset[str]) -> tuple[Node, str] | None:
+    """The input edge of ``x``'s producer to view in place of ``x``: a backward Transpose
+    (its output shape is its input's, permuted) whose input is on no fused edge."""
+    p = graph.nodes[graph.producer[x]]
+    if p.op_type != "Transpose" or p.domain not in ("", "ai.onnx") or p.name in forward or x in graph.outputs:
+        return None
+    y = p.inputs[0]
+    if y in constants or not _rank(tensors.get(y)) or fused_edge(graph, y, p):
+        return None
+    return p, y
 
 
 def _rank(info: TensorInfo | None) -> int:
@@ -181,16 +220,26 @@ def apply(graph: Graph, tensors: dict[str, TensorInfo], fresh: set[str], local: 
     views: dict[str, str] = {}
     before: dict[int, list[onnx.NodeProto]] = {}
     rewired: dict[int, onnx.NodeProto] = {}
+    reads: dict[int, list[str]] = {}  # reader -> its inputs to read through a view
     for node in graph.nodes:
         if not fresh.intersection(node.outputs):
             continue
-        p = onnx.NodeProto()
+        hidden = [t for t in node.outputs if t in fresh]
+        for reader, x in _viewed(graph, node, tensors, constants, forward):
+            reads.setdefault(reader.index, []).append(x)
+            if reader is not node:  # a Transpose in front: its output is hidden too
+                hidden.extend(t for t in reader.outputs if t in tensors)
+        tensors.update({t: unknown_to_ort(tensors[t]) for t in hidden})
+    for index in sorted(reads):
+        node = graph.nodes[index]
+        p = rewired[index] = onnx.NodeProto()
         p.CopyFrom(node.proto)
-        data = [x for x in node.inputs if x != ABSENT and x not in constants and _rank(tensors.get(x))]
-        source = local and (trigger_of(graph, node.index, forward)
-                            or max(data, key=lambda x: position.get(x, -1), default=None))
+        data = reads[index]
+        source = local and (trigger_of(graph, index, forward)
+                            or max((x for x in data if not read_by_fusion(graph, x)),
+                                   key=lambda x: position.get(x, -1), default=initializer))
         shapes = {} if local else shared
-        chain = before.setdefault(node.index, [])
+        chain = before.setdefault(index, [])
         for j, x in enumerate(node.inputs):
             if x not in data:
                 continue
@@ -201,10 +250,6 @@ def apply(graph: Graph, tensors: dict[str, TensorInfo], fresh: set[str], local: 
                 views[x] = fresh_name(f"{x}_ckpt_fresh")
                 chain.append(make.view(x, shapes[rank], views[x], "1", unknown_to_ort(tensors[x])))
             p.input[j] = views[x]
-        rewired[node.index] = p
-        for t in node.outputs:
-            if t in fresh:
-                tensors[t] = unknown_to_ort(tensors[t])
     protos = list(head)
     for node in graph.nodes:
         protos.extend(before.get(node.index, ()))

@@ -18,6 +18,11 @@ one input): every other copy depends on those. Every copy then reads a tensor it
 original does not, so CSE cannot merge them and the ``__ckpt_recompute`` attribute is
 dropped: ORT's fusions copy attributes into fused nodes (Gemm + Relu into FusedGemm
 gets ``activation___ckpt_recompute``), which makes the session fail to load.
+
+Guards stay off the edges ORT's fusions merge (``ops.ORT_FUSED_EDGES``): a copy's guard
+goes on an input it reads on no such edge where it has one, and a trigger is never a
+tensor that ORT fuses into its reader (its ``Size`` would be one reader too many). A fused
+kernel rounds otherwise, and the rewrite would not train bit for bit as the original.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from ..analysis.shapes import TensorInfo
 from ..graph import ABSENT, Graph, Node
 from ..markers import CSE_GUARD_ATTR, GUARD_META, REGION_META, is_recompute_copy
 from ..ops import HOST_INPUT_SLOTS, SHAPE_ONLY_OPS
-from .guards import GuardNodes
+from .guards import GuardNodes, fused_edge, read_by_fusion
 from .order import executed_order
 
 
@@ -72,7 +77,8 @@ def trigger_of(graph: Graph, position: int, forward: set[str] | frozenset[str],
     """The output of the nearest node written before ``position`` (not in ``skip``) that
     computes data at run time: ORT folds Constant and Shape, and Size runs as soon as its
     input exists. A forward tensor only if it is a graph output (the loss): under ORT's
-    DEFAULT order the guard's read could keep any other one alive until the block."""
+    DEFAULT order the guard's read could keep any other one alive until the block. Never
+    one ORT fuses into its reader: the guard's read would stop the fusion."""
     return triggers_of(graph, [position], forward, skip)[0]
 
 
@@ -90,7 +96,7 @@ def triggers_of(graph: Graph, positions: list[int], forward: set[str] | frozense
             if k in skip or node.op_type in SHAPE_ONLY_OPS or node.op_type == "Constant":
                 continue
             out = next((t for t in node.outputs if t != ABSENT and (node.name not in forward or t in outputs)), None)
-            if out is not None:
+            if out is not None and not read_by_fusion(graph, out):
                 answer = out
                 break
         found[position] = answer
@@ -142,7 +148,8 @@ class _Pinner:
         """Weight gradients written since the last block: graph outputs of backward nodes."""
         g, outputs, resident = self.graph, set(self.graph.outputs), set(self.graph.resident)
         return [t for k in range(previous, start) if g.nodes[k].name not in self.forward and k not in self.copies
-                for t in g.nodes[k].outputs if t in outputs and t not in resident and t != trigger]
+                for t in g.nodes[k].outputs
+                if t in outputs and t not in resident and t != trigger and not read_by_fusion(g, t)]
 
     def block(self, region: str, block: list[Node], start: int, trigger: str | None, ties: list[str]) -> None:
         if trigger is None:  # nothing is written before the block: it keeps its CSE marks
@@ -184,7 +191,10 @@ class _Pinner:
             if any(t != ABSENT for t in n.inputs):
                 self.unpinned.add(n.index)  # only host inputs (ConstantOfShape): it keeps its CSE mark
             return
-        x = next((t for t in device if t in guarded), None) or device[0]
+        # Not on an edge ORT fuses over (the copy would round other than its original),
+        # unless every input is on one.
+        free = [t for t in device if not fused_edge(self.graph, t, n)] or device
+        x = next((t for t in free if t in guarded), None) or free[0]
         info = self.make.tensors.get(x)
         if x not in guarded:
             if info is None or info.shape is None:
