@@ -40,10 +40,10 @@ def to_model(result: RewriteResult, metadata: dict[str, str] | None = None,
         # leaves exactly the fresh tensors (and their guard views) unknown to it.
         del model.graph.value_info[:]
         model.graph.value_info.extend(_static_value_info(result, shapes))
-        return _without_inner_symbols(model)
+        return _without_inner_symbols(model, result)
     model.graph.value_info.extend(_copy_value_info(result, shapes))
     _guard_value_info(model, result, shapes)
-    return _without_inner_symbols(model)
+    return _without_inner_symbols(model, result)
 
 
 def _guard_value_info(model: onnx.ModelProto, result: RewriteResult, shapes: dict[str, list]) -> None:
@@ -60,14 +60,18 @@ def _guard_value_info(model: onnx.ModelProto, result: RewriteResult, shapes: dic
                 model.graph.value_info.append(onnx.helper.make_tensor_value_info(out, info.dtype, shape))
 
 
-def _without_inner_symbols(model: onnx.ModelProto) -> onnx.ModelProto:
+def _without_inner_symbols(model: onnx.ModelProto, result: RewriteResult) -> onnx.ModelProto:
     """``model`` with the shapes dropped from value_info that names a dimension no graph
-    input or output has (ORT's ``unk__N``, from the tool that wrote the input's value_info).
+    input or output has (ORT's ``unk__N``, from the tool that wrote the input's value_info),
+    where it recomputes anything: a graph written unchanged keeps the input's value_info,
+    which the same session can hold for less (zoo unet: 1.26x without it).
     ORT merges a declared symbol into what it infers for the rewrite, where the same name
     need not mean the same size, and its planner then reuses buffers by those names: on the
     artifact zoo's llama, seq2seq and GPT the Module API's untuned session held the rewrite at
     0.77-0.94x of the original with them and 0.52-0.58x without, the same losses, and under
     ckpt's settings within 2%."""
+    if not result.recompute_nodes:
+        return model
     g = model.graph
     outer = {d.dim_param for v in (*g.input, *g.output) if v.type.HasField("tensor_type")
              for d in v.type.tensor_type.shape.dim if d.dim_param}
