@@ -43,7 +43,7 @@ def test_budget_search_writes_a_fit_pinned_within_the_budget():
 
 
 def test_budget_search_refuses_a_refit_still_over_the_budget_once_pinned():
-    with pytest.raises(BudgetUnreachable, match=r"peaks at .* once its order is pinned \(\+50 bytes"):
+    with pytest.raises(BudgetUnreachable, match=r"peaks at .* once its order is pinned \(\+50 B"):
         _search([50, 100]).run(BUDGET)  # the refit's guards move the peak more: over again
 
 
