@@ -15,7 +15,7 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 
 from ..errors import OutputError, UsageError
@@ -66,7 +66,8 @@ def remove_stale_temps(path: Path) -> list[Path]:
     """Remove temporary files that killed ckpt runs left for ``path``: only ckpt's own
     pattern, only those whose writer (the pid in the name) is gone, or, for names without
     a pid, older than this process."""
-    pattern, removed = _temp_pattern(path.name), []
+    pattern = _temp_pattern(path.name)
+    removed: list[Path] = []
     try:
         entries = list(os.scandir(path.parent))
     except OSError:
@@ -138,7 +139,7 @@ def signals_deferred() -> Iterator[None]:
         held.append(signum)
 
     # a handler installed from C (getsignal: None) could not be put back: left alone
-    previous = {s: signal.signal(s, note) for s in (signal.SIGINT, signal.SIGTERM)
+    previous: dict[int, Any] = {s: signal.signal(s, note) for s in (signal.SIGINT, signal.SIGTERM)
                 if signal.getsignal(s) is not None}
     try:
         yield

@@ -111,7 +111,7 @@ def _varint(n: int) -> bytes:
             return bytes(out)
 
 
-def read_model(path: str | Path, stream_min_bytes: int | None = None,
+def read_model(path: str | os.PathLike, stream_min_bytes: int | None = None,
                embedded_weights: bool = True) -> onnx.ModelProto:
     """``onnx.load(path, load_external_data=False)``, parsed a piece at a time when the file
     is protobuf of at least ``stream_min_bytes``. Raises DecodeError for a file that is

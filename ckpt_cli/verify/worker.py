@@ -87,6 +87,7 @@ import statistics
 import sys
 import tempfile
 import time
+from typing import Any, cast
 
 KERNEL_SUFFIX = "_kernel_time"
 
@@ -314,6 +315,7 @@ def _make_session(ort, model: str, so, provider: str, settings: dict):
         providers = [(prov_name, dict(settings["provider_options"])), "CPUExecutionProvider"]
     else:
         providers = ["CPUExecutionProvider"]
+    err: Exception | None
     with _capture_fd2() as log:
         try:
             sess = ort.InferenceSession(model, so, providers=providers)
@@ -348,7 +350,7 @@ def _measure_profiler(ort, np, spec, settings, feeds_path, warnings):
     sess = _make_session(ort, spec["model"], so, provider, settings)
     feeds = _load_feeds(np, feeds_path, sess)
     times = []
-    out = None
+    out: Any = None
     try:
         for i in range(spec["runs"] + 1):
             out = None  # outputs of the previous run live in the arena: drop them first
@@ -377,7 +379,7 @@ def _measure_profiler(ort, np, spec, settings, feeds_path, warnings):
     # versions); then the last runs are cut short.  The order is static, so fall
     # back to the fullest run and say so.
     order_src = runs[-1][1] if runs else []
-    fullest = max((r[1] for r in all_runs), key=len, default=[])
+    fullest: list = max((r[1] for r in all_runs), key=len, default=[])
     if len(order_src) < len(fullest):
         warnings.append(f"profiler recorded {len(order_src)} of {len(fullest)} node events in "
                         "the last run (event limit?); executed_order taken from a fuller run, "
@@ -406,7 +408,8 @@ def _measure_process_peak(ort, np, spec, settings, feeds_path, warnings):
                           arena=None if with_arena else False)
     sess = _make_session(ort, spec["model"], so, spec["provider"], settings)
     feeds = _load_feeds(np, feeds_path, sess)
-    per_run, out, start = [], None, None
+    per_run, start = [], None
+    out: Any = None
     try:
         for i in range(spec["runs"] + 1):
             out = None
@@ -481,7 +484,7 @@ def _process_peak_main(spec: dict) -> dict:
     warnings: list = []
     runs, outputs = _measure_process_peak(ort, np, spec, settings, spec["feeds"], warnings)
     if spec.get("outputs"):
-        np.savez(spec["outputs"], **{k: np.asarray(v) for k, v in outputs.items()})
+        np.savez(spec["outputs"], **cast(dict[str, Any], {k: np.asarray(v) for k, v in outputs.items()}))
     return {"ok": True, "runs": runs, "warnings": warnings}
 
 
