@@ -157,7 +157,7 @@ class _Hasher:
     def __enter__(self) -> _Hasher:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
