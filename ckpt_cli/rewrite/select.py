@@ -59,7 +59,7 @@ def make_plan(a: Analysis, options: PlanOptions | None = None, *, progress: Call
     options.validate()
     policy = options.policy
     if options.searches_budget:
-        ruled = lambda plan: apply_policy(plan, policy, a.graph)  # noqa: E731
+        ruled = lambda plan: apply_policy(plan, policy, a.graph)  # noqa: E731 - a one-line closure
         evaluator = PlanEvaluator(a, rewrite, ruled=ruled, progress=progress, measure=ort_peak)
         write = (lambda planned: rewrite_plan(a, planned)) if pin else None
         assert options.budget is not None  # validate: a budget search has one
@@ -118,7 +118,7 @@ def rewrite_plan(a: Analysis, planned: Planned | None, pin: bool = True) -> Rewr
         result = pinned(a, planned.result) if pin else planned.result
     else:
         result = rewrite(a, planned.plan if planned is not None else None, pin)
-    result.after.phases  # noqa: B018 (a written graph left without a backward is refused before it is saved)
+    result.after.phases  # noqa: B018 - evaluated: a graph left without a backward is refused before it is saved
     if planned is not None and planned.plan is not None:
         result = replace(result, notes=empty_region_notes(result))
     return never_worse(a, planned, result)

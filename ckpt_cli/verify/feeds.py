@@ -360,7 +360,7 @@ def load_feeds(path, model) -> dict:
         if "pickle" in str(e):  # numpy suggests allow_pickle: never load pickled objects
             raise FeedError(f"feeds file {path} is not an .npz archive of arrays (numpy.savez)") from None
         raise FeedError(f"cannot read feeds file {path}: {' '.join(str(e).split())}") from None
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001 - numpy's reader raises many types on a bad file
         raise FeedError(f"cannot read feeds file {path}: {' '.join(str(e).split())}") from None
     inputs = graph_inputs(model)
     names = [vi.name for vi in inputs]

@@ -199,7 +199,7 @@ def _load_feeds(np, path: str, session) -> dict:
     try:
         with np.load(path, allow_pickle=False) as z:
             feeds = {k: z[k] for k in z.files}
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001 - numpy's reader raises many types on a bad file
         raise WorkerError("bad_feeds", f"cannot read feeds {path}: {_one_line(e)}") from None
     inputs = session.get_inputs()
     names = [i.name for i in inputs]
@@ -319,7 +319,7 @@ def _make_session(ort, model: str, so, provider: str, settings: dict):
     with _capture_fd2() as log:
         try:
             sess = ort.InferenceSession(model, so, providers=providers)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 - ORT's errors have no common type
             err = e
         else:
             err = None
@@ -358,7 +358,7 @@ def _measure_profiler(ort, np, spec, settings, feeds_path, warnings):
             out, dt = _run_once(sess, feeds)
             if i > 0:
                 times.append(dt)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001 - ORT's errors have no common type
         raise WorkerError("run_failed", _one_line(e)) from None
     names = [o.name for o in sess.get_outputs()]
     profile = sess.end_profiling()
@@ -423,7 +423,7 @@ def _measure_process_peak(ort, np, spec, settings, feeds_path, warnings):
                                 "time_s": dt})
     except WorkerError:
         raise
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001 - ORT's errors have no common type
         raise WorkerError("run_failed", _one_line(e)) from None
     names = [o.name for o in sess.get_outputs()]
     return per_run, dict(zip(names, out))
@@ -529,7 +529,7 @@ def _import_runtime():
     try:
         import numpy as np
         import onnxruntime as ort
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001 - any import failure: reported as load_failed
         raise WorkerError("load_failed", f"cannot import numpy/onnxruntime under "
                                          f"{sys.executable}: {_one_line(e)}") from None
     return np, ort
@@ -592,7 +592,7 @@ def _save_outputs(np, spec: dict, outputs: dict) -> None:
         return
     try:
         np.savez(spec["outputs"], **{k: np.asarray(v) for k, v in outputs.items()})
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001 - any write failure: reported as run_failed
         raise WorkerError("run_failed", f"cannot write outputs: {_one_line(e)}") from None
 
 
@@ -621,7 +621,7 @@ def probe(provider: str, model: str) -> dict:
     """Can `provider` really run `model` here?  (used by check.resolve_provider)"""
     try:
         import onnxruntime as ort
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001 - any import failure: the provider cannot run
         return {"ok": False, "kind": "load_failed", "message": _one_line(e)}
     settings = {"execution_order": "PRIORITY_BASED", "graph_optimization_level": "ORT_DISABLE_ALL",
                 "enable_mem_pattern": False, "enable_cpu_mem_arena": True, "config_entries": {},
