@@ -25,10 +25,11 @@ JOBS ?= auto
 test: $(STAMP)
 	$(BIN)/python -m pytest $(if $(filter 1,$(JOBS)),,-n $(JOBS))
 
-## lint: ruff's pyflakes and syntax rules over the package, tests, bench and examples
+## lint: ruff's pyflakes and syntax rules over the package, tests, bench and examples; mypy over the package
 .PHONY: lint
 lint: $(STAMP)
 	$(BIN)/ruff check ckpt_cli tests bench examples sample_models
+	$(BIN)/mypy ckpt_cli
 
 ## mutate: break each rule of tests/mutants.toml alone (a copy of the tree); the tests it names must fail.
 ## Exit 1 on a survivor. ONLY=NAME: the mutants whose name contains NAME.

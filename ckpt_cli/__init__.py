@@ -13,6 +13,8 @@ model needs; ``export_training_graph(model, example_inputs, path)`` writes a PyT
 training graph (needs torch: ``pip install 'onnx-ckpt[torch]'``). The ``ckpt`` command line is a thin layer over these functions.
 """
 
+from typing import Any
+
 from .version import __version__
 
 _API = ("inspect_model", "plan_model", "sweep_model", "rewrite_model", "check_models", "CheckOptions",
@@ -21,7 +23,7 @@ _API = ("inspect_model", "plan_model", "sweep_model", "rewrite_model", "check_mo
 __all__ = [*_API, "session_options", "export_training_graph", "__version__"]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     # Imported on first use: `ckpt --help` should not pay for the whole pipeline.
     if name in _API:
         from . import api

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from functools import cached_property, wraps
 from itertools import chain
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Callable, Iterable, ParamSpec, TypeVar, cast
 
 import onnx
 
@@ -25,13 +25,17 @@ from .ops import CONTROL_FLOW_OPS
 ABSENT = ""
 
 
-def gc_paused(f):
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def gc_paused(f: Callable[_P, _R]) -> Callable[_P, _R]:
     """Run ``f`` with Python's cycle collector paused. Indexing and analysing a large graph
     allocates millions of small containers and no garbage cycles; the collections they
     trigger rescan the whole heap, again and again as it grows. Reference counting
     frees everything as usual; collection resumes when ``f`` returns."""
     @wraps(f)
-    def paused(*args, **kwargs):
+    def paused(*args: _P.args, **kwargs: _P.kwargs) -> _R:
         if not gc.isenabled():
             return f(*args, **kwargs)
         gc.disable()
@@ -77,7 +81,7 @@ class Node:
     def has_subgraph(self) -> bool:
         return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in self.proto.attribute)
 
-    def attr(self, name: str, default=None):
+    def attr(self, name: str, default: Any = None) -> Any:
         for a in self.proto.attribute:
             if a.name == name:
                 return onnx.helper.get_attribute_value(a)
@@ -86,7 +90,7 @@ class Node:
     def meta(self, key: str) -> str | None:
         for p in self.proto.metadata_props:
             if p.key == key:
-                return p.value
+                return cast(str, p.value)
         return None
 
 
@@ -264,7 +268,7 @@ class Graph:
     def topological_order(self) -> list[int]:
         """Kahn's algorithm, lowest file index first; raises ModelError on a cycle.
         Computed once per graph (a Graph is not changed after it is built)."""
-        cached = self.__dict__.get("_topological")
+        cached: list[int] | None = self.__dict__.get("_topological")
         if cached is not None:
             return cached
         preds = self.preds
@@ -296,7 +300,7 @@ class Graph:
     def opset(self, domain: str = "") -> int | None:
         for o in self.model.opset_import:
             if o.domain in ((domain,) if domain else ("", "ai.onnx")):
-                return o.version
+                return cast(int, o.version)
         return None
 
 
@@ -361,7 +365,7 @@ def expected_bytes(t: onnx.TensorProto) -> int | None:
     """Bytes the tensor's dims and type need, or None for types of no fixed size."""
     if t.data_type in _NO_FIXED_SIZE:
         return None
-    count = math.prod(t.dims)
+    count: int = math.prod(t.dims)
     if t.data_type in _PACKED_TYPES:
         return (count + 1) // 2
     try:

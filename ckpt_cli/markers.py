@@ -9,6 +9,7 @@ but a name already taken gets ``_recompute_2`` and a user's node may end in
 from __future__ import annotations
 
 import json
+from typing import Any, cast
 from dataclasses import dataclass
 
 import onnx
@@ -65,7 +66,7 @@ def recompute_source(node: Node | onnx.NodeProto) -> str | None:
     if props:  # most nodes have none, and a rewrite asks several times per node
         for p in props:
             if p.key == RECOMPUTE_META:
-                return p.value
+                return cast(str, p.value)
     return None
 
 
@@ -90,7 +91,7 @@ class SessionPlan:
     mem_reuse: bool = True
     session: str = "ckpt"
     mem_pattern_off_input: str | None = None
-    ort_optimize: dict | None = None
+    ort_optimize: dict[str, Any] | None = None
 
     def to_metadata(self) -> dict[str, str]:
         meta = {MEM_REUSE_META: "1" if self.mem_reuse else "0", SESSION_META: self.session}
@@ -108,11 +109,11 @@ class SessionPlan:
                    meta.get(MEM_PATTERN_META), _ort_optimize(meta, path))
 
 
-def _ort_optimize(meta: dict[str, str], path: object) -> dict | None:
+def _ort_optimize(meta: dict[str, str], path: object) -> dict[str, Any] | None:
     if ORT_OPTIMIZE_META not in meta:
         return None
     try:
-        value = json.loads(meta[ORT_OPTIMIZE_META])
+        value: dict[str, Any] = json.loads(meta[ORT_OPTIMIZE_META])
         if value["provider"] in ("cpu", "cuda") and value["level"] in _ORT_LEVELS:
             return value
     except (ValueError, TypeError, KeyError):

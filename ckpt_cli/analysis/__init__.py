@@ -246,7 +246,7 @@ def analyse(graph: Graph, dims: dict[str, int] | None = None, loss: str | None =
                  grad_outputs_given=tuple(grad_outputs) if grad_outputs else None,
                  dims=tuple(sorted((dims or {}).items())), default_dims=tuple(sorted(default_dims)))
     if written is None:
-        a.phases  # noqa: B018 (classified now: its errors belong to loading)
+        a.phases  # noqa: B018 - classified now: its errors belong to loading
     if without_reuse is not None:
         a.__dict__["_without_reuse"] = without_reuse  # profile(False) without walking the graph again
     return a

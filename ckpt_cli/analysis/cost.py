@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import cast
 
 from ..graph import ABSENT, Graph, Node
 from ..ops import MATMUL_OPS, SHAPE_ONLY_OPS, VIEW_OPS
@@ -74,7 +75,7 @@ class NodeCost:
 def _elems(info: TensorInfo | None) -> int | None:
     if info is None or info.shape is None or not all(isinstance(d, int) for d in info.shape):
         return None
-    return math.prod(info.shape)
+    return math.prod(cast(tuple[int, ...], info.shape))  # every dim an int: checked above
 
 
 def _shape(info: TensorInfo | None) -> tuple[int, ...] | None:

@@ -41,13 +41,13 @@ def lifetimes(graph: Graph, order: list[int] | tuple[int, ...]) -> Lifetimes:
             if t >= 0:
                 uses[t] += 1
     resident = [False] * count
-    for t in graph.resident:
-        resident[ids.of[t]] = True
-        uses[ids.of[t]] += 1
+    for name in graph.resident:
+        resident[ids.of[name]] = True
+        uses[ids.of[name]] += 1
     is_output = [False] * count
-    for t in graph.outputs:
-        if t != ABSENT:
-            last_read[ids.of[t]] = steps
-            is_output[ids.of[t]] = True
-            uses[ids.of[t]] += 1
+    for name in graph.outputs:
+        if name != ABSENT:
+            last_read[ids.of[name]] = steps
+            is_output[ids.of[name]] = True
+            uses[ids.of[name]] += 1
     return Lifetimes(steps, last_read, uses, resident, is_output)

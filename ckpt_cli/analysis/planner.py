@@ -52,7 +52,9 @@ class Buffers:
 
 
 def _reuse_key(info: TensorInfo | None):
-    shape = None if info is None else info.planner_shape
+    if info is None:
+        return None
+    shape = info.planner_shape
     # a statically sized tensor is reused by its sizes (symbols bound); a symbolic one by names
     if not shape or (info.static_shape and not all(isinstance(d, int) for d in shape)):
         return None

@@ -152,7 +152,8 @@ def _symbol(one, two, far, dims: tuple[tuple[str, int], ...], factors: dict[str,
         return one
     if not isinstance(two, int) or not isinstance(far, int) or one <= 0 or far % one:
         return None
-    ratio, powers = far // one, {}
+    ratio = far // one
+    powers: dict[str, int] = {}
     for d, _ in dims:
         p = factors.get(d)
         while p is not None and ratio % p == 0:

@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable, cast, overload
 
 from ..graph import ABSENT, Graph, Node
 
@@ -104,7 +104,9 @@ def _evaluate(node: Node, values: dict[str, np.ndarray], tensors: dict[str, Tens
     try:
         from onnx.reference import ReferenceEvaluator
 
-        return np.asarray(ReferenceEvaluator(model).run(None, {t: values[t] for t in names})[0])
+        # run answers a list unless asked for intermediate values
+        outputs = cast(list, ReferenceEvaluator(model).run(None, {t: values[t] for t in names}))
+        return np.asarray(outputs[0])
     except Exception:  # an op the evaluator rejects leaves the value unknown
         return None
 
@@ -116,6 +118,10 @@ def _div(node: Node, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.where((a < 0) != (b < 0), -q, q).astype(np.result_type(a, b))
 
 
+@overload
+def _axes(a: np.ndarray, axes: np.ndarray) -> tuple[int, ...]: ...
+@overload
+def _axes(a: np.ndarray, axes: None = None) -> None: ...
 def _axes(a: np.ndarray, axes: np.ndarray | None = None) -> tuple[int, ...] | None:
     return None if axes is None else tuple(int(x) for x in axes.reshape(-1))
 
@@ -123,7 +129,7 @@ def _axes(a: np.ndarray, axes: np.ndarray | None = None) -> tuple[int, ...] | No
 # numpy for the common ops (the reference evaluator is slow for each node); from
 # opset 13 on, Squeeze and Unsqueeze take their axes as an input.
 _AXES_INPUT = frozenset({"Squeeze", "Unsqueeze"})
-_FAST = {
+_FAST: dict[str, Callable[..., Any]] = {
     "Identity": lambda n, a: a,
     "Add": lambda n, a, b: a + b,
     "Sub": lambda n, a, b: a - b,

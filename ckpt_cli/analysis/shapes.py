@@ -188,8 +188,9 @@ def infer_tensors(graph: Graph, dims: dict[str, int] | None = None, strict: bool
     # Artifacts declare gradients with the batch dimension too: bind it wherever it is declared.
     for v in chain(light.input, light.value_info, light.output):
         _bind(v, dims)
-    name = (graph.path or "model") if strict else None
-    tensors = _with_shape_values(graph, model, _inferred(model, light, strict_for=name), FOLDABLE, strict_for=name)
+    source = (graph.path or "model") if strict else None
+    tensors = _with_shape_values(graph, model, _inferred(model, light, strict_for=source), FOLDABLE,
+                                 strict_for=source)
     blind = _ort_blind_values(graph, tensors)
     if blind:
         _mark_ort_static(graph, model, tensors, blind)
@@ -284,7 +285,7 @@ def _mark_ort_static(graph: Graph, model: onnx.ModelProto, tensors: dict[str, Te
     g.name = light.name
     g.node.extend(n for n in light.node if not cut.intersection(n.output))
     g.input.extend(light.input)
-    g.input.extend(onnx.helper.make_tensor_value_info(t, tensors[t].dtype, list(tensors[t].shape))
+    g.input.extend(onnx.helper.make_tensor_value_info(t, tensors[t].dtype, list(tensors[t].shape or ()))
                    for t in blind if t in tensors and tensors[t].shape is not None)
     g.initializer.extend(light.initializer)
     g.output.extend(light.output)
@@ -425,7 +426,8 @@ def _through_ort_ops(graph: Graph, model: onnx.ModelProto, tensors: dict[str, Te
         kept = [v for v in g.value_info if v.name not in declared]
         del g.value_info[:]
         g.value_info.extend(kept)
-        g.value_info.extend(onnx.helper.make_tensor_value_info(t, i.dtype, list(i.shape)) for t, i in declared.items())
+        g.value_info.extend(onnx.helper.make_tensor_value_info(t, i.dtype, list(i.shape or ()))
+                              for t, i in declared.items())
         m.opset_import.extend(model.opset_import)
         before = {t for t, i in tensors.items() if i.nbytes is not None}
         _merge_sized(tensors, _inferred(m, g))

@@ -80,6 +80,8 @@ def _import_file(source: str):
         raise UsageError(f"{source}: no such file")
     name = "_ckpt_export_" + re.sub(r"\W", "_", path.stem)
     spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:  # a name Python has no loader for (not .py)
+        raise UsageError(f"{source}: not a Python source file")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses and pickling look their module up here
     sys.path.insert(0, str(path.resolve().parent))  # the file's own sibling imports

@@ -6,6 +6,7 @@ import contextlib
 import os
 import re
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -119,7 +120,7 @@ def _save_npz(path: Path, state: dict[str, np.ndarray]) -> None:
         tmp = temp_beside(path)
         try:
             with open(tmp, "wb") as f:  # a file object: np.savez appends .npz to a name
-                np.savez(f, **state)
+                np.savez(f, **cast(dict[str, Any], state))  # numpy's stub: a key might be allow_pickle
             commit(tmp, path, must_create(path))
         finally:
             tmp.unlink(missing_ok=True)

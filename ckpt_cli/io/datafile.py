@@ -131,6 +131,7 @@ class _Hasher:
                 self._failed = e
 
     def _hash_span(self, offset: int, length: int) -> None:
+        assert self._readback is not None  # spans are queued only with a file to read back
         while length > 0:
             chunk = read_back(self._readback, offset, min(length, CHUNK))
             if not chunk:
@@ -156,7 +157,7 @@ class _Hasher:
     def __enter__(self) -> _Hasher:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from itertools import chain
 from pathlib import Path
+from typing import Iterator
 
 import onnx
 from google.protobuf.message import DecodeError
@@ -137,13 +138,13 @@ def _run_checker(model: onnx.ModelProto, path: Path, order: list[int], external:
         raise ModelError(f"{path}: not a valid ONNX model ({first[:300]})") from None
 
 
-def _model_strings(graph: Graph):
+def _model_strings(graph: Graph) -> Iterator[str]:
     g = graph.model.graph
     yield from (v.name for v in chain(g.input, g.output, g.value_info, g.initializer))
     yield from (x for p in graph.model.metadata_props for x in (p.key, p.value))
 
 
-def _node_strings(node: Node):
+def _node_strings(node: Node) -> Iterator[str]:
     yield from chain((node.name, node.op_type, node.domain), node.reads, node.outputs)
     yield from (x for p in node.proto.metadata_props for x in (p.key, p.value))
 

@@ -15,7 +15,8 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from types import FrameType
+from typing import Any, Iterator, NoReturn
 
 
 from ..errors import OutputError, UsageError
@@ -46,7 +47,7 @@ def _umask() -> int:
     return mask
 
 
-def _temp_pattern(name: str) -> re.Pattern:
+def _temp_pattern(name: str) -> re.Pattern[str]:
     """ckpt's temporary files for ``name``: ``.<name>.<pid>.<random>.tmp`` (and the same for
     its data file), plus the older ``.<name>.<random>.tmp``."""
     return re.compile(rf"^\.{re.escape(name)}(\.data)?\.(\d+\.)?[A-Za-z0-9_]{{8}}\.tmp$")
@@ -66,7 +67,8 @@ def remove_stale_temps(path: Path) -> list[Path]:
     """Remove temporary files that killed ckpt runs left for ``path``: only ckpt's own
     pattern, only those whose writer (the pid in the name) is gone, or, for names without
     a pid, older than this process."""
-    pattern, removed = _temp_pattern(path.name), []
+    pattern = _temp_pattern(path.name)
+    removed: list[Path] = []
     try:
         entries = list(os.scandir(path.parent))
     except OSError:
@@ -101,7 +103,7 @@ def temp_beside(path: Path) -> Path:
     return Path(tmp)
 
 
-def _terminated(signum, frame):
+def _terminated(signum: int, frame: FrameType | None) -> NoReturn:
     raise SystemExit(128 + signum)
 
 
@@ -134,11 +136,11 @@ def signals_deferred() -> Iterator[None]:
         return
     held: list[int] = []
 
-    def note(signum, frame):
+    def note(signum: int, frame: FrameType | None) -> None:
         held.append(signum)
 
     # a handler installed from C (getsignal: None) could not be put back: left alone
-    previous = {s: signal.signal(s, note) for s in (signal.SIGINT, signal.SIGTERM)
+    previous: dict[int, Any] = {s: signal.signal(s, note) for s in (signal.SIGINT, signal.SIGTERM)
                 if signal.getsignal(s) is not None}
     try:
         yield
@@ -149,7 +151,7 @@ def signals_deferred() -> Iterator[None]:
             _deliver(held[0], previous[held[0]])
 
 
-def _deliver(signum: int, handler) -> None:
+def _deliver(signum: int, handler: Any) -> None:
     """Handle ``signum`` as ``handler`` (what signal.signal returned) would have."""
     if callable(handler):
         handler(signum, None)

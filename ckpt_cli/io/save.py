@@ -26,6 +26,7 @@ import time
 from contextlib import contextmanager
 from itertools import chain
 from pathlib import Path
+from typing import Iterator
 
 import onnx
 
@@ -109,7 +110,7 @@ def save_model(model: onnx.ModelProto, path: str | Path, source_dir: Path | None
                 journal.unlink(missing_ok=True)
 
 
-def _journal_pattern(name: str) -> re.Pattern:
+def _journal_pattern(name: str) -> re.Pattern[str]:
     return re.compile(rf"^\.{re.escape(name)}\.\d+\.remove$")
 
 
@@ -139,7 +140,7 @@ def _finish_removals(path: Path) -> None:
 
 
 @contextmanager
-def _folder_locked(folder: Path):
+def _folder_locked(folder: Path) -> Iterator[None]:
     """Writers of models into one folder, one at a time: each reads which data files the
     model it replaces points at and removes them after its commit, so two at once could
     remove the data the other's committed model reads. A lock on the folder itself leaves
@@ -266,7 +267,7 @@ def _place_data(tmp: Path, data_path: Path, digest: str, sources: set[Path]) -> 
     return True
 
 
-def data_file_pattern(name: str) -> re.Pattern:
+def data_file_pattern(name: str) -> re.Pattern[str]:
     """The names of the data files ckpt writes for the model ``name`` (``<name>.<hash8>.data``)."""
     return re.compile(rf"^{re.escape(name)}\.[0-9a-f]{{8}}\.data$")
 

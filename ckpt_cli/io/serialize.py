@@ -16,10 +16,11 @@ from __future__ import annotations
 import mmap
 import os
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator, cast
 
 import onnx
 from google.protobuf import unknown_fields
+from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 
 from ..graph import embedded_bytes
@@ -79,7 +80,7 @@ def _write_graph(graph: onnx.GraphProto, write: Write) -> None:
             write(data)
 
 
-def _field_bytes(message: Message, field, value) -> bytes:
+def _field_bytes(message: Message, field: FieldDescriptor, value: Any) -> bytes:
     """The serialization of ``message`` with only this field set."""
     part = type(message)()
     if field.is_repeated:
@@ -88,7 +89,7 @@ def _field_bytes(message: Message, field, value) -> bytes:
         getattr(part, field.name).CopyFrom(value)
     else:
         setattr(part, field.name, value)
-    return part.SerializeToString(deterministic=True)
+    return cast(bytes, part.SerializeToString(deterministic=True))
 
 
 def _has_unknown_fields(message: Message) -> bool:
@@ -111,7 +112,7 @@ def _varint(n: int) -> bytes:
             return bytes(out)
 
 
-def read_model(path: str | Path, stream_min_bytes: int | None = None,
+def read_model(path: str | os.PathLike[str], stream_min_bytes: int | None = None,
                embedded_weights: bool = True) -> onnx.ModelProto:
     """``onnx.load(path, load_external_data=False)``, parsed a piece at a time when the file
     is protobuf of at least ``stream_min_bytes``. Raises DecodeError for a file that is

@@ -86,6 +86,7 @@ def _collect(proc: subprocess.Popen, deadline: float | None, timeout: float | No
     """Read stdout (at most MAX_ANSWER_BYTES) and the tail of stderr until both close, the
     child exits and goes quiet (a grandchild may hold the pipes), or the deadline."""
     out, err = bytearray(), bytearray()
+    assert proc.stdout is not None and proc.stderr is not None  # started with both piped
     with selectors.DefaultSelector() as sel:
         sel.register(proc.stdout, selectors.EVENT_READ, out)
         sel.register(proc.stderr, selectors.EVENT_READ, err)
@@ -141,6 +142,7 @@ def _end_group(proc: subprocess.Popen) -> None:
         pass
     proc.wait()
     for f in (proc.stdout, proc.stderr):
+        assert f is not None  # started with both piped
         f.close()
 
 
@@ -212,7 +214,7 @@ def _check_member(z: zipfile.ZipFile, info: zipfile.ZipInfo) -> None:
         raise ValueError(f"member {info.filename[:80]!r} claims {need} bytes and holds {info.file_size - header}")
 
 
-def _short(e: BaseException, limit: int = 200) -> str:
+def _short(e: BaseException | str, limit: int = 200) -> str:
     text = " ".join(str(e).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
 

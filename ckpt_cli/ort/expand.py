@@ -22,6 +22,7 @@ import tempfile
 from functools import lru_cache
 from itertools import chain
 from pathlib import Path
+from typing import Any
 
 import onnx
 
@@ -54,7 +55,7 @@ def _run_as_is_key(graph: Graph, opsets: dict[str, int]):
 @lru_cache(maxsize=None)
 def _has_function(op_type: str, domain: str, opset: int) -> bool:
     try:
-        schema = onnx.defs.get_schema(op_type, opset, domain)
+        schema: Any = onnx.defs.get_schema(op_type, opset, domain)  # onnx's stub lacks has_function
     except Exception:  # unknown op: nothing to expand from onnx's side
         return False
     return bool(schema.has_function or schema.has_context_dependent_function)

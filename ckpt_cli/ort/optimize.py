@@ -22,6 +22,7 @@ import sys
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import cast
 
 import onnx
 
@@ -235,9 +236,9 @@ def _restore(optimized: Graph, rewritten: Graph) -> tuple[Graph, int]:
     succs = optimized.succs
     for i in reversed(optimized.topological_order()):
         if place[i] is None:
-            later = [place[j] for j in succs[i] if place[j] is not None]
+            later = [p for p in (place[j] for j in succs[i]) if p is not None]
             place[i] = min(later) - 0.5 if later else float(len(rewritten.nodes))
-    order = _sorted_by(optimized, place)
+    order = _sorted_by(optimized, cast(list[float], place))  # every place is set by now
     protos = []
     for i in order:
         node, kept = optimized.nodes[i], source[i]

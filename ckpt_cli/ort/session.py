@@ -18,7 +18,7 @@ from ..io.serialize import read_model
 from ..verify.settings import ckpt_session_settings, ort_default_session_settings
 
 
-def recorded_settings(path: str | Path) -> dict:
+def recorded_settings(path: str | os.PathLike[str]) -> dict:
     """The session settings recorded in a ckpt-written model (plain data, no ORT import).
     A model ckpt did not write gets the settings ckpt's check runs originals with."""
     if not isinstance(path, (str, os.PathLike)):  # a ModelProto's text would fill the message

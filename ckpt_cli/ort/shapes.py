@@ -11,7 +11,7 @@ rules were checked against the arrays ORT 1.19.2's training build returns.
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, cast
 
 import numpy as np
 from onnx import TensorProto
@@ -65,7 +65,7 @@ Rule = Callable[[Inputs], dict[int, Typed]]
 def _same_as(mapping: dict[int, int]) -> Rule:
     """Output position -> the input position whose type and shape it has."""
     def rule(x: Inputs) -> dict[int, Typed]:
-        return {out: x.typed(src) for out, src in mapping.items() if x.typed(src) is not None}
+        return {out: found for out, src in mapping.items() if (found := x.typed(src)) is not None}
     return rule
 
 
@@ -110,7 +110,7 @@ def _max_pool_grad(x: Inputs) -> dict[int, Typed]:
 
 
 def _conv_grad(x: Inputs) -> dict[int, Typed]:
-    out = {pos: x.typed(src) for pos, src in ((0, 1), (1, 2)) if x.typed(src) is not None}
+    out = {pos: found for pos, src in ((0, 1), (1, 2)) if (found := x.typed(src)) is not None}
     w = x.shape(2)
     if w:
         out[2] = (x.dtype(2), (w[0],))
@@ -147,7 +147,7 @@ def _rnn_grad(gates: int, states: Sequence[tuple[int, int]], peephole: bool) -> 
     """LSTMGrad / GRUGrad: dX, dW, dR like X, W, R; dB [dirs, 2*gates*hidden]; initial
     state gradients like the states (``states``: (output, input) positions)."""
     def rule(x: Inputs) -> dict[int, Typed]:
-        out = {pos: x.typed(pos) for pos in (0, 1, 2) if x.typed(pos) is not None}
+        out = {pos: found for pos in (0, 1, 2) if (found := x.typed(pos)) is not None}
         dims = _rnn_dims(x, gates)
         if dims is not None:
             _, dirs, batch, hidden = dims
@@ -173,9 +173,9 @@ def _scalar_loss(x: Inputs) -> dict[int, Typed]:
 
 def _accumulator(x: Inputs) -> dict[int, Typed]:
     """InPlaceAccumulatorV2: a one-element flag and the accumulation buffer."""
-    out = {0: (TensorProto.BOOL, (1,))}
-    if x.typed(0) is not None:
-        out[1] = x.typed(0)
+    out: dict[int, Typed] = {0: (TensorProto.BOOL, (1,))}
+    if (typed := x.typed(0)) is not None:
+        out[1] = typed
     return out
 
 
@@ -183,14 +183,15 @@ def _concat_training(x: Inputs) -> dict[int, Typed]:
     """ConcatTraining (ORT's training Concat): the concatenation, and the input lengths."""
     names = [t for t in x.node.inputs if t]
     shapes = [x.typed_tensor(t) for t in names]
-    out = {1: (TensorProto.INT64, (len(names),))}
+    out: dict[int, Typed] = {1: (TensorProto.INT64, (len(names),))}
     if names and all(s is not None for s in shapes):
-        first = shapes[0][1]
+        known = cast(list[Typed], shapes)  # none is None: checked above
+        first = known[0][1]
         axis = x.attr("axis", 0)
         axis = axis + len(first) if axis < 0 else axis
-        along = [s[1][axis] for s in shapes]
+        along = [s[1][axis] for s in known]
         if all(isinstance(d, int) for d in along):
-            out[0] = (shapes[0][0], tuple(first[:axis]) + (sum(along),) + tuple(first[axis + 1:]))
+            out[0] = (known[0][0], tuple(first[:axis]) + (sum(along),) + tuple(first[axis + 1:]))
     return out
 
 
@@ -205,7 +206,7 @@ def _split_lengths(x: Inputs, along: int, outputs: int) -> Optional[list[int]]:
         shapes = [x.typed_tensor(t) for t in concat.inputs if t]
         axis = concat.attr("axis", 0)
         if all(s is not None for s in shapes):
-            lengths = [s[1][axis] for s in shapes]
+            lengths = [s[1][axis] for s in cast(list[Typed], shapes)]  # none is None: checked above
             return lengths if all(isinstance(d, int) for d in lengths) else None
     if len(x.node.inputs) < 2 or not x.node.inputs[1]:
         return [along // outputs] * outputs if isinstance(along, int) and along % outputs == 0 else None
@@ -262,11 +263,11 @@ def _broadcast_gradient_args(x: Inputs) -> dict[int, Typed]:
 
 def _reduce_sum_training(x: Inputs) -> dict[int, Typed]:
     """ReduceSumTraining(data, axes): ReduceSum with the axes as an input (a shape value)."""
-    typed, axes = x.typed(0), x.value(1)
-    if typed is None or axes is None:
+    typed, axes_value = x.typed(0), x.value(1)
+    if typed is None or axes_value is None:
         return {}
     dtype, shape = typed
-    axes = {int(a) % len(shape) for a in axes.reshape(-1)} if len(shape) else set()
+    axes = {int(a) % len(shape) for a in axes_value.reshape(-1)} if len(shape) else set()
     if not axes and x.attr("noop_with_empty_axes", 0):
         return {0: typed}
     keep = x.attr("keepdims", 1)

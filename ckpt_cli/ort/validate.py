@@ -233,6 +233,7 @@ def check_on_ort(graph: Graph, path: Path, order: list[int]) -> None:
     ops), its ONNX-domain nodes that only ORT registers, on their own."""
     model = graph.model
     ort_module()
+    light: onnx.ModelProto | None
     if ort_resolvable(model):
         light = weightless_copy(model, (model.graph.node[i] for i in order), inline_bytes=_INLINE_BYTES)
     else:

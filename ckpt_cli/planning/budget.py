@@ -84,6 +84,7 @@ class BudgetSearch:
         if self.write is None:
             return planned
         planned.written = self.write(planned)
+        assert planned.search is not None  # ``searched`` always records its search
         guards = self.peak(planned.written) - planned.search.peak_bytes
         if self.peak(planned.written) <= budget:
             return self.cheaper_as_written(planned, budget)
@@ -103,8 +104,9 @@ class BudgetSearch:
         """A near miss of the search whose written (pinned) graph fits and recomputes less
         than ``planned``'s, if one does: the search judged it unpinned. A near miss whose
         written graph is over by ``d`` bytes is tried again keeping ``d`` bytes fewer."""
+        assert planned.search is not None and self.write is not None  # called by ``run`` with both
         for miss in planned.search.near_misses:
-            plan: Plan | None = miss.plan
+            plan = miss.plan
             fewer = 0
             for _ in range(1 + WRITTEN_SHIFTS):
                 written = self.write(Planned(plan, budget))
@@ -114,13 +116,15 @@ class BudgetSearch:
                 if peak <= budget:
                     return self._as_written(planned, plan, written, budget)
                 fewer += peak - budget
-                plan = miss.leaner(fewer)
-                if plan is None:
+                leaner = miss.leaner(fewer)
+                if leaner is None:
                     break
+                plan = leaner
         return planned
 
     def _as_written(self, planned: Planned, plan: Plan, written, budget: int) -> Planned:
         peak = self.peak(written)
+        assert planned.search is not None  # as in ``cheaper_as_written``
         plan.notes.append(f"pinned, its written peak {human_bytes(peak)} <= budget {human_bytes(budget)} (the search's "
                           "unpinned rewrite was over)")
         search = replace(planned.search, plan=plan, peak_bytes=peak, recompute_flops=written.recompute_flops,
@@ -160,6 +164,7 @@ class BudgetSearch:
                 or (beat is not None and heuristic.recompute_flops > EXACT_AGAIN_WITHIN * beat)):
             return heuristic
         ev = self.evaluator
+        assert ev.limit is not None  # ``searched`` set it before any structure search
         try:
             exact_there = optimal_plan(self.a, ev.limit, ev.cost, ev.intervals, [heuristic.structure], self.strategy)
         except BudgetUnreachable:

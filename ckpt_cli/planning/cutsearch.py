@@ -82,6 +82,7 @@ def search_cuts(a: Analysis, budget: int, evaluate: Callable[[Plan], PlanCost], 
 
     def measure(cut: Cut) -> tuple[Judged, Intervals]:
         """``judge`` with the rewrite's memory over its schedule (one rewrite for both)."""
+        assert intervals_of is not None  # a lean search checks it before it measures
         plan = plan_of(cut)
         intervals = intervals_of(plan)
         judged[(cut.copied, cut.kept)] = Judged(cut, plan, intervals.cost)
@@ -231,7 +232,8 @@ def _aim_richer(aiming: _Aiming, intervals: Intervals, fit: int, over: int, fail
     added = {k: keep_all_limit(intervals.timeline, intervals.spans,
                                {t: sizes.get(t, 0) for t in corners[k].kept if t in intervals.spans}) - model
              for k in range(over + 1, fit)}
-    share, shift = 1.0, 0  # real bytes per estimated byte (raised by a shortfall); bytes the estimate is above
+    share = 1.0  # real bytes per estimated byte (raised by a shortfall)
+    shift: float = 0  # bytes the estimate is above
 
     def estimate(k: int) -> float:
         return ground + shift + share * added[k]
@@ -287,9 +289,10 @@ def _shift_richer_corners(problem: Problem, richer: list[Cut], best: Judged | No
     for corner in near[:SHIFTED_CORNERS]:
         cut = corner
         for _ in range(SHIFTS):
-            cut = solve_bytes(problem, cut.kept_bytes - over(cut))
-            if cut is None or over(cut) <= 0:
+            shifted = solve_bytes(problem, cut.kept_bytes - over(cut))
+            if shifted is None or over(shifted) <= 0:
                 break
+            cut = shifted
 
 
 def _bisect_next_richer(problem: Problem, richer: list[Cut], best: Judged, judge, fits) -> None:
@@ -355,6 +358,7 @@ def cut_budget_plan(a: Analysis, budget: int, evaluate: Callable[[Plan], PlanCos
     evaluations = len(found.judged) + (old.evaluations if old is not None else 0)
     polish = thorough or len(a.graph.nodes) <= FINAL_POLISH_NODES
     if found.best is None or (old is not None and old.recompute_flops < found.best.cost.recompute_flops):
+        assert old is not None  # with no cut found, the fallback answered or raised
         old.evaluations = evaluations
         old.near_misses = _near_misses(found, budget, old.recompute_flops) if cuts_thorough else ()
         return polished(a, old, evaluate, budget, policy) if polish else old

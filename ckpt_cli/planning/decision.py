@@ -10,7 +10,7 @@ reason is recorded where the choice is made, never rebuilt from strategy names.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Iterable, Mapping
+from typing import AbstractSet, Any, Iterable, Mapping
 
 from ..analysis import Analysis
 from ..ops import RANDOM_OPS, is_recomputable
@@ -116,7 +116,7 @@ def all_kept(a: Analysis, reason: Reason) -> dict[str, Decision]:
 def region_decisions(a: Analysis, regions: Iterable, keep: Reason = IN_PLAN) -> dict[str, Decision]:
     """A region plan's intent: a buffer made inside a region is recomputed unless the
     region keeps it (for ``keep``); one made outside every region is kept."""
-    owner: dict[int, object] = {}
+    owner: dict[int, Any] = {}
     for r in regions:
         for i in r.nodes:
             owner.setdefault(i, r)
@@ -132,7 +132,7 @@ def region_decisions(a: Analysis, regions: Iterable, keep: Reason = IN_PLAN) -> 
     return out
 
 
-def cut_decisions(a: Analysis, copied: set[int]) -> dict[str, Decision]:
+def cut_decisions(a: Analysis, copied: AbstractSet[int]) -> dict[str, Decision]:
     """A min cut's choice: buffers whose producer it copies are recomputed, the others
     kept because the cut found that cheaper (or because their producer cannot be copied)."""
     out: dict[str, Decision] = {}

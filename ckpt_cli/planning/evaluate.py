@@ -91,8 +91,8 @@ class PlanEvaluator:
         self.evaluations = 0
         self.results: dict[int, Any] = {}
         self.best_plan: Plan | None = None
-        self.best_result = None
-        self.unchanged = None  # the rewrite of the plan that recomputes nothing
+        self.best_result: Any = None
+        self.unchanged: Any = None  # the rewrite of the plan that recomputes nothing
 
     def restart(self, limit: int) -> None:
         """A new search over the same graph (orders stay cached): no fit found yet."""

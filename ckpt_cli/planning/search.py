@@ -92,9 +92,9 @@ def with_keep(plan: Plan, keep: set[str], strategy: str, producer: Mapping[str, 
             home.setdefault(i, k)
     extra: list[set[str]] = [set() for _ in plan.regions]
     for t in keep:
-        k = home.get(producer.get(t, -1))
-        if k is not None:
-            extra[k].add(t)
+        at = home.get(producer.get(t, -1))
+        if at is not None:
+            extra[at].add(t)
     regions = [Region(r.name, set(r.nodes), set(r.keep) | extra[k]) for k, r in enumerate(plan.regions)]
     return Plan(regions, strategy, list(plan.notes), decisions=kept_instead(plan.decisions, keep, budget_reason))
 

@@ -78,9 +78,12 @@ def optimal_plan(a: Analysis, budget: int, evaluate: Evaluate, intervals_of: Int
 
     def search(structure: Plan, floor: Intervals) -> tuple[BudgetResult | None, int]:
         ranked = candidates(a, structure)[:MAX_CANDIDATES]
+
+        def solve(limit: int, r: list[Candidate] = ranked, f: Intervals = floor) -> set[str] | None:
+            return _solve(r, f.spans, f.timeline, limit)
+
         fitted, spent = search_limits(
-            KeepJudge(structure, strategy, evaluate, budget, a.graph.producer),
-            lambda limit, r=ranked, f=floor: _solve(r, f.spans, f.timeline, limit), floor, ranked, thorough=True)
+            KeepJudge(structure, strategy, evaluate, budget, a.graph.producer), solve, floor, ranked, thorough=True)
         if fitted is None:
             return None, spent
         return result_of(fitted, ranked, structure, "MILP keeps {kept} of {total} stashed activations"), spent

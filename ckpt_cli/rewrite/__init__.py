@@ -97,6 +97,7 @@ def _decisions(a: Analysis, plan: Plan | None, surgery: Surgery) -> dict[str, De
     rec = surgery.recompute
     if rec is None:
         return dict(plan.decisions) if plan is not None else {}
+    assert plan is not None  # only a plan with regions recomputes
     return settle(plan.decisions or region_decisions(a, plan.regions), rec.found, rec.recomputed)
 
 
@@ -115,6 +116,7 @@ def pinned(a: Analysis, result: RewriteResult) -> RewriteResult:
         return replace(result, pinned=guarded)
     # Only with copies: buffers parked across the recompute gap are theirs to lose.
     fresh = unshare(guarded.graph, guarded.tensors, result.mem_reuse, frozenset(forward_names))
+    assert fresh.profile is not None and fresh.arena is not None  # unshare sets both
     after = _analyse_written(a, fresh.graph, fresh.tensors, Written(fresh.profile, result.mem_reuse))
     after.remember_arena(result.mem_reuse, fresh.arena)
     return replace(result, graph=fresh.graph, after=after, pinned=guarded, fresh=fresh)

@@ -92,9 +92,11 @@ def _kept_tensors(a: Analysis, plan: Plan, owner: dict[int, int], recomputable: 
         node = g.nodes[i]
         if not recomputable[i]:
             kept.update(t for t in node.outputs if t != ABSENT)
+            fixed = fixed_reason(node)
+            assert fixed is not None  # is_recomputable is False exactly where fixed_reason names why
             for t in node.outputs:
                 if t != ABSENT:
-                    record(found, a.roots.get(t, t), fixed_reason(node))
+                    record(found, a.roots.get(t, t), fixed)
         for t in node.inputs:
             p = g.producer.get(t)
             if p is not None and owner.get(p, r) != r:

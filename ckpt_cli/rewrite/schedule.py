@@ -98,7 +98,7 @@ def choose_order_and_reuse(a: Analysis, candidates: list[Graph], tensors) -> tup
     The arena replay costs as much as the simulation, and the arena never has fewer bytes
     in use than the live tensors: options are replayed from the lowest tensor peak up, and
     one whose tensor peak already exceeds the best arena peak found is not replayed."""
-    simulated = []
+    simulated: list[tuple] = []
     for graph in _distinct(candidates):
         for reuse, profile in zip((True, False), simulate_both(graph, list(range(len(graph.nodes))), tensors)):
             scale = 1.0 if reuse else 1 / (1 - MEM_REUSE_OFF_MARGIN)
@@ -125,6 +125,7 @@ def choose_order_and_reuse(a: Analysis, candidates: list[Graph], tensors) -> tup
         if not reuse and max(in_use, profile.activation_peak_bytes) > clearly_lower():
             continue
         best = option
+    assert best is not None  # each candidate's reuse-on option is taken unless a better one was
     return best[3:]
 
 

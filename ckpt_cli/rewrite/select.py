@@ -59,23 +59,24 @@ def make_plan(a: Analysis, options: PlanOptions | None = None, *, progress: Call
     options.validate()
     policy = options.policy
     if options.searches_budget:
-        ruled = lambda plan: apply_policy(plan, policy, a.graph)  # noqa: E731
+        ruled = lambda plan: apply_policy(plan, policy, a.graph)  # noqa: E731 - a one-line closure
         evaluator = PlanEvaluator(a, rewrite, ruled=ruled, progress=progress, measure=ort_peak)
         write = (lambda planned: rewrite_plan(a, planned)) if pin else None
+        assert options.budget is not None  # validate: a budget search has one
         return BudgetSearch(evaluator, options.auto, policy, write).run(parse_budget(options.budget,
                                                                                    a.ort_peak_bytes))
     if options.activation_budget is not None:
         plan, record = activation_budget_plan(a, options.activation_budget, policy)
         return Planned(apply_policy(plan, policy, a.graph), user=True, activation=record)
     if options.auto is not None and options.auto != MIN_PEAK:
-        plan = STRATEGIES[options.auto](a)
-        if plan is None:
+        named = STRATEGIES[options.auto](a)
+        if named is None:
             raise UsageError(f"--auto {options.auto}: no repeated layers found in this graph; try --auto sqrt")
-        return Planned(apply_policy(plan, policy, a.graph), user=True)
+        return Planned(apply_policy(named, policy, a.graph), user=True)
     if options.manual:
-        chosen = choose_plan(a, list(options.regions), options.regions_by_scope, list(options.boundaries),
+        marked = choose_plan(a, list(options.regions), options.regions_by_scope, list(options.boundaries),
                              options.plan_file)
-        return Planned(apply_policy(chosen, policy, a.graph), user=True)
+        return Planned(apply_policy(marked, policy, a.graph), user=True)
     evaluator = PlanEvaluator(a, rewrite, progress=progress, keep_results=True)
     # An ORT artifact runs in the Module API's untuned session, whose fusions must treat the
     # recompute copies as the originals for bit-identical training: measured so for the
@@ -102,6 +103,7 @@ def knee_or_lowest(a: Analysis, knee: Planned, lowest: Planned, pin: bool) -> Pl
     written = rewrite_plan(a, knee, pin)
     if written.no_gain is None:
         return replace(knee, written=written if pin else None)
+    assert lowest.plan is not None and knee.knee is not None  # the default passes up the lowest at a knee
     lowest.plan.notes.append(f"the knee gains nothing ({written.no_gain}): the default takes the lowest peak")
     return replace(lowest, knee=replace(knee.knee, passed_over=written.no_gain))
 
@@ -116,7 +118,7 @@ def rewrite_plan(a: Analysis, planned: Planned | None, pin: bool = True) -> Rewr
         result = pinned(a, planned.result) if pin else planned.result
     else:
         result = rewrite(a, planned.plan if planned is not None else None, pin)
-    result.after.phases  # noqa: B018 (a written graph left without a backward is refused before it is saved)
+    result.after.phases  # noqa: B018 - evaluated: a graph left without a backward is refused before it is saved
     if planned is not None and planned.plan is not None:
         result = replace(result, notes=empty_region_notes(result))
     return never_worse(a, planned, result)

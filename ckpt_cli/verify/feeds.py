@@ -39,6 +39,7 @@ import os
 import stat
 import zlib
 from collections import deque
+from typing import Any, cast
 
 import numpy as np
 import onnx
@@ -46,12 +47,12 @@ from onnx import TensorProto, numpy_helper
 
 FALLBACK_INT_BOUND = 2
 
-_FLOAT_TYPES = {
+_FLOAT_TYPES: dict[int, Any] = {
     TensorProto.FLOAT: np.float32,
     TensorProto.FLOAT16: np.float16,
     TensorProto.DOUBLE: np.float64,
 }
-_INT_TYPES = {
+_INT_TYPES: dict[int, Any] = {
     TensorProto.INT8: np.int8, TensorProto.INT16: np.int16, TensorProto.INT32: np.int32,
     TensorProto.INT64: np.int64, TensorProto.UINT8: np.uint8, TensorProto.UINT16: np.uint16,
     TensorProto.UINT32: np.uint32, TensorProto.UINT64: np.uint64,
@@ -102,12 +103,12 @@ def _tensor_type(vi):
     return t.tensor_type
 
 
-def _declared_dims(vi) -> list:
+def _declared_dims(vi) -> list | None:
     """[int | str | None] for each axis; str = dim_param, None = unknown."""
     tt = _tensor_type(vi)
     if not tt.HasField("shape"):
         return None
-    out = []
+    out: list[int | str | None] = []
     for d in tt.shape.dim:
         if d.HasField("dim_value"):
             out.append(int(d.dim_value))
@@ -320,7 +321,7 @@ def make_feeds(model, seed: int = 0, dims: dict | None = None) -> dict:
 
 def save_feeds(path, feeds: dict) -> None:
     """Write feeds as an .npz file (one array per input name)."""
-    np.savez(os.fspath(path), **{k: np.asarray(v) for k, v in feeds.items()})
+    np.savez(os.fspath(path), **cast(dict[str, Any], {k: np.asarray(v) for k, v in feeds.items()}))
 
 
 def feed_dims(model, feeds: dict) -> dict[str, tuple[int, str]]:
@@ -328,7 +329,8 @@ def feed_dims(model, feeds: dict) -> dict[str, tuple[int, str]]:
     the first input that shows it."""
     sizes: dict[str, tuple[int, str]] = {}
     for vi in graph_inputs(_as_model(model)):
-        for d, size in zip(_declared_dims(vi) or (), np.shape(feeds.get(vi.name))):
+        # np.shape(None) is (): an input without a feed shows no sizes
+        for d, size in zip(_declared_dims(vi) or (), np.shape(cast(Any, feeds.get(vi.name)))):
             if isinstance(d, str):
                 sizes.setdefault(d, (int(size), vi.name))
     return sizes
@@ -358,7 +360,7 @@ def load_feeds(path, model) -> dict:
         if "pickle" in str(e):  # numpy suggests allow_pickle: never load pickled objects
             raise FeedError(f"feeds file {path} is not an .npz archive of arrays (numpy.savez)") from None
         raise FeedError(f"cannot read feeds file {path}: {' '.join(str(e).split())}") from None
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001 - numpy's reader raises many types on a bad file
         raise FeedError(f"cannot read feeds file {path}: {' '.join(str(e).split())}") from None
     inputs = graph_inputs(model)
     names = [vi.name for vi in inputs]

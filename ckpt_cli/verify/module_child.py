@@ -192,7 +192,7 @@ def train(spec: dict) -> dict:
     inputs = _inputs(np, spec["feeds"], names)
     try:
         measured = run_steps(module, optimizer, [inputs] * spec["steps"], spec["seed"])
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001 - ORT's training errors have no common type
         raise ChildError("run_failed", f"{type(e).__name__}: {_one_line(e)}") from None
     measured.pop("losses")  # a NaN has no JSON number: the hex strings carry every loss
     return {"ok": True, **measured, "input_names": names, "ort_version": ort.__version__,

@@ -16,7 +16,7 @@ from __future__ import annotations
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Sequence, cast
 
 from ..analysis import Analysis
 from ..errors import CkptError
@@ -128,10 +128,11 @@ def choose_in_plain(a: Analysis, candidates: Sequence[RewriteResult], settings_p
         peaks = [plain_peak(a, r, Path(tmp), f"plan{i}") for i, r in enumerate(candidates)]
     if base is None or any(p is None for p in peaks):
         return None
+    known = cast(list[int], peaks)  # none is None: checked above
     step = a.forward_flops + a.backward_flops
-    points = [Point(p, f) for p, f in zip(peaks, recompute)]
+    points = [Point(p, f) for p, f in zip(known, recompute)]
     chosen = knee_index(points, base, step)
-    judged = tuple(PlainJudged(f, s, p) for f, s, p in zip(recompute, settings_peaks, peaks))
+    judged = tuple(PlainJudged(f, s, p) for f, s, p in zip(recompute, settings_peaks, known))
     return PlainChoice(base, judged, chosen, step)
 
 

@@ -262,7 +262,9 @@ def plain_session_note(f: "CheckFigures", tolerant: bool) -> None:
     err, fused = plain.error, plain.fused_error
     if err is None or abs(err) <= limit:
         return
-    said = (f"under ORT's default settings the rewrite measures {f.measured.rewritten_ort_default.peak_bytes} B; "
+    measured = f.measured.rewritten_ort_default
+    assert measured is not None  # the plain error is against this measurement
+    said = (f"under ORT's default settings the rewrite measures {measured.peak_bytes} B; "
             f"ckpt predicted {plain.predicted} B ({err:+.1%}) on the file's graph, where ORT runs its "
             "ORT_ENABLE_ALL fusions")
     if fused is None:

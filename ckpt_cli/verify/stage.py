@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import tempfile
+from typing import overload
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, is_dataclass, replace
 from pathlib import Path
@@ -68,9 +69,15 @@ class Measurement:
     peak_above_baseline_bytes: int | None
     peak_requested_bytes: int | None  # tensor bytes, baseline removed
     time_s: float | None
-    method: str
-    runs: list
+    method: str | None
+    runs: list | None
 
+    @overload
+    @classmethod
+    def of(cls, summary: driver.RunSummary) -> "Measurement": ...
+    @overload
+    @classmethod
+    def of(cls, summary: None) -> None: ...
     @classmethod
     def of(cls, summary: driver.RunSummary | None) -> "Measurement | None":
         if summary is None:

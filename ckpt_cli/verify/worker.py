@@ -87,6 +87,7 @@ import statistics
 import sys
 import tempfile
 import time
+from typing import Any, cast
 
 KERNEL_SUFFIX = "_kernel_time"
 
@@ -198,7 +199,7 @@ def _load_feeds(np, path: str, session) -> dict:
     try:
         with np.load(path, allow_pickle=False) as z:
             feeds = {k: z[k] for k in z.files}
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001 - numpy's reader raises many types on a bad file
         raise WorkerError("bad_feeds", f"cannot read feeds {path}: {_one_line(e)}") from None
     inputs = session.get_inputs()
     names = [i.name for i in inputs]
@@ -314,10 +315,11 @@ def _make_session(ort, model: str, so, provider: str, settings: dict):
         providers = [(prov_name, dict(settings["provider_options"])), "CPUExecutionProvider"]
     else:
         providers = ["CPUExecutionProvider"]
+    err: Exception | None
     with _capture_fd2() as log:
         try:
             sess = ort.InferenceSession(model, so, providers=providers)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 - ORT's errors have no common type
             err = e
         else:
             err = None
@@ -348,7 +350,7 @@ def _measure_profiler(ort, np, spec, settings, feeds_path, warnings):
     sess = _make_session(ort, spec["model"], so, provider, settings)
     feeds = _load_feeds(np, feeds_path, sess)
     times = []
-    out = None
+    out: Any = None
     try:
         for i in range(spec["runs"] + 1):
             out = None  # outputs of the previous run live in the arena: drop them first
@@ -356,7 +358,7 @@ def _measure_profiler(ort, np, spec, settings, feeds_path, warnings):
             out, dt = _run_once(sess, feeds)
             if i > 0:
                 times.append(dt)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001 - ORT's errors have no common type
         raise WorkerError("run_failed", _one_line(e)) from None
     names = [o.name for o in sess.get_outputs()]
     profile = sess.end_profiling()
@@ -377,7 +379,7 @@ def _measure_profiler(ort, np, spec, settings, feeds_path, warnings):
     # versions); then the last runs are cut short.  The order is static, so fall
     # back to the fullest run and say so.
     order_src = runs[-1][1] if runs else []
-    fullest = max((r[1] for r in all_runs), key=len, default=[])
+    fullest: list = max((r[1] for r in all_runs), key=len, default=[])
     if len(order_src) < len(fullest):
         warnings.append(f"profiler recorded {len(order_src)} of {len(fullest)} node events in "
                         "the last run (event limit?); executed_order taken from a fuller run, "
@@ -406,7 +408,8 @@ def _measure_process_peak(ort, np, spec, settings, feeds_path, warnings):
                           arena=None if with_arena else False)
     sess = _make_session(ort, spec["model"], so, spec["provider"], settings)
     feeds = _load_feeds(np, feeds_path, sess)
-    per_run, out, start = [], None, None
+    per_run, start = [], None
+    out: Any = None
     try:
         for i in range(spec["runs"] + 1):
             out = None
@@ -420,7 +423,7 @@ def _measure_process_peak(ort, np, spec, settings, feeds_path, warnings):
                                 "time_s": dt})
     except WorkerError:
         raise
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001 - ORT's errors have no common type
         raise WorkerError("run_failed", _one_line(e)) from None
     names = [o.name for o in sess.get_outputs()]
     return per_run, dict(zip(names, out))
@@ -481,7 +484,7 @@ def _process_peak_main(spec: dict) -> dict:
     warnings: list = []
     runs, outputs = _measure_process_peak(ort, np, spec, settings, spec["feeds"], warnings)
     if spec.get("outputs"):
-        np.savez(spec["outputs"], **{k: np.asarray(v) for k, v in outputs.items()})
+        np.savez(spec["outputs"], **cast(dict[str, Any], {k: np.asarray(v) for k, v in outputs.items()}))
     return {"ok": True, "runs": runs, "warnings": warnings}
 
 
@@ -526,7 +529,7 @@ def _import_runtime():
     try:
         import numpy as np
         import onnxruntime as ort
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001 - any import failure: reported as load_failed
         raise WorkerError("load_failed", f"cannot import numpy/onnxruntime under "
                                          f"{sys.executable}: {_one_line(e)}") from None
     return np, ort
@@ -589,7 +592,7 @@ def _save_outputs(np, spec: dict, outputs: dict) -> None:
         return
     try:
         np.savez(spec["outputs"], **{k: np.asarray(v) for k, v in outputs.items()})
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001 - any write failure: reported as run_failed
         raise WorkerError("run_failed", f"cannot write outputs: {_one_line(e)}") from None
 
 
@@ -618,7 +621,7 @@ def probe(provider: str, model: str) -> dict:
     """Can `provider` really run `model` here?  (used by check.resolve_provider)"""
     try:
         import onnxruntime as ort
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001 - any import failure: the provider cannot run
         return {"ok": False, "kind": "load_failed", "message": _one_line(e)}
     settings = {"execution_order": "PRIORITY_BASED", "graph_optimization_level": "ORT_DISABLE_ALL",
                 "enable_mem_pattern": False, "enable_cpu_mem_arena": True, "config_entries": {},
