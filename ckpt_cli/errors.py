@@ -19,7 +19,7 @@ class CkptError(Exception):
 
     exit_code = EXIT_BAD_INPUT
     # the report of what was done before the failure (a rewrite written before its check failed)
-    report: dict | None = None
+    report: dict[str, object] | None = None
 
 
 class ModelError(CkptError):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+from typing import IO, cast
 
 from rich import box
 from rich.console import Console
@@ -46,7 +47,8 @@ def make_console(quiet: bool = False, file=None) -> Console:
     piped = not file.isatty()
     plain = piped or bool(os.environ.get("NO_COLOR"))
     width = _PIPED_WIDTH if piped else 100 if plain else None
-    return _Console(file=_TrimmedLines(file) if piped else file, no_color=plain, highlight=False, width=width,
+    out = cast(IO[str], _TrimmedLines(file)) if piped else file  # a file in all rich calls on it
+    return _Console(file=out, no_color=plain, highlight=False, width=width,
                     soft_wrap=False, quiet=quiet, emoji=False)
 
 
