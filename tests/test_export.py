@@ -11,80 +11,35 @@ reason (and under CI=true the suite fails: see conftest.py).
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
 import shutil
 import subprocess
 import sys
-import tempfile
-import time
 
 import onnx
 import pytest
 from click.testing import CliRunner
 from conftest import ROOT
+from fixtures.venvs import VenvSpec, built_python
 
 from ckpt_cli.cli import main
 
-VENV = ROOT / ".venv-torch"
-READY = VENV / ".ckpt-ready"
 MODELS = ROOT / "tests" / "fixtures" / "export_models.py"
 TORCH_VERSION = "2.13.0"
 _PROBE = f"import torch, onnxscript, ckpt_cli; assert torch.__version__.split('+')[0] == {TORCH_VERSION!r}"
 
 
-def _has_torch(python: str) -> bool:
-    try:
-        return subprocess.run([python, "-c", _PROBE], capture_output=True, timeout=120,
-                              env=dict(os.environ, PYTHONPATH=str(ROOT))).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-
-
-@contextlib.contextmanager
-def _build_lock():
-    with open(os.path.join(tempfile.gettempdir(), "ckpt-torch-venv.lock"), "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
-def _tail(text: str, n: int = 3) -> str:
-    lines = [line for line in text.strip().splitlines() if not line.startswith("WARNING: Location")]
-    return " | ".join(lines[-n:]) or "(no output)"
+TORCH_VENV = VenvSpec(ROOT / ".venv-torch", ("-e", f"{ROOT}[torch]"), _PROBE, "CKPT_TORCH_PYTHON",
+                      f"torch {TORCH_VERSION}, onnxscript and ckpt_cli",
+                      shutil.which("python3.11") or sys.executable,  # torch's local wheel is for 3.11
+                      probe_env={"PYTHONPATH": str(ROOT)})
 
 
 @pytest.fixture(scope="session")
 def torch_python() -> str:
     """An interpreter with torch 2.13 and onnxscript: ckpt installed with its [torch] extra."""
-    given = os.environ.get("CKPT_TORCH_PYTHON")
-    if given:
-        if not _has_torch(given):
-            pytest.fail(f"CKPT_TORCH_PYTHON={given} lacks torch {TORCH_VERSION} or onnxscript")
-        return given
-    python = str(VENV / "bin" / "python")
-    with _build_lock():
-        if READY.exists() and _has_torch(python):
-            return python
-        shutil.rmtree(VENV, ignore_errors=True)
-        start = time.perf_counter()
-        base = shutil.which("python3.11") or sys.executable  # torch's local wheel is for 3.11
-        made = subprocess.run([base, "-m", "venv", str(VENV)], capture_output=True, text=True)
-        if made.returncode != 0:
-            pytest.skip(f"{base} -m venv failed: {_tail(made.stderr)}")
-        pip = subprocess.run([python, "-m", "pip", "install", "-q", "-e", f"{ROOT}[torch]"], capture_output=True,
-                             text=True, timeout=1200)
-        if pip.returncode != 0:
-            shutil.rmtree(VENV, ignore_errors=True)
-            pytest.skip(f"cannot install ckpt's [torch] extra (offline?): {_tail(pip.stderr or pip.stdout)}")
-        if not _has_torch(python):
-            pytest.fail(f"{VENV} was built but cannot import torch {TORCH_VERSION}, onnxscript and ckpt_cli")
-        READY.write_text(f"-e .[torch]\nbuilt in {time.perf_counter() - start:.1f} s\n")
-    return python
+    return built_python(TORCH_VENV)
 
 
 def _run(python: str, *args, timeout: int = 300) -> subprocess.CompletedProcess:

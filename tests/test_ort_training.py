@@ -15,23 +15,18 @@ That interpreter is a venv built once into ``.venv-ort-training`` in the reposit
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
 import shutil
 import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 import pytest
 from conftest import ROOT, SAMPLES
+from fixtures.venvs import VenvSpec, built_python, tail_of
 
 ARTIFACT = SAMPLES / "ort_artifact" / "training_model.onnx"
-VENV = ROOT / ".venv-ort-training"
-READY = VENV / ".ckpt-ready"
 PACKAGES = ["onnxruntime-training-cpu==1.19.2", "numpy<2"]
 ORT_VERSION = "1.19.2"
 
@@ -43,60 +38,18 @@ def _ckpt(*args, timeout=300) -> subprocess.CompletedProcess:
                           text=True, timeout=timeout, cwd=ROOT, env=dict(os.environ, NO_COLOR="1"))
 
 
-def _has_training_ort(python: str) -> bool:
-    probe = ("import numpy, onnxruntime as o; "
-             f"assert o.__version__ == {ORT_VERSION!r}, o.__version__; "
-             "assert int(numpy.__version__.split('.')[0]) < 2")
-    try:
-        return subprocess.run([python, "-c", probe], capture_output=True, timeout=120).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-
-
-@contextlib.contextmanager
-def _build_lock():
-    with open(os.path.join(tempfile.gettempdir(), "ckpt-ort-training-venv.lock"), "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
-def _tail(text: str, n: int = 3) -> str:
-    lines = [l for l in text.strip().splitlines() if not l.startswith("WARNING: Location")]
-    return " | ".join(lines[-n:]) or "(no output)"
+_PROBE = ("import numpy, onnxruntime as o; "
+          f"assert o.__version__ == {ORT_VERSION!r}, o.__version__; "
+          "assert int(numpy.__version__.split('.')[0]) < 2")
+TRAINING_VENV = VenvSpec(ROOT / ".venv-ort-training", tuple(PACKAGES), _PROBE, "CKPT_ORT_TRAINING_PYTHON",
+                         f"onnxruntime-training-cpu {ORT_VERSION} with numpy<2",
+                         shutil.which("python3.11"), timeout=900)  # the wheel is for 3.11 only
 
 
 @pytest.fixture(scope="session")
 def training_python() -> str:
     """An interpreter with onnxruntime-training-cpu 1.19.2 and numpy<2."""
-    given = os.environ.get("CKPT_ORT_TRAINING_PYTHON")
-    if given:
-        if not _has_training_ort(given):
-            pytest.fail(f"CKPT_ORT_TRAINING_PYTHON={given} lacks onnxruntime-training-cpu {ORT_VERSION}")
-        return given
-    python = str(VENV / "bin" / "python")
-    with _build_lock():
-        if READY.exists() and _has_training_ort(python):
-            return python
-        base = shutil.which("python3.11")
-        if base is None:
-            pytest.skip("python3.11 is not installed; onnxruntime-training-cpu 1.19.2 needs it")
-        shutil.rmtree(VENV, ignore_errors=True)
-        start = time.perf_counter()
-        made = subprocess.run([base, "-m", "venv", str(VENV)], capture_output=True, text=True)
-        if made.returncode != 0:
-            pytest.skip(f"python3.11 -m venv failed: {_tail(made.stderr)}")
-        pip = subprocess.run([python, "-m", "pip", "install", "-q", *PACKAGES], capture_output=True,
-                             text=True, timeout=900)
-        if pip.returncode != 0:
-            shutil.rmtree(VENV, ignore_errors=True)
-            pytest.skip(f"cannot install {' '.join(PACKAGES)} (offline?): {_tail(pip.stderr or pip.stdout)}")
-        if not _has_training_ort(python):
-            pytest.fail(f"{VENV} was built but cannot import onnxruntime {ORT_VERSION} with numpy<2")
-        READY.write_text(f"{' '.join(PACKAGES)}\nbuilt in {time.perf_counter() - start:.1f} s\n")
-    return python
+    return built_python(TRAINING_VENV)
 
 
 @pytest.fixture(scope="module")
@@ -211,7 +164,7 @@ def test_every_tensor_has_the_size_ort_gives_it(training_python, tmp_path, name)
     np.savez(tmp_path / "feeds.npz", **make_feeds(model, dims=dict(a.dims)))
     r = subprocess.run([training_python, "-c", _SHAPES_PROBE, str(probe), str(tmp_path / "feeds.npz")],
                        capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, _tail(r.stderr)
+    assert r.returncode == 0, tail_of(r.stderr)
     ran = json.loads(r.stdout.strip().splitlines()[-1])
     wrong = {t: (a.tensors[t].shape, shape) for t, (shape, nbytes) in ran.items()
              if t in a.tensors and (a.tensors[t].nbytes != nbytes or tuple(shape) != tuple(a.tensors[t].shape or ()))}
