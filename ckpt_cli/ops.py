@@ -7,9 +7,12 @@ so an op moves between classes only with a new measurement.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import onnx
+
     from .graph import Node
 
 # ONNX Runtime's training and contrib schemas: domain and whether the op draws random
@@ -177,3 +180,24 @@ ORT_FUSED_CHAINS: tuple[tuple[str, ...], ...] = (
 def ort_may_fuse(producer_op: str, consumer_op: str) -> bool:
     """Whether ORT's CPU fusions may merge a ``producer_op`` node into its ``consumer_op`` reader."""
     return (producer_op, consumer_op) in ORT_FUSED_EDGES
+
+
+def ort_kernel_defects(nodes: Iterable[onnx.NodeProto]) -> list[str]:
+    """ONNX Runtime kernels in ``nodes`` known to compute wrongly, one line each. The CPU
+    ConvGrad of onnxruntime-training 1.19.2 over one spatial axis with ``group`` above 1
+    writes past its buffers: a one-node model of it (64 in and out channels, any group from
+    2, depthwise included) aborts the process with the arena off, and with the arena and the
+    memory pattern on the overflow lands in other tensors' memory (a grouped Conv1d
+    artifact's loss moves with the pattern). The same node over two axes runs clean."""
+    grouped = [n for n in nodes if n.op_type == "ConvGrad" and n.domain == "com.microsoft"
+               and len(_attribute_ints(n, "kernel_shape") or ()) == 1
+               and any(a.name == "group" and a.i > 1 for a in n.attribute)]
+    if not grouped:
+        return []
+    return [f"{len(grouped)} grouped 1-D ConvGrad node(s) (group > 1): ONNX Runtime training 1.19.2's CPU kernel "
+            "writes past its buffers there (a one-node model of it crashes the process with the arena off); "
+            "losses and gradients of this model on that build are not trustworthy"]
+
+
+def _attribute_ints(node: onnx.NodeProto, name: str) -> list[int] | None:
+    return next((list(a.ints) for a in node.attribute if a.name == name), None)

@@ -16,6 +16,7 @@ from ..analysis.memory import peak_with_scratch
 from ..analysis.scopes import UNSCOPED, top_scope
 from ..graph import gc_paused
 from ..markers import REGION_META, is_recompute_copy
+from ..ops import ort_kernel_defects
 from ..ort.registry import ort_only_ops
 from ..version import __version__
 
@@ -101,6 +102,7 @@ def model_facts(a: Analysis) -> dict:
         "dims": {d: {"value": v, "source": "default" if d in a.default_dims else "given"} for d, v in a.dims},
         "ort_registered_ops": ort_only_ops(a.graph.model),
         "reduced_precision": reduced_precision(a),
+        "ort_kernel_defects": ort_kernel_defects(n.proto for n in a.graph.nodes),
     }
 
 

@@ -114,6 +114,8 @@ def render_facts(r: dict, console: Console) -> None:
     reduced = r.get("reduced_precision")
     if reduced:
         console.print(f"[yellow]{'/'.join(reduced['dtypes'])} graph:[/yellow] {safe(reduced['cpu'])}.")
+    for defect in r.get("ort_kernel_defects") or ():
+        console.print(f"[yellow]warning:[/yellow] {safe(defect)}.")
     ops = r.get("ort_registered_ops") or {}
     if ops:
         console.print("accepted as ONNX Runtime ops (onnx has no schema for them at this opset): "

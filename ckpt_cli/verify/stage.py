@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, is_dataclass, replace
 from pathlib import Path
 
+import onnx
+
 from ..analysis import Analysis
 from ..analysis.memory import visible_peak
 from ..analysis.scaling import other_assignment
@@ -26,7 +28,7 @@ from ..errors import CheckFailed, RunFailed, RuntimeUnavailable, UsageError
 from ..graph import Graph
 from ..markers import SessionPlan
 from ..options import CheckOptions
-from ..ops import VIEW_OPS
+from ..ops import VIEW_OPS, ort_kernel_defects
 from . import driver
 from .feeds import FeedError, feed_dims, load_feeds, make_feeds, save_feeds
 from .module_runs import module_sessions
@@ -236,7 +238,19 @@ def _run(original: Path, rewritten: Path, feeds: Path, options: driver.PairOptio
             # ckpt's validation had ORT load it with optimizations off: not the model's fault
             raise RunFailed(e.kind, f"ONNX Runtime could not load a model ckpt validated (ORT loads it with "
                                     f"optimizations off): {e.message}") from None
-        raise RunFailed(e.kind, f"ONNX Runtime failed ({e.kind}): {e.message}") from None
+        raise RunFailed(e.kind, f"ONNX Runtime failed ({e.kind}): {e.message}{_known_cause(original, e)}") from None
+
+
+def _known_cause(original: Path, e: RunFailed) -> str:
+    """A crash's known cause in the model's kernels, as a clause of the message, or ''."""
+    if e.kind != "crashed":
+        return ""
+    try:
+        nodes = onnx.load(str(original), load_external_data=False).graph.node
+    except Exception:  # noqa: BLE001 - the crash is the message; its cause is a bonus
+        return ""
+    defects = ort_kernel_defects(nodes)
+    return f"; a known cause: {defects[0]}" if defects else ""
 
 
 def _pair_options(options: CheckOptions, expected_order: tuple[str, ...], enable_mem_reuse: bool,
