@@ -136,3 +136,16 @@ def test_an_artifact_without_its_checkpoint_is_not_trained(monkeypatch, artifact
     (artifact.parent / "checkpoint").unlink()
     monkeypatch.setattr(module_choice, "run_module", lambda *a, **k: pytest.fail("trained"))
     assert _rewrite(artifact).report["planning"]["module_session"] is None
+
+
+def test_an_interpreter_that_cannot_train_falls_back_on_the_model_of_the_session(monkeypatch, artifact):
+    from ckpt_cli.errors import RunFailed
+
+    def cannot(*_a, **_k):
+        raise RunFailed("training_unavailable", "no module named onnxruntime.training")
+
+    monkeypatch.setattr(module_choice, "run_module", cannot)
+    out = _rewrite(artifact)
+    assert out.report["planning"]["module_session"] is None
+    assert any("did not train the original here (no module named onnxruntime.training)" in n
+               for n in out.report["plan_notes"]), out.report["plan_notes"]
