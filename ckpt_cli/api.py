@@ -382,9 +382,10 @@ def _rewritten(a: Analysis, loaded: Loaded, options: RewriteOptions, analysis: A
     planned = None if options.no_recompute else make_plan(a, options.plan, progress=progress, pin=options.pin)
     recorded = {**options.to_json(), **analysis.to_json()}
     scaled = scaling(a)
+    probes = probe_tensors(a) if scaled else None  # one shape inference, however many plans are written
 
     def model_of(result: RewriteResult, plan) -> onnx.ModelProto:
-        shapes = symbolic_shapes(result.graph, result.after.tensors, scaled, probe_tensors(a)) if scaled else None
+        shapes = symbolic_shapes(result.graph, result.after.tensors, scaled, probes) if scaled else None
         return to_model(result, _provenance(recorded, result, plan), shapes)
 
     if planned is not None and options.pin and options.trainer is not None and options.ort_optimize is None \

@@ -185,10 +185,9 @@ def ort_may_fuse(producer_op: str, consumer_op: str) -> bool:
 def ort_kernel_defects(nodes: Iterable[onnx.NodeProto]) -> list[str]:
     """ONNX Runtime kernels in ``nodes`` known to compute wrongly, one line each. The CPU
     ConvGrad of onnxruntime-training 1.19.2 over one spatial axis with ``group`` above 1
-    writes past its buffers: a one-node model of it (64 in and out channels, any group from
-    2, depthwise included) aborts the process with the arena off, and with the arena and the
-    memory pattern on the overflow lands in other tensors' memory (a grouped Conv1d
-    artifact's loss moves with the pattern). The same node over two axes runs clean."""
+    writes past its buffers: a one-node model of it, depthwise included, aborts the process
+    with the arena off, and with the arena and the memory pattern on the overflow lands in
+    other tensors' memory. The same node over two axes runs clean."""
     grouped = [n for n in nodes if n.op_type == "ConvGrad" and n.domain == "com.microsoft"
                and len(_attribute_ints(n, "kernel_shape") or ()) == 1
                and any(a.name == "group" and a.i > 1 for a in n.attribute)]

@@ -64,12 +64,11 @@ def _without_inner_symbols(model: onnx.ModelProto, result: RewriteResult) -> onn
     """``model`` with the shapes dropped from value_info that names a dimension no graph
     input or output has (ORT's ``unk__N``, from the tool that wrote the input's value_info),
     where it recomputes anything: a graph written unchanged keeps the input's value_info,
-    which the same session can hold for less (zoo unet: 1.26x without it).
+    which the same session can hold for less (zoo unet does).
     ORT merges a declared symbol into what it infers for the rewrite, where the same name
-    need not mean the same size, and its planner then reuses buffers by those names: on the
-    artifact zoo's llama, seq2seq and GPT the Module API's untuned session held the rewrite at
-    0.77-0.94x of the original with them and 0.52-0.58x without, the same losses, and under
-    ckpt's settings within 2%."""
+    need not mean the same size, and its planner then reuses buffers by those names: the
+    Module API's untuned session holds the rewrite's buffers longer with them (the commit
+    that made this has the measurements)."""
     if not result.recompute_nodes:
         return model
     g = model.graph

@@ -23,7 +23,6 @@ from typing import Callable
 from ..analysis import Analysis
 from ..errors import CkptError, RunFailed
 from ..io.save import save_model
-from ..io.written import to_model
 from ..planning.budget import Planned
 from ..rewrite import RewriteResult, pinned, rewrite
 from ..rewrite.mem_pattern import is_ort_artifact
@@ -33,7 +32,6 @@ from .module_runs import STEPS, artifact_files, run_module
 from .stage import prepare_feeds
 
 
-
 @dataclass(frozen=True)
 class Writer:
     """How the command writes a rewrite: ``finish`` turns the pinned rewrite into the one
@@ -41,15 +39,16 @@ class Writer:
     symbolic dimensions included: the Module's session plans its memory from them), so
     what is trained is byte for byte what would be written."""
 
-    finish: Callable[[RewriteResult], RewriteResult] | None = None
-    model: Callable[[RewriteResult, object], object] | None = None
+    finish: Callable[[RewriteResult], RewriteResult] | None
+    model: Callable[[RewriteResult, object], object]
 
     def result(self, result: RewriteResult) -> RewriteResult:
         return self.finish(result) if self.finish is not None else result
 
     def save(self, a: Analysis, result: RewriteResult, plan, path: Path) -> None:
-        model = self.model(result, plan) if self.model is not None else to_model(result)
-        save_model(model, path, source_dir=a.graph.path.parent if a.graph.path is not None else None, force=True)
+        source = a.graph.path.parent if a.graph.path is not None else None
+        save_model(self.model(result, plan), path, source_dir=source, force=True)
+
 
 # Each plan tried is two training children (a few seconds on the zoo's models): the
 # default's plan and at most this many with less recompute.
@@ -140,12 +139,12 @@ def judged_by_training(a: Analysis) -> bool:
             and not isinstance(artifact_files(a.graph.path), str))
 
 
-def _candidates(a: Analysis, planned: Planned) -> list[tuple]:
+def _candidates(planned: Planned) -> list[tuple]:
     return [(planned.plan, planned.cost, planned.result), *planned.fallbacks[:MAX_FALLBACKS]]
 
 
 def judged_in_module(a: Analysis, planned: Planned, feeds_model, worker: WorkerOptions,
-                     writer: Writer = Writer()) -> Planned:
+                     writer: Writer) -> Planned:
     """``planned`` (the default of an artifact), or the first plan of its front that the
     Module API trains at no more than the original's untuned peak with the same losses,
     with the choice recorded; ``planned`` as it is where nothing can be judged."""
@@ -153,7 +152,7 @@ def judged_in_module(a: Analysis, planned: Planned, feeds_model, worker: WorkerO
             or not judged_by_training(a):
         return planned
     files = artifact_files(a.graph.path)
-    candidates = _candidates(a, planned)
+    candidates = _candidates(planned)
     with tempfile.TemporaryDirectory(prefix="ckpt_module_choice_") as tmp:
         feeds = Path(tmp) / "feeds.npz"
         prepare_feeds(feeds_model, feeds, worker.seed, dict(a.dims), None)
@@ -165,13 +164,16 @@ def judged_in_module(a: Analysis, planned: Planned, feeds_model, worker: WorkerO
             planned.plan.notes.append(f"the Module API did not train the original here ({e.message}): "
                                       "the default is judged by ckpt's model of its session")
             return planned
-        judged, written, losses = [], {}, {}
+        judged: list[ModuleJudged] = []
+        written: dict[int, RewriteResult] = {}
+        originals: dict[str, dict] = {}  # the original's runs, by the settings they ran under
+        chosen = None
 
         def reference(settings: dict) -> dict:
             key = repr(sorted(settings.items()))
-            if key not in losses:
-                losses[key] = run_module(a.graph.path, files, feeds, settings, worker, STEPS)
-            return losses[key]
+            if key not in originals:
+                originals[key] = run_module(a.graph.path, files, feeds, settings, worker, STEPS)
+            return originals[key]
 
         for i, (plan, cost, unpinned) in enumerate(candidates):
             result = writer.result(pinned(a, unpinned) if unpinned is not None else rewrite(a, plan, True))
@@ -180,8 +182,8 @@ def judged_in_module(a: Analysis, planned: Planned, feeds_model, worker: WorkerO
             judged.append(_train(lambda: writer.save(a, result, plan, path), path, files, feeds, worker, cost,
                                  original, reference))
             if judged[-1].accepted(original["peak_bytes"]):
+                chosen = i
                 break
-    chosen = len(judged) - 1 if judged[-1].accepted(original["peak_bytes"]) else None
     choice = ModuleChoice(original["peak_bytes"], tuple(judged), chosen, STEPS)
     if chosen is None:
         return replace(planned, module=choice)

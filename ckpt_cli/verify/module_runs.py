@@ -26,8 +26,8 @@ from .driver import WorkerOptions, _child_env, _parse
 
 MODULE_CHILD_PATH = os.path.abspath(_module_child.__file__)
 # Enough for the optimizer's state to be in place, losses to move and the process peak to
-# settle: a rewrite's peak under the memory pattern can still rise over the first steps
-# (measured on zoo enc_dropout_bce: below the original's after 3 steps, above it from the 5th).
+# settle: a rewrite's peak under the memory pattern can still rise over the first few steps
+# (the commit that set it has the measurement).
 STEPS = 10
 ARTIFACT_FILES = {"checkpoint": "checkpoint", "eval_model": "eval_model.onnx",
                   "optimizer_model": "optimizer_model.onnx"}
