@@ -37,7 +37,7 @@ from .verify.plain_choice import judged_in_plain
 from .verify.driver import WorkerOptions
 from .verify.module_choice import Writer, judged_by_training, judged_in_module
 from .planning.decision import Decision
-from .options import AnalysisOptions, CheckOptions, PlanOptions, RewriteOptions
+from .options import DEFAULT_TIMEOUT_S, AnalysisOptions, CheckOptions, PlanOptions, RewriteOptions
 from .planning.plan import Policy
 from .progress import stage
 from .report.model import Source, check_report, inspect_report, plan_report, planning_section, rewrite_report
@@ -199,11 +199,14 @@ class PlanResult:
 
 def plan_model(model: ModelInput, options: PlanOptions | None = None, *, analysis: AnalysisOptions | None = None,
                output: str | Path | None = None, force: bool = False,
-               progress: Callable[[str], None] | None = None, **keywords) -> PlanResult:
+               progress: Callable[[str], None] | None = None, python: str | None = None,
+               timeout: float | None = DEFAULT_TIMEOUT_S, **keywords) -> PlanResult:
     """Choose regions (``options``, or its keywords: ``auto`` = layers, sqrt, balanced,
     budget, optimal; ``budget`` = '2GiB' or '40%'; ``activation_budget`` = F in [0, 1], PyTorch's
     activation_memory_budget; ``policy`` = per-op rules) and explain the choice; with
-    ``output``, write the plan file there."""
+    ``output``, write the plan file there. The default is judged as ``rewrite_model`` judges
+    it: with ``python`` (an interpreter with onnxruntime-training), an ORT training
+    artifact's by training its plans in the Module API, each child for at most ``timeout`` s."""
     from .io.save import write_text_atomic
     import json
 
@@ -216,11 +219,15 @@ def plan_model(model: ModelInput, options: PlanOptions | None = None, *, analysi
     refuse_unsized(a, options.allow_unsized)
     if output is not None:
         check_output_path(Path(output), loaded.path, force)
-    planned = judged_in_plain(a, make_plan(a, options, progress=progress))
+    _typed("python", python, str)
+    as_rewritten = RewriteOptions(options, timeout=timeout, trainer=python).validate()
+    scaled = scaling(a)
+    planned = _judged_default(a, make_plan(a, options, progress=progress), as_rewritten,
+                              _writer(a, as_rewritten, analysis, scaled))
     result = rewrite_plan(a, planned)
     report = plan_report(a, loaded.source, planned, result, plan_rows(a, planned, result),
                          str(output) if output else None, {**options.to_json(), **analysis.to_json()})
-    report["scaling"] = _scaling_report(a, planned, lambda d: make_plan(d, options), scaling(a))
+    report["scaling"] = _scaling_report(a, planned, lambda d: make_plan(d, options), scaled)
     if output is not None:
         write_text_atomic(Path(output), json.dumps(report["plan"], indent=2) + "\n")
     return PlanResult(a, planned, result, report)
@@ -373,35 +380,47 @@ def rewrite_model(model: ModelInput, output: str | Path | None = None, options: 
     return out
 
 
-def _rewritten(a: Analysis, loaded: Loaded, options: RewriteOptions, analysis: AnalysisOptions,
-               output: str | Path | None, progress: Callable[[str], None] | None) -> RewriteModelResult:
-    """Plan, rewrite, write (when ``output``) and report."""
+def _writer(a: Analysis, options: RewriteOptions, analysis: AnalysisOptions, scaled: Scaling | None) -> Writer:
+    """How ``rewrite`` writes a plan's result with these options: the finish (the memory
+    pattern's input) and the file's model (provenance, symbolic shapes)."""
     finish = without_mem_pattern if options.pin and not options.keep_mem_pattern else None
-    replan = None if options.no_recompute else (lambda d: make_plan(d, options.plan, pin=options.pin))
-    stage("planning")
-    planned = None if options.no_recompute else make_plan(a, options.plan, progress=progress, pin=options.pin)
     recorded = {**options.to_json(), **analysis.to_json()}
-    scaled = scaling(a)
     probes = probe_tensors(a) if scaled else None  # one shape inference, however many plans are written
 
     def model_of(result: RewriteResult, plan) -> onnx.ModelProto:
         shapes = symbolic_shapes(result.graph, result.after.tensors, scaled, probes) if scaled else None
         return to_model(result, _provenance(recorded, result, plan), shapes)
 
-    if planned is not None and options.pin and options.trainer is not None and options.ort_optimize is None \
-            and judged_by_training(a):
+    return Writer(finish, model_of)
+
+
+def _judged_default(a: Analysis, planned: Planned, options: RewriteOptions, writer: Writer) -> Planned:
+    """The default judged in the session its users run: an artifact's by training its plans
+    in the Module API (with ``options.trainer``), any other in a plain session."""
+    if not options.pin:
+        return planned
+    if options.trainer is not None and options.ort_optimize is None and judged_by_training(a):
         stage("judging the default by training it in the Module API")
         worker = WorkerOptions(options.trainer, options.timeout)
-        planned = judged_in_module(a, planned, a.graph.model, worker, Writer(finish, model_of))
-    elif planned is not None and options.pin:
-        stage("judging the default in a plain session")
-        planned = judged_in_plain(a, planned, finish)
+        return judged_in_module(a, planned, a.graph.model, worker, writer)
+    stage("judging the default in a plain session")
+    return judged_in_plain(a, planned, writer.finish)
+
+
+def _rewritten(a: Analysis, loaded: Loaded, options: RewriteOptions, analysis: AnalysisOptions,
+               output: str | Path | None, progress: Callable[[str], None] | None) -> RewriteModelResult:
+    """Plan, rewrite, write (when ``output``) and report."""
+    replan = None if options.no_recompute else (lambda d: make_plan(d, options.plan, pin=options.pin))
+    stage("planning")
+    planned = None if options.no_recompute else make_plan(a, options.plan, progress=progress, pin=options.pin)
+    scaled = scaling(a)
+    writer = _writer(a, options, analysis, scaled)
+    if planned is not None:
+        planned = _judged_default(a, planned, options, writer)
     chosen = planned.plan if planned else None
     stage("rewriting the graph")
-    result = rewrite_plan(a, planned, options.pin)
-    if finish is not None:
-        result = finish(result)
-    rewritten = model_of(result, chosen)
+    result = writer.result(rewrite_plan(a, planned, options.pin))
+    rewritten = writer.model(result, chosen)
     notes = plan_notes(chosen, result)
     stage("writing the model" if options.ort_optimize is None else "optimizing on ORT, writing the model")
     rewritten, result, written, optimized, more = _written(rewritten, result, a, loaded, options, output)
@@ -410,7 +429,7 @@ def _rewritten(a: Analysis, loaded: Loaded, options: RewriteOptions, analysis: A
                             settings_snippet(options.ort_optimize if optimized else "cpu", result.mem_reuse,
                                              str(written[0]) if written else None, result.session,
                                              result.pattern_off.input if result.pattern_off else None),
-                            recorded)
+                            {**options.to_json(), **analysis.to_json()})
     report["ort_optimize"] = optimized.to_json() if optimized else None
     report["scaling"] = _scaling_report(a, planned, replan or (lambda d: None), scaled)
     if planned is not None:

@@ -149,3 +149,29 @@ def test_an_interpreter_that_cannot_train_falls_back_on_the_model_of_the_session
     assert out.report["planning"]["module_session"] is None
     assert any("did not train the original here (no module named onnxruntime.training)" in n
                for n in out.report["plan_notes"]), out.report["plan_notes"]
+
+
+def test_plan_chooses_as_rewrite_does_with_a_trainer(monkeypatch, artifact):
+    """``ckpt plan --python`` shows the plan ``ckpt rewrite --python`` writes, not the model's choice."""
+    off = [LOSSES[0], "0x1.3f1f810000000p+1", LOSSES[2]]
+    _fake_module(monkeypatch, {"training_model": (ORIGINAL_PEAK, LOSSES), "plan0": (40 << 20, off),
+                               "plan1": (60 << 20, LOSSES)})
+    planned = api.plan_model(artifact, python="trainer").report
+    written = _rewrite(artifact).report["planning"]
+    untrained = api.plan_model(artifact).report
+    assert planned["module_session"]["chosen"] == written["module_session"]["chosen"] == 1
+    assert planned["recompute_flops"] == written["recompute_flops"] != untrained["recompute_flops"]
+    assert untrained["module_session"] is None
+
+
+def test_plan_cli_takes_the_trainer_and_refuses_it_with_sweep(monkeypatch, artifact):
+    from click.testing import CliRunner
+
+    from ckpt_cli.cli.main import main
+
+    _fake_module(monkeypatch, {"training_model": (ORIGINAL_PEAK, LOSSES), "plan0": (50 << 20, LOSSES)})
+    ok = CliRunner().invoke(main, ["plan", str(artifact), "--python", "trainer", "--json"])
+    assert ok.exit_code == 0, ok.output
+    assert '"chosen": 0' in ok.stdout
+    swept = CliRunner().invoke(main, ["plan", str(artifact), "--python", "trainer", "--sweep"])
+    assert swept.exit_code == 2 and "--sweep" in swept.stderr

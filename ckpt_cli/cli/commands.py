@@ -152,6 +152,12 @@ def _output_file(output: str | Path, model: Path) -> Path:
               help="Print predicted peak against recompute share over the min-cut front (each point a real "
                    "rewrite), to pick a --budget by looking.")
 @click.option("--svg", type=click.Path(dir_okay=False, path_type=Path), help="With --sweep: write the chart as SVG.")
+@click.option("--python", "python", metavar="PATH",
+              help="An interpreter with onnxruntime-training: an ORT training artifact's default is then "
+                   "chosen as `ckpt rewrite --python` chooses it, by training its plans in the Module API's "
+                   "untuned session.")
+@click.option("--timeout", type=click.FloatRange(1, 86400), default=600, show_default=True,
+              help="With --python: seconds one training child may take; past it ckpt exits 5.")
 @analysis_options
 @report_options
 def plan(model: Path, **given) -> None:
@@ -177,16 +183,21 @@ def plan(model: Path, **given) -> None:
 
     as_json, report_path, quiet = given.pop("as_json"), given.pop("report_path"), given.pop("quiet")
     output, force, sweep, svg = given.pop("output"), given.pop("force"), given.pop("sweep"), given.pop("svg")
+    python, timeout = given.pop("python"), given.pop("timeout")
     protect_report(report_path, model, output, svg)
     analysis, options = analysis_value(given), plan_value(given)
     if sweep:
+        if python is not None:
+            raise UsageError("--python judges the default plan by training it, and --sweep draws the whole "
+                             "min-cut front: drop one")
         _refuse_with_sweep(output, options)
         _sweep(model, svg, options, analysis, (as_json, report_path, quiet))
         return
     if svg is not None:
         raise UsageError("--svg goes with --sweep")
     with progress("planning", quiet, lines=False) as shown:
-        result = plan_model(model, options, analysis=analysis, output=output, force=force, progress=shown.detail)
+        result = plan_model(model, options, analysis=analysis, output=output, force=force, progress=shown.detail,
+                            python=python, timeout=timeout)
     emit(result.to_json(), renderer("plan_view", "render_plan"), as_json, report_path, quiet, (model, output))
 
 
