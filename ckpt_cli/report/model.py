@@ -348,6 +348,7 @@ def plan_report(a, source, planned, result, rows: list[dict], output: str | None
         "regions": [{"name": r["name"], "nodes": len(r["nodes"]), "keep": len(r["keep"])}
                     for r in (plan_json or {}).get("regions", [])],
         "plan": plan_json,
+        "no_gain_reason": result.no_gain_reason,
         "unsized": unsized_rows(a),
     }
 

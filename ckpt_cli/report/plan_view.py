@@ -45,6 +45,8 @@ def render_plan(r: dict, console: Console) -> None:
                   f"({percent(r['peak_bytes_after'] - r['peak_bytes_before'], r['peak_bytes_before'])}); "
                   f"recompute {human_flops(r['recompute_flops'])} = {100 * r['recompute_share_of_step']:.1f}% "
                   f"of the step; {len(r['regions'])} regions")
+    if r.get("no_gain_reason"):
+        console.print(f"[yellow]No gain:[/yellow] {safe(r['no_gain_reason'])}.")
     render_budget(r, console)
     if r["raises_peak"]:
         console.print("[yellow]warning: this plan raises the predicted peak; the graph's peak is not in the "
