@@ -542,6 +542,7 @@ def markdown(meta: dict, rows: list[dict]) -> str:
         lines.append("All met for every model.")
     for r in failed:
         lines.append(f"- **{r['model']}**: " + "; ".join(_cell(_short(c, 160)) for c in r["criteria_failed"]))
+    lines += ["", *activation_goal(rows)]
     lines += ["", "## Time", ""]
     stage_totals: dict[str, float] = {}
     for r in rows:
@@ -556,6 +557,30 @@ def markdown(meta: dict, rows: list[dict]) -> str:
         f"{r['model']} {(r.get('seconds') or {}).get('check', 0):.0f} s" for r in slow) + ".")
     lines.append("")
     return "\n".join(lines)
+
+
+CROSS_GOAL, UNTUNED_GOAL, UNTUNED_SHARE = 0.6, 0.8, 0.75
+
+
+def activation_goal(rows: list[dict]) -> list[str]:
+    """The zoo-wide goal, reported and not asserted: where the stashed activations are more
+    than half the original's predicted peak, every rewrite under its settings at most 0.6x
+    the original untuned, and three quarters of them at most 0.8x untuned."""
+    dominated = [r for r in rows if (r.get("inspect") or {}).get("stashed_bytes") is not None
+                 and r["inspect"]["stashed_bytes"] > 0.5 * (r["inspect"].get("peak_bytes") or 0)]
+    crosses = {r["model"]: r.get("ratio_cross") for r in dominated}
+    untuned = {r["model"]: r.get("ratio_untuned") for r in dominated}
+    over = [f"{m} {v:.2f}" if v is not None else f"{m} -" for m, v in crosses.items()
+            if v is None or v > CROSS_GOAL]
+    under = [m for m, v in untuned.items() if v is not None and v <= UNTUNED_GOAL]
+    met = not over and len(under) >= UNTUNED_SHARE * len(dominated)
+    return ["## Where activations dominate (goal, not asserted)", "",
+            f"{len(dominated)} of {len(rows)} models stash activations above half the original's predicted "
+            f"peak (`ckpt inspect`'s stashed_bytes > peak_bytes / 2). Goal: every rewrite under its settings "
+            f"<= {CROSS_GOAL}x the original untuned, and {UNTUNED_SHARE:.0%} of them <= {UNTUNED_GOAL}x "
+            f"untuned: {'met' if met else 'not met'}.", "",
+            f"- above {CROSS_GOAL}x under settings: {', '.join(over) or 'none'}",
+            f"- at most {UNTUNED_GOAL}x untuned: {len(under)} of {len(dominated)} ({', '.join(under) or 'none'})"]
 
 
 # ------------------------------------------------------------------ main
