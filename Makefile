@@ -41,6 +41,12 @@ mutate: $(STAMP)
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest $(if $(filter 1,$(JOBS)),,-n $(JOBS)) -m "not slow"
 
+## wheel-check: build the wheel, install it into a fresh venv (out/wheel), then from a temporary folder run
+## `ckpt --version`, the demo and `pip check`: what `pip install` gives a user, not the checkout
+.PHONY: wheel-check
+wheel-check:
+	PY=$(PYTHON) bash bench/wheel_check.sh
+
 ## fuzz: 10,000 mutated models through inspect/plan/rewrite; any crash or invalid output is a defect
 fuzz: $(STAMP)
 	mkdir -p $(OUT)
