@@ -3,7 +3,8 @@
 #
 #   make wheel-check          # or: PY=python3.11 bash bench/wheel_check.sh
 #
-# Builds the wheel (pip wheel --no-deps), installs it into a fresh venv (its dependencies
+# Builds the wheel (pip wheel --no-deps) from a copy of the files git sees (a build/ folder
+# left in the tree would put stale modules in the wheel, and building leaves one), installs it into a fresh venv (its dependencies
 # from the index, pip's cache making that quick), then, from a temporary folder outside the
 # tree (so nothing imports the checkout): `ckpt --version`, the demo (inspect, and rewrite
 # --check of the GPT sample, copied there) and `pip check`. Each step's time goes to stderr.
@@ -25,7 +26,10 @@ step() {  # step NAME COMMAND...: run it, then say how long it took
 }
 
 rm -rf "${WHEEL_DIR:?}"/*
-step "build the wheel" "$PY" -m pip wheel -q --no-deps -w "$WHEEL_DIR" .
+mkdir "$WORK/src"
+git ls-files -z --cached --others --exclude-standard | xargs -0 sh -c 'for f; do [ -e "$f" ] && echo "$f"; done' sh \
+    | tar -cf - -T - | tar -xf - -C "$WORK/src"
+step "build the wheel" "$PY" -m pip wheel -q --no-deps -w "$WHEEL_DIR" "$WORK/src"
 step "create the venv" "$PY" -m venv "$WHEEL_DIR/venv"
 VENV_BIN=$WHEEL_DIR/venv/bin
 step "install the wheel and its dependencies" "$VENV_BIN/python" -m pip install -q "$WHEEL_DIR"/onnx_ckpt-*.whl
