@@ -52,6 +52,12 @@ fuzz: $(STAMP)
 	mkdir -p $(OUT)
 	$(BIN)/python -m tests.fuzz --cases $(or $(CASES),10000) --seed $(or $(SEED),1) --json $(OUT)/fuzz.json
 
+## docs-figures: README.md's figures as `ckpt rewrite sample_models/gpt.onnx --check` prints them today
+## (tests/test_readme_figures.py fails when they are stale)
+.PHONY: docs-figures
+docs-figures: $(STAMP)
+	$(BIN)/python -m bench.readme_figures --write
+
 ## samples: regenerate sample_models/ from PyTorch (needs torch 2.13 CPU from local disk)
 samples:
 	bash sample_models/make_samples.sh
