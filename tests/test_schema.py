@@ -284,3 +284,18 @@ def test_headline_of_measured_compare_and_unmeasured_check():
     h = check_headline(unmeasured)
     assert (h["source"], h["before"], h["after"], h["step_time_ratio"]) == ("predicted", 9, 6, None)
     assert check_headline(unmeasured, (10, 7))["before"] == 10
+
+
+@pytest.mark.parametrize("case", ["inspect", "plan", "plan --sweep", "rewrite", "rewrite --check", "check", "compare"])
+def test_text_reports_open_with_the_headline(written, tmp_path, case):
+    """The text report's first line is its JSON's headline, named predicted or measured."""
+    from ckpt_cli.report.headline import headline_text
+
+    words, code = EVERY_OUTPUT[case]
+    args = [w.format(tmp=tmp_path, **written) for w in words]
+    report = tmp_path / "report.json"
+    r = CliRunner().invoke(_group(), [*args, "--report", str(report)], catch_exceptions=False)
+    assert r.exit_code == code, (r.exit_code, r.stderr)
+    h = json.loads(report.read_text())["headline"]
+    assert h["source"] == ("measured" if "check" in case else "predicted")
+    assert r.stdout.splitlines()[0] == headline_text(h)
