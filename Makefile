@@ -41,10 +41,22 @@ mutate: $(STAMP)
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest $(if $(filter 1,$(JOBS)),,-n $(JOBS)) -m "not slow"
 
+## wheel-check: build the wheel, install it into a fresh venv (out/wheel), then from a temporary folder run
+## `ckpt --version`, the demo and `pip check`: what `pip install` gives a user, not the checkout
+.PHONY: wheel-check
+wheel-check:
+	PY=$(PYTHON) bash bench/wheel_check.sh
+
 ## fuzz: 10,000 mutated models through inspect/plan/rewrite; any crash or invalid output is a defect
 fuzz: $(STAMP)
 	mkdir -p $(OUT)
 	$(BIN)/python -m tests.fuzz --cases $(or $(CASES),10000) --seed $(or $(SEED),1) --json $(OUT)/fuzz.json
+
+## docs-figures: README.md's figures as `ckpt rewrite sample_models/gpt.onnx --check` prints them today
+## (tests/test_readme_figures.py fails when they are stale)
+.PHONY: docs-figures
+docs-figures: $(STAMP)
+	$(BIN)/python -m bench.readme_figures --write
 
 ## samples: regenerate sample_models/ from PyTorch (needs torch 2.13 CPU from local disk)
 samples:

@@ -41,6 +41,7 @@ from .options import DEFAULT_TIMEOUT_S, AnalysisOptions, CheckOptions, PlanOptio
 from .planning.plan import Policy
 from .progress import stage
 from .report.model import Source, check_report, inspect_report, plan_report, planning_section, rewrite_report
+from .report.headline import check_headline
 from .rewrite import RewriteResult, rewrite, without_mem_pattern
 from .io.save import check_output_path, save_model
 from .verify.rules import budget_held
@@ -377,6 +378,8 @@ def rewrite_model(model: ModelInput, output: str | Path | None = None, options: 
         if out.planned is not None and out.planned.budget is not None:
             budget_held(out.check, out.planned.budget, out.result.after.outside_arena_bytes)
         out.report["check"] = out.check.to_json()
+        out.report["headline"] = check_headline(out.report["check"], (a.priority.peak_bytes,
+                                                                      out.result.after.priority.peak_bytes))
     return out
 
 

@@ -54,7 +54,8 @@ def test_symbolic_batch_takes_the_default_and_says_so(tmp_path):
         assert report["dims"] == {"batch": {"value": DEFAULT_DIM, "source": "default"}}
         assert not report["unsized"]
         text = CliRunner().invoke(main, [command, str(path), *args]).stdout
-        assert text.splitlines()[0].startswith(f"sizes at batch = {DEFAULT_DIM} (batch: ckpt's default; "
+        assert text.splitlines()[0].startswith("peak memory (predicted): ")  # the headline, then the sizes
+        assert text.splitlines()[1].startswith(f"sizes at batch = {DEFAULT_DIM} (batch: ckpt's default; "
                                                "set with --dim batch=N)"), text[:300]
     defaulted = json.loads(run("inspect", path, "--json")[1])
     explicit = json.loads(run("inspect", path, "--json", "--dim", f"batch={DEFAULT_DIM}")[1])

@@ -74,6 +74,46 @@ def test_real_reports_validate(schema, reports, case):
     report = reports[case]
     errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(report), key=str)
     assert not errors, [f"{list(e.absolute_path)}: {e.message[:200]}" for e in errors[:5]]
+    _headline_agrees(report)
+
+
+def _legacy_peaks(doc: dict) -> tuple[str, int, int | None, tuple | None]:
+    """(source, before, after, (time before, time after)) read from the keys each command
+    had before the headline: what the headline must repeat."""
+    def measured(check: dict) -> tuple | None:
+        o, w = check["original"], check["rewritten"]
+        if o["peak_bytes"] is None or w["peak_bytes"] is None:
+            return None
+        return "measured", o["peak_bytes"], w["peak_bytes"], (o["time_s"], w["time_s"])
+
+    command = doc["command"]
+    if command == "inspect":
+        return "predicted", doc["peak_bytes"], None, None
+    if command == "plan" and "sweep" in doc:
+        knee = [p["peak_bytes"] for p in doc["sweep"] if p["knee"]]
+        return "predicted", doc["peak_bytes_before"], (knee or [None])[0], None
+    if command == "plan":
+        return "predicted", doc["peak_bytes_before"], doc["peak_bytes_after"], None
+    if command == "rewrite":
+        predicted = ("predicted", doc["before"]["peak_bytes"], doc["after"]["peak_bytes"], None)
+        return (measured(doc["check"]) or predicted) if "check" in doc else predicted
+    if command == "check":
+        return measured(doc) or ("predicted", doc["predicted"]["original"], doc["predicted"]["rewritten"], None)
+    first, last = doc["inputs"][0]["figures"], doc["inputs"][-1]["figures"]
+    assert command == "compare" and len(doc["inputs"]) > 1 and last["measured_peak_bytes"] is None
+    return "predicted", first["peak_bytes"], last["peak_bytes"], None
+
+
+def _headline_agrees(doc: dict) -> None:
+    """The headline repeats the command's own figure: same source, bytes and ratios."""
+    h = doc["headline"]
+    if doc["command"] == "session":
+        assert h is None
+        return
+    source, before, after, times = _legacy_peaks(doc)
+    assert (h["figure"], h["source"], h["before"], h["after"]) == ("peak_bytes", source, before, after)
+    assert h["ratio"] == (pytest.approx(after / before) if after is not None else None)
+    assert h["step_time_ratio"] == (pytest.approx(times[1] / times[0]) if times else None)
 
 
 def test_rewrite_check_report_carries_the_check(reports):
@@ -96,6 +136,10 @@ def _errors(schema, report):
     pytest.param(lambda r: r.pop("model_sha256"), id="envelope key removed"),
     pytest.param(lambda r: r["phases"].update(x="sideways"), id="bad phase"),
     pytest.param(lambda r: r["timeline"]["priority_based"].append(None), id="null in timeline"),
+    pytest.param(lambda r: r.pop("headline"), id="headline removed"),
+    pytest.param(lambda r: r["headline"].update(source="guessed"), id="headline: unknown source"),
+    pytest.param(lambda r: r["headline"].update(before=None), id="headline: no before"),
+    pytest.param(lambda r: r["headline"].update(peak="8 MiB"), id="headline: a key of its own"),
 ])
 def test_broken_inspect_report_fails(schema, reports, mutate):
     report = copy.deepcopy(reports["mlp/inspect"])
@@ -202,6 +246,7 @@ def test_every_json_output_validates(schema, written, tmp_path, case):
         assert doc["error"]["exit_code"] == code and not report.exists()
     else:
         assert "error" not in doc and json.loads(report.read_text()) == doc
+        _headline_agrees(doc)
 
 
 def test_rewrite_check_that_fails_to_run_writes_the_models_report(schema, tmp_path):
@@ -218,3 +263,39 @@ def test_rewrite_check_that_fails_to_run_writes_the_models_report(schema, tmp_pa
     assert written["output"] == str(out) and "check" not in written
     assert written["check_error"]["exit_code"] == 5 and "cannot start" in written["check_error"]["message"]
     assert not _errors(schema, written)
+
+
+def test_headline_of_measured_compare_and_unmeasured_check():
+    """compare: measured where first and last inputs both have a measured peak, else
+    predicted, none when they share no peak; check: its prediction when ORT measured none."""
+    from ckpt_cli.report.headline import check_headline, compare_headline, headline_text
+
+    first = {"peak_bytes": 800, "measured_peak_bytes": 700, "step_time_s": 0.010}
+    last = {"peak_bytes": 400, "measured_peak_bytes": 350, "step_time_s": 0.012}
+    h = compare_headline(first, last)
+    assert (h["source"], h["before"], h["after"], h["ratio"]) == ("measured", 700, 350, 0.5)
+    assert h["step_time_ratio"] == pytest.approx(1.2)
+    assert headline_text(h) == "peak memory (measured on ONNX Runtime): 700 B -> 350 B (-50.0%), step time +20.0%"
+    h = compare_headline(first, {**last, "measured_peak_bytes": None})
+    assert (h["source"], h["before"], h["after"], h["step_time_ratio"]) == ("predicted", 800, 400, None)
+    assert compare_headline({"peak_bytes": None, "measured_peak_bytes": None}, None) is None
+    unmeasured = {"original": {"peak_bytes": None, "time_s": 0.1}, "rewritten": {"peak_bytes": 5, "time_s": 0.1},
+                  "predicted": {"original": 9, "rewritten": 6}}
+    h = check_headline(unmeasured)
+    assert (h["source"], h["before"], h["after"], h["step_time_ratio"]) == ("predicted", 9, 6, None)
+    assert check_headline(unmeasured, (10, 7))["before"] == 10
+
+
+@pytest.mark.parametrize("case", ["inspect", "plan", "plan --sweep", "rewrite", "rewrite --check", "check", "compare"])
+def test_text_reports_open_with_the_headline(written, tmp_path, case):
+    """The text report's first line is its JSON's headline, named predicted or measured."""
+    from ckpt_cli.report.headline import headline_text
+
+    words, code = EVERY_OUTPUT[case]
+    args = [w.format(tmp=tmp_path, **written) for w in words]
+    report = tmp_path / "report.json"
+    r = CliRunner().invoke(_group(), [*args, "--report", str(report)], catch_exceptions=False)
+    assert r.exit_code == code, (r.exit_code, r.stderr)
+    h = json.loads(report.read_text())["headline"]
+    assert h["source"] == ("measured" if "check" in case else "predicted")
+    assert r.stdout.splitlines()[0] == headline_text(h)

@@ -22,6 +22,7 @@ from typing import Any
 
 from ..errors import ModelError, UsageError
 from .conditions import Condition, as_number, lookup
+from .headline import compare_headline
 from .model import SCHEMA_VERSION, envelope
 
 # (key, label, kind). kind drives formatting; all numeric figures are lower-is-better.
@@ -393,6 +394,7 @@ def compare_report(inputs: list[Input], outcomes: list[Outcome], options: dict) 
         })
     return {
         **envelope("compare", None, options),
+        "headline": compare_headline(first, inputs[-1].figures if len(inputs) > 1 else None),
         "inputs": cols,
         "scopes": scope_rows(inputs),
         "conditions": [o.to_json() for o in outcomes],

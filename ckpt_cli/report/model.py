@@ -19,6 +19,7 @@ from ..markers import REGION_META, is_recompute_copy
 from ..ops import ort_kernel_defects
 from ..ort.registry import ort_only_ops
 from ..version import __version__
+from .headline import check_headline, headline
 
 SCHEMA_VERSION = 1
 TOP_STASHED = 15
@@ -175,6 +176,7 @@ def inspect_report(a: Analysis, source: Source | None, options: dict) -> dict:
     param_bytes = buffer_bytes(g.resident, a.tensors)
     return {
         **envelope("inspect", source, options),
+        "headline": headline(a.priority.peak_bytes),
         **model_facts(a),
         "nodes": len(g.nodes),
         "forward_nodes": a.phases.forward_count,
@@ -265,6 +267,7 @@ def rewrite_report(before: Analysis, source: Source | None, result, output: str 
     step_flops = before.forward_flops + before.backward_flops
     return {
         **envelope("rewrite", source, options),
+        "headline": headline(before.priority.peak_bytes, result.after.priority.peak_bytes),
         **model_facts(before),
         "output": output,
         "strategy": plan_json["strategy"] if plan_json else "reorder only",
@@ -309,7 +312,7 @@ def check_report(original: Source, rewritten: Source, figures: dict, options: di
     head = envelope("check", original, options)
     head["rewritten_model"] = rewritten.label
     head["rewritten_sha256"] = rewritten.sha256
-    return {**head, **figures}
+    return {**head, "headline": check_headline(figures), **figures}
 
 
 def planning_section(a, planned, result, rows: list[dict]) -> dict:
@@ -340,6 +343,7 @@ def plan_report(a, source, planned, result, rows: list[dict], output: str | None
     plan_json = planned.plan.to_json([n.name for n in a.graph.nodes]) if planned.plan else None
     return {
         **envelope("plan", source, options),
+        "headline": headline(a.priority.peak_bytes, result.after.priority.peak_bytes),
         **model_facts(a),
         "output": output,
         **planning_section(a, planned, result, rows),
@@ -360,5 +364,6 @@ def session_report(model: Path, provider: str, settings: dict, undone: str | Non
 
     snippet = settings_snippet(provider, settings["enable_mem_reuse"], str(model), settings["settings"],
                                settings.get("mem_pattern_off_input"))
-    return {**envelope("session", Source.of_file(model), {"provider": provider}), "provider": provider,
+    return {**envelope("session", Source.of_file(model), {"provider": provider}), "headline": None,
+            "provider": provider,
             "settings": settings, "session_settings": snippet, "undone_rewrite": undone}

@@ -6,7 +6,7 @@ from __future__ import annotations
 from rich.console import Console
 
 from ..units import human_bytes, human_flops, percent
-from .render import _table, render_facts, render_unsized
+from .render import _table, render_facts, render_headline, render_unsized
 from .text import plain, safe
 
 TOP_EXPLANATIONS = 12
@@ -34,6 +34,7 @@ def render_budget(planning: dict, console: Console) -> None:
 
 
 def render_plan(r: dict, console: Console) -> None:
+    render_headline(r, console)
     render_unsized(r, console, "below")  # a plan on 0 B tensors (--allow-unsized) says so first
     render_facts(r, console)
     target = f", budget {human_bytes(r['budget_bytes'])}" if r["budget_bytes"] is not None else ""

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from .charts import memory_chart
 from ..units import human_bytes, human_flops, percent
+from .headline import headline_text
 from .text import plain, safe
 
 
@@ -122,7 +123,15 @@ def render_facts(r: dict, console: Console) -> None:
                       + ", ".join(f"{safe(op)} x{n}" for op, n in ops.items()))
 
 
+def render_headline(r: dict, console: Console) -> None:
+    """The report's first line: the peak it is run for, predicted or measured."""
+    text = headline_text(r.get("headline"))
+    if text is not None:
+        console.print(text, markup=False, highlight=False, style="bold")
+
+
 def render_inspect(r: dict, console: Console) -> None:
+    render_headline(r, console)
     render_facts(r, console)
     console.print(f"[bold]{safe(r['model'])}[/bold]  {r['nodes']} nodes: "
                   f"{r['forward_nodes']} forward, {r['backward_nodes']} backward; "
@@ -181,6 +190,7 @@ def render_unsized(r: dict, console: Console, where: str = "above") -> None:
 
 
 def render_rewrite(r: dict, console: Console) -> None:
+    render_headline(r, console)
     render_unsized(r, console, "below")  # a plan on 0 B tensors (--allow-unsized) says so first
     render_facts(r, console)
     b, a = r["before"], r["after"]
@@ -290,6 +300,7 @@ def _render_module_sessions(m: dict | None, console: Console) -> None:
 
 def render_check(r: dict, console: Console) -> None:
     o, w, d = r["original"], r["rewritten"], r["original_ort_default"]
+    render_headline(r, console)  # none in a rewrite's check: the rewrite's report printed it
     console.print(f"[bold]{safe(r['model'])}[/bold] vs [bold]{safe(r['rewritten_model'])}[/bold] on {r['provider']} "
                   f"(ONNX Runtime {r['ort_version']})")
     t = _table("Measured (median of runs) and predicted", console, ("", "left"), ("peak in use", "right"),
@@ -384,6 +395,7 @@ def render_compare(r: dict, console: Console) -> None:
     from .compare import FIGURES
 
     cols = r["inputs"]
+    render_headline(r, console)
     console.print(f"[bold]Comparing {len(cols)} inputs[/bold] (second lines: change vs {safe(cols[0]['label'])}; "
                   "lower is green)")
     for k, c in enumerate(cols, 1):

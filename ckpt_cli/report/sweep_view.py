@@ -8,8 +8,9 @@ from math import ceil
 
 from rich.console import Console
 
+from .headline import headline
 from .model import envelope
-from .render import _table
+from .render import _table, render_headline
 from .svg import Axes
 from .text import safe
 from ..units import human_bytes, human_flops
@@ -19,7 +20,9 @@ SVG_W, SVG_H, MARGIN = 720, 420, 70
 
 
 def sweep_report(a, source, points: list[dict], options: dict, notes: list[str]) -> dict:
-    return {**envelope("plan", source, options), "sweep": points, "notes": notes,
+    knee = next((p["peak_bytes"] for p in points if p.get("knee")), None)
+    return {**envelope("plan", source, options), "headline": headline(a.priority.peak_bytes, knee),
+            "sweep": points, "notes": notes,
             "peak_bytes_before": a.priority.peak_bytes, "ort_peak_bytes_before": a.ort_peak_bytes}
 
 
@@ -45,6 +48,7 @@ def chart_lines(points: list[dict], width: int = CHART_W, height: int = CHART_H)
 
 def render_sweep(r: dict, console: Console) -> None:
     points = r["sweep"]
+    render_headline(r, console)
     console.print(f"[bold]{safe(r['model'])}[/bold]: predicted peak against recompute")
     console.print(f"  {len(points)} plans from the min-cut front; original {human_bytes(r['peak_bytes_before'])}")
     for note in r["notes"]:
