@@ -161,7 +161,7 @@ def test_derived_tensor_ids_name_what_every_node_reads_and_writes():
     a.graph.ids  # noqa: B018 (the parent's numbering exists: the derived path is taken)
     result = rewrite(a, layer_regions(a))
     for g in (result.graph, a.graph.with_node_list(list(reversed(a.graph.nodes)))):
-        assert "ids" in g.__dict__, "derived at construction"
+        assert g._derived.ids is not None, "derived at construction"
         ids = g.ids
         assert len(set(ids.names)) == len(ids.names) and all(ids.of[t] == k for k, t in enumerate(ids.names))
         for n, ins, outs in zip(g.nodes, ids.inputs, ids.outputs):
