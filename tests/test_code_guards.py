@@ -165,3 +165,20 @@ def test_no_module_reaches_into_an_instance_dict():
     found = [f"{path.relative_to(PACKAGE).as_posix()}:{k}" for path in sorted(PACKAGE.rglob("*.py"))
              for k, line in enumerate(path.read_text().splitlines(), 1) if "__dict__" in line]
     assert found == []
+
+
+def test_no_test_imports_bench():
+    """The tests build and measure with tests/fixtures/ (bench/ imports from there), so they
+    run from a tree without bench/. A test named ``test_bench_*`` tests a bench module itself
+    and may import it."""
+    tests = PACKAGE.parent / "tests"
+    found = []
+    for path in sorted(tests.rglob("*.py")):
+        if path.name.startswith("test_bench_"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            found += [f"{path.relative_to(tests).as_posix()}:{node.lineno}" for n in names
+                      if n.split(".")[0] == "bench"]
+    assert found == []

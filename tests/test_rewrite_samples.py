@@ -135,7 +135,7 @@ def test_the_originals_reuse_off_arena_is_replayed_only_where_a_reuse_off_option
     """A 5k-node transformer at 75%: the reuse-off options lose by their own (cut short)
     replays, so the input's reuse-off arena, which only decides whether a winning reuse-off
     option is clearly below the original, is never replayed; knowing it changes nothing."""
-    from bench.synthetic import build_transformer
+    from synthetic import build_transformer
     from ckpt_cli.graph import Graph
     from ckpt_cli.rewrite.select import make_plan
 
