@@ -30,20 +30,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+from tests.fixtures.flops import element_flops, matmul_flops
+
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 PEER_JSON = BENCH / "peer_pytorch.json"
 COMPARED = (0.5, 0.2)  # the budgets the done-when compares at
-
-
-def element_flops(a, nodes) -> int:
-    from ckpt_cli.analysis.cost import element_flops as of_node
-
-    return sum(of_node(a.graph.nodes[i], a.tensors) for i in nodes)
-
-
-def matmul_flops(a, nodes) -> int:
-    return sum(a.costs[i].matmul_flops for i in nodes)
 
 
 def _check(model: Path, plan: dict, work: Path, runs: int) -> dict:

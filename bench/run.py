@@ -41,6 +41,8 @@ formatting, ``run_measured``, the machine description) is in ``bench/common.py``
 7. ``budget`` against ``optimal`` on every sample (``bench/agreement.py``), through ``make_plan``.
 8. Install (``bench/install.py``, needs PyPI; not in --quick): the wheel's dependencies resolved for
    Linux x86_64, macOS arm64 and Windows AMD64, a fresh venv's size and ``ckpt --help``'s start time.
+9. Data walk (``bench/data_walk.py``, static, in --quick too): following the model from the rewrite and
+   inspect commands through every call it reaches, how often the walk returns to a module it left.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import big_weights, install, memory, plan_quality, speed
+from bench import big_weights, data_walk, install, memory, plan_quality, speed
 from bench.big_weights import bench_big_weights
 from bench.common import BENCH, ckpt_cmd, log, machine_info, nbytes, secs
 from bench.common import missing as _missing
@@ -96,6 +98,7 @@ def render_md(res: dict) -> str:
 
         render_agreement(res["agreement"], add)
     install.render(res.get("install"), add)
+    data_walk.render(res.get("data_walk"), add)
     if res.get("notes"):
         add("## Notes")
         add("")
@@ -308,6 +311,7 @@ def main(argv=None) -> int:
         ("agreement", a.skip_agreement, _agreement),
         ("peer", a.skip_peer, lambda: _peer(a.runs)),
         ("install", a.quick or a.skip_install, install.measure),
+        ("data_walk", False, data_walk.measure),
     ]
     res, measured_at = _start_from_kept(a, res)
     commit = res["machine"]["git"]["commit"] + ("+dirty" if res["machine"]["git"]["dirty"] else "")

@@ -1,9 +1,8 @@
 """Peak memory of a model under the sessions people actually run (issue 14).
 
-Each measurement runs in a fresh child process: one warm-up run, then one profiled run;
-the peak is the most ORT's CPU arena had in use during that run (profiler
-``mem_bytes_in_use``), one intra-op thread. Outputs of the warm-up are dropped before
-the measured run.
+Each measurement is ``tests/fixtures/sessions.py``'s (the tests measure with it too): a
+fresh child process, one warm-up run, then one profiled run; the peak is the most ORT's CPU
+arena had in use during that run (profiler ``mem_bytes_in_use``), one intra-op thread.
 
     python -m bench.sessions                  # rewrites the samples, writes bench/SESSIONS.md
     python -m bench.sessions --update NAME..  # re-measures those samples' rows of bench/SESSIONS.md
@@ -13,25 +12,12 @@ the measured run.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-# name -> (execution order, optimization level, memory pattern, buffer reuse as recorded)
-SESSIONS: dict[str, tuple[str | None, str | None, bool | None, bool]] = {
-    "plain": (None, None, None, False),  # InferenceSession(path): nothing set
-    "default_all": ("DEFAULT", "ORT_ENABLE_ALL", False, False),
-    "ckpt": ("PRIORITY_BASED", "ORT_DISABLE_ALL", False, True),  # what the model's metadata asks for
-    "priority_basic": ("PRIORITY_BASED", "ORT_ENABLE_BASIC", False, False),
-    "priority_extended": ("PRIORITY_BASED", "ORT_ENABLE_EXTENDED", False, False),
-    "priority_all": ("PRIORITY_BASED", "ORT_ENABLE_ALL", False, False),
-}
-# Measured but not in the table: the plain session without fusions (ckpt's model of it has none).
-EXTRA_SESSIONS = {"default_pattern": ("DEFAULT", "ORT_DISABLE_ALL", True, False)}
-
+from tests.fixtures.sessions import SESSIONS, make_feeds, measure, measure_process_peak
 
 _HEADER = """# Peak memory of the default rewrite under the sessions people run
 
@@ -55,131 +41,6 @@ fields: its row is the process peak (VmHWM above the state before the run, ORT's
 median of 3 runs) through ckpt's check worker, in every column.
 
 """
-
-
-def _child(spec: dict) -> dict:
-    import gc
-    import time
-
-    import numpy as np
-    import onnx
-    import onnxruntime as ort
-
-    from ckpt_cli.markers import MEM_REUSE_META
-
-    order, level, pattern, recorded = {**SESSIONS, **EXTRA_SESSIONS}[spec["session"]]
-    if recorded:  # what the model's metadata asks for (ORT's defaults for a graph ckpt left unchanged)
-        from ckpt_cli.ort.session import recorded_settings
-
-        s = recorded_settings(spec["model"])
-        order, level, pattern = s["execution_order"], s["graph_optimization_level"], s["enable_mem_pattern"]
-    so = ort.SessionOptions()
-    if order is not None:
-        so.execution_order = getattr(ort.ExecutionOrder, order)
-    if level is not None:
-        so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
-    if pattern is not None:
-        so.enable_mem_pattern = pattern
-    model = onnx.load(spec["model"], load_external_data=False)
-    meta = {p.key: p.value for p in model.metadata_props}
-    if recorded and meta.get(MEM_REUSE_META) == "0":
-        so.enable_mem_reuse = False
-    so.intra_op_num_threads = 1
-    so.enable_profiling = True
-    so.profile_file_prefix = os.path.join(spec["dir"], "p")
-    so.log_severity_level = 3
-    sess = ort.InferenceSession(spec["model"], so, providers=["CPUExecutionProvider"])
-    feeds = dict(np.load(spec["feeds"]))
-    sess.run(None, feeds)
-    gc.collect()
-    t0 = time.perf_counter()
-    out = sess.run(None, feeds)
-    elapsed = time.perf_counter() - t0
-    times = []
-    for _ in range(spec.get("timed_runs", 0)):
-        out = None
-        t0 = time.perf_counter()
-        out = sess.run(None, feeds)
-        times.append(time.perf_counter() - t0)
-    events = json.load(open(sess.end_profiling()))
-    runs = [e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"]
-    run = runs[1]
-    nodes = [e for e in events if e.get("cat") == "Node" and run["ts"] <= e["ts"] <= run["ts"] + run["dur"]
-             and e["name"].endswith("_kernel_time")]
-    peak = max((int(e["args"].get("mem_bytes_in_use", 0)) for e in nodes), default=0)
-    if spec.get("outputs"):
-        np.savez(spec["outputs"], **{o.name: v for o, v in zip(sess.get_outputs(), out)})
-    times = sorted(times) or [elapsed]
-    return {"peak_bytes": peak, "time_s": times[len(times) // 2], "min_s": times[0],
-            "executed": [e["name"][: -len("_kernel_time")] for e in nodes]}
-
-
-def make_feeds(model_path: str | Path, path: str | Path, seed: int = 0) -> None:
-    """Deterministic feeds: floats uniform in [-0.1, 0.1), integers alternate 0 and 1 (valid
-    token ids and labels for any vocabulary), the backward seed (a scalar float) 1.0."""
-    import numpy as np
-    import onnx
-
-    model = onnx.load(str(model_path), load_external_data=False)
-    init = {t.name for t in model.graph.initializer}
-    rng = np.random.default_rng(seed)
-    feeds = {}
-    for v in model.graph.input:
-        if v.name in init or v.type.WhichOneof("value") != "tensor_type":
-            continue  # an optional input (ckpt's memory-pattern switch) is left out: ORT runs it as None
-        t = v.type.tensor_type
-        shape = [d.dim_value if d.HasField("dim_value") else 1 for d in t.shape.dim]
-        dtype = onnx.helper.tensor_dtype_to_np_dtype(t.elem_type)
-        if np.issubdtype(dtype, np.floating):
-            value = np.ones(shape, dtype) if not shape else rng.uniform(-0.1, 0.1, shape).astype(dtype)
-        else:
-            value = (np.arange(int(np.prod(shape)), dtype=np.int64) % 2).reshape(shape).astype(dtype)
-        feeds[v.name] = value
-    np.savez(path, **feeds)
-
-
-def measure(model: str | Path, session: str, feeds: str | Path, outputs: str | Path | None = None,
-            timed_runs: int = 0, python: str | None = None) -> dict:
-    """Measure ``model`` under ``session`` (a key of SESSIONS) in a fresh child process:
-    ``peak_bytes``, ``time_s`` (median of ``timed_runs``, else the profiled run) and the
-    ``executed`` node order (``min_s``: the fastest timed run)."""
-    with tempfile.TemporaryDirectory(prefix="ckpt_sessions_") as tmp:
-        spec = {"model": os.path.abspath(model), "session": session, "feeds": os.path.abspath(feeds),
-                "dir": tmp, "outputs": os.path.abspath(outputs) if outputs else None, "timed_runs": timed_runs}
-        spec_path = os.path.join(tmp, "spec.json")
-        Path(spec_path).write_text(json.dumps(spec))
-        env = dict(os.environ, OMP_NUM_THREADS="1")
-        done = subprocess.run([python or sys.executable, __file__, "--child", spec_path], capture_output=True,
-                              text=True, env=env, timeout=600)
-        if done.returncode != 0:
-            raise RuntimeError(f"measuring {model} under {session} failed: {done.stderr.strip()[-2000:]}")
-        return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def measure_process_peak(model: str | Path, session: str, feeds: str | Path, python: str,
-                         runs: int = 3) -> dict:
-    """``measure`` for ORT builds whose profiler has no memory fields (onnxruntime-training
-    1.19.2, the only build that runs ORT training artifacts): ckpt's check worker under
-    ``python`` reads the process peak, VmHWM above the state before the run, with ORT's arena
-    off (``ckpt_cli/verify/worker.py``). ``peak_bytes`` is the median of ``runs``."""
-    from ckpt_cli.ort.session import recorded_settings
-    from ckpt_cli.verify import driver
-    from ckpt_cli.verify.settings import ort_default_session_settings
-
-    order, level, pattern, recorded = SESSIONS[session]
-    if recorded:
-        settings = recorded_settings(model)
-    else:
-        settings = ort_default_session_settings("cpu")
-        settings["measurement_only"] = dict(settings["measurement_only"], process_peak_with_arena=False)
-        for key, value in (("execution_order", order), ("graph_optimization_level", level),
-                           ("enable_mem_pattern", pattern)):
-            if value is not None:
-                settings[key] = value
-    r = driver.run_model(model, feeds, provider="cpu", settings=settings, runs=runs,
-                         worker=driver.WorkerOptions(python=python, memory_method="process_peak"))
-    return {"peak_bytes": r["peak_bytes"], "min_s": min(run["time_s"] for run in r["runs"]),
-            "executed": r["executed_order"]}
 
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -290,9 +151,6 @@ def table(tmp: Path, timed_runs: int = 5, training_python: str | None = None,
 
 
 def main(argv: list[str]) -> int:
-    if argv[:1] == ["--child"]:
-        print(json.dumps(_child(json.loads(Path(argv[1]).read_text()))))
-        return 0
     training = str(TRAINING_PYTHON) if TRAINING_PYTHON.exists() else None
     if argv[:1] == ["--sample"]:  # rows to stdout
         with tempfile.TemporaryDirectory() as tmp:

@@ -66,7 +66,7 @@ class Loaded:
 def _typed(name: str, value, cls: type | tuple[type, ...]):
     """``value`` when it is None or a ``cls``; anything else is the caller's TypeError."""
     if value is not None and not isinstance(value, cls):
-        expected = "a path" if cls is _PATH else cls.__name__
+        expected = "a path" if isinstance(cls, tuple) else cls.__name__
         raise TypeError(f"{name}: expected {expected}, got {type(value).__name__}")
     return value
 
@@ -413,7 +413,8 @@ def _judged_default(a: Analysis, planned: Planned, options: RewriteOptions, writ
 def _rewritten(a: Analysis, loaded: Loaded, options: RewriteOptions, analysis: AnalysisOptions,
                output: str | Path | None, progress: Callable[[str], None] | None) -> RewriteModelResult:
     """Plan, rewrite, write (when ``output``) and report."""
-    replan = None if options.no_recompute else (lambda d: make_plan(d, options.plan, pin=options.pin))
+    replan: Callable[[Analysis], Planned | None] | None = (
+        None if options.no_recompute else (lambda d: make_plan(d, options.plan, pin=options.pin)))
     stage("planning")
     planned = None if options.no_recompute else make_plan(a, options.plan, progress=progress, pin=options.pin)
     scaled = scaling(a)
@@ -429,7 +430,8 @@ def _rewritten(a: Analysis, loaded: Loaded, options: RewriteOptions, analysis: A
     rewritten, result, written, optimized, more = _written(rewritten, result, a, loaded, options, output)
     report = rewrite_report(a, loaded.source, result, str(written[0]) if written else None,
                             chosen.to_json([n.name for n in a.graph.nodes]) if chosen else None, notes + more,
-                            settings_snippet(options.ort_optimize if optimized else "cpu", result.mem_reuse,
+                            settings_snippet(options.ort_optimize if optimized and options.ort_optimize else "cpu",
+                                             result.mem_reuse,
                                              str(written[0]) if written else None, result.session,
                                              result.pattern_off.input if result.pattern_off else None),
                             {**options.to_json(), **analysis.to_json()})
@@ -449,21 +451,21 @@ def _written(rewritten: onnx.ModelProto, result: RewriteResult, a: Analysis, loa
         # A graph written unchanged runs under ORT's defaults, which optimize it themselves.
         notes.append("--ort-optimize: nothing to optimize offline, the graph is written unchanged for ORT's defaults")
     elif options.ort_optimize is not None:
-        rewritten, result, written, optimized = _ort_optimized(rewritten, result, a, options, loaded, output)
+        rewritten, result, written, optimized = _ort_optimized(rewritten, result, a, options.ort_optimize,
+                                                               options.timeout, loaded, output)
     if optimized is None:
         written = save_model(rewritten, Path(output), source_dir=loaded.data_dir) if output is not None else []
     return rewritten, result, written, optimized, notes
 
 
-def _ort_optimized(rewritten: onnx.ModelProto, result: RewriteResult, a: Analysis, options: RewriteOptions,
-                   loaded: Loaded, output: str | Path | None):
+def _ort_optimized(rewritten: onnx.ModelProto, result: RewriteResult, a: Analysis, device: str,
+                   timeout: float | None, loaded: Loaded, output: str | Path | None):
     """ORT's optimization of the rewrite (``ckpt_cli/ort/optimize.py``), written to ``output``
     when given: (model, result, files written, Optimized)."""
     from .ort.optimize import ort_optimize
 
     with tempfile.TemporaryDirectory(prefix="ckpt_ortopt_") as tmp:
-        optimized = ort_optimize(rewritten, result, a, options.ort_optimize, Path(tmp), loaded.data_dir,
-                                 options.timeout)
+        optimized = ort_optimize(rewritten, result, a, device, Path(tmp), loaded.data_dir, timeout)
         model = optimized.model
         written = save_model(model, Path(output), source_dir=Path(tmp)) if output is not None else []
         if output is None and optimized.external:

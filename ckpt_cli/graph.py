@@ -10,8 +10,8 @@ from __future__ import annotations
 import gc
 import heapq
 import math
-from dataclasses import dataclass, field
-from functools import cached_property, wraps
+from dataclasses import dataclass, field, replace
+from functools import wraps
 from itertools import chain
 from pathlib import Path
 from typing import Any, Callable, Iterable, ParamSpec, TypeVar, cast
@@ -105,6 +105,17 @@ class TensorIds:
 
 
 @dataclass(eq=False)
+class _Derived:
+    """What a graph derives from its nodes on first use, kept (a Graph is not changed
+    after it is built) and handed to a graph that shares the nodes' links."""
+
+    preds: list[list[int]] | None = None
+    succs: list[list[int]] | None = None
+    ids: TensorIds | None = None
+    topological: list[int] | None = None
+
+
+@dataclass(eq=False)
 class Graph:
     """An ONNX graph indexed for analysis. Node order is the file order."""
 
@@ -119,6 +130,7 @@ class Graph:
     # Nodes ORT makes when it inlines a function op of the file at session start: it numbers
     # them after the file's nodes, which decides where its PRIORITY_BASED order runs them.
     inlined: tuple[int, ...] = ()
+    _derived: _Derived = field(default_factory=_Derived, init=False, repr=False)
 
     @classmethod
     def from_model(cls, model: onnx.ModelProto, path: Path | None = None) -> "Graph":
@@ -139,8 +151,8 @@ class Graph:
         """``with_nodes`` from already indexed nodes (renumbered by position): their protos are
         not read again, so they must not have changed since they were indexed."""
         graph = self._relinked(nodes)
-        if "ids" in self.__dict__:
-            graph.ids = self._derived_ids(nodes)
+        if self._derived.ids is not None:
+            graph._derived.ids = self._derived_ids(nodes)
         return graph
 
     def _relinked(self, nodes: list[Node]) -> "Graph":
@@ -186,9 +198,9 @@ class Graph:
     def reordered(self, order: list[int]) -> "Graph":
         """This graph's nodes in ``order`` (node ``k`` of the result is ``self.nodes[order[k]]``)."""
         graph = self._relinked([self.nodes[i] for i in order])
-        ids = self.__dict__.get("ids")
+        ids = self._derived.ids
         if ids is not None:  # the same tensors: keep their numbers
-            graph.ids = TensorIds(ids.names, ids.of, [ids.inputs[i] for i in order], [ids.outputs[i] for i in order])
+            graph._derived.ids = TensorIds(ids.names, ids.of, [ids.inputs[i] for i in order], [ids.outputs[i] for i in order])
         return graph
 
     def replaced(self, protos: dict[int, onnx.NodeProto]) -> "Graph":
@@ -207,9 +219,7 @@ class Graph:
             nodes[i] = Node(i, n.name, n.op_type, n.domain, n.inputs, n.outputs, p, n.implicit)
         graph = Graph(self.model, nodes, list(self.inputs), list(self.outputs), dict(self.initializers),
                       self.producer, self.consumers)
-        for key in ("preds", "succs", "ids", "_topological"):
-            if key in self.__dict__:
-                graph.__dict__[key] = self.__dict__[key]
+        graph._derived = replace(self._derived)
         return graph
 
     def _link(self) -> None:
@@ -242,22 +252,31 @@ class Graph:
     def successors(self, node: Node) -> list[int]:
         return [c for t in node.outputs for c in self.consumers.get(t, ())]
 
-    @cached_property
+    @property
     def preds(self) -> list[list[int]]:
         """``predecessors`` of every node, by index (computed once)."""
-        producer = self.producer
-        return [[producer[t] for t in n.reads if t in producer] for n in self.nodes]
+        if self._derived.preds is None:
+            producer = self.producer
+            self._derived.preds = [[producer[t] for t in n.reads if t in producer] for n in self.nodes]
+        return self._derived.preds
 
-    @cached_property
+    @property
     def succs(self) -> list[list[int]]:
         """``successors`` of every node, by index (computed once)."""
-        consumers = self.consumers
-        return [[c for t in n.outputs for c in consumers.get(t, ())] for n in self.nodes]
+        if self._derived.succs is None:
+            consumers = self.consumers
+            self._derived.succs = [[c for t in n.outputs for c in consumers.get(t, ())] for n in self.nodes]
+        return self._derived.succs
 
-    @cached_property
+    @property
     def ids(self) -> TensorIds:
         """Every tensor name (resident, node inputs and outputs, graph outputs) as an int, in an
         arbitrary order fixed for the graph (computed once)."""
+        if self._derived.ids is None:
+            self._derived.ids = self._intern_all()
+        return self._derived.ids
+
+    def _intern_all(self) -> TensorIds:
         names = [t for t in dict.fromkeys(chain(self.resident, self.outputs, self.producer, self.consumers))
                  if t != ABSENT]
         of = {t: i for i, t in enumerate(names)}
@@ -268,7 +287,7 @@ class Graph:
     def topological_order(self) -> list[int]:
         """Kahn's algorithm, lowest file index first; raises ModelError on a cycle.
         Computed once per graph (a Graph is not changed after it is built)."""
-        cached: list[int] | None = self.__dict__.get("_topological")
+        cached = self._derived.topological
         if cached is not None:
             return cached
         preds = self.preds
@@ -276,7 +295,7 @@ class Graph:
             order = list(range(len(preds)))
         else:
             order = self._kahn()
-        self.__dict__["_topological"] = order
+        self._derived.topological = order
         return order
 
     def _kahn(self) -> list[int]:

@@ -157,3 +157,28 @@ def test_the_api_uses_no_private_name_of_another_module():
     private = [f"{node.module}.{a.name}" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
                for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
     assert private == []
+
+
+def test_no_module_reaches_into_an_instance_dict():
+    """Caches are fields, ``cached_property`` or explicit cache objects: writing an object's
+    ``__dict__`` from outside it hides state from its type, its readers and mypy."""
+    found = [f"{path.relative_to(PACKAGE).as_posix()}:{k}" for path in sorted(PACKAGE.rglob("*.py"))
+             for k, line in enumerate(path.read_text().splitlines(), 1) if "__dict__" in line]
+    assert found == []
+
+
+def test_no_test_imports_bench():
+    """The tests build and measure with tests/fixtures/ (bench/ imports from there), so they
+    run from a tree without bench/. A test named ``test_bench_*`` tests a bench module itself
+    and may import it."""
+    tests = PACKAGE.parent / "tests"
+    found = []
+    for path in sorted(tests.rglob("*.py")):
+        if path.name.startswith("test_bench_"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            found += [f"{path.relative_to(tests).as_posix()}:{node.lineno}" for n in names
+                      if n.split(".")[0] == "bench"]
+    assert found == []

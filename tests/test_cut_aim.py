@@ -128,7 +128,7 @@ def test_the_guesses_on_the_original_schedule_are_near_every_corner_s_real_peak(
 
 @pytest.fixture(scope="module")
 def transformer():
-    from bench.synthetic import build_transformer
+    from synthetic import build_transformer
     from ckpt_cli.analysis import analyse
     from ckpt_cli.graph import Graph
 
@@ -177,7 +177,7 @@ def test_a_lean_cut_search_needs_a_judged_rewrite_s_memory(transformer):
 @pytest.fixture(scope="module")
 def over_20k():
     """A transformer just above STRUCTURES_FIRST_NODES, where only the structure search runs."""
-    from bench.synthetic import build_transformer
+    from synthetic import build_transformer
     from ckpt_cli.analysis import analyse
     from ckpt_cli.graph import Graph
     from ckpt_cli.planning.cutsearch import STRUCTURES_FIRST_NODES

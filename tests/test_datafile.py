@@ -12,7 +12,7 @@ import onnx
 import pytest
 from click.testing import CliRunner
 
-from bench.synthetic import save_transformer
+from synthetic import save_transformer
 from ckpt_cli.cli import main
 from ckpt_cli.errors import UsageError
 from ckpt_cli.io import datafile, save

@@ -16,8 +16,8 @@ from ckpt_cli.rewrite import rewrite
 from ckpt_cli.io.written import to_model
 from ckpt_cli.io.save import save_model
 
-from bench.sessions import make_feeds, measure
-from bench.synthetic import build_transformer
+from sessions import make_feeds, measure
+from synthetic import build_transformer
 
 LOSS = "/loss/SoftmaxCrossEntropyLoss"
 

@@ -90,7 +90,7 @@ def test_fresh_never_raises_the_recorded_settings_peak_on_ort(tmp_path):
     from conftest import ROOT
 
     sys.path.insert(0, str(ROOT))
-    from bench.sessions import make_feeds as session_feeds, measure
+    from sessions import make_feeds as session_feeds, measure
 
     from ckpt_cli.rewrite.select import make_plan, rewrite_plan
 

@@ -16,7 +16,7 @@ import onnx
 import pytest
 from click.testing import CliRunner
 
-from bench.sessions import make_feeds, measure
+from sessions import make_feeds, measure
 from conftest import SAMPLES
 from ckpt_cli.analysis import analyse
 from ckpt_cli.analysis.pattern import pattern_allowed, predict_plain, predict_unpatterned

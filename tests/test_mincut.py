@@ -210,7 +210,7 @@ def test_the_front_dominates_pytorchs_min_cut_at_half_and_a_fifth(model):
     """bench/peer_pytorch.json: PyTorch's partitioner on the models the gpt samples come from."""
     import json
 
-    from bench.peer import matmul_flops
+    from flops import matmul_flops
     from conftest import ROOT
 
     a = analyse(load_graph(SAMPLES / f"{model}.onnx"))

@@ -274,6 +274,26 @@ def test_conv_grad_scratch_is_one_images_im2col_columns_and_a_row_of_ones():
     assert held(2) == (3 * 9 * pixels + pixels) * 4
 
 
+def test_conv_scratch_is_unknown_where_a_dimension_it_multiplies_is_symbolic():
+    """A kernel or channel dimension left symbolic (a weight computed at run time) makes
+    the im2col buffer unknown: 0, as for an unsized tensor, not a TypeError or a str."""
+    from ckpt_cli.ort.scratch import scratch_bytes
+
+    def held(op: str, w: tuple, **extra: tuple) -> object:
+        ins, outs = (["dy", "x", "w"], ["dx", "dw", "db"]) if op == "ConvGrad" else (["x", "w"], ["y"])
+        node = helper.make_node(op, ins, outs, domain="com.microsoft" if op == "ConvGrad" else "")
+        sized = {"dy": ((2, 64, 4, 4), 4), "x": ((2, 4, 6, 6), 4), "w": (w, 4), "y": ((2, 64, 4, 4), 4), **extra}
+        return scratch_bytes(Graph.from_model(_model([node], [], [])).nodes[0], sized.get)
+
+    assert held("ConvGrad", (64, 4, 3, 3)) == (4 * 9 * 16 + 16) * 4  # the premise: known, it counts
+    assert held("Conv", (64, 4, 3, 3)) == 16 * 4 * 9 * 4
+    for op in ("ConvGrad", "Conv"):
+        assert held(op, (64, 4, "k", 3)) == 0
+    assert held("Conv", (64, "c", 3, 3)) == 0
+    assert held("ConvGrad", (64, 4, 3, 3), x=((2, "c", 6, 6), 4)) == 0
+    assert held("ConvGrad", (64, 4, 3, 3), dy=(("n", 64, 4, 4), 4)) == (4 * 9 * 16 + 16) * 4  # batch unused
+
+
 def test_conv_scratch_expands_im2col_only_with_more_filters_than_pixels():
     """MLAS Conv reads a pointwise conv's input as it is; with more filters per group than
     output pixels it expands the whole im2col matrix (pixels x C_in/group x kernel)."""

@@ -120,7 +120,7 @@ def test_check_fails_a_process_peak_prediction_far_off(training_python, rewritte
 def test_session_matrix_below_the_original(training_python, tmp_path):
     """bench/sessions.py's row for the artifact: (a) a plain InferenceSession, (b) DEFAULT order
     with ORT_ENABLE_ALL, (c) the recorded settings; each below the original in a plain session."""
-    from bench.sessions import make_feeds, measure_process_peak
+    from sessions import make_feeds, measure_process_peak
 
     feeds = tmp_path / "feeds.npz"
     make_feeds(ARTIFACT, feeds)

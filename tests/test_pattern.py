@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bench.sessions import make_feeds, measure
+from sessions import make_feeds, measure
 from conftest import SAMPLES
 from ckpt_cli.analysis import analyse
 from ckpt_cli.analysis.pattern import MemPatternPlanner, predict_plain
@@ -119,7 +119,7 @@ def test_fused_figure_is_exact(tmp_path):
     order it wrote it."""
     import onnx
 
-    from bench.synthetic import build_transformer
+    from synthetic import build_transformer
     from ckpt_cli import api
     from ckpt_cli.verify import driver
     from ckpt_cli.verify.feeds import make_feeds, save_feeds

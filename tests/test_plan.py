@@ -166,7 +166,7 @@ def test_large_graph_unreachable_budget_stops_at_the_first_floor_far_above_it(mo
     """Above LARGE_GRAPH_NODES the structures' floors lie within STRUCTURE_SPREAD of each
     other: a budget far below the first floor is unreachable after that one rewrite (the
     other structures' floors, each a whole-graph rewrite, are not taken)."""
-    from bench.synthetic import build_transformer
+    from synthetic import build_transformer
     from ckpt_cli.graph import Graph
     from ckpt_cli.rewrite.select import make_plan
     from ckpt_cli.planning import cutsearch

@@ -135,7 +135,7 @@ def test_the_originals_reuse_off_arena_is_replayed_only_where_a_reuse_off_option
     """A 5k-node transformer at 75%: the reuse-off options lose by their own (cut short)
     replays, so the input's reuse-off arena, which only decides whether a winning reuse-off
     option is clearly below the original, is never replayed; knowing it changes nothing."""
-    from bench.synthetic import build_transformer
+    from synthetic import build_transformer
     from ckpt_cli.graph import Graph
     from ckpt_cli.rewrite.select import make_plan
 
@@ -161,7 +161,7 @@ def test_derived_tensor_ids_name_what_every_node_reads_and_writes():
     a.graph.ids  # noqa: B018 (the parent's numbering exists: the derived path is taken)
     result = rewrite(a, layer_regions(a))
     for g in (result.graph, a.graph.with_node_list(list(reversed(a.graph.nodes)))):
-        assert "ids" in g.__dict__, "derived at construction"
+        assert g._derived.ids is not None, "derived at construction"
         ids = g.ids
         assert len(set(ids.names)) == len(ids.names) and all(ids.of[t] == k for k, t in enumerate(ids.names))
         for n, ins, outs in zip(g.nodes, ids.inputs, ids.outputs):

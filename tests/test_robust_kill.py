@@ -14,7 +14,7 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from bench.synthetic import save_transformer
+from synthetic import save_transformer
 
 pytestmark = pytest.mark.slow
 

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from ckpt_cli.io import safewrite, save
 from ckpt_cli.cli import main
 from ckpt_cli.errors import CkptError, OutputError, UsageError
-from bench.synthetic import save_transformer
+from synthetic import save_transformer
 
 sys.path.insert(0, str(Path(__file__).parent))
 

@@ -1,4 +1,5 @@
-"""Checks for the two training-graph generators: bench.synthetic and tests/randgraph."""
+"""Checks for the two training-graph generators: tests/fixtures/synthetic (bench.synthetic's too) and
+tests/randgraph."""
 
 from __future__ import annotations
 
@@ -15,9 +16,8 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, _HERE)
 
 from randgraph import build_random_training_graph, param_names, random_feeds, training_graphs  # noqa: E402
-
-from bench import synthetic  # noqa: E402
-from bench.synthetic import build_transformer, estimate_nodes, save_transformer  # noqa: E402
+import synthetic  # noqa: E402
+from synthetic import build_transformer, estimate_nodes, save_transformer  # noqa: E402
 
 TINY = dict(layers=2, d_model=16, heads=4, seq=8, batch=2, vocab=32)
 

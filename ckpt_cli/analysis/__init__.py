@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import chain
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 from functools import cached_property
 
 from ..errors import UsageError
@@ -31,6 +31,20 @@ class Stashed:
     consumers: tuple[int, ...]  # backward consumers
 
 
+_T = TypeVar("_T")
+
+
+@dataclass(eq=False)
+class _Memo:
+    """An analysis's results computed on demand, by argument: the simulations and arena
+    replays per buffer reuse, and what callers derive from the analysis (``derived``)."""
+
+    profiles: dict[bool, MemoryProfile] = field(default_factory=dict)
+    arenas: dict[bool, "ArenaResult"] = field(default_factory=dict)
+    without_reuse: Callable[[], MemoryProfile] | None = None  # makes profiles[False] on demand
+    derived: dict[Callable[..., Any], Any] = field(default_factory=dict)
+
+
 @dataclass(frozen=True)
 class Analysis:
     """Everything ckpt knows of a graph. Costs, scopes, stashed tensors and the DEFAULT
@@ -45,6 +59,7 @@ class Analysis:
     grad_outputs_given: tuple[str, ...] | None = None
     dims: tuple[tuple[str, int], ...] = ()  # symbolic dimension values the sizes are taken at
     default_dims: tuple[str, ...] = ()  # those of them ckpt chose (no --dim given)
+    _memo: _Memo = field(default_factory=_Memo, init=False, repr=False, compare=False)
 
     @cached_property
     @gc_paused
@@ -84,9 +99,9 @@ class Analysis:
         """The PRIORITY_BASED simulation with ORT's buffer reuse on or off (computed once)."""
         if reuse_buffers == self.reuse_buffers:
             return self.priority
-        cache = self.__dict__.setdefault("_profiles", {})
-        if reuse_buffers not in cache and not reuse_buffers and "_without_reuse" in self.__dict__:
-            cache[reuse_buffers] = self.__dict__.pop("_without_reuse")()
+        cache, memo = self._memo.profiles, self._memo
+        if reuse_buffers not in cache and not reuse_buffers and memo.without_reuse is not None:
+            cache[reuse_buffers], memo.without_reuse = memo.without_reuse(), None
         if reuse_buffers not in cache:
             cache[reuse_buffers] = simulate(self.graph, self.priority.order, self.tensors,
                                             reuse_buffers=reuse_buffers)
@@ -95,7 +110,7 @@ class Analysis:
     def arena(self, reuse_buffers: bool) -> "ArenaResult":
         """ORT's arena replayed for the PRIORITY_BASED order, with ORT's buffer reuse on or
         off (computed once each)."""
-        cache = self.__dict__.setdefault("_arena", {})
+        cache = self._memo.arenas
         if reuse_buffers not in cache:
             from .arena import predict_in_use
 
@@ -104,7 +119,7 @@ class Analysis:
 
     def knows_arena(self, reuse_buffers: bool) -> bool:
         """Whether ``arena(reuse_buffers)`` is already replayed (free to read)."""
-        return reuse_buffers in self.__dict__.get("_arena", {})
+        return reuse_buffers in self._memo.arenas
 
     def arena_in_use(self, reuse_buffers: bool) -> int:
         """Predicted peak of ORT's arena in use for the PRIORITY_BASED order (``arena``)."""
@@ -129,7 +144,15 @@ class Analysis:
 
     def remember_arena(self, reuse_buffers: bool, arena: "ArenaResult") -> None:
         """Record ``arena(reuse_buffers)`` where a caller replayed it already."""
-        self.__dict__.setdefault("_arena", {})[reuse_buffers] = arena
+        self._memo.arenas[reuse_buffers] = arena
+
+    def derived(self, make: Callable[["Analysis"], _T]) -> _T:
+        """``make(self)``, computed once per analysis: for what a caller builds from an analysis
+        again and again and never changes (``make`` must be a module-level function)."""
+        memo = self._memo.derived
+        if make not in memo:
+            memo[make] = make(self)
+        return memo[make]
 
     @property
     def output_bytes(self) -> int:
@@ -248,7 +271,7 @@ def analyse(graph: Graph, dims: dict[str, int] | None = None, loss: str | None =
     if written is None:
         a.phases  # noqa: B018 - classified now: its errors belong to loading
     if without_reuse is not None:
-        a.__dict__["_without_reuse"] = without_reuse  # profile(False) without walking the graph again
+        a._memo.without_reuse = without_reuse  # profile(False) without walking the graph again
     return a
 
 

@@ -69,7 +69,7 @@ class _Terminated(BaseException):
     the check's child process) runs before ckpt exits."""
 
 
-def _on_sigterm(signum, frame):  # noqa: ARG001
+def _on_sigterm(_signum, _frame):
     raise _Terminated()
 
 

@@ -35,7 +35,7 @@ def analysis_options(f):
     return f
 
 
-def remember_json(ctx: click.Context, param: click.Parameter, value: bool) -> bool:  # noqa: ARG001
+def remember_json(ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
     """A failure under --json prints a JSON error object too (cli.main.fail): a CI step that
     parses stdout gets the exit code and the message, not an empty document."""
     if value:

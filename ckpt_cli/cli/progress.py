@@ -6,7 +6,8 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import TextIO
+from types import TracebackType
+from typing import Callable, TextIO
 
 # A log gets a stage's line once the stage has lasted this long, and again every HEARTBEAT_S
 # while it lasts: a quick command (or one that fails at once) prints no progress at all.
@@ -26,25 +27,27 @@ class Progress:
     shown live on a terminal or as lines in a log; does nothing when ``mode`` is None."""
 
     def __init__(self, first: str, mode: str | None, stream: TextIO | None = None,
-                 clock=time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.mode, self.stream, self.clock = mode, stream or sys.stderr, clock
         self.started = clock()
         self.text, self.detail_text = first, ""
         self.stage_started, self.said, self.last_line, self.lines = self.started, False, 0.0, 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._live = self._thread = None
+        self._live: _LiveLine | None = None
+        self._thread: threading.Thread | None = None
 
     def __enter__(self) -> "Progress":
         if self.mode == "live":
-            self._live = _LiveLine(self.text, self.stream)
-            self._live.start()
+            live = self._live = _LiveLine(self.text, self.stream)
+            live.start()
         elif self.mode == "lines":
-            self._thread = threading.Thread(target=self._watch, name="ckpt-progress", daemon=True)
-            self._thread.start()
+            thread = self._thread = threading.Thread(target=self._watch, name="ckpt-progress", daemon=True)
+            thread.start()
         return self
 
-    def __exit__(self, kind, error, tb) -> None:
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 tb: TracebackType | None) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()

@@ -14,81 +14,92 @@ measurement.
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
-Shape = Optional[tuple]
-Sized = Callable[[str], Optional[tuple[Shape, int]]]  # tensor -> (shape, item size)
+from ..graph import Node
 
-
-def _elements(shape: Shape) -> int | None:
-    if shape is None or not all(isinstance(d, int) for d in shape):
-        return None
-    return math.prod(shape)
+Dims = tuple[Union[int, str], ...]  # a str: a symbolic dimension
+Sized = Callable[[str], Optional[tuple[Optional[Dims], int]]]  # tensor -> (shape, item size)
 
 
-def _layer_norm_grad(node, sized: Sized) -> int:
+def _shaped(sized: Sized, tensor: str) -> tuple[Dims, int] | None:
+    """``tensor``'s shape and item size, when its shape is known (dimensions may be symbolic)."""
+    found = sized(tensor)
+    return (found[0], found[1]) if found is not None and found[0] is not None else None
+
+
+def _elements(shape: Dims) -> int | None:
+    ints = [d for d in shape if isinstance(d, int)]
+    return math.prod(ints) if len(ints) == len(shape) else None
+
+
+def _layer_norm_grad(node: Node, sized: Sized) -> int:
     """LayerNormalizationGrad and its variants: four M x N arrays the size of X (input 1)."""
-    x = sized(node.inputs[1]) if len(node.inputs) > 1 else None
-    n = _elements(x[0]) if x else None
-    return 4 * n * x[1] if n else 0
+    x = _shaped(sized, node.inputs[1]) if len(node.inputs) > 1 else None
+    if x is None or not (n := _elements(x[0])):
+        return 0
+    return 4 * n * x[1]
 
 
-def _softmax_cross_entropy(node, sized: Sized) -> int:
+def _softmax_cross_entropy(node: Node, sized: Sized) -> int:
     """SoftmaxCrossEntropyLoss: the shifted logits (N x C), a transposed copy of logits of
     rank above 2, and log-probabilities of its own when the node has no log_prob output."""
-    logits = sized(node.inputs[0])
-    n = _elements(logits[0]) if logits else None
-    if not n:
+    logits = _shaped(sized, node.inputs[0])
+    if logits is None or not (n := _elements(logits[0])):
         return 0
     copies = 1 + (len(logits[0]) > 2) + (len(node.outputs) < 2 or not node.outputs[1])
     return copies * n * logits[1]
 
 
-def _broadcast_elements(a: Shape, b: Shape) -> int | None:
-    if a is None or b is None:
-        return None
+def _broadcast_elements(a: Dims, b: Dims) -> int | None:
     rank = max(len(a), len(b))
     a, b = (1,) * (rank - len(a)) + tuple(a), (1,) * (rank - len(b)) + tuple(b)
     dims = [y if x == 1 else x for x, y in zip(a, b)]
     return _elements(tuple(dims))
 
 
-def _where(node, sized: Sized) -> int:
+def _where(node: Node, sized: Sized) -> int:
     """Where: the two branches each broadcast against the condition before the select."""
-    cond, x, y = (sized(t) for t in node.inputs[:3])
+    cond, x, y = (_shaped(sized, t) for t in node.inputs[:3])
     if not (cond and x and y):
         return 0
     nx, ny = _broadcast_elements(cond[0], x[0]), _broadcast_elements(cond[0], y[0])
     return (nx + ny) * x[1] if nx is not None and ny is not None else 0
 
 
-def _conv_grad(node, sized: Sized) -> int:
+def _conv_grad(node: Node, sized: Sized) -> int:
     """ConvGrad(dY, X, W): an im2col column buffer for one image and group (input channels
-    per group x kernel elements x output pixels) and a row of ones (output pixels)."""
-    dy, x, w = (sized(t) for t in node.inputs[:3])
-    if not (dy and x and w) or _elements(dy[0][2:]) is None or not isinstance(x[0][1], int):
+    per group x kernel elements x output pixels) and a row of ones (output pixels).
+    Unknown (0) where a dimension it multiplies is symbolic."""
+    dy, x, w = (_shaped(sized, t) for t in node.inputs[:3])
+    if not (dy and x and w):
         return 0
-    groups = node.attr("group", 1) or 1
-    pixels = _elements(dy[0][2:])
-    return (x[0][1] // groups * _elements(w[0][2:]) * pixels + pixels) * x[1]
+    pixels, kernel, channels = _elements(dy[0][2:]), _elements(w[0][2:]), x[0][1]
+    if pixels is None or kernel is None or not isinstance(channels, int):
+        return 0
+    groups = int(node.attr("group", 1) or 1)
+    return (channels // groups * kernel * pixels + pixels) * x[1]
 
 
-def _conv(node, sized: Sized) -> int:
+def _conv(node: Node, sized: Sized) -> int:
     """Conv (MLAS): a pointwise conv reads its input directly; one with more filters per
     group than output pixels expands the whole im2col matrix (output pixels x input
-    channels per group x kernel elements); others work in per-thread slices of 64 KiB."""
-    x, w, y = sized(node.inputs[0]), sized(node.inputs[1]), sized(node.outputs[0])
-    if not (x and w and y) or _elements(y[0][2:]) is None or not isinstance(w[0][0], int):
+    channels per group x kernel elements); others work in per-thread slices of 64 KiB.
+    Unknown (0) where a dimension it multiplies is symbolic."""
+    x, w, y = _shaped(sized, node.inputs[0]), _shaped(sized, node.inputs[1]), _shaped(sized, node.outputs[0])
+    if not (x and w and y):
         return 0
-    groups = node.attr("group", 1) or 1
-    kernel, pixels = _elements(w[0][2:]), _elements(y[0][2:])
+    pixels, kernel, filters, channels = _elements(y[0][2:]), _elements(w[0][2:]), w[0][0], w[0][1]
+    if pixels is None or not isinstance(filters, int):
+        return 0
+    groups = int(node.attr("group", 1) or 1)
     pointwise = kernel == 1 and set(node.attr("strides", [])) <= {1} and set(node.attr("pads", [])) <= {0}
-    if pointwise or w[0][0] // groups <= pixels:
+    if pointwise or filters // groups <= pixels or kernel is None or not isinstance(channels, int):
         return 0
-    return pixels * w[0][1] * kernel * x[1]
+    return pixels * channels * kernel * x[1]
 
 
-_RULES: dict[tuple[str, str], Callable] = {
+_RULES: dict[tuple[str, str], Callable[[Node, Sized], int]] = {
     ("com.microsoft", "ConvGrad"): _conv_grad,
     ("", "ConvGrad"): _conv_grad,
     ("", "Conv"): _conv,
@@ -100,7 +111,7 @@ _RULES: dict[tuple[str, str], Callable] = {
 }
 
 
-def scratch_bytes(node, sized: Sized) -> int:
+def scratch_bytes(node: Node, sized: Sized) -> int:
     """Bytes ``node``'s kernel holds outside ORT's allocator while it runs (0 if none known)."""
     rule = _RULES.get(("" if node.domain == "ai.onnx" else node.domain, node.op_type))
     return rule(node, sized) if rule is not None else 0

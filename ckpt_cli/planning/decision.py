@@ -94,9 +94,10 @@ def budget_reason(d: Decision) -> Reason:
 def buffers(a: Analysis) -> dict[str, Decision]:
     """Every stashed buffer, undecided (kept, no reason yet), with its bytes and FLOPs
     (built once per analysis: every plan a search makes starts from it; read, never changed)."""
-    cached = a.__dict__.get("_undecided_buffers")
-    if cached is not None:
-        return cached
+    return a.derived(_undecided)
+
+
+def _undecided(a: Analysis) -> dict[str, Decision]:
     g = a.graph
     out: dict[str, Decision] = {}
     for s in a.stashed:
@@ -105,7 +106,6 @@ def buffers(a: Analysis) -> dict[str, Decision]:
         info = a.tensors.get(s.buffer)
         flops = a.costs[g.producer[s.buffer]].flops if s.buffer in g.producer else 0
         out[s.buffer] = Decision(s.buffer, KEEP, NOTHING, info.nbytes if info is not None else None, flops)
-    a.__dict__["_undecided_buffers"] = out
     return out
 
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -72,6 +73,18 @@ class Problem:
     buffer: list[str]  # per tensor: the buffer it holds (its own, or a view's root)
     matmul_flops: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     flops: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+
+    @cached_property
+    def node_tensors(self) -> tuple[list[list[int]], list[list[int]]]:
+        """Per copyable node: the tensor positions it reads and those it makes (built once)."""
+        inputs: list[list[int]] = [[] for _ in self.nodes]
+        for h, k in zip(self.heads.tolist(), self.tails.tolist()):
+            inputs[k].append(h)
+        outputs: list[list[int]] = [[] for _ in self.nodes]
+        for u, k in enumerate(self.producer.tolist()):
+            if k >= 0:
+                outputs[k].append(u)
+        return inputs, outputs
 
 
 def build(a: Analysis, policy: Policy = Policy()) -> Problem:
@@ -219,7 +232,7 @@ def _needed(p: Problem, copied_mask: np.ndarray) -> np.ndarray:
     """The tensors the backward needs under a cut: those it reads, and the inputs of every
     copied node that makes a needed tensor, transitively. ``nodes`` are in topological
     order, so one pass from the last node back settles each node after all its readers."""
-    inputs, outputs = _node_tensors(p)
+    inputs, outputs = p.node_tensors
     need = np.zeros(len(p.tensors), dtype=bool)
     need[p.read_backward] = True
     needed = need.tolist()
@@ -232,20 +245,6 @@ def _needed(p: Problem, copied_mask: np.ndarray) -> np.ndarray:
     return np.asarray(needed, dtype=bool)
 
 
-def _node_tensors(p: Problem) -> tuple[list[list[int]], list[list[int]]]:
-    """Per copyable node: the tensor positions it reads and those it makes, built once per
-    problem."""
-    cached = p.__dict__.get("_node_tensors")
-    if cached is None:
-        inputs: list[list[int]] = [[] for _ in p.nodes]
-        for h, k in zip(p.heads.tolist(), p.tails.tolist()):
-            inputs[k].append(h)
-        outputs: list[list[int]] = [[] for _ in p.nodes]
-        for u, k in enumerate(p.producer.tolist()):
-            if k >= 0:
-                outputs[k].append(u)
-        cached = p.__dict__["_node_tensors"] = (inputs, outputs)
-    return cached
 
 
 def front(problem: Problem, max_solves: int = MAX_SOLVES) -> list[Cut]:

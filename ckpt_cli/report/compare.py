@@ -248,7 +248,8 @@ def _measured_originals(inputs: list[Input]) -> None:
         if isinstance(check, dict) and isinstance(check.get("original"), dict) and isinstance(sha, str):
             measured.setdefault(sha, check["original"])
     for inp in inputs:
-        side = measured.get(inp.report.get("model_sha256")) if inp.kind in ("onnx", "inspect") else None
+        sha = inp.report.get("model_sha256")
+        side = measured.get(sha) if inp.kind in ("onnx", "inspect") and isinstance(sha, str) else None
         if side is not None and inp.figures["measured_peak_bytes"] is None:
             inp.figures["measured_peak_bytes"] = side.get("peak_bytes")
             inp.figures["step_time_s"] = side.get("time_s")
@@ -291,17 +292,17 @@ def change(first: Any, value: Any, kind: str) -> dict | None:
 def scope_rows(inputs: list[Input], limit: int = TOP_SCOPES) -> list[dict]:
     """Per-scope stashed bytes of the inputs that have them, the scopes whose bytes
     changed most (versus the first such input) first."""
-    scoped = [k for k, i in enumerate(inputs) if i.scopes is not None]
+    scoped = {k: i.scopes for k, i in enumerate(inputs) if i.scopes is not None}
     if len(scoped) < 2:
         return []
     order: list[str] = []
-    for k in scoped:
-        order.extend(s for s in inputs[k].scopes if s not in order)
-    base = scoped[0]
-    rows = []
+    for scopes in scoped.values():
+        order.extend(s for s in scopes if s not in order)
+    base, *others = scoped
+    rows: list[dict[str, Any]] = []
     for scope in order:
-        values = [(inputs[k].scopes.get(scope, 0) if k in scoped else None) for k in range(len(inputs))]
-        biggest = max(abs(values[k] - values[base]) for k in scoped[1:])
+        values = [(scoped[k].get(scope, 0) if k in scoped else None) for k in range(len(inputs))]
+        biggest = max(abs(scoped[k].get(scope, 0) - scoped[base].get(scope, 0)) for k in others)
         if biggest:
             rows.append({"scope": scope, "stashed_bytes": values, "max_change_bytes": biggest})
     rows.sort(key=lambda r: -r["max_change_bytes"])  # stable: forward order among equals

@@ -121,7 +121,7 @@ CPU_BFLOAT16_NOTE = ("ONNX Runtime's CPU provider has no bfloat16 kernels for mo
 
 def reduced_precision(a: Analysis) -> dict | None:
     """The float16/bfloat16 types the graph computes in, and what that means on CPU."""
-    names = {TensorProto.FLOAT16: "float16", TensorProto.BFLOAT16: "bfloat16"}
+    names: dict[int, str] = {TensorProto.FLOAT16: "float16", TensorProto.BFLOAT16: "bfloat16"}
     found = sorted({names[t.dtype] for t in a.tensors.values() if t.dtype in names})
     if not found:
         return None

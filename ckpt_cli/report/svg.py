@@ -23,7 +23,7 @@ def _attr(text: str) -> str:
     return escape(str(text), {'"': "&quot;"})
 
 
-def _points(timeline, plot_w: int) -> list[tuple[float, int]]:
+def _points(timeline: Sequence[int], plot_w: float) -> list[tuple[float, int]]:
     """(fraction of schedule, bytes) pairs as a step line, downsampled by maximum."""
     n = len(timeline)
     if n == 0:
@@ -34,7 +34,7 @@ def _points(timeline, plot_w: int) -> list[tuple[float, int]]:
             pts.append((k / n, v))
             pts.append(((k + 1) / n, v))
         return pts
-    buckets = min(_MAX_POINTS, plot_w)
+    buckets = min(_MAX_POINTS, int(plot_w))
     pts = []
     for c in range(buckets):
         lo = c * n // buckets

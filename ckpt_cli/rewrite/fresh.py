@@ -143,13 +143,16 @@ def candidates(graph: Graph, tensors: dict[str, TensorInfo], orders: list[list[i
     rounds_allowed = max(2, min(_ROUNDS, _STEP_BUDGET // max(1, sum(len(o) for o in orders))))
     for _ in range(rounds_allowed):
         infos = _hidden(tensors, names, fresh)
-        worst = None
+        worst: tuple[int, int, Buffers, Lifetimes] | None = None
         for order, life in zip(orders, lives):
-            reused = first is not None and not fresh and order is orders[0]
-            buffers = first[1] if reused else plan_buffers(graph, order, infos, life, True)
+            if first is not None and not fresh and order is orders[0]:
+                buffers = first[1]
+            else:
+                buffers = plan_buffers(graph, order, infos, life, True)
             peak, step = peak_of(bytes_in_use(buffers, len(order), 0), 0)
             if worst is None or peak > worst[0]:
                 worst = (peak, step, buffers, life)
+        assert worst is not None, "candidates of no order"
         peak, step, buffers, life = worst
         rounds.append((peak, set(fresh)))
         if len(rounds) == _PROBE_ROUNDS + 1 and peak > (1 - _PROBE_GAIN) * rounds[0][0]:
@@ -235,9 +238,9 @@ def apply(graph: Graph, tensors: dict[str, TensorInfo], fresh: set[str], local: 
         p = rewired[index] = onnx.NodeProto()
         p.CopyFrom(node.proto)
         data = reads[index]
-        source = local and (trigger_of(graph, index, forward)
-                            or max((x for x in data if not read_by_fusion(graph, x)),
-                                   key=lambda x: position.get(x, -1), default=initializer))
+        source = (trigger_of(graph, index, forward)
+                  or max((x for x in data if not read_by_fusion(graph, x)),
+                         key=lambda x: position.get(x, -1), default=initializer)) if local else initializer
         shapes = {} if local else shared
         chain = before.setdefault(index, [])
         for j, x in enumerate(node.inputs):

@@ -20,6 +20,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
+import onnx
+
 from ..analysis import Analysis
 from ..errors import CkptError, RunFailed
 from ..io.save import save_model
@@ -40,7 +42,7 @@ class Writer:
     what is trained is byte for byte what would be written."""
 
     finish: Callable[[RewriteResult], RewriteResult] | None
-    model: Callable[[RewriteResult, object], object]
+    model: Callable[[RewriteResult, object], onnx.ModelProto]
 
     def result(self, result: RewriteResult) -> RewriteResult:
         return self.finish(result) if self.finish is not None else result
@@ -76,10 +78,11 @@ class ModuleJudged:
     def accepted(self, original_peak: int) -> bool:
         """Trained with the original's losses, and not above the original's peak untuned,
         nor under its settings above the original's untuned or under the same settings."""
-        if self.error is not None or not self.identical or None in (self.peak_bytes, self.peak_bytes_settings):
+        peak, settings_peak = self.peak_bytes, self.peak_bytes_settings
+        if self.error is not None or not self.identical or peak is None or settings_peak is None:
             return False
         settings_limit = min(original_peak, self.original_peak_settings or original_peak)
-        return self.peak_bytes <= original_peak and self.peak_bytes_settings <= settings_limit
+        return peak <= original_peak and settings_peak <= settings_limit
 
     def to_json(self) -> dict:
         return {"recompute_flops": self.recompute_flops, "settings_peak_bytes": self.settings_peak_bytes,
@@ -135,8 +138,16 @@ class ModuleChoice:
 
 def judged_by_training(a: Analysis) -> bool:
     """Whether ``a`` is an ORT training artifact on disk with its checkpoint beside it."""
-    return (is_ort_artifact(a.graph) and a.graph.path is not None
-            and not isinstance(artifact_files(a.graph.path), str))
+    return _artifact(a) is not None
+
+
+def _artifact(a: Analysis) -> tuple[Path, dict[str, str]] | None:
+    """The training model's file and its artifact's other files, when ``judged_by_training``."""
+    path = a.graph.path
+    if not is_ort_artifact(a.graph) or path is None:
+        return None
+    files = artifact_files(path)
+    return None if isinstance(files, str) else (path, files)
 
 
 def _candidates(planned: Planned) -> list[tuple]:
@@ -148,16 +159,18 @@ def judged_in_module(a: Analysis, planned: Planned, feeds_model, worker: WorkerO
     """``planned`` (the default of an artifact), or the first plan of its front that the
     Module API trains at no more than the original's untuned peak with the same losses,
     with the choice recorded; ``planned`` as it is where nothing can be judged."""
-    if planned.user or planned.budget is not None or planned.plan is None or planned.cost is None \
-            or not judged_by_training(a):
+    if planned.user or planned.budget is not None or planned.plan is None or planned.cost is None:
         return planned
-    files = artifact_files(a.graph.path)
+    artifact = _artifact(a)
+    if artifact is None:
+        return planned
+    model_path, files = artifact
     candidates = _candidates(planned)
     with tempfile.TemporaryDirectory(prefix="ckpt_module_choice_") as tmp:
         feeds = Path(tmp) / "feeds.npz"
         prepare_feeds(feeds_model, feeds, worker.seed, dict(a.dims), None)
         try:
-            original = run_module(a.graph.path, files, feeds, None, worker, STEPS)
+            original = run_module(model_path, files, feeds, None, worker, STEPS)
         except RunFailed as e:
             if e.kind == "timeout":
                 raise
@@ -172,7 +185,7 @@ def judged_in_module(a: Analysis, planned: Planned, feeds_model, worker: WorkerO
         def reference(settings: dict) -> dict:
             key = repr(sorted(settings.items()))
             if key not in originals:
-                originals[key] = run_module(a.graph.path, files, feeds, settings, worker, STEPS)
+                originals[key] = run_module(model_path, files, feeds, settings, worker, STEPS)
             return originals[key]
 
         for i, (plan, cost, unpinned) in enumerate(candidates):
