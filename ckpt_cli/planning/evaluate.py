@@ -77,7 +77,10 @@ def intervals_of(a: Analysis, result, measure: PeakMeasure = working_peak) -> In
             if last + 1 <= node.index - 1:
                 spans[t] = (last + 1, node.index - 1)
     after = result.after
-    return Intervals(with_scratch(after.priority.timeline, after.scratch), spans, cost_of(result, measure))
+    # the scratch the measure counts: an arena measure replays some kernels' temporaries itself
+    scratch = after.scratch if measure is working_peak else step_scratch(after.priority, after.graph, after.tensors,
+                                                                         skip=ARENA_REPLAYED)
+    return Intervals(with_scratch(after.priority.timeline, scratch), spans, cost_of(result, measure))
 
 
 class PlanEvaluator:
