@@ -12,7 +12,7 @@ from ..graph import ABSENT, Graph, gc_paused
 from ..markers import SessionPlan, is_recompute_copy
 from . import schedules
 from .cost import NodeCost, graph_costs
-from .memory import MemoryProfile, buffer_roots, simulate, simulate_deferred
+from .memory import MemoryProfile, buffer_roots, simulate, simulate_deferred, step_scratch
 from .phases import Phases, classify
 from .scopes import node_scopes
 from .shapes import TensorInfo, infer_tensors, symbolic_dims
@@ -94,6 +94,19 @@ class Analysis:
         """ORT DEFAULT order; simulated on first use (a rewrite never needs it)."""
         return simulate(self.graph, schedules.ort_default(self.graph), self.tensors,
                         reuse_buffers=self.reuse_buffers)
+
+    @cached_property
+    def scratch(self) -> dict[int, int]:
+        """Per step of the PRIORITY_BASED order: the working memory its kernel holds while it
+        runs, outside ORT's buffers (``ort.scratch``); steps without any are absent."""
+        return step_scratch(self.priority, self.graph, self.tensors)
+
+    @property
+    def working_peak_bytes(self) -> int:
+        """The PRIORITY_BASED tensor peak with each kernel's working memory at its step (a
+        ConvGrad's im2col buffer can top the tensors): the peak a process running it holds."""
+        timeline = self.priority.timeline
+        return max([self.priority.peak_bytes, *(timeline[k] + b for k, b in self.scratch.items())])
 
     def profile(self, reuse_buffers: bool) -> MemoryProfile:
         """The PRIORITY_BASED simulation with ORT's buffer reuse on or off (computed once)."""

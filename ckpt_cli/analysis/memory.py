@@ -27,7 +27,7 @@ from .shapes import TensorInfo, itemsize
 from .timeline import bytes_in_use, live_at, peak_of
 
 __all__ = ["MemoryProfile", "buffer_roots", "profile_of", "resident_bytes", "simulate", "simulate_both",
-           "simulate_deferred", "peak_with_scratch", "visible_peak"]
+           "simulate_deferred", "peak_with_scratch", "step_scratch", "visible_peak", "with_scratch"]
 
 
 @dataclass(frozen=True)
@@ -126,7 +126,12 @@ def profile_of(graph: Graph, order: list[int] | tuple[int, ...], tensors: dict[s
 def peak_with_scratch(profile: MemoryProfile, graph: Graph, tensors: dict[str, TensorInfo]) -> int:
     """The simulation's peak with the working memory each kernel holds outside ORT's
     allocator while it runs (``ort.scratch``), resident bytes included."""
-    return _peak_of(profile.peak_bytes, _step_scratch(profile, graph, tensors), profile.timeline)
+    return _peak_of(profile.peak_bytes, step_scratch(profile, graph, tensors), profile.timeline)
+
+
+def with_scratch(timeline, scratch: dict[int, int]) -> tuple[int, ...]:
+    """``timeline`` with each step's kernel working memory (``step_scratch``) added."""
+    return tuple(b + scratch.get(k, 0) for k, b in enumerate(timeline))
 
 
 def visible_peak(profile: MemoryProfile, graph: Graph, tensors: dict[str, TensorInfo], min_bytes: int) -> int:
@@ -140,18 +145,24 @@ def visible_peak(profile: MemoryProfile, graph: Graph, tensors: dict[str, Tensor
             alloc[born] += size
             free[dies] += size
     timeline = (np.cumsum(alloc[:steps]) - (np.cumsum(free[:steps]) - free[:steps])).tolist()
-    scratch = {k: b for k, b in _step_scratch(profile, graph, tensors).items() if b >= min_bytes}
+    scratch = {k: b for k, b in step_scratch(profile, graph, tensors).items() if b >= min_bytes}
     return _peak_of(max(timeline, default=0), scratch, timeline)
 
 
-def _step_scratch(profile: MemoryProfile, graph: Graph, tensors: dict[str, TensorInfo]) -> dict[int, int]:
+def step_scratch(profile: MemoryProfile, graph: Graph, tensors: dict[str, TensorInfo],
+                 skip: frozenset[tuple[str, str]] = frozenset()) -> dict[int, int]:
+    """Per step of ``profile.order`` with a kernel that holds working memory outside ORT's
+    buffers (``ort.scratch``): its bytes. ``skip``: (domain, op type) pairs left out."""
     def sized(t: str):
         info = tensors.get(t)
         return (info.shape, itemsize(info.dtype)) if info is not None and info.shape is not None else None
 
     out = {}
     for step, i in enumerate(profile.order):
-        extra = scratch_bytes(graph.nodes[i], sized)
+        node = graph.nodes[i]
+        if skip and (("" if node.domain == "ai.onnx" else node.domain), node.op_type) in skip:
+            continue
+        extra = scratch_bytes(node, sized)
         if extra:
             out[step] = extra
     return out

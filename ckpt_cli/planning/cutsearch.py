@@ -22,6 +22,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from ..analysis import Analysis
+from ..analysis.memory import with_scratch
 from ..errors import BudgetUnreachable
 from ..ops import SHAPE_ONLY_OPS
 from .decision import REORDER, all_kept
@@ -98,7 +99,7 @@ def search_cuts(a: Analysis, budget: int, evaluate: Callable[[Plan], PlanCost], 
         if intervals_of is None:
             raise ValueError("a lean cut search aims by a judged rewrite's memory: it needs intervals_of")
         sizes = {t: info.nbytes for t, info in a.tensors.items() if info.nbytes}
-        _aim(corners, judge, measure, _schedule_guesses(a, problem, corners), budget, a.priority.peak_bytes, sizes,
+        _aim(corners, judge, measure, _schedule_guesses(a, problem, corners), budget, a.working_peak_bytes, sizes,
              large_judgements(len(a.graph.nodes)))
     best = _best(judged.values(), budget)
     if thorough and best is not None and best.cost.recompute_flops:
@@ -145,7 +146,7 @@ def _schedule_guesses(a: Analysis, problem: Problem, corners: list[Cut]) -> list
     sizes = np.asarray([d[1] for d in dropped], dtype=np.int64)
     starts = np.asarray([d[2] + 1 for d in dropped], dtype=np.int64)
     ends = np.asarray([d[3] for d in dropped], dtype=np.int64)
-    timeline = np.asarray(a.priority.timeline, dtype=np.int64)
+    timeline = np.asarray(with_scratch(a.priority.timeline, a.scratch), dtype=np.int64)
     guesses = []
     for cut in corners:
         kept = {problem.buffer[index[t]] for t in cut.kept}
@@ -455,7 +456,7 @@ def lowest_peak_plan(a: Analysis, evaluate: Callable[[Plan], PlanCost], *, thoro
         return DefaultPlan(plan)
     reorder, judged = _judged_defaults(a, evaluate, thorough, policy, every_corner=at_knee)
     lowest = min(cost.peak_bytes for _, cost in judged)
-    if lowest > a.priority.peak_bytes:
+    if lowest > a.working_peak_bytes:
         return DefaultPlan(reorder)
     near = [i for i, (_, cost) in enumerate(judged) if cost.peak_bytes <= lowest * (1 + NEAR_LOWEST)]
     best = min(near, key=lambda i: (judged[i][1].recompute_flops, judged[i][1].peak_bytes))
@@ -506,10 +507,10 @@ def _at_knee(a: Analysis, judged: list[tuple[Plan, PlanCost]], lowest: int) -> D
     which is kept, with its note, for when the knee gains nothing."""
     points = [Point(cost.peak_bytes, cost.recompute_flops) for _, cost in judged]
     step = a.forward_flops + a.backward_flops
-    i = knee_index(points, a.priority.peak_bytes, step)
-    knee = Knee(a.priority.peak_bytes, step, points[i], points[lowest], len(points))
+    i = knee_index(points, a.working_peak_bytes, step)
+    knee = Knee(a.working_peak_bytes, step, points[i], points[lowest], len(points))
     plan, cost = judged[i]
-    first, *hops = hull_path(points, a.priority.peak_bytes, step)
+    first, *hops = hull_path(points, a.working_peak_bytes, step)
     path = [first, *(v for v, _ in hops)]
     beyond = tuple(judged[v] for v in path[path.index(i) + 1:]) if i in path else ()
     reorder_only = plan.strategy == "none"

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Callable, Protocol
 
 from ..analysis import Analysis
+from ..analysis.memory import step_scratch, with_scratch
 from ..markers import recompute_source
 from ..ops import VIEW_OPS
 from ..units import human_flops
@@ -30,23 +31,35 @@ class Rewriter(Protocol):
 PeakMeasure = Callable[[Analysis], int]  # which predicted peak of an analysed graph a search compares
 
 
-def tensor_peak(a: Analysis) -> int:
-    """The peak of the tensors live under ORT's order: what the default's front is drawn in."""
-    return a.priority.peak_bytes
+def working_peak(a: Analysis) -> int:
+    """The peak of the tensors live under ORT's order with each kernel's working memory at
+    its step: what the default's front is drawn in. Kernel scratch counts because a plan
+    that lowers the tensors can leave the peak at a ConvGrad's im2col buffer."""
+    return a.working_peak_bytes
+
+
+# Kernels whose temporaries the arena model replays itself (``analysis.arena.kernel_plans``).
+ARENA_REPLAYED = frozenset({("", "Conv"), ("", "Where")})
 
 
 def ort_peak(a: Analysis) -> int:
-    """What ORT holds (arena in use plus inputs): what a --budget bounds, "does it fit"."""
-    return a.ort_peak_bytes
+    """What ORT holds (arena in use plus inputs), with the working memory of the kernels the
+    arena model does not replay at their steps: what a --budget bounds, "does it fit"."""
+    scratch = step_scratch(a.priority, a.graph, a.tensors, skip=ARENA_REPLAYED)
+    if not scratch:
+        return a.ort_peak_bytes
+    in_use = a.arena(a.reuse_buffers).timeline_in_use
+    top = max(in_use[k] + b for k, b in scratch.items() if k < len(in_use))
+    return max(a.ort_peak_bytes, top + a.outside_arena_bytes)
 
 
-def cost_of(result, measure: PeakMeasure = tensor_peak) -> PlanCost:
+def cost_of(result, measure: PeakMeasure = working_peak) -> PlanCost:
     """A rewrite's cost: its predicted peak by ``measure``, recompute FLOPs and what is
     live at the tensor peak."""
     return PlanCost(measure(result.after), result.recompute_flops, result.after.priority.live_at_peak)
 
 
-def intervals_of(a: Analysis, result, measure: PeakMeasure = tensor_peak) -> Intervals:
+def intervals_of(a: Analysis, result, measure: PeakMeasure = working_peak) -> Intervals:
     """On the schedule of a plan's (unpinned) rewrite, the steps where keeping each
     recomputed activation would add its bytes: after its last forward use, before its copy
     is born. The linear model of the plan searches."""
@@ -63,7 +76,11 @@ def intervals_of(a: Analysis, result, measure: PeakMeasure = tensor_peak) -> Int
             last = max([g.producer[t]] + list(g.consumers.get(t, ())))
             if last + 1 <= node.index - 1:
                 spans[t] = (last + 1, node.index - 1)
-    return Intervals(tuple(result.after.priority.timeline), spans, cost_of(result, measure))
+    after = result.after
+    # the scratch the measure counts: an arena measure replays some kernels' temporaries itself
+    scratch = after.scratch if measure is working_peak else step_scratch(after.priority, after.graph, after.tensors,
+                                                                         skip=ARENA_REPLAYED)
+    return Intervals(with_scratch(after.priority.timeline, scratch), spans, cost_of(result, measure))
 
 
 class PlanEvaluator:
@@ -78,7 +95,7 @@ class PlanEvaluator:
 
     def __init__(self, a: Analysis, rewriter: Rewriter, *, limit: int | None = None,
                  ruled: Callable[[Plan], Plan] | None = None, progress: Callable[[str], None] | None = None,
-                 keep_results: bool = False, measure: PeakMeasure = tensor_peak) -> None:
+                 keep_results: bool = False, measure: PeakMeasure = working_peak) -> None:
         self.a = a
         self.rewriter = rewriter
         self.measure = measure

@@ -31,8 +31,8 @@ def _dominates(q: dict, p: dict) -> bool:
 def sweep_points(a: Analysis, rewritten, policy: Policy = Policy()) -> list[dict]:
     """One point per corner (plus the original, reordered), least recompute first.
     ``rewritten``: a plan's (unpinned) rewrite, as the searches judge it. A point's peak is
-    the tensor peak the default's knee is drawn in; its ``ort_peak_bytes`` what a
-    ``--budget`` would be judged by."""
+    the peak the default's knee is drawn in (tensors and kernel scratch); its
+    ``ort_peak_bytes`` what a ``--budget`` would be judged by."""
     from .plan import Plan
 
     step_flops = max(1, a.forward_flops + a.backward_flops)
@@ -57,7 +57,7 @@ def sweep_points(a: Analysis, rewritten, policy: Policy = Policy()) -> list[dict
     for p in points:
         unique.setdefault((p["peak_bytes"], p["recompute_flops"]), p)
     points = sorted(unique.values(), key=lambda p: (p["recompute_flops"], p["peak_bytes"]))
-    knee = knee_index([Point(p["peak_bytes"], p["recompute_flops"]) for p in points], a.priority.peak_bytes,
+    knee = knee_index([Point(p["peak_bytes"], p["recompute_flops"]) for p in points], a.working_peak_bytes,
                       step_flops)
     for i, p in enumerate(points):
         p["knee"] = i == knee
