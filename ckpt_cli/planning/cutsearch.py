@@ -428,10 +428,11 @@ LARGE_DEFAULT_CORNERS = 1  # corners judged on large graphs, next to the one tha
 # per-layer plan on transformers, though not on CNNs. The knee searches at every size.
 DEFAULT_SEARCH_NODES = 5_000
 # The knee's rewrites are bounded by the nodes they rewrite in all: a rewrite takes 40-55 us
-# a node (0.4 s at 10k nodes, 4-6 s at 100k), so this keeps the judgements near 10 s. Up to
-# about 12k nodes every corner is judged; above, only the corners nearest the knee of
-# their peaks estimated on the original's schedule, and the per-layer plan.
-KNEE_JUDGED_NODES = 200_000
+# a node (0.4 s at 10k nodes, 4-6 s at 100k), so this keeps the judgements near 7 s and the
+# default plan of a 100k-node graph within 15 s. Up to about 9k nodes every corner is
+# judged; above, only the corners nearest the knee of their peaks estimated on the
+# original's schedule, and the per-layer plan second: at 100k nodes the estimated knee alone.
+KNEE_JUDGED_NODES = 150_000
 
 
 class DefaultPlan(NamedTuple):
@@ -530,8 +531,9 @@ def _aimed_knee(a: Analysis, evaluate: Callable[[Plan], PlanCost], policy: Polic
     options.insert(1, default_regions(a))
     options = [apply_policy(p, policy, a.graph) for p in options[:judgements]]
     judged = [(plan, evaluate(plan)) for plan in options]
-    note = (f"{len(options)} of {len(corners) + 1} plans judged: the min-cut corners nearest the knee of their "
-            "peaks estimated on the original's schedule, and the per-layer plan")
+    note = (f"{len(options)} of {len(corners) + 1} plans judged: the min-cut "
+            + ("corners nearest the knee of their peaks estimated on the original's schedule, and the per-layer plan"
+               if len(options) > 1 else "corner at the knee of their peaks estimated on the original's schedule"))
     for plan, _ in judged:
         plan.notes.append(note)
     return reorder, judged
