@@ -120,8 +120,9 @@ def _share(a, flops: int) -> float:
 
 
 def test_a_graph_above_five_thousand_nodes_gets_the_knee(above_old_limit):
-    """Every corner judged (the rewrites fit KNEE_JUDGED_NODES): the knee is a min-cut
-    corner recomputing a fraction of what the per-layer plan does, at no higher a peak."""
+    """The corners nearest the knee of their estimated peaks and the per-layer plan
+    judged, as KNEE_JUDGED_NODES allows: the knee is a min-cut corner recomputing a
+    fraction of what the per-layer plan does, at no higher a peak."""
     a = above_old_limit
     planned = make_plan(a)
     layers = plan_cost(a, default_regions(a))

@@ -427,12 +427,13 @@ LARGE_DEFAULT_CORNERS = 1  # corners judged on large graphs, next to the one tha
 # judgement is a rewrite of the whole graph. Below it, a min-cut corner can beat the
 # per-layer plan on transformers, though not on CNNs. The knee searches at every size.
 DEFAULT_SEARCH_NODES = 5_000
-# The knee's rewrites are bounded by the nodes they rewrite in all: a rewrite takes 40-55 us
-# a node (0.4 s at 10k nodes, 4-6 s at 100k), so this keeps the judgements near 7 s and the
-# default plan of a 100k-node graph within 15 s. Up to about 9k nodes every corner is
-# judged; above, only the corners nearest the knee of their peaks estimated on the
-# original's schedule, and the per-layer plan second: at 100k nodes the estimated knee alone.
-KNEE_JUDGED_NODES = 150_000
+# Above DEFAULT_SEARCH_NODES the knee's rewrites are bounded by the nodes they rewrite in
+# all, to keep the default plan within its targets (2 s at 10k nodes, 15 s at 100k; the
+# command without the knee takes 1.1 s and 10 s there): a rewrite takes 30-50 us a node.
+# So the corners' peaks are estimated on the original's schedule, and only the corner at
+# their knee is judged, then the per-layer plan and the knee's hull neighbours while the
+# bound allows (two plans at 10k nodes, one above 12.5k).
+KNEE_JUDGED_NODES = 25_000
 
 
 class DefaultPlan(NamedTuple):
@@ -514,12 +515,12 @@ def _judged_defaults(a: Analysis, evaluate: Callable[[Plan], PlanCost], thorough
 
 def _aimed_knee(a: Analysis, evaluate: Callable[[Plan], PlanCost], policy: Policy,
                 judgements: int) -> tuple[Plan, list[tuple[Plan, PlanCost]]]:
-    """``_judged_defaults`` for the knee within ``judgements`` rewrites: every candidate
-    while they suffice, else the corners nearest the knee of their estimated peaks
-    (``_knee_first``) and the per-layer plan second, each judged."""
+    """``_judged_defaults`` for the knee: every candidate up to DEFAULT_SEARCH_NODES or
+    while ``judgements`` rewrites suffice, else that many of the corners nearest the knee
+    of their estimated peaks (``_knee_first``), the per-layer plan second, each judged."""
     problem = build(a, policy)
     corners = front(problem, LARGE_SOLVES)
-    if judgements > len(corners) or len(corners) < 2:
+    if len(a.graph.nodes) <= DEFAULT_SEARCH_NODES or judgements > len(corners) or len(corners) < 2:
         return _judged_defaults(a, evaluate, False, policy, every_corner=True, corners=corners)
     reorder = Plan([], "none", ["reordering alone gives the lowest peak"], decisions=all_kept(a, REORDER))
     # recomputing all is left out: its copies all live at once, which no guess on the original's schedule sees
