@@ -143,3 +143,10 @@ def test_above_the_rewrite_bound_the_knee_judges_the_corners_nearest_it(above_ol
     assert planned.plan.strategy == "mincut" and everything.plan.strategy != "mincut"
     assert any("2 of " in note for note in planned.plan.notes)
     assert planned.knee.chosen.peak_bytes <= plan_cost(a, everything.plan).peak_bytes * 1.01
+
+
+def test_the_aimed_knee_is_judged_first_then_its_hull_neighbours_past_it_first():
+    """The order a bounded knee search judges corners in: the knee of the estimated front,
+    the hull vertex past it, the one before, outward; points off the hull last."""
+    front = [Point(1000, 0), Point(600, 50), Point(450, 150), Point(400, 300), Point(700, 400)]
+    assert cutsearch._knee_first(front, ORIGINAL, STEP) == [2, 3, 1, 0, 4]
