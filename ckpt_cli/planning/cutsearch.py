@@ -529,7 +529,8 @@ def _aimed_knee(a: Analysis, evaluate: Callable[[Plan], PlanCost], policy: Polic
     points = [Point(g, c.flops) for g, c in zip(guesses, aimed)]
     order = _knee_first(points, a.priority.peak_bytes, a.forward_flops + a.backward_flops)
     options = [to_plan(a, aimed[k], "mincut") for k in order[:judgements]]
-    options.insert(1, default_regions(a))
+    if judgements > 1:  # finding the layers takes a second at 100k nodes: not for a plan left unjudged
+        options.insert(1, default_regions(a))
     options = [apply_policy(p, policy, a.graph) for p in options[:judgements]]
     judged = [(plan, evaluate(plan)) for plan in options]
     note = (f"{len(options)} of {len(corners) + 1} plans judged: the min-cut "
