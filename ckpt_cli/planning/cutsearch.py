@@ -533,9 +533,9 @@ def _aimed_knee(a: Analysis, evaluate: Callable[[Plan], PlanCost], policy: Polic
         options.insert(1, default_regions(a))
     options = [apply_policy(p, policy, a.graph) for p in options[:judgements]]
     judged = [(plan, evaluate(plan)) for plan in options]
-    note = (f"{len(options)} of {len(corners) + 1} plans judged: the min-cut "
-            + ("corners nearest the knee of their peaks estimated on the original's schedule, and the per-layer plan"
-               if len(options) > 1 else "corner at the knee of their peaks estimated on the original's schedule"))
+    cuts = len(options) - (len(options) > 1)
+    note = (f"{len(options)} of {len(corners) + 1} plans judged: the {cuts} min-cut corner(s) nearest the knee of "
+            "their peaks estimated on the original's schedule" + (", and the per-layer plan" if cuts < len(options) else ""))
     for plan, _ in judged:
         plan.notes.append(note)
     return reorder, judged
