@@ -5,11 +5,17 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from click.testing import CliRunner
 
 from conftest import SAMPLES
+from ckpt_cli.analysis import analyse
 from ckpt_cli.cli import main
+from ckpt_cli.graph import Graph
+from ckpt_cli.planning import cutsearch
 from ckpt_cli.planning.knee import Point, knee_index
+from ckpt_cli.planning.regions import default_regions
+from ckpt_cli.rewrite.select import make_plan, plan_cost
 
 ORIGINAL, STEP = 1000, 1000
 
@@ -96,3 +102,51 @@ def test_the_default_plans_header_names_its_kind_not_lowest(tmp_path):
     assert code == 0 and first.endswith("(mincut)") and "lowest" not in first, first
     code, out = run("plan", SAMPLES / "cnn.onnx", "--json")
     assert code == 0 and json.loads(out)["strategy"] == "mincut"
+
+
+@pytest.fixture(scope="module")
+def above_old_limit():
+    """A synthetic transformer above the 5,000 nodes the knee once stopped at, small in
+    bytes: its rewrites are quick."""
+    from bench.synthetic import build_transformer
+
+    a = analyse(Graph.from_model(build_transformer(37, d_model=32, seq=16)))
+    assert len(a.graph.nodes) > 5_000
+    return a
+
+
+def _share(a, flops: int) -> float:
+    return flops / (a.forward_flops + a.backward_flops)
+
+
+def test_a_graph_above_five_thousand_nodes_gets_the_knee(above_old_limit):
+    """The corners nearest the knee of their estimated peaks and the per-layer plan
+    judged, as KNEE_JUDGED_NODES allows: the knee is a min-cut corner recomputing a
+    fraction of what the per-layer plan does, at no higher a peak."""
+    a = above_old_limit
+    planned = make_plan(a)
+    layers = plan_cost(a, default_regions(a))
+    assert planned.knee is not None and planned.plan.strategy == "mincut"
+    assert planned.knee.candidates > 2
+    assert planned.knee.chosen.peak_bytes <= layers.peak_bytes * 1.01
+    assert _share(a, planned.knee.chosen.recompute_flops) < _share(a, layers.recompute_flops) / 5
+
+
+def test_above_the_rewrite_bound_the_knee_judges_the_corners_nearest_it(above_old_limit, monkeypatch):
+    """With two rewrites allowed, the corner at the knee of the estimated peaks and the
+    per-layer plan are judged, and the knee of the two taken."""
+    a = above_old_limit
+    monkeypatch.setattr(cutsearch, "KNEE_JUDGED_NODES", 2 * len(a.graph.nodes))
+    planned = make_plan(a)
+    everything = make_plan(a, auto="min-peak")  # above DEFAULT_SEARCH_NODES: the per-layer plan
+    assert planned.knee is not None and planned.knee.candidates == 2
+    assert planned.plan.strategy == "mincut" and everything.plan.strategy != "mincut"
+    assert any("2 of " in note for note in planned.plan.notes)
+    assert planned.knee.chosen.peak_bytes <= plan_cost(a, everything.plan).peak_bytes * 1.01
+
+
+def test_the_aimed_knee_is_judged_first_then_its_hull_neighbours_past_it_first():
+    """The order a bounded knee search judges corners in: the knee of the estimated front,
+    the hull vertex past it, the one before, outward; points off the hull last."""
+    front = [Point(1000, 0), Point(600, 50), Point(450, 150), Point(400, 300), Point(700, 400)]
+    assert cutsearch._knee_first(front, ORIGINAL, STEP) == [2, 3, 1, 0, 4]

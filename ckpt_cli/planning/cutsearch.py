@@ -424,10 +424,17 @@ def polished(a: Analysis, result: BudgetResult, evaluate: Callable[[Plan], PlanC
 # fewest recompute FLOPs (a near-lowest peak for far less recompute is the better trade).
 NEAR_LOWEST = 0.02
 LARGE_DEFAULT_CORNERS = 1  # corners judged on large graphs, next to the one that recomputes the most
-# Above this the default is the per-layer plan without judging others: each judgement is a
-# rewrite of the whole graph, and a plain rewrite should stay one rewrite. Below it, a
-# min-cut corner can beat the per-layer plan on transformers, though not on CNNs.
+# Above this ``--auto min-peak`` is the per-layer plan without judging others: each
+# judgement is a rewrite of the whole graph. Below it, a min-cut corner can beat the
+# per-layer plan on transformers, though not on CNNs. The knee searches at every size.
 DEFAULT_SEARCH_NODES = 5_000
+# Above DEFAULT_SEARCH_NODES the knee's rewrites are bounded by the nodes they rewrite in
+# all, to keep the default plan within its targets (2 s at 10k nodes, 15 s at 100k; the
+# command without the knee takes 1.1 s and 10 s there): a rewrite takes 30-50 us a node.
+# So the corners' peaks are estimated on the original's schedule, and only the corner at
+# their knee is judged, then the per-layer plan and the knee's hull neighbours while the
+# bound allows (two plans at 10k nodes, one above 12.5k).
+KNEE_JUDGED_NODES = 25_000
 
 
 class DefaultPlan(NamedTuple):
@@ -450,11 +457,15 @@ def lowest_peak_plan(a: Analysis, evaluate: Callable[[Plan], PlanCost], *, thoro
     alone is a candidate; on large graphs, where each judgement is a rewrite of the whole
     graph, it is taken without one when nothing beats the original's peak). ``at_knee``:
     the knee of the same candidates instead (``knee.py``), with the choice recorded."""
-    if len(a.graph.nodes) > DEFAULT_SEARCH_NODES:
+    if len(a.graph.nodes) > DEFAULT_SEARCH_NODES and not at_knee:
         plan = apply_policy(default_regions(a), policy, a.graph)
         plan.notes.append(f"the default on graphs above {DEFAULT_SEARCH_NODES} nodes: no search among plans")
         return DefaultPlan(plan)
-    reorder, judged = _judged_defaults(a, evaluate, thorough, policy, every_corner=at_knee)
+    judgements = max(1, KNEE_JUDGED_NODES // max(1, len(a.graph.nodes)))
+    if at_knee and not thorough:
+        reorder, judged = _aimed_knee(a, evaluate, policy, judgements)
+    else:
+        reorder, judged = _judged_defaults(a, evaluate, thorough, policy, every_corner=at_knee)
     lowest = min(cost.peak_bytes for _, cost in judged)
     if lowest > a.working_peak_bytes:
         return DefaultPlan(reorder)
@@ -485,13 +496,14 @@ def _lowest_note(judged: list[tuple[Plan, PlanCost]], cost: PlanCost) -> str:
 
 
 def _judged_defaults(a: Analysis, evaluate: Callable[[Plan], PlanCost], thorough: bool, policy: Policy,
-                     every_corner: bool) -> tuple[Plan, list[tuple[Plan, PlanCost]]]:
+                     every_corner: bool, corners: list[Cut] | None = None) -> tuple[Plan, list[tuple[Plan, PlanCost]]]:
     """The reordering-only plan, and the default's candidates with their costs. A knee
     needs the front between its ends, so ``every_corner`` judges all corners on large
-    graphs too (one rewrite each)."""
+    graphs too (one rewrite each). ``corners``: the front, when it is drawn already."""
     from .strategies import structures
 
-    corners = front(build(a, policy), MAX_SOLVES if thorough else LARGE_SOLVES)
+    if corners is None:
+        corners = front(build(a, policy), MAX_SOLVES if thorough else LARGE_SOLVES)
     if not thorough and not every_corner:
         corners = corners[-1 - LARGE_DEFAULT_CORNERS:-1]
     reorder = Plan([], "none", ["reordering alone gives the lowest peak"], decisions=all_kept(a, REORDER))
@@ -500,6 +512,47 @@ def _judged_defaults(a: Analysis, evaluate: Callable[[Plan], PlanCost], thorough
     options += [to_plan(a, c, "mincut") for c in corners]
     options = [apply_policy(p, policy, a.graph) for p in options]
     return reorder, [(plan, evaluate(plan)) for plan in options]
+
+
+def _aimed_knee(a: Analysis, evaluate: Callable[[Plan], PlanCost], policy: Policy,
+                judgements: int) -> tuple[Plan, list[tuple[Plan, PlanCost]]]:
+    """``_judged_defaults`` for the knee: every candidate up to DEFAULT_SEARCH_NODES or
+    while ``judgements`` rewrites suffice, else that many of the corners nearest the knee
+    of their estimated peaks (``_knee_first``), the per-layer plan second, each judged."""
+    problem = build(a, policy)
+    corners = front(problem, LARGE_SOLVES)
+    if len(a.graph.nodes) <= DEFAULT_SEARCH_NODES or judgements > len(corners) or len(corners) < 2:
+        return _judged_defaults(a, evaluate, False, policy, every_corner=True, corners=corners)
+    reorder = Plan([], "none", ["reordering alone gives the lowest peak"], decisions=all_kept(a, REORDER))
+    # recomputing all is left out: its copies all live at once, which no guess on the original's schedule sees
+    aimed = corners[:-1]
+    guesses = _schedule_guesses(a, problem, aimed)
+    points = [Point(g, c.flops) for g, c in zip(guesses, aimed)]
+    order = _knee_first(points, a.priority.peak_bytes, a.forward_flops + a.backward_flops)
+    options = [to_plan(a, aimed[k], "mincut") for k in order[:judgements]]
+    if judgements > 1:  # finding the layers takes a second at 100k nodes: not for a plan left unjudged
+        options.insert(1, default_regions(a))
+    options = [apply_policy(p, policy, a.graph) for p in options[:judgements]]
+    judged = [(plan, evaluate(plan)) for plan in options]
+    cuts = len(options) - (len(options) > 1)
+    note = (f"{len(options)} of {len(corners) + 1} plans judged: the {cuts} min-cut corner(s) nearest the knee of "
+            "their peaks estimated on the original's schedule" + (", and the per-layer plan" if cuts < len(options) else ""))
+    for plan, _ in judged:
+        plan.notes.append(note)
+    return reorder, judged
+
+
+def _knee_first(points: list[Point], original: int, step: int) -> list[int]:
+    """Indices of ``points`` on their lower convex hull, the knee first, then its hull
+    neighbours outward, the one past it (toward lower peaks) before the one before it;
+    the points off the hull last, least recompute first."""
+    first, *hops = hull_path(points, original, step)
+    path = [first, *(v for v, _ in hops)]
+    at = path.index(knee_index(points, original, step))
+    order = [path[at]]
+    for d in range(1, len(path)):
+        order += [path[i] for i in (at + d, at - d) if 0 <= i < len(path)]
+    return order + sorted(set(range(len(points))) - set(path), key=lambda k: points[k].recompute_flops)
 
 
 def _at_knee(a: Analysis, judged: list[tuple[Plan, PlanCost]], lowest: int) -> DefaultPlan:
