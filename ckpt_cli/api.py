@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Union
 
@@ -362,6 +362,8 @@ def rewrite_model(model: ModelInput, output: str | Path | None = None, options: 
     loaded = load_input(model)
     if output is not None:
         check_output_path(Path(output), loaded.path, force)
+    if options.work_around_ort_defects:
+        loaded = _worked_around(loaded)
     stage("analysing the graph")
     a = analyse_input(loaded, analysis)
     refuse_unsized(a, options.plan.allow_unsized)
@@ -381,6 +383,14 @@ def rewrite_model(model: ModelInput, output: str | Path | None = None, options: 
         out.report["headline"] = check_headline(out.report["check"], (a.priority.peak_bytes,
                                                                       out.result.after.priority.peak_bytes))
     return out
+
+
+def _worked_around(loaded: Loaded) -> Loaded:
+    """``loaded`` with the ORT kernels known to compute wrongly written another way."""
+    from .rewrite.ort_defects import conv_grads_in_2d
+
+    graph, _ = conv_grads_in_2d(loaded.graph)
+    return replace(loaded, graph=graph)
 
 
 def _writer(a: Analysis, options: RewriteOptions, analysis: AnalysisOptions, scaled: Scaling | None) -> Writer:

@@ -188,14 +188,19 @@ def ort_kernel_defects(nodes: Iterable[onnx.NodeProto]) -> list[str]:
     writes past its buffers: a one-node model of it, depthwise included, aborts the process
     with the arena off, and with the arena and the memory pattern on the overflow lands in
     other tensors' memory. The same node over two axes runs clean."""
-    grouped = [n for n in nodes if n.op_type == "ConvGrad" and n.domain == "com.microsoft"
-               and len(_attribute_ints(n, "kernel_shape") or ()) == 1
-               and any(a.name == "group" and a.i > 1 for a in n.attribute)]
+    grouped = [n for n in nodes if grouped_1d_conv_grad(n)]
     if not grouped:
         return []
     return [f"{len(grouped)} grouped 1-D ConvGrad node(s) (group > 1): ONNX Runtime training 1.19.2's CPU kernel "
             "writes past its buffers there (a one-node model of it crashes the process with the arena off); "
             "losses and gradients of this model on that build are not trustworthy"]
+
+
+def grouped_1d_conv_grad(node: onnx.NodeProto) -> bool:
+    """A ConvGrad over one spatial axis with ``group`` above 1 (see ``ort_kernel_defects``)."""
+    return (node.op_type == "ConvGrad" and node.domain == "com.microsoft"
+            and len(_attribute_ints(node, "kernel_shape") or ()) == 1
+            and any(a.name == "group" and a.i > 1 for a in node.attribute))
 
 
 def _attribute_ints(node: onnx.NodeProto, name: str) -> list[int] | None:

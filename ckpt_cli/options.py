@@ -221,14 +221,18 @@ class RewriteOptions:
     # an interpreter with onnxruntime-training: an ORT training artifact's default is chosen
     # by training its plans there (verify/module_choice.py); a machine's path, not recorded
     trainer: str | None = None
+    # grouped 1-D ConvGrads in their 2-D form (rewrite/ort_defects.py): ORT 1.19.2's 1-D kernel
+    # writes past its buffers
+    work_around_ort_defects: bool = False
 
     @classmethod
     def of(cls, *, no_recompute: bool = False, pin: bool = True, keep_mem_pattern: bool = True,
            ort_optimize: str | None = None, timeout: float | None = DEFAULT_TIMEOUT_S, plan=None,
-           trainer: str | None = None, **plan_keywords) -> "RewriteOptions":
+           trainer: str | None = None, work_around_ort_defects: bool = False,
+           **plan_keywords) -> "RewriteOptions":
         """The keyword form: ``plan`` is the plan file (as ``rewrite_model(plan=...)``)."""
         return cls(PlanOptions.of(plan_file=plan, **plan_keywords), no_recompute, pin, keep_mem_pattern,
-                   ort_optimize, timeout, trainer)
+                   ort_optimize, timeout, trainer, work_around_ort_defects)
 
     def validate(self) -> "RewriteOptions":
         if self.ort_optimize not in (None, *ORT_OPTIMIZE_PROVIDERS):
@@ -248,7 +252,7 @@ class RewriteOptions:
                 "boundaries": list(p.boundaries), "plan": str(p.plan_file) if p.plan_file else None,
                 "no_recompute": self.no_recompute, "pin": self.pin, "keep_mem_pattern": self.keep_mem_pattern,
                 "auto": p.auto, "budget": p.budget, **p.activation_json(), "ort_optimize": self.ort_optimize,
-                **p.policy_json()}
+                **p.policy_json(), **({"work_around_ort_defects": True} if self.work_around_ort_defects else {})}
 
 
 @dataclass(frozen=True)

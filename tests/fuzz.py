@@ -27,7 +27,10 @@ function whose Constant keeps its value in external data; flip, cut or insert by
 
 Three case kinds run no mutation: ``check_differs`` (``ckpt check`` of a model against a
 copy with one constant changed: exit 1 naming the differing outputs in one failure line,
-no traceback; exit 5 in one line where ORT's default session refuses the valid input), ``concurrent`` (two ``ckpt rewrite --force`` processes writing one
+no traceback; exit 5 in one line where ORT's default session refuses the valid input), ``python_child``
+(``ckpt check --python`` of an interpreter that misbehaves at the provider probe or the measuring run,
+tests/fuzz_children.py: exit 5 in one line within the timeout and no child left running, or a
+probe that fails cleanly and the run on CPU), ``concurrent`` (two ``ckpt rewrite --force`` processes writing one
 ``-o`` path at once: each exits 0 or with a clean error, and the file left passes the
 checker, loads and runs in ORT with the input's outputs, with its external data beside it), and
 ``usage_json`` (a usage error under ``--json``: exit 2, one stderr line without a raw control
@@ -151,7 +154,7 @@ class Seed:
     data: bytes | None = None  # external data file contents, saved as <name>.data
     weight: float = 1.0
     make: Callable[[random.Random], onnx.ModelProto] | None = None  # a generator: a new model each case
-    kind: str = "mutate"  # or "check_differs", "concurrent", "usage_json" (no mutation)
+    kind: str = "mutate"  # or "check_differs", "concurrent", "usage_json", "python_child" (no mutation)
     # symbolic dimensions: rewritten with one of these option lists, run on ORT at these values
     dim_options: tuple[list[str], ...] = ()
     run_dims: dict[str, int] = field(default_factory=dict)
@@ -172,6 +175,7 @@ def _external_seed(name: str, model: onnx.ModelProto, **kw) -> Seed:
 
 def load_seeds() -> list[Seed]:
     sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures"))  # randgraph, as python -m tests.fuzz
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # fuzz_children, as python -m tests.fuzz
     seeds = [Seed("small", _small_training_graph(), weight=4)]
     for name, weight in (("mlp", 3), ("cnn", 1), ("gpt", 0.5)):
         path = SAMPLES / f"{name}.onnx"
@@ -191,7 +195,9 @@ def load_seeds() -> list[Seed]:
     seeds += [Seed("check_differs", None, make=_rand_f32_f64, kind="check_differs", weight=0.08),
               Seed("concurrent", None, make=_rand_f32_f64, kind="concurrent", weight=0.08),
               _external_seed("concurrent_ext", _small_training_graph(32, 128), kind="concurrent", weight=0.06),
-              Seed("usage_json", _small_training_graph(), kind="usage_json", weight=0.5)]
+              Seed("usage_json", _small_training_graph(), kind="usage_json", weight=0.5),
+              # 1-7 s a case (a child that hangs is waited for up to its 2 s timeout, thrice)
+              Seed("python_child", None, kind="python_child", weight=0.04)]
     return seeds
 
 
@@ -760,6 +766,11 @@ USAGE_ERRORS = [
     ["session", "V"], ["compare"], ["inspect", "M", "--dim", "V=0"], ["plan", "M", "--svg", "x.svg"],
     ["rewrite", "M", "--ort-optimize", "V"], ["rewrite", "M", "--region", "re:V(", "-o", "o.onnx"],
     ["inspect", "M", "--loss", "V"], ["rewrite", "M", "--auto", "layers", "--budget", "1GiB"],
+    ["rewrite", "M", "--budget", "V"], ["plan", "M", "--activation-budget", "2"], ["compare", "M", "--fail-if", "V"],
+    ["compare", "M", "M", "--format", "V"], ["check", "M", "M", "--timeout", "0"], ["check", "M", "V"],
+    ["check", "M", "M", "--max-prediction-error", "11"], ["rewrite", "M", "--check", "--rtol", "2"],
+    ["plan", "M", "--sweep", "--auto", "sqrt"], ["plan", "M", "--budget", "1GiB", "--activation-budget", "0.5"],
+    ["inspect", "M", "--dim", "batch=V"], ["session", "M", "--provider", "V"],
 ]
 
 
@@ -791,6 +802,19 @@ def run_usage_case(seed: Seed, rng: random.Random, folder: Path, summary: Summar
     return Outcome("clean_error")
 
 
+def run_child_case(rng: random.Random, folder: Path) -> Outcome:
+    """``ckpt check --python`` of a misbehaving interpreter (tests/fuzz_children.py judges it)."""
+    from chain import chain_model
+    from fuzz_children import run_case as run_child
+
+    model = folder / "chain.onnx"
+    onnx.save(chain_model(layers=2, batch=16, width=16), str(model))
+    kind, detail = run_child(rng, folder, model)
+    if kind == "defect":
+        return Outcome("defect", f"--python child: {detail}")
+    return Outcome("clean_error" if kind == "clean_error" else "correct")
+
+
 def run_case(seed: Seed, rng: random.Random, work: Path, ort_every: int, case: int, summary: Summary,
              debug: bool = False) -> Outcome:
     folder = work / f"case{case}"
@@ -801,6 +825,8 @@ def run_case(seed: Seed, rng: random.Random, work: Path, ort_every: int, case: i
         return run_concurrent_case(seed, rng, folder, summary)
     if seed.kind == "usage_json":
         return run_usage_case(seed, rng, folder, summary)
+    if seed.kind == "python_child":
+        return run_child_case(rng, folder)
     base = seed.instance(rng)
     model = onnx.ModelProto()
     model.CopyFrom(base)

@@ -14,6 +14,7 @@ from conftest import SAMPLES
 from ckpt_cli.cli import main
 from ckpt_cli.errors import BudgetUnreachable
 from ckpt_cli.planning.budget import BudgetSearch, Planned
+from ckpt_cli.units import human_bytes
 from ckpt_cli.verify import stage
 
 BUDGET = 100_000
@@ -73,4 +74,5 @@ def test_rewrite_budget_check_exits_1_when_the_measured_peak_is_over_the_budget(
     failures = report["check"]["failures"]
     assert r.exit_code == 1 and len(failures) == 1, r.output
     assert failures[0].startswith("the rewrite's measured peak (") and \
-        f"arena in use {budget + 1} B plus" in failures[0] and failures[0].endswith(f"is above --budget {budget} B")
+        f"arena in use {human_bytes(budget + 1)} plus" in failures[0] and \
+        f"is above --budget {human_bytes(budget)} by " in failures[0]

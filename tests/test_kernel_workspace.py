@@ -1,6 +1,7 @@
 """Kernel working memory (``ort.scratch``) against one-node models measured on ONNX
-Runtime 1.19.2's training build: ConvGrad's im2col column buffer and Conv's full im2col
-expansion (MLAS, more filters than output pixels), each at three sizes.
+Runtime 1.19.2's training build: ConvGrad's im2col column buffer, Conv's full im2col
+expansion (MLAS, more filters than output pixels) and GRUGrad's per-step weight gradients,
+each at three sizes.
 
 The measurement is the process's peak above its state before the run (arena off, blocks
 of 64 KiB and more from mmap), which Linux batches per thread: it under-reads by up to 64
@@ -52,8 +53,23 @@ def conv(n: int, c: int, m: int, hw: int) -> onnx.ModelProto:
     return _model(node, [("x", [n, c, hw, hw]), ("w", [m, c, 3, 3])], [("y", [n, m, hw, hw])], ms=False)
 
 
+def gru_grad(seq: int, batch: int, width: int, hidden: int) -> onnx.ModelProto:
+    """GRUGrad with H0 and dH0 (no zero states of its own); outputs much smaller than its
+    per-step weight gradients only where the sequence and batch are short."""
+    ins = [("x", [seq, batch, width]), ("w", [1, 3 * hidden, width]), ("r", [1, 3 * hidden, hidden]),
+           ("b", [1, 6 * hidden]), ("h0", [1, batch, hidden]), ("hall", [seq, 1, batch, hidden]),
+           ("zrh", [seq, 1, batch, 3 * hidden]), ("dhall", [seq, 1, batch, hidden]), ("dht", [1, batch, hidden])]
+    outs = [("dx", [seq, batch, width]), ("dw", [1, 3 * hidden, width]), ("dr", [1, 3 * hidden, hidden]),
+            ("db", [1, 6 * hidden]), ("dh0", [1, batch, hidden])]
+    names = [n for n, _ in ins]
+    node = helper.make_node("GRUGrad", [*names[:4], "", *names[4:]], [n for n, _ in outs], domain="com.microsoft",
+                            hidden_size=hidden)
+    return _model(node, ins, outs, ms=True)
+
+
 CASES = [(conv_grad, (8, 48, 16, 32)), (conv_grad, (4, 64, 64, 32)), (conv_grad, (2, 96, 32, 32)),
-         (conv, (2, 128, 1024, 16)), (conv, (1, 192, 1024, 16)), (conv, (1, 256, 2048, 16))]
+         (conv, (2, 128, 1024, 16)), (conv, (1, 192, 1024, 16)), (conv, (1, 256, 2048, 16)),
+         (gru_grad, (4, 8, 256, 256)), (gru_grad, (2, 4, 128, 384)), (gru_grad, (3, 2, 512, 256))]
 
 
 def _case_id(make, sizes) -> str:

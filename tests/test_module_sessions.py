@@ -63,7 +63,7 @@ def test_the_module_figures_of_a_good_rewrite_pass():
 def test_module_session_not_raised_fails_a_rewrite_above_the_original_untuned():
     f = _judged(_sessions(rewritten_untuned=_run(21 * MIB)))
     assert f.failures == ["trained by the Module API in its untuned session, the rewrite's process peak "
-                          f"({21 * MIB} B) is above the original's ({20 * MIB} B)"]
+                          "(21.0 MiB) is above the original's (20.0 MiB) by 1.0 MiB"]
     assert not f.memory_lower
     # within max(64 KiB, 1%) of the original: noise, not a finding
     assert _judged(_sessions(rewritten_untuned=_run(20 * MIB + 200 * 1024))).passed

@@ -294,6 +294,23 @@ def test_conv_scratch_is_unknown_where_a_dimension_it_multiplies_is_symbolic():
     assert held("ConvGrad", (64, 4, 3, 3), dy=(("n", 64, 4, 4), 4)) == (4 * 9 * 16 + 16) * 4  # batch unused
 
 
+def test_gru_grad_scratch_is_one_steps_weight_gradients_and_zeros_for_absent_states():
+    """ORT training's CPU GRUGrad (gru_grad_compute.cc) holds one step's dW and dR (3H x I,
+    3H x H), the gate gradients (3H) and reset factor (H); without H0 or dH0 a zero state each."""
+    from ckpt_cli.ort.scratch import scratch_bytes
+
+    def held(h0: str, dh0: str) -> int:
+        node = helper.make_node("GRUGrad", ["x", "w", "r", "b", "", h0, "hall", "zrh", "dhall", "dht"],
+                                ["dx", "dw", "dr", "db", dh0], domain="com.microsoft", hidden_size=16)
+        sized = {"x": ((5, 3, 8), 4), "r": ((1, 48, 16), 4)}.get
+        return scratch_bytes(Graph.from_model(_model([node], [], [])).nodes[0], sized)
+
+    both = (3 * 16 * (8 + 16) + 4 * 16) * 4
+    assert held("h0", "dh0") == both
+    assert held("", "dh0") == held("h0", "") == both + 3 * 16 * 4
+    assert held("", "") == both + 2 * 3 * 16 * 4
+
+
 def test_conv_scratch_expands_im2col_only_with_more_filters_than_pixels():
     """MLAS Conv reads a pointwise conv's input as it is; with more filters per group than
     output pixels it expands the whole im2col matrix (pixels x C_in/group x kernel)."""

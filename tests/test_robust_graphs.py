@@ -279,12 +279,16 @@ def test_links_and_special_files_as_external_data(ext_dir, tmp_path):
         load_graph(_relocate(ext_dir, location="sub/secret.bin"))
 
 
-@pytest.mark.parametrize("where", ["node", "metadata", "location"])
+@pytest.mark.parametrize("where", ["node", "metadata", "location", "graph_name", "doc_string"])
 def test_names_that_are_not_utf8_are_refused(tmp_path, where):
     model = if_training_graph()
     mark = "MARKMARK"
     if where == "node":
         model.graph.node[1].name = mark
+    elif where == "graph_name":  # copied into the files ckpt writes and the copies it checks
+        model.graph.name = mark
+    elif where == "doc_string":
+        model.doc_string = mark
     elif where == "metadata":
         entry = model.graph.node[1].metadata_props.add()
         entry.key, entry.value = "pkg.torch.onnx.name_scopes", mark

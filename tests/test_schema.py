@@ -8,7 +8,7 @@ from importlib import resources
 import pytest
 from click.testing import CliRunner
 
-from conftest import SAMPLES
+from conftest import ROOT, SAMPLES
 
 jsonschema = pytest.importorskip("jsonschema")
 
@@ -186,7 +186,7 @@ def test_schema_requires_the_readme_contract(schema):
 # What every command prints under --json, success and failure alike: usage errors (click's
 # and ckpt's own) and errors met while running print the error object; a check that fails
 # or a --fail-if that holds prints its report. {m}: the sample MLP, {w}: its rewrite,
-# {bad}: a file that is not a model, {tmp}: a fresh folder.
+# {bad}: a file that is not a model, {g}: an artifact with a grouped Conv1d, {tmp}: a fresh folder.
 EVERY_OUTPUT = {
     "inspect": (["inspect", "{m}"], 0),
     "inspect usage error": (["inspect", "{m}", "--dim", "batch"], 2),
@@ -204,6 +204,7 @@ EVERY_OUTPUT = {
     "rewrite --activation-budget": (["rewrite", "{m}", "-o", "{tmp}/out.onnx", "--activation-budget", "0.2"], 0),
     "rewrite --no-recompute": (["rewrite", "{m}", "-o", "{tmp}/out.onnx", "--no-recompute"], 0),
     "rewrite --ort-optimize": (["rewrite", "{m}", "-o", "{tmp}/out.onnx", "--ort-optimize", "cpu"], 0),
+    "rewrite --work-around-ort-defects": (["rewrite", "{g}", "-o", "{tmp}/out.onnx", "--work-around-ort-defects"], 0),
     "rewrite --check": (["rewrite", "{m}", "-o", "{tmp}/out.onnx", "--check", "--runs", "1", "--provider", "cpu"], 0),
     "rewrite usage error": (["rewrite", "{m}", "--ort-optimize", "tpu"], 2),
     "rewrite runtime error": (["rewrite", "{m}", "-o", "{w}"], 2),  # exists, no --force
@@ -226,7 +227,8 @@ def written(tmp_path_factory):
     _run(["rewrite", str(SAMPLES / "mlp.onnx"), "-o", str(path), "-q"], path.parent)
     bad = path.parent / "bad.onnx"
     bad.write_bytes(b"not a model")
-    return {"m": str(SAMPLES / "mlp.onnx"), "w": str(path), "bad": str(bad)}
+    grouped = ROOT / "tests" / "fixtures" / "grouped_conv1d_training.onnx"
+    return {"m": str(SAMPLES / "mlp.onnx"), "w": str(path), "bad": str(bad), "g": str(grouped)}
 
 
 @pytest.mark.parametrize("case", EVERY_OUTPUT, ids=list(EVERY_OUTPUT))

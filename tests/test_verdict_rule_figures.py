@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ckpt_cli.units import human_bytes as hb
 from ckpt_cli.verify.rules import PROCESS_PEAK_NOISE_BYTES, judge, noise
 from ckpt_cli.verify.stage import (CheckFigures, MeasuredRuns, Measurement, OutputFigures, PlainPrediction,
                                    PredictionFigures)
@@ -54,7 +55,7 @@ def test_runs_in_default_session_fails_a_rewrite_ort_defaults_cannot_run():
 def test_default_session_saving_note_says_when_ort_defaults_save_nothing():
     f = _judged(_figures(original_ort_default=_measured(8 * MB), rewritten_ort_default=_measured(9 * MB)))
     assert f.passed and f.notes == ["under ORT's default session settings the rewrite saves nothing "
-                                    f"({9 * MB} B vs {8 * MB} B): run it with ckpt's settings "
+                                    "(8.6 MiB vs 7.6 MiB): run it with ckpt's settings "
                                     "(ckpt_cli.session_options(path), or `ckpt session MODEL`)"]
     even = _judged(_figures(original_ort_default=_measured(8 * MB), rewritten_ort_default=_measured(8 * MB)))
     assert len(even.notes) == 1  # the same peak saves nothing either
@@ -105,7 +106,7 @@ def test_process_peak_noise_allowance_lets_a_rise_of_a_few_pages_pass_and_no_mor
     small = PROCESS_PEAK_NOISE_BYTES - 4096
     assert _judged(_figures(10 * MB, 10 * MB + small, method="process_peak")).passed
     raised = _judged(_figures(10 * MB, 10 * MB + small))
-    assert raised.failures == [f"the rewritten peak ({10 * MB + small} B) is above the original's ({10 * MB} B)"]
+    assert raised.failures == [f"the rewritten peak (9.8 MiB) is above the original's (9.5 MiB) by {hb(small)}"]
     assert _judged(_figures(100 * MB, 101 * MB, method="process_peak")).passed  # 1%: within 2% of 100 MB
     assert not _judged(_figures(100 * MB, 103 * MB, method="process_peak")).passed  # 3%: a rise
     assert noise(_measured(0, "process_peak"), 100 * MB) == 2 * MB
@@ -134,7 +135,8 @@ def test_every_tensor_sized_fails_a_prediction_with_tensors_counted_as_0_bytes()
 
 def test_peak_not_raised_fails_a_rewrite_above_the_original():
     f = _judged(_figures(10 * MB, 10 * MB + 1))
-    assert f.failures == [f"the rewritten peak ({10 * MB + 1} B) is above the original's ({10 * MB} B)"]
+    # two peaks a byte apart print alike in MiB: the rise says how far above it is
+    assert f.failures == ["the rewritten peak (9.5 MiB) is above the original's (9.5 MiB) by 1 B"]
     assert f.memory_lower is False
     assert _judged(_figures(10 * MB, 10 * MB)).passed  # equal is not above
 
@@ -197,12 +199,12 @@ def test_plain_session_note_says_whether_orts_fusions_explain_a_plain_prediction
         return _judged(f).notes
 
     assert noted(PlainPrediction(5 * MB, 0.1)) == []  # within the error: nothing to say
-    head = (f"under ORT's default settings the rewrite measures {5 * MB} B; ckpt predicted {6 * MB} B (+20.0%) "
+    head = ("under ORT's default settings the rewrite measures 4.8 MiB; ckpt predicted 5.7 MiB (+20.0%) "
             "on the file's graph, where ORT runs its ORT_ENABLE_ALL fusions")
     assert noted(PlainPrediction(6 * MB, 0.2)) == [
         head + " (ORT's fused graph could not be modelled: a size unknown, or another order)"]
     assert noted(PlainPrediction(6 * MB, 0.2, 5 * MB, 0.0)) == [
-        head + f"; on ORT's fused graph, in the order ORT runs it, ckpt's model gives {5 * MB} B (+0.0%): the "
+        head + "; on ORT's fused graph, in the order ORT runs it, ckpt's model gives 4.8 MiB (+0.0%): the "
         "fusions, not the memory model, explain it"]
     assert noted(PlainPrediction(6 * MB, 0.2, 6 * MB, 0.2))[0].endswith(
         "ckpt's model is +20.0% off too: its memory model does not hold for this session")

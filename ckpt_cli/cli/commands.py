@@ -69,6 +69,9 @@ def default_output(model: Path) -> Path:
 @click.option("--ort-optimize", "ort_optimize", type=click.Choice(["cpu", "cuda"]), default=None,
               help="Then let ONNX Runtime fuse the rewritten graph for this provider (ORT_ENABLE_EXTENDED) and "
                    "write ORT's graph, re-sorted and re-simulated (run it with ORT_DISABLE_ALL, as recorded).")
+@click.option("--work-around-ort-defects", is_flag=True,
+              help="Write each grouped 1-D ConvGrad (a kernel of onnxruntime-training 1.19.2 that writes past "
+                   "its buffers) in its 2-D form, Unsqueeze and Squeeze around it, which ORT runs clean.")
 @auto_options
 @policy_options
 @click.option("--check", "run_the_check", is_flag=True,

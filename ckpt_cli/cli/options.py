@@ -125,7 +125,7 @@ def rewrite_value(given: dict):
 
     return RewriteOptions(plan_value(given), given.pop("no_recompute"), given.pop("pin"),
                           given.pop("keep_mem_pattern"), given.pop("ort_optimize"), given["timeout"],
-                          given["python"])
+                          given["python"], given.pop("work_around_ort_defects"))
 
 
 def check_value(given: dict):

@@ -139,7 +139,8 @@ def _run_checker(model: onnx.ModelProto, path: Path, order: list[int], external:
 
 
 def _model_strings(graph: Graph) -> Iterator[str]:
-    g = graph.model.graph
+    m, g = graph.model, graph.model.graph
+    yield from (m.producer_name, m.producer_version, m.domain, m.doc_string, g.name, g.doc_string)  # copied out
     yield from (v.name for v in chain(g.input, g.output, g.value_info, g.initializer))
     yield from (x for p in graph.model.metadata_props for x in (p.key, p.value))
 

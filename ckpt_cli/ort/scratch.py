@@ -5,7 +5,7 @@ Some CPU kernels build temporaries with Eigen or ``std::vector`` while they run;
 and its profiler see none of them; the process does. So they count toward a process-peak
 measurement (the only one ORT's training build allows). Each rule gives the bytes one
 node holds while it runs, from the kernels of ORT 1.19.2
-(``orttraining/training_ops/cpu/nn/layer_norm.cc``, ``.../cpu/nn/conv_grad.cc``,
+(``orttraining/training_ops/cpu/nn/layer_norm.cc``, ``.../cpu/nn/conv_grad.cc``, ``.../cpu/rnn/gru_grad_compute.cc``,
 ``core/providers/cpu/ml/..softmax_cross_entropy_loss``, ``core/providers/cpu/tensor/where_op.cc``,
 ``core/mlas/lib/convolve.cpp``), each checked against a one-node model in a process-peak
 measurement.
@@ -99,6 +99,19 @@ def _conv(node: Node, sized: Sized) -> int:
     return pixels * channels * kernel * x[1]
 
 
+def _gru_grad(node: Node, sized: Sized) -> int:
+    """GRUGrad (one direction): one step's weight gradients before it adds them into dW and dR
+    (3H x input, 3H x H), the gate gradients (3H) and the reset factor (H), and zeros for
+    H0 (input 5) and dH0 (output 4) where the node has none (batch x H each)."""
+    x = _shaped(sized, node.inputs[0])
+    r = _shaped(sized, node.inputs[2]) if len(node.inputs) > 2 else None
+    if not (x and r) or _elements(x[0]) is None or len(x[0]) != 3 or _elements(r[0]) is None:
+        return 0
+    hidden, batch, width = int(node.attr("hidden_size") or r[0][-1]), int(x[0][1]), int(x[0][2])
+    absent = sum(len(names) <= k or not names[k] for names, k in ((node.inputs, 5), (node.outputs, 4)))
+    return (3 * hidden * (width + hidden) + 4 * hidden + absent * batch * hidden) * x[1]
+
+
 _RULES: dict[tuple[str, str], Callable[[Node, Sized], int]] = {
     ("com.microsoft", "ConvGrad"): _conv_grad,
     ("", "ConvGrad"): _conv_grad,
@@ -108,6 +121,7 @@ _RULES: dict[tuple[str, str], Callable[[Node, Sized], int]] = {
     ("com.microsoft", "InvertibleLayerNormalizationGrad"): _layer_norm_grad,
     ("", "SoftmaxCrossEntropyLoss"): _softmax_cross_entropy,
     ("", "Where"): _where,
+    ("com.microsoft", "GRUGrad"): _gru_grad,
 }
 
 

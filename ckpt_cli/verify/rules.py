@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
+from ..units import human_bytes
+
 if TYPE_CHECKING:
     from .stage import CheckFigures, Measurement
 
@@ -101,7 +103,13 @@ def peak_not_raised(f: "CheckFigures", tolerant: bool) -> None:
     o, r = f.measured.original.peak_bytes, f.measured.rewritten.peak_bytes
     if o is not None and r is not None and r > o + noise(f.measured.rewritten, o):
         f.memory_lower = False
-        f.failures.append(f"the rewritten peak ({r} B) is above the original's ({o} B)")
+        f.failures.append(f"the rewritten peak {_above(r, o)}")
+
+
+def _above(peak: int, reference: int) -> str:
+    """'(<peak>) is above the original's (<reference>) by <rise>': the rise is printed too,
+    as two peaks a few bytes apart print alike in MiB."""
+    return f"({human_bytes(peak)}) is above the original's ({human_bytes(reference)}) by {human_bytes(peak - reference)}"
 
 
 def user_session_not_raised(f: "CheckFigures", tolerant: bool) -> None:
@@ -114,7 +122,7 @@ def user_session_not_raised(f: "CheckFigures", tolerant: bool) -> None:
     if rd.peak_bytes > od.peak_bytes + noise(rd, od.peak_bytes):
         f.memory_lower = False
         f.failures.append(f"under ORT's default settings, the session this model is run in, the rewritten peak "
-                          f"({rd.peak_bytes} B) is above the original's ({od.peak_bytes} B)")
+                          f"{_above(rd.peak_bytes, od.peak_bytes)}")
 
 
 def module_noise(reference: int) -> int:
@@ -135,7 +143,7 @@ def module_session_not_raised(f: "CheckFigures", tolerant: bool) -> None:
     if o is not None and r is not None and r["peak_bytes"] > o["peak_bytes"] + module_noise(o["peak_bytes"]):
         f.memory_lower = False
         f.failures.append(f"trained by the Module API in its untuned session, the rewrite's process peak "
-                          f"({r['peak_bytes']} B) is above the original's ({o['peak_bytes']} B)")
+                          f"{_above(r['peak_bytes'], o['peak_bytes'])}")
 
 
 def module_losses_identical(f: "CheckFigures", tolerant: bool) -> None:
@@ -264,14 +272,14 @@ def plain_session_note(f: "CheckFigures", tolerant: bool) -> None:
         return
     measured = f.measured.rewritten_ort_default
     assert measured is not None  # the plain error is against this measurement
-    said = (f"under ORT's default settings the rewrite measures {measured.peak_bytes} B; "
-            f"ckpt predicted {plain.predicted} B ({err:+.1%}) on the file's graph, where ORT runs its "
+    said = (f"under ORT's default settings the rewrite measures {human_bytes(measured.peak_bytes)}; "
+            f"ckpt predicted {human_bytes(plain.predicted)} ({err:+.1%}) on the file's graph, where ORT runs its "
             "ORT_ENABLE_ALL fusions")
     if fused is None:
         said += " (ORT's fused graph could not be modelled: a size unknown, or another order)"
     elif abs(fused) <= limit:
         said += (f"; on ORT's fused graph, in the order ORT runs it, ckpt's model gives "
-                 f"{plain.fused} B ({fused:+.1%}): the fusions, not the memory model, explain it")
+                 f"{human_bytes(plain.fused)} ({fused:+.1%}): the fusions, not the memory model, explain it")
     else:
         said += (f"; on ORT's fused graph, in the order ORT runs it, ckpt's model is {fused:+.1%} off too: "
                  "its memory model does not hold for this session")
@@ -285,7 +293,7 @@ def default_session_saving_note(f: "CheckFigures", tolerant: bool) -> None:
         return  # a file run under ORT's defaults is judged there (user_session_not_raised)
     if rd.peak_bytes >= od.peak_bytes:
         f.notes.append("under ORT's default session settings the rewrite saves nothing "
-                       f"({rd.peak_bytes} B vs {od.peak_bytes} B): run it with ckpt's settings "
+                       f"({human_bytes(rd.peak_bytes)} vs {human_bytes(od.peak_bytes)}): run it with ckpt's settings "
                        "(ckpt_cli.session_options(path), or `ckpt session MODEL`)")
 
 
@@ -295,12 +303,13 @@ def budget_held(f: "CheckFigures", budget: int, outside_bytes: int) -> None:
     plus the ``outside_bytes`` of inputs kept outside the arena) is within the budget."""
     m = f.measured.rewritten
     if m.peak_bytes is None:
-        f.notes.append(f"--budget {budget} B not verified: this ORT build reports no arena peak")
+        f.notes.append(f"--budget {human_bytes(budget)} not verified: this ORT build reports no arena peak")
         return
     held = m.peak_bytes + outside_bytes
     if held > budget + noise(m, budget):
-        f.failures.append(f"the rewrite's measured peak ({held} B: arena in use {m.peak_bytes} B plus "
-                          f"{outside_bytes} B of inputs) is above --budget {budget} B")
+        f.failures.append(f"the rewrite's measured peak ({human_bytes(held)}: arena in use "
+                          f"{human_bytes(m.peak_bytes)} plus {human_bytes(outside_bytes)} of inputs) is above "
+                          f"--budget {human_bytes(budget)} by {human_bytes(held - budget)}")
 
 
 RULES: tuple[Rule, ...] = (

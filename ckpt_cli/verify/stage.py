@@ -42,9 +42,10 @@ PLAIN_FUSED_ABOVE = 0.02
 _MISSING_OP = ("not a registered function/op", "No Op registered for")
 
 
-# The check's child processes run with this glibc mmap threshold: smaller blocks come from
-# the heap, which the loaded model left with room, and do not raise the process's peak.
-PROCESS_PEAK_MIN_BLOCK = int(driver.CHILD_ENV["MALLOC_MMAP_THRESHOLD_"])
+# The check's children give malloc's free heap pages back before each measured run
+# (worker._trim_heap): a block then raises the process's peak wherever it comes from, the
+# heap included, unless it fits in a page that is resident already.
+PROCESS_PEAK_MIN_BLOCK = 4096
 
 
 @dataclass(frozen=True)

@@ -54,8 +54,9 @@ What the numbers mean (on ORT 1.31.1 CPU):
   (exact, unrounded).  Graph inputs (feeds) are never counted; graph outputs are.
 * method "process_peak" (ORT builds whose profiler has no ``mem_*`` fields, such
   as 1.19.2): a second session with the CPU arena OFF (ORT's defaults: ON, see
-  ``_measure_process_peak``); before each run write 5 to
-  /proc/self/clear_refs (resets VmHWM), read VmRSS, run, read VmHWM;
+  ``_measure_process_peak``); before each run give malloc's free heap pages
+  back (``malloc_trim``), write 5 to /proc/self/clear_refs (resets VmHWM), read
+  VmRSS, run, read VmHWM;
   ``peak_bytes`` = VmHWM - VmRSS(before) = bytes above the pre-run state, i.e.
   comparable to ``peak_above_baseline_bytes`` of the profiler method (page
   granular, includes small malloc noise).  Needs MALLOC_MMAP_THRESHOLD_=65536 in
@@ -414,6 +415,7 @@ def _measure_process_peak(ort, np, spec, settings, feeds_path, warnings):
         for i in range(spec["runs"] + 1):
             out = None
             gc.collect()
+            _trim_heap()
             before = _reset_peak(warnings if i == 0 else [])
             start = before if start is None else start
             out, dt = _run_once(sess, feeds)
@@ -427,6 +429,17 @@ def _measure_process_peak(ort, np, spec, settings, feeds_path, warnings):
         raise WorkerError("run_failed", _one_line(e)) from None
     names = [o.name for o in sess.get_outputs()]
     return per_run, dict(zip(names, out))
+
+
+def _trim_heap() -> None:
+    """Give malloc's free heap pages back (glibc ``malloc_trim``). A block above the mmap
+    threshold still comes from the heap where a free chunk there fits it, and such pages,
+    left resident by earlier runs, hide it from the peak: one process's runs of a GRU
+    training graph read 6.8 down to 6.2 MB without this, 7.27 MB each with it."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def _reset_peak(warnings: list) -> int | None:
