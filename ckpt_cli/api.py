@@ -37,7 +37,7 @@ from .verify.plain_choice import judged_in_plain
 from .verify.driver import WorkerOptions
 from .verify.module_choice import Writer, judged_by_training, judged_in_module
 from .planning.decision import Decision
-from .options import DEFAULT_TIMEOUT_S, AnalysisOptions, CheckOptions, PlanOptions, RewriteOptions
+from .options import AnalysisOptions, CheckOptions, PlanOptions, RewriteOptions
 from .planning.plan import Policy
 from .progress import stage
 from .report.model import Source, check_report, inspect_report, plan_report, planning_section, rewrite_report
@@ -201,13 +201,13 @@ class PlanResult:
 def plan_model(model: ModelInput, options: PlanOptions | None = None, *, analysis: AnalysisOptions | None = None,
                output: str | Path | None = None, force: bool = False,
                progress: Callable[[str], None] | None = None, python: str | None = None,
-               timeout: float | None = DEFAULT_TIMEOUT_S, **keywords) -> PlanResult:
+               **keywords) -> PlanResult:
     """Choose regions (``options``, or its keywords: ``auto`` = layers, sqrt, balanced,
     budget, optimal; ``budget`` = '2GiB' or '40%'; ``activation_budget`` = F in [0, 1], PyTorch's
     activation_memory_budget; ``policy`` = per-op rules) and explain the choice; with
     ``output``, write the plan file there. The default is judged as ``rewrite_model`` judges
     it: with ``python`` (an interpreter with onnxruntime-training), an ORT training
-    artifact's by training its plans in the Module API, each child for at most ``timeout`` s."""
+    artifact's by training its plans in the Module API."""
     from .io.save import write_text_atomic
     import json
 
@@ -221,7 +221,7 @@ def plan_model(model: ModelInput, options: PlanOptions | None = None, *, analysi
     if output is not None:
         check_output_path(Path(output), loaded.path, force)
     _typed("python", python, str)
-    as_rewritten = RewriteOptions(options, timeout=timeout, trainer=python).validate()
+    as_rewritten = RewriteOptions(options, trainer=python).validate()
     scaled = scaling(a)
     planned = _judged_default(a, make_plan(a, options, progress=progress), as_rewritten,
                               _writer(a, as_rewritten, analysis, scaled))

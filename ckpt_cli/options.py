@@ -226,13 +226,13 @@ class RewriteOptions:
     work_around_ort_defects: bool = False
 
     @classmethod
-    def of(cls, *, no_recompute: bool = False, pin: bool = True, keep_mem_pattern: bool = True,
-           ort_optimize: str | None = None, timeout: float | None = DEFAULT_TIMEOUT_S, plan=None,
-           trainer: str | None = None, work_around_ort_defects: bool = False,
-           **plan_keywords) -> "RewriteOptions":
-        """The keyword form: ``plan`` is the plan file (as ``rewrite_model(plan=...)``)."""
-        return cls(PlanOptions.of(plan_file=plan, **plan_keywords), no_recompute, pin, keep_mem_pattern,
-                   ort_optimize, timeout, trainer, work_around_ort_defects)
+    def of(cls, *, plan=None, **keywords) -> "RewriteOptions":
+        """The keyword form: this class's fields by name (``no_recompute``, ``pin``, ...), the
+        plan's options (PlanOptions.of) beside them; ``plan`` is the plan file (as
+        ``rewrite_model(plan=...)``)."""
+        own = {f.name for f in fields(cls)} - {"plan"}
+        mine = {k: keywords.pop(k) for k in list(keywords) if k in own}
+        return cls(PlanOptions.of(plan_file=plan, **keywords), **mine)
 
     def validate(self) -> "RewriteOptions":
         if self.ort_optimize not in (None, *ORT_OPTIMIZE_PROVIDERS):

@@ -159,8 +159,6 @@ def _output_file(output: str | Path, model: Path) -> Path:
               help="An interpreter with onnxruntime-training: an ORT training artifact's default is then "
                    "chosen as `ckpt rewrite --python` chooses it, by training its plans in the Module API's "
                    "untuned session.")
-@click.option("--timeout", type=click.FloatRange(1, 86400), default=600, show_default=True,
-              help="With --python: seconds one training child may take; past it ckpt exits 5.")
 @analysis_options
 @report_options
 def plan(model: Path, **given) -> None:
@@ -186,7 +184,7 @@ def plan(model: Path, **given) -> None:
 
     as_json, report_path, quiet = given.pop("as_json"), given.pop("report_path"), given.pop("quiet")
     output, force, sweep, svg = given.pop("output"), given.pop("force"), given.pop("sweep"), given.pop("svg")
-    python, timeout = given.pop("python"), given.pop("timeout")
+    python = given.pop("python")
     protect_report(report_path, model, output, svg)
     analysis, options = analysis_value(given), plan_value(given)
     if sweep:
@@ -200,7 +198,7 @@ def plan(model: Path, **given) -> None:
         raise UsageError("--svg goes with --sweep")
     with progress("planning", quiet, lines=False) as shown:
         result = plan_model(model, options, analysis=analysis, output=output, force=force, progress=shown.detail,
-                            python=python, timeout=timeout)
+                            python=python)
     emit(result.to_json(), renderer("plan_view", "render_plan"), as_json, report_path, quiet, (model, output))
 
 
