@@ -53,7 +53,7 @@ fuzz: $(STAMP)
 	$(BIN)/python -m tests.fuzz --cases $(or $(CASES),10000) --seed $(or $(SEED),1) --json $(OUT)/fuzz.json
 
 ## docs-figures: README.md's figures as `ckpt rewrite sample_models/gpt.onnx --check` prints them today
-## (tests/test_readme_figures.py fails when they are stale)
+## (tests/test_bench_readme_figures.py fails when they are stale)
 .PHONY: docs-figures
 docs-figures: $(STAMP)
 	$(BIN)/python -m bench.readme_figures --write

@@ -108,7 +108,7 @@ def test_the_default_plans_header_names_its_kind_not_lowest(tmp_path):
 def above_old_limit():
     """A synthetic transformer above the 5,000 nodes the knee once stopped at, small in
     bytes: its rewrites are quick."""
-    from bench.synthetic import build_transformer
+    from fixtures.synthetic import build_transformer
 
     a = analyse(Graph.from_model(build_transformer(37, d_model=32, seq=16)))
     assert len(a.graph.nodes) > 5_000
