@@ -136,16 +136,16 @@ def test_layers_found_from_structure_when_names_say_nothing(gpt):
     assert rewrite(anonymous, plan).after.priority.peak_bytes < gpt.priority.peak_bytes
 
 
-@pytest.mark.parametrize("model", ["mlp", "gpt", "cnn"])
+@pytest.mark.parametrize("model", ["gpt", "cnn"])
 def test_budget_and_optimal_meet_a_reachable_budget_on_every_sample(model):
+    """(mlp has no budget between: its peak is a kernel's working memory no region lowers.)"""
     from ckpt_cli.planning.solver import optimal_plan
     from ckpt_cli.planning.strategies import structures
 
     a = analyse(load_graph(SAMPLES / f"{model}.onnx"))
     floor = min(plan_cost(a, s).peak_bytes for s in structures(a))
-    base = a.priority.peak_bytes
-    if floor >= base:
-        pytest.skip(f"{model}: no region structure lowers the predicted peak")
+    base = a.working_peak_bytes  # plan_cost's measure: tensors and kernel scratch
+    assert floor < base, f"{model}: no region structure lowers the predicted peak"
     limit = (floor + base) // 2
     for solve in (budget_plan, optimal_plan):
         result = solve(a, limit, lambda p: plan_cost(a, p), lambda p: keep_intervals(a, p))
