@@ -2,9 +2,10 @@
 
 Each rule reads the measured figures and returns what it finds, as ``Finding``s: a
 failure (a premise of the saving that does not hold, in one line) or a note, each with a
-code. ``judge`` records them rule by rule, in order; the verdict passes when no rule failed. Every rule has a test that fails when it is removed
-or its condition broken: ``tests/mutants.toml`` names it (a new rule comes with its mutant
-there, and ``make mutate`` shows that its test catches it).
+code. ``judge`` records them rule by rule, in order; the verdict passes when no rule
+failed. Every rule has a test that fails when it is removed or its condition broken:
+``tests/mutants.toml`` names it (a new rule comes with its mutant there, and ``make
+mutate`` shows that its test catches it).
 """
 
 from __future__ import annotations
@@ -85,10 +86,10 @@ def fused_reference(f: CheckFigures, tolerant: bool) -> list[Finding]:
     if level is None or plain is None:
         return []
     return [note("fused_reference", f"outputs compared with the original run at {level}, as the rewritten file "
-                   "holds ORT's fusions made at that level; against the original under ckpt's settings "
-                   + ("every output is bit-identical too" if plain["all_bit_identical"] else
-                      f"{plain['n_failed']} outputs differ (max |diff| {plain['max_abs_diff']}): fused "
-                      "kernels round differently from the ops they replace"))]
+                 "holds ORT's fusions made at that level; against the original under ckpt's settings "
+                 + ("every output is bit-identical too" if plain["all_bit_identical"] else
+                    f"{plain['n_failed']} outputs differ (max |diff| {plain['max_abs_diff']}): fused "
+                    "kernels round differently from the ops they replace"))]
 
 
 def every_tensor_sized(f: CheckFigures, tolerant: bool) -> list[Finding]:
