@@ -31,13 +31,16 @@ ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ("mlp", "cnn", "gpt")
 ZOO = ("zoo/bert", "zoo/lenet", "zoo/mlp_dropout")
 # Keys whose values are wall-clock or machine figures, not results (never a share or a FLOP count).
-VOLATILE_KEYS = re.compile(r"^(step_time_s|time_s|python|ckpt_version|ort_version)$|seconds|elapsed|_ms$")
+VOLATILE_KEYS = re.compile(r"^(step_time_s|step_time_ratio|time_s|python|ckpt_version|ort_version)$"
+                           r"|seconds|elapsed|_ms$")
 VOLATILE_TEXT = [
     # progress lines: printed or not by how long a stage took (ckpt_cli/cli/progress.py)
     (re.compile(r"^ckpt: (?:\d+ min )?\d+ s: .*\n?|^ckpt: done in .*\n?", re.M), ""),
     (re.compile(r"\d+(\.\d+)?\s?(ms|s|µs)\b"), "<time>"),
     (re.compile(r" +<time>"), " <time>"),  # a table pads a time to its column's widest
     (re.compile(r"\d+(\.\d+)?x (slower|faster)"), "<ratio>"),
+    # the headline's ratio of two measured step times: the machine's load, as the times are
+    (re.compile(r"step time (?:[+-]\S+%|n/a)"), "step time <ratio>"),
     (re.compile(r"(/tmp|/var/folders)/\S+"), "<tmp>"),
 ]
 

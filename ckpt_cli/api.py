@@ -378,7 +378,7 @@ def rewrite_model(model: ModelInput, output: str | Path | None = None, options: 
             e.report = {**out.report, "check_error": {"exit_code": e.exit_code, "message": plain(str(e))}}
             raise
         if out.planned is not None and out.planned.budget is not None:
-            budget_held(out.check, out.planned.budget, out.result.after.outside_arena_bytes)
+            out.check.add(budget_held(out.check, out.planned.budget, out.result.after.outside_arena_bytes))
         out.report["check"] = out.check.to_json()
         out.report["headline"] = check_headline(out.report["check"], (a.priority.peak_bytes,
                                                                       out.result.after.priority.peak_bytes))

@@ -62,8 +62,8 @@ def test_check_fails_a_rewrite_that_changes_its_outputs(tmp_path, make, words):
     assert r.exit_code == 1, r.output
     import json
 
-    failures = json.loads(r.stdout)["failures"]
-    assert any("outputs differ" in f and words in f for f in failures), failures
+    findings = json.loads(r.stdout)["findings"]
+    assert any(x["code"] == "outputs_match_changed" and words in x["text"] for x in findings), findings
 
 
 def _symbolic_chain_with_feeds(tmp_path, batch: int):

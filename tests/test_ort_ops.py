@@ -145,6 +145,7 @@ def test_check_names_tensors_of_unknown_size(tmp_path):
     result = check_models(path, path)
     assert result.figures.prediction.unsized == {"original": ["nonzero"], "rewritten": ["nonzero"]}
     assert not result.passed
+    assert result.figures.codes.count("every_tensor_sized") == 2  # one per side
     assert any("1 tensors of unknown size as 0 B (nonzero)" in f for f in result.figures.failures)
 
 

@@ -122,6 +122,13 @@ def test_rewrite_check_report_carries_the_check(reports):
         assert "check" not in reports[f"{m}/rewrite"]
 
 
+def test_check_findings_are_its_failures_and_notes_with_codes(reports):
+    for check in [reports[f"{m}/check"] for m in MODELS] + [reports[f"{m}/rewrite --check"]["check"] for m in MODELS]:
+        findings = check["findings"]
+        assert [x["text"] for x in findings if x["severity"] == "failure"] == check["failures"]
+        assert [x["text"] for x in findings if x["severity"] == "note"] == check["notes"]
+
+
 def _errors(schema, report):
     return list(jsonschema.Draft202012Validator(schema).iter_errors(report))
 
@@ -159,7 +166,8 @@ def test_broken_inspect_report_fails(schema, reports, mutate):
     ("mlp/compare", lambda r: r.pop("failed")),
     ("mlp/plan", lambda r: r.pop("explanations")),
     ("mlp/check", lambda r: r.update(failures="none")),
-], ids=["plan: explanations", "check: failures as text","rewrite: after.peak_bytes", "rewrite: region bytes null", "check in rewrite: outputs_equal",
+    ("mlp/check", lambda r: r["findings"].append({"code": "peak_not_raised", "severity": "warning", "text": ""})),
+], ids=["plan: explanations", "check: failures as text", "check: a finding of no severity","rewrite: after.peak_bytes", "rewrite: region bytes null", "check in rewrite: outputs_equal",
         "check in rewrite: peak as text", "check: passed", "check: wrong command", "compare: float bytes",
         "compare: failed"])
 def test_broken_reports_fail(schema, reports, case, mutate):

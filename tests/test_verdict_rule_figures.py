@@ -3,17 +3,19 @@
 Where a rule's premise cannot be broken on a CPU run of ORT's inference build (a second
 device, ORT's training build, a session that fails to load), its test builds the figures
 a measurement gives and judges them with every rule: dropping the rule from ``RULES``, or
-inverting its condition, fails the test (``make mutate`` checks it).
+inverting its condition, fails the test (``make mutate`` checks it). Tests name what a
+rule found by its code; a few also hold the wording a user reads.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 from ckpt_cli.units import human_bytes as hb
 from ckpt_cli.verify.rules import PROCESS_PEAK_NOISE_BYTES, judge, noise
-from ckpt_cli.verify.stage import (CheckFigures, MeasuredRuns, Measurement, OutputFigures, PlainPrediction,
-                                   PredictionFigures)
+from ckpt_cli.verify.figures import (CheckFigures, MeasuredRuns, Measurement, OutputFigures, PlainPrediction,
+                                     PredictionFigures)
 
 MB = 1_000_000
 
@@ -43,13 +45,13 @@ def _judged(f: CheckFigures) -> CheckFigures:
 
 def test_the_base_figures_pass_every_rule_without_a_note():
     f = _judged(_figures())
-    assert f.passed and f.notes == [] and f.memory_lower
+    assert f.passed and f.findings == [] and f.notes == [] and f.memory_lower
 
 
 def test_runs_in_default_session_fails_a_rewrite_ort_defaults_cannot_run():
     f = _judged(_figures(rewritten_ort_default_error="load_failed: Node (guard) has input size 3 not in range"))
-    assert f.failures == ["the rewritten model does not run in a session with ORT's default settings "
-                          "(load_failed: Node (guard) has input size 3 not in range)"]
+    assert f.codes == ["runs_in_default_session"]
+    assert f.failures[0].endswith("(load_failed: Node (guard) has input size 3 not in range)")
 
 
 def test_default_session_saving_note_says_when_ort_defaults_save_nothing():
@@ -58,15 +60,15 @@ def test_default_session_saving_note_says_when_ort_defaults_save_nothing():
                                     "(8.6 MiB vs 7.6 MiB): run it with ckpt's settings "
                                     "(ckpt_cli.session_options(path), or `ckpt session MODEL`)"]
     even = _judged(_figures(original_ort_default=_measured(8 * MB), rewritten_ort_default=_measured(8 * MB)))
-    assert len(even.notes) == 1  # the same peak saves nothing either
+    assert even.codes == ["default_session_saving_note"]  # the same peak saves nothing either
     saved = _judged(_figures(original_ort_default=_measured(8 * MB), rewritten_ort_default=_measured(7 * MB)))
-    assert saved.notes == []  # a saving under the defaults too: nothing to say
+    assert saved.codes == []  # a saving under the defaults too: nothing to say
 
 
 def test_fused_reference_notes_how_the_unoptimized_original_compares():
     differ = {"all_bit_identical": False, "n_failed": 2, "max_abs_diff": 3e-07}
     f = _judged(_figures(reference_level="ORT_ENABLE_EXTENDED", unoptimized_vs_rewritten=differ))
-    assert f.passed and len(f.notes) == 1
+    assert f.passed and f.codes == ["fused_reference"]
     assert f.notes[0].startswith("outputs compared with the original run at ORT_ENABLE_EXTENDED")
     assert f.notes[0].endswith("2 outputs differ (max |diff| 3e-07): fused kernels round differently "
                                "from the ops they replace")
@@ -79,24 +81,18 @@ def test_device_notes_say_the_order_is_compared_per_device_and_copies_left_out()
     f = _figures()
     f.order.update(nodes_per_provider={"CUDAExecutionProvider": 40, "CPUExecutionProvider": 3}, n_provider_copies=2)
     _judged(f)
-    assert f.passed and f.notes == [
-        "the order is compared per device (40 on CUDAExecutionProvider, 3 on CPUExecutionProvider): ORT runs a "
-        "stream per device and interleaves them where one waits for the other",
-        "ONNX Runtime added 2 device copies (MemcpyToHost/FromHost) next to CPU-placed shape nodes; they are "
-        "left out of the order comparison"]
+    assert f.passed and f.codes == ["device_notes_per_device", "device_notes_copies"]
+    assert "(40 on CUDAExecutionProvider, 3 on CPUExecutionProvider)" in f.notes[0]
     one = _figures()
     one.order.update(nodes_per_provider={"CPUExecutionProvider": 43})
-    assert _judged(one).notes == []  # one device: nothing to say
+    assert _judged(one).codes == []  # one device: nothing to say
 
 
 def test_process_peak_notes_say_what_the_measurement_resolves():
     f = _judged(_figures(100_000, 60_000, method="process_peak"))
-    assert f.passed and f.notes == [
-        "memory measured as process_peak (this ORT build's profiler has no memory fields): the process's "
-        "peak above its state before the run, ORT's arena off, page-granular",
-        "both peaks are predicted below 256 KiB, under what process_peak resolves: the memory saving is not "
-        "verified by this check"]
-    assert len(_judged(_figures(method="process_peak")).notes) == 1  # large peaks: the saving is resolved
+    assert f.passed and f.codes == ["process_peak_notes", "process_peak_notes_small_peaks"]
+    assert "below 256 KiB" in f.notes[1]
+    assert _judged(_figures(method="process_peak")).codes == ["process_peak_notes"]  # large peaks: resolved
 
 
 def test_process_peak_noise_allowance_lets_a_rise_of_a_few_pages_pass_and_no_more():
@@ -106,7 +102,7 @@ def test_process_peak_noise_allowance_lets_a_rise_of_a_few_pages_pass_and_no_mor
     small = PROCESS_PEAK_NOISE_BYTES - 4096
     assert _judged(_figures(10 * MB, 10 * MB + small, method="process_peak")).passed
     raised = _judged(_figures(10 * MB, 10 * MB + small))
-    assert raised.failures == [f"the rewritten peak (9.8 MiB) is above the original's (9.5 MiB) by {hb(small)}"]
+    assert raised.codes == ["peak_not_raised"] and raised.failures[0].endswith(f"by {hb(small)}")
     assert _judged(_figures(100 * MB, 101 * MB, method="process_peak")).passed  # 1%: within 2% of 100 MB
     assert not _judged(_figures(100 * MB, 103 * MB, method="process_peak")).passed  # 3%: a rise
     assert noise(_measured(0, "process_peak"), 100 * MB) == 2 * MB
@@ -120,22 +116,24 @@ def test_outputs_match_fails_the_first_differing_output_and_accepts_a_tolerance(
                               {"a_grad": {"bit_identical": True, "within_tolerance": True},
                                "w_grad": {"bit_identical": False, "within_tolerance": True}})
     judge(f, tolerant=False)
-    assert f.failures == ["outputs differ (first: w_grad, max |diff| 2e-07)"]
+    assert f.codes == ["outputs_match"] and f.failures == ["outputs differ (first: w_grad, max |diff| 2e-07)"]
     f.failures.clear()
+    f.findings.clear()
     judge(f, tolerant=True)  # within --atol
-    assert f.passed
+    assert f.passed and f.codes == []
 
 
 def test_every_tensor_sized_fails_a_prediction_with_tensors_counted_as_0_bytes():
     f = _figures()
     f.prediction.unsized["rewritten"] = [f"t{k}" for k in range(7)]
-    assert _judged(f).failures == ["the rewritten prediction counts 7 tensors of unknown size as 0 B "
-                                   "(t0, t1, t2, t3, t4, ...)"]
+    assert _judged(f).codes == ["every_tensor_sized"]
+    assert f.failures[0].endswith("counts 7 tensors of unknown size as 0 B (t0, t1, t2, t3, t4, ...)")
 
 
 def test_peak_not_raised_fails_a_rewrite_above_the_original():
     f = _judged(_figures(10 * MB, 10 * MB + 1))
     # two peaks a byte apart print alike in MiB: the rise says how far above it is
+    assert f.codes == ["peak_not_raised"]
     assert f.failures == ["the rewritten peak (9.5 MiB) is above the original's (9.5 MiB) by 1 B"]
     assert f.memory_lower is False
     assert _judged(_figures(10 * MB, 10 * MB)).passed  # equal is not above
@@ -151,15 +149,16 @@ def test_ran_only_file_nodes_tolerates_added_nodes_only_within_the_prediction_er
     said = ("ONNX Runtime ran 2 nodes that are not in the file (Gelu x1, Add x1; e.g. fused/Gelu, Add_7): "
             "it expanded or fused ops")
     within = _judged(_added(_figures(), *added))
-    assert within.passed and within.notes == [f"{said}; the rewritten peak is within the prediction error "
-                                              "(+0.0%), so they are tolerated"]
+    assert within.passed and within.codes == ["ran_only_file_nodes_tolerated"]
+    assert within.notes == [f"{said}; the rewritten peak is within the prediction error (+0.0%), so they are "
+                            "tolerated"]
     off = _added(_figures(), *added)
     off.prediction.tensor_bytes["rewritten"] = int(6 * MB * 1.2)
     off.prediction.tensor_error["rewritten"] = 0.2
-    assert _judged(off).failures[0] == (f"{said}, and the rewritten peak is +20.0% off the prediction (more than "
-                                        "--max-prediction-error 10%): the written schedule is not what ran")
+    assert _judged(off).codes == ["ran_only_file_nodes_beyond_error", "prediction_holds"]
+    assert "+20.0% off the prediction (more than --max-prediction-error 10%)" in off.failures[0]
     unjudged = _judged(_added(_figures(method="rss"), *added))  # no peak to judge them by
-    assert unjudged.failures == [f"{said}, so the written schedule is not what ran"]
+    assert unjudged.codes == ["ran_only_file_nodes", "prediction_holds_unjudged"]
     casts = _judged(_added(_figures(method="rss"), ["InsertedPrecisionFreeCast_x"]))
     assert "wrapped the ops that have no float16 kernel in Casts" in casts.failures[0]
 
@@ -167,8 +166,7 @@ def test_ran_only_file_nodes_tolerates_added_nodes_only_within_the_prediction_er
 def test_ran_every_file_node_fails_a_node_ort_never_ran():
     f = _figures()
     f.order.update(n_not_executed=1, not_executed=["/dropped/Add"])
-    assert _judged(f).failures == ["ONNX Runtime never ran 1 nodes of the file (e.g. /dropped/Add): the schedule "
-                                   "judged is not what ran"]
+    assert _judged(f).codes == ["ran_every_file_node"] and "(e.g. /dropped/Add)" in f.failures[0]
 
 
 def test_order_followed_fails_another_order_and_says_where():
@@ -182,14 +180,13 @@ def test_prediction_holds_fails_a_prediction_off_by_more_than_the_allowed_error(
     f = _figures()
     f.prediction.tensor_bytes["rewritten"] = int(6 * MB * 1.2)
     f.prediction.tensor_error["rewritten"] = 0.2
-    assert _judged(f).failures == ["the rewritten peak prediction (tensor bytes) is +20.0% off the measured "
-                                   "peak (more than --max-prediction-error 10%)"]
+    assert _judged(f).codes == ["prediction_holds"] and "+20.0% off" in f.failures[0]
     within = _figures()
     within.prediction.tensor_bytes["rewritten"] = int(6 * MB * 1.1)
     within.prediction.tensor_error["rewritten"] = 0.1  # at the limit: holds
     assert _judged(within).passed
     unjudged = _figures(method="rss")
-    assert _judged(unjudged).notes == ["memory measured as rss: the peak is not compared with the prediction"]
+    assert _judged(unjudged).codes == ["prediction_holds_unjudged"]
 
 
 def test_plain_session_note_says_whether_orts_fusions_explain_a_plain_prediction_off():
@@ -208,3 +205,34 @@ def test_plain_session_note_says_whether_orts_fusions_explain_a_plain_prediction
         "fusions, not the memory model, explain it"]
     assert noted(PlainPrediction(6 * MB, 0.2, 6 * MB, 0.2))[0].endswith(
         "ckpt's model is +20.0% off too: its memory model does not hold for this session")
+
+
+def test_findings_hold_the_failures_and_notes_in_rule_order_and_go_to_the_json():
+    f = _figures()
+    f.order.update(matches=False, first_mismatch={"position": 1, "file": "a", "executed": "b"}, n_not_executed=1,
+                   not_executed=["x"], n_provider_copies=2)
+    _judged(f)
+    assert f.codes == ["ran_every_file_node", "device_notes_copies", "order_followed"]
+    assert f.failures == [x.text for x in f.findings if x.severity == "failure"]
+    assert f.notes == [x.text for x in f.findings if x.severity == "note"]
+    body = f.to_json()
+    assert body["findings"] == [{"code": x.code, "severity": x.severity, "text": x.text} for x in f.findings]
+    assert (body["failures"], body["notes"]) == (f.failures, f.notes)
+
+
+def test_every_finding_of_a_rule_has_a_code_of_its_own_named_after_the_rule():
+    """Codes are what tests and reports key on: snake_case, the rule's name first, and one
+    place in ``rules.py`` that makes each."""
+    import ast
+    import re
+
+    from ckpt_cli.verify import rules
+
+    tree = ast.parse(Path(rules.__file__).read_text(encoding="utf-8"))
+    made = [(fn.name, call.args[0].value) for fn in tree.body if isinstance(fn, ast.FunctionDef)
+            for call in ast.walk(fn) if isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
+            and call.func.id in ("failure", "note")]
+    assert {r.__name__ for r in rules.RULES} <= {rule for rule, _ in made}
+    assert [(r, c) for r, c in made if not (re.fullmatch(r"[a-z][a-z0-9_]*", c) and c.startswith(r))] == []
+    codes = [c for _, c in made]
+    assert len(codes) == len(set(codes))

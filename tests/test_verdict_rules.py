@@ -1,8 +1,8 @@
 """Each rule of ``ckpt check``'s verdict fails the check when its premise fails.
 
 Every test here breaks one premise on real ORT runs of the gpt sample and its rewrite
-(CPU, ORT's profiler) and asserts the failure line of that rule: removing the rule from
-``verify/stage.py`` makes its test fail (checked once per rule when they were written).
+(CPU, ORT's profiler) and asserts the code of that rule's failure: removing the rule from
+``verify/rules.py`` makes its test fail (checked once per rule when they were written).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from conftest import SAMPLES
 
 from ckpt_cli import api, check_models, rewrite_model
 from ckpt_cli.verify.compare import order_check
+from ckpt_cli.verify.figures import CheckFigures
 from ckpt_cli.verify.stage import check_files, predict
 
 pytestmark = pytest.mark.slow
@@ -28,27 +29,25 @@ def rewritten(tmp_path_factory) -> Path:
     return out
 
 
-def _judged(original: Path, rewritten: Path, change, notes: bool = False) -> list[str]:
-    """Failures (and with ``notes`` the notes) of a check whose rewritten prediction went
-    through ``change``."""
+def _judged(original: Path, rewritten: Path, change) -> CheckFigures:
+    """A check whose rewritten prediction went through ``change``."""
     loaded = {k: api.analyse_input(api.load_input(p)) for k, p in (("original", original), ("rewritten", rewritten))}
     reuse = loaded["rewritten"].reuse_buffers
     predicted = {k: predict(a, reuse) for k, a in loaded.items()}
     predicted["rewritten"] = change(predicted["rewritten"])
     options = api.CheckOptions(provider="cpu", runs=1)
-    figures = check_files(original, rewritten, predicted, options, enable_mem_reuse=reuse)
-    return figures.failures + (figures.notes if notes else [])
+    return check_files(original, rewritten, predicted, options, enable_mem_reuse=reuse)
 
 
 def test_the_unchanged_premises_pass(rewritten):
-    assert _judged(GPT, rewritten, lambda p: p) == []
+    assert _judged(GPT, rewritten, lambda p: p).failures == []
 
 
 def test_a_rewrite_above_the_original_fails(rewritten):
     """The original checked as if it were the rewrite of its own rewrite: its peak is higher."""
     result = check_models(rewritten, GPT)
     assert not result.passed
-    assert any("rewritten peak" in f and "is above the original's" in f for f in result.figures.failures)
+    assert "peak_not_raised" in result.figures.codes, result.figures.failures
     assert result.figures.memory_lower is False
 
 
@@ -73,27 +72,27 @@ def test_a_rewrite_above_the_original_in_the_users_session_fails(rewritten, tmp_
     options = api.CheckOptions(provider="cpu", runs=1)
     judged = check_models(rewritten, _for_ort_defaults(GPT, tmp_path / "gpt.defaults.onnx"), options=options).figures
     assert judged.user_session == "ort_default"
-    assert any(f.startswith("under ORT's default settings, the session this model is run in, the rewritten peak")
-               for f in judged.failures), judged.failures
+    assert "user_session_not_raised" in judged.codes, judged.failures
     plain = check_models(rewritten, GPT, options=options).figures
-    assert plain.user_session == "ckpt" and not any("the session this model is run in" in f for f in plain.failures)
+    assert plain.user_session == "ckpt" and "user_session_not_raised" not in plain.codes
+    assert "default_session_saving_note" in plain.codes, plain.notes
 
 
 def test_another_executed_order_fails(rewritten):
     """ckpt's simulation assumed another order than the one ORT ran."""
-    failures = _judged(GPT, rewritten, lambda p: replace(p, order=tuple(reversed(p.order))))
-    assert any(f.startswith("ONNX Runtime did not execute the simulated order") for f in failures), failures
+    f = _judged(GPT, rewritten, lambda p: replace(p, order=tuple(reversed(p.order))))
+    assert "order_followed" in f.codes, f.failures
 
 
 def test_a_prediction_far_off_fails(rewritten):
-    failures = _judged(GPT, rewritten, lambda p: replace(p, tensor_bytes=int(p.tensor_bytes * 1.5)))
-    assert any("rewritten peak prediction (tensor bytes) is +" in f for f in failures), failures
+    f = _judged(GPT, rewritten, lambda p: replace(p, tensor_bytes=int(p.tensor_bytes * 1.5)))
+    assert "prediction_holds" in f.codes and any("rewritten peak prediction" in x for x in f.failures), f.failures
 
 
 def test_a_node_ort_never_ran_fails(rewritten):
     """A node of the schedule ORT did not run: the schedule judged is not what ran."""
-    failures = _judged(GPT, rewritten, lambda p: replace(p, order=p.order + ("/never/ran",)))
-    assert any("never ran 1 nodes of the file (e.g. /never/ran)" in f for f in failures), failures
+    f = _judged(GPT, rewritten, lambda p: replace(p, order=p.order + ("/never/ran",)))
+    assert "ran_every_file_node" in f.codes and any("(e.g. /never/ran)" in x for x in f.failures), f.failures
 
 
 def test_constants_and_unnamed_nodes_are_not_judged():
@@ -108,7 +107,8 @@ def test_nodes_ort_ran_outside_the_file_are_named_by_op(rewritten):
     the prediction error, test_verdict_rule_figures.py has the failing side)."""
     a = api.analyse_input(api.load_input(rewritten))
     dropped = [a.graph.nodes[i] for i in a.priority.order[-2:]]
-    failures = _judged(GPT, rewritten, lambda p: replace(p, order=p.order[:-2]), notes=True)
+    f = _judged(GPT, rewritten, lambda p: replace(p, order=p.order[:-2]))
+    failures = f.failures + f.notes
     types = [n.op_type for n in dropped]
     ops = ", ".join(f"{op} x{types.count(op)}" for op in sorted(dict.fromkeys(types), key=lambda o: -types.count(o)))
     named = [f for f in failures if f.startswith("ONNX Runtime ran 2 nodes that are not in the file")]

@@ -1,6 +1,8 @@
 """The verify stage: run models on ONNX Runtime in child processes and judge a rewrite.
 
 - ``stage``: ``check_files`` (paths + predictions -> ``CheckFigures`` with a verdict)
+- ``figures``: the records ``stage`` fills and ``rules`` judges (``CheckFigures``, ``Finding``)
+- ``rules``: the verdict, each rule a function of the figures to its ``Finding``s
 - ``driver``: one child process per measured model (``run_model``, ``check_pair`` -> ``PairRun``)
 - ``worker``: the standalone script a child runs (numpy + onnxruntime only)
 - ``module_runs``: an ORT training artifact trained by the Module API (``module_child``, a

@@ -1,20 +1,19 @@
 """The check's verdict, rule by rule.
 
-Each rule reads the measured figures and adds what it finds: a failure (a premise of the
-saving that does not hold, in one line) or a note. ``judge`` applies them in order; the
-verdict passes when no rule failed. Every rule has a test that fails when it is removed
-or its condition broken: ``tests/mutants.toml`` names it (a new rule comes with its mutant
-there, and ``make mutate`` shows that its test catches it).
+Each rule reads the measured figures and returns what it finds, as ``Finding``s: a
+failure (a premise of the saving that does not hold, in one line) or a note, each with a
+code. ``judge`` records them rule by rule, in order; the verdict passes when no rule
+failed. Every rule has a test that fails when it is removed or its condition broken:
+``tests/mutants.toml`` names it (a new rule comes with its mutant there, and ``make
+mutate`` shows that its test catches it).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 from ..units import human_bytes
-
-if TYPE_CHECKING:
-    from .stage import CheckFigures, Measurement
+from .figures import CheckFigures, Finding, Measurement, failure, note
 
 PROCESS_PEAK_NOISE_BYTES = 256 * 1024
 # A Module session's process peak (VmHWM, malloc's mmap threshold at 64 KiB): measured
@@ -25,7 +24,7 @@ MODULE_NOISE_SHARE = 0.01
 ORT_PRECISION_CAST = "InsertedPrecisionFreeCast_"
 
 
-def noise(m: "Measurement", reference: int) -> int:
+def noise(m: Measurement, reference: int) -> int:
     """Bytes below which a rise is measurement noise. The profiler's arena figures are
     exact; the process-peak fallback (ORT builds without profiler memory fields) reads
     page-granular RSS with allocator noise of a few pages."""
@@ -34,43 +33,45 @@ def noise(m: "Measurement", reference: int) -> int:
     return max(PROCESS_PEAK_NOISE_BYTES, int(0.02 * reference))
 
 
-def outputs_match(f: "CheckFigures", tolerant: bool) -> None:
+def outputs_match(f: CheckFigures, tolerant: bool) -> list[Finding]:
     """Bit-identical outputs (or within --rtol/--atol), or differences the original's own
     run-to-run spread explains."""
     out = f.outputs
     if out.within_tolerance if tolerant else out.equal:
-        return
+        return []
     changed = [f"{name}: {e['problem']}" for name, e in out.per_output.items() if e.get("problem")]
     if changed:  # another shape, type or position: no run-to-run spread explains that
-        f.failures.append(f"outputs differ ({'; '.join(changed[:3])}{'; ...' if len(changed) > 3 else ''})")
-        return
+        return [failure("outputs_match_changed",
+                        f"outputs differ ({'; '.join(changed[:3])}{'; ...' if len(changed) > 3 else ''})")]
     rr = out.run_to_run
     if not tolerant and rr is not None and rr["accepted"]:
-        f.notes.append(_spread_note(f, rr))
-        return
+        return [note("outputs_match_within_spread", _spread_note(f, rr))]
     first = (rr["unexplained"][0] if rr is not None and rr["unexplained"] else
              next((k for k, e in out.per_output.items()
                    if not (e["within_tolerance"] if tolerant else e["bit_identical"])), None))
-    f.failures.append(f"outputs differ (first: {first}, max |diff| {out.max_abs_diff})")
+    return [failure("outputs_match", f"outputs differ (first: {first}, max |diff| {out.max_abs_diff})")]
 
 
-def runs_at_other_dims(f: "CheckFigures", tolerant: bool) -> None:
+def runs_at_other_dims(f: CheckFigures, tolerant: bool) -> list[Finding]:
     """At other values of the symbolic dimensions the rewrite runs where the original runs,
     with its outputs (a written shape that named one dimension for another fails there)."""
     other = f.other_dims
     if other is None:
-        return
+        return []
     at = ", ".join(f"{d}={v}" for d, v in other["dims"].items())
     if "original_failed" in other:
-        f.notes.append(f"the original does not run at {at} ({other['original_failed']}): not compared there")
-    elif "rewritten_failed" in other:
-        f.failures.append(f"at {at} the rewritten model does not run where the original does "
-                          f"({other['rewritten_failed']})")
-    elif not (other["all_within_tolerance"] if tolerant else other["all_bit_identical"]):
-        f.failures.append(f"at {at} the outputs differ from the original's (max |diff| {other['max_abs_diff']})")
+        return [note("runs_at_other_dims_original_failed",
+                     f"the original does not run at {at} ({other['original_failed']}): not compared there")]
+    if "rewritten_failed" in other:
+        return [failure("runs_at_other_dims_rewritten_failed", f"at {at} the rewritten model does not run where "
+                        f"the original does ({other['rewritten_failed']})")]
+    if not (other["all_within_tolerance"] if tolerant else other["all_bit_identical"]):
+        return [failure("runs_at_other_dims", f"at {at} the outputs differ from the original's "
+                        f"(max |diff| {other['max_abs_diff']})")]
+    return []
 
 
-def _spread_note(f: "CheckFigures", rr: dict) -> str:
+def _spread_note(f: CheckFigures, rr: dict) -> str:
     kernels = rr["varying_kernels"]
     worst = max(e["rewrite_diff"] for e in rr["outputs"].values())
     return (f"{len(rr['outputs'])} outputs are not bit-identical; each is computed by a kernel whose "
@@ -79,31 +80,31 @@ def _spread_note(f: "CheckFigures", rr: dict) -> str:
             f"rewrite's differences (max |diff| {worst:.2g}) are within that spread")
 
 
-def fused_reference(f: "CheckFigures", tolerant: bool) -> None:
+def fused_reference(f: CheckFigures, tolerant: bool) -> list[Finding]:
     """With --ort-optimize the original is compared at ORT's level; say how it compares as it is."""
     plain, level = f.outputs.unoptimized_vs_rewritten, f.outputs.reference_level
     if level is None or plain is None:
-        return
-    f.notes.append(f"outputs compared with the original run at {level}, as the rewritten file "
-                   "holds ORT's fusions made at that level; against the original under ckpt's settings "
-                   + ("every output is bit-identical too" if plain["all_bit_identical"] else
-                      f"{plain['n_failed']} outputs differ (max |diff| {plain['max_abs_diff']}): fused "
-                      "kernels round differently from the ops they replace"))
+        return []
+    return [note("fused_reference", f"outputs compared with the original run at {level}, as the rewritten file "
+                 "holds ORT's fusions made at that level; against the original under ckpt's settings "
+                 + ("every output is bit-identical too" if plain["all_bit_identical"] else
+                    f"{plain['n_failed']} outputs differ (max |diff| {plain['max_abs_diff']}): fused "
+                    "kernels round differently from the ops they replace"))]
 
 
-def every_tensor_sized(f: "CheckFigures", tolerant: bool) -> None:
+def every_tensor_sized(f: CheckFigures, tolerant: bool) -> list[Finding]:
     """A prediction that counts a tensor as 0 B cannot be judged."""
-    for side, names in f.prediction.unsized.items():
-        f.failures.append(f"the {side} prediction counts {len(names)} tensors of unknown size as 0 B "
-                          f"({', '.join(names[:5])}{', ...' if len(names) > 5 else ''})")
+    return [failure("every_tensor_sized", f"the {side} prediction counts {len(names)} tensors of unknown size as 0 B "
+                    f"({', '.join(names[:5])}{', ...' if len(names) > 5 else ''})")
+            for side, names in f.prediction.unsized.items()]
 
 
-def peak_not_raised(f: "CheckFigures", tolerant: bool) -> None:
+def peak_not_raised(f: CheckFigures, tolerant: bool) -> list[Finding]:
     """The rewritten peak is not above the original's (beyond measurement noise)."""
     o, r = f.measured.original.peak_bytes, f.measured.rewritten.peak_bytes
     if o is not None and r is not None and r > o + noise(f.measured.rewritten, o):
-        f.memory_lower = False
-        f.failures.append(f"the rewritten peak {_above(r, o)}")
+        return [failure("peak_not_raised", f"the rewritten peak {_above(r, o)}")]
+    return []
 
 
 def _above(peak: int, reference: int) -> str:
@@ -112,17 +113,17 @@ def _above(peak: int, reference: int) -> str:
     return f"({human_bytes(peak)}) is above the original's ({human_bytes(reference)}) by {human_bytes(peak - reference)}"
 
 
-def user_session_not_raised(f: "CheckFigures", tolerant: bool) -> None:
+def user_session_not_raised(f: CheckFigures, tolerant: bool) -> list[Finding]:
     """Where the rewrite is run under ORT's defaults (a file written for them, an ORT training
     artifact in the Module API's session), its peak there is not above the original's there
     (beyond measurement noise): that session, arena and memory pattern on, is the user's."""
     od, rd = f.measured.original_ort_default, f.measured.rewritten_ort_default
     if f.user_session != "ort_default" or od is None or rd is None or od.peak_bytes is None or rd.peak_bytes is None:
-        return
+        return []
     if rd.peak_bytes > od.peak_bytes + noise(rd, od.peak_bytes):
-        f.memory_lower = False
-        f.failures.append(f"under ORT's default settings, the session this model is run in, the rewritten peak "
-                          f"{_above(rd.peak_bytes, od.peak_bytes)}")
+        return [failure("user_session_not_raised", "under ORT's default settings, the session this model is run "
+                        f"in, the rewritten peak {_above(rd.peak_bytes, od.peak_bytes)}")]
+    return []
 
 
 def module_noise(reference: int) -> int:
@@ -130,45 +131,49 @@ def module_noise(reference: int) -> int:
     return max(MODULE_NOISE_BYTES, int(MODULE_NOISE_SHARE * reference))
 
 
-def module_session_not_raised(f: "CheckFigures", tolerant: bool) -> None:
+def module_session_not_raised(f: CheckFigures, tolerant: bool) -> list[Finding]:
     """An ORT training artifact trained by the Module API in its untuned session, the one
     its users run: the rewrite's process peak there is not above the original's."""
     m = f.module_sessions
     if m is None:
-        return
+        return []
     if "skipped" in m:
-        f.notes.append(f"the Module API's training sessions were not run: {m['skipped']}")
-        return
+        return [note("module_session_not_raised_skipped", f"the Module API's training sessions were not run: "
+                     f"{m['skipped']}")]
     o, r = m.get("original_untuned"), m.get("rewritten_untuned")
     if o is not None and r is not None and r["peak_bytes"] > o["peak_bytes"] + module_noise(o["peak_bytes"]):
-        f.memory_lower = False
-        f.failures.append(f"trained by the Module API in its untuned session, the rewrite's process peak "
-                          f"{_above(r['peak_bytes'], o['peak_bytes'])}")
+        return [failure("module_session_not_raised", "trained by the Module API in its untuned session, the "
+                        f"rewrite's process peak {_above(r['peak_bytes'], o['peak_bytes'])}")]
+    return []
 
 
-def module_losses_identical(f: "CheckFigures", tolerant: bool) -> None:
+def module_losses_identical(f: CheckFigures, tolerant: bool) -> list[Finding]:
     """The rewrite trains in the Module API, untuned and under its settings, with the
     original's losses bit for bit (a loss rounded otherwise is another training run)."""
     m = f.module_sessions
     if m is None or "skipped" in m:
-        return
+        return []
+    found = []
     for session, where in (("untuned", "untuned"), ("settings", "under the recorded settings")):
         error = m["errors"].get(f"rewritten_{session}")
         o, r = m.get(f"original_{session}"), m.get(f"rewritten_{session}")
         if error and o is not None:
-            f.failures.append(f"the Module API does not train the rewrite {where} ({error})")
+            found.append(failure("module_losses_identical_error",
+                                 f"the Module API does not train the rewrite {where} ({error})"))
         elif o is not None and r is not None and o["losses_hex"] != r["losses_hex"]:
             step = next(i for i, (a, b) in enumerate(zip(o["losses_hex"], r["losses_hex"])) if a != b)
-            f.failures.append(f"trained by the Module API {where}, the losses differ from the original's "
-                              f"(step {step + 1}: {r['losses_hex'][step]} vs {o['losses_hex'][step]})")
+            found.append(failure("module_losses_identical", f"trained by the Module API {where}, the losses "
+                                 f"differ from the original's (step {step + 1}: {r['losses_hex'][step]} vs "
+                                 f"{o['losses_hex'][step]})"))
+    return found
 
 
-def ran_only_file_nodes(f: "CheckFigures", tolerant: bool) -> None:
+def ran_only_file_nodes(f: CheckFigures, tolerant: bool) -> list[Finding]:
     """ORT ran the file's nodes; nodes it added (an expansion, a fusion, float16 Casts) are
     tolerated only where the rewritten peak stays within the prediction error."""
     order = f.order
     if not order["n_not_in_file"]:
-        return
+        return []
     casts = [n for n in order["not_in_file"] if n.startswith(ORT_PRECISION_CAST)]
     cause = ("it expanded or fused ops" if len(casts) < len(order["not_in_file"]) else
              "its CPU provider wrapped the ops that have no float16 kernel in Casts and runs them in float32")
@@ -177,16 +182,16 @@ def ran_only_file_nodes(f: "CheckFigures", tolerant: bool) -> None:
             f"({ops + '; ' if ops else ''}e.g. {', '.join(order['not_in_file'][:3])}): {cause}")
     err = _rewritten_error(f)
     if err is None:
-        f.failures.append(f"{said}, so the written schedule is not what ran")
-    elif abs(err) > f.prediction.max_error:
-        f.failures.append(f"{said}, and the rewritten peak is {err:+.1%} off the prediction (more than "
-                          f"--max-prediction-error {f.prediction.max_error:.0%}): the written schedule is not what ran")
-    else:
-        f.notes.append(f"{said}; the rewritten peak is within the prediction error ({err:+.1%}), so they are "
-                       "tolerated")
+        return [failure("ran_only_file_nodes", f"{said}, so the written schedule is not what ran")]
+    if abs(err) > f.prediction.max_error:
+        return [failure("ran_only_file_nodes_beyond_error", f"{said}, and the rewritten peak is {err:+.1%} off the "
+                        f"prediction (more than --max-prediction-error {f.prediction.max_error:.0%}): the written "
+                        "schedule is not what ran")]
+    return [note("ran_only_file_nodes_tolerated", f"{said}; the rewritten peak is within the prediction error "
+                 f"({err:+.1%}), so they are tolerated")]
 
 
-def _rewritten_error(f: "CheckFigures") -> float | None:
+def _rewritten_error(f: CheckFigures) -> float | None:
     """The rewritten peak's prediction error where the measurement judges it (0 within its noise)."""
     m = f.measured.rewritten
     err = f.prediction.tensor_error.get("rewritten")
@@ -196,37 +201,40 @@ def _rewritten_error(f: "CheckFigures") -> float | None:
     return 0.0 if off <= noise(m, m.peak_requested_bytes or 0) else err
 
 
-def ran_every_file_node(f: "CheckFigures", tolerant: bool) -> None:
+def ran_every_file_node(f: CheckFigures, tolerant: bool) -> list[Finding]:
     """Every node of the file ran: a node ORT dropped makes the schedule judged not the one run."""
     order = f.order
     if order.get("n_not_executed"):
-        f.failures.append(f"ONNX Runtime never ran {order['n_not_executed']} nodes of the file "
-                          f"(e.g. {', '.join(order['not_executed'][:3])}): the schedule judged is not what ran")
+        return [failure("ran_every_file_node", f"ONNX Runtime never ran {order['n_not_executed']} nodes of the file "
+                        f"(e.g. {', '.join(order['not_executed'][:3])}): the schedule judged is not what ran")]
+    return []
 
 
-def device_notes(f: "CheckFigures", tolerant: bool) -> None:
+def device_notes(f: CheckFigures, tolerant: bool) -> list[Finding]:
     """How the order was compared across devices."""
-    order = f.order
+    order, found = f.order, []
     if len(order.get("nodes_per_provider") or {}) > 1:
         per = ", ".join(f"{n} on {p}" for p, n in order["nodes_per_provider"].items())
-        f.notes.append(f"the order is compared per device ({per}): ORT runs a stream per device and "
-                       "interleaves them where one waits for the other")
+        found.append(note("device_notes_per_device", f"the order is compared per device ({per}): ORT runs a "
+                          "stream per device and interleaves them where one waits for the other"))
     if order.get("n_provider_copies"):
-        f.notes.append(f"ONNX Runtime added {order['n_provider_copies']} device copies (MemcpyToHost/FromHost) "
-                       "next to CPU-placed shape nodes; they are left out of the order comparison")
+        found.append(note("device_notes_copies", f"ONNX Runtime added {order['n_provider_copies']} device copies "
+                          "(MemcpyToHost/FromHost) next to CPU-placed shape nodes; they are left out of the order "
+                          "comparison"))
+    return found
 
 
-def order_followed(f: "CheckFigures", tolerant: bool) -> None:
+def order_followed(f: CheckFigures, tolerant: bool) -> list[Finding]:
     """ORT executed the order ckpt simulated."""
     if f.order["matches"]:
-        return
+        return []
     m = f.order["first_mismatch"] or {}
     where = f" on {m['provider']}" if m.get("provider") else ""
-    f.failures.append(f"ONNX Runtime did not execute the simulated order{where} (position {m.get('position')}: "
-                      f"ckpt expected {m.get('file')}, ORT ran {m.get('executed')})")
+    return [failure("order_followed", f"ONNX Runtime did not execute the simulated order{where} (position "
+                    f"{m.get('position')}: ckpt expected {m.get('file')}, ORT ran {m.get('executed')})")]
 
 
-def prediction_holds(f: "CheckFigures", tolerant: bool) -> None:
+def prediction_holds(f: CheckFigures, tolerant: bool) -> list[Finding]:
     """The predicted live tensor bytes are within --max-prediction-error of the measured.
 
     Judged on the live tensor bytes (ORT's bytes requested, or with the arena off the
@@ -235,41 +243,47 @@ def prediction_holds(f: "CheckFigures", tolerant: bool) -> None:
     and fragmentation and is reported only."""
     method, p = f.measured.rewritten.method, f.prediction
     if method not in ("profiler", "process_peak"):
-        f.notes.append(f"memory measured as {method}: the peak is not compared with the prediction")
-        return
+        return [note("prediction_holds_unjudged",
+                     f"memory measured as {method}: the peak is not compared with the prediction")]
+    found = []
     for side, err in p.tensor_error.items():
         measured = getattr(f.measured, side)
         slack = noise(measured, measured.peak_requested_bytes or 0)
         off = abs(p.tensor_bytes[side] - (measured.peak_requested_bytes or 0))
         if err is not None and abs(err) > p.max_error and off > slack:
-            f.failures.append(f"the {side} peak prediction (tensor bytes) is {err:+.1%} off the measured "
-                              f"peak (more than --max-prediction-error {p.max_error:.0%})")
+            found.append(failure("prediction_holds", f"the {side} peak prediction (tensor bytes) is {err:+.1%} off "
+                                 f"the measured peak (more than --max-prediction-error {p.max_error:.0%})"))
+    return found
 
 
-def process_peak_notes(f: "CheckFigures", tolerant: bool) -> None:
+def process_peak_notes(f: CheckFigures, tolerant: bool) -> list[Finding]:
     """What a process-peak measurement can and cannot resolve."""
     if f.measured.rewritten.method != "process_peak":
-        return
-    f.notes.append("memory measured as process_peak (this ORT build's profiler has no memory fields): "
-                   "the process's peak above its state before the run, ORT's arena off, page-granular")
+        return []
+    found = [note("process_peak_notes", "memory measured as process_peak (this ORT build's profiler has no memory "
+                  "fields): the process's peak above its state before the run, ORT's arena off, page-granular")]
     if max(f.prediction.tensor_bytes.values()) < PROCESS_PEAK_NOISE_BYTES:
-        f.notes.append(f"both peaks are predicted below {PROCESS_PEAK_NOISE_BYTES // 1024} KiB, under what "
-                       "process_peak resolves: the memory saving is not verified by this check")
+        found.append(note("process_peak_notes_small_peaks", f"both peaks are predicted below "
+                          f"{PROCESS_PEAK_NOISE_BYTES // 1024} KiB, under what process_peak resolves: the memory "
+                          "saving is not verified by this check"))
+    return found
 
 
-def runs_in_default_session(f: "CheckFigures", tolerant: bool) -> None:
+def runs_in_default_session(f: CheckFigures, tolerant: bool) -> list[Finding]:
     """The rewritten file also runs in a session with ORT's default settings."""
     error = f.measured.rewritten_ort_default_error
     if error:
-        f.failures.append(f"the rewritten model does not run in a session with ORT's default settings ({error})")
+        return [failure("runs_in_default_session",
+                        f"the rewritten model does not run in a session with ORT's default settings ({error})")]
+    return []
 
 
-def plain_session_note(f: "CheckFigures", tolerant: bool) -> None:
+def plain_session_note(f: CheckFigures, tolerant: bool) -> list[Finding]:
     """Where the plain-session prediction is off, whether ORT's fusions explain it."""
     plain, limit = f.prediction.plain, f.prediction.max_error
     err, fused = plain.error, plain.fused_error
     if err is None or abs(err) <= limit:
-        return
+        return []
     measured = f.measured.rewritten_ort_default
     assert measured is not None  # the plain error is against this measurement
     said = (f"under ORT's default settings the rewrite measures {human_bytes(measured.peak_bytes)}; "
@@ -283,34 +297,37 @@ def plain_session_note(f: "CheckFigures", tolerant: bool) -> None:
     else:
         said += (f"; on ORT's fused graph, in the order ORT runs it, ckpt's model is {fused:+.1%} off too: "
                  "its memory model does not hold for this session")
-    f.notes.append(said)
+    return [note("plain_session_note", said)]
 
 
-def default_session_saving_note(f: "CheckFigures", tolerant: bool) -> None:
+def default_session_saving_note(f: CheckFigures, tolerant: bool) -> list[Finding]:
     """Whether the saving survives ORT's default session settings."""
     od, rd = f.measured.original_ort_default, f.measured.rewritten_ort_default
     if f.user_session != "ckpt" or od is None or rd is None or od.peak_bytes is None or rd.peak_bytes is None:
-        return  # a file run under ORT's defaults is judged there (user_session_not_raised)
+        return []  # a file run under ORT's defaults is judged there (user_session_not_raised)
     if rd.peak_bytes >= od.peak_bytes:
-        f.notes.append("under ORT's default session settings the rewrite saves nothing "
-                       f"({human_bytes(rd.peak_bytes)} vs {human_bytes(od.peak_bytes)}): run it with ckpt's settings "
-                       "(ckpt_cli.session_options(path), or `ckpt session MODEL`)")
+        return [note("default_session_saving_note", "under ORT's default session settings the rewrite saves nothing "
+                     f"({human_bytes(rd.peak_bytes)} vs {human_bytes(od.peak_bytes)}): run it with ckpt's settings "
+                     "(ckpt_cli.session_options(path), or `ckpt session MODEL`)")]
+    return []
 
 
-Rule = Callable[["CheckFigures", bool], None]
-def budget_held(f: "CheckFigures", budget: int, outside_bytes: int) -> None:
+def budget_held(f: CheckFigures, budget: int, outside_bytes: int) -> list[Finding]:
     """With ``--budget``: what ORT held at the rewrite's measured peak (its arena in use
     plus the ``outside_bytes`` of inputs kept outside the arena) is within the budget."""
     m = f.measured.rewritten
     if m.peak_bytes is None:
-        f.notes.append(f"--budget {human_bytes(budget)} not verified: this ORT build reports no arena peak")
-        return
+        return [note("budget_held_unverified",
+                     f"--budget {human_bytes(budget)} not verified: this ORT build reports no arena peak")]
     held = m.peak_bytes + outside_bytes
     if held > budget + noise(m, budget):
-        f.failures.append(f"the rewrite's measured peak ({human_bytes(held)}: arena in use "
-                          f"{human_bytes(m.peak_bytes)} plus {human_bytes(outside_bytes)} of inputs) is above "
-                          f"--budget {human_bytes(budget)} by {human_bytes(held - budget)}")
+        return [failure("budget_held", f"the rewrite's measured peak ({human_bytes(held)}: arena in use "
+                        f"{human_bytes(m.peak_bytes)} plus {human_bytes(outside_bytes)} of inputs) is above "
+                        f"--budget {human_bytes(budget)} by {human_bytes(held - budget)}")]
+    return []
 
+
+Rule = Callable[[CheckFigures, bool], list[Finding]]
 
 RULES: tuple[Rule, ...] = (
     outputs_match,
@@ -333,7 +350,15 @@ RULES: tuple[Rule, ...] = (
 )
 
 
-def judge(f: "CheckFigures", tolerant: bool, rules: tuple[Rule, ...] = RULES) -> None:
-    """Fill ``failures`` and ``notes`` of ``f`` by every rule, in order."""
+# A failure of these says the rewrite's peak is not lower: ``memory_lower`` is false.
+PEAK_RAISED = frozenset({"peak_not_raised", "user_session_not_raised", "module_session_not_raised"})
+
+
+def judge(f: CheckFigures, tolerant: bool, rules: tuple[Rule, ...] = RULES) -> None:
+    """Record in ``f`` what every rule finds, rule by rule in order (their texts go to
+    ``failures`` and ``notes``)."""
     for rule in rules:
-        rule(f, tolerant)
+        found = rule(f, tolerant)
+        f.add(found)
+        if any(x.code in PEAK_RAISED for x in found):
+            f.memory_lower = False

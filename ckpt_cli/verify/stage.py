@@ -11,11 +11,9 @@ is above the original's, or the prediction is further off than ``max_prediction_
 
 from __future__ import annotations
 
-import copy
 import tempfile
-from typing import overload
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, is_dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import onnx
@@ -31,6 +29,8 @@ from ..options import CheckOptions
 from ..ops import VIEW_OPS, ort_kernel_defects
 from . import driver
 from .feeds import FeedError, feed_dims, load_feeds, make_feeds, save_feeds
+from .figures import (CheckFigures, Finding, MeasuredRuns, Measurement, OutputFigures, PlainPrediction,
+                      PredictionFigures, note)
 from .module_runs import module_sessions
 from .plain_model import fused_plain
 from .rules import judge
@@ -62,137 +62,6 @@ class Prediction:
     # the peak as a process-peak measurement sees it: with the working memory kernels hold
     # outside ORT's allocator, without blocks under PROCESS_PEAK_MIN_BLOCK
     process_bytes: int | None = None
-
-
-@dataclass(frozen=True)
-class Measurement:
-    """One model measured in one session on ONNX Runtime (medians over the runs)."""
-
-    peak_bytes: int | None
-    peak_above_baseline_bytes: int | None
-    peak_requested_bytes: int | None  # tensor bytes, baseline removed
-    time_s: float | None
-    method: str | None
-    runs: list | None
-
-    @overload
-    @classmethod
-    def of(cls, summary: driver.RunSummary) -> "Measurement": ...
-    @overload
-    @classmethod
-    def of(cls, summary: None) -> None: ...
-    @classmethod
-    def of(cls, summary: driver.RunSummary | None) -> "Measurement | None":
-        if summary is None:
-            return None
-        req, base = summary.peak_requested_bytes, summary.baseline_bytes or 0
-        return cls(summary.peak_bytes, summary.peak_above_baseline_bytes,
-                   (req - base) if req is not None else summary.peak_above_baseline_bytes,
-                   summary.time_s, summary.method, summary.runs)
-
-
-@dataclass(frozen=True)
-class OutputFigures:
-    """The rewritten model's outputs against the original's."""
-
-    equal: bool  # every output bit-identical
-    within_tolerance: bool
-    tolerance: dict | None  # {"rtol", "atol"} when the check was given either
-    max_abs_diff: float | None
-    per_output: dict  # output name -> how it compares
-    reference_level: str | None = None  # outputs compared with the original at this ORT level (--ort-optimize)
-    unoptimized_vs_rewritten: dict | None = None  # then: the comparison with the original as it is
-    run_to_run: dict | None = None  # outputs that differ: the original's own spread between two runs
-
-
-@dataclass(frozen=True)
-class MeasuredRuns:
-    """Both models measured under ckpt's settings and under ORT's defaults."""
-
-    original: Measurement
-    rewritten: Measurement
-    original_ort_default: Measurement | None
-    rewritten_ort_default: Measurement | None
-    rewritten_ort_default_error: str | None  # why the rewrite did not run under ORT's defaults
-
-
-@dataclass(frozen=True)
-class PlainPrediction:
-    """The rewrite in a plain session (CPU: memory pattern, DEFAULT order), against the
-    rewritten model's measured peak under ORT's defaults."""
-
-    predicted: int | None = None
-    error: float | None = None
-    # the same model on ORT's own ORT_ENABLE_ALL graph, in the order ORT writes and runs it
-    fused: int | None = None
-    fused_error: float | None = None
-
-
-@dataclass(frozen=True)
-class PredictionFigures:
-    """ckpt's predictions per side ("original", "rewritten"), and how far off the measured peaks."""
-
-    tensor_bytes: dict[str, int]  # the live tensor bytes at the peak
-    tensor_error: dict[str, float | None]  # against the measured tensor bytes
-    in_use_bytes: dict[str, int | None]  # the CPU arena's bytes in use at the peak
-    in_use_error: dict[str, float | None]  # against the measured peak in use
-    max_error: float  # the error the check tolerates (--max-prediction-error)
-    plain: PlainPrediction = PlainPrediction()
-    unsized: dict[str, list[str]] = field(default_factory=dict)  # side -> tensors counted as 0 B
-
-
-@dataclass
-class CheckFigures:
-    """The check's outcome; ``to_json()`` is the body of ``ckpt check --json``. The rules
-    (``rules.judge``) fill in the verdict: ``memory_lower``, ``failures`` and ``notes``."""
-
-    provider: str
-    ort_version: str | None
-    enable_mem_reuse: bool
-    outputs: OutputFigures
-    measured: MeasuredRuns
-    order: dict  # order_check of the rewritten model's executed order
-    prediction: PredictionFigures
-    # the pair run again at other values of the symbolic dimensions ("dims"): outputs only
-    other_dims: dict | None = None
-    user_session: str = "ckpt"  # the session the rewrite is run in (RunsAt.user_session)
-    # an ORT training artifact trained by the Module API (module_runs.module_sessions)
-    module_sessions: dict | None = None
-    memory_lower: bool = True
-    failures: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def passed(self) -> bool:
-        return not self.failures
-
-    @property
-    def order_matches(self) -> bool:
-        return self.order["matches"]
-
-    def to_json(self) -> dict:
-        out, runs, pred = self.outputs, self.measured, self.prediction
-        body = {
-            "provider": self.provider, "ort_version": self.ort_version,
-            "outputs_equal": out.equal, "outputs_within_tolerance": out.within_tolerance,
-            "tolerance": out.tolerance, "max_abs_diff": out.max_abs_diff, "outputs": out.per_output,
-            "original": runs.original, "rewritten": runs.rewritten,
-            "original_ort_default": runs.original_ort_default, "rewritten_ort_default": runs.rewritten_ort_default,
-            "rewritten_ort_default_error": runs.rewritten_ort_default_error,
-            "order_matches": self.order_matches, "order": self.order,
-            "predicted": pred.tensor_bytes, "prediction_error": pred.tensor_error,
-            "predicted_in_use": pred.in_use_bytes, "prediction_error_in_use": pred.in_use_error,
-            "max_prediction_error": pred.max_error, "memory_lower": self.memory_lower,
-            "enable_mem_reuse": self.enable_mem_reuse, "reference_level": out.reference_level,
-            "unoptimized_vs_rewritten": out.unoptimized_vs_rewritten, "run_to_run": out.run_to_run,
-            "predicted_plain": pred.plain.predicted, "prediction_error_plain": pred.plain.error,
-            "predicted_plain_fused": pred.plain.fused, "prediction_error_plain_fused": pred.plain.fused_error,
-            "unsized": pred.unsized, "other_dims": self.other_dims, "user_session": self.user_session,
-            "module_sessions": self.module_sessions,
-            "failures": self.failures, "notes": self.notes, "passed": self.passed,
-        }
-        # copies, as asdict() made them: the body does not change with the figures
-        return {k: asdict(v) if is_dataclass(v) else copy.deepcopy(v) for k, v in body.items()}
 
 
 def _feeds_at_dims(model, feeds: dict, dims: dict[str, int]) -> None:
@@ -278,7 +147,7 @@ def _measured_runs(pair: driver.PairRun) -> MeasuredRuns:
 
 
 def _plain_prediction(rewritten: str | Path, predicted: Prediction, pair: driver.PairRun,
-                      default: Measurement | None, timeout: float | None) -> tuple[PlainPrediction, list[str]]:
+                      default: Measurement | None, timeout: float | None) -> tuple[PlainPrediction, list[Finding]]:
     """The rewrite's plain-session prediction against ``default``, its peak under ORT's
     defaults; with the notes it gives."""
     plain = predicted.plain_in_use_bytes
@@ -292,8 +161,8 @@ def _plain_prediction(rewritten: str | Path, predicted: Prediction, pair: driver
     fused = fused_plain(rewritten, predicted.tensors or {}, timeout)
     executed = pair.rewritten.ort_default_order
     if fused is not None and executed is not None and list(fused.order) != executed:
-        return PlainPrediction(plain, error), ["the plain session did not run ORT's fused graph in the order ORT "
-                                               "writes it: ckpt's model of it is left out"]
+        return PlainPrediction(plain, error), [note("plain_fused_order", "the plain session did not run ORT's fused "
+                                                    "graph in the order ORT writes it: ckpt's model of it is left out")]
     if fused is None:
         return PlainPrediction(plain, error), []
     return PlainPrediction(plain, error, fused.peak_in_use_bytes,
@@ -379,14 +248,15 @@ def check_files(original: str | Path, rewritten: str | Path, predicted: dict[str
     runs_at = dims if isinstance(dims, RunsAt) else RunsAt(dict(dims or {}))
     pair = _measure_pair(original, rewritten, model, options, pair_options, dict(runs_at.dims))
     outputs, measured = _output_figures(pair, options, model), _measured_runs(pair)
-    plain, notes = _plain_prediction(rewritten, predicted["rewritten"], pair, measured.rewritten_ort_default,
+    plain, found = _plain_prediction(rewritten, predicted["rewritten"], pair, measured.rewritten_ort_default,
                                      options.timeout)
     module = (_module_sessions(original, rewritten, model, options, pair_options.worker, pair.provider, runs_at.dims)
               if runs_at.artifact else None)
     figures = CheckFigures(pair.provider, pair.rewritten.ckpt.ort_version, enable_mem_reuse, outputs, measured,
                            pair.order, _prediction_figures(predicted, measured, options.max_prediction_error, plain),
                            _at_other_dims(original, rewritten, model, options, pair_options, runs_at.other_dims),
-                           runs_at.user_session, module, notes=notes)
+                           runs_at.user_session, module)
+    figures.add(found)
     judge(figures, tolerant=outputs.tolerance is not None)
     return figures
 
