@@ -113,6 +113,7 @@ class _Derived:
     succs: list[list[int]] | None = None
     ids: TensorIds | None = None
     topological: list[int] | None = None
+    symbolic: dict[bool, frozenset[str]] = field(default_factory=dict)  # symbolic_dims, by ``outputs``
 
 
 @dataclass(eq=False)

@@ -161,11 +161,22 @@ def _tie_operands(tied: dict[str, int], node, declared: dict, tensors: dict[str,
 
 def symbolic_dims(graph: Graph, outputs: bool = True) -> set[str]:
     """Names of symbolic dimensions on the graph's inputs (and outputs)."""
+    # read once per graph: an analysis asks several times, and a training graph's inputs
+    # and outputs grow with its parameters
+    cache = graph._derived.symbolic
+    if False not in cache:
+        cache[False] = _dim_names(graph.model.graph.input)
+    if outputs and True not in cache:
+        cache[True] = cache[False] | _dim_names(graph.model.graph.output)
+    return set(cache[outputs])
+
+
+def _dim_names(values) -> frozenset[str]:
     names: set[str] = set()
-    for v in list(graph.model.graph.input) + (list(graph.model.graph.output) if outputs else []):
+    for v in values:
         _, shape = _shape_of(v.type)
         names.update(d for d in shape or () if isinstance(d, str) and d != _DIM_UNKNOWN)
-    return names
+    return frozenset(names)
 
 
 def infer_tensors(graph: Graph, dims: dict[str, int] | None = None, strict: bool = True) -> dict[str, TensorInfo]:

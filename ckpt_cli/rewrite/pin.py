@@ -133,6 +133,8 @@ class _Pinner:
 
     def __init__(self, graph: Graph, tensors: dict[str, TensorInfo], forward: set[str], copies: set[int]) -> None:
         self.graph, self.forward, self.copies = graph, forward, copies
+        # built once: ``ties`` runs per block, and these grow with the graph
+        self.outputs, self.resident = set(graph.outputs), set(graph.resident)
         self.make = GuardNodes(graph, tensors, GUARD_META)
         self.before: dict[int, list[onnx.NodeProto]] = {}  # position -> guard nodes written before it
         # Size guards go right after the node whose output they read: PRIORITY_BASED runs them
@@ -146,7 +148,7 @@ class _Pinner:
 
     def ties(self, previous: int, start: int, trigger: str | None) -> list[str]:
         """Weight gradients written since the last block: graph outputs of backward nodes."""
-        g, outputs, resident = self.graph, set(self.graph.outputs), set(self.graph.resident)
+        g, outputs, resident = self.graph, self.outputs, self.resident
         return [t for k in range(previous, start) if g.nodes[k].name not in self.forward and k not in self.copies
                 for t in g.nodes[k].outputs
                 if t in outputs and t not in resident and t != trigger and not read_by_fusion(g, t)]
