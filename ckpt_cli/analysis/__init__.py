@@ -12,7 +12,7 @@ from ..graph import ABSENT, Graph, gc_paused
 from ..markers import SessionPlan, is_recompute_copy
 from . import schedules
 from .cost import NodeCost, graph_costs
-from .memory import MemoryProfile, buffer_roots, simulate, simulate_deferred, step_scratch
+from .memory import MemoryProfile, buffer_roots, simulate, simulate_deferred, scratch_peak, step_scratch
 from .phases import Phases, classify
 from .scopes import node_scopes
 from .shapes import TensorInfo, infer_tensors, symbolic_dims
@@ -105,8 +105,7 @@ class Analysis:
     def working_peak_bytes(self) -> int:
         """The PRIORITY_BASED tensor peak with each kernel's working memory at its step (a
         ConvGrad's im2col buffer can top the tensors): the peak a process running it holds."""
-        timeline = self.priority.timeline
-        return max([self.priority.peak_bytes, *(timeline[k] + b for k, b in self.scratch.items())])
+        return scratch_peak(self.priority.peak_bytes, self.scratch, self.priority.timeline)
 
     def profile(self, reuse_buffers: bool) -> MemoryProfile:
         """The PRIORITY_BASED simulation with ORT's buffer reuse on or off (computed once)."""

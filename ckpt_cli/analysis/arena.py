@@ -443,6 +443,11 @@ def conv_working_bytes(node, x, w, y, threads: int = 1) -> int:
     return 4 * min(target, threads) * MLAS_CONV_WORKING_BUFFER_SIZE_PER_THREAD
 
 
+# (domain, op type) of the kernels whose temporaries ``kernel_plans`` replays in the arena:
+# a measure on the arena counts their working memory already
+ARENA_REPLAYED = frozenset({("", "Where"), ("", "Conv"), ("", "ConvTranspose")})
+
+
 def kernel_plans(graph, order, tensors, threads: int = 1) -> dict[int, KernelPlan]:
     """Kernel plans (see ``replay``) for the nodes of ``order`` whose ORT CPU kernels take
     temporaries from the arena, where the shapes are known:

@@ -27,7 +27,8 @@ from .shapes import TensorInfo, itemsize
 from .timeline import bytes_in_use, live_at, peak_of
 
 __all__ = ["MemoryProfile", "buffer_roots", "profile_of", "resident_bytes", "simulate", "simulate_both",
-           "simulate_deferred", "peak_with_scratch", "step_scratch", "visible_peak", "with_scratch"]
+           "simulate_deferred", "peak_with_scratch", "scratch_peak", "step_scratch", "visible_peak",
+           "with_scratch"]
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,7 @@ def profile_of(graph: Graph, order: list[int] | tuple[int, ...], tensors: dict[s
 def peak_with_scratch(profile: MemoryProfile, graph: Graph, tensors: dict[str, TensorInfo]) -> int:
     """The simulation's peak with the working memory each kernel holds outside ORT's
     allocator while it runs (``ort.scratch``), resident bytes included."""
-    return _peak_of(profile.peak_bytes, step_scratch(profile, graph, tensors), profile.timeline)
+    return scratch_peak(profile.peak_bytes, step_scratch(profile, graph, tensors), profile.timeline)
 
 
 def with_scratch(timeline, scratch: dict[int, int]) -> tuple[int, ...]:
@@ -146,7 +147,7 @@ def visible_peak(profile: MemoryProfile, graph: Graph, tensors: dict[str, Tensor
             free[dies] += size
     timeline = (np.cumsum(alloc[:steps]) - (np.cumsum(free[:steps]) - free[:steps])).tolist()
     scratch = {k: b for k, b in step_scratch(profile, graph, tensors).items() if b >= min_bytes}
-    return _peak_of(max(timeline, default=0), scratch, timeline)
+    return scratch_peak(max(timeline, default=0), scratch, timeline)
 
 
 def step_scratch(profile: MemoryProfile, graph: Graph, tensors: dict[str, TensorInfo],
@@ -168,6 +169,6 @@ def step_scratch(profile: MemoryProfile, graph: Graph, tensors: dict[str, Tensor
     return out
 
 
-def _peak_of(peak: int, scratch: dict[int, int], timeline) -> int:
+def scratch_peak(peak: int, scratch: dict[int, int], timeline) -> int:
     """``peak``, or a step's bytes in use plus its kernel's scratch where that is higher."""
     return max([peak, *(timeline[step] + extra for step, extra in scratch.items())])

@@ -528,7 +528,7 @@ def _aimed_knee(a: Analysis, evaluate: Callable[[Plan], PlanCost], policy: Polic
     aimed = corners[:-1]
     guesses = _schedule_guesses(a, problem, aimed)
     points = [Point(g, c.flops) for g, c in zip(guesses, aimed)]
-    order = _knee_first(points, a.priority.peak_bytes, a.forward_flops + a.backward_flops)
+    order = _knee_first(points, a.working_peak_bytes, a.forward_flops + a.backward_flops)
     options = [to_plan(a, aimed[k], "mincut") for k in order[:judgements]]
     if judgements > 1:  # finding the layers takes a second at 100k nodes: not for a plan left unjudged
         options.insert(1, default_regions(a))

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Callable, Protocol
 
 from ..analysis import Analysis
+from ..analysis.arena import ARENA_REPLAYED
 from ..analysis.memory import step_scratch, with_scratch
 from ..markers import recompute_source
 from ..ops import VIEW_OPS
@@ -38,14 +39,16 @@ def working_peak(a: Analysis) -> int:
     return a.working_peak_bytes
 
 
-# Kernels whose temporaries the arena model replays itself (``analysis.arena.kernel_plans``).
-ARENA_REPLAYED = frozenset({("", "Conv"), ("", "Where")})
+def _outside_arena_scratch(a: Analysis) -> dict[int, int]:
+    """Per step, the working memory of the kernels the arena model does not replay itself."""
+    scratch = step_scratch(a.priority, a.graph, a.tensors, skip=ARENA_REPLAYED)
+    return scratch
 
 
 def ort_peak(a: Analysis) -> int:
     """What ORT holds (arena in use plus inputs), with the working memory of the kernels the
     arena model does not replay at their steps: what a --budget bounds, "does it fit"."""
-    scratch = step_scratch(a.priority, a.graph, a.tensors, skip=ARENA_REPLAYED)
+    scratch = _outside_arena_scratch(a)
     if not scratch:
         return a.ort_peak_bytes
     in_use = a.arena(a.reuse_buffers).timeline_in_use
@@ -78,8 +81,7 @@ def intervals_of(a: Analysis, result, measure: PeakMeasure = working_peak) -> In
                 spans[t] = (last + 1, node.index - 1)
     after = result.after
     # the scratch the measure counts: an arena measure replays some kernels' temporaries itself
-    scratch = after.scratch if measure is working_peak else step_scratch(after.priority, after.graph, after.tensors,
-                                                                         skip=ARENA_REPLAYED)
+    scratch = after.scratch if measure is working_peak else _outside_arena_scratch(after)
     return Intervals(with_scratch(after.priority.timeline, scratch), spans, cost_of(result, measure))
 
 

@@ -12,7 +12,6 @@ from onnx import TensorProto
 
 from ..analysis import Analysis, buffer_bytes
 from ..analysis.cost import node_cost
-from ..analysis.memory import peak_with_scratch
 from ..analysis.scopes import UNSCOPED, top_scope
 from ..graph import gc_paused
 from ..markers import REGION_META, is_recompute_copy
@@ -192,7 +191,7 @@ def inspect_report(a: Analysis, source: Source | None, options: dict) -> dict:
         "peak_node": g.nodes[a.priority.order[a.priority.peak_step]].name,
         "peak_bytes_ort_default": a.default.peak_bytes,
         # what a process-peak measurement sees: kernel working memory outside ORT's allocator too
-        "peak_bytes_with_kernel_scratch": peak_with_scratch(a.priority, a.graph, a.tensors),
+        "peak_bytes_with_kernel_scratch": a.working_peak_bytes,
         **_arena(a),
         "forward_flops": a.forward_flops,
         "backward_flops": a.backward_flops,
