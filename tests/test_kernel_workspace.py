@@ -31,6 +31,9 @@ from ckpt_cli.ort.scratch import scratch_bytes
 pytestmark = pytest.mark.slow
 F = TensorProto.FLOAT
 SLACK = 64 * 4096  # Linux's per-thread RSS batching, plus 10% of the workspace (see above)
+# Each block mmap serves (the outputs, the kernel's buffers: at most eight here) is whole pages
+# with a 16-byte header in front, so it can read up to a page above its bytes
+PAGE_ROUNDING = 8 * 4096
 SCRIPT = ROOT / "tests" / "fixtures" / "kernel_peak.py"
 
 
@@ -100,5 +103,5 @@ def test_workspace_is_what_the_kernel_takes(measured, make, sizes):  # noqa: F81
     workspace = scratch_bytes(graph.nodes[0], lambda t: (tensors[t].shape, 4))
     assert workspace >= 1 << 20  # the sizes make it large against the measurement's slack
     peak = measured[_case_id(make, sizes)]
-    assert outputs + 0.9 * workspace - SLACK <= peak <= outputs + workspace + 4096, (peak, outputs, workspace)
+    assert outputs + 0.9 * workspace - SLACK <= peak <= outputs + workspace + PAGE_ROUNDING, (peak, outputs, workspace)
     assert peak - outputs > workspace / 2  # without the workspace the prediction would be far short
