@@ -53,11 +53,13 @@ class Knee:
     def line(self, reorder_only: bool = False) -> str:
         """The choice in one line of the report."""
         chosen = ("reordering alone" if reorder_only else
-                  f"{-self.saving(self.chosen):+.0%} peak for {self.cost(self.chosen):+.1%} of a step's FLOPs")
+                  f"{-self.saving(self.chosen):+.0%} working peak for {self.cost(self.chosen):+.1%} of a step's FLOPs")
+        # Judged on the working peak (tensors plus kernel scratch), which can differ from the
+        # tensor peak the summary line gives: the line names its figure.
         head = f"the default: the knee of {self.candidates} plans judged, {chosen}"
         if not self.stopped_early:
-            return head + ", also their lowest peak"
-        return (head + f"; their lowest peak, {-self.saving(self.lowest):+.0%}, costs "
+            return head + ", also their lowest"
+        return (head + f"; their lowest, {-self.saving(self.lowest):+.0%}, costs "
                 f"{self.cost(self.lowest):+.1%} (--auto min-peak)")
 
     def to_json(self) -> dict:
