@@ -161,9 +161,8 @@ def inspect_model(model: ModelInput, options: AnalysisOptions | None = None, **k
     options = _typed("options", options, AnalysisOptions) or AnalysisOptions.of(**keywords)
     loaded = load_input(model)
     a = analyse_input(loaded, options)
-    report = inspect_report(a, loaded.source, options.to_json())
     scaled = scaling(a)
-    report["scaling"] = scaled.to_json() if scaled else None
+    report = {**inspect_report(a, loaded.source, options.to_json()), "scaling": scaled.to_json() if scaled else None}
     return InspectResult(a, report)
 
 
@@ -226,9 +225,9 @@ def plan_model(model: ModelInput, options: PlanOptions | None = None, *, analysi
     planned = _judged_default(a, make_plan(a, options, progress=progress), as_rewritten,
                               _writer(a, as_rewritten, analysis, scaled))
     result = rewrite_plan(a, planned)
-    report = plan_report(a, loaded.source, planned, result, plan_rows(a, planned, result),
-                         str(output) if output else None, {**options.to_json(), **analysis.to_json()})
-    report["scaling"] = _scaling_report(a, planned, lambda d: make_plan(d, options), scaled)
+    report = {**plan_report(a, loaded.source, planned, result, plan_rows(a, planned, result),
+                            str(output) if output else None, {**options.to_json(), **analysis.to_json()}),
+              "scaling": _scaling_report(a, planned, lambda d: make_plan(d, options), scaled)}
     if output is not None:
         write_text_atomic(Path(output), json.dumps(report["plan"], indent=2) + "\n")
     return PlanResult(a, planned, result, report)
@@ -379,9 +378,9 @@ def rewrite_model(model: ModelInput, output: str | Path | None = None, options: 
             raise
         if out.planned is not None and out.planned.budget is not None:
             out.check.add(budget_held(out.check, out.planned.budget, out.result.after.outside_arena_bytes))
-        out.report["check"] = out.check.to_json()
-        out.report["headline"] = check_headline(out.report["check"], (a.priority.peak_bytes,
-                                                                      out.result.after.priority.peak_bytes))
+        checked = out.check.to_json()
+        out.report = {**out.report, "check": checked,
+                      "headline": check_headline(checked, (a.priority.peak_bytes, out.result.after.priority.peak_bytes))}
     return out
 
 
@@ -445,10 +444,10 @@ def _rewritten(a: Analysis, loaded: Loaded, options: RewriteOptions, analysis: A
                                              str(written[0]) if written else None, result.session,
                                              result.pattern_off.input if result.pattern_off else None),
                             {**options.to_json(), **analysis.to_json()})
-    report["ort_optimize"] = optimized.to_json() if optimized else None
-    report["scaling"] = _scaling_report(a, planned, replan or (lambda d: None), scaled)
-    if planned is not None:
-        report["planning"] = planning_section(a, planned, result, plan_rows(a, planned, result))
+    planning = {} if planned is None else {"planning": planning_section(a, planned, result,
+                                                                        plan_rows(a, planned, result))}
+    report = {**report, "ort_optimize": optimized.to_json() if optimized else None,
+              "scaling": _scaling_report(a, planned, replan or (lambda d: None), scaled), **planning}
     return RewriteModelResult(rewritten, result, a, planned, report, written)
 
 

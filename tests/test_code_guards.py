@@ -182,3 +182,39 @@ def test_no_test_imports_bench():
             found += [f"{path.relative_to(tests).as_posix()}:{node.lineno}" for n in names
                       if n.split(".")[0] == "bench"]
     assert found == []
+
+
+def _names_a_report(node: ast.expr) -> bool:
+    """``report``, ``*_report`` or ``x.report``: a report already built by its builder."""
+    return (isinstance(node, ast.Name) and node.id.endswith("report")) or \
+        (isinstance(node, ast.Attribute) and node.attr == "report")
+
+
+MUTATORS = frozenset({"update", "setdefault", "pop", "popitem", "clear", "__setitem__", "__delitem__"})
+
+
+def _report_writes(tree: ast.AST) -> list[int]:
+    """Lines that assign or delete into a built report, or call a dict mutator on one."""
+    lines = []
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else \
+            [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+        lines += [node.lineno for t in targets if isinstance(t, ast.Subscript) and _names_a_report(t.value)]
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in MUTATORS \
+                and _names_a_report(node.func.value):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_no_assignment_into_a_report_after_it_is_built():
+    """A report is built once, by its builder, from the run's values: a later stage that
+    wants another section builds a new dict (``{**report, "check": ...}``), so the builder's
+    output is the whole truth of what it was given."""
+    found = [f"{path.relative_to(PACKAGE).as_posix()}:{line}" for path in sorted(PACKAGE.rglob("*.py"))
+             for line in _report_writes(ast.parse(path.read_text(), str(path)))]
+    assert found == []
+
+
+def test_the_report_guard_sees_writes():
+    code = "report['a'] = 1\nout.report['b'] = 2\nreport.update(c=3)\ndel plan_report['d']\nr['e'] = 4\n"
+    assert sorted(_report_writes(ast.parse(code))) == [1, 2, 3, 4]

@@ -125,8 +125,8 @@ def _analyse_model(path: Path, dims: dict[str, int]) -> tuple[dict, set[str]]:
     names = symbolic_dims(graph)
     bound = {k: v for k, v in dims.items() if k in names}
     a = analyse(graph, bound)
-    report = inspect_report(a, Source.of_file(path), {"dims": [f"{k}={v}" for k, v in bound.items()]})
-    report["written_by_ckpt"] = graph.model.producer_name == "ckpt"
+    report = {**inspect_report(a, Source.of_file(path), {"dims": [f"{k}={v}" for k, v in bound.items()]}),
+              "written_by_ckpt": graph.model.producer_name == "ckpt"}
     return report, names
 
 
