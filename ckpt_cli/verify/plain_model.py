@@ -17,6 +17,7 @@ from pathlib import Path
 from ..analysis.pattern import predict_plain
 from ..analysis.shapes import TensorInfo, infer_tensors
 from ..errors import CkptError, RunFailed
+from ..graph import Graph
 from ..io.load import load_graph
 from ..options import DEFAULT_TIMEOUT_S
 from ..ort.optimize import run_ort_optimizer
@@ -30,10 +31,10 @@ class FusedPlain:
     order: tuple[str, ...]  # the node names of ORT's fused graph, in the order ORT runs them
 
 
-def fused_plain(model_path: str | Path, known: Mapping[str, TensorInfo],
-                timeout: float | None = DEFAULT_TIMEOUT_S, python: str | None = None) -> FusedPlain | None:
-    """ckpt's prediction of ``InferenceSession(model_path)`` on the CPU from ORT's own
-    ORT_ENABLE_ALL graph of it; None when ORT cannot write that graph or a tensor of it has
+def fused_graph(model_path: str | Path, known: Mapping[str, TensorInfo], timeout: float | None = DEFAULT_TIMEOUT_S,
+                python: str | None = None) -> tuple[Graph, dict[str, TensorInfo]] | None:
+    """ORT's ORT_ENABLE_ALL graph of ``model_path`` (its nodes in the order a plain session
+    runs them) and its tensors; None when ORT cannot write that graph or a tensor of it has
     no known size. ``known``: the file's tensors; a fused node keeps the output names of the
     nodes it replaces, and onnx's shape inference stops at ORT's contrib ops. ORT's child
     running past ``timeout`` seconds is the check's failure (RunFailed), not a missing model."""
@@ -57,5 +58,16 @@ def fused_plain(model_path: str | Path, known: Mapping[str, TensorInfo],
         tensors.update((t, known[t]) for t in produced if t not in tensors and t in known)
         if any(t not in tensors or tensors[t].nbytes is None for t in produced):
             return None
-        order = list(range(len(graph.nodes)))  # ORT wrote them in the order it runs them
-        return FusedPlain(predict_plain(graph, tensors, order).peak_in_use_bytes, tuple(n.name for n in graph.nodes))
+        return graph, tensors
+
+
+def fused_plain(model_path: str | Path, known: Mapping[str, TensorInfo],
+                timeout: float | None = DEFAULT_TIMEOUT_S, python: str | None = None) -> FusedPlain | None:
+    """ckpt's prediction of ``InferenceSession(model_path)`` on the CPU from ORT's own
+    ORT_ENABLE_ALL graph of it (``fused_graph``); None where that graph cannot be had."""
+    fused = fused_graph(model_path, known, timeout, python)
+    if fused is None:
+        return None
+    graph, tensors = fused
+    order = list(range(len(graph.nodes)))  # ORT wrote them in the order it runs them
+    return FusedPlain(predict_plain(graph, tensors, order).peak_in_use_bytes, tuple(n.name for n in graph.nodes))
