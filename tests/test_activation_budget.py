@@ -91,6 +91,20 @@ def test_activation_budget_takes_the_fewest_matmul_flops_on_the_front(gpt):
         assert fitting and record.recompute_matmul_flops <= min(c.matmul_flops for c in fitting)
 
 
+@pytest.mark.parametrize("share", [0.55, 0.5])
+def test_activation_budget_counts_matmul_flops_before_ckpts_own_cost(share):
+    """On a ResNet the two objectives part: at the same byte limit ckpt's own (FLOPs plus
+    bytes moved) recomputes the stem conv (7.1 M matmul FLOPs) rather than BatchNorm's
+    pointwise ops, as it recomputes the fc Gemm rather than 20 BatchNorms' statistics on
+    resnet18_224 at PyTorch's 0.5 and 0.2 (bench/PEER.md). PyTorch's knob weighs matmul
+    FLOPs first, so --activation-budget keeps that conv."""
+    a = analyse(load_graph(SAMPLES / "resnet18.onnx"))
+    _, record = activation_budget_plan(a, share)
+    own = mincut.solve_bytes(mincut.build(a), record.limit_bytes)
+    assert own is not None and record.kept_bytes <= record.limit_bytes
+    assert record.recompute_matmul_flops < own.matmul_flops, (record, own.matmul_flops)
+
+
 @pytest.mark.parametrize("model", ["gpt", "gpt12"])
 def test_activation_budget_recomputes_no_more_matmul_than_pytorch_at_its_bytes(model):
     """At each of PyTorch's min-cut points, the share that lands on PyTorch's activation bytes
