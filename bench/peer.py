@@ -3,6 +3,7 @@
     python -m bench.peer            # writes bench/PEER.md and bench/peer_results.json
     python -m bench.peer --models gpt2s --runs 1   # one model's entry, replaced in the results
     python -m bench.peer --models gpt,gpt12 --activation-budget-only   # only the CLI rows below
+    python -m bench.peer --models gpt2s,bert_base --activation-budget-only --runs 0   # predicted, no --check
 
 The PyTorch figures come from ``bench/peer_pytorch.json`` (``bench/peer_pytorch.py``,
 run with torch). For each PyTorch point, ckpt's plan is the cut with the least
@@ -18,7 +19,8 @@ The same knob through the command line: ``ckpt rewrite --activation-budget F --c
 PyTorch's F (0.5, 0.2; the same F keeps more bytes in ckpt, whose reference is the plan
 that recomputes nothing, than in PyTorch, whose reference already recomputes cheap ops),
 and at the F that lands on PyTorch's own activation bytes, where the matmul recompute of
-the two compares like for like.
+the two compares like for like. Issue 47's done-when is read from those rows (``cli_verdict``):
+at PyTorch's bytes, no more matmul FLOPs recomputed than PyTorch at 0.5 and at 0.2.
 """
 
 from __future__ import annotations
@@ -201,6 +203,53 @@ def _with_activation_rows(res: dict, only: set[str] | None, runs: int) -> dict:
     return res
 
 
+def cli_verdict(m: dict) -> dict[float, bool | None]:
+    """Issue 47's done-when on one model, per compared PyTorch budget, from its
+    ``--activation-budget`` rows: whether the F whose limit is PyTorch's activation bytes
+    keeps at most those bytes and recomputes no more matmul FLOPs than PyTorch (None: no row,
+    or the command failed)."""
+    rows = {row["budget"]: row for row in m.get("activation_budget") or []}
+    verdict: dict[float, bool | None] = {}
+    for budget in COMPARED:
+        row = rows.get(budget)
+        c = row["torch_bytes"] if row else {"error": "not run"}
+        verdict[budget] = None if "error" in c else (
+            c["kept_bytes"] <= row["torch"]["activation_bytes"]
+            and c["recompute_matmul_flops"] <= row["torch"]["recompute_matmul_flops"])
+    return verdict
+
+
+def _render_cli_summary(res: dict, add) -> None:
+    """One line for every model: issue 47's done-when, as ``cli_verdict`` reads it."""
+    met, failed, missing = [], [], []
+    for m in res["models"]:
+        v = cli_verdict(m).values()
+        (missing if None in v else met if all(v) else failed).append(m["model"])
+    add(f"Issue 47's done-when through the command line (`--activation-budget F` at the F whose limit is "
+        f"PyTorch's activation bytes recomputes no more matmul FLOPs than PyTorch's min-cut at budgets "
+        f"{list(COMPARED)}; the per-model tables below): met on {', '.join(met) or 'none'}; not met on "
+        f"{', '.join(failed) or 'none'}" + (f"; no CLI rows on {', '.join(missing)}" if missing else "") + ".")
+    add("")
+
+
+def _render_cli_verdict(m: dict, add) -> None:
+    rows = {row["budget"]: row for row in m.get("activation_budget") or []}
+    verdict = cli_verdict(m)
+    parts = []
+    for budget, ok in verdict.items():
+        if ok is None:
+            parts.append(f"{budget}: no row")
+            continue
+        t, c = rows[budget]["torch"], rows[budget]["torch_bytes"]
+        parts.append(f"{budget}: {'yes' if ok else 'NO'} (activations "
+                     f"{_ratio(c['kept_bytes'], t['activation_bytes'])}, matmul recompute "
+                     f"{_ratio(c['recompute_matmul_flops'], t['recompute_matmul_flops'])})")
+    add("Through the command line (issue 47's done-when, the `--activation-budget` rows below at PyTorch's "
+        "bytes; ratios ckpt/torch): recomputes no more matmul FLOPs than PyTorch at the same activation "
+        "bytes: " + "; ".join(parts) + ".")
+    add("")
+
+
 def _mib(x) -> str:
     return "n/a" if x is None else f"{x / 2**20:.3f} MiB"
 
@@ -227,6 +276,7 @@ def render(res: dict, add) -> None:
         "(`--check-budgets 0.5,0.2 --runs 1`: a step takes tens of seconds on this machine); their other rows "
         "are predicted (n/a in the measured columns).")
     add("")
+    _render_cli_summary(res, add)
     for m in res["models"]:
         add(f"**{m['model']}** (forward matmul FLOPs: ckpt {m['ckpt_forward_matmul_flops']:,}, "
             f"torch {m['torch_forward_matmul_flops']:,}; both 2·M·N·K, as torch's flop counter)")
@@ -259,6 +309,7 @@ def render(res: dict, add) -> None:
                 f"elements {_ratio(row['ckpt']['recompute_element_flops'], row['torch']['recompute_element_flops'])}"
                 for row in m["points"] if row["budget"] in COMPARED) + ".")
         add("")
+        _render_cli_verdict(m, add)
         _render_activation_budget(m, add)
         _render_peak_space(m, add)
         add("ckpt's min-cut front (corners of the price sweep): " + ", ".join(
@@ -271,7 +322,11 @@ def _render_activation_budget(m: dict, add) -> None:
     if not rows:
         return
     fwd = m["ckpt_forward_matmul_flops"]
-    add("The same knob through the command line (`ckpt rewrite --activation-budget F --check`): at PyTorch's F, "
+    checked = all("passed" in c for row in rows for c in (row["same_share"], row["torch_bytes"]) if "error" not in c)
+    how = ("`ckpt rewrite --activation-budget F --check`" if checked else
+           "`ckpt rewrite --activation-budget F`, predicted: the plan's own figures, no `--check` run on this "
+           "model, whose step takes tens of seconds on this machine; n/a in the check columns")
+    add(f"The same knob through the command line ({how}): at PyTorch's F, "
         "and at the F whose limit is PyTorch's activation bytes (matmul recompute compared like for like). "
         "Activations: the bytes the plan keeps for the backward, and their share of ckpt's reference (the "
         "no-recompute plan's); check: `--check` on ORT CPU (bit-identical outputs among its premises), arena in use "
@@ -292,8 +347,14 @@ def _render_activation_budget(m: dict, add) -> None:
                 f"| {_mib(c['kept_bytes'])} ({c['kept_share']:.3f}) | {c['recompute_matmul_flops'] / fwd:.1%} "
                 f"| {_ratio(c['recompute_matmul_flops'], t['recompute_matmul_flops'])} "
                 f"| {c.get('outputs_equal', 'n/a')} | {_passed(c)} "
-                f"| {_mib(c.get('measured_in_use'))} of {_mib(c.get('original_in_use'))} |")
+                f"| {_measured(c)} |")
     add("")
+
+
+def _measured(c: dict) -> str:
+    if c.get("measured_in_use") is None:
+        return "n/a"
+    return f"{_mib(c['measured_in_use'])} of {_mib(c.get('original_in_use'))}"
 
 
 def _passed(c: dict) -> str:
