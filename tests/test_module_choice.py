@@ -225,3 +225,12 @@ def test_unplanned_shapes_give_each_moving_dimension_a_symbol_of_its_own(artifac
     fixed = {t: s for t, s in shapes.items() if all(isinstance(d, int) for d in s)}
     declared = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim] for v in model.graph.value_info}
     assert all(declared[t] == s for t, s in fixed.items() if t in declared)
+
+
+def test_a_file_with_nothing_to_hide_is_not_trained_again_unplanned(monkeypatch, artifact):
+    higher = {f"plan{i}": (ORIGINAL_PEAK + (1 << 20), LOSSES) for i in range(1 + module_choice.MAX_FALLBACKS)}
+    trained = _fake_module(monkeypatch, {"training_model": (ORIGINAL_PEAK, LOSSES), **higher})
+    monkeypatch.setattr(api, "unplanned_shapes", lambda model, result, shapes: (model, 0))
+    m = _rewrite(artifact).report["planning"]["module_session"]
+    assert m["chosen"] is None and not any("unplanned" in t for t in trained)
+    assert not any(j["unplanned_shapes"] for j in m["judged"])
