@@ -47,7 +47,7 @@ from .io.save import check_output_path, save_model
 from .verify.rules import budget_held
 from .verify.settings import settings_snippet
 from .verify.stage import CheckFigures, check_analysed
-from .io.written import to_model
+from .io.written import to_model, unplanned_shapes
 
 ModelInput = Union[str, Path, onnx.ModelProto]
 
@@ -399,9 +399,13 @@ def _writer(a: Analysis, options: RewriteOptions, analysis: AnalysisOptions, sca
     recorded = {**options.to_json(), **analysis.to_json()}
     probes = probe_tensors(a) if scaled else None  # one shape inference, however many plans are written
 
-    def model_of(result: RewriteResult, plan) -> onnx.ModelProto:
+    def model_of(result: RewriteResult, plan, unplanned: bool = False) -> onnx.ModelProto | None:
         shapes = symbolic_shapes(result.graph, result.after.tensors, scaled, probes) if scaled else None
-        return to_model(result, _provenance(recorded, result, plan), shapes)
+        model = to_model(result, _provenance(recorded, result, plan), shapes)
+        if not unplanned:
+            return model
+        model, hidden = unplanned_shapes(model, result, shapes or {})
+        return model if hidden else None
 
     return Writer(finish, model_of)
 
@@ -433,7 +437,8 @@ def _rewritten(a: Analysis, loaded: Loaded, options: RewriteOptions, analysis: A
     chosen = planned.plan if planned else None
     stage("rewriting the graph")
     result = writer.result(rewrite_plan(a, planned, options.pin))
-    rewritten = writer.model(result, chosen)
+    rewritten = writer.written(result, chosen, planned is not None and planned.module is not None
+                               and planned.module.unplanned)
     notes = plan_notes(chosen, result)
     stage("writing the model" if options.ort_optimize is None else "optimizing on ORT, writing the model")
     rewritten, result, written, optimized, more = _written(rewritten, result, a, loaded, options, output)

@@ -9,10 +9,13 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import onnx
 import pytest
 from conftest import ROOT
 
 from ckpt_cli import api
+from ckpt_cli.analysis.scaling import probe_tensors, scaling, symbolic_shapes
+from ckpt_cli.io.written import UNPLANNED_SYMBOL, unplanned_shapes
 from ckpt_cli.rewrite import RewriteResult
 from ckpt_cli.verify import module_choice
 
@@ -77,11 +80,12 @@ def test_a_plan_whose_losses_differ_is_passed_over_for_one_with_less_recompute(m
 
 
 def test_nothing_lower_in_the_module_session_writes_the_graph_unchanged(monkeypatch, artifact):
-    higher = {f"plan{i}": (ORIGINAL_PEAK + (1 << 20), LOSSES) for i in range(1 + module_choice.MAX_FALLBACKS)}
+    higher = {f"plan{i}{w}": (ORIGINAL_PEAK + (1 << 20), LOSSES)
+              for i in range(1 + module_choice.MAX_FALLBACKS) for w in ("", "_unplanned")}
     trained = _fake_module(monkeypatch, {"training_model": (ORIGINAL_PEAK, LOSSES), **higher})
     out = _rewrite(artifact)
     m = out.report["planning"]["module_session"]
-    assert m["chosen"] is None and len([t for t in trained if "/" not in t]) == 1 + len(m["judged"]) >= 2
+    assert m["chosen"] is None and len([t for t in trained if "/" not in t]) == 1 + len(m["judged"]) >= 4
     assert out.result.recompute_flops == 0
     assert "none of the" in out.result.no_gain and "written unchanged" in out.result.no_gain
 
@@ -187,3 +191,46 @@ def test_plan_says_why_the_default_would_be_written_unchanged(artifact):
     assert report["recompute_flops"] == 0 and "Module API's own session" in report["no_gain_reason"]
     text = CliRunner().invoke(main, ["plan", str(artifact)])
     assert text.exit_code == 0 and "No gain: in the Module API's own session" in text.stdout
+
+
+def test_the_plans_are_tried_with_their_shapes_unplanned_when_none_passes_as_written(monkeypatch, artifact):
+    higher = {f"plan{i}": (ORIGINAL_PEAK + (1 << 20), LOSSES) for i in range(1 + module_choice.MAX_FALLBACKS)}
+    trained = _fake_module(monkeypatch, {"training_model": (ORIGINAL_PEAK, LOSSES), **higher,
+                                         "plan0_unplanned": (50 << 20, LOSSES)})
+    out = _rewrite(artifact)
+    m = out.report["planning"]["module_session"]
+    plain = [t for t in trained if "/" not in t and t.startswith("plan")]
+    assert plain[-1] == "plan0_unplanned" and all("unplanned" not in t for t in plain[:-1])
+    assert m["chosen"] == len(m["judged"]) - 1 and m["judged"][m["chosen"]]["unplanned_shapes"]
+    assert out.result.recompute_flops == m["judged"][0]["recompute_flops"] > 0
+    symbols = {d.dim_param for v in out.model.graph.value_info for d in v.type.tensor_type.shape.dim}
+    assert any(s.startswith(UNPLANNED_SYMBOL) for s in symbols)
+    assert any("the default's plan" in n and "symbols of their own" in n for n in out.report["plan_notes"])
+
+
+def test_unplanned_shapes_give_each_moving_dimension_a_symbol_of_its_own(artifact):
+    out = api.rewrite_model(artifact, regions=["*"])
+    result, a = out.result, out.analysis
+    moving = symbolic_shapes(result.graph, result.after.tensors, scaling(a), probe_tensors(a))
+    shapes = {t: moving.get(t, list(info.shape)) for t, info in result.after.tensors.items() if info.shape is not None}
+    assert any(not isinstance(d, int) for s in moving.values() for d in s)
+    model = onnx.ModelProto()
+    model.CopyFrom(out.model)
+    model, hidden = unplanned_shapes(model, result, moving)
+    named = [d.dim_param for v in model.graph.value_info for d in v.type.tensor_type.shape.dim if d.dim_param]
+    assert hidden > 0 and len(named) == hidden == len(set(named))
+    assert all(d.startswith(UNPLANNED_SYMBOL) for d in named)
+    outputs = {o.name for o in model.graph.output}
+    assert not outputs & {v.name for v in model.graph.value_info if any(d.dim_param for d in v.type.tensor_type.shape.dim)}
+    fixed = {t: s for t, s in shapes.items() if all(isinstance(d, int) for d in s)}
+    declared = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim] for v in model.graph.value_info}
+    assert all(declared[t] == s for t, s in fixed.items() if t in declared)
+
+
+def test_a_file_with_nothing_to_hide_is_not_trained_again_unplanned(monkeypatch, artifact):
+    higher = {f"plan{i}": (ORIGINAL_PEAK + (1 << 20), LOSSES) for i in range(1 + module_choice.MAX_FALLBACKS)}
+    trained = _fake_module(monkeypatch, {"training_model": (ORIGINAL_PEAK, LOSSES), **higher})
+    monkeypatch.setattr(api, "unplanned_shapes", lambda model, result, shapes: (model, 0))
+    m = _rewrite(artifact).report["planning"]["module_session"]
+    assert m["chosen"] is None and not any("unplanned" in t for t in trained)
+    assert not any(j["unplanned_shapes"] for j in m["judged"])

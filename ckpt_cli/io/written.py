@@ -81,6 +81,66 @@ def _without_inner_symbols(model: onnx.ModelProto, result: RewriteResult) -> onn
     return model
 
 
+# The symbols ``unplanned_shapes`` declares, one per dimension, numbered through the file.
+UNPLANNED_SYMBOL = "ckpt_unplanned_"
+
+
+def unplanned_shapes(model: onnx.ModelProto, result: RewriteResult,
+                     shapes: dict[str, list]) -> tuple[onnx.ModelProto, int]:
+    """``model`` with every tensor a node makes (graph outputs aside) declared at its rank,
+    each dimension that moves with the symbolic dimensions, or that ckpt cannot size, a
+    symbol no other dimension has; and how many dimensions got one (0: the file has no
+    symbolic dimension to hide, the model is returned as it is).
+    ORT (1.19.2) sizes a tensor before the run only from the graph inputs' symbols: a tensor
+    declared by a symbol of its own stays out of the memory pattern, which allocates its
+    block again at every run where the arena lays it over the first run's chunks, and its
+    allocation planner reuses a buffer only between tensors of equal declared shapes. This
+    is the memory pattern and buffer reuse turned off tensor by tensor, from the file,
+    where a Module session's options are the user's (``verify/module_choice.py``);
+    ``shapes``: the symbolic shapes of ``symbolic_shapes``."""
+    g = model.graph
+    outputs = {o.name for o in g.output}
+    declared = {v.name: v for v in g.value_info}
+    made: dict[str, onnx.ValueInfoProto] = {}
+    hidden = 0
+    for node in result.graph.nodes:
+        for t in node.outputs:
+            if not t or t in outputs or t in made:
+                continue
+            typed = _sized_dims(result.after.tensors.get(t), shapes.get(t), declared.get(t))
+            if typed is None:
+                continue
+            dtype, dims = typed
+            named: list[int | str] = []
+            for d in dims:
+                named.append(d if d is not None else f"{UNPLANNED_SYMBOL}{hidden}")
+                hidden += d is None
+            made[t] = onnx.helper.make_tensor_value_info(t, dtype, named)
+    if not hidden:
+        return model, 0
+    kept = [v for v in g.value_info if v.name not in made]
+    del g.value_info[:]
+    g.value_info.extend([*kept, *made.values()])
+    return model, hidden
+
+
+def _sized_dims(info, symbolic: list | None, declared: onnx.ValueInfoProto | None) -> tuple[int, list] | None:
+    """(element type, dims) of one tensor, a dimension None where it is not a fixed number:
+    ckpt's size where it has one (``symbolic``: its dimensions that move with the symbolic
+    ones named), else what the file declared; None where neither gives a rank."""
+    if info is not None and info.dtype and info.shape is not None:
+        if symbolic is not None and len(symbolic) == len(info.shape):
+            return info.dtype, [d if isinstance(d, int) else None for d in symbolic]
+        fixed = info.static_shape
+        return info.dtype, [d if fixed and isinstance(d, int) else None for d in info.shape]
+    if declared is None or not declared.type.HasField("tensor_type"):
+        return None
+    t = declared.type.tensor_type
+    if not t.HasField("shape") or not t.elem_type:
+        return None
+    return t.elem_type, [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim]
+
+
 def pattern_off_input(name: str) -> onnx.ValueInfoProto:
     """The graph input that turns ORT's memory pattern off (``rewrite/mem_pattern.py``): an
     optional float tensor no node reads; a session run without it gets None."""

@@ -10,7 +10,12 @@ plan and the plans with less recompute along its front are trained there instead
 steps each from the artifact's checkpoint, lowest predicted peak first, untuned and under
 the settings ckpt records for it (the original too, under the same settings): the first
 whose process peak is not above the original's untuned, nor under its settings above the
-original's in either session, with the original's losses bit for bit in both, is written. When none is, the graph is written unchanged, with the figures in one line.
+original's in either session, with the original's losses bit for bit in both, is written.
+When none is, the same plans are trained again written with their tensors' shapes hidden
+from ORT's memory planning (``io/written.py``'s ``unplanned_shapes``: the memory pattern and
+buffer reuse off tensor by tensor, which a Module's user session otherwise keeps on), and the
+first that passes is written so; when none does either, the graph is written unchanged, with
+the figures in one line.
 """
 
 from __future__ import annotations
@@ -39,17 +44,31 @@ class Writer:
     """How the command writes a rewrite: ``finish`` turns the pinned rewrite into the one
     written, ``model(result, plan)`` makes its file's model (metadata and the shapes of
     symbolic dimensions included: the Module's session plans its memory from them), so
-    what is trained is byte for byte what would be written."""
+    what is trained is byte for byte what would be written. ``model(result, plan, True)``:
+    the same with its tensors' shapes hidden from ORT's memory planning
+    (``io/written.py``'s ``unplanned_shapes``), or None where nothing is hidden."""
 
     finish: Callable[[RewriteResult], RewriteResult] | None
-    model: Callable[[RewriteResult, object], onnx.ModelProto]
+    model: Callable[..., onnx.ModelProto | None]
 
     def result(self, result: RewriteResult) -> RewriteResult:
         return self.finish(result) if self.finish is not None else result
 
-    def save(self, a: Analysis, result: RewriteResult, plan, path: Path) -> None:
+    def save(self, a: Analysis, result: RewriteResult, plan, path: Path, unplanned: bool = False) -> bool:
+        """Writes the model to ``path``; False (nothing written) where ``unplanned`` hides nothing."""
         source = a.graph.path.parent if a.graph.path is not None else None
-        save_model(self.model(result, plan), path, source_dir=source, force=True)
+        model = self.model(result, plan, unplanned)
+        if model is None:
+            return False
+        save_model(model, path, source_dir=source, force=True)
+        return True
+
+    def written(self, result: RewriteResult, plan, unplanned: bool = False) -> onnx.ModelProto:
+        """The model the command writes: with ``unplanned``, hidden where anything is."""
+        model = self.model(result, plan, unplanned) if unplanned else None
+        model = model if model is not None else self.model(result, plan)
+        assert model is not None
+        return model
 
 
 # Each plan tried is two training children (a few seconds on the zoo's models): the
@@ -70,6 +89,7 @@ class ModuleJudged:
     peak_bytes_settings: int | None = None  # measured under the settings ckpt records for it
     identical_settings: bool = False  # the original's losses under the same settings
     original_peak_settings: int | None = None  # the original's, measured under the same settings
+    unplanned: bool = False  # written with its tensors' shapes hidden from ORT's memory planning
 
     @property
     def identical(self) -> bool:
@@ -89,7 +109,8 @@ class ModuleJudged:
                 "peak_bytes": self.peak_bytes, "peak_bytes_under_settings": self.peak_bytes_settings,
                 "original_peak_bytes_under_settings": self.original_peak_settings,
                 "losses_identical": self.identical, "losses_identical_untuned": self.identical_untuned,
-                "losses_identical_under_settings": self.identical_settings, "error": self.error}
+                "losses_identical_under_settings": self.identical_settings, "unplanned_shapes": self.unplanned,
+                "error": self.error}
 
 
 @dataclass(frozen=True)
@@ -101,6 +122,12 @@ class ModuleChoice:
     judged: tuple[ModuleJudged, ...]
     chosen: int | None
     steps: int
+    planned: int = 1  # how many plans were tried as written (the unplanned writings follow them)
+
+    @property
+    def unplanned(self) -> bool:
+        """Whether the plan taken is written with its shapes hidden from ORT's memory planning."""
+        return self.chosen is not None and self.judged[self.chosen].unplanned
 
     def ratio(self, i: int) -> float:
         return (self.judged[i].peak_bytes or 0) / max(1, self.original_peak_bytes)
@@ -112,7 +139,11 @@ class ModuleChoice:
             return head + (f"; none of the {len(self.judged)} plans tried stays at or below it with the "
                            f"original's losses bit for bit ({self._why_not()}): the graph is written unchanged")
         taken = self.judged[self.chosen]
-        which = "the default's plan" if self.chosen == 0 else f"plan {self.chosen + 1} of the front (less recompute)"
+        k = self.chosen % max(1, self.planned)  # the plan's place among those tried
+        which = "the default's plan" if k == 0 else f"plan {k + 1} of the front (less recompute)"
+        if taken.unplanned:
+            which += (", its tensors declared by symbols of their own (out of ORT's memory pattern and buffer "
+                      "reuse; with the plain writing, none of the plans passes),")
         settings = (taken.peak_bytes_settings or 0) / max(1, self.original_peak_bytes)
         return (head + f"; {which} measures {human_bytes(taken.peak_bytes or 0)} there ({self.ratio(self.chosen):.2f}x)"
                 f" and {human_bytes(taken.peak_bytes_settings or 0)} under ckpt's settings ({settings:.2f}x), "
@@ -166,6 +197,9 @@ def judged_in_module(a: Analysis, planned: Planned, feeds_model, worker: WorkerO
         return planned
     model_path, files = artifact
     candidates = _candidates(planned)
+    # every plan as written first; then, where none passes, the same plans with their
+    # shapes hidden from ORT's memory planning (``Writer.model``'s ``unplanned``)
+    tries = [(i, False) for i in range(len(candidates))] + [(i, True) for i in range(len(candidates))]
     with tempfile.TemporaryDirectory(prefix="ckpt_module_choice_") as tmp:
         feeds = Path(tmp) / "feeds.npz"
         prepare_feeds(feeds_model, feeds, worker.seed, dict(a.dims), None)
@@ -188,16 +222,21 @@ def judged_in_module(a: Analysis, planned: Planned, feeds_model, worker: WorkerO
                 originals[key] = run_module(model_path, files, feeds, settings, worker, STEPS)
             return originals[key]
 
-        for i, (plan, cost, unpinned) in enumerate(candidates):
-            result = writer.result(pinned(a, unpinned) if unpinned is not None else rewrite(a, plan, True))
-            written[i] = result
-            path = Path(tmp) / f"plan{i}.onnx"
-            judged.append(_train(lambda: writer.save(a, result, plan, path), path, files, feeds, worker, cost,
-                                 original, reference))
+        for i, unplanned in tries:
+            plan, cost, unpinned = candidates[i]
+            if i not in written:
+                written[i] = writer.result(pinned(a, unpinned) if unpinned is not None else rewrite(a, plan, True))
+            result = written[i]
+            path = Path(tmp) / f"plan{i}{'_unplanned' if unplanned else ''}.onnx"
+            if unplanned and not writer.save(a, result, plan, path, True):
+                break  # nothing to hide: the file has no symbolic dimension
+            judged.append(replace(_train(lambda: writer.save(a, result, plan, path, unplanned), path, files, feeds,
+                                         worker, cost, original, reference), unplanned=unplanned))
             if judged[-1].accepted(original["peak_bytes"]):
                 chosen = i
                 break
-    choice = ModuleChoice(original["peak_bytes"], tuple(judged), chosen, STEPS)
+    choice = ModuleChoice(original["peak_bytes"], tuple(judged), None if chosen is None else len(judged) - 1,
+                          STEPS, len(candidates))
     if chosen is None:
         return replace(planned, module=choice)
     plan, cost, unpinned = candidates[chosen]
@@ -205,7 +244,7 @@ def judged_in_module(a: Analysis, planned: Planned, feeds_model, worker: WorkerO
     return Planned(plan, result=unpinned, written=written[chosen], cost=cost, module=choice)
 
 
-def _train(save: Callable[[], None], path: Path, files: dict, feeds: Path, worker: WorkerOptions,
+def _train(save: Callable[[], object], path: Path, files: dict, feeds: Path, worker: WorkerOptions,
            cost, original: dict, reference: Callable[[dict], dict]) -> ModuleJudged:
     """The model ``save()`` writes to ``path``, trained untuned and under its recorded
     settings; ``reference(settings)``: the original's run under those settings."""
