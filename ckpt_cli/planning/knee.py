@@ -58,8 +58,8 @@ class Knee:
         # tensor peak the summary line gives: the line names its figure.
         head = f"the default: the knee of {self.candidates} plans judged, {chosen}"
         if not self.stopped_early:
-            return head + ", also their lowest"
-        return (head + f"; their lowest, {-self.saving(self.lowest):+.0%}, costs "
+            return head + ", also their lowest working peak"
+        return (head + f"; their lowest working peak, {-self.saving(self.lowest):+.0%}, costs "
                 f"{self.cost(self.lowest):+.1%} (--auto min-peak)")
 
     def to_json(self) -> dict:
