@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -37,7 +38,17 @@ PLATFORMS = {
 
 
 def build_wheel(out: Path, source: Path = REPO) -> Path:
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(source)], check=True)
+    """The wheel of ``source``, built from a copy of the files git sees there: setuptools
+    leaves build/ and an egg-info folder in the tree it builds, and a build/ left there
+    would put stale modules in the next wheel (as bench/wheel_check.sh does)."""
+    tree = out.parent / "source"
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=source,
+                            capture_output=True, check=True).stdout.decode().split("\0")
+    for rel in filter(None, listed):
+        if (source / rel).is_file():  # a deleted file git still lists is skipped
+            (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source / rel, tree / rel)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(tree)], check=True)
     return next(out.glob("onnx_ckpt-*.whl"))
 
 

@@ -21,7 +21,7 @@ xz -9 -T2 -c .gpu/cuda.so > .gpu/p1/cuda90.xz && rm "$lib" .gpu/cuda.so
 rm -rf .gpu/wheel
 # ckpt's dependencies the device image lacks; pinned to this venv's versions
 mkdir -p .gpu/p2/whl
-for pkg in google-re2 highspy; do  # the image has scipy, onnx, numpy, click and rich
+for pkg in google-re2 highspy; do  # the image has onnx, numpy, click and rich
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
         --platform manylinux2014_x86_64 -d .gpu/p2/whl "$pkg==$(.venv/bin/python -m pip show "$pkg" | awk '/^Version/{print $2}')"

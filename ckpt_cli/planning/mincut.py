@@ -18,7 +18,7 @@ cheap, not free). That is a closure (project-selection) problem, a minimum s-t c
     z_u    -> sink  infinite, u read backward  what the backward reads is needed
 
 Sweeping the price traces the lower convex hull of (kept bytes, recompute cost) in a
-few max-flow calls (scipy's ``maximum_flow``, integer capacities). Views
+few max-flow calls (``maxflow``: Dinic's algorithm, integer capacities). Views
 alias their input, so a view is never kept by itself: it is copied (for free) and its
 input is kept or recomputed. A transpose of a parameter costs only the bytes it
 moves, so recomputing it rather than keeping it falls out of the cut by itself.
@@ -41,6 +41,7 @@ from ..analysis.scopes import layer_of
 from ..graph import ABSENT
 from ..ops import SHAPE_ONLY_OPS, VIEW_OPS, is_recomputable
 from .decision import cut_decisions
+from .maxflow import Network
 from .plan import Plan, Policy, Region
 from ..units import human_bytes
 
@@ -50,7 +51,7 @@ BYTE_COST = 1
 # Reading only a tensor's shape moves none of its bytes.
 SHAPE_OP_COST = 1
 # Finite capacities are scaled to sum below this, far under INFINITE: no finite cut reaches
-# an infinite edge's capacity.
+# an infinite edge's capacity (``maxflow`` merges what infinite edges tie to the sink).
 FINITE_TOTAL = 1 << 29
 INFINITE = (1 << 31) - 1
 # Price sweeps stop after this many max-flow solves (each is cheap next to a rewrite).
@@ -85,6 +86,11 @@ class Problem:
             if k >= 0:
                 outputs[k].append(u)
         return inputs, outputs
+
+    @cached_property
+    def network(self) -> Network:
+        """The flow network of the cut, built once: only its capacities change with the price."""
+        return _network(self)
 
 
 def build(a: Analysis, policy: Policy = Policy()) -> Problem:
@@ -166,45 +172,37 @@ def solve(problem: Problem, price: float) -> Cut:
     in the residual graph of a maximum flow. That side is the same for every maximum
     flow, so the cut does not depend on the max-flow algorithm."""
     p = problem
-    n_nodes, n_tensors = len(p.nodes), len(p.tensors)
-    source, sink = 0, 1
-    y0, z0 = 2, 2 + n_nodes
     keep_cost = p.nbytes.astype(np.float64) * price
     finite = float(p.cost.sum()) + float(keep_cost[~p.must_recompute].sum())
     unit = max(1.0, finite / FINITE_TOTAL)
     rec = np.ceil(p.cost / unit).astype(np.int64)
     keep = np.where(p.must_recompute, INFINITE, np.ceil(keep_cost / unit)).astype(np.int64)
+    caps = np.concatenate([rec, keep, np.full(len(p.heads) + len(p.read_backward), INFINITE)])
+    reached = p.network.source_side(caps)
+    return _cut(p, price, ~reached[2:2 + len(p.nodes)])
+
+
+def _network(p: Problem) -> Network:
+    """The cut problem's flow network; only the capacities change with the price:
+
+        source (0) -> y_p        recompute cost of node p
+        y_p or 0   -> z_u        price * bytes of tensor u (infinite: never kept)
+        z_u        -> y_q        infinite, u an input of q
+        z_u        -> sink (1)   infinite, u read backward
+
+    with y_p = 2 + p and z_u = 2 + len(nodes) + u. The arcs are in the order of
+    ``solve``'s capacities."""
+    n_nodes, n_tensors = len(p.nodes), len(p.tensors)
+    source, sink = 0, 1
+    y0, z0 = 2, 2 + n_nodes
     # A tensor whose producer cannot be copied is on the source side of its "keep" edge.
     keep_tail = np.where(p.producer >= 0, y0 + p.producer, source)
     tails = np.concatenate([np.full(n_nodes, source), keep_tail, z0 + p.heads, z0 + p.read_backward])
     heads = np.concatenate([y0 + np.arange(n_nodes), z0 + np.arange(n_tensors), y0 + p.tails,
                             np.full(len(p.read_backward), sink)])
-    caps = np.concatenate([rec, keep, np.full(len(p.heads), INFINITE), np.full(len(p.read_backward), INFINITE)])
-    reached = _source_side(tails, heads, caps, z0 + n_tensors)
-    return _cut(p, price, ~reached[y0:z0])
-
-
-def _source_side(tails: np.ndarray, heads: np.ndarray, caps: np.ndarray, size: int) -> np.ndarray:
-    """Per vertex: whether vertex 0 (the source) reaches it in the residual graph of a
-    maximum flow to vertex 1 (the sink), by scipy's max-flow."""
-    # Imported here, only when a cut is solved: scipy.sparse takes 0.3-0.45 s to import.
-    from scipy.sparse import csr_matrix
-    from scipy.sparse.csgraph import breadth_first_order, maximum_flow
-
-    # Parallel arcs are summed, held below int32's limit: an infinite arc stays infinite.
-    # Sorted by (tail, head), the arcs are the capacity matrix's rows in CSR order.
-    order = np.lexsort((heads, tails))
-    tails, heads, caps = tails[order], heads[order], caps[order]
-    first = np.flatnonzero(np.r_[True, (np.diff(tails) != 0) | (np.diff(heads) != 0)])
-    caps = np.minimum(np.add.reduceat(caps, first), INFINITE).astype(np.int32)
-    rows = np.searchsorted(tails[first], np.arange(size + 1)).astype(np.int32)
-    capacity = csr_matrix((caps, heads[first].astype(np.int32), rows), shape=(size, size))
-    residual = capacity - maximum_flow(capacity, 0, 1).flow
-    residual.data = (residual.data > 0).astype(np.int8)
-    residual.eliminate_zeros()  # an arc the flow saturates is no way on
-    reached = np.zeros(size, dtype=bool)
-    reached[breadth_first_order(residual, 0, directed=True, return_predecessors=False)] = True
-    return reached
+    infinite = np.concatenate([np.zeros(n_nodes, dtype=bool), p.must_recompute,
+                               np.ones(len(p.heads) + len(p.read_backward), dtype=bool)])
+    return Network(tails, heads, infinite, z0 + n_tensors)
 
 
 def _cut(p: Problem, price: float, copied_mask: np.ndarray) -> Cut:
