@@ -39,26 +39,47 @@ def fused_graph(model_path: str | Path, known: Mapping[str, TensorInfo], timeout
     nodes it replaces, and onnx's shape inference stops at ORT's contrib ops. ORT's child
     running past ``timeout`` seconds is the check's failure (RunFailed), not a missing model."""
     with tempfile.TemporaryDirectory(prefix="ckpt_plain_") as tmp:
-        fused = Path(tmp) / "fused.onnx"
-        try:
-            run_ort_optimizer(Path(model_path), fused, "cpu", external="fused.onnx.data", level=PLAIN_LEVEL,
-                              timeout=timeout, python=python)
-            # the tensors only: a whole analysis would also simulate another order and
-            # classify phases, which a graph ORT fused need not pass
-            graph = load_graph(fused)
-            inferred = infer_tensors(graph)
-        except RunFailed as e:
-            if e.kind == "timeout":
-                raise
-            return None
-        except (CkptError, OSError):
-            return None
-        tensors = {t: known[t] if info.nbytes is None and t in known else info for t, info in inferred.items()}
-        produced = [t for n in graph.nodes for t in n.outputs if t]
-        tensors.update((t, known[t]) for t in produced if t not in tensors and t in known)
-        if any(t not in tensors or tensors[t].nbytes is None for t in produced):
-            return None
-        return graph, tensors
+        fused = write_fused(model_path, Path(tmp), timeout, python)
+        return None if fused is None else read_fused(fused, known)
+
+
+def write_fused(model_path: str | Path, folder: Path, timeout: float | None = DEFAULT_TIMEOUT_S,
+                python: str | None = None) -> Path | None:
+    """ORT's ORT_ENABLE_ALL graph of ``model_path`` written into ``folder``; None when ORT
+    cannot write it (a child past ``timeout`` raises RunFailed)."""
+    fused = folder / "fused.onnx"
+    try:
+        run_ort_optimizer(Path(model_path), fused, "cpu", external="fused.onnx.data", level=PLAIN_LEVEL,
+                          timeout=timeout, python=python)
+    except RunFailed as e:
+        if e.kind == "timeout":
+            raise
+        return None
+    except (CkptError, OSError):
+        return None
+    return fused
+
+
+def read_fused(fused: Path, known: Mapping[str, TensorInfo]) -> tuple[Graph, dict[str, TensorInfo]] | None:
+    """The graph ``write_fused`` wrote and its tensors (``fused_graph``'s rules); None when
+    it cannot be read or a tensor it produces has no known size."""
+    try:
+        # the tensors only: a whole analysis would also simulate another order and
+        # classify phases, which a graph ORT fused need not pass
+        graph = load_graph(fused)
+        inferred = infer_tensors(graph)
+    except RunFailed as e:
+        if e.kind == "timeout":
+            raise
+        return None
+    except (CkptError, OSError):
+        return None
+    tensors = {t: known[t] if info.nbytes is None and t in known else info for t, info in inferred.items()}
+    produced = [t for n in graph.nodes for t in n.outputs if t]
+    tensors.update((t, known[t]) for t in produced if t not in tensors and t in known)
+    if any(t not in tensors or tensors[t].nbytes is None for t in produced):
+        return None
+    return graph, tensors
 
 
 def fused_plain(model_path: str | Path, known: Mapping[str, TensorInfo],
