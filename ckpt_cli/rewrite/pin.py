@@ -11,10 +11,7 @@ a view) and cannot run before the trigger exists. ORT constant-folds ``Shape`` b
 ConstantFolding nor CSE can undo it. Weight gradients written before a block are tied
 into its trigger (``Max`` of their sizes): fused weight-gradient nodes that ORT adds
 with the highest indices cannot be pushed past the next block, where they would keep
-their inputs alive. So are the backward tensors that the block's readers read and that
-are written before it: ORT's DEFAULT order (a reverse depth-first walk that visits a
-node's highest-index producer first) otherwise runs the block, the newest input of its
-reader, before the reader's older inputs, and the copies live while those are computed.
+their inputs alive.
 
 Only copies none of whose inputs come from another copy of the block get a guard (on
 one input): every other copy depends on those. Every copy then reads a tensor its
@@ -125,8 +122,7 @@ def pin(graph: Graph, tensors: dict[str, TensorInfo], forward: set[str]) -> PinR
     starts = [block[0].index for _, block in blocks]
     previous = 0
     for (region, block), start, trigger in zip(blocks, starts, triggers_of(graph, starts, forward, pinner.copies)):
-        ties = pinner.ties(previous, start, trigger)
-        pinner.block(region, block, start, trigger, ties, pinner.read_with(block, start, [trigger, *ties]))
+        pinner.block(region, block, start, trigger, pinner.ties(previous, start, trigger))
         previous = start
     return PinResult(executed_order(graph.with_node_list(pinner.written())), tensors, pinner.guard_nodes,
                      pinner.guarded_inputs, pinner.tied, len(pinner.before))
@@ -157,29 +153,12 @@ class _Pinner:
                 for t in g.nodes[k].outputs
                 if t in outputs and t not in resident and t != trigger and not read_by_fusion(g, t)]
 
-    def read_with(self, block: list[Node], start: int, tied: list[str | None]) -> list[str]:
-        """The backward tensors written before the block (at ``start``) that its copies'
-        other readers read: each such reader runs only once they exist, so the block waits
-        for them too."""
-        g, produced = self.graph, [t for n in block for t in n.outputs]
-        out: list[str] = []
-        for t in produced:
-            for c in sorted(g.consumers.get(t, ())):
-                for x in g.nodes[c].inputs:
-                    p = g.producer.get(x)
-                    if (p is None or p >= start or p in self.copies or g.nodes[p].name in self.forward
-                            or x in tied or x in out or read_by_fusion(g, x)):
-                        continue
-                    out.append(x)
-        return out
-
-    def block(self, region: str, block: list[Node], start: int, trigger: str | None, ties: list[str],
-              waits: list[str]) -> None:
+    def block(self, region: str, block: list[Node], start: int, trigger: str | None, ties: list[str]) -> None:
         if trigger is None:  # nothing is written before the block: it keeps its CSE marks
             self.unpinned.update(n.index for n in block)
             return
         guards: list[onnx.NodeProto] = []
-        gate, sizes = self._gate(region, [trigger] + ties + waits, guards)
+        gate, sizes = self._gate(region, [trigger] + ties, guards)
         self.tied += len(ties)
         produced = {t for n in block for t in n.outputs}
         by_rank: dict[int, str] = {}
