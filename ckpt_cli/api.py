@@ -404,7 +404,7 @@ def _writer(a: Analysis, options: RewriteOptions, analysis: AnalysisOptions, sca
         model = to_model(result, _provenance(recorded, result, plan), shapes)
         if not unplanned:
             return model
-        model, hidden = unplanned_shapes(model, result, shapes or {})
+        model, hidden = unplanned_shapes(model, result, shapes or {}, sized_at=dict(a.dims))
         return model if hidden else None
 
     return Writer(finish, model_of)

@@ -36,15 +36,16 @@ def artifact(tmp_path: Path) -> Path:
 
 def _fake_module(monkeypatch: pytest.MonkeyPatch, runs: dict[str, tuple]) -> list[str]:
     """Module runs answering ``runs[file stem]``: (peak, losses) untuned, then optionally the
-    peak and losses under the recorded settings (default: the same); returns the runs in
-    order, ``stem`` untuned and ``stem/settings`` under the settings."""
+    peak and losses under the recorded settings (default: the same; a plan's unplanned
+    writing, where not given, answers as its plain one); returns the runs in order, ``stem``
+    untuned and ``stem/settings`` under the settings."""
     trained: list[str] = []
 
     def run_module(training_model, files, feeds, settings, worker, steps):
         stem = Path(training_model).stem
         trained.append(stem if settings is None else f"{stem}/settings")
         assert Path(feeds).exists() and worker.python == "trainer" and steps == 10
-        answer = runs[stem]
+        answer = runs[stem] if stem in runs or not stem.endswith("_unplanned") else runs[stem[:-len("_unplanned")]]
         peak, losses = answer[:2] if settings is None else (answer[2:] or answer[:2])
         return {"peak_bytes": peak, "losses_hex": losses, "time_s": 0.1}
 
@@ -60,7 +61,8 @@ def test_the_default_plan_is_written_when_the_module_session_holds_it_lower(monk
     trained = _fake_module(monkeypatch, {"training_model": (ORIGINAL_PEAK, LOSSES), "plan0": (50 << 20, LOSSES)})
     out = _rewrite(artifact)
     m = out.report["planning"]["module_session"]
-    assert trained == ["training_model", "plan0", "plan0/settings", "training_model/settings"]
+    assert trained == ["training_model", "plan0", "plan0/settings", "training_model/settings",
+                       "plan0_unplanned", "plan0_unplanned/settings"]
     assert m["chosen"] == 0 and m["original_peak_bytes"] == ORIGINAL_PEAK
     assert m["judged"][0]["peak_bytes"] == 50 << 20 and m["judged"][0]["losses_identical"]
     assert out.result.recompute_flops > 0 and out.result.no_gain is None
@@ -73,7 +75,7 @@ def test_a_plan_whose_losses_differ_is_passed_over_for_one_with_less_recompute(m
                                          "plan1": (60 << 20, LOSSES)})
     out = _rewrite(artifact)
     m = out.report["planning"]["module_session"]
-    assert [t for t in trained if "/" not in t] == ["training_model", "plan0", "plan1"] and m["chosen"] == 1
+    assert [t for t in trained if "/" not in t][:3] == ["training_model", "plan0", "plan1"] and m["chosen"] == 1
     assert m["judged"][0]["losses_identical"] is False
     assert m["judged"][1]["recompute_flops"] < m["judged"][0]["recompute_flops"]
     assert out.result.recompute_flops == m["judged"][1]["recompute_flops"]
@@ -230,7 +232,58 @@ def test_unplanned_shapes_give_each_moving_dimension_a_symbol_of_its_own(artifac
 def test_a_file_with_nothing_to_hide_is_not_trained_again_unplanned(monkeypatch, artifact):
     higher = {f"plan{i}": (ORIGINAL_PEAK + (1 << 20), LOSSES) for i in range(1 + module_choice.MAX_FALLBACKS)}
     trained = _fake_module(monkeypatch, {"training_model": (ORIGINAL_PEAK, LOSSES), **higher})
-    monkeypatch.setattr(api, "unplanned_shapes", lambda model, result, shapes: (model, 0))
+    monkeypatch.setattr(api, "unplanned_shapes", lambda model, result, shapes, **_: (model, 0))
     m = _rewrite(artifact).report["planning"]["module_session"]
     assert m["chosen"] is None and not any("unplanned" in t for t in trained)
     assert not any(j["unplanned_shapes"] for j in m["judged"])
+
+
+def test_a_passing_plan_is_written_unplanned_where_that_measures_lower(monkeypatch, artifact):
+    _fake_module(monkeypatch, {"training_model": (ORIGINAL_PEAK, LOSSES), "plan0": (60 << 20, LOSSES),
+                               "plan0_unplanned": (50 << 20, LOSSES)})
+    out = _rewrite(artifact)
+    m = out.report["planning"]["module_session"]
+    assert [(j["plan"], j["unplanned_shapes"]) for j in m["judged"]] == [(0, False), (0, True)] and m["chosen"] == 1
+    symbols = {d.dim_param for v in out.model.graph.value_info for d in v.type.tensor_type.shape.dim}
+    assert any(s.startswith(UNPLANNED_SYMBOL) for s in symbols)
+    assert any("measures 50.0 MiB" in n and "lower than as written" in n for n in out.report["plan_notes"])
+
+
+def test_a_passing_plan_stays_as_written_where_unplanned_is_not_lower(monkeypatch, artifact):
+    _fake_module(monkeypatch, {"training_model": (ORIGINAL_PEAK, LOSSES), "plan0": (50 << 20, LOSSES),
+                               "plan0_unplanned": (55 << 20, LOSSES)})
+    out = _rewrite(artifact)
+    m = out.report["planning"]["module_session"]
+    assert m["chosen"] == 0 and not m["judged"][0]["unplanned_shapes"] and len(m["judged"]) == 2
+    symbols = {d.dim_param for v in out.model.graph.value_info for d in v.type.tensor_type.shape.dim}
+    assert not any(s.startswith(UNPLANNED_SYMBOL) for s in symbols)
+
+
+def test_a_plan_before_the_passing_one_can_pass_unplanned_and_be_taken(monkeypatch, artifact):
+    trained = _fake_module(monkeypatch, {"training_model": (ORIGINAL_PEAK, LOSSES),
+                                         "plan0": (ORIGINAL_PEAK + (1 << 20), LOSSES), "plan1": (60 << 20, LOSSES),
+                                         "plan0_unplanned": (45 << 20, LOSSES), "plan1_unplanned": (50 << 20, LOSSES)})
+    out = _rewrite(artifact)
+    m = out.report["planning"]["module_session"]
+    assert [t for t in trained if "/" not in t][1:] == ["plan0", "plan1", "plan0_unplanned", "plan1_unplanned"]
+    assert m["judged"][m["chosen"]]["plan"] == 0 and m["judged"][m["chosen"]]["unplanned_shapes"]
+    assert out.result.recompute_flops == m["judged"][0]["recompute_flops"] > m["judged"][1]["recompute_flops"]
+
+
+def test_unplanned_shapes_keep_the_declaration_of_a_tensor_ckpt_sizes_only_by_it(monkeypatch, tmp_path):
+    """The zoo denoiser's default written unplanned: a Reshape's shape is computed from tensors
+    that, declared by symbols of their own, size it no more where ``ckpt check`` analyses the
+    file written (its gradient and recompute copy); a tensor of unknown size fails the check."""
+    model_path = tmp_path / "training_model.onnx"
+    shutil.copy(ROOT / "sample_models" / "zoo" / "denoiser" / "training_model.onnx", model_path)
+    for name in ("checkpoint", "eval_model.onnx", "optimizer_model.onnx"):
+        (tmp_path / name).write_bytes(b"")
+    _fake_module(monkeypatch, {"training_model": (ORIGINAL_PEAK, LOSSES), "plan0": (60 << 20, LOSSES),
+                               "plan0_unplanned": (50 << 20, LOSSES)})
+    out = _rewrite(model_path)
+    assert out.report["planning"]["module_session"]["chosen"] == 1
+    written = tmp_path / "written.onnx"
+    onnx.save(out.model, written)
+    symbols = {d.dim_param for v in out.model.graph.value_info for d in v.type.tensor_type.shape.dim}
+    assert any(s.startswith(UNPLANNED_SYMBOL) for s in symbols)
+    assert api.analyse_input(api.load_input(written)).unsized() == {}

@@ -85,8 +85,8 @@ def _without_inner_symbols(model: onnx.ModelProto, result: RewriteResult) -> onn
 UNPLANNED_SYMBOL = "ckpt_unplanned_"
 
 
-def unplanned_shapes(model: onnx.ModelProto, result: RewriteResult,
-                     shapes: dict[str, list]) -> tuple[onnx.ModelProto, int]:
+def unplanned_shapes(model: onnx.ModelProto, result: RewriteResult, shapes: dict[str, list],
+                     sized_at: dict[str, int] | None = None) -> tuple[onnx.ModelProto, int]:
     """``model`` with every tensor a node makes (graph outputs aside) declared at its rank,
     each dimension that moves with the symbolic dimensions, or that ckpt cannot size, a
     symbol no other dimension has; and how many dimensions got one (0: the file has no
@@ -97,7 +97,9 @@ def unplanned_shapes(model: onnx.ModelProto, result: RewriteResult,
     allocation planner reuses a buffer only between tensors of equal declared shapes. This
     is the memory pattern and buffer reuse turned off tensor by tensor, from the file,
     where a Module session's options are the user's (``verify/module_choice.py``);
-    ``shapes``: the symbolic shapes of ``symbolic_shapes``."""
+    ``shapes``: the symbolic shapes of ``symbolic_shapes``. With ``sized_at`` (the values the
+    symbolic dimensions are sized at), a tensor ckpt's inference no longer sizes once hidden
+    keeps its declaration as written (``_sized_again``)."""
     g = model.graph
     outputs = {o.name for o in g.output}
     declared = {v.name: v for v in g.value_info}
@@ -118,10 +120,44 @@ def unplanned_shapes(model: onnx.ModelProto, result: RewriteResult,
             made[t] = onnx.helper.make_tensor_value_info(t, dtype, named)
     if not hidden:
         return model, 0
+    plain = {v.name: _copied(v) for v in g.value_info}
     kept = [v for v in g.value_info if v.name not in made]
     del g.value_info[:]
     g.value_info.extend([*kept, *made.values()])
-    return model, hidden
+    if sized_at is not None:
+        hidden -= _sized_again(model, made, plain, sized_at)
+    return model, max(0, hidden)
+
+
+def _copied(v: onnx.ValueInfoProto) -> onnx.ValueInfoProto:
+    out = onnx.ValueInfoProto()
+    out.CopyFrom(v)
+    return out
+
+
+def _sized_again(model: onnx.ModelProto, made: dict[str, onnx.ValueInfoProto],
+                 plain: dict[str, onnx.ValueInfoProto], dims: dict[str, int]) -> int:
+    """Gives the tensors of ``made`` that ckpt's inference of ``model`` at ``dims`` leaves
+    unsized their declaration as written back (``plain``; none where it declared none), a few
+    rounds; returns how many hidden dimensions that took back. ckpt check sizes a rewrite from
+    its file: a Reshape whose shape is computed from a tensor declared by symbols of its own
+    is sized from its own declaration only, and one of unknown size fails its check
+    (the zoo denoiser's /Reshape_2_output_0_grad and its recompute copy)."""
+    from ..analysis.shapes import infer_tensors
+    from ..graph import Graph
+
+    g, back = model.graph, 0
+    for _ in range(3):
+        tensors = infer_tensors(Graph.from_model(model), dict(dims), strict=False)
+        lost = {t for t in made if tensors.get(t) is None or tensors[t].nbytes is None}
+        if not lost:
+            break
+        back += sum(1 for t in lost for d in made.pop(t).type.tensor_type.shape.dim
+                    if d.dim_param.startswith(UNPLANNED_SYMBOL))
+        kept = [v for v in g.value_info if v.name not in lost]
+        del g.value_info[:]
+        g.value_info.extend([*kept, *(plain[t] for t in sorted(lost) if t in plain)])
+    return back
 
 
 def _sized_dims(info, symbolic: list | None, declared: onnx.ValueInfoProto | None) -> tuple[int, list] | None:

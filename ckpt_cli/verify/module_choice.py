@@ -11,11 +11,12 @@ steps each from the artifact's checkpoint, lowest predicted peak first, untuned 
 the settings ckpt records for it (the original too, under the same settings): the first
 whose process peak is not above the original's untuned, nor under its settings above the
 original's in either session, with the original's losses bit for bit in both, is written.
-When none is, the same plans are trained again written with their tensors' shapes hidden
-from ORT's memory planning (``io/written.py``'s ``unplanned_shapes``: the memory pattern and
-buffer reuse off tensor by tensor, which a Module's user session otherwise keeps on), and the
-first that passes is written so; when none does either, the graph is written unchanged, with
-the figures in one line.
+Then the same plans are trained again written with their tensors' shapes hidden from ORT's
+memory planning (``io/written.py``'s ``unplanned_shapes``: the memory pattern and buffer
+reuse off tensor by tensor, which a Module's user session otherwise keeps on): when none
+passed as written, the first that passes so is written; when plan k passed, plans 0..k so
+written are trained too and the lowest untuned peak of those that pass is written. When
+none passes either way, the graph is written unchanged, with the figures in one line.
 """
 
 from __future__ import annotations
@@ -90,6 +91,7 @@ class ModuleJudged:
     identical_settings: bool = False  # the original's losses under the same settings
     original_peak_settings: int | None = None  # the original's, measured under the same settings
     unplanned: bool = False  # written with its tensors' shapes hidden from ORT's memory planning
+    plan: int = 0  # its place among the plans tried: 0 the default's, then less recompute
 
     @property
     def identical(self) -> bool:
@@ -110,7 +112,7 @@ class ModuleJudged:
                 "original_peak_bytes_under_settings": self.original_peak_settings,
                 "losses_identical": self.identical, "losses_identical_untuned": self.identical_untuned,
                 "losses_identical_under_settings": self.identical_settings, "unplanned_shapes": self.unplanned,
-                "error": self.error}
+                "plan": self.plan, "error": self.error}
 
 
 @dataclass(frozen=True)
@@ -122,7 +124,6 @@ class ModuleChoice:
     judged: tuple[ModuleJudged, ...]
     chosen: int | None
     steps: int
-    planned: int = 1  # how many plans were tried as written (the unplanned writings follow them)
 
     @property
     def unplanned(self) -> bool:
@@ -139,11 +140,13 @@ class ModuleChoice:
             return head + (f"; none of the {len(self.judged)} plans tried stays at or below it with the "
                            f"original's losses bit for bit ({self._why_not()}): the graph is written unchanged")
         taken = self.judged[self.chosen]
-        k = self.chosen % max(1, self.planned)  # the plan's place among those tried
+        k = taken.plan
         which = "the default's plan" if k == 0 else f"plan {k + 1} of the front (less recompute)"
         if taken.unplanned:
+            why = ("lower than as written" if any(not j.unplanned and j.accepted(self.original_peak_bytes)
+                                                  for j in self.judged) else "with the plain writing, none of the plans passes")
             which += (", its tensors declared by symbols of their own (out of ORT's memory pattern and buffer "
-                      "reuse; with the plain writing, none of the plans passes),")
+                      f"reuse; {why}),")
         settings = (taken.peak_bytes_settings or 0) / max(1, self.original_peak_bytes)
         return (head + f"; {which} measures {human_bytes(taken.peak_bytes or 0)} there ({self.ratio(self.chosen):.2f}x)"
                 f" and {human_bytes(taken.peak_bytes_settings or 0)} under ckpt's settings ({settings:.2f}x), "
@@ -197,9 +200,6 @@ def judged_in_module(a: Analysis, planned: Planned, feeds_model, worker: WorkerO
         return planned
     model_path, files = artifact
     candidates = _candidates(planned)
-    # every plan as written first; then, where none passes, the same plans with their
-    # shapes hidden from ORT's memory planning (``Writer.model``'s ``unplanned``)
-    tries = [(i, False) for i in range(len(candidates))] + [(i, True) for i in range(len(candidates))]
     with tempfile.TemporaryDirectory(prefix="ckpt_module_choice_") as tmp:
         feeds = Path(tmp) / "feeds.npz"
         prepare_feeds(feeds_model, feeds, worker.seed, dict(a.dims), None)
@@ -211,37 +211,74 @@ def judged_in_module(a: Analysis, planned: Planned, feeds_model, worker: WorkerO
             planned.plan.notes.append(f"the Module API did not train the original here ({e.message}): "
                                       "the default is judged by ckpt's model of its session")
             return planned
-        judged: list[ModuleJudged] = []
-        written: dict[int, RewriteResult] = {}
-        originals: dict[str, dict] = {}  # the original's runs, by the settings they ran under
-        chosen = None
-
-        def reference(settings: dict) -> dict:
-            key = repr(sorted(settings.items()))
-            if key not in originals:
-                originals[key] = run_module(model_path, files, feeds, settings, worker, STEPS)
-            return originals[key]
-
-        for i, unplanned in tries:
-            plan, cost, unpinned = candidates[i]
-            if i not in written:
-                written[i] = writer.result(pinned(a, unpinned) if unpinned is not None else rewrite(a, plan, True))
-            result = written[i]
-            path = Path(tmp) / f"plan{i}{'_unplanned' if unplanned else ''}.onnx"
-            if unplanned and not writer.save(a, result, plan, path, True):
-                break  # nothing to hide: the file has no symbolic dimension
-            judged.append(replace(_train(lambda: writer.save(a, result, plan, path, unplanned), path, files, feeds,
-                                         worker, cost, original, reference), unplanned=unplanned))
-            if judged[-1].accepted(original["peak_bytes"]):
-                chosen = i
-                break
-    choice = ModuleChoice(original["peak_bytes"], tuple(judged), None if chosen is None else len(judged) - 1,
-                          STEPS, len(candidates))
+        trials = _Trials(a, candidates, writer, Path(tmp), (model_path, files, feeds, worker, original))
+        judged, written, chosen = trials.run()
+    choice = ModuleChoice(original["peak_bytes"], tuple(judged), chosen, STEPS)
     if chosen is None:
         return replace(planned, module=choice)
-    plan, cost, unpinned = candidates[chosen]
+    k = judged[chosen].plan
+    plan, cost, unpinned = candidates[k]
     plan.notes.append(choice.line())
-    return Planned(plan, result=unpinned, written=written[chosen], cost=cost, module=choice)
+    return Planned(plan, result=unpinned, written=written[k], cost=cost, module=choice)
+
+
+class _Trials:
+    """The plans of one artifact trained in turn: every plan as written, the first that
+    passes taken; then the same plans written with their shapes hidden from ORT's memory
+    planning (``Writer.model``'s ``unplanned``): where none passed as written, the first
+    of them that passes is taken; where plan k passed, plans 0..k so written are trained
+    too and the lowest untuned peak among those that pass is taken. ORT's memory pattern
+    sizes its block from the tensors it can size before the run, and the BFC arena gives
+    the block a whole power-of-two region: hiding a rewrite's tensors from it can lower a
+    passing plan's peak as well as a failing one's (and a plan with more recompute that
+    failed as written can pass so)."""
+
+    def __init__(self, a: Analysis, candidates: list[tuple], writer: Writer, tmp: Path, run: tuple) -> None:
+        self.a, self.candidates, self.writer, self.tmp = a, candidates, writer, tmp
+        self.model_path, self.files, self.feeds, self.worker, self.original = run
+        self.judged: list[ModuleJudged] = []
+        self.written: dict[int, RewriteResult] = {}
+        self.originals: dict[str, dict] = {}  # the original's runs, by the settings they ran under
+
+    def reference(self, settings: dict) -> dict:
+        key = repr(sorted(settings.items()))
+        if key not in self.originals:
+            self.originals[key] = run_module(self.model_path, self.files, self.feeds, settings, self.worker, STEPS)
+        return self.originals[key]
+
+    def trial(self, i: int, unplanned: bool) -> ModuleJudged | None:
+        """Plan ``i`` trained (written unplanned or not); None where unplanned hides nothing."""
+        plan, cost, unpinned = self.candidates[i]
+        if i not in self.written:
+            self.written[i] = self.writer.result(pinned(self.a, unpinned) if unpinned is not None
+                                                 else rewrite(self.a, plan, True))
+        result = self.written[i]
+        path = self.tmp / f"plan{i}{'_unplanned' if unplanned else ''}.onnx"
+        if unplanned and not self.writer.save(self.a, result, plan, path, True):
+            return None  # nothing to hide: the file has no symbolic dimension
+        judged = replace(_train(lambda: self.writer.save(self.a, result, plan, path, unplanned), path, self.files,
+                                self.feeds, self.worker, cost, self.original, self.reference),
+                         unplanned=unplanned, plan=i)
+        self.judged.append(judged)
+        return judged
+
+    def run(self) -> tuple[list[ModuleJudged], dict[int, RewriteResult], int | None]:
+        """The plans judged, the rewrites by plan, and the index of the one taken in the first."""
+        limit, passed = self.original["peak_bytes"], None
+        for i in range(len(self.candidates)):
+            if self.trial(i, False).accepted(limit):  # type: ignore[union-attr]
+                passed = len(self.judged) - 1
+                break
+        best = passed
+        for i in range(len(self.candidates) if passed is None else self.judged[passed].plan + 1):
+            j = self.trial(i, True)
+            if j is None:
+                break
+            if j.accepted(limit) and (best is None or (j.peak_bytes or 0) < (self.judged[best].peak_bytes or 0)):
+                best = len(self.judged) - 1
+                if passed is None:
+                    break
+        return self.judged, self.written, best
 
 
 def _train(save: Callable[[], object], path: Path, files: dict, feeds: Path, worker: WorkerOptions,
