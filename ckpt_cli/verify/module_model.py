@@ -28,7 +28,7 @@ from ..errors import CkptError, RunFailed
 from ..io.load import load_graph
 from ..options import DEFAULT_TIMEOUT_S
 from ..ort.optimize import run_ort_optimizer
-from .plain_model import write_fused
+from .plain_model import or_none, write_fused
 
 OrtShape = list[int | str | None] | None  # a dimension ORT knows by number, by symbol, or not at all
 
@@ -115,14 +115,7 @@ def predict_module_session(model_path: str | Path, dims: dict[str, int], python:
         shapes = ort_shapes(fused, timeout, python)
         if shapes is None:
             return None
-        try:
-            made = module_tensors(fused, known, shapes, dims)
-        except RunFailed as e:
-            if e.kind == "timeout":
-                raise
-            return None
-        except (CkptError, OSError):
-            return None
+        made = or_none(lambda: module_tensors(fused, known, shapes, dims))
     if made is None:
         return None
     graph, tensors = made

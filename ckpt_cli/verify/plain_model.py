@@ -10,9 +10,10 @@ that graph in that order predicts the plain session before any run.
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from ..analysis.pattern import predict_plain
 from ..analysis.shapes import TensorInfo, infer_tensors
@@ -21,6 +22,8 @@ from ..graph import Graph
 from ..io.load import load_graph
 from ..options import DEFAULT_TIMEOUT_S
 from ..ort.optimize import run_ort_optimizer
+
+T = TypeVar("T")
 
 PLAIN_LEVEL = "ORT_ENABLE_ALL"  # what InferenceSession(path) builds
 
@@ -48,32 +51,38 @@ def write_fused(model_path: str | Path, folder: Path, timeout: float | None = DE
     """ORT's ORT_ENABLE_ALL graph of ``model_path`` written into ``folder``; None when ORT
     cannot write it (a child past ``timeout`` raises RunFailed)."""
     fused = folder / "fused.onnx"
+    written = or_none(lambda: run_ort_optimizer(Path(model_path), fused, "cpu", external="fused.onnx.data",
+                                                level=PLAIN_LEVEL, timeout=timeout, python=python) or True)
+    return None if written is None else fused
+
+
+def _graph_and_tensors(path: Path) -> tuple[Graph, dict[str, TensorInfo]]:
+    graph = load_graph(path)
+    return graph, infer_tensors(graph)
+
+
+def or_none(call: Callable[[], T]) -> T | None:
+    """``call()``, or None where ORT or the file could not give its answer; a child that ran
+    past its timeout still raises (that is the check's failure, not a missing model)."""
     try:
-        run_ort_optimizer(Path(model_path), fused, "cpu", external="fused.onnx.data", level=PLAIN_LEVEL,
-                          timeout=timeout, python=python)
+        return call()
     except RunFailed as e:
         if e.kind == "timeout":
             raise
         return None
     except (CkptError, OSError):
         return None
-    return fused
 
 
 def read_fused(fused: Path, known: Mapping[str, TensorInfo]) -> tuple[Graph, dict[str, TensorInfo]] | None:
     """The graph ``write_fused`` wrote and its tensors (``fused_graph``'s rules); None when
     it cannot be read or a tensor it produces has no known size."""
-    try:
-        # the tensors only: a whole analysis would also simulate another order and
-        # classify phases, which a graph ORT fused need not pass
-        graph = load_graph(fused)
-        inferred = infer_tensors(graph)
-    except RunFailed as e:
-        if e.kind == "timeout":
-            raise
+    # the tensors only: a whole analysis would also simulate another order and
+    # classify phases, which a graph ORT fused need not pass
+    loaded = or_none(lambda: _graph_and_tensors(fused))
+    if loaded is None:
         return None
-    except (CkptError, OSError):
-        return None
+    graph, inferred = loaded
     tensors = {t: known[t] if info.nbytes is None and t in known else info for t, info in inferred.items()}
     produced = [t for n in graph.nodes for t in n.outputs if t]
     tensors.update((t, known[t]) for t in produced if t not in tensors and t in known)
