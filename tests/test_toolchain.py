@@ -30,7 +30,7 @@ def _rewritten(name: str, tmp_path: Path) -> Path:
     return out
 
 
-@pytest.mark.parametrize("name", ["gpt", "mlp", "cnn"])
+@pytest.mark.parametrize("name", ["gpt", "mlp", "cnn", "resnet18", "gpt12"])
 def test_polygraphy_replay_passes_on_the_default_rewrite(name, tmp_path):
     out = _rewritten(name, tmp_path)
     saved = _polygraphy(str(SAMPLES / f"{name}.onnx"), "--save-inputs", "in.json", "--save-outputs", "out.json",
