@@ -119,7 +119,8 @@ class _LiveLine:
         return safe(text)
 
     def show(self, text: str) -> None:
-        self.rich.update(self.task, description=self._markup(text))
+        # drawn at once: a stage shorter than rich's refresh period would otherwise never show
+        self.rich.update(self.task, description=self._markup(text), refresh=True)
 
     def start(self) -> None:
         self.rich.start()
