@@ -254,11 +254,11 @@ class _Trials:
                                                  else rewrite(self.a, plan, True))
         result = self.written[i]
         path = self.tmp / f"plan{i}{'_unplanned' if unplanned else ''}.onnx"
-        if unplanned and not self.writer.save(self.a, result, plan, path, True):
+        trained = _train(lambda: self.writer.save(self.a, result, plan, path, unplanned), path, self.files,
+                         self.feeds, self.worker, cost, self.original, self.reference)
+        if trained is None:
             return None  # nothing to hide: the file has no symbolic dimension
-        judged = replace(_train(lambda: self.writer.save(self.a, result, plan, path, unplanned), path, self.files,
-                                self.feeds, self.worker, cost, self.original, self.reference),
-                         unplanned=unplanned, plan=i)
+        judged = replace(trained, unplanned=unplanned, plan=i)
         self.judged.append(judged)
         return judged
 
@@ -281,14 +281,16 @@ class _Trials:
         return self.judged, self.written, best
 
 
-def _train(save: Callable[[], object], path: Path, files: dict, feeds: Path, worker: WorkerOptions,
-           cost, original: dict, reference: Callable[[dict], dict]) -> ModuleJudged:
+def _train(save: Callable[[], bool], path: Path, files: dict, feeds: Path, worker: WorkerOptions,
+           cost, original: dict, reference: Callable[[dict], dict]) -> ModuleJudged | None:
     """The model ``save()`` writes to ``path``, trained untuned and under its recorded
-    settings; ``reference(settings)``: the original's run under those settings."""
+    settings; ``reference(settings)``: the original's run under those settings. None where
+    ``save()`` wrote nothing."""
     from ..ort.session import recorded_settings
 
     try:
-        save()
+        if not save():
+            return None
         untuned = run_module(path, files, feeds, None, worker, STEPS)
         settings = recorded_settings(path)
         tuned = run_module(path, files, feeds, settings, worker, STEPS)
