@@ -205,3 +205,23 @@ def grouped_1d_conv_grad(node: onnx.NodeProto) -> bool:
 
 def _attribute_ints(node: onnx.NodeProto, name: str) -> list[int] | None:
     return next((list(a.ints) for a in node.attribute if a.name == name), None)
+
+
+def racing_scatter(node: onnx.NodeProto) -> bool:
+    """A ScatterND that reduces (``reduction`` add, mul, min or max). ONNX Runtime's CPU kernel
+    splits its updates over the intra-op threads with no ordering, each a read-modify-write:
+    where indices repeat (an embedding's gradient), updates race, and the same session on the
+    same inputs gives different results from run to run (measured on the gpt12 sample at two
+    threads: 2 distinct embedding gradients in 6 runs; at one thread, 1)."""
+    return (node.op_type == "ScatterND" and node.domain in ("", "ai.onnx")
+            and any(a.name == "reduction" and a.s not in (b"", b"none") for a in node.attribute))
+
+
+def thread_racing_outputs(nodes: Iterable[onnx.NodeProto], outputs: Iterable[str]) -> list[str]:
+    """The graph ``outputs`` that depend on a ``racing_scatter`` (in file order), so vary
+    from run to run in any session with more than one intra-op thread."""
+    tainted: set[str] = set()
+    for node in nodes:  # topological in a valid file, so one pass carries the taint forward
+        if racing_scatter(node) or tainted.intersection(node.input):
+            tainted.update(o for o in node.output if o)
+    return [o for o in outputs if o in tainted]

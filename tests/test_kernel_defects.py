@@ -18,7 +18,7 @@ import pytest
 from conftest import ROOT
 from onnx import helper
 
-from ckpt_cli.ops import ort_kernel_defects
+from ckpt_cli.ops import ort_kernel_defects, thread_racing_outputs
 from test_ort_training import training_python  # noqa: F401 - the fixture
 
 # sample_models/artifact_zoo.py's keyword_kl with groups=4 in its second Conv1d, made by
@@ -183,3 +183,21 @@ def test_a_rewrite_with_the_work_around_trains_the_grouped_conv1d_artifact_as_th
     assert sum(name.endswith("_grad") for name in original) == 8
     for name, value in original.items():
         assert np.array_equal(worked[name], value), name
+
+
+def _scatter(reduction: str | None, out: str = "grad") -> onnx.NodeProto:
+    extra = {"reduction": reduction} if reduction else {}
+    return helper.make_node("ScatterND", ["zeros", "ids", "updates"], [out], **extra)
+
+
+def test_a_reducing_scatter_taints_the_outputs_downstream_of_it():
+    nodes = [_scatter("add", "raw"), helper.make_node("Mul", ["raw", "scale"], ["grad"]),
+             helper.make_node("Relu", ["x"], ["other"])]
+    assert thread_racing_outputs(nodes, ["other", "grad", "raw"]) == ["grad", "raw"]
+    assert thread_racing_outputs([_scatter("max")], ["grad"]) == ["grad"]
+
+
+def test_a_scatter_that_only_writes_races_with_nothing():
+    # reduction none (the default) promises unique indices: each element is written once
+    assert thread_racing_outputs([_scatter(None)], ["grad"]) == []
+    assert thread_racing_outputs([_scatter("none")], ["grad"]) == []

@@ -15,7 +15,7 @@ from ..analysis.cost import node_cost
 from ..analysis.scopes import UNSCOPED, top_scope
 from ..graph import gc_paused
 from ..markers import REGION_META, is_recompute_copy
-from ..ops import ort_kernel_defects
+from ..ops import ort_kernel_defects, thread_racing_outputs
 from ..ort.registry import ort_only_ops
 from ..version import __version__
 from .headline import check_headline, headline
@@ -103,6 +103,7 @@ def model_facts(a: Analysis) -> dict:
         "ort_registered_ops": ort_only_ops(a.graph.model),
         "reduced_precision": reduced_precision(a),
         "ort_kernel_defects": ort_kernel_defects(n.proto for n in a.graph.nodes),
+        "thread_racing_outputs": thread_racing_outputs((n.proto for n in a.graph.nodes), a.graph.outputs),
     }
 
 

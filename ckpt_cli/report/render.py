@@ -117,10 +117,19 @@ def render_facts(r: dict, console: Console) -> None:
         console.print(f"[yellow]{'/'.join(reduced['dtypes'])} graph:[/yellow] {safe(reduced['cpu'])}.")
     for defect in r.get("ort_kernel_defects") or ():
         console.print(f"[yellow]warning:[/yellow] {safe(defect)}.")
+    racing = r.get("thread_racing_outputs")
+    if racing:
+        console.print(f"note: {_racing_line(racing)}.")
     ops = r.get("ort_registered_ops") or {}
     if ops:
         console.print("accepted as ONNX Runtime ops (onnx has no schema for them at this opset): "
                       + ", ".join(f"{safe(op)} x{n}" for op, n in ops.items()))
+
+
+def _racing_line(outputs: list[str]) -> str:
+    named = ", ".join(map(safe, outputs[:3])) + (f" and {len(outputs) - 3} more" if len(outputs) > 3 else "")
+    return (f"{named} vary from run to run with more than one ONNX Runtime thread, in the original too "
+            "(a reducing ScatterND races where indices repeat); compare at intra_op_num_threads=1, as ckpt check does")
 
 
 def render_headline(r: dict, console: Console) -> None:
