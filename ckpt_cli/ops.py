@@ -61,6 +61,14 @@ RANDOM_OPS = frozenset({"Dropout", "RandomNormal", "RandomUniform", "RandomNorma
 # The CPU kernels of these ops alias output 0 to input 0 (measured on ORT 1.31).
 VIEW_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"})
 
+# ONNX Runtime 1.25 to 1.30 (measured on each; 1.24 and 1.31 load it) fail to load a graph,
+# at every optimization level above none, where a Reshape whose shape is computed (ckpt's
+# guards and fresh-tensor views) feeds one of these whose output shape ORT knows: ReshapeFusion
+# merges the two and loses the computed shape's edge ("Attempting to get index by a name which
+# does not exist ... _new_reshape"). One of these in front of such a Reshape loads, and so does
+# a guard feeding a fresh view (whose shape ORT cannot know).
+RESHAPE_FUSED_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten"})
+
 # The CPU kernels of these ops may write output 0 into input 0 (``MayInplace(0, 0)``;
 # measured on ORT 1.31: not Exp, Neg, binary ops, Dropout, Expand, Transpose, ScatterND).
 IN_PLACE_OPS = frozenset({"ScatterElements", "Relu", "LeakyRelu", "Elu", "Selu", "Celu", "Sigmoid",

@@ -128,3 +128,30 @@ def test_a_written_file_is_sized_through_its_guards_at_any_batch(tmp_path):
     for dims in ([], ["--dim", "batch=16"]):
         r = CliRunner().invoke(main, ["inspect", str(out), "--json", *dims])
         assert r.exit_code == 0 and json.loads(r.output)["unsized"] == [], r.output
+
+
+def test_no_view_goes_in_front_of_a_reshape(tmp_path):
+    """ORT 1.25-1.30 refuse a Reshape with a computed shape (a view) feeding a Reshape,
+    Squeeze, Unsqueeze or Flatten whose shape they know: such a tensor is not made fresh."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    from ckpt_cli.analysis.shapes import infer_tensors
+    from ckpt_cli.rewrite.fresh import _viewed
+
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Reshape", ["r", "s"], ["v"]),
+             helper.make_node("Unsqueeze", ["r", "axes"], ["u"]), helper.make_node("Mul", ["v", "v"], ["y"]),
+             helper.make_node("Mul", ["u", "u"], ["z"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [6, 4]),
+                               helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 4, 6])],
+                              [numpy_helper.from_array(np.array([6, 4], np.int64), "s"),
+                               numpy_helper.from_array(np.array([0], np.int64), "axes")])
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    g = load_graph(str(path))
+    tensors, constants = infer_tensors(g, {}), set(g.initializers)
+    by_op = {n.op_type: n for n in g.nodes}
+    assert _viewed(g, by_op["Relu"], tensors, constants, frozenset()) == [(by_op["Relu"], "x")]
+    assert _viewed(g, by_op["Reshape"], tensors, constants, frozenset()) == []
+    assert _viewed(g, by_op["Unsqueeze"], tensors, constants, frozenset()) == []

@@ -42,7 +42,7 @@ from ..analysis.shapes import TensorInfo, unknown_to_ort
 from ..analysis.timeline import bytes_in_use, peak_of
 from ..graph import ABSENT, Graph, Node
 from ..markers import FRESH_META
-from ..ops import ALL_INPUT_SHAPES_OPS, SHAPE_FROM_INPUTS_OPS
+from ..ops import ALL_INPUT_SHAPES_OPS, RESHAPE_FUSED_OPS, SHAPE_FROM_INPUTS_OPS
 from .guards import GuardNodes, fused_edge, read_by_fusion
 from .order import executed_order
 from .pin import trigger_of
@@ -99,6 +99,8 @@ def _viewed(graph: Graph, node: Node, tensors: dict[str, TensorInfo], constants:
     An input on such an edge is hidden behind its producer instead where that is a backward
     Transpose: the view goes on the Transpose's input, and the fused pair stays."""
     data = [x for x in node.inputs if x != ABSENT and x not in constants and _rank(tensors.get(x))]
+    if node.op_type in RESHAPE_FUSED_OPS:
+        return []  # a view must not feed one (ops.RESHAPE_FUSED_OPS); after a guard it may go
     free = [(node, x) for x in data if not fused_edge(graph, x, node)]
     if free and node.op_type in ALL_INPUT_SHAPES_OPS:
         return free

@@ -34,7 +34,7 @@ import onnx
 from ..analysis.shapes import TensorInfo
 from ..graph import ABSENT, Graph, Node
 from ..markers import CSE_GUARD_ATTR, GUARD_META, REGION_META, is_recompute_copy
-from ..ops import HOST_INPUT_SLOTS, SHAPE_ONLY_OPS
+from ..ops import HOST_INPUT_SLOTS, RESHAPE_FUSED_OPS, SHAPE_ONLY_OPS
 from .guards import GuardNodes, fused_edge, read_by_fusion
 from .order import executed_order
 
@@ -163,12 +163,26 @@ class _Pinner:
         produced = {t for n in block for t in n.outputs}
         by_rank: dict[int, str] = {}
         guarded: dict[str, str] = {}
+        views: set[str] = set()  # outputs of the block's unguarded view copies
         for n in block:
-            if not any(t in produced for t in n.inputs):  # else it runs after an earlier copy of the block
-                self._guard_input(n, region, gate, guards, by_rank, guarded)
+            if any(t in produced and t not in views for t in n.inputs):
+                continue  # it runs after an earlier guarded copy of the block
+            if n.op_type in RESHAPE_FUSED_OPS:
+                self._leave_view(n, views)
+                continue
+            self._guard_input(n, region, gate, guards, by_rank, guarded)
         self.guarded_inputs += len(guarded)
         self.guard_nodes += len(guards) + sizes
         self.before[start] = guards
+
+    def _leave_view(self, n: Node, views: set[str]) -> None:
+        """A Reshape, Squeeze, Unsqueeze or Flatten copy gets no guard: its readers in the block
+        get one in its place. A guard is a Reshape with a computed shape, which must not feed
+        one of those (``ops.RESHAPE_FUSED_OPS``); one after them loads. Unguarded, the copy is
+        a view of a tensor the block keeps alive anyway, so running it early costs nothing; it
+        keeps its CSE mark."""
+        self.unpinned.add(n.index)
+        views.update(n.outputs)
 
     def _gate(self, region: str, reads: list[str], guards: list[onnx.NodeProto]) -> tuple[str, int]:
         """The scalar every guard of the block hangs on: ``Size`` of the trigger, or the
