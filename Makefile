@@ -41,6 +41,12 @@ mutate: $(STAMP)
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest $(if $(filter 1,$(JOBS)),,-n $(JOBS)) -m "not slow"
 
+## compat-check: the wheel at every dependency's lower bound (samples rewritten, bit-identical in a
+## plain session), and the rewrites loading on onnxruntime 1.28 (a release with a Reshape-fusion defect)
+.PHONY: compat-check
+compat-check:
+	PY=$(PYTHON) bash bench/compat_check.sh
+
 ## wheel-check: build the wheel, install it into a fresh venv (out/wheel), then from a temporary folder run
 ## `ckpt --version`, the demo and `pip check`: what `pip install` gives a user, not the checkout
 .PHONY: wheel-check
