@@ -399,12 +399,12 @@ def _writer(a: Analysis, options: RewriteOptions, analysis: AnalysisOptions, sca
     recorded = {**options.to_json(), **analysis.to_json()}
     probes = probe_tensors(a) if scaled else None  # one shape inference, however many plans are written
 
-    def model_of(result: RewriteResult, plan, unplanned: bool = False) -> onnx.ModelProto | None:
+    def model_of(result: RewriteResult, plan, unplanned: bool = False, shared: bool = False) -> onnx.ModelProto | None:
         shapes = symbolic_shapes(result.graph, result.after.tensors, scaled, probes) if scaled else None
         model = to_model(result, _provenance(recorded, result, plan), shapes)
         if not unplanned:
             return model
-        model, hidden = unplanned_shapes(model, result, shapes or {}, sized_at=dict(a.dims))
+        model, hidden = unplanned_shapes(model, result, shapes or {}, sized_at=dict(a.dims), shared=shared)
         return model if hidden else None
 
     return Writer(finish, model_of)
@@ -437,8 +437,9 @@ def _rewritten(a: Analysis, loaded: Loaded, options: RewriteOptions, analysis: A
     chosen = planned.plan if planned else None
     stage("rewriting the graph")
     result = writer.result(rewrite_plan(a, planned, options.pin))
-    rewritten = writer.written(result, chosen, planned is not None and planned.module is not None
-                               and planned.module.unplanned)
+    module = planned.module if planned is not None else None
+    rewritten = writer.written(result, chosen, module is not None and module.unplanned,
+                               module is not None and module.shared)
     notes = plan_notes(chosen, result)
     stage("writing the model" if options.ort_optimize is None else "optimizing on ORT, writing the model")
     rewritten, result, written, optimized, more = _written(rewritten, result, a, loaded, options, output)

@@ -37,15 +37,18 @@ def artifact(tmp_path: Path) -> Path:
 def _fake_module(monkeypatch: pytest.MonkeyPatch, runs: dict[str, tuple]) -> list[str]:
     """Module runs answering ``runs[file stem]``: (peak, losses) untuned, then optionally the
     peak and losses under the recorded settings (default: the same; a plan's unplanned
-    writing, where not given, answers as its plain one); returns the runs in order, ``stem``
-    untuned and ``stem/settings`` under the settings."""
+    writing, where not given, answers as its plain one, and its shared writing as its
+    unplanned one); returns the runs in order, ``stem`` untuned and ``stem/settings`` under
+    the settings."""
     trained: list[str] = []
 
     def run_module(training_model, files, feeds, settings, worker, steps):
         stem = Path(training_model).stem
         trained.append(stem if settings is None else f"{stem}/settings")
         assert Path(feeds).exists() and worker.python == "trainer" and steps == 10
-        answer = runs[stem] if stem in runs or not stem.endswith("_unplanned") else runs[stem[:-len("_unplanned")]]
+        while stem not in runs and stem.endswith(("_unplanned", "_shared")):
+            stem = stem.rsplit("_", 1)[0]
+        answer = runs[stem]
         peak, losses = answer[:2] if settings is None else (answer[2:] or answer[:2])
         return {"peak_bytes": peak, "losses_hex": losses, "time_s": 0.1}
 
@@ -66,6 +69,8 @@ def test_the_default_plan_is_written_when_the_module_session_holds_it_lower(monk
     assert m["chosen"] == 0 and m["original_peak_bytes"] == ORIGINAL_PEAK
     assert m["judged"][0]["peak_bytes"] == 50 << 20 and m["judged"][0]["losses_identical"]
     assert out.result.recompute_flops > 0 and out.result.no_gain is None
+    # pinned with the waits for the readers' older inputs: the untuned session runs ORT's DEFAULT order
+    assert out.result.pinned is not None and out.result.pinned.waits > 0
     assert any("measures 50.0 MiB there (0.71x) and 50.0 MiB under ckpt's settings (0.71x)" in n for n in out.report["plan_notes"]), out.report["plan_notes"]
 
 
@@ -202,8 +207,9 @@ def test_the_plans_are_tried_with_their_shapes_unplanned_when_none_passes_as_wri
     out = _rewrite(artifact)
     m = out.report["planning"]["module_session"]
     plain = [t for t in trained if "/" not in t and t.startswith("plan")]
-    assert plain[-1] == "plan0_unplanned" and all("unplanned" not in t for t in plain[:-1])
-    assert m["chosen"] == len(m["judged"]) - 1 and m["judged"][m["chosen"]]["unplanned_shapes"]
+    first = plain.index("plan0_unplanned")
+    assert all("unplanned" not in t for t in plain[:first]) and all("unplanned" in t for t in plain[first:])
+    assert m["judged"][m["chosen"]]["plan"] == 0 and m["judged"][m["chosen"]]["unplanned_shapes"]
     assert out.result.recompute_flops == m["judged"][0]["recompute_flops"] > 0
     symbols = {d.dim_param for v in out.model.graph.value_info for d in v.type.tensor_type.shape.dim}
     assert any(s.startswith(UNPLANNED_SYMBOL) for s in symbols)
@@ -287,3 +293,81 @@ def test_unplanned_shapes_keep_the_declaration_of_a_tensor_ckpt_sizes_only_by_it
     symbols = {d.dim_param for v in out.model.graph.value_info for d in v.type.tensor_type.shape.dim}
     assert any(s.startswith(UNPLANNED_SYMBOL) for s in symbols)
     assert api.analyse_input(api.load_input(written)).unsized() == {}
+
+
+def test_of_the_plans_that_pass_unplanned_the_lowest_untuned_peak_is_taken(monkeypatch, artifact):
+    """Where no plan passes as written, every plan is trained unplanned and the lowest that
+    passes is written, not the first (zoo unet's plans measured 0.71x to 0.95x so)."""
+    higher = {f"plan{i}": (ORIGINAL_PEAK + (1 << 20), LOSSES) for i in range(1 + module_choice.MAX_FALLBACKS)}
+    trained = _fake_module(monkeypatch, {"training_model": (ORIGINAL_PEAK, LOSSES), **higher,
+                                         "plan0_unplanned": (60 << 20, LOSSES), "plan1_unplanned": (45 << 20, LOSSES),
+                                         "plan2_unplanned": (55 << 20, LOSSES)})
+    out = _rewrite(artifact)
+    m = out.report["planning"]["module_session"]
+    unplanned = [t for t in trained if t.endswith("_unplanned")]
+    assert unplanned[:3] == ["plan0_unplanned", "plan1_unplanned", "plan2_unplanned"]
+    taken = m["judged"][m["chosen"]]
+    assert taken["plan"] == 1 and taken["unplanned_shapes"] and taken["peak_bytes"] == 45 << 20
+    assert out.result.recompute_flops == taken["recompute_flops"]
+
+
+def test_a_plan_unplanned_above_the_original_under_its_settings_only_is_tried_with_shared_symbols(
+        monkeypatch, artifact):
+    """A symbol per dimension turns buffer reuse off under ckpt's settings too (zoo
+    frozen_backbone: 26.9 MiB there against the original's 26.8); the dimensions that move
+    alike sharing a symbol keep it, and that writing is written where it passes."""
+    trained = _fake_module(monkeypatch, {"training_model": (ORIGINAL_PEAK, LOSSES), "plan0": (60 << 20, LOSSES),
+                                         "plan0_unplanned": (40 << 20, LOSSES, ORIGINAL_PEAK + (1 << 20), LOSSES),
+                                         "plan0_unplanned_shared": (41 << 20, LOSSES, 35 << 20, LOSSES)})
+    out = _rewrite(artifact)
+    m = out.report["planning"]["module_session"]
+    assert [t for t in trained if "/" not in t][1:] == ["plan0", "plan0_unplanned", "plan0_unplanned_shared"]
+    taken = m["judged"][m["chosen"]]
+    assert taken["unplanned_shapes"] and taken["unplanned_shared"] and taken["peak_bytes"] == 41 << 20
+    symbols = {d.dim_param for v in out.model.graph.value_info for d in v.type.tensor_type.shape.dim}
+    alike = {s for s in symbols if s.startswith(UNPLANNED_SYMBOL + "alike_")}
+    assert alike and len(alike) < len([s for s in symbols if s.startswith(UNPLANNED_SYMBOL)]) + 1
+    assert any("one symbol to the dimensions that move alike" in n for n in out.report["plan_notes"])
+
+
+def test_no_shared_writing_is_tried_where_the_unplanned_one_passes_or_fails_untuned(monkeypatch, artifact):
+    trained = _fake_module(monkeypatch, {"training_model": (ORIGINAL_PEAK, LOSSES), "plan0": (60 << 20, LOSSES),
+                                         "plan0_unplanned": (50 << 20, LOSSES)})
+    _rewrite(artifact)
+    assert not any(t.endswith("_shared") for t in trained)
+    off = [LOSSES[0], "0x1.3f1f810000000p+1", LOSSES[2]]  # lower untuned, but other losses there
+    trained = _fake_module(monkeypatch, {"training_model": (ORIGINAL_PEAK, LOSSES), "plan0": (60 << 20, LOSSES),
+                                         "plan0_unplanned": (40 << 20, off, 30 << 20, LOSSES)})
+    _rewrite(artifact)
+    assert not any(t.endswith("_shared") for t in trained)
+
+
+def test_shared_unplanned_shapes_give_dimensions_that_move_alike_one_symbol(artifact):
+    out = api.rewrite_model(artifact, regions=["*"])
+    result, a = out.result, out.analysis
+    moving = symbolic_shapes(result.graph, result.after.tensors, scaling(a), probe_tensors(a))
+    own, own_hidden = unplanned_shapes(_copy(out.model), result, moving)
+    alike, alike_hidden = unplanned_shapes(_copy(out.model), result, moving, shared=True)
+    assert alike_hidden == own_hidden > 0
+
+    def dims(model):
+        return {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
+                for v in model.graph.value_info}
+
+    shared = dims(alike)
+    named = {d for s in shared.values() for d in s if isinstance(d, str) and d.startswith(UNPLANNED_SYMBOL)}
+    assert 0 < len(named) < own_hidden
+    for t, shape in dims(own).items():  # the same tensors hidden, at the same dimensions
+        assert [isinstance(d, str) for d in shape] == [isinstance(d, str) for d in shared[t]], t
+    by_expression: dict[str, set] = {}
+    for t, shape in shared.items():
+        for k, d in enumerate(shape):
+            if isinstance(d, str) and d.startswith(UNPLANNED_SYMBOL) and t in moving:
+                by_expression.setdefault(str(moving[t][k]), set()).add(d)
+    assert by_expression and all(len(v) == 1 for v in by_expression.values())
+
+
+def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    return out

@@ -214,3 +214,36 @@ def test_triggers_of_equals_a_scan_per_position():
         skip = set(rng.sample(range(n), rng.randrange(n // 2)))
         positions = [rng.randrange(n + 1) for _ in range(rng.randrange(1, 30))]
         assert triggers_of(graph, positions, forward, skip) == [scan(p, skip) for p in positions]
+
+
+def test_default_order_runs_a_block_after_the_older_inputs_of_its_readers():
+    """ORT's DEFAULT order walks a node's highest-index producer first, so a block written
+    right before its reader would run before the reader's older backward inputs (the ORT
+    zoo's frozen_backbone: a ConvGrad's dY). With ``waits`` the gate waits for them: in the
+    DEFAULT order every copy runs after each such input, unless a Size there would stop a
+    fusion."""
+    from ckpt_cli.analysis import schedules
+    from ckpt_cli.rewrite import pinned
+    from ckpt_cli.rewrite.guards import read_by_fusion
+    from ckpt_cli.rewrite.select import make_plan
+
+    g = load_graph(SAMPLES / "zoo" / "frozen_backbone" / "training_model.onnx")
+    a = analyse(g, dims={"batch": 64})
+    written = pinned(a, rewrite(a, make_plan(a).plan, False), waits=True)
+    assert written.pinned is not None and written.pinned.waits > 0
+    graph = written.graph
+    forward = {n.name for n in g.nodes if a.phases.is_forward[n.index]}
+    position = {i: k for k, i in enumerate(schedules.ort_default(graph))}
+    copies = {n.index for n in graph.nodes if is_recompute_copy(n) or n.name.endswith("_recompute")}
+    checked = 0
+    for c in copies:
+        for reader in {r for t in graph.nodes[c].outputs for r in graph.consumers.get(t, ())} - copies:
+            for x in graph.nodes[reader].inputs:
+                p = graph.producer.get(x)
+                if (p is None or p > c or p in copies or graph.nodes[p].name in forward
+                        or graph.nodes[p].meta(GUARD_META) or graph.nodes[p].meta(FRESH_META)
+                        or read_by_fusion(graph, x)):
+                    continue
+                checked += 1
+                assert position[p] < position[c], (graph.nodes[c].name, x)
+    assert checked

@@ -102,16 +102,17 @@ def _decisions(a: Analysis, plan: Plan | None, surgery: Surgery) -> dict[str, De
 
 
 @gc_paused
-def pinned(a: Analysis, result: RewriteResult) -> RewriteResult:
+def pinned(a: Analysis, result: RewriteResult, waits: bool = False) -> RewriteResult:
     """``rewrite(a, plan)`` from ``result = rewrite(a, plan, pin=False)``: its graph with
-    pin's guards (a plan search's rewrite is not redone for the written one)."""
+    pin's guards (a plan search's rewrite is not redone for the written one); ``waits``:
+    pin's blocks also wait for their readers' older backward inputs (``rewrite/pin.py``)."""
     opset = a.graph.opset("") or 0
     if opset < GUARD_MIN_OPSET:
         why = (f"no guards at opset {opset} (their ops need {GUARD_MIN_OPSET}): the written order holds under "
                "ckpt's session settings (PRIORITY_BASED), not in a plain session")
         return replace(result, pinned=PinResult(result.graph, result.after.tensors, 0, 0, 0, 0, skipped=why))
     forward_names = {n.name for n in a.graph.nodes if a.phases.is_forward[n.index]}
-    guarded = pin_schedule(result.graph, result.after.tensors, forward_names)
+    guarded = pin_schedule(result.graph, result.after.tensors, forward_names, waits)
     if not guarded.guard_nodes:
         return replace(result, pinned=guarded)
     # Only with copies: buffers parked across the recompute gap are theirs to lose.

@@ -8,15 +8,18 @@ both ways), and a fusion that treats a recompute copy unlike its original rounds
 differently. With an interpreter that has onnxruntime-training (``--python``), the default's
 plan and the plans with less recompute along its front are trained there instead, a few
 steps each from the artifact's checkpoint, lowest predicted peak first, untuned and under
-the settings ckpt records for it (the original too, under the same settings): the first
-whose process peak is not above the original's untuned, nor under its settings above the
-original's in either session, with the original's losses bit for bit in both, is written.
-Then the same plans are trained again written with their tensors' shapes hidden from ORT's
-memory planning (``io/written.py``'s ``unplanned_shapes``: the memory pattern and buffer
-reuse off tensor by tensor, which a Module's user session otherwise keeps on): when none
-passed as written, the first that passes so is written; when plan k passed, plans 0..k so
-written are trained too and the lowest untuned peak of those that pass is written. When
-none passes either way, the graph is written unchanged, with the figures in one line.
+the settings ckpt records for it (the original too, under the same settings). A plan
+passes when its process peak is not above the original's untuned, nor under its settings
+above the original's in either session, with the original's losses bit for bit in both.
+The plans are trained as written until one passes (plan k; all of them when none does),
+then plans 0..k (all) again written with their tensors' shapes hidden from ORT's memory
+planning (``io/written.py``'s ``unplanned_shapes``: the memory pattern and buffer reuse off
+tensor by tensor, which a Module's user session otherwise keeps on), and a plan so written
+that passes untuned but not under its settings once more with the dimensions that move
+alike sharing a symbol (buffer reuse kept, the pattern still off): at most three trials a
+plan. Of all the trials that pass, the lowest untuned peak is written. The plans are pinned
+with the waits of ``rewrite/pin.py`` (the untuned session runs ORT's DEFAULT order). When
+none passes, the graph is written unchanged, with the figures in one line.
 """
 
 from __future__ import annotations
@@ -47,7 +50,8 @@ class Writer:
     symbolic dimensions included: the Module's session plans its memory from them), so
     what is trained is byte for byte what would be written. ``model(result, plan, True)``:
     the same with its tensors' shapes hidden from ORT's memory planning
-    (``io/written.py``'s ``unplanned_shapes``), or None where nothing is hidden."""
+    (``io/written.py``'s ``unplanned_shapes``), or None where nothing is hidden;
+    ``model(result, plan, True, True)``: so hidden, dimensions that move alike sharing a symbol."""
 
     finish: Callable[[RewriteResult], RewriteResult] | None
     model: Callable[..., onnx.ModelProto | None]
@@ -55,25 +59,26 @@ class Writer:
     def result(self, result: RewriteResult) -> RewriteResult:
         return self.finish(result) if self.finish is not None else result
 
-    def save(self, a: Analysis, result: RewriteResult, plan, path: Path, unplanned: bool = False) -> bool:
-        """Writes the model to ``path``; False (nothing written) where ``unplanned`` hides nothing."""
+    def save(self, a: Analysis, result: RewriteResult, plan, path: Path, writing: tuple[bool, bool]) -> bool:
+        """Writes the model to ``path`` (``writing``: unplanned, shared); False (nothing
+        written) where the unplanned writing hides nothing."""
         source = a.graph.path.parent if a.graph.path is not None else None
-        model = self.model(result, plan, unplanned)
+        model = self.model(result, plan, *writing)
         if model is None:
             return False
         save_model(model, path, source_dir=source, force=True)
         return True
 
-    def written(self, result: RewriteResult, plan, unplanned: bool = False) -> onnx.ModelProto:
+    def written(self, result: RewriteResult, plan, unplanned: bool = False, shared: bool = False) -> onnx.ModelProto:
         """The model the command writes: with ``unplanned``, hidden where anything is."""
-        model = self.model(result, plan, unplanned) if unplanned else None
+        model = self.model(result, plan, unplanned, shared) if unplanned else None
         model = model if model is not None else self.model(result, plan)
         assert model is not None
         return model
 
 
-# Each plan tried is two training children (a few seconds on the zoo's models): the
-# default's plan and at most this many with less recompute.
+# Each trial is two training children (a few seconds on the zoo's models), at most three
+# a plan (``_Trials``): the default's plan and at most this many with less recompute.
 MAX_FALLBACKS = 5
 
 
@@ -91,11 +96,17 @@ class ModuleJudged:
     identical_settings: bool = False  # the original's losses under the same settings
     original_peak_settings: int | None = None  # the original's, measured under the same settings
     unplanned: bool = False  # written with its tensors' shapes hidden from ORT's memory planning
+    shared: bool = False  # so hidden, the dimensions that move alike sharing a symbol
     plan: int = 0  # its place among the plans tried: 0 the default's, then less recompute
 
     @property
     def identical(self) -> bool:
         return self.identical_untuned and self.identical_settings
+
+    def untuned_accepted(self, original_peak: int) -> bool:
+        """Trained with the original's losses untuned, and not above its peak there."""
+        return (self.error is None and self.identical_untuned and self.peak_bytes is not None
+                and self.peak_bytes <= original_peak)
 
     def accepted(self, original_peak: int) -> bool:
         """Trained with the original's losses, and not above the original's peak untuned,
@@ -112,6 +123,7 @@ class ModuleJudged:
                 "original_peak_bytes_under_settings": self.original_peak_settings,
                 "losses_identical": self.identical, "losses_identical_untuned": self.identical_untuned,
                 "losses_identical_under_settings": self.identical_settings, "unplanned_shapes": self.unplanned,
+                "unplanned_shared": self.shared,
                 "plan": self.plan, "error": self.error}
 
 
@@ -130,6 +142,11 @@ class ModuleChoice:
         """Whether the plan taken is written with its shapes hidden from ORT's memory planning."""
         return self.chosen is not None and self.judged[self.chosen].unplanned
 
+    @property
+    def shared(self) -> bool:
+        """Whether it is so written with the dimensions that move alike sharing a symbol."""
+        return self.chosen is not None and self.judged[self.chosen].shared
+
     def ratio(self, i: int) -> float:
         return (self.judged[i].peak_bytes or 0) / max(1, self.original_peak_bytes)
 
@@ -145,8 +162,9 @@ class ModuleChoice:
         if taken.unplanned:
             why = ("lower than as written" if any(not j.unplanned and j.accepted(self.original_peak_bytes)
                                                   for j in self.judged) else "with the plain writing, none of the plans passes")
-            which += (", its tensors declared by symbols of their own (out of ORT's memory pattern and buffer "
-                      f"reuse; {why}),")
+            which += (", its tensors declared by symbols of their own (out of ORT's memory pattern "
+                      + ("; one symbol to the dimensions that move alike, so buffer reuse kept; " if taken.shared
+                         else "and buffer reuse; ") + f"{why}),")
         settings = (taken.peak_bytes_settings or 0) / max(1, self.original_peak_bytes)
         return (head + f"; {which} measures {human_bytes(taken.peak_bytes or 0)} there ({self.ratio(self.chosen):.2f}x)"
                 f" and {human_bytes(taken.peak_bytes_settings or 0)} under ckpt's settings ({settings:.2f}x), "
@@ -190,9 +208,10 @@ def _candidates(planned: Planned) -> list[tuple]:
 
 def judged_in_module(a: Analysis, planned: Planned, feeds_model, worker: WorkerOptions,
                      writer: Writer) -> Planned:
-    """``planned`` (the default of an artifact), or the first plan of its front that the
-    Module API trains at no more than the original's untuned peak with the same losses,
-    with the choice recorded; ``planned`` as it is where nothing can be judged."""
+    """``planned`` (the default of an artifact), or the plan of its front, in the writing,
+    that the Module API trains at the lowest untuned peak of those at no more than the
+    original's with the same losses (``_Trials``), with the choice recorded; ``planned`` as
+    it is where nothing can be judged."""
     if planned.user or planned.budget is not None or planned.plan is None or planned.cost is None:
         return planned
     artifact = _artifact(a)
@@ -223,15 +242,18 @@ def judged_in_module(a: Analysis, planned: Planned, feeds_model, worker: WorkerO
 
 
 class _Trials:
-    """The plans of one artifact trained in turn: every plan as written, the first that
-    passes taken; then the same plans written with their shapes hidden from ORT's memory
-    planning (``Writer.model``'s ``unplanned``): where none passed as written, the first
-    of them that passes is taken; where plan k passed, plans 0..k so written are trained
-    too and the lowest untuned peak among those that pass is taken. ORT's memory pattern
-    sizes its block from the tensors it can size before the run, and the BFC arena gives
-    the block a whole power-of-two region: hiding a rewrite's tensors from it can lower a
-    passing plan's peak as well as a failing one's (and a plan with more recompute that
-    failed as written can pass so)."""
+    """The plans of one artifact trained in turn: as written until one passes (plan k),
+    then plans 0..k (every plan where none passed) with their shapes hidden from ORT's
+    memory planning (``Writer.model``'s ``unplanned``), and one so written that passes
+    untuned only, lower there than the best so far, once more with its dimensions that
+    move alike sharing a symbol; the lowest untuned peak of all that pass is taken. ORT's
+    memory pattern sizes its block from the tensors it can size before the run, and the
+    BFC arena gives the block a whole power-of-two region: hiding a rewrite's tensors from
+    it can lower a passing plan's peak as well as a failing one's, and a plan that fails
+    as written can pass so (zoo unet: none of its 5 plans passes as written, all 5 pass
+    unplanned, 0.71x to 0.95x the original's untuned peak). A symbol per dimension turns
+    buffer reuse off as well, which the settings ckpt records keep on: one symbol per size
+    gives it back (zoo frozen_backbone)."""
 
     def __init__(self, a: Analysis, candidates: list[tuple], writer: Writer, tmp: Path, run: tuple) -> None:
         self.a, self.candidates, self.writer, self.tmp = a, candidates, writer, tmp
@@ -246,21 +268,31 @@ class _Trials:
             self.originals[key] = run_module(self.model_path, self.files, self.feeds, settings, self.worker, STEPS)
         return self.originals[key]
 
-    def trial(self, i: int, unplanned: bool) -> ModuleJudged | None:
-        """Plan ``i`` trained (written unplanned or not); None where unplanned hides nothing."""
+    def trial(self, i: int, unplanned: bool, shared: bool = False) -> ModuleJudged | None:
+        """Plan ``i`` trained (written unplanned, with shared symbols, or not); None where
+        unplanned hides nothing."""
         plan, cost, unpinned = self.candidates[i]
         if i not in self.written:
-            self.written[i] = self.writer.result(pinned(self.a, unpinned) if unpinned is not None
-                                                 else rewrite(self.a, plan, True))
+            # Pinned with the waits: the untuned session runs ORT's DEFAULT order (zoo unet's
+            # default unplanned: 71.6 MiB without them, 63.6 with, the original 89.3).
+            self.written[i] = self.writer.result(pinned(self.a, unpinned if unpinned is not None
+                                                        else rewrite(self.a, plan, False), waits=True))
         result = self.written[i]
-        path = self.tmp / f"plan{i}{'_unplanned' if unplanned else ''}.onnx"
-        trained = _train(lambda: self.writer.save(self.a, result, plan, path, unplanned), path, self.files,
-                         self.feeds, self.worker, cost, self.original, self.reference)
+        path = self.tmp / f"plan{i}{'_unplanned' if unplanned else ''}{'_shared' if shared else ''}.onnx"
+        trained = _train(lambda: self.writer.save(self.a, result, plan, path, (unplanned, shared)), path,
+                         self.files, self.feeds, self.worker, cost, self.original, self.reference)
         if trained is None:
             return None  # nothing to hide: the file has no symbolic dimension
-        judged = replace(trained, unplanned=unplanned, plan=i)
+        judged = replace(trained, unplanned=unplanned, shared=shared, plan=i)
         self.judged.append(judged)
         return judged
+
+    def lowest(self, best: int | None) -> int | None:
+        """The last trial where it passes with an untuned peak below ``best``'s, else ``best``."""
+        j, limit = self.judged[-1], self.original["peak_bytes"]
+        if j.accepted(limit) and (best is None or (j.peak_bytes or 0) < (self.judged[best].peak_bytes or 0)):
+            return len(self.judged) - 1
+        return best
 
     def run(self) -> tuple[list[ModuleJudged], dict[int, RewriteResult], int | None]:
         """The plans judged, the rewrites by plan, and the index of the one taken in the first."""
@@ -274,10 +306,11 @@ class _Trials:
             j = self.trial(i, True)
             if j is None:
                 break
-            if j.accepted(limit) and (best is None or (j.peak_bytes or 0) < (self.judged[best].peak_bytes or 0)):
-                best = len(self.judged) - 1
-                if passed is None:
-                    break
+            best = self.lowest(best)
+            if (not j.accepted(limit) and j.untuned_accepted(limit)
+                    and (best is None or (j.peak_bytes or 0) < (self.judged[best].peak_bytes or 0))):
+                self.trial(i, True, shared=True)
+                best = self.lowest(best)
         return self.judged, self.written, best
 
 
