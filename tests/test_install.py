@@ -41,20 +41,23 @@ def test_the_license_is_declared_in_the_pep_639_form():
     assert (ROOT / "LICENSE").read_text(encoding="utf-8").startswith("MIT License")
 
 
-@pytest.mark.parametrize("version, warns", [("1.31.1", False), ("1.31.0", False), ("1.19.2", False),
-                                            ("1.25.0", True), ("1.32.0", True), (None, False)])
-def test_the_runtime_warning_names_releases_outside_the_validated_ones(version, warns):
-    message = report_model.ort_version_warning(version)
+@pytest.mark.parametrize("version, dist, warns", [
+    ("1.31.1", "onnxruntime-gpu", False), ("1.31.0", "onnxruntime", False),
+    ("1.19.2", "onnxruntime-training", False), ("1.19.2", "onnxruntime-training-cpu", False),
+    ("1.19.0", "onnxruntime-gpu", True),  # the inference build: the gpt rewrite 11.7% off the prediction
+    ("1.25.0", "onnxruntime-gpu", True), ("1.32.0", "onnxruntime", True), (None, None, False)])
+def test_the_runtime_warning_names_releases_outside_the_validated_ones(version, dist, warns):
+    message = report_model.ort_version_warning(version, dist)
     assert (message is not None) == warns
     if warns:
-        assert "\n" not in message and version in message and "1.31" in message
+        assert "\n" not in message and version in message and dist in message and "1.31" in message
 
 
 def test_the_cli_warns_once_on_stderr_of_an_unvalidated_runtime(monkeypatch):
     import importlib
 
     main_module = importlib.import_module("ckpt_cli.cli.main")
-    monkeypatch.setattr(report_model, "ort_version", lambda: "1.25.0")
+    monkeypatch.setattr(report_model, "ort_release", lambda: ("onnxruntime", "1.25.0"))
     monkeypatch.setattr(main_module, "_warned", [])
     runner = CliRunner()
     first = runner.invoke(cli_main, ["inspect", str(SAMPLES / "mlp.onnx"), "--json"])

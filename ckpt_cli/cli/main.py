@@ -173,9 +173,9 @@ _warned: list[bool] = []
 
 def _warn_of_ort_version() -> None:
     """Once per process: the installed onnxruntime is not a release the memory model is validated on."""
-    from ..report.model import ort_version, ort_version_warning
+    from ..report.model import ort_release, ort_version_warning
 
-    message = None if _warned else ort_version_warning(ort_version())
+    message = None if _warned else ort_version_warning(*reversed(ort_release()))
     _warned.append(True)
     if message:
         click.echo(message, err=True)
