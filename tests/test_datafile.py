@@ -304,3 +304,26 @@ def test_the_input_data_gets_no_record(model, tmp_path):
     assert ckpt("rewrite", tmp_path / "in.onnx", "-o", out, "--force", "-q")[0] == 0
     assert datafile.recorded_digest(data) is None and data.stat().st_ctime_ns == before.st_ctime_ns
     assert _data_file(out) == data
+
+
+def test_force_reads_the_previous_output_only_where_a_data_file_of_it_exists(model, tmp_path, monkeypatch):
+    """The model at the output is parsed to find the data files it reads (to reuse or remove
+    them): with no file of ckpt's naming beside it, there is nothing to find."""
+    parsed: list[Path] = []
+    real = save.read_model
+
+    def counting(path, *args, **kwargs):
+        parsed.append(Path(path))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(save, "read_model", counting)
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    save_transformer(str(plain / "p.onnx"), layers=1)
+    for _ in range(2):
+        save.save_model(onnx.load(plain / "p.onnx"), plain / "out.onnx", force=True)
+    assert parsed == [] and not list(plain.glob("out.onnx.*.data"))
+    out = tmp_path / "out.onnx"
+    for _ in range(2):
+        _save(model, out)
+    assert parsed == [out]  # the second write: the first output's data is there

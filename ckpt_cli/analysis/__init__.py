@@ -195,10 +195,15 @@ class Analysis:
         return sum(c.flops for c, n in zip(self.costs, self.graph.nodes) if is_recompute_copy(n))
 
     def unsized(self) -> dict[str, tuple[str, ...]]:
-        """Tensors produced by nodes whose size is unknown, with the missing dimensions."""
-        return {t: self.tensors[t].missing if t in self.tensors else ("?",)
-                for n in self.graph.nodes for t in n.outputs
-                if t != ABSENT and (t not in self.tensors or self.tensors[t].nbytes is None)}
+        """Tensors produced by nodes whose size is unknown, with the missing dimensions
+        (found once: a rewrite refuses them, then reports them)."""
+        return self.derived(_unsized)
+
+
+def _unsized(a: Analysis) -> dict[str, tuple[str, ...]]:
+    tensors = a.tensors
+    return {t: tensors[t].missing if t in tensors else ("?",) for n in a.graph.nodes for t in n.outputs
+            if t != ABSENT and (t not in tensors or tensors[t].nbytes is None)}
 
 
 def _refuse_unbound_dims(graph: Graph, tensors: dict[str, TensorInfo], dims: dict[str, int]) -> None:

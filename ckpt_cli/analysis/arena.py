@@ -508,9 +508,9 @@ SMALL_INITIALIZER_BYTES = 128  # ORT keeps initializers below this size in the a
 def small_initializer_bytes(graph, tensors) -> int:
     """Bytes of the initializers ORT places in the arena for the whole session (it drops
     those no node reads)."""
-    used = set(graph.consumers) | set(graph.outputs)
+    read, outputs = graph.consumers, set(graph.outputs)  # looked up, not copied: a plan search replays often
     return sum(info.nbytes for t in graph.initializers
-               if t in used and (info := tensors.get(t)) is not None and info.nbytes is not None
+               if (t in read or t in outputs) and (info := tensors.get(t)) is not None and info.nbytes is not None
                and info.nbytes < SMALL_INITIALIZER_BYTES)
 
 

@@ -111,8 +111,9 @@ def _forward_section_nodes(graph: Graph, is_forward: list[bool]) -> None:
         node = graph.nodes[i]
         if is_forward[i]:
             continue
-        depends[i] = (i in sources or any(t in seeds for t in node.reads)
-                      or any(depends[p] for p in preds[i]))
+        # set and map in C: one pass over every backward node of the graph
+        depends[i] = (i in sources or not seeds.isdisjoint(node.reads)
+                      or any(map(depends.__getitem__, preds[i])))
         if depends[i]:
             cut = min(cut, i)
     for i in graph.topological_order():

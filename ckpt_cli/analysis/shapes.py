@@ -194,8 +194,11 @@ def infer_tensors(graph: Graph, dims: dict[str, int] | None = None, strict: bool
     # model that loads into an error.
     del model.functions[:]
     light = model.graph
-    unbound = onnx.ModelProto()
-    unbound.CopyFrom(model)
+    symbols = _declared_symbols(light, dims)
+    unbound = None  # the file's symbols unbound: copied only where it declares any
+    if symbols:
+        unbound = onnx.ModelProto()
+        unbound.CopyFrom(model)
     # Artifacts declare gradients with the batch dimension too: bind it wherever it is declared.
     for v in chain(light.input, light.value_info, light.output):
         _bind(v, dims)
@@ -208,22 +211,27 @@ def infer_tensors(graph: Graph, dims: dict[str, int] | None = None, strict: bool
     for t in src.initializer:
         tensors[t.name] = _info(t.data_type, tuple(t.dims))
     _through_ort_ops(graph, model, tensors)
-    _symbols_to_ort(unbound, tensors, dims)
+    _symbols_to_ort(unbound, tensors, dims, symbols)
     return tensors
 
 
-def _symbols_to_ort(unbound: onnx.ModelProto, tensors: dict[str, TensorInfo], dims: dict[str, int]) -> None:
+def _declared_symbols(g: onnx.GraphProto, dims: dict[str, int]) -> set[str]:
+    """The symbols the graph's inputs, outputs and value_info declare that no dimension binds."""
+    return {d for v in chain(g.input, g.value_info, g.output)
+            for d in _shape_of(v.type)[1] or () if isinstance(d, str)} - {_DIM_UNKNOWN} - set(dims)
+
+
+def _symbols_to_ort(unbound: onnx.ModelProto | None, tensors: dict[str, TensorInfo], dims: dict[str, int],
+                    symbols: set[str]) -> None:
     """Tensors ORT knows only by a symbol the file declares and no dimension binds (an
     artifact's ``unk__35``): ORT's planner compares them by their symbols, whatever sizes
     ckpt found. ORT infers with the file's symbols unbound ('batch' stays a symbol), merges
     that into a declared shape keeping a declared symbol where it inferred no number, and
     carries symbols from inputs to outputs: onnx's inference without data propagation, on
     the file as it is, does the same (it has no rule for ORT's contrib ops nor reads ckpt's
-    guard views: what ORT cannot size there stays unknown, unless the file declares it)."""
-    g = unbound.graph
-    symbols = {d for v in chain(g.input, g.value_info, g.output)
-               for d in _shape_of(v.type)[1] or () if isinstance(d, str)} - {_DIM_UNKNOWN} - set(dims)
-    if not symbols:
+    guard views: what ORT cannot size there stays unknown, unless the file declares it).
+    ``unbound``: the file's model with its ``symbols`` unbound (None: it declares none)."""
+    if unbound is None:
         return
     try:
         inferred = onnx.shape_inference.infer_shapes(unbound, data_prop=False).graph
@@ -271,12 +279,16 @@ def _ort_blind_values(graph: Graph, tensors: dict[str, TensorInfo]) -> list[str]
         return blind
     # ORT turns Constant nodes into initializers before it infers shapes.
     consts = set(graph.initializers) | {t for n in graph.nodes if n.op_type == "Constant" for t in n.outputs}
+    nodes = graph.nodes
     for i in graph.topological_order():
-        node = graph.nodes[i]
-        ins = [t for t in node.inputs if t != ABSENT]
+        node = nodes[i]
         if node.op_type in ("Shape", "Size"):
             derived.update(t for t in node.outputs if t != ABSENT)
-        elif ins and all(t in derived or t in consts for t in ins) and any(t in derived for t in ins):
+            continue
+        if derived.isdisjoint(node.inputs):  # most nodes: none of its inputs is a shape value
+            continue
+        ins = [t for t in node.inputs if t != ABSENT]
+        if ins and all(t in derived or t in consts for t in ins) and any(t in derived for t in ins):
             outs = [t for t in node.outputs if t != ABSENT]
             derived.update(outs)
             scalar = node.op_type in ORT_SCALAR_FOLDABLE and all(

@@ -277,6 +277,10 @@ def _data_files_read_by(path: Path) -> set[Path]:
     if not path.is_file():
         return set()
     pattern = data_file_pattern(path.name)
+    # A data file that is not there is neither reused nor removed: with none of ckpt's
+    # naming beside it, the previous output (a whole model to parse) is not read.
+    if not any(pattern.match(name) for name in os.listdir(path.parent)):
+        return set()
     try:
         model = read_model(path, embedded_weights=False)
     except Exception:  # not a model: it reads no data

@@ -154,7 +154,7 @@ def expand_functions(graph: Graph) -> Graph:
 
 
 def _expand_onnx_functions(graph: Graph) -> Graph:
-    opsets = {n.domain: graph.opset(n.domain) or 1 for n in graph.nodes}
+    opsets = {d: graph.opset(d) or 1 for d in dict.fromkeys(n.domain for n in graph.nodes)}
     key_of = _run_as_is_key(graph, opsets)
     functions = {n.name: key for n in graph.nodes
                  if _has_function(n.op_type, n.domain, opsets[n.domain]) and (key := key_of(n)) not in _RUN_AS_IS}

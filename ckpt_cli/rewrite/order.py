@@ -81,7 +81,8 @@ def memory_aware(graph: Graph, sizes: dict[str, int], roots: dict[str, str], mov
     # Per node: the distinct buffers it reads and the bytes it allocates; per buffer, its
     # readers and how many have not run yet.
     reads = [tuple({root[t] for t in ts if t >= 0}) for ts in ids.inputs]
-    allocs = [sum(sizes.get(ids.names[t], 0) for t in ts if t >= 0 and root[t] == t) for ts in ids.outputs]
+    own_bytes = [sizes.get(t, 0) for t in ids.names]
+    allocs = [sum([own_bytes[t] for t in ts if t >= 0 and root[t] == t]) for ts in ids.outputs]
     readers: list[list[int]] = [[] for _ in size]
     for i, bufs in enumerate(reads):
         for b in bufs:
@@ -91,7 +92,10 @@ def memory_aware(graph: Graph, sizes: dict[str, int], roots: dict[str, str], mov
     def klass(i: int) -> int:
         if not movable[i]:
             return 1
-        gain = sum(size[b] for b in reads[i] if remaining[b] == 1) - allocs[i]
+        gain = -allocs[i]
+        for b in reads[i]:  # a loop, not a generator: this runs per push, a few times per node
+            if remaining[b] == 1:
+                gain += size[b]
         return 0 if gain > 0 or (gain == 0 and not (lazy and lazy[i])) else 1
 
     indegree = [len(p) for p in preds]
