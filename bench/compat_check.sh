@@ -21,17 +21,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python3}
 DIR=$(mkdir -p "${COMPAT_DIR:-out/compat}" && cd "${COMPAT_DIR:-out/compat}" && pwd)
-WORK=$(mktemp -d)
-trap 'rm -rf "$WORK"' EXIT
 SAMPLES="gpt mlp cnn resnet18 gpt12"
 AFFECTED_ORT=1.28.0
-
-rm -rf "${DIR:?}"/*
-mkdir "$WORK/src"
-git ls-files -z --cached --others --exclude-standard | xargs -0 sh -c 'for f; do [ -e "$f" ] && echo "$f"; done' sh \
-    | tar -cf - -T - | tar -xf - -C "$WORK/src"
-"$PY" -m pip wheel -q --no-deps -w "$DIR" "$WORK/src"
-"$PY" -m venv "$DIR/venv"
+. bench/wheel_venv.sh
+wheel_venv "$DIR"
 BIN=$DIR/venv/bin
 "$BIN/python" - pyproject.toml > "$DIR/lowest.txt" <<'EOF'
 import re, sys, tomllib

@@ -15,8 +15,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python3}
 WHEEL_DIR=$(mkdir -p "${WHEEL_DIR:-out/wheel}" && cd "${WHEEL_DIR:-out/wheel}" && pwd)
-WORK=$(mktemp -d)
-trap 'rm -rf "$WORK"' EXIT
+. bench/wheel_venv.sh
 
 step() {  # step NAME COMMAND...: run it, then say how long it took
     local name=$1 start=$SECONDS
@@ -25,12 +24,7 @@ step() {  # step NAME COMMAND...: run it, then say how long it took
     echo "wheel-check: $name: $((SECONDS - start)) s" >&2
 }
 
-rm -rf "${WHEEL_DIR:?}"/*
-mkdir "$WORK/src"
-git ls-files -z --cached --others --exclude-standard | xargs -0 sh -c 'for f; do [ -e "$f" ] && echo "$f"; done' sh \
-    | tar -cf - -T - | tar -xf - -C "$WORK/src"
-step "build the wheel" "$PY" -m pip wheel -q --no-deps -w "$WHEEL_DIR" "$WORK/src"
-step "create the venv" "$PY" -m venv "$WHEEL_DIR/venv"
+step "build the wheel and create the venv" wheel_venv "$WHEEL_DIR"
 VENV_BIN=$WHEEL_DIR/venv/bin
 step "install the wheel and its dependencies" "$VENV_BIN/python" -m pip install -q "$WHEEL_DIR"/onnx_ckpt-*.whl
 cp sample_models/gpt.onnx "$WORK/"
