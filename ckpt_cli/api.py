@@ -448,7 +448,8 @@ def _rewritten(a: Analysis, loaded: Loaded, options: RewriteOptions, analysis: A
                             settings_snippet(options.ort_optimize if optimized and options.ort_optimize else "cpu",
                                              result.mem_reuse,
                                              str(written[0]) if written else None, result.session,
-                                             result.pattern_off.input if result.pattern_off else None),
+                                             result.pattern_off.input if result.pattern_off else None,
+                                             result.mem_arena),
                             {**options.to_json(), **analysis.to_json()})
     planning = {} if planned is None else {"planning": planning_section(a, planned, result,
                                                                         plan_rows(a, planned, result))}

@@ -28,6 +28,9 @@ GUARD_META = "ckpt.guard"
 
 # Model metadata: whether ORT's buffer reuse should be off for the written model.
 MEM_REUSE_META = "ckpt.enable_mem_reuse"
+# Model metadata, written only as "0": ORT's CPU arena off in the settings a written model
+# records (the Module choice measured that setting lower, ``verify/module_choice.py``).
+MEM_ARENA_META = "ckpt.enable_cpu_mem_arena"
 # Model metadata: the session a written model is for: "ckpt" (its recorded settings) or
 # "ort_default" (ckpt changed nothing that needs settings).
 SESSION_META = "ckpt.session"
@@ -86,12 +89,14 @@ class SessionPlan:
     ``mem_reuse``: ORT's buffer reuse; ``session``: "ckpt" (its recorded settings) or
     "ort_default" (ckpt changed nothing that needs settings); ``mem_pattern_off_input``:
     the input that turns ORT's memory pattern off, when the file has one; ``ort_optimize``:
-    the provider, level and ORT version of an offline optimization (--ort-optimize)."""
+    the provider, level and ORT version of an offline optimization (--ort-optimize);
+    ``mem_arena``: ORT's CPU arena (recorded only when off)."""
 
     mem_reuse: bool = True
     session: str = "ckpt"
     mem_pattern_off_input: str | None = None
     ort_optimize: dict[str, Any] | None = None
+    mem_arena: bool = True
 
     def to_metadata(self) -> dict[str, str]:
         meta = {MEM_REUSE_META: "1" if self.mem_reuse else "0", SESSION_META: self.session}
@@ -99,6 +104,8 @@ class SessionPlan:
             meta[MEM_PATTERN_META] = self.mem_pattern_off_input
         if self.ort_optimize is not None:
             meta[ORT_OPTIMIZE_META] = json.dumps(self.ort_optimize, sort_keys=True)
+        if not self.mem_arena:
+            meta[MEM_ARENA_META] = "0"
         return meta
 
     @classmethod
@@ -106,7 +113,7 @@ class SessionPlan:
         """The plan ``model`` records; a model ckpt did not write gets the defaults."""
         meta = {p.key: p.value for p in model.metadata_props}
         return cls(meta.get(MEM_REUSE_META, "1") != "0", meta.get(SESSION_META, "ckpt"),
-                   meta.get(MEM_PATTERN_META), _ort_optimize(meta, path))
+                   meta.get(MEM_PATTERN_META), _ort_optimize(meta, path), meta.get(MEM_ARENA_META, "1") != "0")
 
 
 def _ort_optimize(meta: dict[str, str], path: object) -> dict[str, Any] | None:

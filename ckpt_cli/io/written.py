@@ -22,7 +22,8 @@ def to_model(result: RewriteResult, metadata: dict[str, str] | None = None,
     tensors whose sizes were taken at values of symbolic dimensions (with the symbols)."""
     shapes = shapes or {}
     plan = SessionPlan(result.mem_reuse, result.session,
-                       result.pattern_off.input if result.pattern_off is not None else None).to_metadata()
+                       result.pattern_off.input if result.pattern_off is not None else None,
+                       mem_arena=result.mem_arena).to_metadata()
     # the settings first, then what pin and fresh added, then the rest of the plan
     metadata = {**(metadata or {}), **{k: plan[k] for k in (MEM_REUSE_META, SESSION_META)}}
     pinned = result.pinned

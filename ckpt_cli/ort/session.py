@@ -38,6 +38,7 @@ def recorded_settings(path: str | os.PathLike[str]) -> dict:
     # written, on the provider it was optimized for (fused kernels are provider-specific).
     settings = ckpt_session_settings(optimized["provider"] if optimized else "cpu")
     settings["enable_mem_reuse"] = plan.mem_reuse
+    settings["enable_cpu_mem_arena"] = plan.mem_arena
     if optimized:
         settings["ort_optimize"] = optimized
     return {**settings, **pattern}

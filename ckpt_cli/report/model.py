@@ -372,7 +372,7 @@ def session_report(model: Path, provider: str, settings: dict, undone: str | Non
     from ..verify.settings import settings_snippet
 
     snippet = settings_snippet(provider, settings["enable_mem_reuse"], str(model), settings["settings"],
-                               settings.get("mem_pattern_off_input"))
+                               settings.get("mem_pattern_off_input"), bool(settings.get("enable_cpu_mem_arena", True)))
     return {**envelope("session", Source.of_file(model), {"provider": provider}), "headline": None,
             "provider": provider,
             "settings": settings, "session_settings": snippet, "undone_rewrite": undone}

@@ -39,6 +39,7 @@ class RewriteResult:
     session: str = "ckpt"  # the session the written graph is for: "ckpt" settings, or "ort_default"
     decisions: dict[str, Decision] = field(default_factory=dict)  # per stashed buffer of the input: the final word
     notes: tuple[str, ...] = ()  # what the rewrite found about the plan (regions that recompute nothing)
+    mem_arena: bool = True  # ORT's CPU arena in the settings recorded (off only by the Module choice)
 
     @property
     def guard_nodes(self) -> int:

@@ -69,10 +69,11 @@ def ort_default_session_settings(provider: str = "cpu") -> dict:
 
 
 def settings_snippet(provider: str = "cpu", enable_mem_reuse: bool = True, model_path: str | None = None,
-                     session: str = "ckpt", pattern_off_input: str | None = None) -> str:
+                     session: str = "ckpt", pattern_off_input: str | None = None, mem_arena: bool = True) -> str:
     """A copy-pasteable Python snippet that builds the session ``model_path`` is for: ckpt's
     settings, or (``session="ort_default"``, a graph ckpt left unchanged) ORT's defaults.
-    ``pattern_off_input``: the input the file turns ORT's memory pattern off with."""
+    ``pattern_off_input``: the input the file turns ORT's memory pattern off with;
+    ``mem_arena``: the CPU arena the file records (off where ckpt measured that lower)."""
     s = ckpt_session_settings(provider)
     if session == "ort_default":
         said = (["# ckpt found no plan that lowers the peak by recompute; it only added the",
@@ -104,7 +105,9 @@ def settings_snippet(provider: str = "cpu", enable_mem_reuse: bool = True, model
         *(["# ckpt predicts less memory for this graph when freed buffers are released",
            "# instead of parked for a later tensor of the same shape.",
            "so.enable_mem_reuse = False"] if not enable_mem_reuse else []),
-        f"so.enable_cpu_mem_arena = {s['enable_cpu_mem_arena']}",
+        *(["# ckpt measured this graph lower under these settings without ORT's CPU arena."]
+          if not mem_arena else []),
+        f"so.enable_cpu_mem_arena = {s['enable_cpu_mem_arena'] and mem_arena}",
     ]
     for k, v in s["config_entries"].items():
         lines.append(f"so.add_session_config_entry({k!r}, {v!r})")
