@@ -312,20 +312,3 @@ def test_sample_peak_within_5_percent_of_ort(sample, tmp_path):
         assert r["peak_bytes"] > r["peak_requested_bytes"]
         assert res.peak_in_use_bytes > res.peak_requested_bytes
         assert res.held_bytes >= res.peak_in_use_bytes
-
-
-def test_constant_nodes_are_session_bytes_like_small_initializers():
-    """ORT makes Constant nodes initializers before the run: a small one read by a node is in
-    the arena for the session (measured: a budget rewrite of the cnn sample whose guards wrote
-    47 Constants of 8-32 bytes held 592 bytes more from the first node on)."""
-    from ckpt_cli.analysis.shapes import infer_tensors
-    from ckpt_cli.graph import Graph
-
-    nodes = [helper.make_node("Constant", [], ["k"], value=numpy_helper.from_array(np.zeros(4, np.int64))),
-             helper.make_node("Constant", [], ["unread"], value=numpy_helper.from_array(np.zeros(2, np.int64))),
-             helper.make_node("Add", ["x", "k"], ["y"])]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.INT64, [4])],
-                              [helper.make_tensor_value_info("y", TensorProto.INT64, [4])],
-                              [numpy_helper.from_array(np.ones(2, np.int64), "small_unread")])
-    g = Graph.from_model(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
-    assert A.small_initializer_bytes(g, infer_tensors(g, {})) == 32  # k; neither unread tensor

@@ -50,8 +50,6 @@ orders, original and rewritten, and ``held_bytes`` equals ``mem_arena_held``
 
 from __future__ import annotations
 
-from itertools import chain
-
 from bisect import bisect_left, insort
 from dataclasses import dataclass
 from typing import Sequence
@@ -509,12 +507,9 @@ SMALL_INITIALIZER_BYTES = 128  # ORT keeps initializers below this size in the a
 
 def small_initializer_bytes(graph, tensors) -> int:
     """Bytes of the initializers ORT places in the arena for the whole session (it drops
-    those no node reads), Constant nodes' outputs included: ORT makes them initializers
-    before the run (ckpt's guards write 8-32 byte ones; 47 of them, 592 bytes, measured
-    as 592 more session bytes on the cnn sample's budget rewrite)."""
+    those no node reads)."""
     read, outputs = graph.consumers, set(graph.outputs)  # looked up, not copied: a plan search replays often
-    constants = [t for n in graph.nodes if n.op_type == "Constant" for t in n.outputs]
-    return sum(info.nbytes for t in chain(graph.initializers, constants)
+    return sum(info.nbytes for t in graph.initializers
                if (t in read or t in outputs) and (info := tensors.get(t)) is not None and info.nbytes is not None
                and info.nbytes < SMALL_INITIALIZER_BYTES)
 
