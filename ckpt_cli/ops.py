@@ -67,7 +67,7 @@ VIEW_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"})
 # merges the two and loses the computed shape's edge ("Attempting to get index by a name which
 # does not exist ... _new_reshape"). One of these in front of such a Reshape loads, and so does
 # a guard feeding a fresh view (whose shape ORT cannot know).
-RESHAPE_FUSED_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten"})
+RESHAPE_FUSED_OPS = VIEW_OPS - {"Identity"}
 
 # The CPU kernels of these ops may write output 0 into input 0 (``MayInplace(0, 0)``;
 # measured on ORT 1.31: not Exp, Neg, binary ops, Dropout, Expand, Transpose, ScatterND).

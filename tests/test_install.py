@@ -47,7 +47,7 @@ def test_the_license_is_declared_in_the_pep_639_form():
     ("1.19.0", "onnxruntime-gpu", True),  # the inference build: the gpt rewrite 11.7% off the prediction
     ("1.25.0", "onnxruntime-gpu", True), ("1.32.0", "onnxruntime", True), (None, None, False)])
 def test_the_runtime_warning_names_releases_outside_the_validated_ones(version, dist, warns):
-    message = report_model.ort_version_warning(version, dist)
+    message = report_model.ort_version_warning(dist, version)
     assert (message is not None) == warns
     if warns:
         assert "\n" not in message and version in message and dist in message and "1.31" in message

@@ -175,7 +175,7 @@ def _warn_of_ort_version() -> None:
     """Once per process: the installed onnxruntime is not a release the memory model is validated on."""
     from ..report.model import ort_release, ort_version_warning
 
-    message = None if _warned else ort_version_warning(*reversed(ort_release()))
+    message = None if _warned else ort_version_warning(*ort_release())
     _warned.append(True)
     if message:
         click.echo(message, err=True)

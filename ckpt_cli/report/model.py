@@ -51,21 +51,25 @@ def ort_release() -> tuple[str | None, str | None]:
 
 
 # The ONNX Runtime releases (major.minor) the memory model's predictions were measured
-# against: 1.31 (inference builds, CPU and CUDA) and 1.19 (the last training build; the 1.19
-# inference build measures the gpt sample's rewrite 11.7% above its prediction).
-VALIDATED_ORT = ("1.19", "1.31")
-TRAINING_ONLY = ("1.19",)
+# against, and the distribution each holds for: 1.31 (inference builds, CPU and CUDA) and
+# 1.19's training build (the 1.19 inference build measures the gpt sample's rewrite 11.7%
+# above its prediction).
+VALIDATED_ORT = {"1.31": "onnxruntime", "1.19": "onnxruntime-training"}
 
 
-def ort_version_warning(version: str | None, dist: str | None = "onnxruntime-training") -> str | None:
-    """One line to warn with when ``version`` of ``dist`` (the installed onnxruntime) is not a
-    release the memory model was validated on; None when it is, or when none is installed."""
-    release = ".".join(version.split(".")[:2]) if version else None
-    if version is None or (release in VALIDATED_ORT and (
-            release not in TRAINING_ONLY or (dist or "").startswith("onnxruntime-training"))):
+def ort_version_warning(dist: str | None, version: str | None) -> str | None:
+    """One line to warn with when ``version`` of ``dist`` (the installed onnxruntime, as
+    ``ort_release`` reads it) is not a release the memory model was validated on; None when
+    it is, or when none is installed."""
+    if version is None:
         return None
+    validated = VALIDATED_ORT.get(".".join(version.split(".")[:2]))
+    if validated is not None and (dist or "onnxruntime").startswith(validated):
+        return None
+    names = "; ".join(f"{release} {d.removeprefix('onnxruntime').lstrip('-') or 'any build'}"
+                      for release, d in VALIDATED_ORT.items())
     return (f"ckpt: warning: {dist or 'onnxruntime'} {version} is not a release ckpt's memory model is validated "
-            f"on (1.31; 1.19 training): predicted peaks may differ from what it holds")
+            f"on ({names}): predicted peaks may differ from what it holds")
 
 
 @dataclass(frozen=True)

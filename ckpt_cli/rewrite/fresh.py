@@ -98,9 +98,9 @@ def _viewed(graph: Graph, node: Node, tensors: dict[str, TensorInfo], constants:
     fuses over (a view there would stop the fusion, and the fused kernel rounds otherwise).
     An input on such an edge is hidden behind its producer instead where that is a backward
     Transpose: the view goes on the Transpose's input, and the fused pair stays."""
-    data = [x for x in node.inputs if x != ABSENT and x not in constants and _rank(tensors.get(x))]
     if node.op_type in RESHAPE_FUSED_OPS:
         return []  # a view must not feed one (ops.RESHAPE_FUSED_OPS); after a guard it may go
+    data = [x for x in node.inputs if x != ABSENT and x not in constants and _rank(tensors.get(x))]
     free = [(node, x) for x in data if not fused_edge(graph, x, node)]
     if free and node.op_type in ALL_INPUT_SHAPES_OPS:
         return free

@@ -294,10 +294,14 @@ class _Trials:
         self.judged.append(judged)
         return judged
 
+    def below(self, j: ModuleJudged, best: int | None) -> bool:
+        """``j``'s untuned peak is below trial ``best``'s (any is, where there is none)."""
+        return best is None or (j.peak_bytes or 0) < (self.judged[best].peak_bytes or 0)
+
     def lowest(self, best: int | None) -> int | None:
         """The last trial where it passes with an untuned peak below ``best``'s, else ``best``."""
         j, limit = self.judged[-1], self.original["peak_bytes"]
-        if j.accepted(limit) and (best is None or (j.peak_bytes or 0) < (self.judged[best].peak_bytes or 0)):
+        if j.accepted(limit) and self.below(j, best):
             return len(self.judged) - 1
         return best
 
@@ -315,7 +319,7 @@ class _Trials:
                 break
             best = self.lowest(best)
             if (not j.accepted(limit) and j.untuned_accepted(limit)
-                    and (best is None or (j.peak_bytes or 0) < (self.judged[best].peak_bytes or 0))):
+                    and self.below(j, best)):
                 self.trial(i, True, shared=True)
                 best = self.lowest(best)
         return self.judged, self.written, self.arena_off(best)
@@ -330,7 +334,7 @@ class _Trials:
         against 10.00-10.08 without; buffer reuse on is higher on both sides)."""
         limit = self.original["peak_bytes"]
         near = [j for j in self.judged if j.untuned_accepted(limit) and not j.accepted(limit) and j.arena
-                and (best is None or (j.peak_bytes or 0) < (self.judged[best].peak_bytes or 0))]
+                and self.below(j, best)]
         if not near:
             return best
         j = min(near, key=lambda t: t.peak_bytes or 0)
