@@ -14,8 +14,10 @@ arithmetic on them is exact (int64).
    capacities at once (the shortest augmenting paths, all together).
 4. Dinic's phases: a breadth-first search of the residual graph, a level at a time in
    numpy, levels the vertices up to the sink; the arcs from one level to the next that lie
-   on a shortest path to the sink are kept, and a depth-first search in plain Python
-   saturates them (a blocking flow). Until the sink is out of reach: the flow is maximum.
+   on a shortest path to the sink are kept, and waves in numpy saturate them (a blocking
+   flow; a depth-first search in plain Python finishes what ``WAVES`` waves leave, and
+   alone is the path with ``CKPT_PURE_PYTHON=1``). Until the sink is out of reach: the
+   flow is maximum.
 5. The source side: what the source reaches in the residual graph. It is the same set for
    every maximum flow, so it does not depend on the algorithm that found the flow.
 """
