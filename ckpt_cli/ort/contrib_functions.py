@@ -48,7 +48,9 @@ def _body(node, formal_in: tuple[str, ...], formal_out: tuple[str, ...],
     """``node``'s function body as nodes of the graph."""
     names = {f: t for f, t in zip(formal_in, node.inputs)}
     names.update((f, t) for f, t in zip(formal_out, node.outputs) if t != ABSENT)
-    name = lambda t: names.get(t) or f"{node.name}/{t}"  # noqa: E731 - a one-line closure over names
+    def name(t: str) -> str:
+        return names.get(t) or f"{node.name}/{t}"
+
     out = []
     for k, (outs, op, ins, domain, attrs) in enumerate(body):
         p = helper.make_node(op, [name(t) for t in ins], [name(t) for t in outs], name=f"{node.name}/{op}_{k}",

@@ -73,7 +73,7 @@ def solve_binary(cost: np.ndarray, matrix: Triples, row_lower: np.ndarray, row_u
 
 def _quiet_highs():
     """A silent ``highspy.Highs``. Its constructor enables callbacks, which writes HiGHS's
-    banner to file descriptor 1 before any option can turn output off (HiGHS issue 2749),
+    banner to file descriptor 1 before any option can turn output off (github.com/ERGO-Code/HiGHS/issues/2749),
     and a --json report there must hold nothing else: descriptor 1 points at the null
     device while it is built (HiGHS flushes each log line)."""
     import highspy
