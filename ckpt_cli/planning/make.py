@@ -20,16 +20,23 @@ from . import choose_plan
 from .activation import activation_budget_plan
 from .budget import BudgetSearch, Planned
 from .cutsearch import lowest_peak_plan
-from .evaluate import PlanEvaluator, Rewriter, ort_peak
+from .evaluate import PlanEvaluator, Rewriter, Rewritten, ort_peak
 from .plan import Plan, apply_policy
 from .strategies import LARGE_GRAPH_NODES, STRATEGIES, parse_budget
 
 
-class PlanWriter(Protocol):
-    """``rewrite.select.rewrite_plan``: the rewrite of a chosen plan that would be written;
-    its ``no_gain`` says why the unchanged graph would be written instead."""
+class Written(Rewritten, Protocol):
+    """A rewrite as it would be written: ``no_gain`` says why the unchanged graph would be
+    written instead, if it would."""
 
-    def __call__(self, a: Analysis, planned: Planned | None, pin: bool = True) -> Any: ...
+    @property
+    def no_gain(self) -> str | None: ...
+
+
+class PlanWriter(Protocol):
+    """``rewrite.select.rewrite_plan``: the rewrite of a chosen plan that would be written."""
+
+    def __call__(self, a: Analysis, planned: Planned | None, pin: bool = True) -> Written: ...
 
 
 @dataclass(frozen=True)

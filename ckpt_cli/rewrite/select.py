@@ -22,8 +22,7 @@ from ..planning.decision import NO_GAIN, all_kept
 from ..planning.evaluate import cost_of, intervals_of
 from ..planning.explain import explain
 from ..planning.make import Rewriting
-from ..planning.search import Intervals
-from ..planning.strategies import PlanCost
+from ..planning.search import Intervals, PlanCost
 from ..units import human_bytes
 from . import RewriteResult, module_shortfall, original_best, original_floor, pinned, rewrite, unchanged
 from .mem_pattern import is_ort_artifact
@@ -104,6 +103,6 @@ def plan_notes(plan: Plan | None, result: RewriteResult) -> list[str]:
 
 
 @gc_paused
-def plan_rows(a: Analysis, planned: Planned, result: RewriteResult) -> list[dict]:
+def plan_rows(a: Analysis, planned: Planned, result: RewriteResult) -> list[dict[str, Any]]:
     """Explanations per stashed buffer, from the decisions the rewrite settled."""
     return explain(a, planned.plan or Plan([], "none"), result.decisions)

@@ -150,7 +150,7 @@ def judged_in_plain(a: Analysis, knee: Planned, finish: Finish | None = None) ->
     for less, with the judgement recorded; ``knee`` as it is where there is nothing to judge
     (no vertex past it: ``make_plan`` records them on the default's knee only).
     ``finish`` turns a pinned rewrite into the one written (the memory-pattern input)."""
-    if not knee.beyond or knee.written is None or knee.knee_cost is None:
+    if not knee.beyond or knee.written is None or knee.knee_cost is None or knee.plan is None:
         return knee
     finish = finish or (lambda r: r)
     plans = [knee.plan, *(p for p, _, _ in knee.beyond)]
