@@ -371,7 +371,7 @@ def _inferred(model: onnx.ModelProto, light: onnx.GraphProto, strict_for: object
             inferred = light
         else:
             first = next((line for line in str(e).splitlines() if line.strip()), "")
-            raise ModelError(f"{strict_for}: types or shapes do not fit the ops ({first[:300]})") from None
+            raise ModelError(f"{strict_for}: types or shapes do not fit the ops ({first[:300]})") from e
     except Exception:  # inference is best effort otherwise: fall back to what the file declares
         inferred = light
     tensors: dict[str, TensorInfo] = {}

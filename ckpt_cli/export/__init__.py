@@ -60,7 +60,7 @@ def require_torch() -> None:
             importlib.import_module(module)
         except ImportError as e:
             raise TorchMissing(f"{module} is not installed in this Python ({e}); ckpt export needs it: "
-                               f"{INSTALL}") from None
+                               f"{INSTALL}") from e
 
 
 def load_factory(ref: str) -> object:
@@ -93,7 +93,7 @@ def _import_file(source: str) -> ModuleType:
         spec.loader.exec_module(module)
     except Exception as e:
         sys.modules.pop(name, None)
-        raise ModelError(f"{source}: importing it raised {one_line(e)}") from None
+        raise ModelError(f"{source}: importing it raised {one_line(e)}") from e
     return module
 
 
@@ -103,10 +103,10 @@ def _import_module(source: str) -> ModuleType:
         return importlib.import_module(source)
     except ModuleNotFoundError as e:
         if e.name and source.startswith(e.name):
-            raise UsageError(f"{source}: no such module (give a FILE.py path, or run from its folder)") from None
-        raise ModelError(f"{source}: importing it raised {one_line(e)}") from None
+            raise UsageError(f"{source}: no such module (give a FILE.py path, or run from its folder)") from e
+        raise ModelError(f"{source}: importing it raised {one_line(e)}") from e
     except Exception as e:
-        raise ModelError(f"{source}: importing it raised {one_line(e)}") from None
+        raise ModelError(f"{source}: importing it raised {one_line(e)}") from e
 
 
 def model_from_factory(ref: str, seed: int = 0) -> tuple[torch.nn.Module, tuple[object, ...] | None]:
@@ -123,7 +123,7 @@ def model_from_factory(ref: str, seed: int = 0) -> tuple[torch.nn.Module, tuple[
         try:
             obj = obj()
         except Exception as e:
-            raise ModelError(f"{ref}() raised {one_line(e)}") from None
+            raise ModelError(f"{ref}() raised {one_line(e)}") from e
     inputs = None
     if isinstance(obj, tuple) and len(obj) == 2 and isinstance(obj[0], torch.nn.Module):
         obj, inputs = obj

@@ -21,7 +21,7 @@ def ort_module() -> ModuleType:
     try:
         import onnxruntime
     except ImportError as e:
-        raise RuntimeUnavailable("provider_unavailable", _INSTALL.format(why=e)) from None
+        raise RuntimeUnavailable("provider_unavailable", _INSTALL.format(why=e)) from e
     module: ModuleType = onnxruntime  # untyped to mypy (no stubs): a module all the same
     return module
 

@@ -72,7 +72,7 @@ def run_child(argv: list[str], env: dict[str, str], timeout: float | None, what:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 env=env, start_new_session=True)
     except (OSError, ValueError) as e:
-        raise RunFailed("load_failed", f"cannot start {argv[0]}: {getattr(e, 'strerror', None) or e}") from None
+        raise RunFailed("load_failed", f"cannot start {argv[0]}: {getattr(e, 'strerror', None) or e}") from e
     deadline = None if timeout is None else time.monotonic() + timeout
     try:
         out, err = _collect(proc, deadline, timeout, what)
@@ -194,7 +194,7 @@ def load_outputs(path: str, what: str) -> dict[str, np.ndarray]:
     except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, MemoryError, OverflowError,
             NotImplementedError, RuntimeError) as e:
         raise RunFailed("bad_answer", f"{what} wrote outputs that are not a readable .npz "
-                                      f"({type(e).__name__}: {_short(e)})") from None
+                                      f"({type(e).__name__}: {_short(e)})") from e
 
 
 def _check_member(z: zipfile.ZipFile, info: zipfile.ZipInfo) -> None:

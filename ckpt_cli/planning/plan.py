@@ -127,9 +127,9 @@ def read_plan_file(path: Path) -> dict[str, Any]:
     except FileNotFoundError:
         raise UsageError(f"{path}: no such plan file") from None
     except json.JSONDecodeError as e:
-        raise UsageError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+        raise UsageError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from e
     except (OSError, UnicodeDecodeError, RecursionError, MemoryError) as e:
-        raise UsageError(f"{path}: cannot read the plan file ({getattr(e, 'strerror', None) or type(e).__name__})") from None
+        raise UsageError(f"{path}: cannot read the plan file ({getattr(e, 'strerror', None) or type(e).__name__})") from e
     if not isinstance(data, dict) or not isinstance(data.get("regions"), list):
         raise UsageError(f"{path}: a plan is an object with a 'regions' list (see ckpt rewrite --help)")
     version = data.get("ckpt_plan", PLAN_FORMAT)

@@ -46,7 +46,7 @@ def compile_regex(pattern: str, option: str) -> Regex:
     except re2.error as e:
         reason = e.args[0].decode(errors="replace") if e.args and isinstance(e.args[0], bytes) else str(e)
         raise UsageError(f"bad {option} expression '{pattern}': {reason} (ckpt matches with RE2: "
-                         "no backreferences or lookaround)") from None
+                         "no backreferences or lookaround)") from e
     return compiled
 
 

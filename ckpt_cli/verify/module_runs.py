@@ -61,7 +61,7 @@ def _checked(answer: dict, steps: int, what: str) -> dict:
         if type(peak) is not int:
             raise ValueError("peak_bytes")
     except ValueError as e:
-        raise RunFailed("bad_answer", f"{what} answered a malformed result ({e})") from None
+        raise RunFailed("bad_answer", f"{what} answered a malformed result ({e})") from e
     return {"peak_bytes": peak, "losses_hex": hexes, "time_s": statistics.median(times)}
 
 
