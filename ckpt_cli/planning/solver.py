@@ -21,8 +21,8 @@ import numpy as np
 from ..analysis import Analysis
 from ..errors import BudgetUnreachable
 from .plan import Plan
-from .search import Intervals, KeepJudge, search_limits
-from .strategies import (BudgetResult, Candidate, Evaluate, PlanCost, candidates, over_structures,
+from .search import Intervals, KeepJudge, PlanCost, search_limits
+from .strategies import (BudgetResult, Candidate, Evaluate, candidates, over_structures,
                          recomputing_nothing, result_of, unreachable_message)
 
 MAX_CANDIDATES = 2000  # beyond this the MILP is slow; optimal is for graphs of a few hundred nodes
