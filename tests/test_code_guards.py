@@ -9,6 +9,7 @@ and no other function may join them. Remove an entry once its function is within
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 from pathlib import Path
 
@@ -218,3 +219,87 @@ def test_no_assignment_into_a_report_after_it_is_built():
 def test_the_report_guard_sees_writes():
     code = "report['a'] = 1\nout.report['b'] = 2\nreport.update(c=3)\ndel plan_report['d']\nr['e'] = 4\n"
     assert sorted(_report_writes(ast.parse(code))) == [1, 2, 3, 4]
+
+
+def _drops_cause(node: ast.Raise) -> bool:
+    return node.cause is None or (isinstance(node.cause, ast.Constant) and node.cause.value is None)
+
+
+def _unchained_raises(tree: ast.AST) -> list[int]:
+    """Lines that raise a new exception inside ``except ... as e`` without chaining a cause
+    (``from e``): no ``from``, or ``from None``, which drops the cause. Re-raising the caught
+    name itself is fine. A function defined in the handler is its own scope."""
+    lines: list[int] = []
+
+    def visit(node: ast.AST, caught: tuple[str, ...]) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            caught = ()
+        if isinstance(node, ast.Raise) and caught and node.exc is not None and _drops_cause(node) \
+                and not (isinstance(node.exc, ast.Name) and node.exc.id in caught):
+            lines.append(node.lineno)
+        if isinstance(node, ast.ExceptHandler) and node.name:
+            caught = (*caught, node.name)
+        for child in ast.iter_child_nodes(node):
+            visit(child, caught)
+
+    visit(tree, ())
+    return lines
+
+
+def test_every_raise_in_an_except_block_chains_its_cause():
+    """An error raised while handling another names it as its cause (``raise X(...) from e``):
+    the traceback under --debug shows what ckpt's one-line message was made from."""
+    found = [f"{path.relative_to(PACKAGE).as_posix()}:{line}" for path in sorted(PACKAGE.rglob("*.py"))
+             for line in _unchained_raises(ast.parse(path.read_text(), str(path)))]
+    assert found == []
+
+
+def test_the_cause_guard_sees_unchained_raises():
+    code = ("try:\n    f()\nexcept OSError as e:\n    raise ValueError(e)\n"          # 4: unchained
+            "try:\n    f()\nexcept OSError as e:\n    raise ValueError(e) from e\n"   # chained
+            "try:\n    f()\nexcept OSError as e:\n    raise ValueError(e) from None\n"  # 12: dropped
+            "try:\n    f()\nexcept OSError as e:\n    raise e\n"                      # the caught one
+            "try:\n    f()\nexcept OSError as e:\n    if e.errno:\n        raise KeyError\n"  # 21: nested
+            "try:\n    f()\nexcept OSError as e:\n    def g():\n        raise KeyError\n")  # own scope
+    assert _unchained_raises(ast.parse(code)) == [4, 12, 21]
+
+
+ISSUE_REFERENCE = re.compile(r"\bissue\s+#?\d+", re.IGNORECASE)
+
+
+def _issue_references(text: str) -> list[int]:
+    return [k for k, line in enumerate(text.splitlines(), 1) if ISSUE_REFERENCE.search(line)]
+
+
+def test_no_issue_number_in_the_package():
+    """The code says why in its own words: an "issue N" points at a tracker a reader of the
+    package may not have (an upstream bug is cited by its address)."""
+    found = [f"{path.relative_to(PACKAGE).as_posix()}:{line}" for path in sorted(PACKAGE.rglob("*.py"))
+             for line in _issue_references(path.read_text())]
+    assert found == []
+
+
+def test_the_issue_guard_sees_references():
+    text = "x = 1  # issue 14\n\"\"\"see Issue #7\"\"\"\n# github.com/o/r/issues/3\n# an issue 'x'\n"
+    assert _issue_references(text) == [1, 2]
+
+
+NOQA = re.compile(r"#\s*noqa\b(?P<rest>.*)")
+NOQA_WITH_REASON = re.compile(r":\s*[A-Z]+[0-9]+(?:,\s*[A-Z]+[0-9]+)*\s+-\s+\S")
+
+
+def _bare_noqa(text: str) -> list[int]:
+    return [k for k, line in enumerate(text.splitlines(), 1)
+            if (m := NOQA.search(line)) and not NOQA_WITH_REASON.match(m["rest"])]
+
+
+def test_every_noqa_names_its_rule_and_says_why():
+    """``# noqa: CODE - why``: a silenced rule is named, and the line says why it does not apply."""
+    found = [f"{path.relative_to(PACKAGE).as_posix()}:{line}" for path in sorted(PACKAGE.rglob("*.py"))
+             for line in _bare_noqa(path.read_text())]
+    assert found == []
+
+
+def test_the_noqa_guard_sees_bare_markers():
+    text = "a  # noqa\nb  # noqa: E731\nc  # noqa: BLE001 - ORT's errors have no common type\nd  # noqa:E1,F2 - x\n"
+    assert _bare_noqa(text) == [1, 2]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from itertools import chain
-from typing import TYPE_CHECKING, Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeVar
 from functools import cached_property
 
 from ..errors import UsageError
@@ -165,7 +165,8 @@ class Analysis:
         memo = self._memo.derived
         if make not in memo:
             memo[make] = make(self)
-        return memo[make]
+        made: _T = memo[make]  # the memo holds each function's own result
+        return made
 
     @property
     def output_bytes(self) -> int:
@@ -226,7 +227,7 @@ def _refuse_unbound_dims(graph: Graph, tensors: dict[str, TensorInfo], dims: dic
                          + " ".join(f"--dim {d}=N" for d in unbound))
 
 
-def buffer_bytes(buffers, tensors: dict[str, TensorInfo]) -> int:
+def buffer_bytes(buffers: Iterable[str], tensors: dict[str, TensorInfo]) -> int:
     return sum((tensors[b].nbytes or 0) for b in buffers if b in tensors)
 
 

@@ -68,9 +68,9 @@ def load_graph(path: str | Path) -> Graph:
         model = read_model(path)
     except (DecodeError, ValueError, RuntimeError) as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise ModelError(f"{path}: not a readable ONNX model (truncated or not protobuf: {first})") from None
+        raise ModelError(f"{path}: not a readable ONNX model (truncated or not protobuf: {first})") from e
     except OSError as e:
-        raise ModelError(f"{path}: cannot read ({e.strerror or e})") from None
+        raise ModelError(f"{path}: cannot read ({e.strerror or e})") from e
     except MemoryError:
         raise ModelError(f"{path}: not enough memory to read the model") from None
     if model.ir_version == 0 or not model.HasField("graph") or not model.graph.node:
@@ -135,7 +135,7 @@ def _run_checker(model: onnx.ModelProto, path: Path, order: list[int], external:
         raise ModelError(f"{path}: names in the model are not valid UTF-8 text") from None
     except onnx.checker.ValidationError as e:
         first = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
-        raise ModelError(f"{path}: not a valid ONNX model ({first[:300]})") from None
+        raise ModelError(f"{path}: not a valid ONNX model ({first[:300]})") from e
 
 
 def _model_strings(graph: Graph) -> Iterator[str]:

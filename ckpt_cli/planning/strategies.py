@@ -10,7 +10,7 @@ cost model apart from the cut).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from ..analysis import Analysis
 from ..analysis.floor import Floor
@@ -95,7 +95,7 @@ def over_structures(a: Analysis, budget: int, intervals_of: Callable[[Plan], Int
     lowest: PlanCost | None = None
     evaluations = 0
 
-    def floors(plans):
+    def floors(plans: Iterable[Plan]) -> Iterator[tuple[Plan, Intervals]]:
         nonlocal lowest, evaluations
         for structure in plans:
             floor = intervals_of(structure)
@@ -107,7 +107,7 @@ def over_structures(a: Analysis, budget: int, intervals_of: Callable[[Plan], Int
             elif first_fit and floor.cost.peak_bytes > budget * (1 + STRUCTURE_SPREAD):
                 return  # the other structures' floors lie within STRUCTURE_SPREAD of this one
 
-    def visit(fitting) -> None:
+    def visit(fitting: Iterable[tuple[Plan, Intervals]]) -> None:
         nonlocal best, evaluations
         for structure, floor in fitting:
             result, spent = search(structure, floor)

@@ -4,6 +4,7 @@ node order against the file order."""
 from __future__ import annotations
 
 from collections import Counter
+from typing import AbstractSet, Any
 
 import numpy as np
 
@@ -13,7 +14,7 @@ DEFAULT_RTOL = 1e-5
 DEFAULT_ATOL = 1e-6
 
 
-def _diffs(a: np.ndarray, b: np.ndarray):
+def _diffs(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Elementwise (|a-b|, relative diff, |b|) in float64 for same-shape arrays."""
     if a.dtype == np.bool_ or b.dtype == np.bool_:
         a, b = a.astype(np.int8), b.astype(np.int8)
@@ -39,7 +40,7 @@ def _kind_problem(x: np.ndarray, y: np.ndarray) -> str | None:
     return None
 
 
-def compare_one(x: np.ndarray, y: np.ndarray, rtol: float, atol: float) -> dict:
+def compare_one(x: np.ndarray, y: np.ndarray, rtol: float, atol: float) -> dict[str, Any]:
     """One output: the reference ``x`` against the candidate ``y``. Another shape or element
     type is a difference whatever the values (a float64 output where float32 was is a
     changed model), with no |diff| to report."""
@@ -59,8 +60,8 @@ def compare_one(x: np.ndarray, y: np.ndarray, rtol: float, atol: float) -> dict:
     return entry
 
 
-def compare_outputs(a: dict, b: dict, *, rtol: float = DEFAULT_RTOL,
-                    atol: float = DEFAULT_ATOL) -> dict:
+def compare_outputs(a: dict[str, Any], b: dict[str, Any], *, rtol: float = DEFAULT_RTOL,
+                    atol: float = DEFAULT_ATOL) -> dict[str, Any]:
     """Compare two {name: array} dicts (a = reference, b = candidate), each in the order
     the model returns its outputs.
 
@@ -105,8 +106,9 @@ def compare_outputs(a: dict, b: dict, *, rtol: float = DEFAULT_RTOL,
 
 
 
-def order_check(file_order: list, executed: list, executed_ops: list | None = None,
-                executed_providers: list | None = None, kernelless: set | frozenset = frozenset()) -> dict:
+def order_check(file_order: list[str], executed: list[str], executed_ops: list[str] | None = None,
+                executed_providers: list[str] | None = None,
+                kernelless: AbstractSet[str] = frozenset()) -> dict[str, Any]:
     """Does the executed order follow the file order?
 
     Compared on the nodes present in both: ORT runs no kernel for Constant nodes

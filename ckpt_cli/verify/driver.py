@@ -54,7 +54,7 @@ def _answer_line(out: child.Child, what: str) -> object:
         if out.returncode != 0:
             return None  # a crash that printed something: the crash is the news
         raise RunFailed("bad_answer", f"{what} answered no JSON result ({child.printable(str(e), 200)})",
-                        out.stderr) from None
+                        out.stderr) from e
 
 
 def _parse(out: child.Child, what: str, required: tuple[str, ...] = ()) -> dict:
@@ -365,7 +365,7 @@ def _ort_default_runs(pair: _Pair, o_vals: dict) -> tuple[dict, dict, dict]:
     try:
         original = pair.measure(pair.original, "ort_default", out)
     except RunFailed as e:  # it ran under ckpt's settings: ORT's default optimizations refuse it
-        raise RunFailed(e.kind, f"{e.message} (under ORT's default settings)") from None
+        raise RunFailed(e.kind, f"{e.message} (under ORT's default settings)") from e
     try:
         rewritten = pair.measure(pair.rewritten, "ort_default", None)
     except RunFailed as e:  # a finding about the rewrite, not a reason to stop the check

@@ -358,10 +358,10 @@ def load_feeds(path, model) -> dict:
         raise
     except ValueError as e:
         if "pickle" in str(e):  # numpy suggests allow_pickle: never load pickled objects
-            raise FeedError(f"feeds file {path} is not an .npz archive of arrays (numpy.savez)") from None
-        raise FeedError(f"cannot read feeds file {path}: {' '.join(str(e).split())}") from None
+            raise FeedError(f"feeds file {path} is not an .npz archive of arrays (numpy.savez)") from e
+        raise FeedError(f"cannot read feeds file {path}: {' '.join(str(e).split())}") from e
     except Exception as e:  # noqa: BLE001 - numpy's reader raises many types on a bad file
-        raise FeedError(f"cannot read feeds file {path}: {' '.join(str(e).split())}") from None
+        raise FeedError(f"cannot read feeds file {path}: {' '.join(str(e).split())}") from e
     inputs = graph_inputs(model)
     names = [vi.name for vi in inputs]
     for name in names:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import asdict, dataclass, field, is_dataclass
-from typing import Literal, overload
+from typing import Any, Literal, overload
 
 from . import driver
 
@@ -42,7 +42,7 @@ class Measurement:
     peak_requested_bytes: int | None  # tensor bytes, baseline removed
     time_s: float | None
     method: str | None
-    runs: list | None
+    runs: list[dict[str, Any]] | None
 
     @overload
     @classmethod
@@ -66,12 +66,12 @@ class OutputFigures:
 
     equal: bool  # every output bit-identical
     within_tolerance: bool
-    tolerance: dict | None  # {"rtol", "atol"} when the check was given either
+    tolerance: dict[str, Any] | None  # {"rtol", "atol"} when the check was given either
     max_abs_diff: float | None
-    per_output: dict  # output name -> how it compares
+    per_output: dict[str, Any]  # output name -> how it compares
     reference_level: str | None = None  # outputs compared with the original at this ORT level (--ort-optimize)
-    unoptimized_vs_rewritten: dict | None = None  # then: the comparison with the original as it is
-    run_to_run: dict | None = None  # outputs that differ: the original's own spread between two runs
+    unoptimized_vs_rewritten: dict[str, Any] | None = None  # then: the comparison with the original as it is
+    run_to_run: dict[str, Any] | None = None  # outputs that differ: the original's own spread between two runs
 
 
 @dataclass(frozen=True)
@@ -121,13 +121,13 @@ class CheckFigures:
     enable_mem_reuse: bool
     outputs: OutputFigures
     measured: MeasuredRuns
-    order: dict  # order_check of the rewritten model's executed order
+    order: dict[str, Any]  # order_check of the rewritten model's executed order
     prediction: PredictionFigures
     # the pair run again at other values of the symbolic dimensions ("dims"): outputs only
-    other_dims: dict | None = None
+    other_dims: dict[str, Any] | None = None
     user_session: str = "ckpt"  # the session the rewrite is run in (RunsAt.user_session)
     # an ORT training artifact trained by the Module API (module_runs.module_sessions)
-    module_sessions: dict | None = None
+    module_sessions: dict[str, Any] | None = None
     memory_lower: bool = True
     failures: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -149,9 +149,10 @@ class CheckFigures:
 
     @property
     def order_matches(self) -> bool:
-        return self.order["matches"]
+        matches: bool = self.order["matches"]
+        return matches
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         out, runs, pred = self.outputs, self.measured, self.prediction
         body = {
             "provider": self.provider, "ort_version": self.ort_version,

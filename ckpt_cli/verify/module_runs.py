@@ -18,6 +18,7 @@ import statistics
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from ..errors import RunFailed
 from ..ort import child
@@ -37,7 +38,7 @@ SIDES = ("original", "rewritten")
 _MODEL_FAILURES = ("load_failed", "run_failed")
 
 
-def artifact_files(training_model: str | os.PathLike) -> dict[str, str] | str:
+def artifact_files(training_model: str | os.PathLike[str]) -> dict[str, str] | str:
     """The artifact's other files beside ``training_model``, or why there are none."""
     folder = Path(training_model).resolve().parent
     files = {k: folder / name for k, name in ARTIFACT_FILES.items()}
@@ -47,7 +48,7 @@ def artifact_files(training_model: str | os.PathLike) -> dict[str, str] | str:
     return {k: str(p) for k, p in files.items()}
 
 
-def _checked(answer: dict, steps: int, what: str) -> dict:
+def _checked(answer: dict[str, Any], steps: int, what: str) -> dict[str, Any]:
     """The figures of a child's answer, strictly: one finite loss per step, a byte count."""
     hexes, times, peak = answer.get("losses_hex"), answer.get("step_s"), answer.get("peak_bytes")
     try:
@@ -61,12 +62,12 @@ def _checked(answer: dict, steps: int, what: str) -> dict:
         if type(peak) is not int:
             raise ValueError("peak_bytes")
     except ValueError as e:
-        raise RunFailed("bad_answer", f"{what} answered a malformed result ({e})") from None
+        raise RunFailed("bad_answer", f"{what} answered a malformed result ({e})") from e
     return {"peak_bytes": peak, "losses_hex": hexes, "time_s": statistics.median(times)}
 
 
-def run_module(training_model: str | os.PathLike, files: dict[str, str], feeds_path: str | os.PathLike,
-               settings: dict | None, worker: WorkerOptions, steps: int = STEPS) -> dict:
+def run_module(training_model: str | os.PathLike[str], files: dict[str, str], feeds_path: str | os.PathLike[str],
+               settings: dict[str, Any] | None, worker: WorkerOptions, steps: int = STEPS) -> dict[str, Any]:
     """Train ``training_model`` for ``steps`` steps in a fresh child: its peak_bytes (process
     peak above the loaded state), losses_hex and median step time. Raises RunFailed."""
     session = "untuned" if settings is None else "recorded settings"
@@ -83,13 +84,13 @@ def run_module(training_model: str | os.PathLike, files: dict[str, str], feeds_p
     return _checked(_parse(out, what), steps, what)
 
 
-def _identical(runs: dict, session: str) -> bool | None:
+def _identical(runs: dict[str, Any], session: str) -> bool | None:
     o, r = runs.get(f"original_{session}"), runs.get(f"rewritten_{session}")
     return None if o is None or r is None else o["losses_hex"] == r["losses_hex"]
 
 
-def module_sessions(original: str | os.PathLike, rewritten: str | os.PathLike, feeds_path: str | os.PathLike,
-                    worker: WorkerOptions, steps: int = STEPS) -> dict:
+def module_sessions(original: str | os.PathLike[str], rewritten: str | os.PathLike[str], feeds_path: str | os.PathLike[str],
+                    worker: WorkerOptions, steps: int = STEPS) -> dict[str, Any]:
     """Both training models in the Module API, untuned and under the rewrite's recorded
     settings: ``{"steps", "settings", "<side>_<session>": figures, "errors", "losses_identical"}``,
     or ``{"skipped": why}`` when the original cannot be trained here."""
@@ -99,7 +100,7 @@ def module_sessions(original: str | os.PathLike, rewritten: str | os.PathLike, f
     if isinstance(files, str):
         return {"skipped": files}
     settings = recorded_settings(rewritten)
-    runs: dict = {}
+    runs: dict[str, Any] = {}
     errors: dict[str, str] = {}
     for session in SESSIONS:
         for side, model in zip(SIDES, (original, rewritten)):

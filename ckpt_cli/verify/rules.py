@@ -10,7 +10,7 @@ mutate`` shows that its test catches it).
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 from ..units import human_bytes
 from .figures import CheckFigures, Finding, Measurement, failure, note
@@ -71,7 +71,7 @@ def runs_at_other_dims(f: CheckFigures, tolerant: bool) -> list[Finding]:
     return []
 
 
-def _spread_note(f: CheckFigures, rr: dict) -> str:
+def _spread_note(f: CheckFigures, rr: dict[str, Any]) -> str:
     kernels = rr["varying_kernels"]
     worst = max(e["rewrite_diff"] for e in rr["outputs"].values())
     return (f"{len(rr['outputs'])} outputs are not bit-identical; each is computed by a kernel whose "

@@ -79,9 +79,9 @@ def prepare_feeds(model, out_path: Path, seed: int, dims: dict[str, int], feeds_
         if feeds_file is not None:
             _feeds_at_dims(model, feeds, dims)
     except FeedError as e:
-        raise UsageError(str(e)) from None
+        raise UsageError(str(e)) from e
     except (MemoryError, ValueError) as e:  # numpy: too large an array for this machine
-        raise UsageError(f"cannot make the feeds: {type(e).__name__}: {e} (a --dim too large?)") from None
+        raise UsageError(f"cannot make the feeds: {type(e).__name__}: {e} (a --dim too large?)") from e
     save_feeds(out_path, feeds)
 
 
@@ -95,20 +95,20 @@ def _run(original: Path, rewritten: Path, feeds: Path, options: driver.PairOptio
         return driver.check_pair(original, rewritten, feeds, options)
     except RuntimeUnavailable as e:
         if e.kind == "provider_unavailable":
-            raise RuntimeUnavailable(e.kind, f"ONNX Runtime provider '{provider}' is unavailable: {e.message}") from None
+            raise RuntimeUnavailable(e.kind, f"ONNX Runtime provider '{provider}' is unavailable: {e.message}") from e
         raise
     except RunFailed as e:
         if e.kind == "load_failed" and any(m in e.message for m in _MISSING_OP):
             raise RuntimeUnavailable(e.kind, f"this onnxruntime cannot load the model ({e.message}); run the "
                                      "check with --python pointing at an environment with the ORT build that "
-                                     "has these ops (e.g. onnxruntime-training)") from None
+                                     "has these ops (e.g. onnxruntime-training)") from e
         if e.kind == "bad_feeds":
-            raise UsageError(e.message) from None
+            raise UsageError(e.message) from e
         if e.kind == "load_failed" and "cannot start" not in e.message and "cannot import" not in e.message:
             # ckpt's validation had ORT load it with optimizations off: not the model's fault
             raise RunFailed(e.kind, f"ONNX Runtime could not load a model ckpt validated (ORT loads it with "
-                                    f"optimizations off): {e.message}") from None
-        raise RunFailed(e.kind, f"ONNX Runtime failed ({e.kind}): {e.message}{_known_cause(original, e)}") from None
+                                    f"optimizations off): {e.message}") from e
+        raise RunFailed(e.kind, f"ONNX Runtime failed ({e.kind}): {e.message}{_known_cause(original, e)}") from e
 
 
 def _known_cause(original: Path, e: RunFailed) -> str:
