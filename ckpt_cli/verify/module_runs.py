@@ -23,6 +23,7 @@ from ..errors import RunFailed
 from ..ort import child
 from . import module_child as _module_child
 from .driver import WorkerOptions, _child_env, _parse
+from .records import MODULE_SESSIONS, MODULE_SIDES, ModuleRun, ModuleSessions
 
 MODULE_CHILD_PATH = os.path.abspath(_module_child.__file__)
 # Enough for the optimizer's state to be in place, losses to move and the process peak to
@@ -31,8 +32,7 @@ MODULE_CHILD_PATH = os.path.abspath(_module_child.__file__)
 STEPS = 10
 ARTIFACT_FILES = {"checkpoint": "checkpoint", "eval_model": "eval_model.onnx",
                   "optimizer_model": "optimizer_model.onnx"}
-SESSIONS = ("untuned", "settings")
-SIDES = ("original", "rewritten")
+SESSIONS, SIDES = MODULE_SESSIONS, MODULE_SIDES
 # A finding about the model (the child answered why ORT did not run it), not a child gone wrong.
 _MODEL_FAILURES = ("load_failed", "run_failed")
 
@@ -83,35 +83,28 @@ def run_module(training_model: str | os.PathLike, files: dict[str, str], feeds_p
     return _checked(_parse(out, what), steps, what)
 
 
-def _identical(runs: dict, session: str) -> bool | None:
-    o, r = runs.get(f"original_{session}"), runs.get(f"rewritten_{session}")
-    return None if o is None or r is None else o["losses_hex"] == r["losses_hex"]
-
-
 def module_sessions(original: str | os.PathLike, rewritten: str | os.PathLike, feeds_path: str | os.PathLike,
-                    worker: WorkerOptions, steps: int = STEPS) -> dict:
+                    worker: WorkerOptions, steps: int = STEPS) -> ModuleSessions:
     """Both training models in the Module API, untuned and under the rewrite's recorded
-    settings: ``{"steps", "settings", "<side>_<session>": figures, "errors", "losses_identical"}``,
-    or ``{"skipped": why}`` when the original cannot be trained here."""
+    settings, or ``skipped`` and why when the original cannot be trained here."""
     from ..ort.session import recorded_settings
 
     files = artifact_files(original)
     if isinstance(files, str):
-        return {"skipped": files}
+        return ModuleSessions(files)
     settings = recorded_settings(rewritten)
-    runs: dict = {}
+    runs: dict[str, ModuleRun] = {}
     errors: dict[str, str] = {}
     for session in SESSIONS:
         for side, model in zip(SIDES, (original, rewritten)):
             key = f"{side}_{session}"
             try:
-                runs[key] = run_module(model, files, feeds_path, settings if session == "settings" else None,
-                                       worker, steps)
+                run = run_module(model, files, feeds_path, settings if session == "settings" else None, worker, steps)
+                runs[key] = ModuleRun(run["peak_bytes"], tuple(run["losses_hex"]), run["time_s"])
             except RunFailed as e:
                 if key == "original_untuned" and e.kind in (*_MODEL_FAILURES, "training_unavailable"):
-                    return {"skipped": f"the Module API did not train the original ({e.kind}: {e.message})"}
+                    return ModuleSessions(f"the Module API did not train the original ({e.kind}: {e.message})")
                 if e.kind not in _MODEL_FAILURES:
                     raise
                 errors[key] = f"{e.kind}: {e.message}"
-    return {"steps": steps, "settings": settings, **runs, "errors": errors,
-            "losses_identical": {s: _identical(runs, s) for s in SESSIONS}}
+    return ModuleSessions(None, steps, settings, runs, errors)
