@@ -86,6 +86,12 @@ class MeasuredRuns:
     rewritten_ort_default: Measurement | None
     rewritten_ort_default_error: str | None  # why the rewrite did not run under ORT's defaults
 
+    @classmethod
+    def of(cls, pair: driver.PairRun) -> "MeasuredRuns":
+        return cls(Measurement.of(pair.original.ckpt), Measurement.of(pair.rewritten.ckpt),
+                   Measurement.of(pair.original.ort_default), Measurement.of(pair.rewritten.ort_default),
+                   pair.rewritten.ort_default_error)
+
 
 @dataclass(frozen=True)
 class PlainPrediction:

@@ -43,7 +43,7 @@ from ..rewrite.mem_pattern import is_ort_artifact
 from ..units import human_bytes
 from .driver import WorkerOptions
 from .module_runs import STEPS, artifact_files, run_module
-from .stage import prepare_feeds
+from .feeds import prepare_feeds
 
 
 @dataclass(frozen=True)

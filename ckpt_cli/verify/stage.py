@@ -28,7 +28,7 @@ from ..markers import SessionPlan
 from ..options import CheckOptions
 from ..ops import VIEW_OPS, ort_kernel_defects
 from . import driver
-from .feeds import FeedError, feed_dims, load_feeds, make_feeds, save_feeds
+from .feeds import prepare_feeds
 from .figures import (CheckFigures, Finding, MeasuredRuns, Measurement, OutputFigures, PlainPrediction,
                       PredictionFigures, note)
 from .module_runs import module_sessions
@@ -63,27 +63,6 @@ class Prediction:
     # the peak as a process-peak measurement sees it: with the working memory kernels hold
     # outside ORT's allocator, without blocks under PROCESS_PEAK_MIN_BLOCK
     process_bytes: int | None = None
-
-
-def _feeds_at_dims(model, feeds: dict, dims: dict[str, int]) -> None:
-    """Feeds at other sizes than the analysis would be judged against a prediction for
-    those: the check names the dimension instead of failing on the prediction."""
-    for name, (size, where) in feed_dims(model, feeds).items():
-        if name in dims and dims[name] != size:
-            raise FeedError(f"--feeds: input {where!r} has {name} = {size}, but the models are analysed at "
-                            f"{name} = {dims[name]}: give --dim {name}={size}")
-
-
-def prepare_feeds(model, out_path: Path, seed: int, dims: dict[str, int], feeds_file: Path | None) -> None:
-    try:
-        feeds = load_feeds(feeds_file, model) if feeds_file is not None else make_feeds(model, seed, dims)
-        if feeds_file is not None:
-            _feeds_at_dims(model, feeds, dims)
-    except FeedError as e:
-        raise UsageError(str(e)) from None
-    except (MemoryError, ValueError) as e:  # numpy: too large an array for this machine
-        raise UsageError(f"cannot make the feeds: {type(e).__name__}: {e} (a --dim too large?)") from None
-    save_feeds(out_path, feeds)
 
 
 def _relative_error(predicted: int | None, measured: int | None) -> float | None:
@@ -142,9 +121,7 @@ def _output_figures(pair: driver.PairRun, options: CheckOptions, model) -> Outpu
 
 
 def _measured_runs(pair: driver.PairRun) -> MeasuredRuns:
-    return MeasuredRuns(Measurement.of(pair.original.ckpt), Measurement.of(pair.rewritten.ckpt),
-                        Measurement.of(pair.original.ort_default), Measurement.of(pair.rewritten.ort_default),
-                        pair.rewritten.ort_default_error)
+    return MeasuredRuns.of(pair)
 
 
 def _plain_prediction(rewritten: str | Path, predicted: Prediction, pair: driver.PairRun,
@@ -336,9 +313,9 @@ def _same_outputs(original: Graph, rewritten: Graph) -> None:
         raise CheckFailed(f"the models' outputs differ: {'; '.join(only)}")
 
 
-def _user_session(analysed: dict[str, Analysis], plan: SessionPlan) -> str:
+def _user_session(artifact: bool, plan: SessionPlan) -> str:
     """The session the rewrite is run in (``RunsAt.user_session``)."""
-    return "ort_default" if plan.session == "ort_default" or _artifact(analysed) else "ckpt"
+    return "ort_default" if plan.session == "ort_default" or artifact else "ckpt"
 
 
 def _artifact(analysed: dict[str, Analysis]) -> bool:
@@ -360,9 +337,10 @@ def check_analysed(paths: dict[str, Path], analysed: dict[str, Analysis], dims: 
     optimized = plan.ort_optimize
     provider = optimized["provider"] if optimized and options.provider == "auto" else options.provider
     predicted = {k: predict(a, reuse, plain=k == "rewritten") for k, a in analysed.items()}
+    artifact = _artifact(analysed)
     figures = measure_files(paths["original"], paths["rewritten"], predicted, replace(options, provider=provider),
                             enable_mem_reuse=reuse, feeds_model=analysed["original"].graph.model,
-                            dims=RunsAt(dims, other_assignment(analysed["original"]), _user_session(analysed, plan),
-                                        _artifact(analysed)),
+                            dims=RunsAt(dims, other_assignment(analysed["original"]), _user_session(artifact, plan),
+                                        artifact),
                             reference_level=optimized["level"] if optimized else None)
     return judge(figures, figures.outputs.tolerance is not None, RULES + also)
