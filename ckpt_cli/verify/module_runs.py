@@ -47,7 +47,7 @@ def artifact_files(training_model: str | os.PathLike) -> dict[str, str] | str:
     return {k: str(p) for k, p in files.items()}
 
 
-def _checked(answer: dict, steps: int, what: str) -> dict:
+def _checked(answer: dict, steps: int, what: str) -> ModuleRun:
     """The figures of a child's answer, strictly: one finite loss per step, a byte count."""
     hexes, times, peak = answer.get("losses_hex"), answer.get("step_s"), answer.get("peak_bytes")
     try:
@@ -62,11 +62,11 @@ def _checked(answer: dict, steps: int, what: str) -> dict:
             raise ValueError("peak_bytes")
     except ValueError as e:
         raise RunFailed("bad_answer", f"{what} answered a malformed result ({e})") from None
-    return {"peak_bytes": peak, "losses_hex": hexes, "time_s": statistics.median(times)}
+    return ModuleRun(peak, tuple(hexes), statistics.median(times))
 
 
 def run_module(training_model: str | os.PathLike, files: dict[str, str], feeds_path: str | os.PathLike,
-               settings: dict | None, worker: WorkerOptions, steps: int = STEPS) -> dict:
+               settings: dict | None, worker: WorkerOptions, steps: int = STEPS) -> ModuleRun:
     """Train ``training_model`` for ``steps`` steps in a fresh child: its peak_bytes (process
     peak above the loaded state), losses_hex and median step time. Raises RunFailed."""
     session = "untuned" if settings is None else "recorded settings"
@@ -99,8 +99,8 @@ def module_sessions(original: str | os.PathLike, rewritten: str | os.PathLike, f
         for side, model in zip(SIDES, (original, rewritten)):
             key = f"{side}_{session}"
             try:
-                run = run_module(model, files, feeds_path, settings if session == "settings" else None, worker, steps)
-                runs[key] = ModuleRun(run["peak_bytes"], tuple(run["losses_hex"]), run["time_s"])
+                runs[key] = run_module(model, files, feeds_path, settings if session == "settings" else None,
+                                       worker, steps)
             except RunFailed as e:
                 if key == "original_untuned" and e.kind in (*_MODEL_FAILURES, "training_unavailable"):
                     return ModuleSessions(f"the Module API did not train the original ({e.kind}: {e.message})")
