@@ -149,7 +149,7 @@ def _split_keywords(keywords: dict) -> tuple[AnalysisOptions | None, dict]:
 # ----------------------------------------------------------------------------- inspect
 
 
-@dataclass
+@dataclass(frozen=True)
 class InspectResult:
     analysis: Analysis
     report: dict
@@ -229,7 +229,7 @@ def _plan_report(run: PlanRun) -> dict:
             "scaling": _scaling_report(a, planned, run.scaled)}
 
 
-@dataclass
+@dataclass(frozen=True)
 class PlanResult:
     analysis: Analysis
     planned: Planned
@@ -324,7 +324,7 @@ def _check_report(run: CheckRun) -> dict:
     return check_report(run.original, run.rewritten, run.figures.to_json(), run.options)
 
 
-@dataclass
+@dataclass(frozen=True)
 class CheckResult:
     figures: CheckFigures
     report: dict
