@@ -100,6 +100,71 @@ def _runtime_imports(path: Path, modules: set[str]) -> set[str]:
     return {m for m in found if m in modules and m != me}
 
 
+# What a command's run holds: set when the run value is built, never on it afterwards.
+RUN_FIELDS = frozenset({"analysis", "planned", "result", "written", "check", "figures", "report"})
+RUN_LAYERS = ("cli", "report", "verify")  # with api.py: where run values are built and read
+
+
+def _run_patches(tree: ast.AST) -> list[int]:
+    """Lines that set a run field on a built value (``out.check = ...``): on ``self``
+    (its own constructor) and on the exception an ``except ... as e`` caught (the report
+    of what was done before it) it is allowed."""
+    caught = {h.name for h in ast.walk(tree) if isinstance(h, ast.ExceptHandler) and h.name}
+    lines = []
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+        lines += [node.lineno for t in targets
+                  if isinstance(t, ast.Attribute) and t.attr in RUN_FIELDS
+                  and not (isinstance(t.value, ast.Name) and t.value.id in {"self", *caught})]
+    return lines
+
+
+def test_no_run_value_is_patched_after_it_is_built():
+    """A command's run value (``api.RewriteRun``, ...) and its result are built once, whole:
+    a later stage's figures go into a new value, never ``out.check = ...`` on a built one."""
+    paths = [PACKAGE / "api.py", *(p for layer in RUN_LAYERS for p in sorted((PACKAGE / layer).rglob("*.py")))]
+    found = [f"{path.relative_to(PACKAGE).as_posix()}:{line}" for path in paths
+             for line in _run_patches(ast.parse(path.read_text(), str(path)))]
+    assert found == []
+
+
+def test_the_run_guard_sees_patches():
+    code = ("out.check = 1\nrun.report = {}\nself.result = 2\nx.other = 3\n"
+            "try:\n    pass\nexcept E as e:\n    e.report = {}\n")
+    assert _run_patches(ast.parse(code)) == [1, 2]
+
+
+def _all_imports(path: Path, package: str) -> set[str]:
+    """The modules of ``package`` that ``path`` imports anywhere: at module or function
+    level, or for type hints only (``TYPE_CHECKING``)."""
+    base = _module_name(path).rpartition(".")[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom):
+            source = node.module or ""
+            if node.level:
+                parts = base.split(".")[:len(base.split(".")) - node.level + 1]
+                source = ".".join(parts + ([node.module] if node.module else []))
+            names = [source] + [f"{source}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            continue
+        out |= {n for n in names if n.startswith(package + ".")}
+    return out
+
+
+def test_verify_modules_form_no_circle_even_through_type_hints():
+    """``verify``'s records, rules and stage read one way: the stage measures and calls the
+    rules, the rules read the records; no import back, not even for a type hint."""
+    folder = PACKAGE / "verify"
+    paths = {_module_name(p): p for p in folder.glob("*.py") if p.name != "__init__.py"}
+    graph = {m: _all_imports(p, "ckpt_cli.verify") & set(paths) for m, p in paths.items()}
+    assert "ckpt_cli.verify.figures" in graph["ckpt_cli.verify.rules"]  # the reading sees imports
+    assert _cycle(graph) is None
+
+
 def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     """One import cycle of ``graph``, or None (depth-first search, white/grey/black)."""
     state: dict[str, int] = {}

@@ -179,11 +179,20 @@ def symbolic_dims(graph: Graph, outputs: bool = True) -> set[str]:
 
 
 def _dim_names(values: Iterable[onnx.ValueInfoProto]) -> frozenset[str]:
+    return frozenset(_symbols_in(values) - {_DIM_UNKNOWN})
+
+
+def _symbols_in(values: Iterable[onnx.ValueInfoProto]) -> set[str]:
+    """The symbols (and ``_DIM_UNKNOWN``) of the shapes these ValueInfos declare, each
+    distinct type read once: a training graph declares thousands of tensors of a few types."""
     names: set[str] = set()
+    seen: set[bytes] = set()
     for v in values:
-        _, shape = _shape_of(v.type)
-        names.update(d for d in shape or () if isinstance(d, str) and d != _DIM_UNKNOWN)
-    return frozenset(names)
+        key = v.type.SerializeToString()
+        if key not in seen:
+            seen.add(key)
+            names.update(d for d in _shape_of(v.type)[1] or () if isinstance(d, str))
+    return names
 
 
 def infer_tensors(graph: Graph, dims: dict[str, int] | None = None, strict: bool = True) -> dict[str, TensorInfo]:
@@ -224,8 +233,7 @@ def infer_tensors(graph: Graph, dims: dict[str, int] | None = None, strict: bool
 
 def _declared_symbols(g: onnx.GraphProto, dims: dict[str, int]) -> set[str]:
     """The symbols the graph's inputs, outputs and value_info declare that no dimension binds."""
-    return {d for v in chain(g.input, g.value_info, g.output)
-            for d in _shape_of(v.type)[1] or () if isinstance(d, str)} - {_DIM_UNKNOWN} - set(dims)
+    return _symbols_in(chain(g.input, g.value_info, g.output)) - {_DIM_UNKNOWN} - set(dims)
 
 
 def _symbols_to_ort(unbound: onnx.ModelProto | None, tensors: dict[str, TensorInfo], dims: dict[str, int],

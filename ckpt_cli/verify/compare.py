@@ -9,6 +9,7 @@ from typing import AbstractSet, Any
 import numpy as np
 
 from ..ops import DEVICE_COPY_OPS
+from .records import Mismatch, OrderCheck
 
 DEFAULT_RTOL = 1e-5
 DEFAULT_ATOL = 1e-6
@@ -108,7 +109,7 @@ def compare_outputs(a: dict[str, Any], b: dict[str, Any], *, rtol: float = DEFAU
 
 def order_check(file_order: list[str], executed: list[str], executed_ops: list[str] | None = None,
                 executed_providers: list[str] | None = None,
-                kernelless: AbstractSet[str] = frozenset()) -> dict[str, Any]:
+                kernelless: AbstractSet[str] = frozenset()) -> OrderCheck:
     """Does the executed order follow the file order?
 
     Compared on the nodes present in both: ORT runs no kernel for Constant nodes
@@ -139,28 +140,22 @@ def order_check(file_order: list[str], executed: list[str], executed_ops: list[s
         a = [n for n in file_order if n in mine]
         b = [n for n, p in kept if (group is None or p == group) and n in file_set]
         compared += min(len(a), len(b))
-        for i, (x, y) in enumerate(zip(a, b)):
-            if x != y:
-                mismatch = {"position": i, "file": x, "executed": y}
-                break
-        if mismatch is None and len(a) != len(b):  # duplicate names
-            mismatch = {"position": min(len(a), len(b)), "file": None, "executed": None}
+        mismatch = _first_mismatch(a, b, group)
         if mismatch is not None:
-            if group is not None:
-                mismatch["provider"] = group
             break
     # a node ORT runs no kernel for (``kernelless``: Constant) or without a name is not judged
     not_executed = [n for n in file_order if n and n not in executed_set and n not in kernelless]
-    return {
-        "matches": mismatch is None,
-        "compared": compared,
-        "first_mismatch": mismatch,
-        "not_executed": not_executed[:50],
-        "n_not_executed": len(not_executed),
-        "not_in_file": [n for n in executed if n not in file_set][:50],
-        "n_not_in_file": sum(1 for n in executed if n not in file_set),
-        "not_in_file_ops": dict(foreign_ops.most_common()),
-        "provider_copies": copies[:50],
-        "n_provider_copies": len(copies),
-        "nodes_per_provider": {p: n for p, n in per_provider.items() if p},
-    }
+    return OrderCheck(mismatch is None, compared, mismatch, tuple(not_executed[:50]), len(not_executed),
+                      tuple(n for n in executed if n not in file_set)[:50], sum(1 for n in executed if n not in file_set),
+                      dict(foreign_ops.most_common()), tuple(copies[:50]), len(copies),
+                      {p: n for p, n in per_provider.items() if p})
+
+
+def _first_mismatch(a: list[str], b: list[str], group: str | None) -> Mismatch | None:
+    """Where ``b`` (executed on ``group``) first leaves ``a`` (the file's order there)."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return Mismatch(i, x, y, group)
+    if len(a) != len(b):  # duplicate names
+        return Mismatch(min(len(a), len(b)), None, None, group)
+    return None
