@@ -12,6 +12,7 @@ from ..graph import ABSENT, Graph, gc_paused
 from ..markers import SessionPlan, is_recompute_copy
 from . import schedules
 from .cost import NodeCost, graph_costs
+from .floor import Floor, plan_floor
 from .memory import MemoryProfile, buffer_roots, simulate, simulate_deferred, scratch_peak, step_scratch
 from .phases import Phases, classify
 from .scopes import node_scopes
@@ -173,10 +174,15 @@ class Analysis:
         all of them are live at its last step, whatever the plan."""
         return buffer_bytes(set(self.graph.outputs) - {ABSENT}, self.tensors)
 
+    @cached_property
+    def floor(self) -> Floor:
+        """A peak no order or recompute plan goes below, and what sets it (``floor.py``)."""
+        return plan_floor(self.graph, self.tensors, self.roots, self.priority.resident_bytes, self.output_bytes)
+
     @property
     def lower_bound_bytes(self) -> int:
-        """A peak no order or recompute plan goes below: resident bytes plus outputs."""
-        return self.priority.resident_bytes + self.output_bytes
+        """A peak no order or recompute plan goes below (``floor``)."""
+        return self.floor.bytes
 
     @property
     def stashed_bytes(self) -> int:

@@ -23,7 +23,6 @@ import numpy as np
 
 from ..analysis import Analysis
 from ..analysis.memory import with_scratch
-from ..errors import BudgetUnreachable
 from ..ops import SHAPE_ONLY_OPS
 from .decision import REORDER, all_kept
 from .knee import Knee, Point, hull_path, knee_index
@@ -31,7 +30,7 @@ from .mincut import MAX_SOLVES, Cut, Problem, build, front, solve_bytes, to_plan
 from .plan import Plan, Policy, apply_policy
 from .regions import default_regions
 from .search import Intervals, PlanCost, keep_all_limit, polish_plan
-from .strategies import BudgetResult, NearMiss, candidates, recomputing_nothing
+from .strategies import BudgetResult, NearMiss, NoPlanFits, candidates, lowest_cost, recomputing_nothing
 from ..units import human_bytes
 
 REFINE_STEPS = 6  # byte limits tried between two corners on small graphs
@@ -356,9 +355,9 @@ def cut_budget_plan(a: Analysis, budget: int, evaluate: Callable[[Plan], PlanCos
             # exact MILP is worth its time: the greedy keep set can recompute many times optimal's
             old = fallback(exact=found.best is None and cuts_thorough,
                            beat=found.best.cost.recompute_flops if found.best is not None else None)
-        except BudgetUnreachable:
+        except NoPlanFits as e:
             if found.best is None:
-                raise
+                raise NoPlanFits(a, budget, lowest_cost(e.lowest, found.lowest)) from e
     evaluations = len(found.judged) + (old.evaluations if old is not None else 0)
     polish = thorough or len(a.graph.nodes) <= FINAL_POLISH_NODES
     if found.best is None or (old is not None and old.recompute_flops < found.best.cost.recompute_flops):
