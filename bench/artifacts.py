@@ -220,6 +220,7 @@ def bench_model(name: str, prio: int, ctx: Setup) -> dict:
     if isinstance(data, dict) and rec["rc"] == 0:
         rec.update({k: data.get(k) for k in ("peak_bytes", "peak_bytes_ort_default",
                                              "stashed_bytes", "nodes", "dims")})
+        rec["floor_share"] = (data.get("floor") or {}).get("share_of_peak")
     row["inspect"] = rec
     # Module runs at the batch and sequence ckpt planned for: the dimensions' values in its report
     row["batch"] = (((rec.get("dims") or {}).get("batch")) or {}).get("value")
@@ -570,8 +571,10 @@ def activation_goal(rows: list[dict]) -> list[str]:
                  and r["inspect"]["stashed_bytes"] > 0.5 * (r["inspect"].get("peak_bytes") or 0)]
     crosses = {r["model"]: r.get("ratio_cross") for r in dominated}
     untuned = {r["model"]: r.get("ratio_untuned") for r in dominated}
+    floors = {r["model"]: r["inspect"].get("floor_share") for r in dominated}
     over = [f"{m} {v:.2f}" if v is not None else f"{m} -" for m, v in crosses.items()
             if v is None or v > CROSS_GOAL]
+    out_of_reach = [f"{m} {f:.2f}" for m, f in floors.items() if f is not None and f > CROSS_GOAL]
     under = [m for m, v in untuned.items() if v is not None and v <= UNTUNED_GOAL]
     met = not over and len(under) >= UNTUNED_SHARE * len(dominated)
     return ["## Where activations dominate (goal, not asserted)", "",
@@ -580,7 +583,10 @@ def activation_goal(rows: list[dict]) -> list[str]:
             f"<= {CROSS_GOAL}x the original untuned, and {UNTUNED_SHARE:.0%} of them <= {UNTUNED_GOAL}x "
             f"untuned: {'met' if met else 'not met'}.", "",
             f"- above {CROSS_GOAL}x under settings: {', '.join(over) or 'none'}",
-            f"- at most {UNTUNED_GOAL}x untuned: {len(under)} of {len(dominated)} ({', '.join(under) or 'none'})"]
+            f"- at most {UNTUNED_GOAL}x untuned: {len(under)} of {len(dominated)} ({', '.join(under) or 'none'})",
+            f"- out of any plan's reach, their floor above {CROSS_GOAL}x the predicted peak (`ckpt inspect`'s "
+            f"floor.share_of_peak: a node every plan runs holds that much at once): "
+            f"{', '.join(out_of_reach) or 'none'}"]
 
 
 # ------------------------------------------------------------------ main

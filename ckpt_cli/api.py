@@ -18,7 +18,7 @@ import os
 import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Union
+from typing import TYPE_CHECKING, Callable, Union
 
 import onnx
 
@@ -44,16 +44,19 @@ from .report.model import Source, check_report, inspect_report, plan_report, pla
 from .report.headline import check_headline
 from .rewrite import RewriteResult, rewrite, without_mem_pattern
 from .io.save import check_output_path, save_model
-from .verify.rules import budget_held
+from .verify.rules import Rule, held_within
 from .verify.settings import settings_snippet
 from .verify.stage import CheckFigures, check_analysed
 from .io.written import to_model, unplanned_shapes
+
+if TYPE_CHECKING:
+    from .ort.optimize import Optimized
 
 ModelInput = Union[str, Path, onnx.ModelProto]
 
 
 
-@dataclass
+@dataclass(frozen=True)
 class Loaded:
     """A model input, loaded: its graph, what reports call it, and where its external data lives."""
 
@@ -146,7 +149,7 @@ def _split_keywords(keywords: dict) -> tuple[AnalysisOptions | None, dict]:
 # ----------------------------------------------------------------------------- inspect
 
 
-@dataclass
+@dataclass(frozen=True)
 class InspectResult:
     analysis: Analysis
     report: dict
@@ -155,33 +158,78 @@ class InspectResult:
         return self.report
 
 
+@dataclass(frozen=True)
+class InspectRun:
+    """What ``inspect`` found: the model as loaded, its analysis and how it scales."""
+
+    loaded: Loaded
+    analysis: Analysis
+    options: AnalysisOptions
+    scaled: Scaling | None
+
+
+def _inspect_report(run: InspectRun) -> dict:
+    return {**inspect_report(run.analysis, run.loaded.source, run.options.to_json()),
+            "scaling": run.scaled.to_json() if run.scaled else None}
+
+
 def inspect_model(model: ModelInput, options: AnalysisOptions | None = None, **keywords) -> InspectResult:
     """Phases, stashed activations and the predicted peak under both ORT orders.
     ``options`` (or the keywords ``dims``, ``loss``, ``grad_outputs``): how to read the graph."""
     options = _typed("options", options, AnalysisOptions) or AnalysisOptions.of(**keywords)
     loaded = load_input(model)
     a = analyse_input(loaded, options)
-    scaled = scaling(a)
-    report = {**inspect_report(a, loaded.source, options.to_json()), "scaling": scaled.to_json() if scaled else None}
-    return InspectResult(a, report)
+    run = InspectRun(loaded, a, options, scaling(a))
+    return InspectResult(a, _inspect_report(run))
 
 
-def _scaling_report(a: Analysis, planned: Planned | None, replan: Callable[[Analysis], Planned | None],
-                    scaled: Scaling | None) -> dict | None:
-    """How the figures move with the symbolic dimensions (``scaled``), and whether the plan
-    made at twice their values is this one."""
+@dataclass(frozen=True)
+class Scaled:
+    """How the figures move with the symbolic dimensions (``scaling``), and the plan made
+    at twice their values (``again``), when the model has any."""
+
+    scaling: Scaling
+    again: Planned | None
+
+
+def _scaled(scaled: Scaling | None, replan: Callable[[Analysis], Planned | None]) -> Scaled | None:
+    """``scaled`` with the plan ``replan`` makes at twice the dimensions."""
+    return None if scaled is None else Scaled(scaled, replan(scaled.doubled))
+
+
+def _scaling_report(a: Analysis, planned: Planned | None, scaled: Scaled | None) -> dict | None:
+    """``scaled`` as the report says it: whether the plan made at twice the dimensions is this one."""
     if scaled is None:
         return None
-    again = replan(scaled.doubled)
     names = [n.name for n in a.graph.nodes]
-    regions = [p.plan.to_json(names)["regions"] if p and p.plan else None for p in (planned, again)]
-    return {**scaled.to_json(), "same_plan_at_doubled_dims": regions[0] == regions[1]}
+    regions = [p.plan.to_json(names)["regions"] if p and p.plan else None for p in (planned, scaled.again)]
+    return {**scaled.scaling.to_json(), "same_plan_at_doubled_dims": regions[0] == regions[1]}
 
 
 # ----------------------------------------------------------------------------- plan
 
 
-@dataclass
+@dataclass(frozen=True)
+class PlanRun:
+    """What ``plan`` made: the plan chosen (``planned``) and applied in memory (``result``)."""
+
+    loaded: Loaded
+    analysis: Analysis
+    planned: Planned
+    result: RewriteResult
+    scaled: Scaled | None
+    output: str | Path | None  # where the plan file goes, as given
+    options: dict  # the options as the report records them
+
+
+def _plan_report(run: PlanRun) -> dict:
+    a, planned, result = run.analysis, run.planned, run.result
+    return {**plan_report(a, run.loaded.source, planned, result, plan_rows(a, planned, result),
+                          str(run.output) if run.output else None, run.options),
+            "scaling": _scaling_report(a, planned, run.scaled)}
+
+
+@dataclass(frozen=True)
 class PlanResult:
     analysis: Analysis
     planned: Planned
@@ -225,9 +273,9 @@ def plan_model(model: ModelInput, options: PlanOptions | None = None, *, analysi
     planned = _judged_default(a, make_plan(a, options, progress=progress), as_rewritten,
                               _writer(a, as_rewritten, analysis, scaled))
     result = rewrite_plan(a, planned)
-    report = {**plan_report(a, loaded.source, planned, result, plan_rows(a, planned, result),
-                            str(output) if output else None, {**options.to_json(), **analysis.to_json()}),
-              "scaling": _scaling_report(a, planned, lambda d: make_plan(d, options), scaled)}
+    run = PlanRun(loaded, a, planned, result, _scaled(scaled, lambda d: make_plan(d, options)),
+                  output, {**options.to_json(), **analysis.to_json()})
+    report = _plan_report(run)
     if output is not None:
         write_text_atomic(Path(output), json.dumps(report["plan"], indent=2) + "\n")
     return PlanResult(a, planned, result, report)
@@ -262,7 +310,21 @@ def sweep_model(model: ModelInput, *, svg: str | Path | None = None, policy: Pol
 # ----------------------------------------------------------------------------- check
 
 
-@dataclass
+@dataclass(frozen=True)
+class CheckRun:
+    """What ``check`` judged: the two models (as reports name them) and the figures."""
+
+    original: Source
+    rewritten: Source
+    figures: CheckFigures
+    options: dict  # the options as the report records them
+
+
+def _check_report(run: CheckRun) -> dict:
+    return check_report(run.original, run.rewritten, run.figures.to_json(), run.options)
+
+
+@dataclass(frozen=True)
 class CheckResult:
     figures: CheckFigures
     report: dict
@@ -301,9 +363,9 @@ def check_models(original: ModelInput, rewritten: ModelInput, *, analysis: Analy
         stage("analysing both models")
         analysed = {k: analyse_input(load_input(p), analysis) for k, p in paths.items()}
         figures = check_analysed(paths, analysed, dict(analysed["original"].dims), options)
-    report = check_report(_source(original), _source(rewritten), figures.to_json(),
-                          {**options.to_json(), "dims": analysis.to_json()["dims"]})
-    return CheckResult(figures, report)
+    run = CheckRun(_source(original), _source(rewritten), figures,
+                   {**options.to_json(), "dims": analysis.to_json()["dims"]})
+    return CheckResult(figures, _check_report(run))
 
 
 def _source(model: ModelInput) -> Source:
@@ -313,7 +375,61 @@ def _source(model: ModelInput) -> Source:
 # ----------------------------------------------------------------------------- rewrite
 
 
-@dataclass
+@dataclass(frozen=True)
+class Written:
+    """The rewrite as written: the model (ORT's optimization of it with ``--ort-optimize``),
+    its figures, the files written, ORT's optimization record and the notes on it."""
+
+    model: onnx.ModelProto
+    result: RewriteResult
+    files: list[Path]
+    optimized: Optimized | None = None
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RewriteRun:
+    """What ``rewrite`` made, in one value: the input (``loaded``, ``analysis``), the plan
+    (``planned``; None with no_recompute), the model ``written`` and its ``check``."""
+
+    loaded: Loaded
+    analysis: Analysis
+    planned: Planned | None
+    written: Written
+    check: CheckFigures | None
+    options: RewriteOptions
+    recorded: dict  # the options as the report records them
+    scaled: Scaled | None
+    notes: tuple[str, ...]  # the plan's notes
+
+
+def _rewrite_report(run: RewriteRun, check_error: dict | None = None) -> dict:
+    """The report of ``run`` (with ``check_error``: why its check did not judge it)."""
+    a, w, planned, options = run.analysis, run.written, run.planned, run.options
+    chosen = planned.plan if planned else None
+    path = str(w.files[0]) if w.files else None
+    report = rewrite_report(a, run.loaded.source, w.result, path,
+                            chosen.to_json([n.name for n in a.graph.nodes]) if chosen else None,
+                            list(run.notes + w.notes),
+                            settings_snippet(options.ort_optimize if w.optimized and options.ort_optimize else "cpu",
+                                             w.result.mem_reuse, path, w.result.session,
+                                             w.result.pattern_off.input if w.result.pattern_off else None,
+                                             w.result.mem_arena),
+                            run.recorded)
+    planning = {} if planned is None else {"planning": planning_section(a, planned, w.result,
+                                                                        plan_rows(a, planned, w.result))}
+    report = {**report, "ort_optimize": w.optimized.to_json() if w.optimized else None,
+              "scaling": _scaling_report(a, planned, run.scaled), **planning}
+    if check_error is not None:
+        return {**report, "check_error": check_error}
+    if run.check is None:
+        return report
+    checked = run.check.to_json()
+    return {**report, "check": checked,
+            "headline": check_headline(checked, (a.priority.peak_bytes, w.result.after.priority.peak_bytes))}
+
+
+@dataclass(frozen=True)
 class RewriteModelResult:
     model: onnx.ModelProto  # the rewritten model (nodes in the order ORT must run them)
     result: RewriteResult
@@ -322,6 +438,11 @@ class RewriteModelResult:
     report: dict
     written: list[Path] = field(default_factory=list)  # the model file (and its .data), when written
     check: CheckFigures | None = None
+
+    @classmethod
+    def of(cls, run: RewriteRun) -> "RewriteModelResult":
+        w = run.written
+        return cls(w.model, w.result, run.analysis, run.planned, _rewrite_report(run), w.files, run.check)
 
     @property
     def decisions(self) -> dict[str, Decision]:
@@ -366,22 +487,23 @@ def rewrite_model(model: ModelInput, output: str | Path | None = None, options: 
     stage("analysing the graph")
     a = analyse_input(loaded, analysis)
     refuse_unsized(a, options.plan.allow_unsized)
-    out = _rewritten(a, loaded, options, analysis, output, progress)
+    run = _rewritten(a, loaded, options, analysis, output, progress)
     if check:
-        try:
-            stage("ORT check: analysing the written model")
-            out.check = _check_rewrite(model, loaded, a, out, check_options)
-        except CkptError as e:  # the model is written: its report says why the check did not judge it
-            from .report.text import plain  # rich: only on this path
+        run = replace(run, check=_checked(model, run, check_options))
+    return RewriteModelResult.of(run)
 
-            e.report = {**out.report, "check_error": {"exit_code": e.exit_code, "message": plain(str(e))}}
-            raise
-        if out.planned is not None and out.planned.budget is not None:
-            out.check.add(budget_held(out.check, out.planned.budget, out.result.after.outside_arena_bytes))
-        checked = out.check.to_json()
-        out.report = {**out.report, "check": checked,
-                      "headline": check_headline(checked, (a.priority.peak_bytes, out.result.after.priority.peak_bytes))}
-    return out
+
+def _checked(model: ModelInput, run: RewriteRun, options: CheckOptions) -> CheckFigures:
+    """``run``'s rewrite checked on ORT; a check that cannot judge it raises with the
+    run's report saying why (the model is written)."""
+    try:
+        stage("ORT check: analysing the written model")
+        return _check_rewrite(model, run, options)
+    except CkptError as e:
+        from .report.text import plain  # rich: only on this path
+
+        e.report = _rewrite_report(run, check_error={"exit_code": e.exit_code, "message": plain(str(e))})
+        raise
 
 
 def _worked_around(loaded: Loaded) -> Loaded:
@@ -424,10 +546,10 @@ def _judged_default(a: Analysis, planned: Planned, options: RewriteOptions, writ
 
 
 def _rewritten(a: Analysis, loaded: Loaded, options: RewriteOptions, analysis: AnalysisOptions,
-               output: str | Path | None, progress: Callable[[str], None] | None) -> RewriteModelResult:
-    """Plan, rewrite, write (when ``output``) and report."""
-    replan: Callable[[Analysis], Planned | None] | None = (
-        None if options.no_recompute else (lambda d: make_plan(d, options.plan, pin=options.pin)))
+               output: str | Path | None, progress: Callable[[str], None] | None) -> RewriteRun:
+    """Plan, rewrite and write (when ``output``): the run, not yet checked."""
+    replan: Callable[[Analysis], Planned | None] = (
+        (lambda d: None) if options.no_recompute else (lambda d: make_plan(d, options.plan, pin=options.pin)))
     stage("planning")
     planned = None if options.no_recompute else make_plan(a, options.plan, progress=progress, pin=options.pin)
     scaled = scaling(a)
@@ -442,42 +564,32 @@ def _rewritten(a: Analysis, loaded: Loaded, options: RewriteOptions, analysis: A
                                module is not None and module.shared)
     notes = plan_notes(chosen, result)
     stage("writing the model" if options.ort_optimize is None else "optimizing on ORT, writing the model")
-    rewritten, result, written, optimized, more = _written(rewritten, result, a, loaded, options, output)
-    report = rewrite_report(a, loaded.source, result, str(written[0]) if written else None,
-                            chosen.to_json([n.name for n in a.graph.nodes]) if chosen else None, notes + more,
-                            settings_snippet(options.ort_optimize if optimized and options.ort_optimize else "cpu",
-                                             result.mem_reuse,
-                                             str(written[0]) if written else None, result.session,
-                                             result.pattern_off.input if result.pattern_off else None,
-                                             result.mem_arena),
-                            {**options.to_json(), **analysis.to_json()})
-    planning = {} if planned is None else {"planning": planning_section(a, planned, result,
-                                                                        plan_rows(a, planned, result))}
-    report = {**report, "ort_optimize": optimized.to_json() if optimized else None,
-              "scaling": _scaling_report(a, planned, replan or (lambda d: None), scaled), **planning}
-    return RewriteModelResult(rewritten, result, a, planned, report, written)
+    written = _written(rewritten, result, a, loaded, options, output)
+    return RewriteRun(loaded, a, planned, written, None, options, {**options.to_json(), **analysis.to_json()},
+                      _scaled(scaled, replan), tuple(notes))
 
 
 def _written(rewritten: onnx.ModelProto, result: RewriteResult, a: Analysis, loaded: Loaded,
-             options: RewriteOptions, output: str | Path | None):
+             options: RewriteOptions, output: str | Path | None) -> Written:
     """The model as written (ORT's optimization of it with ``ort_optimize``), the files
     written, ORT's optimization record and notes."""
-    optimized, notes = None, []
     if options.ort_optimize is not None and result.session == "ort_default":
         # A graph written unchanged runs under ORT's defaults, which optimize it themselves.
-        notes.append("--ort-optimize: nothing to optimize offline, the graph is written unchanged for ORT's defaults")
-    elif options.ort_optimize is not None:
-        rewritten, result, written, optimized = _ort_optimized(rewritten, result, a, options.ort_optimize,
-                                                               options.timeout, loaded, output)
-    if optimized is None:
-        written = save_model(rewritten, Path(output), source_dir=loaded.data_dir) if output is not None else []
-    return rewritten, result, written, optimized, notes
+        note = "--ort-optimize: nothing to optimize offline, the graph is written unchanged for ORT's defaults"
+        return Written(rewritten, result, _saved(rewritten, output, loaded.data_dir), None, (note,))
+    if options.ort_optimize is not None:
+        return _ort_optimized(rewritten, result, a, options.ort_optimize, options.timeout, loaded, output)
+    return Written(rewritten, result, _saved(rewritten, output, loaded.data_dir))
+
+
+def _saved(model: onnx.ModelProto, output: str | Path | None, source_dir: Path | None) -> list[Path]:
+    return save_model(model, Path(output), source_dir=source_dir) if output is not None else []
 
 
 def _ort_optimized(rewritten: onnx.ModelProto, result: RewriteResult, a: Analysis, device: str,
-                   timeout: float | None, loaded: Loaded, output: str | Path | None):
+                   timeout: float | None, loaded: Loaded, output: str | Path | None) -> Written:
     """ORT's optimization of the rewrite (``ckpt_cli/ort/optimize.py``), written to ``output``
-    when given: (model, result, files written, Optimized)."""
+    when given."""
     from .ort.optimize import ort_optimize
 
     with tempfile.TemporaryDirectory(prefix="ckpt_ortopt_") as tmp:
@@ -486,20 +598,28 @@ def _ort_optimized(rewritten: onnx.ModelProto, result: RewriteResult, a: Analysi
         written = save_model(model, Path(output), source_dir=Path(tmp)) if output is not None else []
         if output is None and optimized.external:
             onnx.load_external_data_for_model(model, tmp)  # the folder goes away with the block
-    return model, optimized.result, written, optimized
+    return Written(model, optimized.result, written, optimized)
 
 
-def _check_rewrite(model: ModelInput, loaded: Loaded, a: Analysis, out: RewriteModelResult,
-                   options: CheckOptions) -> CheckFigures:
+def _check_rewrite(model: ModelInput, run: RewriteRun, options: CheckOptions) -> CheckFigures:
     """Check the rewrite as written: the output file when there is one, else the model
-    saved to a temporary folder. The written file is analysed afresh (shapes reused)."""
+    saved to a temporary folder. The written file is analysed afresh (shapes reused); a
+    rewrite made to a budget is also judged by it."""
+    a, w = run.analysis, run.written
     with tempfile.TemporaryDirectory(prefix="ckpt_check_") as tmp:
-        original = loaded.path or _on_disk(model, Path(tmp), "original.onnx")
-        rewritten = out.written[0] if out.written else _on_disk(out.model, Path(tmp), "rewritten.onnx")
+        original = run.loaded.path or _on_disk(model, Path(tmp), "original.onnx")
+        rewritten = w.files[0] if w.files else _on_disk(w.model, Path(tmp), "rewritten.onnx")
         after = analyse(load_graph(rewritten), loss=a.phases.loss, grad_outputs=list(a.phases.grad_outputs),
-                        tensors=out.result.after.tensors)
+                        tensors=w.result.after.tensors)
         return check_analysed({"original": original, "rewritten": rewritten}, {"original": a, "rewritten": after},
-                            dict(a.dims), options)
+                              dict(a.dims), options, _budget_rules(run))
+
+
+def _budget_rules(run: RewriteRun) -> tuple[Rule, ...]:
+    """The budget's rule for a rewrite planned to one: what ORT held is within it."""
+    if run.planned is None or run.planned.budget is None:
+        return ()
+    return (held_within(run.planned.budget, run.written.result.after.outside_arena_bytes),)
 
 
 def _provenance(options: dict, result: RewriteResult, plan) -> dict[str, str]:

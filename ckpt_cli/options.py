@@ -13,10 +13,13 @@ import math
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from .errors import OptionError
 from .planning.plan import Policy
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 MIN_PEAK = "min-peak"  # the default search without stopping at the knee
 AUTO_NAMES = ("layers", "sqrt", "balanced", "budget", "optimal", MIN_PEAK)
@@ -28,19 +31,17 @@ CHECK_PROVIDERS = ("auto", "cuda", "cpu")
 DEFAULT_TIMEOUT_S = 600.0
 
 
-def _strings(name: str, value) -> tuple[str, ...]:
+def _strings(name: str, value: object) -> tuple[str, ...]:
     """A list of names or patterns; one string alone is refused rather than split into characters."""
     if value is None:
         return ()
-    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
         raise TypeError(f"{name}: expected a list of strings, got {type(value).__name__} {_short(value)}")
     items = tuple(value)
-    for item in items:
-        _text(name, item)
-    return items
+    return tuple(_text(name, item) for item in items)
 
 
-def _text(name: str, value) -> str:
+def _text(name: str, value: object) -> str:
     """A string that is UTF-8 text, as node and tensor names are (a command-line word in
     another encoding reaches Python with its bytes kept as surrogates)."""
     if not isinstance(value, str):
@@ -53,13 +54,13 @@ def _text(name: str, value) -> str:
     return value
 
 
-def _short(value) -> str:
+def _short(value: object) -> str:
     """A value for a message, cut short: a model's repr runs to megabytes."""
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _number(name: str, value, low: float, high: float, optional: bool = False) -> None:
+def _number(name: str, value: object, low: float, high: float, optional: bool = False) -> None:
     """``value`` is a finite real number in [low, high] (or None when ``optional``)."""
     if value is None and optional:
         return
@@ -69,18 +70,18 @@ def _number(name: str, value, low: float, high: float, optional: bool = False) -
         raise OptionError(f"{name} {value!r}: expected a number from {low:g} to {high:g}")
 
 
-def validate_timeout(value) -> None:
+def validate_timeout(value: object) -> None:
     """Seconds a child process of ONNX Runtime may run (``--timeout``), or None: no limit."""
     _number("--timeout", value, 1, 86400, optional=True)
 
 
-def _integer(name: str, value, low: int, high: int) -> None:
+def _integer(name: str, value: object, low: int, high: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name}: expected an integer, got {type(value).__name__} {_short(value)}")
     _number(name, value, low, high)
 
 
-def _known(cls, keywords: Mapping[str, Any]) -> dict[str, Any]:
+def _known(cls: type[DataclassInstance], keywords: Mapping[str, Any]) -> dict[str, Any]:
     """``keywords`` that are fields of ``cls``; any other is a TypeError, as for a call."""
     names = {f.name for f in fields(cls)}
     unknown = sorted(set(keywords) - names)
@@ -98,7 +99,8 @@ class AnalysisOptions:
     grad_outputs: tuple[str, ...] = ()
 
     @classmethod
-    def of(cls, dims=None, loss=None, grad_outputs=None) -> "AnalysisOptions":
+    def of(cls, dims: Mapping[str, int] | None = None, loss: str | None = None,
+           grad_outputs: Iterable[str] | None = None) -> "AnalysisOptions":
         if dims is not None and not isinstance(dims, Mapping):
             raise TypeError(f"dims: expected a mapping of names to sizes, got {type(dims).__name__} {_short(dims)}")
         return cls(dict(dims or {}), loss, _strings("grad_outputs", grad_outputs))
@@ -113,7 +115,7 @@ class AnalysisOptions:
         _strings("grad_outputs", self.grad_outputs)
         return self
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"dims": [f"{k}={v}" for k, v in self.dims.items()], "loss": self.loss,
                 "grad_outputs": list(self.grad_outputs)}
 
@@ -134,7 +136,7 @@ class PlanOptions:
     allow_unsized: bool = False  # plan even where a tensor's size is unknown (counted as 0 B)
 
     @classmethod
-    def of(cls, **keywords) -> "PlanOptions":
+    def of(cls, **keywords: Any) -> "PlanOptions":
         kw = _known(cls, keywords)
         for many in ("regions", "boundaries"):
             kw[many] = _strings(many, kw.get(many))
@@ -193,14 +195,14 @@ class PlanOptions:
             raise OptionError("--activation-budget chooses regions itself; drop --budget/--auto/--region/"
                               "--regions-by-scope/--boundary/--plan")
 
-    def policy_json(self) -> dict:
+    def policy_json(self) -> dict[str, list[str]]:
         return {"recompute_ops": sorted(self.policy.recompute_ops), "keep_ops": sorted(self.policy.keep_ops)}
 
-    def activation_json(self) -> dict:
+    def activation_json(self) -> dict[str, float]:
         """``activation_budget`` where it is given (reports without it stay as they were)."""
         return {"activation_budget": self.activation_budget} if self.activation_budget is not None else {}
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"auto": self.auto, "budget": self.budget, **self.activation_json(), **self.policy_json()}
 
 
@@ -226,7 +228,7 @@ class RewriteOptions:
     work_around_ort_defects: bool = False
 
     @classmethod
-    def of(cls, *, plan=None, **keywords) -> "RewriteOptions":
+    def of(cls, *, plan: str | os.PathLike[str] | None = None, **keywords: Any) -> "RewriteOptions":
         """The keyword form: this class's fields by name (``no_recompute``, ``pin``, ...), the
         plan's options (PlanOptions.of) beside them; ``plan`` is the plan file (as
         ``rewrite_model(plan=...)``)."""
@@ -246,7 +248,7 @@ class RewriteOptions:
         p.validate()
         return self
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         p = self.plan
         return {"regions": list(p.regions), "regions_by_scope": p.regions_by_scope,
                 "boundaries": list(p.boundaries), "plan": str(p.plan_file) if p.plan_file else None,
@@ -284,7 +286,7 @@ class CheckOptions:
                 raise TypeError(f"{name}: expected a path, got {type(value).__name__} {_short(value)}")
         return self
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"provider": self.provider, "runs": self.runs, "seed": self.seed,
                 "feeds": str(self.feeds_file) if self.feeds_file else None, "python": self.python,
                 "rtol": self.rtol, "atol": self.atol, "timeout": self.timeout,

@@ -98,7 +98,7 @@ def test_check_fails_when_ort_runs_nodes_that_are_not_in_the_file(tmp_path):
 
     result = ckpt_cli.check_models(src, broken)
     assert result.figures.outputs.equal
-    assert result.figures.order["n_not_in_file"] > 0
+    assert result.figures.order.n_not_in_file > 0
     assert not result.passed
     assert "ran_every_file_node" in result.figures.codes, result.figures.failures
     assert "ran_only_file_nodes_tolerated" in result.figures.codes, result.figures.notes

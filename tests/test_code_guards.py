@@ -9,6 +9,7 @@ and no other function may join them. Remove an entry once its function is within
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 from pathlib import Path
 
@@ -97,6 +98,71 @@ def _runtime_imports(path: Path, modules: set[str]) -> set[str]:
 
     visit(ast.parse(path.read_text(), str(path)))
     return {m for m in found if m in modules and m != me}
+
+
+# What a command's run holds: set when the run value is built, never on it afterwards.
+RUN_FIELDS = frozenset({"analysis", "planned", "result", "written", "check", "figures", "report"})
+RUN_LAYERS = ("cli", "report", "verify")  # with api.py: where run values are built and read
+
+
+def _run_patches(tree: ast.AST) -> list[int]:
+    """Lines that set a run field on a built value (``out.check = ...``): on ``self``
+    (its own constructor) and on the exception an ``except ... as e`` caught (the report
+    of what was done before it) it is allowed."""
+    caught = {h.name for h in ast.walk(tree) if isinstance(h, ast.ExceptHandler) and h.name}
+    lines = []
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+        lines += [node.lineno for t in targets
+                  if isinstance(t, ast.Attribute) and t.attr in RUN_FIELDS
+                  and not (isinstance(t.value, ast.Name) and t.value.id in {"self", *caught})]
+    return lines
+
+
+def test_no_run_value_is_patched_after_it_is_built():
+    """A command's run value (``api.RewriteRun``, ...) and its result are built once, whole:
+    a later stage's figures go into a new value, never ``out.check = ...`` on a built one."""
+    paths = [PACKAGE / "api.py", *(p for layer in RUN_LAYERS for p in sorted((PACKAGE / layer).rglob("*.py")))]
+    found = [f"{path.relative_to(PACKAGE).as_posix()}:{line}" for path in paths
+             for line in _run_patches(ast.parse(path.read_text(), str(path)))]
+    assert found == []
+
+
+def test_the_run_guard_sees_patches():
+    code = ("out.check = 1\nrun.report = {}\nself.result = 2\nx.other = 3\n"
+            "try:\n    pass\nexcept E as e:\n    e.report = {}\n")
+    assert _run_patches(ast.parse(code)) == [1, 2]
+
+
+def _all_imports(path: Path, package: str) -> set[str]:
+    """The modules of ``package`` that ``path`` imports anywhere: at module or function
+    level, or for type hints only (``TYPE_CHECKING``)."""
+    base = _module_name(path).rpartition(".")[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom):
+            source = node.module or ""
+            if node.level:
+                parts = base.split(".")[:len(base.split(".")) - node.level + 1]
+                source = ".".join(parts + ([node.module] if node.module else []))
+            names = [source] + [f"{source}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            continue
+        out |= {n for n in names if n.startswith(package + ".")}
+    return out
+
+
+def test_verify_modules_form_no_circle_even_through_type_hints():
+    """``verify``'s records, rules and stage read one way: the stage measures and calls the
+    rules, the rules read the records; no import back, not even for a type hint."""
+    folder = PACKAGE / "verify"
+    paths = {_module_name(p): p for p in folder.glob("*.py") if p.name != "__init__.py"}
+    graph = {m: _all_imports(p, "ckpt_cli.verify") & set(paths) for m, p in paths.items()}
+    assert "ckpt_cli.verify.figures" in graph["ckpt_cli.verify.rules"]  # the reading sees imports
+    assert _cycle(graph) is None
 
 
 def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -218,3 +284,87 @@ def test_no_assignment_into_a_report_after_it_is_built():
 def test_the_report_guard_sees_writes():
     code = "report['a'] = 1\nout.report['b'] = 2\nreport.update(c=3)\ndel plan_report['d']\nr['e'] = 4\n"
     assert sorted(_report_writes(ast.parse(code))) == [1, 2, 3, 4]
+
+
+def _drops_cause(node: ast.Raise) -> bool:
+    return node.cause is None or (isinstance(node.cause, ast.Constant) and node.cause.value is None)
+
+
+def _unchained_raises(tree: ast.AST) -> list[int]:
+    """Lines that raise a new exception inside ``except ... as e`` without chaining a cause
+    (``from e``): no ``from``, or ``from None``, which drops the cause. Re-raising the caught
+    name itself is fine. A function defined in the handler is its own scope."""
+    lines: list[int] = []
+
+    def visit(node: ast.AST, caught: tuple[str, ...]) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            caught = ()
+        if isinstance(node, ast.Raise) and caught and node.exc is not None and _drops_cause(node) \
+                and not (isinstance(node.exc, ast.Name) and node.exc.id in caught):
+            lines.append(node.lineno)
+        if isinstance(node, ast.ExceptHandler) and node.name:
+            caught = (*caught, node.name)
+        for child in ast.iter_child_nodes(node):
+            visit(child, caught)
+
+    visit(tree, ())
+    return lines
+
+
+def test_every_raise_in_an_except_block_chains_its_cause():
+    """An error raised while handling another names it as its cause (``raise X(...) from e``):
+    the traceback under --debug shows what ckpt's one-line message was made from."""
+    found = [f"{path.relative_to(PACKAGE).as_posix()}:{line}" for path in sorted(PACKAGE.rglob("*.py"))
+             for line in _unchained_raises(ast.parse(path.read_text(), str(path)))]
+    assert found == []
+
+
+def test_the_cause_guard_sees_unchained_raises():
+    code = ("try:\n    f()\nexcept OSError as e:\n    raise ValueError(e)\n"          # 4: unchained
+            "try:\n    f()\nexcept OSError as e:\n    raise ValueError(e) from e\n"   # chained
+            "try:\n    f()\nexcept OSError as e:\n    raise ValueError(e) from None\n"  # 12: dropped
+            "try:\n    f()\nexcept OSError as e:\n    raise e\n"                      # the caught one
+            "try:\n    f()\nexcept OSError as e:\n    if e.errno:\n        raise KeyError\n"  # 21: nested
+            "try:\n    f()\nexcept OSError as e:\n    def g():\n        raise KeyError\n")  # own scope
+    assert _unchained_raises(ast.parse(code)) == [4, 12, 21]
+
+
+ISSUE_REFERENCE = re.compile(r"\bissue\s+#?\d+", re.IGNORECASE)
+
+
+def _issue_references(text: str) -> list[int]:
+    return [k for k, line in enumerate(text.splitlines(), 1) if ISSUE_REFERENCE.search(line)]
+
+
+def test_no_issue_number_in_the_package():
+    """The code says why in its own words: an "issue N" points at a tracker a reader of the
+    package may not have (an upstream bug is cited by its address)."""
+    found = [f"{path.relative_to(PACKAGE).as_posix()}:{line}" for path in sorted(PACKAGE.rglob("*.py"))
+             for line in _issue_references(path.read_text())]
+    assert found == []
+
+
+def test_the_issue_guard_sees_references():
+    text = "x = 1  # issue 14\n\"\"\"see Issue #7\"\"\"\n# github.com/o/r/issues/3\n# an issue 'x'\n"
+    assert _issue_references(text) == [1, 2]
+
+
+NOQA = re.compile(r"#\s*noqa\b(?P<rest>.*)")
+NOQA_WITH_REASON = re.compile(r":\s*[A-Z]+[0-9]+(?:,\s*[A-Z]+[0-9]+)*\s+-\s+\S")
+
+
+def _bare_noqa(text: str) -> list[int]:
+    return [k for k, line in enumerate(text.splitlines(), 1)
+            if (m := NOQA.search(line)) and not NOQA_WITH_REASON.match(m["rest"])]
+
+
+def test_every_noqa_names_its_rule_and_says_why():
+    """``# noqa: CODE - why``: a silenced rule is named, and the line says why it does not apply."""
+    found = [f"{path.relative_to(PACKAGE).as_posix()}:{line}" for path in sorted(PACKAGE.rglob("*.py"))
+             for line in _bare_noqa(path.read_text())]
+    assert found == []
+
+
+def test_the_noqa_guard_sees_bare_markers():
+    text = "a  # noqa\nb  # noqa: E731\nc  # noqa: BLE001 - ORT's errors have no common type\nd  # noqa:E1,F2 - x\n"
+    assert _bare_noqa(text) == [1, 2]

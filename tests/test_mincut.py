@@ -339,7 +339,7 @@ def test_a_budget_bounds_what_ort_measures_and_the_check_holds_it_to_that(tmp_pa
 
     from ckpt_cli.api import rewrite_model
     from ckpt_cli.options import CheckOptions
-    from ckpt_cli.verify.rules import budget_held
+    from ckpt_cli.verify.rules import held_within, judge
 
     a = analyse(load_graph(SAMPLES / "cnn.onnx"))
     assert a.ort_peak_bytes > a.priority.peak_bytes  # the premise: the two measures differ here
@@ -355,8 +355,7 @@ def test_a_budget_bounds_what_ort_measures_and_the_check_holds_it_to_that(tmp_pa
     constants = sum(onnx.numpy_helper.to_array(n.proto.attribute[0].t).nbytes
                     for n in out.result.graph.nodes if n.op_type == "Constant")
     assert abs(out.report["planning"]["ort_peak_bytes_after"] + constants - held) <= 256
-    tight = replaced(out.check, failures=[], notes=[], findings=[])
-    tight.add(budget_held(tight, held - 1, out.result.after.outside_arena_bytes))
+    tight = judge(replaced(out.check, findings=()), False, (held_within(held - 1, out.result.after.outside_arena_bytes),))
     assert not tight.passed and tight.codes == ["budget_held"]
 
 

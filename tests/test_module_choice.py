@@ -17,6 +17,7 @@ from ckpt_cli import api
 from ckpt_cli.analysis.scaling import probe_tensors, scaling, symbolic_shapes
 from ckpt_cli.io.written import UNPLANNED_SYMBOL, unplanned_shapes
 from ckpt_cli.markers import MEM_ARENA_META
+from ckpt_cli.verify.records import ModuleRun
 from ckpt_cli.ort.session import recorded_settings
 from ckpt_cli.rewrite import RewriteResult
 from ckpt_cli.verify import module_choice
@@ -52,7 +53,7 @@ def _fake_module(monkeypatch: pytest.MonkeyPatch, runs: dict[str, tuple]) -> lis
             stem = stem.rsplit("_", 1)[0]
         answer = runs[stem]
         peak, losses = answer[:2] if settings is None else (answer[2:] or answer[:2])
-        return {"peak_bytes": peak, "losses_hex": losses, "time_s": 0.1}
+        return ModuleRun(peak, tuple(losses), 0.1)
 
     monkeypatch.setattr(module_choice, "run_module", run_module)
     return trained

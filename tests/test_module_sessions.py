@@ -14,6 +14,7 @@ import os
 import stat
 import subprocess
 import sys
+from dataclasses import replace
 from importlib import resources
 
 import pytest
@@ -23,6 +24,7 @@ from ckpt_cli.errors import RunFailed
 from ckpt_cli.report.model import check_report
 from ckpt_cli.verify.driver import WorkerOptions
 from ckpt_cli.verify.module_runs import artifact_files, run_module
+from ckpt_cli.verify.records import ModuleSessions
 from ckpt_cli.verify.rules import MODULE_NOISE_BYTES, judge
 from test_ort_training import training_python  # noqa: F401 - the fixture
 from test_verdict_rule_figures import _figures
@@ -49,10 +51,14 @@ def _sessions(rewritten_untuned: dict | None = None, rewritten_settings: dict | 
 
 
 def _judged(module: dict):
-    f = _figures()
-    f.module_sessions = module
-    judge(f, tolerant=False)
-    return f
+    """The base figures with these Module runs (as ``module_sessions`` gives them), judged."""
+    return judge(replace(_figures(), module_sessions=ModuleSessions.of(module)), tolerant=False)
+
+
+def test_the_module_figures_read_back_as_the_json_they_came_from():
+    for module in (_sessions(), _sessions(errors={"rewritten_settings": "run_failed: Shape mismatch"}),
+                   {"skipped": "the original's folder has no checkpoint"}):
+        assert ModuleSessions.of(module).to_json() == module
 
 
 def test_the_module_figures_of_a_good_rewrite_pass():
@@ -78,8 +84,8 @@ def test_module_session_not_raised_fails_a_rewrite_above_the_original_untuned():
 def test_module_losses_identical_fails_a_loss_one_ulp_off_in_either_session():
     off = [LOSSES[0], "0x1.3f1f810000000p+1", LOSSES[2]]
     f = _judged(_sessions(rewritten_untuned=_run(12 * MIB, off)))
-    assert f.failures == ["trained by the Module API untuned, the losses differ from the original's "
-                          "(step 2: 0x1.3f1f810000000p+1 vs 0x1.3f1f800000000p+1)"]
+    assert f.codes == ["module_losses_identical"]
+    assert "(step 2: 0x1.3f1f810000000p+1 vs 0x1.3f1f800000000p+1)" in f.failures[0]  # the step, both losses
     g = _judged(_sessions(rewritten_settings=_run(8 * MIB, off)))
     assert g.codes == ["module_losses_identical"] and "under the recorded settings" in g.failures[0]
     h = _judged(_sessions(errors={"rewritten_settings": "run_failed: Shape mismatch"}))
@@ -89,7 +95,7 @@ def test_module_losses_identical_fails_a_loss_one_ulp_off_in_either_session():
 def test_skipped_module_sessions_are_a_note():
     f = _judged({"skipped": "the original's folder has no checkpoint"})
     assert f.passed and f.codes == ["module_session_not_raised_skipped"]
-    assert f.notes[0].endswith(": the original's folder has no checkpoint")
+    assert f.findings[0].text.endswith(": the original's folder has no checkpoint")
 
 
 def test_the_report_shows_the_four_figures_and_validates():
@@ -99,9 +105,7 @@ def test_the_report_shows_the_four_figures_and_validates():
     from ckpt_cli.report.render import render_check
     from ckpt_cli.report.model import Source
 
-    f = _figures()
-    f.module_sessions = _sessions(rewritten_settings=_run(8 * MIB, LOSSES[::-1]))
-    judge(f, tolerant=False)
+    f = _judged(_sessions(rewritten_settings=_run(8 * MIB, LOSSES[::-1])))
     src = Source.of_file(ROOT / "sample_models" / "mlp.onnx")
     report = check_report(src, src, f.to_json(), {})
     schema = json.loads(resources.files("ckpt_cli.report").joinpath("schema.json").read_text())

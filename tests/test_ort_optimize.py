@@ -113,7 +113,7 @@ def test_check_passes_against_the_original_at_the_same_level(checked):
     assert f.outputs.reference_level == "ORT_ENABLE_EXTENDED"
     assert f.outputs.unoptimized_vs_rewritten is not None  # the comparison with the unfused original is reported too
     assert f.outputs.equal, f.failures
-    assert f.order_matches and f.order["n_not_in_file"] == 0 and f.order["n_not_executed"] == 0
+    assert f.order_matches and f.order.n_not_in_file == 0 and f.order.n_not_executed == 0
     assert abs(f.prediction.tensor_error["rewritten"]) <= 0.10
     assert f.measured.rewritten.peak_bytes < f.measured.original_ort_default.peak_bytes
     assert checked.passed, f.failures

@@ -4,6 +4,7 @@ deterministic provider they still fail."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,7 @@ import pytest
 
 from ckpt_cli.verify import driver
 from ckpt_cli.verify.feeds import make_feeds, save_feeds
+from ckpt_cli.verify.records import OrderCheck, OutputComparison, RunToRun, Spread
 from ckpt_cli.verify.rules import judge as _judge
 from ckpt_cli.verify.stage import (CheckFigures, MeasuredRuns, Measurement, OutputFigures, PredictionFigures,
                                    _kernel_of, _spread_verdict)
@@ -48,8 +50,8 @@ def test_a_real_difference_on_a_deterministic_provider_is_not_excused(mlp_run, g
     o_vals = mlp_run[2]
     r_vals = dict(o_vals, **{names[0]: o_vals[names[0]] + np.float32(1e-7)})
     rr = _judged(mlp_run, model, r_vals)
-    assert rr["unexplained"] == [names[0]] and not rr["accepted"]
-    assert rr["n_varying_in_original"] == 0 and rr["varying_kernels"] == {}
+    assert rr.unexplained == (names[0],) and not rr.accepted
+    assert rr.n_varying_in_original == 0 and rr.varying_kernels == {}
 
 
 def test_a_difference_from_a_kernel_that_varies_in_the_original_is_accepted(mlp_run, grads, monkeypatch):
@@ -70,32 +72,29 @@ def test_a_difference_from_a_kernel_that_varies_in_the_original_is_accepted(mlp_
 
     monkeypatch.setattr(driver, "run_model", fake_run)
     rr = _judged(mlp_run, model, dict(o_vals, **{same[1]: o_vals[same[1]] + np.float32(3e-9)}))
-    assert rr["accepted"] and rr["outputs"][same[1]]["accepted"] and rr["n_varying_in_original"] == 1
+    assert rr.accepted and rr.outputs[same[1]].accepted and rr.n_varying_in_original == 1
     # Far beyond the spread and the default tolerance: not excused.
     rr = _judged(mlp_run, model, dict(o_vals, **{same[1]: o_vals[same[1]] + np.float32(1e-3)}))
-    assert rr["unexplained"] == [same[1]]
+    assert rr.unexplained == (same[1],)
 
 
-def _figures(rr: dict) -> CheckFigures:
+def _figures(rr: RunToRun) -> CheckFigures:
     run = Measurement(None, None, None, None, "profiler", [])
     return CheckFigures(
         provider="cuda", ort_version=None, enable_mem_reuse=True,
-        outputs=OutputFigures(False, False, None, 2e-9, {"w_grad": {"bit_identical": False, "within_tolerance": False}},
-                              run_to_run=rr),
-        measured=MeasuredRuns(run, run, None, None, None), order={"n_not_in_file": 0, "matches": True},
+        outputs=OutputFigures(False, False, None, 2e-9, {"w_grad": OutputComparison(False, False)}, run_to_run=rr),
+        measured=MeasuredRuns(run, run, None, None, None), order=OrderCheck(True),
         prediction=PredictionFigures({}, {}, {}, {}, 0.1))
 
 
 def test_judge_names_the_kernel_and_fails_an_unexplained_output(grads):
     model, names = grads
-    spread = {names[0]: {"original_spread": 1e-9, "rewrite_diff": 2e-9, "within_tolerance": True,
-                         "bit_identical": False}}
+    spread = {names[0]: Spread(1e-9, 2e-9, within_tolerance=True, bit_identical=False)}
     rr = _spread_verdict(spread, model)
-    kernel = rr["outputs"][names[0]]["kernel"]
-    assert kernel and kernel not in ("Reshape", "Identity", "Transpose") and rr["accepted"]
-    f = _figures(rr)
-    _judge(f, tolerant=False)
+    assert rr is not None
+    kernel = rr.outputs[names[0]].kernel
+    assert kernel and kernel not in ("Reshape", "Identity", "Transpose") and rr.accepted
+    f = _judge(_figures(rr), tolerant=False)
     assert f.codes == ["outputs_match_within_spread"] and kernel in f.notes[0]
-    f = _figures(dict(rr, unexplained=[names[0]], accepted=False))
-    _judge(f, tolerant=False)
+    f = _judge(_figures(replace(rr, unexplained=(names[0],))), tolerant=False)
     assert f.codes == ["outputs_match"] and names[0] in f.failures[0]

@@ -155,7 +155,7 @@ def test_executed_order_is_file_order(branch_files, measured):
     for name, path in (("sequential", seq), ("interleaved", inter)):
         file_order = check.file_node_order(path)
         assert measured[name]["executed_order"] == file_order
-        assert check.order_check(file_order, measured[name]["executed_order"])["matches"]
+        assert check.order_check(file_order, measured[name]["executed_order"]).matches
         assert [t[0] for t in measured[name]["timeline"]] == file_order
 
 
@@ -174,7 +174,7 @@ def test_check_pair(branch_files):
     r = check.check_pair(seq, inter, feeds, check.PairOptions(provider="cpu", runs=1))
     assert r.provider == "cpu"
     assert r.outputs_equal and r.max_abs_diff == 0.0
-    assert r.order_matches and r.order["compared"] == 3 * K + K - 1
+    assert r.order_matches and r.order.compared == 3 * K + K - 1
     assert r.rewritten.ckpt.peak_bytes - r.original.ckpt.peak_bytes > 6 * MiB
     assert r.original.ort_default.peak_bytes > 0
     assert "PRIORITY_BASED" in r.settings_snippet
@@ -229,17 +229,17 @@ def test_worker_under_other_interpreter(branch_files, python):
 
 def test_order_check_reports_mismatch():
     r = check.order_check(["a", "b", "c", "const"], ["a", "c", "b", "Add_7"])
-    assert not r["matches"]
-    assert r["first_mismatch"] == {"position": 1, "file": "b", "executed": "c"}
-    assert r["not_executed"] == ["const"] and r["not_in_file"] == ["Add_7"]
+    assert not r.matches
+    assert r.first_mismatch is not None and r.first_mismatch.to_json() == {"position": 1, "file": "b", "executed": "c"}
+    assert r.not_executed == ("const",) and r.not_in_file == ("Add_7",)
 
 
 def test_order_check_lists_provider_copies_apart():
     # CUDA runs: ORT's Memcpy nodes between devices are listed, not failed; any other
     # node ORT adds still is.
     r = check.order_check(["a", "b"], ["a", "Memcpy", "b", "Add_7"], ["Add", "MemcpyToHost", "Mul", "Add"])
-    assert r["matches"] and r["provider_copies"] == ["Memcpy"] and r["n_provider_copies"] == 1
-    assert r["not_in_file"] == ["Add_7"] and r["n_not_in_file"] == 1
+    assert r.matches and r.provider_copies == ("Memcpy",) and r.n_provider_copies == 1
+    assert r.not_in_file == ("Add_7",) and r.n_not_in_file == 1
 
 
 def test_order_check_per_provider():
@@ -249,13 +249,13 @@ def test_order_check_per_provider():
     provs = {"size": "CPU", "mul": "CPU", "emb": "CUDA", "reshape": "CUDA", "mm": "CUDA"}
     ran = ["emb", "size", "mul", "reshape", "mm"]
     r = check.order_check(file, ran, None, [provs[n] for n in ran])
-    assert r["matches"] and r["nodes_per_provider"] == {"CUDA": 3, "CPU": 2}
+    assert r.matches and r.nodes_per_provider == {"CUDA": 3, "CPU": 2}
     ran = ["emb", "size", "mul", "mm", "reshape"]
     r = check.order_check(file, ran, None, [provs[n] for n in ran])
-    assert not r["matches"] and r["first_mismatch"]["provider"] == "CUDA"
-    assert r["first_mismatch"]["file"] == "reshape" and r["first_mismatch"]["executed"] == "mm"
+    assert not r.matches and r.first_mismatch is not None and r.first_mismatch.provider == "CUDA"
+    assert r.first_mismatch.file == "reshape" and r.first_mismatch.executed == "mm"
     # One provider: the whole order is compared, as before.
-    assert not check.order_check(file, ran, None, ["CPU"] * 5)["matches"]
+    assert not check.order_check(file, ran, None, ["CPU"] * 5).matches
 
 
 # --------------------------------------------------------------------------- providers

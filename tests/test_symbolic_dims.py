@@ -87,8 +87,9 @@ def test_check_runs_both_files_at_other_dims(tmp_path):
     """Each dimension at a value of its own, other than the analysed one: outputs compared there."""
     f = _check(*_changed_rewrite(tmp_path, lambda m, h: None))
     other = f.other_dims
-    assert other["dims"]["batch"] != other["dims"]["seq"] and 64 not in other["dims"].values()
-    assert other["all_bit_identical"] and not any(c.startswith("runs_at_other_dims") for c in f.codes)
+    assert other is not None and other.outputs is not None
+    assert other.dims["batch"] != other.dims["seq"] and 64 not in other.dims.values()
+    assert other.outputs.all_bit_identical and not any(c.startswith("runs_at_other_dims") for c in f.codes)
 
 
 @pytest.mark.slow
@@ -100,7 +101,7 @@ def test_a_rewrite_that_only_runs_at_the_analysed_dims_fails_the_check(tmp_path)
 
     f = _check(*_changed_rewrite(tmp_path, bake))
     assert "runs_at_other_dims_rewritten_failed" in f.codes, f.failures
-    assert any(x.startswith(f"at batch={f.other_dims['dims']['batch']}, seq=") for x in f.failures), f.failures
+    assert any(x.startswith(f"at batch={f.other_dims.dims['batch']}, seq=") for x in f.failures), f.failures
 
 
 @pytest.mark.slow

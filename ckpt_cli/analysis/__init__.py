@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from itertools import chain
-from typing import TYPE_CHECKING, Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeVar
 from functools import cached_property
 
 from ..errors import UsageError
@@ -12,6 +12,7 @@ from ..graph import ABSENT, Graph, gc_paused
 from ..markers import SessionPlan, is_recompute_copy
 from . import schedules
 from .cost import NodeCost, graph_costs
+from .floor import Floor, plan_floor
 from .memory import MemoryProfile, buffer_roots, simulate, simulate_deferred, scratch_peak, step_scratch
 from .phases import Phases, classify
 from .scopes import node_scopes
@@ -164,7 +165,8 @@ class Analysis:
         memo = self._memo.derived
         if make not in memo:
             memo[make] = make(self)
-        return memo[make]
+        made: _T = memo[make]  # the memo holds each function's own result
+        return made
 
     @property
     def output_bytes(self) -> int:
@@ -172,10 +174,15 @@ class Analysis:
         all of them are live at its last step, whatever the plan."""
         return buffer_bytes(set(self.graph.outputs) - {ABSENT}, self.tensors)
 
+    @cached_property
+    def floor(self) -> Floor:
+        """A peak no order or recompute plan goes below, and what sets it (``floor.py``)."""
+        return plan_floor(self.graph, self.tensors, self.roots, self.priority.resident_bytes, self.output_bytes)
+
     @property
     def lower_bound_bytes(self) -> int:
-        """A peak no order or recompute plan goes below: resident bytes plus outputs."""
-        return self.priority.resident_bytes + self.output_bytes
+        """A peak no order or recompute plan goes below (``floor``)."""
+        return self.floor.bytes
 
     @property
     def stashed_bytes(self) -> int:
@@ -220,7 +227,7 @@ def _refuse_unbound_dims(graph: Graph, tensors: dict[str, TensorInfo], dims: dic
                          + " ".join(f"--dim {d}=N" for d in unbound))
 
 
-def buffer_bytes(buffers, tensors: dict[str, TensorInfo]) -> int:
+def buffer_bytes(buffers: Iterable[str], tensors: dict[str, TensorInfo]) -> int:
     return sum((tensors[b].nbytes or 0) for b in buffers if b in tensors)
 
 

@@ -52,7 +52,12 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
+
+if TYPE_CHECKING:
+    from ..graph import Graph, Node
+    from .memory import MemoryProfile
+    from .shapes import TensorInfo
 
 MIN_ALLOCATION_BYTES = 256  # kMinAllocationSize
 DEFAULT_INITIAL_CHUNK_SIZE_BYTES = 1 << 20  # BFCArena::DEFAULT_INITIAL_CHUNK_SIZE_BYTES
@@ -200,7 +205,7 @@ class ArenaResult:
 # Outputs not allocated by the plan are allocated at its end; temporaries still held are
 # released when the kernel returns, before the profiler reads in-use.  Without a plan a
 # node allocates its outputs and nothing else.
-KernelPlan = Sequence[tuple]
+KernelPlan = Sequence[tuple[str, *tuple[int, ...]]]
 
 
 @dataclass
@@ -250,7 +255,7 @@ class _Replay:
                 if not outs_done:
                     self._allocate(k)
                     outs_done = True
-            elif ev[0] == "tmp":
+            elif ev[0] == "tmp" and len(ev) == 2:
                 tmps.append(alloc(ev[1]))
             elif ev[0] == "free_tmp":
                 high = max(high, arena.in_use)
@@ -350,7 +355,7 @@ def replay(buffers: Sequence[tuple[int, int, int]], steps: int, *, runs: int = 2
     return traces, replayer.arena
 
 
-def arena_peak(profile, small_initializer_bytes: int = 0, *, runs: int = 2,
+def arena_peak(profile: MemoryProfile, small_initializer_bytes: int = 0, *, runs: int = 2,
                plans: dict[int, KernelPlan] | None = None, arena: BFCArena | None = None,
                give_up_above: int | None = None) -> ArenaResult:
     """Predict ORT's arena numbers for a ``MemoryProfile`` (see the module doc).
@@ -384,10 +389,11 @@ MLAS_CONV_WORKING_BUFFER_SIZE_PER_THREAD = 16384  # floats (mlas/lib/mlasi.h)
 MLAS_SGEMM_THREAD_COMPLEXITY = 64 * 1024
 
 
-def _static(shape) -> tuple[int, ...] | None:
-    if shape is None or not all(isinstance(d, int) for d in shape):
+def _static(shape: tuple[int | str, ...] | None) -> tuple[int, ...] | None:
+    if shape is None:
         return None
-    return tuple(shape)
+    static = tuple(d for d in shape if isinstance(d, int))
+    return static if len(static) == len(shape) else None
 
 
 def _broadcast(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
@@ -397,14 +403,15 @@ def _broadcast(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(x if y == 1 else y for x, y in zip(a, b))
 
 
-def _prod(xs) -> int:
+def _prod(xs: Iterable[int]) -> int:
     out = 1
     for x in xs:
         out *= x
     return out
 
 
-def _conv_geometry(node, x: tuple[int, ...], w: tuple[int, ...], y: tuple[int, ...]):
+def _conv_geometry(node: Node, x: tuple[int, ...], w: tuple[int, ...], y: tuple[int, ...]
+                   ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...], int]:
     kernel = tuple(node.attr("kernel_shape") or w[2:])
     rank = len(kernel)
     pads = tuple(node.attr("pads") or (0,) * (2 * rank))
@@ -414,7 +421,7 @@ def _conv_geometry(node, x: tuple[int, ...], w: tuple[int, ...], y: tuple[int, .
     return kernel, pads, strides, dilations, group
 
 
-def conv_working_bytes(node, x, w, y, threads: int = 1) -> int:
+def conv_working_bytes(node: Node, x: tuple[int, ...], w: tuple[int, ...], y: tuple[int, ...], threads: int = 1) -> int:
     """Bytes of the working buffer ORT's float Conv takes from the arena
     (``MlasConvPrepare`` in onnxruntime/core/mlas/lib/convolve.cpp, kernel rank 1-3)."""
     kernel, pads, strides, dilations, group = _conv_geometry(node, x, w, y)
@@ -448,7 +455,8 @@ def conv_working_bytes(node, x, w, y, threads: int = 1) -> int:
 ARENA_REPLAYED = frozenset({("", "Where"), ("", "Conv"), ("", "ConvTranspose")})
 
 
-def kernel_plans(graph, order, tensors, threads: int = 1) -> dict[int, KernelPlan]:
+def kernel_plans(graph: Graph, order: Sequence[int], tensors: dict[str, TensorInfo],
+                 threads: int = 1) -> dict[int, KernelPlan]:
     """Kernel plans (see ``replay``) for the nodes of ``order`` whose ORT CPU kernels take
     temporaries from the arena, where the shapes are known:
 
@@ -463,15 +471,16 @@ def kernel_plans(graph, order, tensors, threads: int = 1) -> dict[int, KernelPla
     """
     plans: dict[int, KernelPlan] = {}
 
-    def shape(t):
+    def shape(t: str) -> tuple[int, ...] | None:
         info = tensors.get(t)
         return _static(info.shape) if info is not None else None
 
-    def elem(t):
+    def elem(t: str) -> int | None:
         info = tensors.get(t)
-        if info is None or info.nbytes is None or info.shape is None:
+        static = _static(info.shape) if info is not None else None
+        if info is None or info.nbytes is None or static is None:  # sized: its shape is static
             return None
-        n = _prod(info.shape)
+        n = _prod(static)
         return info.nbytes // n if n else None
 
     for k, i in enumerate(order):
@@ -483,13 +492,13 @@ def kernel_plans(graph, order, tensors, threads: int = 1) -> dict[int, KernelPla
         if op == "Where" and len(ins) == 3:
             c, x, y = (shape(t) for t in ins)
             ex, ey = elem(ins[1]), elem(ins[2])
-            if None in (c, x, y, ex, ey):
+            if c is None or x is None or y is None or ex is None or ey is None:
                 continue
             plans[k] = (("tmp", ex * _prod(_broadcast(c, x))), ("tmp", ey * _prod(_broadcast(c, y))),
                         ("out",), ("free_tmp",))
         elif op in ("Conv", "ConvTranspose") and len(ins) >= 2 and node.outputs:
             x, w, y = shape(ins[0]), shape(ins[1]), shape(node.outputs[0])
-            if None in (x, w, y) or len(x) < 3 or elem(ins[0]) != 4:
+            if x is None or w is None or y is None or len(x) < 3 or elem(ins[0]) != 4:
                 continue
             if op == "Conv":
                 n = conv_working_bytes(node, x, w, y, threads)
@@ -505,7 +514,7 @@ def kernel_plans(graph, order, tensors, threads: int = 1) -> dict[int, KernelPla
 SMALL_INITIALIZER_BYTES = 128  # ORT keeps initializers below this size in the arena
 
 
-def small_initializer_bytes(graph, tensors) -> int:
+def small_initializer_bytes(graph: Graph, tensors: dict[str, TensorInfo]) -> int:
     """Bytes of the initializers ORT places in the arena for the whole session (it drops
     those no node reads)."""
     read, outputs = graph.consumers, set(graph.outputs)  # looked up, not copied: a plan search replays often
@@ -514,7 +523,8 @@ def small_initializer_bytes(graph, tensors) -> int:
                and info.nbytes < SMALL_INITIALIZER_BYTES)
 
 
-def predict_in_use(graph, profile, tensors, give_up_above: int | None = None) -> ArenaResult:
+def predict_in_use(graph: Graph, profile: MemoryProfile, tensors: dict[str, TensorInfo],
+                   give_up_above: int | None = None) -> ArenaResult:
     """ORT's arena figures (bytes in use, held) for one simulated order of ``graph``,
     as ckpt's check measures them (after one warm-up run); ``give_up_above``: as ``arena_peak``."""
     return arena_peak(profile, small_initializer_bytes(graph, tensors),

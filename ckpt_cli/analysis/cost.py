@@ -115,7 +115,7 @@ def node_flops(node: Node, tensors: dict[str, TensorInfo]) -> int | None:
         x, w = _elems(get(node.inputs[0])), _shape(get(node.inputs[1]))
         if x is None or w is None:
             return None
-        group = node.attr("group", 1)
+        group = int(node.attr("group", 1))
         return 2 * x * (w[1] * math.prod(w[2:])) // max(group, 1) * group
     if op in _RECURRENT:
         return _recurrent_flops(node, tensors)
@@ -197,9 +197,9 @@ def graph_costs(graph: Graph, tensors: dict[str, TensorInfo]) -> list[NodeCost]:
     and tensor shapes share one cost, priced once: a model repeats its layers, so few of
     its nodes have a cost of their own."""
     get = tensors.get
-    priced: dict[tuple, NodeCost] = {}
+    priced: dict[tuple[object, ...], NodeCost] = {}
 
-    def facts(names: tuple[str, ...]) -> tuple:
+    def facts(names: tuple[str, ...]) -> tuple[object, ...]:
         return tuple(ABSENT if t == ABSENT else None if (i := get(t)) is None else (i.shape, i.nbytes) for t in names)
 
     out = []

@@ -13,7 +13,7 @@ Graph inputs and initializers are resident throughout and counted in every step.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -130,7 +130,7 @@ def peak_with_scratch(profile: MemoryProfile, graph: Graph, tensors: dict[str, T
     return scratch_peak(profile.peak_bytes, step_scratch(profile, graph, tensors), profile.timeline)
 
 
-def with_scratch(timeline, scratch: dict[int, int]) -> tuple[int, ...]:
+def with_scratch(timeline: Sequence[int], scratch: dict[int, int]) -> tuple[int, ...]:
     """``timeline`` with each step's kernel working memory (``step_scratch``) added."""
     return tuple(b + scratch.get(k, 0) for k, b in enumerate(timeline))
 
@@ -154,7 +154,7 @@ def step_scratch(profile: MemoryProfile, graph: Graph, tensors: dict[str, Tensor
                  skip: frozenset[tuple[str, str]] = frozenset()) -> dict[int, int]:
     """Per step of ``profile.order`` with a kernel that holds working memory outside ORT's
     buffers (``ort.scratch``): its bytes. ``skip``: (domain, op type) pairs left out."""
-    def sized(t: str):
+    def sized(t: str) -> tuple[tuple[int | str, ...], int] | None:
         info = tensors.get(t)
         return (info.shape, itemsize(info.dtype)) if info is not None and info.shape is not None else None
 
@@ -169,6 +169,6 @@ def step_scratch(profile: MemoryProfile, graph: Graph, tensors: dict[str, Tensor
     return out
 
 
-def scratch_peak(peak: int, scratch: dict[int, int], timeline) -> int:
+def scratch_peak(peak: int, scratch: dict[int, int], timeline: Sequence[int]) -> int:
     """``peak``, or a step's bytes in use plus its kernel's scratch where that is higher."""
     return max([peak, *(timeline[step] + extra for step, extra in scratch.items())])

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from ..graph import Graph
 from ..ops import IN_PLACE_OPS, VIEW_OPS
 from .lifetimes import Lifetimes
-from .shapes import TensorInfo, itemsize
+from .shapes import Dims, TensorInfo, itemsize
 
 _VIEW, _IN_PLACE = 1, 2
 _OP_KINDS = {**{op: _IN_PLACE for op in IN_PLACE_OPS}, **{op: _VIEW for op in VIEW_OPS}}
@@ -51,7 +51,7 @@ class Buffers:
     takes: list[tuple[int, int]] = field(default_factory=list)
 
 
-def _reuse_key(info: TensorInfo | None):
+def _reuse_key(info: TensorInfo | None) -> tuple[Dims, int] | None:
     if info is None:
         return None
     shape = info.planner_shape
@@ -74,8 +74,9 @@ def _same_size(a: TensorInfo | None, b: TensorInfo | None) -> bool:
 def reuse_classes(infos: list[TensorInfo | None]) -> tuple[list[int], int]:
     """Per tensor, the class of buffers it can reuse (same shape and element size;
     -1: never reused), and the number of classes."""
-    classes: dict[tuple, int] = {}  # reuse key -> class
-    class_of: dict[tuple | None, int] = {}  # (shape, dtype) -> class
+    classes: dict[tuple[Dims, int], int] = {}  # reuse key -> class
+    # (shape, dtype, static, ORT's shape) -> class
+    class_of: dict[tuple[Dims | None, int, bool, Dims | None] | None, int] = {}
     out: list[int] = []
     for info in infos:
         kind = None if info is None else (info.shape, info.dtype, info.static_shape, info.ort_shape)

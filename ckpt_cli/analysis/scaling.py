@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import count
+from typing import Any
 
 from ..errors import CkptError
 from ..graph import Graph
@@ -59,7 +60,7 @@ class Scaling:
             return f"{self.intercept} + {self.slope / value:g} * {name} bytes"
         return f"{self.intercept} + {self.slope} * k bytes, with {names} all k times the values used"
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "dims": dict(self.dims),
             "doubled_dims": {d: 2 * v for d, v in self.dims},
@@ -96,8 +97,12 @@ def scaling(a: Analysis) -> Scaling | None:
                    doubled, tuple(sorted(b for b, g in growth.items() if g > 0)))
 
 
+# tensor -> its dimensions: a number, a product of symbols ("batch*seq"), or None (unnamed)
+SymbolicShapes = dict[str, list[int | str | None]]
+
+
 def symbolic_shapes(graph: Graph, tensors: dict[str, TensorInfo], scaled: Scaling,
-                    probe: dict[str, TensorInfo] | None) -> dict[str, list]:
+                    probe: dict[str, TensorInfo] | None) -> SymbolicShapes:
     """Shapes for the value_info of ``graph`` (a rewrite of the analysed one) with the
     symbolic dimensions put back: a dimension that moves with them is written as the product
     it is (``batch``, ``batch*seq``, ``seq*seq*4``), or left unnamed; one that does not is a
@@ -109,7 +114,7 @@ def symbolic_shapes(graph: Graph, tensors: dict[str, TensorInfo], scaled: Scalin
     (recompute copies, guard views) take the shapes of the tensor they copy or view."""
     source = _sources(graph, scaled.doubled.graph)
     factors = dict(zip((d for d, _ in scaled.dims), _PRIMES))
-    out: dict[str, list] = {}
+    out: SymbolicShapes = {}
     for t, info in tensors.items():
         original = source.get(t, t)
         twice = scaled.doubled.tensors.get(original)
@@ -145,7 +150,8 @@ def probe_tensors(a: Analysis) -> dict[str, TensorInfo] | None:
         return None
 
 
-def _symbol(one, two, far, dims: tuple[tuple[str, int], ...], factors: dict[str, int]):
+def _symbol(one: int | str, two: int | str, far: int | str | None, dims: tuple[tuple[str, int], ...],
+            factors: dict[str, int]) -> int | str | None:
     """``one`` (at ``dims``) as the product of symbols it is, given its values at twice the
     dimensions (``two``) and at the probe (``far``); None where no product fits both."""
     if one == two or not isinstance(one, int):

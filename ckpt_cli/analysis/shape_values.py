@@ -105,7 +105,7 @@ def _evaluate(node: Node, values: dict[str, np.ndarray], tensors: dict[str, Tens
         from onnx.reference import ReferenceEvaluator
 
         # run answers a list unless asked for intermediate values
-        outputs = cast(list, ReferenceEvaluator(model).run(None, {t: values[t] for t in names}))
+        outputs = cast(list[object], ReferenceEvaluator(model).run(None, {t: values[t] for t in names}))
         return np.asarray(outputs[0])
     except Exception:  # an op the evaluator rejects leaves the value unknown
         return None
@@ -115,7 +115,8 @@ def _div(node: Node, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     if a.dtype.kind not in "iu" or b.dtype.kind not in "iu" or not np.all(b):
         raise ValueError("not an integer division")
     q = np.abs(a) // np.abs(b)  # C++ integer division truncates toward zero
-    return np.where((a < 0) != (b < 0), -q, q).astype(np.result_type(a, b))
+    quotient: np.ndarray = np.where((a < 0) != (b < 0), -q, q).astype(np.result_type(a, b))
+    return quotient
 
 
 @overload

@@ -11,13 +11,14 @@ import math
 from dataclasses import dataclass, replace
 from functools import cache
 from itertools import chain
+from typing import Iterable, TypeGuard
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
 from ..errors import ModelError, UsageError
-from ..graph import ABSENT, Graph, weightless_copy
+from ..graph import ABSENT, Graph, Node, weightless_copy
 from ..markers import FRESH_META, GUARD_META
 from ..ops import ORT_FOLDABLE, ORT_SCALAR_FOLDABLE
 from ..ort import shapes as ort_shapes
@@ -26,6 +27,7 @@ from .shape_values import FOLDABLE, fold
 
 _INLINE_INITIALIZER_BYTES = 4096  # small ones may hold shapes that inference must read
 _DIM_UNKNOWN = "?"
+Dims = tuple[int | str, ...]  # a shape: each dimension its size, or a symbol
 _DIM_MAX = 2**40  # far beyond any memory, and products of a few such dims stay exact
 
 
@@ -73,9 +75,14 @@ def itemsize(elem_type: int) -> int:
 MAX_TENSOR_BYTES = 1 << 48
 
 
-def _info(elem_type: int, shape: tuple | None) -> TensorInfo:
+def is_static(shape: tuple[int | str, ...]) -> TypeGuard[tuple[int, ...]]:
+    """Every dimension is a number."""
+    return all(isinstance(d, int) for d in shape)
+
+
+def _info(elem_type: int, shape: tuple[int | str, ...] | None) -> TensorInfo:
     nbytes = None
-    if shape is not None and all(isinstance(d, int) for d in shape):
+    if shape is not None and is_static(shape):
         nbytes = math.prod(shape) * itemsize(elem_type)
         if nbytes > MAX_TENSOR_BYTES:
             raise ModelError(f"a tensor of shape {list(shape)} would take {nbytes} bytes, more than "
@@ -83,7 +90,7 @@ def _info(elem_type: int, shape: tuple | None) -> TensorInfo:
     return TensorInfo(elem_type, shape, nbytes)
 
 
-def _shape_of(type_proto: onnx.TypeProto) -> tuple[int, tuple | None]:
+def _shape_of(type_proto: onnx.TypeProto) -> tuple[int, tuple[int | str, ...] | None]:
     if not type_proto.HasField("tensor_type"):
         return 0, None
     tt = type_proto.tensor_type
@@ -143,13 +150,13 @@ def tied_dims(graph: Graph, tensors: dict[str, TensorInfo], free: tuple[str, ...
 _ELEMENTWISE_LOSS_OPS = frozenset({"Sub"})
 
 
-def _tie(tied: dict[str, int], dims: tuple, sizes: tuple, free: tuple[str, ...]) -> None:
+def _tie(tied: dict[str, int], dims: Dims, sizes: Dims, free: tuple[str, ...]) -> None:
     for dim, size in zip(dims, sizes):
         if dim in free and isinstance(size, int) and size > 1:
             tied.setdefault(dim, size)
 
 
-def _tie_operands(tied: dict[str, int], node, declared: dict, tensors: dict[str, TensorInfo],
+def _tie_operands(tied: dict[str, int], node: Node, declared: dict[str, Dims | None], tensors: dict[str, TensorInfo],
                   free: tuple[str, ...]) -> None:
     """A graph input's defaulted dims that the other operand of ``node`` sizes."""
     for mine, other in ((node.inputs[0], node.inputs[1]), (node.inputs[1], node.inputs[0])):
@@ -171,12 +178,21 @@ def symbolic_dims(graph: Graph, outputs: bool = True) -> set[str]:
     return set(cache[outputs])
 
 
-def _dim_names(values) -> frozenset[str]:
+def _dim_names(values: Iterable[onnx.ValueInfoProto]) -> frozenset[str]:
+    return frozenset(_symbols_in(values) - {_DIM_UNKNOWN})
+
+
+def _symbols_in(values: Iterable[onnx.ValueInfoProto]) -> set[str]:
+    """The symbols (and ``_DIM_UNKNOWN``) of the shapes these ValueInfos declare, each
+    distinct type read once: a training graph declares thousands of tensors of a few types."""
     names: set[str] = set()
+    seen: set[bytes] = set()
     for v in values:
-        _, shape = _shape_of(v.type)
-        names.update(d for d in shape or () if isinstance(d, str) and d != _DIM_UNKNOWN)
-    return frozenset(names)
+        key = v.type.SerializeToString()
+        if key not in seen:
+            seen.add(key)
+            names.update(d for d in _shape_of(v.type)[1] or () if isinstance(d, str))
+    return names
 
 
 def infer_tensors(graph: Graph, dims: dict[str, int] | None = None, strict: bool = True) -> dict[str, TensorInfo]:
@@ -217,8 +233,7 @@ def infer_tensors(graph: Graph, dims: dict[str, int] | None = None, strict: bool
 
 def _declared_symbols(g: onnx.GraphProto, dims: dict[str, int]) -> set[str]:
     """The symbols the graph's inputs, outputs and value_info declare that no dimension binds."""
-    return {d for v in chain(g.input, g.value_info, g.output)
-            for d in _shape_of(v.type)[1] or () if isinstance(d, str)} - {_DIM_UNKNOWN} - set(dims)
+    return _symbols_in(chain(g.input, g.value_info, g.output)) - {_DIM_UNKNOWN} - set(dims)
 
 
 def _symbols_to_ort(unbound: onnx.ModelProto | None, tensors: dict[str, TensorInfo], dims: dict[str, int],
@@ -333,7 +348,7 @@ def _with_shape_values(graph: Graph, model: onnx.ModelProto, tensors: dict[str, 
     ``strict_for``, shapes those values contradict make an invalid model: ORT meets them at
     run time (an Expand to a shape its input does not broadcast to)."""
     made = [t for n in graph.nodes for t in n.outputs if t != ABSENT]
-    folded: dict = {}
+    folded: dict[str, np.ndarray] = {}
     for _ in range(4):
         if all(t in tensors and tensors[t].nbytes is not None for t in made):
             break
@@ -364,7 +379,7 @@ def _inferred(model: onnx.ModelProto, light: onnx.GraphProto, strict_for: object
             inferred = light
         else:
             first = next((line for line in str(e).splitlines() if line.strip()), "")
-            raise ModelError(f"{strict_for}: types or shapes do not fit the ops ({first[:300]})") from None
+            raise ModelError(f"{strict_for}: types or shapes do not fit the ops ({first[:300]})") from e
     except Exception:  # inference is best effort otherwise: fall back to what the file declares
         inferred = light
     tensors: dict[str, TensorInfo] = {}
@@ -380,7 +395,7 @@ def _inferred(model: onnx.ModelProto, light: onnx.GraphProto, strict_for: object
     return tensors
 
 
-def _ort_rule(node, opset: int):
+def _ort_rule(node: Node, opset: int) -> ort_shapes.Rule | None:
     """The shape rule of a node onnx cannot infer, or None."""
     if _is_guard_view(node):
         return ort_shapes.GUARD_VIEW
@@ -396,19 +411,19 @@ def _fill_ort_op_shapes(graph: Graph, tensors: dict[str, TensorInfo]) -> list[st
     rules = {i: r for i, r in ((i, _ort_rule(n, opset)) for i, n in enumerate(graph.nodes)) if r is not None}
     if not rules:
         return []
-    values: dict | None = None  # shape values, folded on first use (only a few rules read them)
+    values: dict[str, np.ndarray] | None = None  # shape values, folded on first use (only a few rules read them)
 
-    def typed(name: str):
+    def typed(name: str) -> ort_shapes.Typed | None:
         info = tensors.get(name)
         return (info.dtype, info.shape) if info is not None and info.shape is not None else None
 
-    def value(name: str):
+    def value(name: str) -> np.ndarray | None:
         nonlocal values
         if values is None:
             values = fold(graph, tensors, FOLDABLE)
         return values.get(name)
 
-    def producer(name: str):
+    def producer(name: str) -> Node | None:
         i = graph.producer.get(name)
         return graph.nodes[i] if i is not None else None
 
@@ -463,7 +478,7 @@ def _through_ort_ops(graph: Graph, model: onnx.ModelProto, tensors: dict[str, Te
             return
 
 
-def _is_guard_view(node) -> bool:
+def _is_guard_view(node: Node) -> bool:
     return node.op_type == "Reshape" and (node.meta(GUARD_META) is not None or node.meta(FRESH_META) is not None)
 
 

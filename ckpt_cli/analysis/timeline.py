@@ -17,7 +17,8 @@ def bytes_in_use(buffers: Buffers, steps: int, base: int) -> list[int]:
     np.add.at(free, np.asarray(buffers.dies, dtype=np.int64), size)
     # after step k: all allocated up to k, less all released before k
     released_before = np.cumsum(free[:steps]) - free[:steps]
-    return (base + np.cumsum(alloc[:steps]) - released_before).tolist()
+    in_use: list[int] = (base + np.cumsum(alloc[:steps]) - released_before).tolist()
+    return in_use
 
 
 def peak_of(timeline: list[int], base: int) -> tuple[int, int]:

@@ -34,7 +34,7 @@ peak predicted is the bytes of the arena's chunks ever handed out, over both run
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 from ..graph import Graph
@@ -204,7 +204,7 @@ def _static_shape(tensors: dict[str, TensorInfo], t: str) -> tuple[int, ...] | N
     return tuple(int(d) for d in info.shape)
 
 
-def _prod(xs) -> int:
+def _prod(xs: Iterable[int]) -> int:
     out = 1
     for x in xs:
         out *= x

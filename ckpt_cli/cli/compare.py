@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -84,7 +85,7 @@ def compare(inputs, conditions, svg_path, dims, allow_mixed, fmt, **reporting) -
     _fail_if_held(outcomes, loaded[-1].label)
 
 
-def _render_markdown(report: dict, console) -> None:
+def _render_markdown(report: dict[str, Any], console) -> None:
     from ..report.markdown import compare_markdown
 
     if not console.quiet:

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from ..errors import UsageError
 from ..progress import listening
 from .progress import progress
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..export.common import ExportResult, InputSpec
 
 _LOSS_HELP = ("Turn the model's output into the loss: cross_entropy (class scores on the last axis: (N, classes) "
               "or (batch, seq, vocab), nothing else; adds an int64 'labels' input shaped like the output without that axis), mse (adds a float 'target' "
@@ -35,7 +41,7 @@ _INPUT_HELP = ("One example input per forward argument, in order (repeatable): [
 @click.option("--tolerance", type=click.FloatRange(min=0), default=1e-4, show_default=True,
               help="Largest |ort - torch| / max(1, max |torch|) over every output --verify accepts.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress and no summary; errors only.")
-def export(factory: str, input_specs: tuple[str, ...], output: Path, quiet: bool, **given) -> None:
+def export(factory: str, input_specs: tuple[str, ...], output: Path, quiet: bool, **given: Any) -> None:
     """Export a PyTorch model's training step as one ONNX graph for ckpt.
 
     FILE.py:NAME (or package.module:NAME) names a function that returns an nn.Module, or
@@ -78,14 +84,14 @@ def export(factory: str, input_specs: tuple[str, ...], output: Path, quiet: bool
         _summary(result)
 
 
-def _names(model, specs: list, count: int) -> list[str]:
+def _names(model: torch.nn.Module, specs: list[InputSpec], count: int) -> list[str]:
     from ..export import forward_input_names
 
     default = forward_input_names(model, count)
     return [s.name or default[k] for k, s in enumerate(specs)] if specs else default
 
 
-def _summary(result) -> None:
+def _summary(result: ExportResult) -> None:
     size = result.path.stat().st_size / 2**20
     inputs = ", ".join(f"{n}[{','.join(map(str, shape))}] {dtype}" for n, (shape, dtype) in result.inputs.items())
     out = sys.stdout

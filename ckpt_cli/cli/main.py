@@ -9,6 +9,9 @@ import os
 import signal
 import sys
 import traceback
+from collections.abc import Sequence
+from types import FrameType
+from typing import Any, NoReturn
 
 import click
 
@@ -69,14 +72,15 @@ class _Terminated(BaseException):
     the check's child process) runs before ckpt exits."""
 
 
-def _on_sigterm(_signum, _frame):
+def _on_sigterm(_signum: int, _frame: FrameType | None) -> NoReturn:
     raise _Terminated()
 
 
 class CkptGroup(click.Group):
     """Turns expected failures into one line and an exit code; no traceback unless --debug."""
 
-    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, **extra: Any) -> Any:
         """click's main, with its usage errors (unknown option, missing argument, bad value,
         unknown command) reported by ``fail`` like every other error."""
         words = list(sys.argv[1:] if args is None else args)
@@ -101,7 +105,7 @@ class CkptGroup(click.Group):
         first = next((a for a in args if not a.startswith("-")), None)
         return first if first in self.commands else None
 
-    def invoke(self, ctx: click.Context):
+    def invoke(self, ctx: click.Context) -> Any:
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
         # A command is one short process that makes next to no garbage cycles: without the
         # cycle collector (which the library pauses only inside its stages) a plan skips a

@@ -14,10 +14,14 @@ import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from ..errors import CheckFailed, ModelError, OptionError, UsageError
 from .common import ExportFailed, ExportResult, InputSpec, TorchMissing, init_path_of, one_line
+
+if TYPE_CHECKING:
+    import torch
 
 INSTALL = "pip install 'onnx-ckpt[torch]'"
 LOSSES = ("cross_entropy", "mse", "sum")
@@ -56,10 +60,10 @@ def require_torch() -> None:
             importlib.import_module(module)
         except ImportError as e:
             raise TorchMissing(f"{module} is not installed in this Python ({e}); ckpt export needs it: "
-                               f"{INSTALL}") from None
+                               f"{INSTALL}") from e
 
 
-def load_factory(ref: str):
+def load_factory(ref: str) -> object:
     """The object ``FILE.py:NAME`` or ``package.module:NAME`` names (NAME may be dotted)."""
     source, sep, attr = ref.rpartition(":")
     if not sep or not source or not attr:
@@ -74,7 +78,7 @@ def load_factory(ref: str):
     return obj
 
 
-def _import_file(source: str):
+def _import_file(source: str) -> ModuleType:
     path = Path(source)
     if not path.is_file():
         raise UsageError(f"{source}: no such file")
@@ -89,23 +93,23 @@ def _import_file(source: str):
         spec.loader.exec_module(module)
     except Exception as e:
         sys.modules.pop(name, None)
-        raise ModelError(f"{source}: importing it raised {one_line(e)}") from None
+        raise ModelError(f"{source}: importing it raised {one_line(e)}") from e
     return module
 
 
-def _import_module(source: str):
+def _import_module(source: str) -> ModuleType:
     sys.path.insert(0, os.getcwd())  # as `python -m` would
     try:
         return importlib.import_module(source)
     except ModuleNotFoundError as e:
         if e.name and source.startswith(e.name):
-            raise UsageError(f"{source}: no such module (give a FILE.py path, or run from its folder)") from None
-        raise ModelError(f"{source}: importing it raised {one_line(e)}") from None
+            raise UsageError(f"{source}: no such module (give a FILE.py path, or run from its folder)") from e
+        raise ModelError(f"{source}: importing it raised {one_line(e)}") from e
     except Exception as e:
-        raise ModelError(f"{source}: importing it raised {one_line(e)}") from None
+        raise ModelError(f"{source}: importing it raised {one_line(e)}") from e
 
 
-def model_from_factory(ref: str, seed: int = 0):
+def model_from_factory(ref: str, seed: int = 0) -> tuple[torch.nn.Module, tuple[object, ...] | None]:
     """(module, example inputs or None): the factory's result. A factory returns an
     ``nn.Module``, or ``(module, example_inputs)``; an ``nn.Module`` instance is taken as is."""
     require_torch()
@@ -119,7 +123,7 @@ def model_from_factory(ref: str, seed: int = 0):
         try:
             obj = obj()
         except Exception as e:
-            raise ModelError(f"{ref}() raised {one_line(e)}") from None
+            raise ModelError(f"{ref}() raised {one_line(e)}") from e
     inputs = None
     if isinstance(obj, tuple) and len(obj) == 2 and isinstance(obj[0], torch.nn.Module):
         obj, inputs = obj
@@ -130,7 +134,7 @@ def model_from_factory(ref: str, seed: int = 0):
     return obj, inputs
 
 
-def make_inputs(specs: Sequence[InputSpec], seed: int = 0) -> tuple:
+def make_inputs(specs: Sequence[InputSpec], seed: int = 0) -> tuple[torch.Tensor, ...]:
     """Random example inputs of these shapes (normal floats, uniform integers, fair booleans)."""
     require_torch()
     import torch
@@ -148,7 +152,7 @@ def make_inputs(specs: Sequence[InputSpec], seed: int = 0) -> tuple:
     return tuple(out)
 
 
-def forward_input_names(model, count: int) -> list[str]:
+def forward_input_names(model: torch.nn.Module, count: int) -> list[str]:
     """The forward's parameter names (``input_ids``, ``x``), else ``input_<k>``."""
     try:
         params = [p for p in inspect.signature(model.forward).parameters.values()
@@ -167,7 +171,7 @@ def check_outputs(path: Path, force: bool) -> None:
     check_output_path(init_path_of(path), None, force)
 
 
-def export_training_graph(model, example_inputs: Sequence, path: str | Path, *,
+def export_training_graph(model: torch.nn.Module, example_inputs: Sequence[object], path: str | Path, *,
                           input_names: Sequence[str] | None = None, loss: str | None = None,
                           verify: bool = True, tolerance: float = DEFAULT_TOLERANCE,
                           force: bool = True) -> ExportResult:

@@ -65,7 +65,7 @@ def _probe_output(model: nn.Module, inputs: tuple):
         try:
             return model(*inputs)
         except Exception as e:
-            raise ExportFailed(f"the model's forward on the example inputs raised {one_line(e)}") from None
+            raise ExportFailed(f"the model's forward on the example inputs raised {one_line(e)}") from e
 
 
 def _with_loss(model: nn.Module, inputs: tuple, names: list[str], loss: str | None):
@@ -138,7 +138,7 @@ def export(model: nn.Module, inputs: tuple, path: Path, names: list[str], loss: 
     except (KeyboardInterrupt, MemoryError, CheckFailed):
         raise
     except Exception as e:
-        raise ExportFailed(f"torch could not export the model: {_export_error(e)}") from None
+        raise ExportFailed(f"torch could not export the model: {_export_error(e)}") from e
     save_model(proto, path)
     init_path = init_path_of(path)
     state = {n: v.numpy() for n, v in feeds.items() if n not in names and n != TANGENT}
@@ -171,7 +171,7 @@ def _run_on_ort(path: Path, feeds: dict) -> dict[str, np.ndarray]:
         sess = ort.InferenceSession(os.fspath(path), so, providers=["CPUExecutionProvider"])
         outputs = sess.run(None, {n: v.numpy() for n, v in feeds.items()})
     except Exception as e:  # the files stay: --no-verify writes the same
-        raise RunFailed("run_failed", f"{path}: ONNX Runtime cannot run the exported graph: {one_line(e)}") from None
+        raise RunFailed("run_failed", f"{path}: ONNX Runtime cannot run the exported graph: {one_line(e)}") from e
     return dict(zip([o.name for o in sess.get_outputs()], outputs))
 
 

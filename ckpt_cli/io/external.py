@@ -147,7 +147,7 @@ def locate(t: onnx.TensorProto, model_dir: Path, model_path: Path) -> Extent:
     try:
         st = real.stat()
     except OSError as e:
-        raise ModelError(f"{where}: cannot read external data '{location[:80]}' ({e.strerror})") from None
+        raise ModelError(f"{where}: cannot read external data '{location[:80]}' ({e.strerror})") from e
     if not stat.S_ISREG(st.st_mode):
         raise ModelError(f"{where}: external data '{location[:80]}' of tensor '{t.name}' is not a "
                          "regular file")

@@ -7,6 +7,7 @@ shapes, and the writer streams them from the source file when it saves.
 from __future__ import annotations
 
 from itertools import chain
+from operator import attrgetter
 from pathlib import Path
 from typing import Iterator
 
@@ -68,9 +69,9 @@ def load_graph(path: str | Path) -> Graph:
         model = read_model(path)
     except (DecodeError, ValueError, RuntimeError) as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise ModelError(f"{path}: not a readable ONNX model (truncated or not protobuf: {first})") from None
+        raise ModelError(f"{path}: not a readable ONNX model (truncated or not protobuf: {first})") from e
     except OSError as e:
-        raise ModelError(f"{path}: cannot read ({e.strerror or e})") from None
+        raise ModelError(f"{path}: cannot read ({e.strerror or e})") from e
     except MemoryError:
         raise ModelError(f"{path}: not enough memory to read the model") from None
     if model.ir_version == 0 or not model.HasField("graph") or not model.graph.node:
@@ -135,7 +136,7 @@ def _run_checker(model: onnx.ModelProto, path: Path, order: list[int], external:
         raise ModelError(f"{path}: names in the model are not valid UTF-8 text") from None
     except onnx.checker.ValidationError as e:
         first = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
-        raise ModelError(f"{path}: not a valid ONNX model ({first[:300]})") from None
+        raise ModelError(f"{path}: not a valid ONNX model ({first[:300]})") from e
 
 
 def _model_strings(graph: Graph) -> Iterator[str]:
@@ -150,10 +151,23 @@ def _node_strings(node: Node) -> Iterator[str]:
     yield from (x for p in node.proto.metadata_props for x in (p.key, p.value))
 
 
+def _indexed_strings(graph: Graph) -> Iterator[str]:
+    """The strings of every node's ``_node_strings``, each tensor name once: the names the
+    links index (every tensor a node reads or makes, ABSENT aside), then per node what
+    they do not hold."""
+    nodes = graph.nodes
+    yield from graph.producer
+    yield from graph.consumers
+    yield from map(attrgetter("name"), nodes)
+    yield from map(attrgetter("op_type"), nodes)
+    yield from map(attrgetter("domain"), nodes)
+    yield from (x for n in nodes if n.proto.metadata_props for p in n.proto.metadata_props for x in (p.key, p.value))
+
+
 def _check_text(graph: Graph, path: Path) -> None:
     """Every name and metadata string ckpt reads is text: protobuf hands invalid UTF-8 over as bytes."""
     try:  # str.join refuses bytes: one C-level pass where every string is text (the usual case)
-        "".join(chain(_model_strings(graph), chain.from_iterable(map(_node_strings, graph.nodes))))
+        "".join(chain(_model_strings(graph), _indexed_strings(graph)))
         return
     except TypeError:
         pass  # name what is not text

@@ -168,7 +168,7 @@ def os_errors(path: Path) -> Iterator[None]:
         reason = e.strerror or str(e)
         if e.errno == errno.ENOSPC:
             reason = "no space left on the device"
-        raise OutputError(f"{path}: cannot write ({reason})") from None
+        raise OutputError(f"{path}: cannot write ({reason})") from e
     except MemoryError:
         raise OutputError(f"{path}: not enough memory to write it") from None
 
@@ -205,7 +205,7 @@ def commit(tmp: Path, path: Path, exclusive: bool) -> None:
         if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
             raise
         if path.exists():  # no hard links on this filesystem: a best-effort check
-            raise UsageError(f"{path}: was created by another process meanwhile; pass --force") from None
+            raise UsageError(f"{path}: was created by another process meanwhile; pass --force") from e
         os.replace(tmp, path)
     else:
         tmp.unlink()

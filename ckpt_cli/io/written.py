@@ -11,11 +11,13 @@ from ..markers import (FRESH_META, GUARD_META, MEM_PATTERN_META, MEM_REUSE_META,
 from .save import build_model
 
 if TYPE_CHECKING:
+    from ..analysis.scaling import SymbolicShapes
+    from ..analysis.shapes import TensorInfo
     from ..rewrite import RewriteResult
 
 
 def to_model(result: RewriteResult, metadata: dict[str, str] | None = None,
-             shapes: dict[str, list] | None = None) -> onnx.ModelProto:
+             shapes: SymbolicShapes | None = None) -> onnx.ModelProto:
     """The ModelProto to save: nodes in the written order, and the session setting the
     rewrite chose recorded in the model's metadata (ckpt check and inspect read it),
     with ``metadata`` (provenance) beside it. ``shapes`` gives the value_info shapes of
@@ -47,7 +49,7 @@ def to_model(result: RewriteResult, metadata: dict[str, str] | None = None,
     return _without_inner_symbols(model, result)
 
 
-def _guard_value_info(model: onnx.ModelProto, result: RewriteResult, shapes: dict[str, list]) -> None:
+def _guard_value_info(model: onnx.ModelProto, result: RewriteResult, shapes: SymbolicShapes) -> None:
     pinned = result.pinned
     if pinned is not None and pinned.guard_nodes:
         # Guards read shapes from a runtime tensor: onnx inference cannot follow them, so
@@ -86,7 +88,7 @@ def _without_inner_symbols(model: onnx.ModelProto, result: RewriteResult) -> onn
 UNPLANNED_SYMBOL = "ckpt_unplanned_"
 
 
-def unplanned_shapes(model: onnx.ModelProto, result: RewriteResult, shapes: dict[str, list],
+def unplanned_shapes(model: onnx.ModelProto, result: RewriteResult, shapes: SymbolicShapes,
                      sized_at: dict[str, int] | None = None, shared: bool = False) -> tuple[onnx.ModelProto, int]:
     """``model`` with every tensor a node makes (graph outputs aside) declared at its rank,
     each dimension that moves with the symbolic dimensions, or that ckpt cannot size, a
@@ -122,6 +124,7 @@ def unplanned_shapes(model: onnx.ModelProto, result: RewriteResult, shapes: dict
             dtype, dims = typed
             named: list[int | str] = []
             moving = shapes.get(t) if alike is not None and t not in own else None
+            d: int | str | None  # a size, a shared symbol, or none yet
             for k, d in enumerate(dims):
                 if d is None and alike is not None and moving is not None and len(moving) == len(dims) \
                         and not isinstance(moving[k], int):
@@ -172,7 +175,8 @@ def _sized_again(model: onnx.ModelProto, made: dict[str, onnx.ValueInfoProto],
     return back
 
 
-def _sized_dims(info, symbolic: list | None, declared: onnx.ValueInfoProto | None) -> tuple[int, list] | None:
+def _sized_dims(info: TensorInfo | None, symbolic: list[int | str | None] | None,
+                declared: onnx.ValueInfoProto | None) -> tuple[int, list[int | None]] | None:
     """(element type, dims) of one tensor, a dimension None where it is not a fixed number:
     ckpt's size where it has one (``symbolic``: its dimensions that move with the symbolic
     ones named), else what the file declared; None where neither gives a rank."""
@@ -197,7 +201,7 @@ def pattern_off_input(name: str) -> onnx.ValueInfoProto:
                                        doc_string="ckpt: turns ONNX Runtime's memory pattern off; do not feed")
 
 
-def _static_value_info(result: RewriteResult, shapes: dict[str, list]) -> list[onnx.ValueInfoProto]:
+def _static_value_info(result: RewriteResult, shapes: SymbolicShapes) -> list[onnx.ValueInfoProto]:
     """Type and shape of every node output whose shape ORT should know before the run; the
     type alone of the others (viewers label edges with it; a shape would undo fresh.py)."""
     tensors = result.after.tensors
@@ -218,7 +222,7 @@ def _static_value_info(result: RewriteResult, shapes: dict[str, list]) -> list[o
     return out
 
 
-def _copy_value_info(result: RewriteResult, shapes: dict[str, list]) -> list[onnx.ValueInfoProto]:
+def _copy_value_info(result: RewriteResult, shapes: SymbolicShapes) -> list[onnx.ValueInfoProto]:
     """Type and shape of every tensor a recompute copy makes (viewers such as Netron
     label edges with them; the originals' value_info does not name the copies)."""
     tensors = result.after.tensors

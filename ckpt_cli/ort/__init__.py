@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import ModuleType
+
 import onnx
 
 from ..errors import RuntimeUnavailable
@@ -14,13 +16,14 @@ _INSTALL = ("onnxruntime is not installed in this Python ({why}); ckpt needs it:
             "pip install onnxruntime-gpu (CUDA and CPU) or onnxruntime (CPU only)")
 
 
-def ort_module():
+def ort_module() -> ModuleType:
     """``onnxruntime``, or RuntimeUnavailable saying what to install."""
     try:
         import onnxruntime
     except ImportError as e:
-        raise RuntimeUnavailable("provider_unavailable", _INSTALL.format(why=e)) from None
-    return onnxruntime
+        raise RuntimeUnavailable("provider_unavailable", _INSTALL.format(why=e)) from e
+    module: ModuleType = onnxruntime  # untyped to mypy (no stubs): a module all the same
+    return module
 
 
 def output_ir_version(model: onnx.ModelProto) -> int:

@@ -18,6 +18,7 @@ import subprocess
 import time
 import zipfile
 from dataclasses import dataclass
+from typing import Any, Callable, NoReturn
 
 import numpy as np
 
@@ -64,14 +65,14 @@ def how_it_ended(returncode: int) -> str:
     return how
 
 
-def run_child(argv: list[str], env: dict, timeout: float | None, what: str) -> Child:
+def run_child(argv: list[str], env: dict[str, str], timeout: float | None, what: str) -> Child:
     """Run ``argv`` in a process group of its own and collect its output, bounded; ``what``
     names the run in errors ("the worker running m.onnx")."""
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 env=env, start_new_session=True)
     except (OSError, ValueError) as e:
-        raise RunFailed("load_failed", f"cannot start {argv[0]}: {getattr(e, 'strerror', None) or e}") from None
+        raise RunFailed("load_failed", f"cannot start {argv[0]}: {getattr(e, 'strerror', None) or e}") from e
     deadline = None if timeout is None else time.monotonic() + timeout
     try:
         out, err = _collect(proc, deadline, timeout, what)
@@ -81,7 +82,7 @@ def run_child(argv: list[str], env: dict, timeout: float | None, what: str) -> C
     return Child(proc.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
 
 
-def _collect(proc: subprocess.Popen, deadline: float | None, timeout: float | None,
+def _collect(proc: subprocess.Popen[bytes], deadline: float | None, timeout: float | None,
              what: str) -> tuple[bytes, bytes]:
     """Read stdout (at most MAX_ANSWER_BYTES) and the tail of stderr until both close, the
     child exits and goes quiet (a grandchild may hold the pipes), or the deadline."""
@@ -117,7 +118,7 @@ def _poll_s(deadline: float | None, timeout: float | None, what: str, err: bytea
     return min(left, _POLL_S)
 
 
-def _exited(proc: subprocess.Popen) -> bool:
+def _exited(proc: subprocess.Popen[bytes]) -> bool:
     """Whether the child has exited, without reaping it: its pid (= the group id) stays
     taken until ``_end_group`` has killed the rest of the group."""
     try:
@@ -126,7 +127,7 @@ def _exited(proc: subprocess.Popen) -> bool:
         return True
 
 
-def _wait_exited(proc: subprocess.Popen, deadline: float | None, timeout: float | None, what: str,
+def _wait_exited(proc: subprocess.Popen[bytes], deadline: float | None, timeout: float | None, what: str,
                  err: bytes) -> None:
     """Wait for a child that closed its pipes to exit (not reaped)."""
     while not _exited(proc):
@@ -134,7 +135,7 @@ def _wait_exited(proc: subprocess.Popen, deadline: float | None, timeout: float 
         time.sleep(0.01)
 
 
-def _end_group(proc: subprocess.Popen) -> None:
+def _end_group(proc: subprocess.Popen[bytes]) -> None:
     """Kill whatever is left of the child's group, then reap the child."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -167,7 +168,7 @@ def _finite_float(text: str) -> float:
     return value
 
 
-def _no_constant(text: str):
+def _no_constant(text: str) -> NoReturn:
     raise ValueError(f"{text} is not a number")
 
 
@@ -193,7 +194,7 @@ def load_outputs(path: str, what: str) -> dict[str, np.ndarray]:
     except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, MemoryError, OverflowError,
             NotImplementedError, RuntimeError) as e:
         raise RunFailed("bad_answer", f"{what} wrote outputs that are not a readable .npz "
-                                      f"({type(e).__name__}: {_short(e)})") from None
+                                      f"({type(e).__name__}: {_short(e)})") from e
 
 
 def _check_member(z: zipfile.ZipFile, info: zipfile.ZipInfo) -> None:
@@ -241,7 +242,7 @@ def _string(v: object) -> bool:
 
 
 # The worker's answer fields ckpt reads, and what each must be (worker.py's docstring).
-_FIELDS = {
+_FIELDS: dict[str, Callable[[object], bool]] = {
     "kind": _string, "message": _string, "provider": _string, "ort_version": _string, "settings": _string,
     "method": _string, "peak_bytes": _opt_int, "time_s": _opt_number, "baseline_bytes": _opt_int,
     "peak_above_baseline_bytes": _opt_int, "peak_requested_bytes": _opt_int, "runs": _runs,
@@ -252,7 +253,7 @@ _FIELDS = {
 MEASURED_FIELDS = ("provider", "method", "runs", "executed_order")
 
 
-def checked_answer(answer: object, what: str, required: tuple[str, ...] = ()) -> dict:
+def checked_answer(answer: object, what: str, required: tuple[str, ...] = ()) -> dict[str, Any]:
     """``answer`` when it is an object whose fields are what the worker writes, else RunFailed."""
     if not isinstance(answer, dict) or type(answer.get("ok")) is not bool:
         raise RunFailed("bad_answer", f"{what} answered something other than a worker's result")

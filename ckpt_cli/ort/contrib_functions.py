@@ -11,15 +11,17 @@ their order; new tensors and nodes are named after the op (``<node>/<tensor>``,
 
 from __future__ import annotations
 
+from typing import Any
+
 import onnx
 from onnx import helper
 
-from ..graph import ABSENT, Graph
+from ..graph import ABSENT, Graph, Node
 
 MS = "com.microsoft"
 # (outputs, op, inputs, domain, attributes): names of the body's formal inputs and outputs
 # are the schema's, others are the body's own
-BodyNode = tuple[tuple[str, ...], str, tuple[str, ...], str, dict]
+BodyNode = tuple[tuple[str, ...], str, tuple[str, ...], str, dict[str, Any]]
 
 _NOOP_EMPTY = {"noop_with_empty_axes": 1}
 DIV_GRAD: tuple[BodyNode, ...] = (
@@ -43,12 +45,14 @@ FUNCTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[BodyNode, ...
 }
 
 
-def _body(node, formal_in: tuple[str, ...], formal_out: tuple[str, ...],
+def _body(node: Node, formal_in: tuple[str, ...], formal_out: tuple[str, ...],
           body: tuple[BodyNode, ...]) -> list[onnx.NodeProto]:
     """``node``'s function body as nodes of the graph."""
     names = {f: t for f, t in zip(formal_in, node.inputs)}
     names.update((f, t) for f, t in zip(formal_out, node.outputs) if t != ABSENT)
-    name = lambda t: names.get(t) or f"{node.name}/{t}"  # noqa: E731 - a one-line closure over names
+    def name(t: str) -> str:
+        return names.get(t) or f"{node.name}/{t}"
+
     out = []
     for k, (outs, op, ins, domain, attrs) in enumerate(body):
         p = helper.make_node(op, [name(t) for t in ins], [name(t) for t in outs], name=f"{node.name}/{op}_{k}",

@@ -22,7 +22,7 @@ import tempfile
 from functools import lru_cache
 from itertools import chain
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import onnx
 
@@ -35,10 +35,11 @@ _INLINE_LIMIT = 1024  # initializers above this many bytes are passed to ORT as 
 # input element types: a graph whose function ops are all here needs no ORT session.
 # Whether ORT has a kernel depends on the types (its CPU provider has a float64
 # ReduceSumSquare, no float16 one).
-_RUN_AS_IS: set[tuple] = set()
+RunKey = tuple[str, str, int, tuple[int, ...]]  # op type, domain, opset, input element types
+_RUN_AS_IS: set[RunKey] = set()
 
 
-def _run_as_is_key(graph: Graph, opsets: dict[str, int]):
+def _run_as_is_key(graph: Graph, opsets: dict[str, int]) -> Callable[[Node], RunKey]:
     """A node's key in _RUN_AS_IS: its input element types where the file declares them,
     else every element type the file declares (a key that only a like graph shares)."""
     g = graph.model.graph
@@ -46,7 +47,7 @@ def _run_as_is_key(graph: Graph, opsets: dict[str, int]):
     declared.update((t.name, t.data_type) for t in g.initializer)
     everything = tuple(sorted(set(declared.values())))
 
-    def key(n: Node) -> tuple:
+    def key(n: Node) -> RunKey:
         types = tuple(declared.get(t, -1) for t in n.inputs if t)
         return (n.op_type, n.domain, opsets[n.domain], types if -1 not in types else everything)
     return key
@@ -168,7 +169,7 @@ def _expand_onnx_functions(graph: Graph) -> Graph:
     return _splice(graph, functions, graph.model, {n.name for n in graph.nodes}) or graph
 
 
-def _splice(graph: Graph, functions: dict[str, tuple[str, str, int]], model: onnx.ModelProto,
+def _splice(graph: Graph, functions: dict[str, RunKey], model: onnx.ModelProto,
             names: set[str]) -> Graph | None:
     """``graph`` with ORT's resolution of ``model`` (the nodes ``names`` of it) spliced in;
     None when ``model`` is an excerpt ORT refuses or whose expansion uses a name the rest of

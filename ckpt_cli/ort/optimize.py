@@ -22,7 +22,7 @@ import sys
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import onnx
 
@@ -94,7 +94,7 @@ class Optimized:
     def external(self) -> bool:
         return bool(external_tensors(self.model))
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"provider": self.provider, "level": LEVEL, "onnxruntime": self.onnxruntime,
                 "nodes_before": self.nodes_before, "nodes_after": len(self.result.graph.nodes),
                 "fused_ops": self.fused_ops, "guard_nodes_before": self.guards_before,

@@ -9,16 +9,20 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import onnx
 
 from ..errors import ModelError
+
+if TYPE_CHECKING:
+    import onnxruntime
 from ..markers import SessionPlan
 from ..io.serialize import read_model
 from ..verify.settings import ckpt_session_settings, ort_default_session_settings
 
 
-def recorded_settings(path: str | os.PathLike[str]) -> dict:
+def recorded_settings(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The session settings recorded in a ckpt-written model (plain data, no ORT import).
     A model ckpt did not write gets the settings ckpt's check runs originals with."""
     if not isinstance(path, (str, os.PathLike)):  # a ModelProto's text would fill the message
@@ -26,7 +30,7 @@ def recorded_settings(path: str | os.PathLike[str]) -> dict:
     try:
         model = read_model(path, embedded_weights=False)  # its metadata: the weights are not read
     except Exception as e:  # noqa: BLE001 - any decode failure: not a model
-        raise ModelError(f"{path}: not a readable ONNX model ({type(e).__name__})") from None
+        raise ModelError(f"{path}: not a readable ONNX model ({type(e).__name__})") from e
     plan = SessionPlan.read(model, path)
     # With ckpt's input that turns the memory pattern off, ORT runs without it whatever is set.
     pattern = ({"enable_mem_pattern": False, "mem_pattern_off_input": plan.mem_pattern_off_input}
@@ -44,12 +48,12 @@ def recorded_settings(path: str | os.PathLike[str]) -> dict:
     return {**settings, **pattern}
 
 
-def ort_optimized(model: onnx.ModelProto, path) -> dict | None:
+def ort_optimized(model: onnx.ModelProto, path: str | os.PathLike[str]) -> dict[str, Any] | None:
     """What ``--ort-optimize`` recorded in ``model`` (provider, level, onnxruntime), or None."""
     return SessionPlan.read(model, path).ort_optimize
 
 
-def session_options(path: str | Path):
+def session_options(path: str | Path) -> onnxruntime.SessionOptions:
     """An ``onnxruntime.SessionOptions`` for the model at ``path``, as ckpt planned it:
     file order executed (PRIORITY_BASED), graph kept as written, and the buffer-reuse
     setting the rewrite chose."""

@@ -11,12 +11,14 @@ rules were checked against the arrays ORT 1.19.2's training build returns.
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence, cast
+from typing import Any, Callable, Optional, Sequence, cast
 
 import numpy as np
 from onnx import TensorProto
 
-Shape = tuple
+from ..graph import Node
+
+Shape = tuple[int | str, ...]  # a dimension: its size, or a symbol
 Typed = tuple[int, Shape]  # (element type, shape)
 
 
@@ -24,8 +26,8 @@ class Inputs:
     """What a rule may read of one node: its inputs' types and shapes, shape values, the
     nodes that made its inputs, and its attributes."""
 
-    def __init__(self, node, typed: Callable[[str], Optional[Typed]], value: Callable[[str], Optional[np.ndarray]],
-                 producer: Callable[[str], object]):
+    def __init__(self, node: Node, typed: Callable[[str], Optional[Typed]],
+                 value: Callable[[str], Optional[np.ndarray]], producer: Callable[[str], Optional[Node]]) -> None:
         self.node, self._typed, self._value, self._producer = node, typed, value, producer
 
     def typed(self, pos: int) -> Optional[Typed]:
@@ -48,11 +50,11 @@ class Inputs:
         names = self.node.inputs
         return self._value(names[pos]) if pos < len(names) and names[pos] else None
 
-    def producer(self, pos: int):
+    def producer(self, pos: int) -> Optional[Node]:
         names = self.node.inputs
         return self._producer(names[pos]) if pos < len(names) and names[pos] else None
 
-    def attr(self, name: str, default=None):
+    def attr(self, name: str, default: Any = None) -> Any:
         for a in self.node.proto.attribute:
             if a.name == name:
                 return a.i if a.type == a.INT else a.f if a.type == a.FLOAT else default
@@ -117,7 +119,7 @@ def _conv_grad(x: Inputs) -> dict[int, Typed]:
     return out
 
 
-def _rnn_dims(x: Inputs, gates: int):
+def _rnn_dims(x: Inputs, gates: int) -> Optional[tuple[int | str, int | str, int | str, int | str]]:
     """(seq, directions, batch, hidden) of an RNN node with layout 0 inputs."""
     xs, w, r = x.shape(0), x.shape(1), x.shape(2)
     if not (xs and w and r) or len(xs) != 3 or x.attr("layout", 0) != 0:
@@ -353,7 +355,7 @@ ONNX_DOMAIN_RULES: dict[str, Rule] = {
 ORT_SIZES_FROM_CONSTANT: dict[str, int] = {"ReduceSumTraining": 1, "SplitTraining": 1}
 
 
-def ort_knows_outputs(node, constant: Callable[[str], bool]) -> bool:
+def ort_knows_outputs(node: Node, constant: Callable[[str], bool]) -> bool:
     """Whether ORT's shape inference sizes ``node``'s outputs before the run (as far as the
     rules here tell: an input it needs as an initializer is one)."""
     pos = ORT_SIZES_FROM_CONSTANT.get(node.op_type)

@@ -23,6 +23,7 @@ import re
 from functools import cache
 from itertools import chain
 from pathlib import Path
+from types import ModuleType
 from typing import Iterator
 
 import onnx
@@ -87,7 +88,7 @@ def ort_reason(error: Exception) -> str:
     return _PREFIX.sub("", first.strip(), count=1)[:300] or first[:300]
 
 
-def _resolve(ort, ort_state, so, model: onnx.ModelProto) -> None:
+def _resolve(ort: ModuleType, ort_state: ModuleType, so: object, model: onnx.ModelProto) -> None:
     """Load ``model`` in ORT; raises what ORT raises. Loading resolves the graph (schemas,
     types, ORT's shape inference): 0.7 s at 13k nodes. Initializing (kernels, allocation
     plan) costs 9 times that: only small graphs get it."""

@@ -20,6 +20,7 @@ backward, not as a share of the peak. ckpt's reading of that knob:
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from ..analysis import Analysis
 from ..errors import BudgetUnreachable
@@ -39,7 +40,7 @@ class ActivationBudget:
     kept_share: float  # kept_bytes of no_recompute_bytes
     recompute_matmul_flops: int
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
 

@@ -17,15 +17,16 @@ Plans are judged by ``PlanEvaluator.measure``: what ORT holds at the peak (``ort
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from ..analysis import Analysis
 from ..errors import BudgetUnreachable
 from ..units import human_bytes
 from .cutsearch import cut_budget_plan, structures_only
-from .evaluate import PlanEvaluator
+from .evaluate import PlanEvaluator, Rewritten
 from .knee import Knee
 from .plan import Plan, Policy
+from .search import Intervals, PlanCost
 from .solver import optimal_plan
 from .strategies import LARGE_GRAPH_NODES, BudgetResult, budget_plan
 
@@ -45,11 +46,18 @@ class Planned:
     knee: Knee | None = None  # the default's choice at the knee, against the lowest peak it passed up
     activation: Any = None  # --activation-budget's ActivationBudget record
     plain: Any = None  # the default's PlainChoice: the knee judged again in a plain InferenceSession
-    beyond: tuple = ()  # the default's (plan, cost, unpinned rewrite) of each hull vertex past the knee
+    beyond: tuple[tuple[Plan, PlanCost, Any], ...] = ()  # the default's (plan, cost, unpinned rewrite) of each hull vertex past the knee
     knee_cost: Any = None  # the knee's PlanCost, with ``beyond``
     cost: Any = None  # the default's PlanCost, where it has one
-    fallbacks: tuple = ()  # the default's (plan, cost, unpinned rewrite) with less recompute, lowest peak first
+    fallbacks: tuple[tuple[Plan, PlanCost, Any], ...] = ()  # the default's (plan, cost, unpinned rewrite) with less recompute, lowest peak first
     module: Any = None  # the default's ModuleChoice: an ORT training artifact judged by training it
+
+
+class Solver(Protocol):
+    """``budget_plan`` or ``optimal_plan``: the cheapest plan under ``budget`` by a search."""
+
+    def __call__(self, a: Analysis, budget: int, evaluate: Callable[[Plan], PlanCost],
+                 intervals_of: Callable[[Plan], Intervals], *, beat: int | None = None) -> BudgetResult: ...
 
 
 # A near miss whose written graph is over the budget is shifted down by its overshoot this
@@ -61,7 +69,7 @@ class BudgetSearch:
     """One budget search over ``evaluator``'s graph; ``run(budget)`` gives the ``Planned``."""
 
     def __init__(self, evaluator: PlanEvaluator, auto: str | None, policy: Policy,
-                 write: Callable[[Planned], Any] | None = None) -> None:
+                 write: Callable[[Planned], Rewritten] | None = None) -> None:
         a = evaluator.a
         self.evaluator = evaluator
         self.policy = policy
@@ -75,7 +83,7 @@ class BudgetSearch:
     def a(self) -> Analysis:
         return self.evaluator.a
 
-    def peak(self, result) -> int:
+    def peak(self, result: Rewritten) -> int:
         """A rewrite's peak as the budget bounds it."""
         return self.evaluator.measure(result.after)
 
@@ -122,7 +130,7 @@ class BudgetSearch:
                 plan = leaner
         return planned
 
-    def _as_written(self, planned: Planned, plan: Plan, written, budget: int) -> Planned:
+    def _as_written(self, planned: Planned, plan: Plan, written: Rewritten, budget: int) -> Planned:
         peak = self.peak(written)
         assert planned.search is not None  # as in ``cheaper_as_written``
         plan.notes.append(f"pinned, its written peak {human_bytes(peak)} <= budget {human_bytes(budget)} (the search's "
@@ -172,6 +180,7 @@ class BudgetSearch:
         exact_there.evaluations += heuristic.evaluations
         return exact_there if exact_there.recompute_flops < heuristic.recompute_flops else heuristic
 
-    def _solve(self, solver, beat: int | None) -> BudgetResult:
+    def _solve(self, solver: Solver, beat: int | None) -> BudgetResult:
         ev = self.evaluator
+        assert ev.limit is not None  # ``searched`` set it before any structure search
         return solver(self.a, ev.limit, ev.cost, ev.intervals, beat=beat)

@@ -17,21 +17,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import Callable, NamedTuple
+from typing import Callable, Iterable, NamedTuple
 
 import numpy as np
 
 from ..analysis import Analysis
 from ..analysis.memory import with_scratch
-from ..errors import BudgetUnreachable
 from ..ops import SHAPE_ONLY_OPS
 from .decision import REORDER, all_kept
 from .knee import Knee, Point, hull_path, knee_index
-from .mincut import MAX_SOLVES, Cut, Policy, Problem, build, front, solve_bytes, to_plan
-from .plan import Plan, apply_policy
+from .mincut import MAX_SOLVES, Cut, Problem, build, front, solve_bytes, to_plan
+from .plan import Plan, Policy, apply_policy
 from .regions import default_regions
 from .search import Intervals, PlanCost, keep_all_limit, polish_plan
-from .strategies import BudgetResult, NearMiss, candidates, recomputing_nothing
+from .strategies import BudgetResult, NearMiss, NoPlanFits, candidates, lowest_cost, recomputing_nothing
 from ..units import human_bytes
 
 REFINE_STEPS = 6  # byte limits tried between two corners on small graphs
@@ -66,7 +65,7 @@ def search_cuts(a: Analysis, budget: int, evaluate: Callable[[Plan], PlanCost], 
     judged rewrite with its memory over the schedule)."""
     problem = problem or build(a, policy)
     corners = front(problem, MAX_SOLVES if thorough else LARGE_SOLVES)  # most kept bytes first
-    judged: dict[tuple, Judged] = {}
+    judged: dict[tuple[frozenset[int], frozenset[str]], Judged] = {}
 
     def plan_of(cut: Cut) -> Plan:
         plan = to_plan(a, cut, strategy)
@@ -117,7 +116,7 @@ def search_cuts(a: Analysis, budget: int, evaluate: Callable[[Plan], PlanCost], 
     return CutSearch(best, list(judged.values()), lowest, leaner)
 
 
-def _best(judged, budget: int) -> Judged | None:
+def _best(judged: Iterable[Judged], budget: int) -> Judged | None:
     fitting = [j for j in judged if j.cost.peak_bytes <= budget]
     return min(fitting, key=lambda j: (j.cost.recompute_flops, j.cost.peak_bytes), default=None)
 
@@ -158,8 +157,8 @@ def _schedule_guesses(a: Analysis, problem: Problem, corners: list[Cut]) -> list
     return guesses
 
 
-def _aim(corners: list[Cut], judge, measure, guesses: list[int], budget: int, original: int,
-         sizes: dict[str, int], judgements: int) -> None:
+def _aim(corners: list[Cut], judge: Callable[[Cut], Judged], measure: Callable[[Cut], tuple[Judged, Intervals]],
+         guesses: list[int], budget: int, original: int, sizes: dict[str, int], judgements: int) -> None:
     """The corner keeping the most bytes that fits, aimed by estimate, in a few rewrites of
     the whole graph. Recomputing all is never tried (its copies all live at once): the
     corner next to it is the floor. ``guesses``: each corner's peak on the original's
@@ -261,7 +260,8 @@ def _aim_richer(aiming: _Aiming, intervals: Intervals, fit: int, over: int, fail
     return judgements, error
 
 
-def _refine(problem: Problem, corners: list[Cut], best: Judged, judge, fits, budget: int) -> None:
+def _refine(problem: Problem, corners: list[Cut], best: Judged, judge: Callable[[Cut], Judged],
+            fits: Callable[[Judged], bool], budget: int) -> None:
     """Between the cheapest fitting corner and the corner before it (more kept bytes,
     less recompute, over the budget), the byte-budget MILP at bisected byte limits; then
     the richer corners shifted down to the budget (``_shift_richer_corners``)."""
@@ -277,7 +277,8 @@ SHIFTED_CORNERS = 6
 SHIFTS = 2
 
 
-def _shift_richer_corners(problem: Problem, richer: list[Cut], best: Judged | None, judge, budget: int) -> None:
+def _shift_richer_corners(problem: Problem, richer: list[Cut], best: Judged | None, judge: Callable[[Cut], Judged],
+                          budget: int) -> None:
     """The peak is not monotone in the kept bytes: it climbs with them while the copied
     set stays, and drops where the set changes. A richer corner over the budget by ``d``
     bytes usually fits once it keeps ``d`` bytes fewer, recomputing little more: the
@@ -296,7 +297,8 @@ def _shift_richer_corners(problem: Problem, richer: list[Cut], best: Judged | No
             cut = shifted
 
 
-def _bisect_next_richer(problem: Problem, richer: list[Cut], best: Judged, judge, fits) -> None:
+def _bisect_next_richer(problem: Problem, richer: list[Cut], best: Judged, judge: Callable[[Cut], Judged],
+                        fits: Callable[[Judged], bool]) -> None:
     lo, hi = best.cut.kept_bytes, min(c.kept_bytes for c in richer)
     for _ in range(REFINE_STEPS):
         if hi - lo <= 1:
@@ -353,9 +355,9 @@ def cut_budget_plan(a: Analysis, budget: int, evaluate: Callable[[Plan], PlanCos
             # exact MILP is worth its time: the greedy keep set can recompute many times optimal's
             old = fallback(exact=found.best is None and cuts_thorough,
                            beat=found.best.cost.recompute_flops if found.best is not None else None)
-        except BudgetUnreachable:
+        except NoPlanFits as e:
             if found.best is None:
-                raise
+                raise NoPlanFits(a, budget, lowest_cost(e.lowest, found.lowest)) from e
     evaluations = len(found.judged) + (old.evaluations if old is not None else 0)
     polish = thorough or len(a.graph.nodes) <= FINAL_POLISH_NODES
     if found.best is None or (old is not None and old.recompute_flops < found.best.cost.recompute_flops):
@@ -445,8 +447,10 @@ class DefaultPlan(NamedTuple):
     cost: PlanCost | None = None
     knee: Knee | None = None
     lowest: Plan | None = None
-    beyond: tuple = ()  # (plan, cost) of the front's hull vertices past the knee, toward the lowest peak
-    fallbacks: tuple = ()  # (plan, cost) of the plans with less recompute than ``plan``, lowest peak first
+    # (plan, cost) of the front's hull vertices past the knee, toward the lowest peak
+    beyond: tuple[tuple[Plan, PlanCost], ...] = ()
+    # (plan, cost) of the plans with less recompute than ``plan``, lowest peak first
+    fallbacks: tuple[tuple[Plan, PlanCost], ...] = ()
 
 
 def lowest_peak_plan(a: Analysis, evaluate: Callable[[Plan], PlanCost], *, thorough: bool,
@@ -478,7 +482,7 @@ def lowest_peak_plan(a: Analysis, evaluate: Callable[[Plan], PlanCost], *, thoro
     return DefaultPlan(plan, cost, fallbacks=_fallbacks(judged, cost))
 
 
-def _fallbacks(judged: list[tuple[Plan, PlanCost]], chosen: PlanCost) -> tuple:
+def _fallbacks(judged: list[tuple[Plan, PlanCost]], chosen: PlanCost) -> tuple[tuple[Plan, PlanCost], ...]:
     """The plans that recompute less than ``chosen``, each below every plan before it in
     recompute: the front from the lowest peak toward the original, for a session that
     refuses the lowest (an ORT training artifact's, judged by training it)."""
@@ -546,7 +550,7 @@ def _knee_first(points: list[Point], original: int, step: int) -> list[int]:
     """Indices of ``points`` on their lower convex hull, the knee first, then its hull
     neighbours outward, the one past it (toward lower peaks) before the one before it;
     the points off the hull last, least recompute first."""
-    first, *hops = hull_path(points, original, step)
+    first, hops = hull_path(points, original, step)
     path = [first, *(v for v, _ in hops)]
     at = path.index(knee_index(points, original, step))
     order = [path[at]]
@@ -563,7 +567,7 @@ def _at_knee(a: Analysis, judged: list[tuple[Plan, PlanCost]], lowest: int) -> D
     i = knee_index(points, a.working_peak_bytes, step)
     knee = Knee(a.working_peak_bytes, step, points[i], points[lowest], len(points))
     plan, cost = judged[i]
-    first, *hops = hull_path(points, a.working_peak_bytes, step)
+    first, hops = hull_path(points, a.working_peak_bytes, step)
     path = [first, *(v for v, _ in hops)]
     beyond = tuple(judged[v] for v in path[path.index(i) + 1:]) if i in path else ()
     reorder_only = plan.strategy == "none"

@@ -10,10 +10,14 @@ reason is recorded where the choice is made, never rebuilt from strategy names.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import AbstractSet, Any, Iterable, Mapping
+from typing import TYPE_CHECKING, AbstractSet, Any, Callable, Iterable, Mapping
 
 from ..analysis import Analysis
+from ..graph import Node
 from ..ops import RANDOM_OPS, is_recomputable
+
+if TYPE_CHECKING:
+    from .plan import Region
 
 KEEP = "keep"
 RECOMPUTE = "recompute"
@@ -65,7 +69,7 @@ def domain_reason(domain: str, op: str) -> Reason:
     return Reason("domain", f"{domain} op {op} is not known to be deterministic: never recomputed")
 
 
-def fixed_reason(node) -> Reason | None:
+def fixed_reason(node: Node) -> Reason | None:
     """Why ``node`` is never copied into the backward, or None when it may be."""
     if node.op_type in RANDOM_OPS:
         return RANDOM
@@ -113,7 +117,7 @@ def all_kept(a: Analysis, reason: Reason) -> dict[str, Decision]:
     return {t: replace(d, reason=reason) for t, d in buffers(a).items()}
 
 
-def region_decisions(a: Analysis, regions: Iterable, keep: Reason = IN_PLAN) -> dict[str, Decision]:
+def region_decisions(a: Analysis, regions: Iterable[Region], keep: Reason = IN_PLAN) -> dict[str, Decision]:
     """A region plan's intent: a buffer made inside a region is recomputed unless the
     region keeps it (for ``keep``); one made outside every region is kept."""
     owner: dict[int, Any] = {}
@@ -147,7 +151,8 @@ def cut_decisions(a: Analysis, copied: AbstractSet[int]) -> dict[str, Decision]:
     return out
 
 
-def kept_instead(decisions: Mapping[str, Decision], tensors: Iterable[str], reason) -> dict[str, Decision]:
+def kept_instead(decisions: Mapping[str, Decision], tensors: Iterable[str],
+                 reason: Reason | Callable[[Decision], Reason]) -> dict[str, Decision]:
     """``decisions`` with ``tensors`` kept for ``reason`` (a Reason, or a function of the
     decision it replaces) where the plan recomputed them."""
     out = dict(decisions)

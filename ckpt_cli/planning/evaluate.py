@@ -14,19 +14,37 @@ from typing import Any, Callable, Protocol
 from ..analysis import Analysis
 from ..analysis.arena import ARENA_REPLAYED
 from ..analysis.memory import step_scratch, with_scratch
+from ..graph import Graph
 from ..markers import recompute_source
 from ..ops import VIEW_OPS
 from ..units import human_flops
 from .plan import Plan
-from .search import Intervals
-from .strategies import PlanCost
+from .search import Intervals, PlanCost
+
+
+class Rewritten(Protocol):
+    """What a plan search reads of a rewrite (``rewrite.RewriteResult``)."""
+
+    @property
+    def graph(self) -> Graph: ...
+
+    @property
+    def after(self) -> Analysis: ...
+
+    @property
+    def recompute_flops(self) -> int: ...
+
+
+# The rewrite stage's cache of the orders it chose, which a search owns and hands back to
+# it: its keys and values are that later stage's, opaque here.
+ScheduleMemo = dict[Any, Any]
 
 
 class Rewriter(Protocol):
     """``rewrite.rewrite``: a plan applied to the analysed graph, as a ``RewriteResult``."""
 
     def __call__(self, a: Analysis, plan: Plan | None, pin: bool = True, model_only: bool = False,
-                 memo: dict | None = None) -> Any: ...
+                 memo: ScheduleMemo | None = None) -> Rewritten: ...
 
 
 PeakMeasure = Callable[[Analysis], int]  # which predicted peak of an analysed graph a search compares
@@ -56,13 +74,13 @@ def ort_peak(a: Analysis) -> int:
     return max(a.ort_peak_bytes, top + a.outside_arena_bytes)
 
 
-def cost_of(result, measure: PeakMeasure = working_peak) -> PlanCost:
+def cost_of(result: Rewritten, measure: PeakMeasure = working_peak) -> PlanCost:
     """A rewrite's cost: its predicted peak by ``measure``, recompute FLOPs and what is
     live at the tensor peak."""
     return PlanCost(measure(result.after), result.recompute_flops, result.after.priority.live_at_peak)
 
 
-def intervals_of(a: Analysis, result, measure: PeakMeasure = working_peak) -> Intervals:
+def intervals_of(a: Analysis, result: Rewritten, measure: PeakMeasure = working_peak) -> Intervals:
     """On the schedule of a plan's (unpinned) rewrite, the steps where keeping each
     recomputed activation would add its bytes: after its last forward use, before its copy
     is born. The linear model of the plan searches."""
@@ -106,26 +124,26 @@ class PlanEvaluator:
         self.progress = progress
         self.keep_results = keep_results
         self.model_floors = False
-        self.memo: dict = {}  # the orders chosen for the graphs rewritten so far
+        self.memo: ScheduleMemo = {}  # the orders chosen for the graphs rewritten so far
         self.evaluations = 0
-        self.results: dict[int, Any] = {}
+        self.results: dict[int, Rewritten] = {}
         self.best_plan: Plan | None = None
-        self.best_result: Any = None
-        self.unchanged: Any = None  # the rewrite of the plan that recomputes nothing
+        self.best_result: Rewritten | None = None
+        self.unchanged: Rewritten | None = None  # the rewrite of the plan that recomputes nothing
 
     def restart(self, limit: int) -> None:
         """A new search over the same graph (orders stay cached): no fit found yet."""
         self.limit = limit
         self.best_plan = self.best_result = None
 
-    def rewritten(self, plan: Plan, model_only: bool = False):
+    def rewritten(self, plan: Plan, model_only: bool = False) -> Rewritten:
         return self.rewriter(self.a, self.ruled(plan), pin=False, model_only=model_only, memo=self.memo)
 
-    def measured(self, plan: Plan):
+    def measured(self, plan: Plan) -> Rewritten:
         """The plan's rewrite, counted, and kept when it is the cheapest fit so far. The
         plan that recomputes nothing is rewritten once: every budget search judges it first."""
         again = not plan.regions and self.unchanged is not None
-        result = self.unchanged if again else self.rewritten(plan)
+        result = self.unchanged if again and self.unchanged is not None else self.rewritten(plan)
         if not plan.regions:
             self.unchanged = result
         if self.keep_results:

@@ -3,14 +3,14 @@ decisions as their makers recorded them, one row per stashed buffer."""
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Any, Mapping
 
 from ..analysis import Analysis
 from .decision import RECOMPUTE, Decision
 from .plan import Plan
 
 
-def explain(a: Analysis, plan: Plan, decisions: Mapping[str, Decision]) -> list[dict]:
+def explain(a: Analysis, plan: Plan, decisions: Mapping[str, Decision]) -> list[dict[str, Any]]:
     """One row per decision, largest first: ``kept`` or ``recomputed``, its bytes, what
     recomputing it costs, the reason's code and text. ``decisions``: the rewrite's final
     ones (``RewriteResult.decisions``)."""

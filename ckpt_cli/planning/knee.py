@@ -13,7 +13,7 @@ and matmuls a second time, do not.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 MAX_SLOPE = 1.0
 
@@ -62,8 +62,8 @@ class Knee:
         return (head + f"; their lowest working peak, {-self.saving(self.lowest):+.0%}, costs "
                 f"{self.cost(self.lowest):+.1%} (--auto min-peak)")
 
-    def to_json(self) -> dict:
-        def point(p: Point) -> dict:
+    def to_json(self) -> dict[str, Any]:
+        def point(p: Point) -> dict[str, float]:
             return {"peak_bytes": p.peak_bytes, "recompute_flops": p.recompute_flops,
                     "peak_saving": round(self.saving(p), 6), "recompute_share_of_step": round(self.cost(p), 6)}
 
@@ -78,27 +78,27 @@ def knee_index(points: Sequence[Point], original_peak: int, step_flops: int, max
     """The index of the knee among ``points``: from the least recompute (lowest peak among
     ties), hop along the lower convex hull toward lower peaks while a hop's slope, in
     step-FLOPs share per peak share saved, stays within ``max_slope``."""
-    path = hull_path(points, original_peak, step_flops)
-    at = path[0]
-    for nxt, slope in path[1:]:
+    at, hops = hull_path(points, original_peak, step_flops)
+    for nxt, slope in hops:
         if slope > max_slope:
             return at
         at = nxt
     return at
 
 
-def hull_path(points: Sequence[Point], original_peak: int, step_flops: int) -> list:
+def hull_path(points: Sequence[Point], original_peak: int, step_flops: int) -> tuple[int, list[tuple[int, float]]]:
     """The lower convex hull of ``points`` from the least recompute to the lowest peak: the
-    first vertex's index, then (index, slope of the hop to it) per vertex."""
+    first vertex's index, and (index, slope of the hop to it) per vertex after it."""
     x = [p.peak_bytes / max(1, original_peak) for p in points]
     y = [p.recompute_flops / max(1, step_flops) for p in points]
     at = min(range(len(points)), key=lambda i: (y[i], x[i]))
-    path: list = [at]
+    first = at
+    hops: list[tuple[int, float]] = []
     while True:
         lower = [j for j in range(len(points)) if x[j] < x[at]]
         if not lower:
-            return path
+            return first, hops
         # the next hull vertex: the least slope, the farthest among equal slopes
         slope = {j: max(0.0, y[j] - y[at]) / (x[at] - x[j]) for j in lower}
         at = min(lower, key=lambda j: (slope[j], x[j]))
-        path.append((at, slope[at]))
+        hops.append((at, slope[at]))

@@ -131,7 +131,8 @@ class Network:
         for d in range(int(level[SINK]) - 1, -1, -1):
             at = step[depth == d]
             useful[self.tail[at[useful[self.head[at]]]]] = True
-        return step[useful[self.tail[step]] & useful[self.head[step]]]
+        on_paths: np.ndarray = step[useful[self.tail[step]] & useful[self.head[step]]]
+        return on_paths
 
     def _blocking_flow(self, res: np.ndarray, arcs: np.ndarray) -> np.ndarray:
         """``res`` after saturating a path of ``arcs`` (level to level) at a time, depth

@@ -11,8 +11,12 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import highspy
 
 # Solved to the optimum, not to HiGHS's default 0.01% gap: the gap lets tied-looking
 # solutions differ in saved FLOPs, and gap 0 stays cheap with one row per stretch of steps
@@ -71,9 +75,9 @@ def solve_binary(cost: np.ndarray, matrix: Triples, row_lower: np.ndarray, row_u
     return np.asarray(h.getSolution().col_value)
 
 
-def _quiet_highs():
+def _quiet_highs() -> highspy.Highs:
     """A silent ``highspy.Highs``. Its constructor enables callbacks, which writes HiGHS's
-    banner to file descriptor 1 before any option can turn output off (HiGHS issue 2749),
+    banner to file descriptor 1 before any option can turn output off (github.com/ERGO-Code/HiGHS/issues/2749),
     and a --json report there must hold nothing else: descriptor 1 points at the null
     device while it is built (HiGHS flushes each log line)."""
     import highspy

@@ -272,7 +272,7 @@ def front(problem: Problem, max_solves: int = MAX_SOLVES) -> list[Cut]:
     return sorted(cuts.values(), key=lambda c: (-c.kept_bytes, c.cost))
 
 
-def _key(c: Cut) -> tuple:
+def _key(c: Cut) -> tuple[frozenset[int], frozenset[str]]:
     return (c.copied, c.kept)
 
 

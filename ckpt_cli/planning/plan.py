@@ -23,8 +23,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..errors import UsageError
+from ..graph import Graph
 from .decision import KEEP, OUTSIDE, RECOMPUTE, Decision, policy_reason
 
 PLAN_FORMAT = 1
@@ -47,7 +49,7 @@ class Plan:
     notes: list[str] = field(default_factory=list)  # what was decided and why, for the report
     decisions: dict[str, Decision] = field(default_factory=dict)  # per stashed buffer, by whoever chose it
 
-    def to_json(self, node_names: list[str]) -> dict:
+    def to_json(self, node_names: list[str]) -> dict[str, Any]:
         return {
             "ckpt_plan": PLAN_FORMAT,
             "strategy": self.strategy,
@@ -76,7 +78,7 @@ class Policy:
         return "policy: " + "; ".join(parts)
 
 
-def apply_policy(plan: Plan, policy: Policy, graph) -> Plan:
+def apply_policy(plan: Plan, policy: Policy, graph: Graph) -> Plan:
     """``plan`` with the policy honoured inside its regions: outputs of ``keep_ops`` are
     kept, outputs of ``recompute_ops`` are not (a node outside every region is never
     recomputed, whatever its op)."""
@@ -98,7 +100,7 @@ def apply_policy(plan: Plan, policy: Policy, graph) -> Plan:
     return Plan(regions, plan.strategy, notes, _policy_decisions(plan, policy, graph))
 
 
-def _policy_decisions(plan: Plan, policy: Policy, graph) -> dict[str, Decision]:
+def _policy_decisions(plan: Plan, policy: Policy, graph: Graph) -> dict[str, Decision]:
     """The plan's decisions with the policy's reason where it decides: a ``keep_ops``
     output the plan could recompute (in a region, or any a min cut built under the
     policy left out), a ``recompute_ops`` output in a region."""
@@ -114,20 +116,20 @@ def _policy_decisions(plan: Plan, policy: Policy, graph) -> dict[str, Decision]:
     return out
 
 
-def _natural(s: str):
+def _natural(s: str) -> list[int | str]:
     import re
     return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", s)]
 
 
-def read_plan_file(path: Path) -> dict:
+def read_plan_file(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(Path(path).read_text())
     except FileNotFoundError:
         raise UsageError(f"{path}: no such plan file") from None
     except json.JSONDecodeError as e:
-        raise UsageError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+        raise UsageError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from e
     except (OSError, UnicodeDecodeError, RecursionError, MemoryError) as e:
-        raise UsageError(f"{path}: cannot read the plan file ({getattr(e, 'strerror', None) or type(e).__name__})") from None
+        raise UsageError(f"{path}: cannot read the plan file ({getattr(e, 'strerror', None) or type(e).__name__})") from e
     if not isinstance(data, dict) or not isinstance(data.get("regions"), list):
         raise UsageError(f"{path}: a plan is an object with a 'regions' list (see ckpt rewrite --help)")
     version = data.get("ckpt_plan", PLAN_FORMAT)
@@ -148,6 +150,6 @@ def read_plan_file(path: Path) -> dict:
     return data
 
 
-def _kind(value) -> str:
+def _kind(value: object) -> str:
     return {str: "a string", list: "a list", dict: "an object", bool: "true/false", type(None): "null"}.get(
         type(value), "a number")

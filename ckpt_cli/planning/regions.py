@@ -9,6 +9,7 @@ from __future__ import annotations
 import fnmatch
 import math
 from collections import defaultdict
+from typing import Any, Callable, Protocol
 
 import re2
 
@@ -19,21 +20,37 @@ from .decision import region_decisions
 from .plan import Plan, Region
 
 
-def compile_regex(pattern: str, option: str):
+class RegexMatch(Protocol):
+    """A match of an RE2 pattern, as ckpt reads one."""
+
+    def group(self, index: int, /) -> str | None: ...
+
+
+class Regex(Protocol):
+    """A compiled RE2 pattern, as ckpt uses one."""
+
+    @property
+    def groups(self) -> int: ...
+
+    def search(self, text: str, /) -> RegexMatch | None: ...
+
+
+def compile_regex(pattern: str, option: str) -> Regex:
     """Node names come from the model, so a backtracking engine could be made to run for
     hours by a pattern such as ``(a+)+$``; RE2 matches in time linear in the name, and
     refuses the two features that need backtracking (backreferences and lookaround)."""
     options = re2.Options()
     options.log_errors = False
     try:
-        return re2.compile(pattern, options=options)
+        compiled: Regex = re2.compile(pattern, options=options)
     except re2.error as e:
         reason = e.args[0].decode(errors="replace") if e.args and isinstance(e.args[0], bytes) else str(e)
         raise UsageError(f"bad {option} expression '{pattern}': {reason} (ckpt matches with RE2: "
-                         "no backreferences or lookaround)") from None
+                         "no backreferences or lookaround)") from e
+    return compiled
 
 
-def _matcher(pattern: str):
+def _matcher(pattern: str) -> Callable[[str], bool]:
     if pattern.startswith("re:"):
         rx = compile_regex(pattern[3:], "--region")
         return lambda s: rx.search(s) is not None
@@ -67,9 +84,10 @@ def regions_by_scope(a: Analysis, regex: str) -> Plan:
     for i in _forward(a):
         name = a.graph.nodes[i].name
         m = rx.search(name) or rx.search(a.scopes[i].replace("/", "."))
-        if m and m.group(1) is not None:
-            groups[m.group(1)].add(i)
-            labels.setdefault(m.group(1), m.group(0).strip("/."))
+        scope = m.group(1) if m else None
+        if m and scope is not None:
+            groups[scope].add(i)
+            labels.setdefault(scope, (m.group(0) or "").strip("/."))  # group 0, the whole match, is never None
     if not groups:
         raise UsageError(f"--regions-by-scope '{regex}' matches no forward node")
     regions = [Region(labels[k], v) for k, v in groups.items()]
@@ -140,7 +158,7 @@ def repeated_structure_layers(a: Analysis) -> Plan | None:
     n = len(fwd)
     if n < 2 * MIN_LAYER_NODES:
         return None
-    kinds: dict[tuple, int] = {}
+    kinds: dict[tuple[str, int], int] = {}
     codes = np.array([kinds.setdefault((a.graph.nodes[i].op_type, len(a.graph.nodes[i].inputs)), len(kinds))
                       for i in fwd])
     runs: list[tuple[int, int, int]] = []  # (run length, period, start)
@@ -216,7 +234,7 @@ def default_regions(a: Analysis) -> Plan:
     return plan
 
 
-def regions_from_plan(a: Analysis, data: dict) -> Plan:
+def regions_from_plan(a: Analysis, data: dict[str, Any]) -> Plan:
     names = {a.graph.nodes[i].name: i for i in _forward(a)}
     all_names = {n.name for n in a.graph.nodes}
     regions = []

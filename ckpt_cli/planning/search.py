@@ -28,12 +28,15 @@ FLOPs wins.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 import numpy as np
 
 from .decision import budget_reason, kept_instead
 from .plan import Plan, Region
+
+if TYPE_CHECKING:
+    from .strategies import Candidate
 
 MAX_TIGHTENING = 8  # evaluations per start while the real peak overshoots
 STARTS = 4  # thorough: starts spread between the floor and the budget
@@ -99,8 +102,8 @@ def with_keep(plan: Plan, keep: set[str], strategy: str, producer: Mapping[str, 
     return Plan(regions, strategy, list(plan.notes), decisions=kept_instead(plan.decisions, keep, budget_reason))
 
 
-def search_limits(judge: KeepJudge, choose: Callable[[int], set[str] | None], floor: Intervals, ranked: Sequence,
-                  *, thorough: bool, loosening: int = LOOSENING) -> tuple[Fitted | None, int]:
+def search_limits(judge: KeepJudge, choose: Callable[[int], set[str] | None], floor: Intervals,
+                  ranked: Sequence[Candidate], *, thorough: bool, loosening: int = LOOSENING) -> tuple[Fitted | None, int]:
     """The keep set (from ``choose`` at some limit) with the fewest recompute FLOPs whose
     real peak fits ``judge.budget``, and the number of evaluations spent. ``floor``: the
     structure with nothing kept; ``ranked``: the candidates (``tensor``, ``nbytes``,
@@ -129,8 +132,8 @@ def search_limits(judge: KeepJudge, choose: Callable[[int], set[str] | None], fl
     return search.best, len(search.tried)
 
 
-def polish_plan(plan: Plan, cost: PlanCost, ranked: Sequence, evaluate: Callable[[Plan], PlanCost], budget: int,
-                producer: Mapping[str, int], steps: int = POLISH) -> tuple[Fitted, int]:
+def polish_plan(plan: Plan, cost: PlanCost, ranked: Sequence[Candidate], evaluate: Callable[[Plan], PlanCost],
+                budget: int, producer: Mapping[str, int], steps: int = POLISH) -> tuple[Fitted, int]:
     """``plan`` (which fits ``budget``) with more activations of ``ranked`` kept, one at a
     time, while the real cost model says it still fits and recomputes less, and the
     evaluations spent. Each structure's search polishes its own best fit; this goes on
@@ -199,7 +202,7 @@ class _Search:
             for k in range(1, STARTS):
                 self.attempt(lo + k * (hi - lo) // STARTS)
 
-    def polish(self, ranked: Sequence, steps: int = POLISH) -> None:
+    def polish(self, ranked: Sequence[Candidate], steps: int = POLISH) -> None:
         """Keep one more activation at a time, largest saving first. Its bytes are no
         guide: keeping one can cost far less than its size in reality. One that overshoots
         is tried again after the next gain (keeping more can lower the peak); one that saves

@@ -19,11 +19,10 @@ from typing import Callable
 import numpy as np
 
 from ..analysis import Analysis
-from ..errors import BudgetUnreachable
 from .plan import Plan
 from .search import Intervals, KeepJudge, search_limits
-from .strategies import (BudgetResult, Candidate, Evaluate, PlanCost, candidates, over_structures,
-                         recomputing_nothing, result_of, unreachable_message)
+from .strategies import (BudgetResult, Candidate, Evaluate, candidates, over_structures,
+                         recomputing_nothing, result_of, lowest_cost, NoPlanFits)
 
 MAX_CANDIDATES = 2000  # beyond this the MILP is slow; optimal is for graphs of a few hundred nodes
 
@@ -72,7 +71,7 @@ def optimal_plan(a: Analysis, budget: int, evaluate: Evaluate, intervals_of: Int
     linear model above, verified with ``evaluate``), over the same structures as ``budget``
     (or over ``options``); ``strategy`` names the plans it makes; ``beat``: see
     ``over_structures``."""
-    fits, base = recomputing_nothing(a, budget, evaluate, strategy)
+    fits, nothing = recomputing_nothing(a, budget, evaluate, strategy)
     if fits is not None:
         return fits
 
@@ -90,6 +89,6 @@ def optimal_plan(a: Analysis, budget: int, evaluate: Evaluate, intervals_of: Int
 
     best, lowest, evaluations = over_structures(a, budget, intervals_of, search, options, first_fit=False, beat=beat)
     if best is None:
-        raise BudgetUnreachable(unreachable_message(a, budget, lowest or PlanCost(base, 0)))
+        raise NoPlanFits(a, budget, lowest_cost(lowest, nothing))
     best.evaluations = evaluations
     return best

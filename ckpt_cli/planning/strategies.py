@@ -10,9 +10,10 @@ cost model apart from the cut).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from ..analysis import Analysis
+from ..analysis.floor import Floor
 from ..errors import BudgetUnreachable, UsageError
 from ..ops import EXPENSIVE_OPS, VIEW_OPS
 from .decision import COMPUTE_BOUND, NOTHING, all_kept, kept_instead
@@ -94,7 +95,7 @@ def over_structures(a: Analysis, budget: int, intervals_of: Callable[[Plan], Int
     lowest: PlanCost | None = None
     evaluations = 0
 
-    def floors(plans):
+    def floors(plans: Iterable[Plan]) -> Iterator[tuple[Plan, Intervals]]:
         nonlocal lowest, evaluations
         for structure in plans:
             floor = intervals_of(structure)
@@ -106,7 +107,7 @@ def over_structures(a: Analysis, budget: int, intervals_of: Callable[[Plan], Int
             elif first_fit and floor.cost.peak_bytes > budget * (1 + STRUCTURE_SPREAD):
                 return  # the other structures' floors lie within STRUCTURE_SPREAD of this one
 
-    def visit(fitting) -> None:
+    def visit(fitting: Iterable[tuple[Plan, Intervals]]) -> None:
         nonlocal best, evaluations
         for structure, floor in fitting:
             result, spent = search(structure, floor)
@@ -203,17 +204,23 @@ class NearMiss:
     leaner: Callable[[int], Plan | None]
 
 
-def recomputing_nothing(a: Analysis, budget: int, evaluate: Evaluate, strategy: str) -> tuple[BudgetResult | None, int]:
+def recomputing_nothing(a: Analysis, budget: int, evaluate: Evaluate, strategy: str) -> tuple[BudgetResult | None, PlanCost]:
     """The plan that recomputes nothing (the original in the rewrite's order), judged as
-    any plan is: its result where it fits ``budget`` (no search needed), and its peak, the
-    top of the searched range."""
+    any plan is: its result where it fits ``budget`` (no search needed), and its cost, whose
+    peak is the top of the searched range."""
     plan = Plan([], strategy, [], decisions=all_kept(a, NOTHING))
-    base = evaluate(plan).peak_bytes
-    if base > budget:
-        return None, base
-    plan.notes.append(f"the original, in the rewrite's order, already fits the budget ({human_bytes(base)} <= "
-                      f"{human_bytes(budget)})")
-    return BudgetResult(plan, base, 0, [], [], 1), base
+    cost = evaluate(plan)
+    if cost.peak_bytes > budget:
+        return None, cost
+    plan.notes.append(f"the original, in the rewrite's order, already fits the budget ({human_bytes(cost.peak_bytes)} "
+                      f"<= {human_bytes(budget)})")
+    return BudgetResult(plan, cost.peak_bytes, 0, [], [], 1), cost
+
+
+def lowest_cost(*costs: PlanCost | None) -> PlanCost:
+    """The lowest peak of those judged (the reordered original's is one: a structure's floor
+    can lie above it)."""
+    return min((c for c in costs if c is not None), key=lambda c: c.peak_bytes)
 
 
 def parse_budget(text: str, reference_peak: int) -> int:
@@ -299,9 +306,10 @@ def budget_plan(a: Analysis, budget: int, evaluate: Evaluate, intervals_of: Call
     segmentations); large ones stop at the first that fits. Raises BudgetUnreachable
     when no floor fits.
     """
-    fits, base = recomputing_nothing(a, budget, evaluate, "budget")
+    fits, nothing = recomputing_nothing(a, budget, evaluate, "budget")
     if fits is not None:
         return fits
+    base = nothing.peak_bytes
     exhaustive = len(a.graph.nodes) <= LARGE_GRAPH_NODES
 
     def search(structure: Plan, floor: Intervals) -> tuple[BudgetResult | None, int]:
@@ -326,15 +334,34 @@ def budget_plan(a: Analysis, budget: int, evaluate: Evaluate, intervals_of: Call
         best.plan.notes.append(f"predicted peak {human_bytes(best.peak_bytes)} <= budget {human_bytes(budget)} "
                                f"({evaluations} evaluations)")
         return best
-    raise BudgetUnreachable(unreachable_message(a, budget, lowest or PlanCost(base, 0)))
+    raise NoPlanFits(a, budget, lowest_cost(lowest, nothing))
+
+
+class NoPlanFits(BudgetUnreachable):
+    """No plan the search judged fits the budget: the lowest it saw, for a caller that saw
+    lower ones to name instead."""
+
+    def __init__(self, a: Analysis, budget: int, lowest: PlanCost) -> None:
+        super().__init__(unreachable_message(a, budget, lowest))
+        self.lowest = lowest
 
 
 def unreachable_message(a: Analysis, budget: int, floor: PlanCost) -> str:
     from ..units import human_bytes
 
-    resident = a.priority.resident_bytes
     live = ", ".join(floor.live_at_peak[:3])
     return (f"budget {human_bytes(budget)} is unreachable: the lowest predicted peak is "
-            f"{human_bytes(floor.peak_bytes)} (largest tensors live there: {live or 'none'}); no plan goes below "
-            f"{human_bytes(a.lower_bound_bytes)}, the parameters and inputs ({human_bytes(resident)}) plus the "
-            f"outputs ({human_bytes(a.output_bytes)}: loss and gradients, all held to the end of the run)")
+            f"{human_bytes(floor.peak_bytes)} (largest tensors live there: {live or 'none'}); "
+            f"{floor_reason(a.floor)}")
+
+
+def floor_reason(floor: Floor) -> str:
+    """Why no plan goes below ``floor``, in one clause."""
+    resident = human_bytes(floor.resident_bytes)
+    if floor.node is None:
+        return (f"no plan goes below {human_bytes(floor.bytes)}, the parameters and inputs ({resident}) plus the "
+                f"outputs ({human_bytes(floor.output_bytes)}: loss and gradients, all held to the end of the run)")
+    scratch = f" and {human_bytes(floor.scratch_bytes)} of kernel working memory" if floor.scratch_bytes else ""
+    return (f"no plan goes below {human_bytes(floor.bytes)}: node {floor.node} runs in every plan and holds "
+            f"{human_bytes(floor.working_bytes)} of inputs and outputs{scratch} beside the parameters and "
+            f"inputs ({resident})")

@@ -9,10 +9,13 @@ default's rule marks the knee (``knee.py``).
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 from ..analysis import Analysis
-from .evaluate import cost_of
+from .evaluate import Rewritten, cost_of
 from .knee import Point, knee_index
-from .mincut import MAX_SOLVES, Policy, build, front, to_plan
+from .mincut import MAX_SOLVES, build, front, to_plan
+from .plan import Plan, Policy
 
 SWEEP_SOLVES_LARGE = 16
 # A plan whose peak is within this of another's and recomputes more is not on the front:
@@ -20,23 +23,21 @@ SWEEP_SOLVES_LARGE = 16
 SAME_PEAK = 0.005
 
 
-def _dominates(q: dict, p: dict) -> bool:
+def _dominates(q: dict[str, Any], p: dict[str, Any]) -> bool:
     if q is p:
         return False
     near = q["peak_bytes"] <= p["peak_bytes"] * (1 + SAME_PEAK)
-    return (near and q["recompute_flops"] < p["recompute_flops"]) or (
-        q["peak_bytes"] < p["peak_bytes"] and q["recompute_flops"] <= p["recompute_flops"])
+    return bool((near and q["recompute_flops"] < p["recompute_flops"]) or (
+        q["peak_bytes"] < p["peak_bytes"] and q["recompute_flops"] <= p["recompute_flops"]))
 
 
-def sweep_points(a: Analysis, rewritten, policy: Policy = Policy()) -> list[dict]:
+def sweep_points(a: Analysis, rewritten: Callable[[Plan], Rewritten], policy: Policy = Policy()) -> list[dict[str, Any]]:
     """One point per corner (plus the original, reordered), least recompute first.
     ``rewritten``: a plan's (unpinned) rewrite, as the searches judge it. A point's peak is
     the peak the default's knee is drawn in (tensors and kernel scratch); its
     ``ort_peak_bytes`` what a ``--budget`` would be judged by."""
-    from .plan import Plan
-
     step_flops = max(1, a.forward_flops + a.backward_flops)
-    points = []
+    points: list[dict[str, Any]] = []
     from .strategies import LARGE_GRAPH_NODES
 
     # every corner is a rewrite of the whole graph: fewer of them on large graphs
@@ -53,7 +54,7 @@ def sweep_points(a: Analysis, rewritten, policy: Policy = Policy()) -> list[dict
                        "recompute_share": cost.recompute_flops / step_flops, "regions": len(plan.regions)})
     for p in points:
         p["pareto"] = not any(_dominates(q, p) for q in points)
-    unique: dict[tuple, dict] = {}
+    unique: dict[tuple[int, int], dict[str, Any]] = {}
     for p in points:
         unique.setdefault((p["peak_bytes"], p["recompute_flops"]), p)
     points = sorted(unique.values(), key=lambda p: (p["recompute_flops"], p["peak_bytes"]))

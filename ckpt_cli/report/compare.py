@@ -85,7 +85,7 @@ def _read_report(path: Path) -> dict:
     except UnicodeDecodeError:
         raise UsageError(f"{path}: neither a ckpt JSON report nor an ONNX model") from None
     except json.JSONDecodeError as e:
-        raise UsageError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+        raise UsageError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from e
     if not isinstance(doc, dict) or doc.get("command") not in REPORT_COMMANDS:
         got = doc.get("command") if isinstance(doc, dict) else type(doc).__name__
         raise UsageError(f"{path}: not a ckpt inspect, plan, rewrite or check report (command: {got!r})")
@@ -185,7 +185,7 @@ def load_input(path: str | Path, label: str, dims: dict[str, int] | None = None)
     try:
         return _make_input(src, label, kind, report)
     except (KeyError, IndexError, TypeError, AttributeError, ValueError) as e:
-        raise UsageError(f"{src}: not a well-formed ckpt {kind} report ({type(e).__name__}: {e})") from None
+        raise UsageError(f"{src}: not a well-formed ckpt {kind} report ({type(e).__name__}: {e})") from e
 
 
 def _make_input(src: str, label: str, kind: str, report: dict) -> Input:

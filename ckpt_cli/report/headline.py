@@ -8,11 +8,13 @@ predicted otherwise."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..units import human_bytes, percent
 
 
 def headline(before: int, after: int | None = None, measured: bool = False,
-             time_before: float | None = None, time_after: float | None = None) -> dict:
+             time_before: float | None = None, time_after: float | None = None) -> dict[str, Any]:
     """The one builder: the peak before (and after) the rewrite, and the step-time ratio
     when both times were measured."""
     return {
@@ -25,7 +27,7 @@ def headline(before: int, after: int | None = None, measured: bool = False,
     }
 
 
-def _measured(check: dict) -> tuple[dict, dict] | None:
+def _measured(check: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """The original's and the rewrite's runs under ckpt's settings, when both have a peak."""
     o, w = check.get("original"), check.get("rewritten")
     if o is None or w is None or o.get("peak_bytes") is None or w.get("peak_bytes") is None:
@@ -33,7 +35,7 @@ def _measured(check: dict) -> tuple[dict, dict] | None:
     return o, w
 
 
-def check_headline(check: dict, predicted: tuple[int, int] | None = None) -> dict:
+def check_headline(check: dict[str, Any], predicted: tuple[int, int] | None = None) -> dict[str, Any]:
     """A check's figures: measured; ``predicted`` (else the check's own prediction) when
     ORT gave no peak."""
     runs = _measured(check)
@@ -44,7 +46,7 @@ def check_headline(check: dict, predicted: tuple[int, int] | None = None) -> dic
     return headline(before, after)
 
 
-def compare_headline(first: dict, last: dict | None) -> dict | None:
+def compare_headline(first: dict[str, Any], last: dict[str, Any] | None) -> dict[str, Any] | None:
     """First input against the last one (alone: the first): measured where both have a
     measured peak, else predicted; None when the inputs share no peak figure."""
     other = last if last is not None else first
@@ -57,7 +59,7 @@ def compare_headline(first: dict, last: dict | None) -> dict | None:
     return None
 
 
-def headline_text(h: dict | None) -> str | None:
+def headline_text(h: dict[str, Any] | None) -> str | None:
     """``peak memory (measured on ONNX Runtime): 7.3 MiB -> 2.5 MiB (-65.4%), step time +39.8%``."""
     if h is None:
         return None

@@ -4,6 +4,7 @@ markdown for a CI step summary (``>> $GITHUB_STEP_SUMMARY``)."""
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from .render import change_words, condition_value_text, figure_text, scope_cells, scoped_columns
 from .text import plain
@@ -15,7 +16,7 @@ _MARKUP = re.compile(r"([\\`*_\[\]<>|~#&])")
 TOP_REGIONS = 5
 
 
-def md(value) -> str:
+def md(value: object) -> str:
     """``value`` as the text of one markdown table cell: controls visible, markup escaped."""
     return _MARKUP.sub(r"\\\1", plain(value).replace("\n", " "))
 
@@ -25,7 +26,7 @@ def _table(header: list[str], rows: list[list[str]], align: list[str]) -> list[s
     return ["| " + " | ".join(cells) + " |" for cells in (header, rule, *rows)]
 
 
-def _figures(cols: list[dict]) -> list[str]:
+def _figures(cols: list[dict[str, Any]]) -> list[str]:
     from .compare import FIGURES
 
     rows = []
@@ -42,7 +43,7 @@ def _figures(cols: list[dict]) -> list[str]:
     return _table(["", *(md(c["label"]) for c in cols)], rows, ["left"] + ["right"] * len(cols))
 
 
-def _scopes(r: dict) -> list[str]:
+def _scopes(r: dict[str, Any]) -> list[str]:
     cols = r["inputs"]
     scoped = scoped_columns(r)
     if not scoped:
@@ -57,7 +58,7 @@ def _scopes(r: dict) -> list[str]:
             *_table(header, rows, ["left"] + ["right"] * len(scoped))]
 
 
-def _regions(c: dict) -> list[str]:
+def _regions(c: dict[str, Any]) -> list[str]:
     if not c["regions"]:
         return []
     rows = [[md(g["name"]), human_bytes(g["freed_bytes"]), human_flops(g["recompute_flops"])]
@@ -66,13 +67,13 @@ def _regions(c: dict) -> list[str]:
             *_table(["region", "no longer stashed", "recompute FLOPs"], rows, ["left", "right", "right"])]
 
 
-def _conditions(r: dict) -> list[str]:
+def _conditions(r: dict[str, Any]) -> list[str]:
     lines = [f"- `--fail-if` {md(o['condition'])}: {md(condition_value_text(o['operand'], o['actual']))}: "
              + ("**holds: FAIL**" if o["held"] else "ok") for o in r["conditions"]]
     return ["", *lines] if lines else []
 
 
-def compare_markdown(r: dict) -> str:
+def compare_markdown(r: dict[str, Any]) -> str:
     """The compare report as markdown: inputs, figures (change against the first input in
     parentheses), stashed bytes by scope, regions, and each --fail-if outcome."""
     cols = r["inputs"]

@@ -206,6 +206,7 @@ def inspect_report(a: Analysis, source: Source | None, options: dict) -> dict:
         "peak_bytes_ort_default": a.default.peak_bytes,
         # what a process-peak measurement sees: kernel working memory outside ORT's allocator too
         "peak_bytes_with_kernel_scratch": a.working_peak_bytes,
+        "floor": floor_row(a),
         **_arena(a),
         "forward_flops": a.forward_flops,
         "backward_flops": a.backward_flops,
@@ -221,6 +222,14 @@ def inspect_report(a: Analysis, source: Source | None, options: dict) -> dict:
             "backward_starts_at": boundary_step(a, a.priority.order),
         },
     }
+
+
+def floor_row(a: Analysis) -> dict:
+    """The peak no order or recompute plan goes below, and what sets it."""
+    f = a.floor
+    return {"bytes": f.bytes, "node": f.node, "working_bytes": f.working_bytes, "scratch_bytes": f.scratch_bytes,
+            "resident_bytes": f.resident_bytes, "output_bytes": f.output_bytes,
+            "share_of_peak": round(f.bytes / a.working_peak_bytes, 4) if a.working_peak_bytes else None}
 
 
 def _region_rows(before: Analysis, result) -> list[dict]:

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich.console import Console
 
 from ..units import human_bytes, human_flops, percent
@@ -12,7 +14,7 @@ from .text import plain, safe
 TOP_EXPLANATIONS = 12
 
 
-def render_explanations(rows: list[dict], console: Console, limit: int = TOP_EXPLANATIONS) -> None:
+def render_explanations(rows: list[dict[str, Any]], console: Console, limit: int = TOP_EXPLANATIONS) -> None:
     kept = sum(1 for r in rows if r["status"] == "kept")
     t = _table(f"Stashed activations: {len(rows) - kept} recomputed, {kept} kept (top {min(limit, len(rows))} by size)",
                console, ("tensor", "left"), ("bytes", "right"), ("recompute", "right"), ("status", "left"),
@@ -23,7 +25,7 @@ def render_explanations(rows: list[dict], console: Console, limit: int = TOP_EXP
     console.print(t)
 
 
-def render_budget(planning: dict, console: Console) -> None:
+def render_budget(planning: dict[str, Any], console: Console) -> None:
     """One line on the budget, when there is one: met or not, on the figure it bounds."""
     if planning["budget_bytes"] is None:
         return
@@ -33,7 +35,7 @@ def render_budget(planning: dict, console: Console) -> None:
                   f"{human_bytes(planning['ort_peak_bytes_after'])}")
 
 
-def render_plan(r: dict, console: Console) -> None:
+def render_plan(r: dict[str, Any], console: Console) -> None:
     render_headline(r, console)
     render_unsized(r, console, "below")  # a plan on 0 B tensors (--allow-unsized) says so first
     render_facts(r, console)

@@ -155,6 +155,11 @@ def render_inspect(r: dict, console: Console) -> None:
     if scratch is not None and scratch != r["peak_bytes"]:
         t.add_row("peak with kernel working memory", human_bytes(scratch),
                   "file order; what the process sees (kernels allocate it outside ORT's arena)")
+    floor = r.get("floor")
+    if floor is not None:
+        t.add_row("floor of every plan", human_bytes(floor["bytes"]),
+                  f"no plan goes below it: {safe(floor['node'])} holds its inputs and outputs at once" if floor["node"] is not None
+                  else "the resident tensors and the outputs")
     t.add_row("ORT CPU arena at that peak", human_bytes(r["arena_in_use_bytes"]),
               f"in use (what ORT's profiler reports); {human_bytes(r['arena_held_bytes'])} reserved")
     t.add_row("FLOPs forward / backward", f"{human_flops(r['forward_flops'])}",

@@ -5,28 +5,33 @@ from __future__ import annotations
 
 from html import escape
 from math import ceil
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
 from .headline import headline
-from .model import envelope
+from .model import Source, envelope
 from .render import _table, render_headline
 from .svg import Axes
 from .text import safe
 from ..units import human_bytes, human_flops
 
+if TYPE_CHECKING:
+    from ..analysis import Analysis
+
 CHART_W, CHART_H = 60, 14  # text chart cells
 SVG_W, SVG_H, MARGIN = 720, 420, 70
 
 
-def sweep_report(a, source, points: list[dict], options: dict, notes: list[str]) -> dict:
+def sweep_report(a: Analysis, source: Source | None, points: list[dict[str, Any]], options: dict[str, Any],
+                 notes: list[str]) -> dict[str, Any]:
     knee = next((p["peak_bytes"] for p in points if p.get("knee")), None)
     return {**envelope("plan", source, options), "headline": headline(a.priority.peak_bytes, knee),
             "sweep": points, "notes": notes,
             "peak_bytes_before": a.priority.peak_bytes, "ort_peak_bytes_before": a.ort_peak_bytes}
 
 
-def chart_lines(points: list[dict], width: int = CHART_W, height: int = CHART_H) -> list[str]:
+def chart_lines(points: list[dict[str, Any]], width: int = CHART_W, height: int = CHART_H) -> list[str]:
     """Peak (rows, top = highest) against recompute share (columns); ``*`` on the front, ``.`` off it."""
     top = max(p["peak_bytes"] for p in points)
     low = min(p["peak_bytes"] for p in points)
@@ -46,7 +51,7 @@ def chart_lines(points: list[dict], width: int = CHART_W, height: int = CHART_H)
     return lines
 
 
-def render_sweep(r: dict, console: Console) -> None:
+def render_sweep(r: dict[str, Any], console: Console) -> None:
     points = r["sweep"]
     render_headline(r, console)
     console.print(f"[bold]{safe(r['model'])}[/bold]: predicted peak against recompute")
@@ -77,7 +82,7 @@ def _budget_share(ort_peak: int, ort_base: int) -> str:
     """The smallest whole percentage of the original's ORT peak that admits ``ort_peak``."""
     return f"{ceil(100 * ort_peak / ort_base)}%"
 
-def sweep_svg(points: list[dict], title: str) -> str:
+def sweep_svg(points: list[dict[str, Any]], title: str) -> str:
     top = max(p["peak_bytes"] for p in points) * 1.05
     right = max(max(p["recompute_share"] for p in points), 1e-9) * 1.05
     plot_w, plot_h = SVG_W - 2 * MARGIN, SVG_H - 2 * MARGIN

@@ -20,7 +20,7 @@ from .mem_pattern import PatternOff, is_ort_artifact, pattern_off
 from .apply import Surgery, apply_plan
 from .pin import GUARD_MIN_OPSET, PinResult, pin as pin_schedule
 from .recompute import RegionResult
-from .schedule import ScheduleCache, choose_schedule
+from .schedule import ScheduleCache, ScheduleMemo, choose_schedule
 
 
 @dataclass
@@ -56,7 +56,7 @@ class RewriteResult:
 
 @gc_paused
 def rewrite(a: Analysis, plan: Plan | None, pin: bool = True, model_only: bool = False,
-            memo: dict | None = None) -> RewriteResult:
+            memo: ScheduleMemo | None = None) -> RewriteResult:
     """Apply ``plan`` to the analysed graph; ``plan=None`` only reorders (``--no-recompute``).
     ``pin`` adds the guards that keep the written order under any session (``rewrite/pin.py``).
     ``model_only``: the rewrite is a plan search's memory model, never written or judged

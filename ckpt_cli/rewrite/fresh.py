@@ -1,4 +1,4 @@
-"""Keep ORT's buffer reuse from parking memory across the recompute gap (issue 14).
+"""Keep ORT's buffer reuse from parking memory across the recompute gap.
 
 With ``enable_mem_reuse`` on (ORT's default) a freed buffer goes to the next tensor of the
 same shape and stays allocated from its first holder's birth to its last holder's death.

@@ -13,6 +13,7 @@ its output's size recorded.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import onnx
@@ -37,7 +38,7 @@ class GuardNodes:
     def name(self, base: str) -> str:
         return unique_name(base, self.taken)
 
-    def node(self, op: str, inputs: list[str], output: str, mark: str, **attrs) -> onnx.NodeProto:
+    def node(self, op: str, inputs: list[str], output: str, mark: str, **attrs: Any) -> onnx.NodeProto:
         """A node named as its one output, marked and a backward node."""
         p = onnx.helper.make_node(op, inputs, [output], name=output, **attrs)
         for key, value in ((self.mark_key, mark), (PHASE_META, BACKWARD)):

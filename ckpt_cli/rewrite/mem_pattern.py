@@ -36,7 +36,7 @@ class PatternOff:
     with_pattern_bytes: int
     without_pattern_bytes: int
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, str | int]:
         return {"input": self.input, "predicted_plain_with_pattern_bytes": self.with_pattern_bytes,
                 "predicted_plain_without_pattern_bytes": self.without_pattern_bytes}
 

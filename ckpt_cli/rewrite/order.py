@@ -32,12 +32,16 @@ def prune_dead(nodes: list[Node], graph_outputs: set[str]) -> list[Node]:
     """Drop nodes none of whose outputs is read or is a graph output (one reverse pass,
     which is exact because ``nodes`` is topologically sorted)."""
     needed = set(graph_outputs)
+    needed.discard(ABSENT)  # never needed: isdisjoint below then skips it as the names do
     keep = [False] * len(nodes)
     for k in range(len(nodes) - 1, -1, -1):
         n = nodes[k]
-        if any(t != ABSENT and t in needed for t in n.outputs):
+        if not needed.isdisjoint(n.outputs):
             keep[k] = True
-            needed.update(t for t in n.reads if t != ABSENT)
+            needed.update(n.inputs)
+            if n.implicit:
+                needed.update(n.implicit)
+            needed.discard(ABSENT)
     return [n for n, kept in zip(nodes, keep) if kept]
 
 

@@ -10,6 +10,8 @@ with 2-D attributes (1 on the new axis: kernel, stride, dilation; no padding), a
 
 from __future__ import annotations
 
+from typing import Any
+
 import onnx
 from onnx import helper
 
@@ -43,7 +45,7 @@ def _one_axis(node: onnx.NodeProto) -> bool:
 def _in_2d(node: onnx.NodeProto, taken: set[str], axes_input: bool) -> list[onnx.NodeProto]:
     base = node.name or "ConvGrad"
     out: list[onnx.NodeProto] = []
-    axes: dict = {"axes": [_AXIS]}
+    axes: dict[str, Any] = {"axes": [_AXIS]}  # make_node's attributes
     if axes_input:  # Unsqueeze and Squeeze take their axes as an input from opset 13
         name = unique_name(f"{base}/in_2d/axes", taken)
         out.append(helper.make_node("Constant", [], [name], name=name,

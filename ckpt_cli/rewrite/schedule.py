@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from ..analysis import Analysis, schedules
 from ..analysis.arena import ArenaResult, predict_in_use
 from ..analysis.memory import MemoryProfile, buffer_roots, simulate, simulate_both
+from ..analysis.shapes import TensorInfo
 from ..graph import Graph
 from .order import executed_order, memory_aware
 
@@ -33,16 +34,23 @@ class Schedule:
     arena: ArenaResult | None
 
 
+# A graph's nodes as a schedule cache key, and what it remembers: the chosen order (None:
+# the graph's own), its simulation, ORT's buffer reuse and the arena replay.
+ScheduleKey = tuple[bool, tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...]]
+Chosen = tuple[Graph, MemoryProfile, bool, ArenaResult | None]
+ScheduleMemo = dict[ScheduleKey, tuple[list[int] | None, MemoryProfile, bool, ArenaResult | None]]
+
+
 class ScheduleCache:
     """The schedules chosen for the graphs one plan search rewrote, kept in ``memo`` (a dict
     the search owns): two plans that place the same copies the same way share the choice,
     which is most of a rewrite's time."""
 
-    def __init__(self, memo: dict) -> None:
+    def __init__(self, memo: ScheduleMemo) -> None:
         self.memo = memo
 
     @staticmethod
-    def _key(graph: Graph, model_only: bool) -> tuple:
+    def _key(graph: Graph, model_only: bool) -> ScheduleKey:
         return (model_only, tuple((n.name, n.inputs, n.outputs) for n in graph.nodes))
 
     def get(self, graph: Graph, model_only: bool) -> Schedule | None:
@@ -59,7 +67,7 @@ class ScheduleCache:
                                                   chosen.profile, chosen.mem_reuse, chosen.arena)
 
 
-def choose_schedule(a: Analysis, new: Graph, tensors, copy_names: set[str], forward_names: set[str],
+def choose_schedule(a: Analysis, new: Graph, tensors: dict[str, TensorInfo], copy_names: set[str], forward_names: set[str],
                     model_only: bool, cache: ScheduleCache | None = None) -> Schedule:
     """The schedule of ``new`` (the surgery's graph), from ``cache`` when it has it."""
     known = cache.get(new, model_only) if cache is not None else None
@@ -71,8 +79,8 @@ def choose_schedule(a: Analysis, new: Graph, tensors, copy_names: set[str], forw
     return chosen
 
 
-def _choose(a: Analysis, new: Graph, tensors, copy_names: set[str], forward_names: set[str],
-            model_only: bool) -> tuple:
+def _choose(a: Analysis, new: Graph, tensors: dict[str, TensorInfo], copy_names: set[str], forward_names: set[str],
+            model_only: bool) -> Chosen:
     """The written order of ``new`` and ORT's buffer reuse for it: (graph, profile, reuse, arena)."""
     sizes = {t: info.nbytes for t, info in tensors.items() if info.nbytes}
     order = memory_aware(new, sizes, buffer_roots(new), [n.name not in forward_names for n in new.nodes],
@@ -86,7 +94,7 @@ def _choose(a: Analysis, new: Graph, tensors, copy_names: set[str], forward_name
     return choose(a, candidates, tensors)
 
 
-def choose_order_and_reuse(a: Analysis, candidates: list[Graph], tensors) -> tuple:
+def choose_order_and_reuse(a: Analysis, candidates: list[Graph], tensors: dict[str, TensorInfo]) -> Chosen:
     """Pick the written order (the memory-aware one or the plain one) and ORT's
     ``enable_mem_reuse`` together, by the predicted arena peak, then the tensor bytes.
 
@@ -98,12 +106,12 @@ def choose_order_and_reuse(a: Analysis, candidates: list[Graph], tensors) -> tup
     The arena replay costs as much as the simulation, and the arena never has fewer bytes
     in use than the live tensors: options are replayed from the lowest tensor peak up, and
     one whose tensor peak already exceeds the best arena peak found is not replayed."""
-    simulated: list[tuple] = []
+    simulated: list[tuple[float, int, Graph, MemoryProfile, bool, float]] = []
     for graph in _distinct(candidates):
         for reuse, profile in zip((True, False), simulate_both(graph, list(range(len(graph.nodes))), tensors)):
             scale = 1.0 if reuse else 1 / (1 - MEM_REUSE_OFF_MARGIN)
             simulated.append((profile.activation_peak_bytes * scale, len(simulated), graph, profile, reuse, scale))
-    best = None
+    best: tuple[float, int, int, Graph, MemoryProfile, bool, ArenaResult] | None = None
 
     def clearly_lower() -> float:
         return a.arena_in_use(False) * (1 - MEM_REUSE_OFF_MARGIN)
@@ -141,7 +149,7 @@ def _distinct(candidates: list[Graph]) -> list[Graph]:
     return out
 
 
-def _lowest_tensor_peak(a: Analysis, candidates: list[Graph], tensors) -> tuple:
+def _lowest_tensor_peak(a: Analysis, candidates: list[Graph], tensors: dict[str, TensorInfo]) -> Chosen:
     """``_choose_order_and_reuse`` for a ``model_only`` rewrite: reuse on, the order of lowest
     simulated tensor peak (first on ties), no arena."""
     options = [(simulate(graph, list(range(len(graph.nodes))), tensors), k, graph)

@@ -13,11 +13,13 @@
 """
 
 from .compare import DEFAULT_ATOL, DEFAULT_RTOL, compare_outputs, order_check
-from .driver import (DEFAULT_TIMEOUT_S, PairOptions, PairRun, WorkerOptions, check_pair, file_node_order,
+from ..options import DEFAULT_TIMEOUT_S
+from .driver import (PairOptions, PairRun, WorkerOptions, check_pair, file_node_order,
                      probe_provider, resolve_provider, run_model)
 from .settings import (ckpt_session_settings, ort_default_session_settings, settings_for,
                        settings_snippet)
-from .stage import CheckFigures, Measurement, Prediction, check_files
+from .figures import CheckFigures, Measurement
+from .stage import Prediction, check_files
 
 __all__ = [
     "CheckFigures", "Measurement", "Prediction", "check_files", "check_pair", "run_model", "PairOptions", "PairRun",

@@ -4,16 +4,18 @@ node order against the file order."""
 from __future__ import annotations
 
 from collections import Counter
+from typing import AbstractSet, Any
 
 import numpy as np
 
 from ..ops import DEVICE_COPY_OPS
+from .records import Mismatch, OrderCheck
 
 DEFAULT_RTOL = 1e-5
 DEFAULT_ATOL = 1e-6
 
 
-def _diffs(a: np.ndarray, b: np.ndarray):
+def _diffs(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Elementwise (|a-b|, relative diff, |b|) in float64 for same-shape arrays."""
     if a.dtype == np.bool_ or b.dtype == np.bool_:
         a, b = a.astype(np.int8), b.astype(np.int8)
@@ -39,7 +41,7 @@ def _kind_problem(x: np.ndarray, y: np.ndarray) -> str | None:
     return None
 
 
-def compare_one(x: np.ndarray, y: np.ndarray, rtol: float, atol: float) -> dict:
+def compare_one(x: np.ndarray, y: np.ndarray, rtol: float, atol: float) -> dict[str, Any]:
     """One output: the reference ``x`` against the candidate ``y``. Another shape or element
     type is a difference whatever the values (a float64 output where float32 was is a
     changed model), with no |diff| to report."""
@@ -59,8 +61,8 @@ def compare_one(x: np.ndarray, y: np.ndarray, rtol: float, atol: float) -> dict:
     return entry
 
 
-def compare_outputs(a: dict, b: dict, *, rtol: float = DEFAULT_RTOL,
-                    atol: float = DEFAULT_ATOL) -> dict:
+def compare_outputs(a: dict[str, Any], b: dict[str, Any], *, rtol: float = DEFAULT_RTOL,
+                    atol: float = DEFAULT_ATOL) -> dict[str, Any]:
     """Compare two {name: array} dicts (a = reference, b = candidate), each in the order
     the model returns its outputs.
 
@@ -105,8 +107,9 @@ def compare_outputs(a: dict, b: dict, *, rtol: float = DEFAULT_RTOL,
 
 
 
-def order_check(file_order: list, executed: list, executed_ops: list | None = None,
-                executed_providers: list | None = None, kernelless: set | frozenset = frozenset()) -> dict:
+def order_check(file_order: list[str], executed: list[str], executed_ops: list[str] | None = None,
+                executed_providers: list[str] | None = None,
+                kernelless: AbstractSet[str] = frozenset()) -> OrderCheck:
     """Does the executed order follow the file order?
 
     Compared on the nodes present in both: ORT runs no kernel for Constant nodes
@@ -137,28 +140,22 @@ def order_check(file_order: list, executed: list, executed_ops: list | None = No
         a = [n for n in file_order if n in mine]
         b = [n for n, p in kept if (group is None or p == group) and n in file_set]
         compared += min(len(a), len(b))
-        for i, (x, y) in enumerate(zip(a, b)):
-            if x != y:
-                mismatch = {"position": i, "file": x, "executed": y}
-                break
-        if mismatch is None and len(a) != len(b):  # duplicate names
-            mismatch = {"position": min(len(a), len(b)), "file": None, "executed": None}
+        mismatch = _first_mismatch(a, b, group)
         if mismatch is not None:
-            if group is not None:
-                mismatch["provider"] = group
             break
     # a node ORT runs no kernel for (``kernelless``: Constant) or without a name is not judged
     not_executed = [n for n in file_order if n and n not in executed_set and n not in kernelless]
-    return {
-        "matches": mismatch is None,
-        "compared": compared,
-        "first_mismatch": mismatch,
-        "not_executed": not_executed[:50],
-        "n_not_executed": len(not_executed),
-        "not_in_file": [n for n in executed if n not in file_set][:50],
-        "n_not_in_file": sum(1 for n in executed if n not in file_set),
-        "not_in_file_ops": dict(foreign_ops.most_common()),
-        "provider_copies": copies[:50],
-        "n_provider_copies": len(copies),
-        "nodes_per_provider": {p: n for p, n in per_provider.items() if p},
-    }
+    return OrderCheck(mismatch is None, compared, mismatch, tuple(not_executed[:50]), len(not_executed),
+                      tuple(n for n in executed if n not in file_set)[:50], sum(1 for n in executed if n not in file_set),
+                      dict(foreign_ops.most_common()), tuple(copies[:50]), len(copies),
+                      {p: n for p, n in per_provider.items() if p})
+
+
+def _first_mismatch(a: list[str], b: list[str], group: str | None) -> Mismatch | None:
+    """Where ``b`` (executed on ``group``) first leaves ``a`` (the file's order there)."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return Mismatch(i, x, y, group)
+    if len(a) != len(b):  # duplicate names
+        return Mismatch(min(len(a), len(b)), None, None, group)
+    return None

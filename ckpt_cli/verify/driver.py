@@ -14,6 +14,7 @@ import json
 import os
 import sys
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 
 
@@ -23,6 +24,7 @@ from ..ort import child
 from ..progress import stage
 from . import worker as _worker
 from .compare import DEFAULT_ATOL, DEFAULT_RTOL, compare_outputs, order_check
+from .records import ComparisonSummary, OrderCheck, OtherDims, OutputComparison, Spread, output_comparisons
 from .settings import settings_for, settings_snippet
 
 WORKER_PATH = os.path.abspath(_worker.__file__)
@@ -54,7 +56,7 @@ def _answer_line(out: child.Child, what: str) -> object:
         if out.returncode != 0:
             return None  # a crash that printed something: the crash is the news
         raise RunFailed("bad_answer", f"{what} answered no JSON result ({child.printable(str(e), 200)})",
-                        out.stderr) from None
+                        out.stderr) from e
 
 
 def _parse(out: child.Child, what: str, required: tuple[str, ...] = ()) -> dict:
@@ -238,36 +240,33 @@ class PairRun:
     """``check_pair``'s outcome: both models measured, outputs and executed order compared."""
 
     provider: str  # the provider both ran on ("cpu" or "cuda")
-    comparison: dict  # compare_outputs: the rewrite's outputs against the original's
+    comparison: ComparisonSummary  # the rewrite's outputs against the original's
+    outputs: dict[str, OutputComparison]  # the same, output by output
     original: SideRuns
     rewritten: SideRuns
-    ort_default_vs_ckpt: dict | None  # the original under ORT's defaults against the outputs compared
+    ort_default_vs_ckpt: ComparisonSummary | None  # the original under ORT's defaults against the outputs compared
     reference_level: str | None  # the original ran at this ORT optimization level for the comparison
-    unoptimized_vs_rewritten: dict | None  # then: the comparison with the original as it is
-    run_to_run: dict | None  # outputs that differ: the original's own spread (``_run_to_run_spread``)
-    order: dict  # order_check of the rewritten model's executed order
+    unoptimized_vs_rewritten: ComparisonSummary | None  # then: the comparison with the original as it is
+    run_to_run: dict[str, Spread] | None  # outputs that differ: the original's own spread (``_run_to_run_spread``)
+    order: OrderCheck  # the rewritten model's executed order against its file's
     session_settings: dict  # ckpt's settings both ran with
     settings_snippet: str  # the same settings as Python a user can paste
 
     @property
     def outputs_equal(self) -> bool:
-        return self.comparison["all_bit_identical"]
+        return self.comparison.all_bit_identical
 
     @property
     def outputs_within_tolerance(self) -> bool:
-        return self.comparison["all_within_tolerance"]
+        return self.comparison.all_within_tolerance
 
     @property
     def max_abs_diff(self) -> float | None:
-        return self.comparison["max_abs_diff"]
-
-    @property
-    def outputs(self) -> dict:
-        return self.comparison["outputs"]
+        return self.comparison.max_abs_diff
 
     @property
     def order_matches(self) -> bool:
-        return self.order["matches"]
+        return self.order.matches
 
 
 @dataclass(frozen=True)
@@ -317,15 +316,15 @@ class _Pair:
         return session
 
 
-def _comparison_summary(cmp: dict) -> dict:
-    return {k: cmp[k] for k in ("all_bit_identical", "all_within_tolerance", "max_abs_diff", "n_failed")}
+def _comparison_summary(cmp: dict) -> ComparisonSummary:
+    return ComparisonSummary.of(cmp)
 
 
 def _compare(pair: _Pair, expected: dict, actual: dict) -> dict:
     return compare_outputs(expected, actual, rtol=pair.options.rtol, atol=pair.options.atol)
 
 
-def _run_to_run_spread(pair: _Pair, o_vals: dict, r_vals: dict) -> dict:
+def _run_to_run_spread(pair: _Pair, o_vals: dict, r_vals: dict) -> dict[str, Spread]:
     """Run the original once more, in a fresh process with the other buffer-reuse setting
     (other addresses, same arithmetic). Per output that differs in either comparison: the
     original's own spread, the rewrite's difference, and whether that is within the
@@ -335,9 +334,8 @@ def _run_to_run_spread(pair: _Pair, o_vals: dict, r_vals: dict) -> dict:
     pair.measure(pair.original, settings, again, runs=1)
     noise = compare_outputs(o_vals, pair.outputs("original_again", pair.original), rtol=DEFAULT_RTOL, atol=DEFAULT_ATOL)["outputs"]
     diff = compare_outputs(o_vals, r_vals, rtol=DEFAULT_RTOL, atol=DEFAULT_ATOL)["outputs"]
-    return {name: {"original_spread": noise.get(name, {}).get("max_abs_diff") or 0.0,
-                   "rewrite_diff": d["max_abs_diff"] or 0.0, "within_tolerance": d["within_tolerance"],
-                   "bit_identical": d["bit_identical"]}
+    return {name: Spread(noise.get(name, {}).get("max_abs_diff") or 0.0, d["max_abs_diff"] or 0.0,
+                         d["within_tolerance"], d["bit_identical"])
             for name, d in diff.items()
             if not d["bit_identical"] or not noise.get(name, {}).get("bit_identical", True)}
 
@@ -359,13 +357,13 @@ def _side(ckpt: dict, ort_default: dict | None) -> SideRuns:
     return SideRuns(RunSummary.of(ckpt), RunSummary.of(ort_default), None, ort_default.get("executed_order"))
 
 
-def _ort_default_runs(pair: _Pair, o_vals: dict) -> tuple[dict, dict, dict]:
+def _ort_default_runs(pair: _Pair, o_vals: dict) -> tuple[dict, dict, ComparisonSummary]:
     """Both models under ORT's defaults, and the original's outputs there against ``o_vals``."""
     out = pair.npz("default")
     try:
         original = pair.measure(pair.original, "ort_default", out)
     except RunFailed as e:  # it ran under ckpt's settings: ORT's default optimizations refuse it
-        raise RunFailed(e.kind, f"{e.message} (under ORT's default settings)") from None
+        raise RunFailed(e.kind, f"{e.message} (under ORT's default settings)") from e
     try:
         rewritten = pair.measure(pair.rewritten, "ort_default", None)
     except RunFailed as e:  # a finding about the rewrite, not a reason to stop the check
@@ -373,7 +371,7 @@ def _ort_default_runs(pair: _Pair, o_vals: dict) -> tuple[dict, dict, dict]:
     return original, rewritten, _comparison_summary(_compare(pair, o_vals, pair.outputs("default", pair.original)))
 
 
-def _executed_order(pair: _Pair, rewritten: dict) -> dict:
+def _executed_order(pair: _Pair, rewritten: dict) -> OrderCheck:
     expected = list(pair.options.expected_order or ()) or file_node_order(pair.rewritten)
     return order_check(expected, rewritten["executed_order"], rewritten.get("executed_ops"),
                        rewritten.get("executed_providers"), kernelless_nodes(pair.rewritten))
@@ -408,15 +406,16 @@ def check_pair(original, rewritten, feeds_path, options: PairOptions = PairOptio
         spread = None
         if not cmp["all_bit_identical"] and o.rtol == 0 and o.atol == 0:
             spread = _run_to_run_spread(pair, o_vals, r_vals)
-    return PairRun(provider, cmp, _side(orig, default), _side(rew, rew_default), default_cmp, o.reference_level,
+    return PairRun(provider, _comparison_summary(cmp), output_comparisons(cmp["outputs"]), _side(orig, default), _side(rew, rew_default), default_cmp, o.reference_level,
                    unoptimized, spread, _executed_order(pair, rew), settings_for("ckpt", provider, o.enable_mem_reuse),
                    settings_snippet(provider, o.enable_mem_reuse))
 
 
-def outputs_at(original, rewritten, feeds_path, options: PairOptions = PairOptions()) -> dict:
-    """Both models once under ckpt's settings on other feeds (another value of each symbolic
-    dimension): the comparison of their outputs, or why one of them did not run
-    (``{"original_failed": ...}`` or ``{"rewritten_failed": ...}``). No memory is measured."""
+def outputs_at(original, rewritten, feeds_path, dims: Mapping[str, int],
+               options: PairOptions = PairOptions()) -> OtherDims:
+    """Both models once under ckpt's settings on other feeds (another value ``dims`` of each
+    symbolic dimension): the comparison of their outputs, or why one of them did not run. No
+    memory is measured."""
     o = replace(options, worker=replace(options.worker, memory_method="profiler"))
     provider = resolve_provider(o.provider, o.worker.python)
     with tempfile.TemporaryDirectory(prefix="ckpt_dims_") as tmp:
@@ -424,9 +423,10 @@ def outputs_at(original, rewritten, feeds_path, options: PairOptions = PairOptio
         try:
             pair.measure(original, pair.ckpt_settings(o.enable_mem_reuse, o.reference_level), pair.npz("o"), runs=1)
         except RunFailed as e:
-            return {"original_failed": f"{e.kind}: {e.message}"}
+            return OtherDims(dict(dims), original_failed=f"{e.kind}: {e.message}")
         try:
             pair.measure(rewritten, "ckpt", pair.npz("r"), runs=1)
         except RunFailed as e:
-            return {"rewritten_failed": f"{e.kind}: {e.message}"}
-        return _comparison_summary(_compare(pair, _load_npz(pair.npz("o")), _load_npz(pair.npz("r"))))
+            return OtherDims(dict(dims), rewritten_failed=f"{e.kind}: {e.message}")
+        return OtherDims(dict(dims), _comparison_summary(_compare(pair, _load_npz(pair.npz("o")),
+                                                                  _load_npz(pair.npz("r")))))

@@ -39,11 +39,14 @@ import os
 import stat
 import zlib
 from collections import deque
+from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
+
+from ..errors import UsageError
 
 FALLBACK_INT_BOUND = 2
 
@@ -358,10 +361,10 @@ def load_feeds(path, model) -> dict:
         raise
     except ValueError as e:
         if "pickle" in str(e):  # numpy suggests allow_pickle: never load pickled objects
-            raise FeedError(f"feeds file {path} is not an .npz archive of arrays (numpy.savez)") from None
-        raise FeedError(f"cannot read feeds file {path}: {' '.join(str(e).split())}") from None
+            raise FeedError(f"feeds file {path} is not an .npz archive of arrays (numpy.savez)") from e
+        raise FeedError(f"cannot read feeds file {path}: {' '.join(str(e).split())}") from e
     except Exception as e:  # noqa: BLE001 - numpy's reader raises many types on a bad file
-        raise FeedError(f"cannot read feeds file {path}: {' '.join(str(e).split())}") from None
+        raise FeedError(f"cannot read feeds file {path}: {' '.join(str(e).split())}") from e
     inputs = graph_inputs(model)
     names = [vi.name for vi in inputs]
     for name in names:
@@ -398,3 +401,25 @@ def load_feeds(path, model) -> dict:
                     raise FeedError(f"input {vi.name!r}: dimension {d!r} is {a} here but "
                                     f"{prev[0]} in input {prev[1]!r}")
     return data
+
+
+def _feeds_at_dims(model, feeds: dict, dims: dict[str, int]) -> None:
+    """Feeds at other sizes than the analysis would be judged against a prediction for
+    those: the check names the dimension instead of failing on the prediction."""
+    for name, (size, where) in feed_dims(model, feeds).items():
+        if name in dims and dims[name] != size:
+            raise FeedError(f"--feeds: input {where!r} has {name} = {size}, but the models are analysed at "
+                            f"{name} = {dims[name]}: give --dim {name}={size}")
+
+
+def prepare_feeds(model, out_path: Path, seed: int, dims: dict[str, int], feeds_file: Path | None) -> None:
+    """The check's feeds written to ``out_path``: ``feeds_file``'s at ``dims``, or made from ``seed``."""
+    try:
+        feeds = load_feeds(feeds_file, model) if feeds_file is not None else make_feeds(model, seed, dims)
+        if feeds_file is not None:
+            _feeds_at_dims(model, feeds, dims)
+    except FeedError as e:
+        raise UsageError(str(e)) from e
+    except (MemoryError, ValueError) as e:  # numpy: too large an array for this machine
+        raise UsageError(f"cannot make the feeds: {type(e).__name__}: {e} (a --dim too large?)") from e
+    save_feeds(out_path, feeds)

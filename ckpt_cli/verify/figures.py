@@ -6,10 +6,12 @@ Both modules read these records; neither imports the other for them.
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, is_dataclass
-from typing import Literal, overload
+from typing import Any, Literal, overload
 
 from . import driver
+from .records import ComparisonSummary, ModuleSessions, OrderCheck, OtherDims, OutputComparison, RunToRun
 
 Severity = Literal["failure", "note"]
 
@@ -42,7 +44,7 @@ class Measurement:
     peak_requested_bytes: int | None  # tensor bytes, baseline removed
     time_s: float | None
     method: str | None
-    runs: list | None
+    runs: list[dict[str, Any]] | None
 
     @overload
     @classmethod
@@ -66,12 +68,12 @@ class OutputFigures:
 
     equal: bool  # every output bit-identical
     within_tolerance: bool
-    tolerance: dict | None  # {"rtol", "atol"} when the check was given either
+    tolerance: dict[str, Any] | None  # {"rtol", "atol"} when the check was given either
     max_abs_diff: float | None
-    per_output: dict  # output name -> how it compares
+    per_output: Mapping[str, OutputComparison]  # output name -> how it compares
     reference_level: str | None = None  # outputs compared with the original at this ORT level (--ort-optimize)
-    unoptimized_vs_rewritten: dict | None = None  # then: the comparison with the original as it is
-    run_to_run: dict | None = None  # outputs that differ: the original's own spread between two runs
+    unoptimized_vs_rewritten: ComparisonSummary | None = None  # then: the comparison with the original as it is
+    run_to_run: RunToRun | None = None  # outputs that differ: the original's own spread between two runs
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,12 @@ class MeasuredRuns:
     original_ort_default: Measurement | None
     rewritten_ort_default: Measurement | None
     rewritten_ort_default_error: str | None  # why the rewrite did not run under ORT's defaults
+
+    @classmethod
+    def of(cls, pair: driver.PairRun) -> "MeasuredRuns":
+        return cls(Measurement.of(pair.original.ckpt), Measurement.of(pair.rewritten.ckpt),
+                   Measurement.of(pair.original.ort_default), Measurement.of(pair.rewritten.ort_default),
+                   pair.rewritten.ort_default_error)
 
 
 @dataclass(frozen=True)
@@ -110,28 +118,34 @@ class PredictionFigures:
     unsized: dict[str, list[str]] = field(default_factory=dict)  # side -> tensors counted as 0 B
 
 
-@dataclass
+@dataclass(frozen=True)
 class CheckFigures:
     """The check's outcome; ``to_json()`` is the body of ``ckpt check --json``. The rules
-    (``rules.judge``) fill in the verdict: ``memory_lower`` and the ``findings``, whose
-    texts ``failures`` and ``notes`` list."""
+    (``rules.judge``) give the verdict: the ``findings``, whose texts ``failures`` and
+    ``notes`` list, and ``memory_lower``; ``judge`` returns the figures with them."""
 
     provider: str
     ort_version: str | None
     enable_mem_reuse: bool
     outputs: OutputFigures
     measured: MeasuredRuns
-    order: dict  # order_check of the rewritten model's executed order
+    order: OrderCheck  # the rewritten model's executed order against its file's
     prediction: PredictionFigures
-    # the pair run again at other values of the symbolic dimensions ("dims"): outputs only
-    other_dims: dict | None = None
+    # the pair run again at other values of the symbolic dimensions: outputs only
+    other_dims: OtherDims | None = None
     user_session: str = "ckpt"  # the session the rewrite is run in (RunsAt.user_session)
     # an ORT training artifact trained by the Module API (module_runs.module_sessions)
-    module_sessions: dict | None = None
+    module_sessions: ModuleSessions | None = None
     memory_lower: bool = True
-    failures: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    findings: list[Finding] = field(default_factory=list)  # the failures and notes above, each with its code
+    findings: tuple[Finding, ...] = ()  # the verdict, failures and notes, each with its code
+
+    @property
+    def failures(self) -> list[str]:
+        return [x.text for x in self.findings if x.severity == "failure"]
+
+    @property
+    def notes(self) -> list[str]:
+        return [x.text for x in self.findings if x.severity == "note"]
 
     @property
     def passed(self) -> bool:
@@ -141,22 +155,17 @@ class CheckFigures:
     def codes(self) -> list[str]:
         return [x.code for x in self.findings]
 
-    def add(self, findings: list[Finding]) -> None:
-        """Record ``findings`` in order: each text also goes to ``failures`` or ``notes``."""
-        for x in findings:
-            self.findings.append(x)
-            (self.failures if x.severity == "failure" else self.notes).append(x.text)
-
     @property
     def order_matches(self) -> bool:
-        return self.order["matches"]
+        return self.order.matches
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         out, runs, pred = self.outputs, self.measured, self.prediction
         body = {
             "provider": self.provider, "ort_version": self.ort_version,
             "outputs_equal": out.equal, "outputs_within_tolerance": out.within_tolerance,
-            "tolerance": out.tolerance, "max_abs_diff": out.max_abs_diff, "outputs": out.per_output,
+            "tolerance": out.tolerance, "max_abs_diff": out.max_abs_diff,
+            "outputs": {k: e.to_json() for k, e in out.per_output.items()},
             "original": runs.original, "rewritten": runs.rewritten,
             "original_ort_default": runs.original_ort_default, "rewritten_ort_default": runs.rewritten_ort_default,
             "rewritten_ort_default_error": runs.rewritten_ort_default_error,
@@ -173,5 +182,13 @@ class CheckFigures:
             "failures": self.failures, "notes": self.notes, "passed": self.passed,
             "findings": [asdict(x) for x in self.findings],
         }
-        # copies, as asdict() made them: the body does not change with the figures
-        return {k: asdict(v) if is_dataclass(v) else copy.deepcopy(v) for k, v in body.items()}
+        # copies: the body does not change with the figures
+        return {k: _json(v) for k, v in body.items()}
+
+
+def _json(v: object) -> object:
+    """A record as its JSON (its ``to_json()``, or its fields), anything else copied."""
+    to_json = getattr(v, "to_json", None)
+    if to_json is not None:
+        return copy.deepcopy(to_json())
+    return asdict(v) if is_dataclass(v) and not isinstance(v, type) else copy.deepcopy(v)

@@ -169,7 +169,7 @@ def _inputs(np, path: str, names: list[str]) -> list:
                 raise ChildError("bad_feeds", f"the feeds have no array for the Module's inputs {missing[:5]}")
             return [npz[n] for n in names]
     except (OSError, ValueError) as e:
-        raise ChildError("bad_feeds", f"cannot read the feeds: {_one_line(e)}") from None
+        raise ChildError("bad_feeds", f"cannot read the feeds: {_one_line(e)}") from e
 
 
 def train(spec: dict) -> dict:
@@ -181,19 +181,19 @@ def train(spec: dict) -> dict:
         api = import_training("api")
     except Exception as e:  # noqa: BLE001 - any import failure: no Module API here
         raise ChildError("training_unavailable", f"no onnxruntime.training.api under {sys.executable}: "
-                                                 f"{_one_line(e)}") from None
+                                                 f"{_one_line(e)}") from e
     so, applied, ignored = session_options(spec["settings"])
     try:
         module, optimizer = open_module(api, spec["training_model"], spec["checkpoint"], spec["eval_model"],
                                         spec["optimizer_model"], so)
     except Exception as e:  # noqa: BLE001 - ORT's errors have no common type
-        raise ChildError("load_failed", f"{type(e).__name__}: {_one_line(e)}") from None
+        raise ChildError("load_failed", f"{type(e).__name__}: {_one_line(e)}") from e
     names = list(module.input_names())
     inputs = _inputs(np, spec["feeds"], names)
     try:
         measured = run_steps(module, optimizer, [inputs] * spec["steps"], spec["seed"])
     except Exception as e:  # noqa: BLE001 - ORT's training errors have no common type
-        raise ChildError("run_failed", f"{type(e).__name__}: {_one_line(e)}") from None
+        raise ChildError("run_failed", f"{type(e).__name__}: {_one_line(e)}") from e
     measured.pop("losses")  # a NaN has no JSON number: the hex strings carry every loss
     return {"ok": True, **measured, "input_names": names, "ort_version": ort.__version__,
             "settings_applied": applied, "settings_ignored": ignored}

@@ -43,7 +43,8 @@ from ..rewrite.mem_pattern import is_ort_artifact
 from ..units import human_bytes
 from .driver import WorkerOptions
 from .module_runs import STEPS, artifact_files, run_module
-from .stage import prepare_feeds
+from .records import ModuleRun
+from .feeds import prepare_feeds
 
 
 @dataclass(frozen=True)
@@ -237,7 +238,7 @@ def judged_in_module(a: Analysis, planned: Planned, feeds_model, worker: WorkerO
             return planned
         trials = _Trials(a, candidates, writer, Path(tmp), (model_path, files, feeds, worker, original))
         judged, written, chosen = trials.run()
-    choice = ModuleChoice(original["peak_bytes"], tuple(judged), chosen, STEPS)
+    choice = ModuleChoice(original.peak_bytes, tuple(judged), chosen, STEPS)
     if chosen is None:
         return replace(planned, module=choice)
     k = judged[chosen].plan
@@ -266,9 +267,9 @@ class _Trials:
         self.model_path, self.files, self.feeds, self.worker, self.original = run
         self.judged: list[ModuleJudged] = []
         self.written: dict[int, RewriteResult] = {}
-        self.originals: dict[str, dict] = {}  # the original's runs, by the settings they ran under
+        self.originals: dict[str, ModuleRun] = {}  # the original's runs, by the settings they ran under
 
-    def reference(self, settings: dict) -> dict:
+    def reference(self, settings: dict) -> ModuleRun:
         key = repr(sorted(settings.items()))
         if key not in self.originals:
             self.originals[key] = run_module(self.model_path, self.files, self.feeds, settings, self.worker, STEPS)
@@ -300,14 +301,14 @@ class _Trials:
 
     def lowest(self, best: int | None) -> int | None:
         """The last trial where it passes with an untuned peak below ``best``'s, else ``best``."""
-        j, limit = self.judged[-1], self.original["peak_bytes"]
+        j, limit = self.judged[-1], self.original.peak_bytes
         if j.accepted(limit) and self.below(j, best):
             return len(self.judged) - 1
         return best
 
     def run(self) -> tuple[list[ModuleJudged], dict[int, RewriteResult], int | None]:
         """The plans judged, the rewrites by plan, and the index of the one taken in the first."""
-        limit, passed = self.original["peak_bytes"], None
+        limit, passed = self.original.peak_bytes, None
         for i in range(len(self.candidates)):
             if self.trial(i, False).accepted(limit):  # type: ignore[union-attr]
                 passed = len(self.judged) - 1
@@ -332,7 +333,7 @@ class _Trials:
         than the original under ckpt's settings while holding fewer bytes (zoo lstm's
         default, reuse off: 10.46 MiB against the original's 10.29 with the arena, 9.62-9.83
         against 10.00-10.08 without; buffer reuse on is higher on both sides)."""
-        limit = self.original["peak_bytes"]
+        limit = self.original.peak_bytes
         near = [j for j in self.judged if j.untuned_accepted(limit) and not j.accepted(limit) and j.arena
                 and self.below(j, best)]
         if not near:
@@ -343,7 +344,7 @@ class _Trials:
 
 
 def _train(save: Callable[[], bool], path: Path, files: dict, feeds: Path, worker: WorkerOptions,
-           cost, original: dict, reference: Callable[[dict], dict]) -> ModuleJudged | None:
+           cost, original: ModuleRun, reference: Callable[[dict], ModuleRun]) -> ModuleJudged | None:
     """The model ``save()`` writes to ``path``, trained untuned and under its recorded
     settings; ``reference(settings)``: the original's run under those settings. None where
     ``save()`` wrote nothing."""
@@ -362,10 +363,10 @@ def _train(save: Callable[[], bool], path: Path, files: dict, feeds: Path, worke
         return ModuleJudged(cost.recompute_flops, cost.peak_bytes, None, False, f"{e.kind}: {e.message}")
     except CkptError as e:
         return ModuleJudged(cost.recompute_flops, cost.peak_bytes, None, False, str(e))
-    return ModuleJudged(cost.recompute_flops, cost.peak_bytes, untuned["peak_bytes"],
-                        untuned["losses_hex"] == original["losses_hex"], peak_bytes_settings=tuned["peak_bytes"],
-                        identical_settings=tuned["losses_hex"] == base["losses_hex"],
-                        original_peak_settings=base["peak_bytes"])
+    return ModuleJudged(cost.recompute_flops, cost.peak_bytes, untuned.peak_bytes,
+                        untuned.losses_hex == original.losses_hex, peak_bytes_settings=tuned.peak_bytes,
+                        identical_settings=tuned.losses_hex == base.losses_hex,
+                        original_peak_settings=base.peak_bytes)
 
 
 __all__ = ["ModuleChoice", "ModuleJudged", "Writer", "judged_by_training", "judged_in_module"]

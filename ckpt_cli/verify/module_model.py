@@ -25,6 +25,7 @@ import onnx
 from ..analysis.shapes import TensorInfo, infer_tensors, itemsize
 from ..analysis.training_pattern import ModulePrediction, predict_module
 from ..errors import CkptError, RunFailed
+from ..graph import Graph
 from ..io.load import load_graph
 from ..options import DEFAULT_TIMEOUT_S
 from ..ort.optimize import run_ort_optimizer
@@ -82,7 +83,7 @@ def _sized(shape: OrtShape, dtype: int, bound: Mapping[str, int]) -> TensorInfo 
 
 
 def module_tensors(fused: Path, known: Mapping[str, TensorInfo], shapes: Mapping[str, OrtShape],
-                   dims: Mapping[str, int]):
+                   dims: Mapping[str, int]) -> tuple[Graph, dict[str, TensorInfo]] | None:
     """The fused graph and its tensors: onnx's inference, the file's own tensors by name
     (a fused node keeps the output names of the nodes it replaces), then ORT's shapes for
     what neither sizes; None when a tensor a node writes stays unsized."""

@@ -18,11 +18,13 @@ import statistics
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from ..errors import RunFailed
 from ..ort import child
 from . import module_child as _module_child
 from .driver import WorkerOptions, _child_env, _parse
+from .records import MODULE_SESSIONS, MODULE_SIDES, ModuleRun, ModuleSessions
 
 MODULE_CHILD_PATH = os.path.abspath(_module_child.__file__)
 # Enough for the optimizer's state to be in place, losses to move and the process peak to
@@ -31,13 +33,12 @@ MODULE_CHILD_PATH = os.path.abspath(_module_child.__file__)
 STEPS = 10
 ARTIFACT_FILES = {"checkpoint": "checkpoint", "eval_model": "eval_model.onnx",
                   "optimizer_model": "optimizer_model.onnx"}
-SESSIONS = ("untuned", "settings")
-SIDES = ("original", "rewritten")
+SESSIONS, SIDES = MODULE_SESSIONS, MODULE_SIDES
 # A finding about the model (the child answered why ORT did not run it), not a child gone wrong.
 _MODEL_FAILURES = ("load_failed", "run_failed")
 
 
-def artifact_files(training_model: str | os.PathLike) -> dict[str, str] | str:
+def artifact_files(training_model: str | os.PathLike[str]) -> dict[str, str] | str:
     """The artifact's other files beside ``training_model``, or why there are none."""
     folder = Path(training_model).resolve().parent
     files = {k: folder / name for k, name in ARTIFACT_FILES.items()}
@@ -47,7 +48,7 @@ def artifact_files(training_model: str | os.PathLike) -> dict[str, str] | str:
     return {k: str(p) for k, p in files.items()}
 
 
-def _checked(answer: dict, steps: int, what: str) -> dict:
+def _checked(answer: dict[str, Any], steps: int, what: str) -> ModuleRun:
     """The figures of a child's answer, strictly: one finite loss per step, a byte count."""
     hexes, times, peak = answer.get("losses_hex"), answer.get("step_s"), answer.get("peak_bytes")
     try:
@@ -61,12 +62,12 @@ def _checked(answer: dict, steps: int, what: str) -> dict:
         if type(peak) is not int:
             raise ValueError("peak_bytes")
     except ValueError as e:
-        raise RunFailed("bad_answer", f"{what} answered a malformed result ({e})") from None
-    return {"peak_bytes": peak, "losses_hex": hexes, "time_s": statistics.median(times)}
+        raise RunFailed("bad_answer", f"{what} answered a malformed result ({e})") from e
+    return ModuleRun(peak, tuple(hexes), statistics.median(times))
 
 
-def run_module(training_model: str | os.PathLike, files: dict[str, str], feeds_path: str | os.PathLike,
-               settings: dict | None, worker: WorkerOptions, steps: int = STEPS) -> dict:
+def run_module(training_model: str | os.PathLike[str], files: dict[str, str], feeds_path: str | os.PathLike[str],
+               settings: dict[str, Any] | None, worker: WorkerOptions, steps: int = STEPS) -> ModuleRun:
     """Train ``training_model`` for ``steps`` steps in a fresh child: its peak_bytes (process
     peak above the loaded state), losses_hex and median step time. Raises RunFailed."""
     session = "untuned" if settings is None else "recorded settings"
@@ -83,23 +84,17 @@ def run_module(training_model: str | os.PathLike, files: dict[str, str], feeds_p
     return _checked(_parse(out, what), steps, what)
 
 
-def _identical(runs: dict, session: str) -> bool | None:
-    o, r = runs.get(f"original_{session}"), runs.get(f"rewritten_{session}")
-    return None if o is None or r is None else o["losses_hex"] == r["losses_hex"]
-
-
-def module_sessions(original: str | os.PathLike, rewritten: str | os.PathLike, feeds_path: str | os.PathLike,
-                    worker: WorkerOptions, steps: int = STEPS) -> dict:
+def module_sessions(original: str | os.PathLike[str], rewritten: str | os.PathLike[str], feeds_path: str | os.PathLike[str],
+                    worker: WorkerOptions, steps: int = STEPS) -> ModuleSessions:
     """Both training models in the Module API, untuned and under the rewrite's recorded
-    settings: ``{"steps", "settings", "<side>_<session>": figures, "errors", "losses_identical"}``,
-    or ``{"skipped": why}`` when the original cannot be trained here."""
+    settings, or ``skipped`` and why when the original cannot be trained here."""
     from ..ort.session import recorded_settings
 
     files = artifact_files(original)
     if isinstance(files, str):
-        return {"skipped": files}
+        return ModuleSessions(files)
     settings = recorded_settings(rewritten)
-    runs: dict = {}
+    runs: dict[str, ModuleRun] = {}
     errors: dict[str, str] = {}
     for session in SESSIONS:
         for side, model in zip(SIDES, (original, rewritten)):
@@ -109,9 +104,8 @@ def module_sessions(original: str | os.PathLike, rewritten: str | os.PathLike, f
                                        worker, steps)
             except RunFailed as e:
                 if key == "original_untuned" and e.kind in (*_MODEL_FAILURES, "training_unavailable"):
-                    return {"skipped": f"the Module API did not train the original ({e.kind}: {e.message})"}
+                    return ModuleSessions(f"the Module API did not train the original ({e.kind}: {e.message})")
                 if e.kind not in _MODEL_FAILURES:
                     raise
                 errors[key] = f"{e.kind}: {e.message}"
-    return {"steps": steps, "settings": settings, **runs, "errors": errors,
-            "losses_identical": {s: _identical(runs, s) for s in SESSIONS}}
+    return ModuleSessions(None, steps, settings, runs, errors)

@@ -16,9 +16,10 @@ from __future__ import annotations
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Sequence, cast
+from typing import Any, Callable, Sequence, cast
 
 from ..analysis import Analysis
+from ..analysis.shapes import TensorInfo
 from ..errors import CkptError
 from ..io.save import save_model
 from ..io.written import to_model
@@ -44,7 +45,7 @@ class PlainJudged:
     settings_peak_bytes: int
     plain_peak_bytes: int
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, int]:
         return {"recompute_flops": self.recompute_flops, "settings_peak_bytes": self.settings_peak_bytes,
                 "plain_peak_bytes": self.plain_peak_bytes}
 
@@ -78,7 +79,7 @@ class PlainChoice:
                 f"{human_bytes(taken.plain_peak_bytes)} there ({self.ratio(self.chosen):.2f}x), "
                 f"{human_bytes(taken.settings_peak_bytes)} under ckpt's settings, for {extra:+.1%} of a step's FLOPs")
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"session": "InferenceSession(path), no options", "max_slope": MAX_SLOPE,
                 "original_plain_peak_bytes": self.original_plain_bytes,
                 "judged": [j.to_json() for j in self.judged], "chosen": self.chosen, "moved": self.moved,
@@ -107,7 +108,7 @@ def plain_peak(a: Analysis, result: RewriteResult, folder: Path, name: str) -> i
     return _fused_peak(path, result.after.tensors)
 
 
-def _fused_peak(path: Path, known: dict) -> int | None:
+def _fused_peak(path: Path, known: dict[str, TensorInfo]) -> int | None:
     fused = fused_plain(path, known)
     return fused.peak_in_use_bytes if fused is not None else None
 
@@ -150,7 +151,7 @@ def judged_in_plain(a: Analysis, knee: Planned, finish: Finish | None = None) ->
     for less, with the judgement recorded; ``knee`` as it is where there is nothing to judge
     (no vertex past it: ``make_plan`` records them on the default's knee only).
     ``finish`` turns a pinned rewrite into the one written (the memory-pattern input)."""
-    if not knee.beyond or knee.written is None or knee.knee_cost is None:
+    if not knee.beyond or knee.written is None or knee.knee_cost is None or knee.plan is None:
         return knee
     finish = finish or (lambda r: r)
     plans = [knee.plan, *(p for p, _, _ in knee.beyond)]

@@ -10,10 +10,12 @@ mutate`` shows that its test catches it).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable
 
 from ..units import human_bytes
 from .figures import CheckFigures, Finding, Measurement, failure, note
+from .records import Mismatch, RunToRun
 
 PROCESS_PEAK_NOISE_BYTES = 256 * 1024
 # A Module session's process peak (VmHWM, malloc's mmap threshold at 64 KiB): measured
@@ -39,16 +41,16 @@ def outputs_match(f: CheckFigures, tolerant: bool) -> list[Finding]:
     out = f.outputs
     if out.within_tolerance if tolerant else out.equal:
         return []
-    changed = [f"{name}: {e['problem']}" for name, e in out.per_output.items() if e.get("problem")]
+    changed = [f"{name}: {e.problem}" for name, e in out.per_output.items() if e.problem]
     if changed:  # another shape, type or position: no run-to-run spread explains that
         return [failure("outputs_match_changed",
                         f"outputs differ ({'; '.join(changed[:3])}{'; ...' if len(changed) > 3 else ''})")]
     rr = out.run_to_run
-    if not tolerant and rr is not None and rr["accepted"]:
+    if not tolerant and rr is not None and rr.accepted:
         return [note("outputs_match_within_spread", _spread_note(f, rr))]
-    first = (rr["unexplained"][0] if rr is not None and rr["unexplained"] else
+    first = (rr.unexplained[0] if rr is not None and rr.unexplained else
              next((k for k, e in out.per_output.items()
-                   if not (e["within_tolerance"] if tolerant else e["bit_identical"])), None))
+                   if not (e.within_tolerance if tolerant else e.bit_identical)), None))
     return [failure("outputs_match", f"outputs differ (first: {first}, max |diff| {out.max_abs_diff})")]
 
 
@@ -58,23 +60,24 @@ def runs_at_other_dims(f: CheckFigures, tolerant: bool) -> list[Finding]:
     other = f.other_dims
     if other is None:
         return []
-    at = ", ".join(f"{d}={v}" for d, v in other["dims"].items())
-    if "original_failed" in other:
+    at = ", ".join(f"{d}={v}" for d, v in other.dims.items())
+    if other.original_failed is not None:
         return [note("runs_at_other_dims_original_failed",
-                     f"the original does not run at {at} ({other['original_failed']}): not compared there")]
-    if "rewritten_failed" in other:
+                     f"the original does not run at {at} ({other.original_failed}): not compared there")]
+    if other.rewritten_failed is not None:
         return [failure("runs_at_other_dims_rewritten_failed", f"at {at} the rewritten model does not run where "
-                        f"the original does ({other['rewritten_failed']})")]
-    if not (other["all_within_tolerance"] if tolerant else other["all_bit_identical"]):
+                        f"the original does ({other.rewritten_failed})")]
+    out = other.outputs
+    if out is not None and not (out.all_within_tolerance if tolerant else out.all_bit_identical):
         return [failure("runs_at_other_dims", f"at {at} the outputs differ from the original's "
-                        f"(max |diff| {other['max_abs_diff']})")]
+                        f"(max |diff| {out.max_abs_diff})")]
     return []
 
 
-def _spread_note(f: CheckFigures, rr: dict) -> str:
-    kernels = rr["varying_kernels"]
-    worst = max(e["rewrite_diff"] for e in rr["outputs"].values())
-    return (f"{len(rr['outputs'])} outputs are not bit-identical; each is computed by a kernel whose "
+def _spread_note(f: CheckFigures, rr: RunToRun) -> str:
+    kernels = rr.varying_kernels
+    worst = max(e.rewrite_diff for e in rr.outputs.values())
+    return (f"{len(rr.outputs)} outputs are not bit-identical; each is computed by a kernel whose "
             f"result varies between two runs of the original itself on {f.provider} "
             f"({', '.join(f'{k} by up to {v:.2g}' for k, v in kernels.items())}), and the "
             f"rewrite's differences (max |diff| {worst:.2g}) are within that spread")
@@ -87,8 +90,8 @@ def fused_reference(f: CheckFigures, tolerant: bool) -> list[Finding]:
         return []
     return [note("fused_reference", f"outputs compared with the original run at {level}, as the rewritten file "
                  "holds ORT's fusions made at that level; against the original under ckpt's settings "
-                 + ("every output is bit-identical too" if plain["all_bit_identical"] else
-                    f"{plain['n_failed']} outputs differ (max |diff| {plain['max_abs_diff']}): fused "
+                 + ("every output is bit-identical too" if plain.all_bit_identical else
+                    f"{plain.n_failed} outputs differ (max |diff| {plain.max_abs_diff}): fused "
                     "kernels round differently from the ops they replace"))]
 
 
@@ -137,13 +140,13 @@ def module_session_not_raised(f: CheckFigures, tolerant: bool) -> list[Finding]:
     m = f.module_sessions
     if m is None:
         return []
-    if "skipped" in m:
+    if m.skipped is not None:
         return [note("module_session_not_raised_skipped", f"the Module API's training sessions were not run: "
-                     f"{m['skipped']}")]
-    o, r = m.get("original_untuned"), m.get("rewritten_untuned")
-    if o is not None and r is not None and r["peak_bytes"] > o["peak_bytes"] + module_noise(o["peak_bytes"]):
+                     f"{m.skipped}")]
+    o, r = m.runs.get("original_untuned"), m.runs.get("rewritten_untuned")
+    if o is not None and r is not None and r.peak_bytes > o.peak_bytes + module_noise(o.peak_bytes):
         return [failure("module_session_not_raised", "trained by the Module API in its untuned session, the "
-                        f"rewrite's process peak {_above(r['peak_bytes'], o['peak_bytes'])}")]
+                        f"rewrite's process peak {_above(r.peak_bytes, o.peak_bytes)}")]
     return []
 
 
@@ -151,20 +154,20 @@ def module_losses_identical(f: CheckFigures, tolerant: bool) -> list[Finding]:
     """The rewrite trains in the Module API, untuned and under its settings, with the
     original's losses bit for bit (a loss rounded otherwise is another training run)."""
     m = f.module_sessions
-    if m is None or "skipped" in m:
+    if m is None or m.skipped is not None:
         return []
     found = []
     for session, where in (("untuned", "untuned"), ("settings", "under the recorded settings")):
-        error = m["errors"].get(f"rewritten_{session}")
-        o, r = m.get(f"original_{session}"), m.get(f"rewritten_{session}")
+        error = m.errors.get(f"rewritten_{session}")
+        o, r = m.runs.get(f"original_{session}"), m.runs.get(f"rewritten_{session}")
         if error and o is not None:
             found.append(failure("module_losses_identical_error",
                                  f"the Module API does not train the rewrite {where} ({error})"))
-        elif o is not None and r is not None and o["losses_hex"] != r["losses_hex"]:
-            step = next(i for i, (a, b) in enumerate(zip(o["losses_hex"], r["losses_hex"])) if a != b)
+        elif o is not None and r is not None and o.losses_hex != r.losses_hex:
+            step = next(i for i, (a, b) in enumerate(zip(o.losses_hex, r.losses_hex)) if a != b)
             found.append(failure("module_losses_identical", f"trained by the Module API {where}, the losses "
-                                 f"differ from the original's (step {step + 1}: {r['losses_hex'][step]} vs "
-                                 f"{o['losses_hex'][step]})"))
+                                 f"differ from the original's (step {step + 1}: {r.losses_hex[step]} vs "
+                                 f"{o.losses_hex[step]})"))
     return found
 
 
@@ -172,14 +175,14 @@ def ran_only_file_nodes(f: CheckFigures, tolerant: bool) -> list[Finding]:
     """ORT ran the file's nodes; nodes it added (an expansion, a fusion, float16 Casts) are
     tolerated only where the rewritten peak stays within the prediction error."""
     order = f.order
-    if not order["n_not_in_file"]:
+    if not order.n_not_in_file:
         return []
-    casts = [n for n in order["not_in_file"] if n.startswith(ORT_PRECISION_CAST)]
-    cause = ("it expanded or fused ops" if len(casts) < len(order["not_in_file"]) else
+    casts = [n for n in order.not_in_file if n.startswith(ORT_PRECISION_CAST)]
+    cause = ("it expanded or fused ops" if len(casts) < len(order.not_in_file) else
              "its CPU provider wrapped the ops that have no float16 kernel in Casts and runs them in float32")
-    ops = ", ".join(f"{op} x{k}" for op, k in (order.get("not_in_file_ops") or {}).items())
-    said = (f"ONNX Runtime ran {order['n_not_in_file']} nodes that are not in the file "
-            f"({ops + '; ' if ops else ''}e.g. {', '.join(order['not_in_file'][:3])}): {cause}")
+    ops = ", ".join(f"{op} x{k}" for op, k in order.not_in_file_ops.items())
+    said = (f"ONNX Runtime ran {order.n_not_in_file} nodes that are not in the file "
+            f"({ops + '; ' if ops else ''}e.g. {', '.join(order.not_in_file[:3])}): {cause}")
     err = _rewritten_error(f)
     if err is None:
         return [failure("ran_only_file_nodes", f"{said}, so the written schedule is not what ran")]
@@ -204,21 +207,21 @@ def _rewritten_error(f: CheckFigures) -> float | None:
 def ran_every_file_node(f: CheckFigures, tolerant: bool) -> list[Finding]:
     """Every node of the file ran: a node ORT dropped makes the schedule judged not the one run."""
     order = f.order
-    if order.get("n_not_executed"):
-        return [failure("ran_every_file_node", f"ONNX Runtime never ran {order['n_not_executed']} nodes of the file "
-                        f"(e.g. {', '.join(order['not_executed'][:3])}): the schedule judged is not what ran")]
+    if order.n_not_executed:
+        return [failure("ran_every_file_node", f"ONNX Runtime never ran {order.n_not_executed} nodes of the file "
+                        f"(e.g. {', '.join(order.not_executed[:3])}): the schedule judged is not what ran")]
     return []
 
 
 def device_notes(f: CheckFigures, tolerant: bool) -> list[Finding]:
     """How the order was compared across devices."""
     order, found = f.order, []
-    if len(order.get("nodes_per_provider") or {}) > 1:
-        per = ", ".join(f"{n} on {p}" for p, n in order["nodes_per_provider"].items())
+    if len(order.nodes_per_provider) > 1:
+        per = ", ".join(f"{n} on {p}" for p, n in order.nodes_per_provider.items())
         found.append(note("device_notes_per_device", f"the order is compared per device ({per}): ORT runs a "
                           "stream per device and interleaves them where one waits for the other"))
-    if order.get("n_provider_copies"):
-        found.append(note("device_notes_copies", f"ONNX Runtime added {order['n_provider_copies']} device copies "
+    if order.n_provider_copies:
+        found.append(note("device_notes_copies", f"ONNX Runtime added {order.n_provider_copies} device copies "
                           "(MemcpyToHost/FromHost) next to CPU-placed shape nodes; they are left out of the order "
                           "comparison"))
     return found
@@ -226,12 +229,12 @@ def device_notes(f: CheckFigures, tolerant: bool) -> list[Finding]:
 
 def order_followed(f: CheckFigures, tolerant: bool) -> list[Finding]:
     """ORT executed the order ckpt simulated."""
-    if f.order["matches"]:
+    if f.order.matches:
         return []
-    m = f.order["first_mismatch"] or {}
-    where = f" on {m['provider']}" if m.get("provider") else ""
+    m = f.order.first_mismatch or Mismatch(None, None, None)
+    where = f" on {m.provider}" if m.provider else ""
     return [failure("order_followed", f"ONNX Runtime did not execute the simulated order{where} (position "
-                    f"{m.get('position')}: ckpt expected {m.get('file')}, ORT ran {m.get('executed')})")]
+                    f"{m.position}: ckpt expected {m.file}, ORT ran {m.executed})")]
 
 
 def prediction_holds(f: CheckFigures, tolerant: bool) -> list[Finding]:
@@ -354,11 +357,14 @@ RULES: tuple[Rule, ...] = (
 PEAK_RAISED = frozenset({"peak_not_raised", "user_session_not_raised", "module_session_not_raised"})
 
 
-def judge(f: CheckFigures, tolerant: bool, rules: tuple[Rule, ...] = RULES) -> None:
-    """Record in ``f`` what every rule finds, rule by rule in order (their texts go to
-    ``failures`` and ``notes``)."""
-    for rule in rules:
-        found = rule(f, tolerant)
-        f.add(found)
-        if any(x.code in PEAK_RAISED for x in found):
-            f.memory_lower = False
+def judge(f: CheckFigures, tolerant: bool, rules: tuple[Rule, ...] = RULES) -> CheckFigures:
+    """``f`` with what every rule finds after its findings, rule by rule in order, and
+    ``memory_lower`` false where one says the peak is not lower; ``f`` is left as it is."""
+    found = tuple(x for rule in rules for x in rule(f, tolerant))
+    raised = any(x.code in PEAK_RAISED for x in found)
+    return replace(f, findings=f.findings + found, memory_lower=f.memory_lower and not raised)
+
+
+def held_within(budget: int, outside_bytes: int) -> Rule:
+    """``budget_held`` as a rule of the verdict, for a rewrite made to a ``--budget``."""
+    return lambda f, tolerant: budget_held(f, budget, outside_bytes)

@@ -6,6 +6,8 @@ The worker (a standalone script) receives one of these dicts in its spec, and
 
 from __future__ import annotations
 
+from typing import Any
+
 PROVIDER_NAMES = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 _PROVIDER_NAMES = PROVIDER_NAMES
 
@@ -17,7 +19,7 @@ CKPT_CUDA_PROVIDER_OPTIONS = {
     "cudnn_conv_algo_search": "HEURISTIC",
 }
 
-def ckpt_session_settings(provider: str = "cpu") -> dict:
+def ckpt_session_settings(provider: str = "cpu") -> dict[str, Any]:
     """The session settings a ckpt-rewritten graph needs, as plain data.
 
     ``ORT_DISABLE_ALL`` rather than BASIC minus CSE: BASIC still runs fusions that make new
@@ -39,7 +41,7 @@ def ckpt_session_settings(provider: str = "cpu") -> dict:
     }
 
 
-def ort_default_session_settings(provider: str = "cpu") -> dict:
+def ort_default_session_settings(provider: str = "cpu") -> dict[str, Any]:
     """ORT's defaults as a user gets them, plus what measuring needs.
 
     Compromise (documented): profiling is switched on (the memory numbers come
@@ -125,7 +127,7 @@ def settings_snippet(provider: str = "cpu", enable_mem_reuse: bool = True, model
     return "\n".join(lines) + "\n"
 
 
-def settings_for(name: str, provider: str, enable_mem_reuse: bool = True) -> dict:
+def settings_for(name: str, provider: str, enable_mem_reuse: bool = True) -> dict[str, Any]:
     """Named settings: "ckpt" (what a rewritten model is planned for, with its buffer-reuse
     choice), "ort_default" (an untouched session: only providers set), and
     "ckpt_default_order" (ckpt's settings under ORT's DEFAULT order)."""

@@ -28,12 +28,13 @@ from ..markers import SessionPlan
 from ..options import CheckOptions
 from ..ops import VIEW_OPS, ort_kernel_defects
 from . import driver
-from .feeds import FeedError, feed_dims, load_feeds, make_feeds, save_feeds
+from .feeds import prepare_feeds
 from .figures import (CheckFigures, Finding, MeasuredRuns, Measurement, OutputFigures, PlainPrediction,
                       PredictionFigures, note)
 from .module_runs import module_sessions
 from .plain_model import fused_plain
-from .rules import judge
+from .records import ModuleSessions, OtherDims, RunToRun, Spread
+from .rules import RULES, Rule, judge
 
 # Above this error of the plain-session prediction, the check also models ORT's fused graph
 # (one ORT optimization and analysis more) to tell fusions from a memory-model error.
@@ -64,27 +65,6 @@ class Prediction:
     process_bytes: int | None = None
 
 
-def _feeds_at_dims(model, feeds: dict, dims: dict[str, int]) -> None:
-    """Feeds at other sizes than the analysis would be judged against a prediction for
-    those: the check names the dimension instead of failing on the prediction."""
-    for name, (size, where) in feed_dims(model, feeds).items():
-        if name in dims and dims[name] != size:
-            raise FeedError(f"--feeds: input {where!r} has {name} = {size}, but the models are analysed at "
-                            f"{name} = {dims[name]}: give --dim {name}={size}")
-
-
-def prepare_feeds(model, out_path: Path, seed: int, dims: dict[str, int], feeds_file: Path | None) -> None:
-    try:
-        feeds = load_feeds(feeds_file, model) if feeds_file is not None else make_feeds(model, seed, dims)
-        if feeds_file is not None:
-            _feeds_at_dims(model, feeds, dims)
-    except FeedError as e:
-        raise UsageError(str(e)) from None
-    except (MemoryError, ValueError) as e:  # numpy: too large an array for this machine
-        raise UsageError(f"cannot make the feeds: {type(e).__name__}: {e} (a --dim too large?)") from None
-    save_feeds(out_path, feeds)
-
-
 def _relative_error(predicted: int | None, measured: int | None) -> float | None:
     return None if not measured or predicted is None else (predicted - measured) / measured
 
@@ -95,20 +75,20 @@ def _run(original: Path, rewritten: Path, feeds: Path, options: driver.PairOptio
         return driver.check_pair(original, rewritten, feeds, options)
     except RuntimeUnavailable as e:
         if e.kind == "provider_unavailable":
-            raise RuntimeUnavailable(e.kind, f"ONNX Runtime provider '{provider}' is unavailable: {e.message}") from None
+            raise RuntimeUnavailable(e.kind, f"ONNX Runtime provider '{provider}' is unavailable: {e.message}") from e
         raise
     except RunFailed as e:
         if e.kind == "load_failed" and any(m in e.message for m in _MISSING_OP):
             raise RuntimeUnavailable(e.kind, f"this onnxruntime cannot load the model ({e.message}); run the "
                                      "check with --python pointing at an environment with the ORT build that "
-                                     "has these ops (e.g. onnxruntime-training)") from None
+                                     "has these ops (e.g. onnxruntime-training)") from e
         if e.kind == "bad_feeds":
-            raise UsageError(e.message) from None
+            raise UsageError(e.message) from e
         if e.kind == "load_failed" and "cannot start" not in e.message and "cannot import" not in e.message:
             # ckpt's validation had ORT load it with optimizations off: not the model's fault
             raise RunFailed(e.kind, f"ONNX Runtime could not load a model ckpt validated (ORT loads it with "
-                                    f"optimizations off): {e.message}") from None
-        raise RunFailed(e.kind, f"ONNX Runtime failed ({e.kind}): {e.message}{_known_cause(original, e)}") from None
+                                    f"optimizations off): {e.message}") from e
+        raise RunFailed(e.kind, f"ONNX Runtime failed ({e.kind}): {e.message}{_known_cause(original, e)}") from e
 
 
 def _known_cause(original: Path, e: RunFailed) -> str:
@@ -141,9 +121,7 @@ def _output_figures(pair: driver.PairRun, options: CheckOptions, model) -> Outpu
 
 
 def _measured_runs(pair: driver.PairRun) -> MeasuredRuns:
-    return MeasuredRuns(Measurement.of(pair.original.ckpt), Measurement.of(pair.rewritten.ckpt),
-                        Measurement.of(pair.original.ort_default), Measurement.of(pair.rewritten.ort_default),
-                        pair.rewritten.ort_default_error)
+    return MeasuredRuns.of(pair)
 
 
 def _plain_prediction(rewritten: str | Path, predicted: Prediction, pair: driver.PairRun,
@@ -205,7 +183,7 @@ class RunsAt:
 
 
 def _at_other_dims(original: str | Path, rewritten: str | Path, model, options: CheckOptions,
-                   pair_options: driver.PairOptions, other: Mapping[str, int] | None) -> dict | None:
+                   pair_options: driver.PairOptions, other: Mapping[str, int] | None) -> OtherDims | None:
     """Both files run once more with ``other`` values of the symbolic dimensions (none with
     the user's feeds): a file that only runs at the analysed values fails the check."""
     if not other or options.feeds_file is not None:
@@ -213,14 +191,14 @@ def _at_other_dims(original: str | Path, rewritten: str | Path, model, options: 
     with tempfile.TemporaryDirectory(prefix="ckpt_feeds_") as tmp:
         feeds_path = Path(tmp) / "feeds.npz"
         prepare_feeds(model, feeds_path, options.seed, dict(other), None)
-        return {"dims": dict(other), **driver.outputs_at(Path(original), Path(rewritten), feeds_path, pair_options)}
+        return driver.outputs_at(Path(original), Path(rewritten), feeds_path, other, pair_options)
 
 
 def _module_sessions(original: str | Path, rewritten: str | Path, model, options: CheckOptions,
-                     worker: driver.WorkerOptions, provider: str, dims: Mapping[str, int]) -> dict:
+                     worker: driver.WorkerOptions, provider: str, dims: Mapping[str, int]) -> ModuleSessions:
     """Both training models in the Module API (``module_runs``), on the check's feeds."""
     if provider != "cpu":
-        return {"skipped": f"the Module API runs on CPU here, the check on {provider}"}
+        return ModuleSessions(f"the Module API runs on CPU here, the check on {provider}")
     with tempfile.TemporaryDirectory(prefix="ckpt_feeds_") as tmp:
         feeds_path = Path(tmp) / "feeds.npz"
         prepare_feeds(model, feeds_path, options.seed, dict(dims), options.feeds_file)
@@ -231,7 +209,17 @@ def check_files(original: str | Path, rewritten: str | Path, predicted: dict[str
                 options: CheckOptions = CheckOptions(), *, enable_mem_reuse: bool = True, feeds_model=None,
                 dims: RunsAt | Mapping[str, int] | None = None,
                 reference_level: str | None = None) -> CheckFigures:
-    """Measure both files and judge the rewrite.
+    """Measure both files and judge the rewrite (``measure_files``, then ``rules.judge``)."""
+    figures = measure_files(original, rewritten, predicted, options, enable_mem_reuse=enable_mem_reuse,
+                            feeds_model=feeds_model, dims=dims, reference_level=reference_level)
+    return judge(figures, tolerant=figures.outputs.tolerance is not None)
+
+
+def measure_files(original: str | Path, rewritten: str | Path, predicted: dict[str, Prediction],
+                  options: CheckOptions = CheckOptions(), *, enable_mem_reuse: bool = True, feeds_model=None,
+                  dims: RunsAt | Mapping[str, int] | None = None,
+                  reference_level: str | None = None) -> CheckFigures:
+    """Measure both files: the figures the rules judge, with the measurement's own notes.
 
     ``predicted`` maps "original"/"rewritten" to ckpt's predictions for those files
     under the check's settings (``enable_mem_reuse`` is the setting the rewritten file
@@ -252,13 +240,10 @@ def check_files(original: str | Path, rewritten: str | Path, predicted: dict[str
                                      options.timeout)
     module = (_module_sessions(original, rewritten, model, options, pair_options.worker, pair.provider, runs_at.dims)
               if runs_at.artifact else None)
-    figures = CheckFigures(pair.provider, pair.rewritten.ckpt.ort_version, enable_mem_reuse, outputs, measured,
-                           pair.order, _prediction_figures(predicted, measured, options.max_prediction_error, plain),
-                           _at_other_dims(original, rewritten, model, options, pair_options, runs_at.other_dims),
-                           runs_at.user_session, module)
-    figures.add(found)
-    judge(figures, tolerant=outputs.tolerance is not None)
-    return figures
+    return CheckFigures(pair.provider, pair.rewritten.ckpt.ort_version, enable_mem_reuse, outputs, measured,
+                        pair.order, _prediction_figures(predicted, measured, options.max_prediction_error, plain),
+                        _at_other_dims(original, rewritten, model, options, pair_options, runs_at.other_dims),
+                        runs_at.user_session, module, findings=tuple(found))
 
 
 # Ops that move or relabel data: the kernel that computed an output sits above them.
@@ -279,28 +264,26 @@ def _kernel_of(producer: dict, name: str) -> str | None:
     return node.op_type if node is not None else None
 
 
-def _spread_verdict(spread: dict | None, model) -> dict | None:
+def _spread_verdict(spread: Mapping[str, Spread] | None, model) -> RunToRun | None:
     """Judge each differing output against the run-to-run spread of its kernel."""
     if spread is None:
         return None
     producer = {o: n for n in model.graph.node for o in n.output}
+    kernel = {name: _kernel_of(producer, name) for name in spread}
     kernel_spread: dict[str, float] = {}
     for name, e in spread.items():
-        e["kernel"] = _kernel_of(producer, name)
-        if e["original_spread"] > 0:
-            kernel_spread[e["kernel"] or "?"] = max(kernel_spread.get(e["kernel"] or "?", 0.0), e["original_spread"])
-    outputs, unexplained = {}, []
+        if e.original_spread > 0:
+            k = kernel[name] or "?"
+            kernel_spread[k] = max(kernel_spread.get(k, 0.0), e.original_spread)
+    outputs = {}
     for name, e in spread.items():
-        if e["bit_identical"]:
+        if e.bit_identical:
             continue
-        seen = kernel_spread.get(e["kernel"] or "?", 0.0)
-        e["accepted"] = seen > 0 and (e["within_tolerance"] or e["rewrite_diff"] <= SPREAD_FACTOR * seen)
-        outputs[name] = e
-        if not e["accepted"]:
-            unexplained.append(name)
-    return {"outputs": outputs, "unexplained": unexplained, "accepted": not unexplained,
-            "varying_kernels": dict(sorted(kernel_spread.items())),
-            "n_varying_in_original": sum(1 for e in spread.values() if e["original_spread"] > 0)}
+        seen = kernel_spread.get(kernel[name] or "?", 0.0)
+        outputs[name] = replace(e, kernel=kernel[name], accepted=seen > 0 and (
+            e.within_tolerance or e.rewrite_diff <= SPREAD_FACTOR * seen))
+    return RunToRun(outputs, tuple(name for name, e in outputs.items() if not e.accepted),
+                    dict(sorted(kernel_spread.items())), sum(1 for e in spread.values() if e.original_spread > 0))
 
 
 def _tensor_prediction(p: Prediction, m: Measurement) -> int:
@@ -330,9 +313,9 @@ def _same_outputs(original: Graph, rewritten: Graph) -> None:
         raise CheckFailed(f"the models' outputs differ: {'; '.join(only)}")
 
 
-def _user_session(analysed: dict[str, Analysis], plan: SessionPlan) -> str:
+def _user_session(artifact: bool, plan: SessionPlan) -> str:
     """The session the rewrite is run in (``RunsAt.user_session``)."""
-    return "ort_default" if plan.session == "ort_default" or _artifact(analysed) else "ckpt"
+    return "ort_default" if plan.session == "ort_default" or artifact else "ckpt"
 
 
 def _artifact(analysed: dict[str, Analysis]) -> bool:
@@ -342,9 +325,10 @@ def _artifact(analysed: dict[str, Analysis]) -> bool:
 
 
 def check_analysed(paths: dict[str, Path], analysed: dict[str, Analysis], dims: dict[str, int],
-                   options: CheckOptions) -> CheckFigures:
+                   options: CheckOptions, also: tuple[Rule, ...] = ()) -> CheckFigures:
     """``check_files`` for two analysed files: each predicted under the setting the rewrite
-    asks for, run on the provider an offline-optimized file was made for."""
+    asks for, run on the provider an offline-optimized file was made for; judged by the
+    verdict's rules and then ``also`` (a budget's, ``rules.held_within``)."""
     _same_outputs(analysed["original"].graph, analysed["rewritten"].graph)
     reuse = analysed["rewritten"].reuse_buffers  # both run with the setting the rewrite asks for
     # A file ORT optimized offline runs on the provider it was optimized for, and its fusions
@@ -353,8 +337,10 @@ def check_analysed(paths: dict[str, Path], analysed: dict[str, Analysis], dims: 
     optimized = plan.ort_optimize
     provider = optimized["provider"] if optimized and options.provider == "auto" else options.provider
     predicted = {k: predict(a, reuse, plain=k == "rewritten") for k, a in analysed.items()}
-    return check_files(paths["original"], paths["rewritten"], predicted, replace(options, provider=provider),
-                       enable_mem_reuse=reuse, feeds_model=analysed["original"].graph.model,
-                       dims=RunsAt(dims, other_assignment(analysed["original"]), _user_session(analysed, plan),
-                                   _artifact(analysed)),
-                       reference_level=optimized["level"] if optimized else None)
+    artifact = _artifact(analysed)
+    figures = measure_files(paths["original"], paths["rewritten"], predicted, replace(options, provider=provider),
+                            enable_mem_reuse=reuse, feeds_model=analysed["original"].graph.model,
+                            dims=RunsAt(dims, other_assignment(analysed["original"]), _user_session(artifact, plan),
+                                        artifact),
+                            reference_level=optimized["level"] if optimized else None)
+    return judge(figures, figures.outputs.tolerance is not None, RULES + also)

@@ -201,7 +201,7 @@ def _load_feeds(np, path: str, session) -> dict:
         with np.load(path, allow_pickle=False) as z:
             feeds = {k: z[k] for k in z.files}
     except Exception as e:  # noqa: BLE001 - numpy's reader raises many types on a bad file
-        raise WorkerError("bad_feeds", f"cannot read feeds {path}: {_one_line(e)}") from None
+        raise WorkerError("bad_feeds", f"cannot read feeds {path}: {_one_line(e)}") from e
     inputs = session.get_inputs()
     names = [i.name for i in inputs]
     extra = sorted(set(feeds) - set(names))
@@ -360,7 +360,7 @@ def _measure_profiler(ort, np, spec, settings, feeds_path, warnings):
             if i > 0:
                 times.append(dt)
     except Exception as e:  # noqa: BLE001 - ORT's errors have no common type
-        raise WorkerError("run_failed", _one_line(e)) from None
+        raise WorkerError("run_failed", _one_line(e)) from e
     names = [o.name for o in sess.get_outputs()]
     profile = sess.end_profiling()
     try:
@@ -426,7 +426,7 @@ def _measure_process_peak(ort, np, spec, settings, feeds_path, warnings):
     except WorkerError:
         raise
     except Exception as e:  # noqa: BLE001 - ORT's errors have no common type
-        raise WorkerError("run_failed", _one_line(e)) from None
+        raise WorkerError("run_failed", _one_line(e)) from e
     names = [o.name for o in sess.get_outputs()]
     return per_run, dict(zip(names, out))
 
@@ -525,7 +525,7 @@ def _parse_spec(spec: dict) -> dict:
             s["profile_dir"] = tempfile.gettempdir()
         return s
     except (TypeError, ValueError) as e:
-        raise WorkerError("bad_spec", _one_line(e)) from None
+        raise WorkerError("bad_spec", _one_line(e)) from e
 
 
 def _seed(ort, spec: dict) -> None:
@@ -544,7 +544,7 @@ def _import_runtime():
         import onnxruntime as ort
     except Exception as e:  # noqa: BLE001 - any import failure: reported as load_failed
         raise WorkerError("load_failed", f"cannot import numpy/onnxruntime under "
-                                         f"{sys.executable}: {_one_line(e)}") from None
+                                         f"{sys.executable}: {_one_line(e)}") from e
     return np, ort
 
 
@@ -606,7 +606,7 @@ def _save_outputs(np, spec: dict, outputs: dict) -> None:
     try:
         np.savez(spec["outputs"], **{k: np.asarray(v) for k, v in outputs.items()})
     except Exception as e:  # noqa: BLE001 - any write failure: reported as run_failed
-        raise WorkerError("run_failed", f"cannot write outputs: {_one_line(e)}") from None
+        raise WorkerError("run_failed", f"cannot write outputs: {_one_line(e)}") from e
 
 
 def run_spec(spec: dict) -> dict:
