@@ -240,7 +240,8 @@ def _spread(amount: np.ndarray, keys: np.ndarray, limit: np.ndarray) -> np.ndarr
     before = np.cumsum(limit) - limit
     start = np.r_[True, keys[1:] != keys[:-1]]
     before -= np.maximum.accumulate(np.where(start, before, 0))
-    return np.minimum(np.maximum(amount[keys] - before, 0), limit)
+    share: np.ndarray = np.minimum(np.maximum(amount[keys] - before, 0), limit)
+    return share
 
 
 def _reach(size: int, tails: np.ndarray, heads: np.ndarray, start: int) -> np.ndarray:
