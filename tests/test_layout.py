@@ -17,7 +17,7 @@ PACKAGE = Path(ckpt_cli.__file__).parent
 # In pipeline order; each entry names the top-level modules or packages of one stage.
 STAGES: tuple[tuple[str, ...], ...] = (
     # vocabulary every stage shares; ort's op facts: the ops it registers, their shapes and scratch
-    ("errors", "units", "version", "progress", "graph", "ops", "markers", "ort", "ort.registry", "ort.shapes",
+    ("errors", "units", "version", "progress", "fast", "graph", "ops", "markers", "ort", "ort.registry", "ort.shapes",
      "ort.scratch",
      "io"),
     # serialize: the file bytes, read and written; validate: what ORT's session refuses

@@ -4,12 +4,15 @@ every cut of small networks, enumerated, and against a textbook network."""
 from __future__ import annotations
 
 import itertools
+import os
+from unittest import mock
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ckpt_cli.planning import maxflow
 from ckpt_cli.planning.maxflow import Network
 
 INF = (1 << 31) - 1
@@ -53,12 +56,17 @@ def networks(draw):
     return tails, heads, caps, size
 
 
+@pytest.mark.parametrize(("pure", "waves"), [("0", maxflow.WAVES), ("0", 1), ("1", 0)],
+                         ids=["waves", "one-wave-then-depth-first", "depth-first"])
 @settings(max_examples=400, deadline=None)
 @given(networks())
-def test_the_cut_is_the_least_and_its_source_side_the_smallest(net):
+def test_the_cut_is_the_least_and_its_source_side_the_smallest(pure, waves, net):
+    """Every way to a blocking flow: numpy waves, a wave then the depth-first search for
+    what it left, and the depth-first search alone (``CKPT_PURE_PYTHON=1``)."""
     tails, heads, caps, size = net
     best, smallest = _brute_force(tails, heads, caps, size)
-    side = _solve(tails, heads, caps, size)
+    with mock.patch.dict(os.environ, {"CKPT_PURE_PYTHON": pure}), mock.patch.object(maxflow, "WAVES", waves):
+        side = _solve(tails, heads, caps, size)
     assert _cut_capacity(tails, heads, caps, side) == best
     assert side.tolist() == smallest.tolist()
 
@@ -68,11 +76,23 @@ def test_a_source_to_sink_path_of_two_arcs_passes_the_smaller_capacity():
     assert side.tolist() == [True, False, True, False]  # 2 keeps 2 units it cannot pass on
 
 
-def test_a_vertex_reached_only_against_the_flow_is_on_the_source_side():
+@pytest.mark.parametrize("pure", ["0", "1"], ids=["waves", "depth-first"])
+def test_a_vertex_reached_only_against_the_flow_is_on_the_source_side(pure):
     """s -> c -> a -> t carries the one unit a -> t passes; s -> d -> a is left with room,
-    and from a the source reaches c only back along the flow c -> a."""
-    arcs = [(0, 2, 1), (2, 3, 1), (3, 1, 1), (0, 4, 5), (4, 3, 5)]
+    and from a the source reaches c only back along the flow c -> a (the waves send the
+    unit through d instead: they fill c -> a first, then take back from it first)."""
+    arcs = [(0, 4, 5), (4, 3, 5), (0, 2, 1), (2, 3, 1), (3, 1, 1)]
     tails, heads, caps = (list(x) for x in zip(*arcs))
+    with mock.patch.dict(os.environ, {"CKPT_PURE_PYTHON": pure}):
+        side = _solve(tails, heads, caps, 5)
+    assert side.tolist() == _brute_force(tails, heads, caps, 5)[1].tolist() == [True, False, True, True, True]
+
+
+def test_a_wave_takes_back_what_a_shared_arc_cannot_pass():
+    """s -> a -> w and s -> b -> w, 3 units each way, meet at w -> t, which passes 3: the
+    wave sends 6 to w and must take 3 back, to a and on to s, or s -> a stays full and
+    the cut comes out as {s} (6) instead of {s, a, b, w} (3)."""
+    tails, heads, caps = [0, 0, 2, 3, 4], [2, 3, 4, 4, 1], [3, 3, 3, 3, 3]
     side = _solve(tails, heads, caps, 5)
     assert side.tolist() == _brute_force(tails, heads, caps, 5)[1].tolist() == [True, False, True, True, True]
 

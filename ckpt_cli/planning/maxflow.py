@@ -14,8 +14,10 @@ arithmetic on them is exact (int64).
    capacities at once (the shortest augmenting paths, all together).
 4. Dinic's phases: a breadth-first search of the residual graph, a level at a time in
    numpy, levels the vertices up to the sink; the arcs from one level to the next that lie
-   on a shortest path to the sink are kept, and a depth-first search in plain Python
-   saturates them (a blocking flow). Until the sink is out of reach: the flow is maximum.
+   on a shortest path to the sink are kept, and waves in numpy saturate them (a blocking
+   flow; a depth-first search in plain Python finishes what ``WAVES`` waves leave, and
+   alone is the path with ``CKPT_PURE_PYTHON=1``). Until the sink is out of reach: the
+   flow is maximum.
 5. The source side: what the source reaches in the residual graph. It is the same set for
    every maximum flow, so it does not depend on the algorithm that found the flow.
 """
@@ -24,7 +26,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..fast import vectorized
+
 SOURCE, SINK = 0, 1
+# Waves of a phase before the depth-first search saturates what they left: most phases
+# block in a few; a long tail of small pushes is cheaper one path at a time
+WAVES = 12
+_BIG = 1 << 62  # the sink's bound: above any sum of capacities
 
 
 class Network:
@@ -82,7 +90,12 @@ class Network:
             level = self._levels(res, stop_at_sink=True)
             if level[SINK] < 0:
                 break
-            res = self._blocking_flow(res, self._shortest_path_arcs(res, level))
+            arcs = self._shortest_path_arcs(res, level)
+            if vectorized():
+                res, blocked = self._waves(res, arcs, level)
+                if blocked:
+                    continue
+            res = self._blocking_flow(res, arcs)
         return self._levels(res, stop_at_sink=False) >= 0
 
     def _levels(self, res: np.ndarray, stop_at_sink: bool) -> np.ndarray:
@@ -91,6 +104,7 @@ class Network:
         level = np.full(self.size, -1, dtype=np.int64)
         level[SOURCE] = 0
         frontier = np.array([SOURCE])
+        last = np.empty(self.size, dtype=np.int64)  # per vertex: its last place among a level's heads
         depth = 0
         while len(frontier) and not (stop_at_sink and level[SINK] >= 0):
             degree = self.degree[frontier]
@@ -98,8 +112,12 @@ class Network:
             slots = np.repeat(self.start[frontier] - offsets, degree) + np.arange(int(degree.sum()))
             heads = self.head[slots[res[slots] > 0]]
             depth += 1
-            level[heads[level[heads] < 0]] = depth
-            frontier = np.flatnonzero(level == depth)
+            heads = heads[level[heads] < 0]
+            level[heads] = depth
+            # each new vertex once, without a scan of every vertex per level
+            slot = np.arange(len(heads))
+            last[heads] = slot
+            frontier = heads[last[heads] == slot]
         return level
 
     def _shortest_path_arcs(self, res: np.ndarray, level: np.ndarray) -> np.ndarray:
@@ -149,11 +167,81 @@ class Network:
             else:  # a dead end: never tried again this phase
                 v = tail[path.pop()]
                 at[v] += 1
-        pushed = res[arcs] - np.asarray(left, dtype=np.int64)
+        return self._pushed(res, arcs, res[arcs] - np.asarray(left, dtype=np.int64))
+
+    def _pushed(self, res: np.ndarray, arcs: np.ndarray, pushed: np.ndarray) -> np.ndarray:
+        """``res`` after ``pushed`` more units along each of ``arcs`` (none the reverse of another)."""
         res = res.copy()
         res[arcs] -= pushed
         res[self.mate[arcs]] += pushed
         return res
+
+    def _waves(self, res: np.ndarray, arcs: np.ndarray, level: np.ndarray) -> tuple[np.ndarray, bool]:
+        """``res`` after up to ``WAVES`` waves over ``arcs`` (as ``_blocking_flow`` takes
+        them), and whether no path of them is left. A wave bounds what each vertex can
+        pass on towards the sink, sends the source's bound forward a level at a time (each
+        vertex fills its arcs in order), then returns what a vertex could not pass on to its
+        arcs in, a level at a time back: a flow, and more than zero of it reaches the sink."""
+        tail, head = self.tail[arcs], self.head[arcs]
+        depth = level[tail]
+        by_tail = [np.flatnonzero(depth == d) for d in range(int(level[SINK]))]
+        by_head = [at[np.argsort(head[at], kind="stable")] for at in by_tail]
+        cap = res[arcs]
+        left = cap.copy()
+        blocked = False
+        for _ in range(WAVES):
+            bound = self._bounds(left, tail, head, by_tail)
+            blocked = not bound[SOURCE]
+            if blocked:
+                break
+            left -= self._wave(left, (tail, head), (by_tail, by_head), bound)
+        return self._pushed(res, arcs, cap - left), blocked
+
+    def _bounds(self, left: np.ndarray, tail: np.ndarray, head: np.ndarray, by_tail: list[np.ndarray]) -> np.ndarray:
+        """Per vertex: an upper bound on the flow it can pass to the sink over arcs with
+        ``left`` capacity (exact where paths do not share arcs; 0: none)."""
+        bound = np.zeros(self.size, dtype=np.int64)
+        bound[SINK] = _BIG
+        for at in reversed(by_tail):
+            np.add.at(bound, tail[at], np.minimum(left[at], bound[head[at]]))
+        bound[SINK] = 0
+        return bound
+
+    def _wave(self, left: np.ndarray, ends: tuple[np.ndarray, np.ndarray],
+              levels: tuple[list[np.ndarray], list[np.ndarray]], bound: np.ndarray) -> np.ndarray:
+        """One wave's flow per arc: forward from the source, each vertex's inflow spread
+        over its arcs in order (none above the head's bound); backward, each vertex's
+        excess taken off its arcs in, in order. Conserved at every vertex but the two ends."""
+        tail, head = ends
+        by_tail, by_head = levels
+        send = np.zeros(len(left), dtype=np.int64)
+        inflow = np.zeros(self.size, dtype=np.int64)
+        inflow[SOURCE] = bound[SOURCE]
+        bound[SINK] = _BIG
+        for at in by_tail:
+            send[at] = _spread(inflow, tail[at], np.minimum(left[at], bound[head[at]]))
+            np.add.at(inflow, head[at], send[at])
+        out = np.zeros(self.size, dtype=np.int64)
+        np.add.at(out, tail, send)
+        for at in reversed(by_head):
+            excess = inflow - out
+            excess[SINK] = 0
+            back = _spread(excess, head[at], send[at])
+            send[at] -= back
+            np.subtract.at(out, tail[at], back)
+        return send
+
+
+def _spread(amount: np.ndarray, keys: np.ndarray, limit: np.ndarray) -> np.ndarray:
+    """Per entry (grouped by ``keys``, in order): its share of its key's ``amount``,
+    the entries before it in the group filled to their ``limit`` first."""
+    if not len(keys):
+        return limit
+    before = np.cumsum(limit) - limit
+    start = np.r_[True, keys[1:] != keys[:-1]]
+    before -= np.maximum.accumulate(np.where(start, before, 0))
+    share: np.ndarray = np.minimum(np.maximum(amount[keys] - before, 0), limit)
+    return share
 
 
 def _reach(size: int, tails: np.ndarray, heads: np.ndarray, start: int) -> np.ndarray:
