@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-def _frozen(d: Mapping | None) -> dict:
+def _frozen(d: Mapping[str, Any] | None) -> dict[str, Any]:
     return dict(d or {})
 
 
@@ -29,7 +29,7 @@ class ComparisonSummary:
     def of(cls, cmp: Mapping[str, Any]) -> "ComparisonSummary":
         return cls(cmp["all_bit_identical"], cmp["all_within_tolerance"], cmp["max_abs_diff"], cmp["n_failed"])
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"all_bit_identical": self.all_bit_identical, "all_within_tolerance": self.all_within_tolerance,
                 "max_abs_diff": self.max_abs_diff, "n_failed": self.n_failed}
 
@@ -52,7 +52,7 @@ class OutputComparison:
         return cls(e["bit_identical"], e["within_tolerance"], e["dtype"], tuple(e["shape"]), e["max_abs_diff"],
                    e["max_rel_diff"], e.get("problem"))
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         out = {"dtype": self.dtype, "shape": list(self.shape), "bit_identical": self.bit_identical,
                "max_abs_diff": self.max_abs_diff, "max_rel_diff": self.max_rel_diff,
                "within_tolerance": self.within_tolerance}
@@ -72,7 +72,7 @@ class Mismatch:
     executed: str | None
     provider: str | None = None
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"position": self.position, "file": self.file, "executed": self.executed}
         return out if self.provider is None else {**out, "provider": self.provider}
 
@@ -93,7 +93,7 @@ class OrderCheck:
     n_provider_copies: int = 0
     nodes_per_provider: Mapping[str, int] = field(default_factory=dict)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"matches": self.matches, "compared": self.compared,
                 "first_mismatch": self.first_mismatch.to_json() if self.first_mismatch else None,
                 "not_executed": list(self.not_executed), "n_not_executed": self.n_not_executed,
@@ -112,9 +112,9 @@ class OtherDims:
     original_failed: str | None = None
     rewritten_failed: str | None = None
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         if self.original_failed is not None:
-            said: dict = {"original_failed": self.original_failed}
+            said: dict[str, Any] = {"original_failed": self.original_failed}
         elif self.rewritten_failed is not None:
             said = {"rewritten_failed": self.rewritten_failed}
         else:
@@ -134,7 +134,7 @@ class Spread:
     kernel: str | None = None
     accepted: bool = False
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"original_spread": self.original_spread, "rewrite_diff": self.rewrite_diff,
                 "within_tolerance": self.within_tolerance, "bit_identical": self.bit_identical,
                 "kernel": self.kernel, "accepted": self.accepted}
@@ -153,7 +153,7 @@ class RunToRun:
     def accepted(self) -> bool:
         return not self.unexplained
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"outputs": {k: s.to_json() for k, s in self.outputs.items()}, "unexplained": list(self.unexplained),
                 "accepted": self.accepted, "varying_kernels": _frozen(self.varying_kernels),
                 "n_varying_in_original": self.n_varying_in_original}
@@ -167,7 +167,7 @@ class ModuleRun:
     losses_hex: tuple[str, ...]
     time_s: float
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"peak_bytes": self.peak_bytes, "losses_hex": list(self.losses_hex), "time_s": self.time_s}
 
 
@@ -199,7 +199,7 @@ class ModuleSessions:
         o, r = self.runs.get(f"original_{session}"), self.runs.get(f"rewritten_{session}")
         return None if o is None or r is None else o.losses_hex == r.losses_hex
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         if self.skipped is not None:
             return {"skipped": self.skipped}
         return {"steps": self.steps, "settings": self.settings, **{k: r.to_json() for k, r in self.runs.items()},
