@@ -220,7 +220,7 @@ def bench_model(name: str, prio: int, ctx: Setup) -> dict:
     if isinstance(data, dict) and rec["rc"] == 0:
         rec.update({k: data.get(k) for k in ("peak_bytes", "peak_bytes_ort_default",
                                              "stashed_bytes", "nodes", "dims")})
-        rec["floor_share"] = (data.get("floor") or {}).get("share_of_peak")
+        rec["floor_bytes"] = (data.get("floor") or {}).get("bytes")
     row["inspect"] = rec
     # Module runs at the batch and sequence ckpt planned for: the dimensions' values in its report
     row["batch"] = (((rec.get("dims") or {}).get("batch")) or {}).get("value")
@@ -571,7 +571,7 @@ def activation_goal(rows: list[dict]) -> list[str]:
                  and r["inspect"]["stashed_bytes"] > 0.5 * (r["inspect"].get("peak_bytes") or 0)]
     crosses = {r["model"]: r.get("ratio_cross") for r in dominated}
     untuned = {r["model"]: r.get("ratio_untuned") for r in dominated}
-    floors = {r["model"]: r["inspect"].get("floor_share") for r in dominated}
+    floors = {r["model"]: _floor_share(r) for r in dominated}
     over = [f"{m} {v:.2f}" if v is not None else f"{m} -" for m, v in crosses.items()
             if v is None or v > CROSS_GOAL]
     out_of_reach = [f"{m} {f:.2f}" for m, f in floors.items() if f is not None and f > CROSS_GOAL]
@@ -584,9 +584,17 @@ def activation_goal(rows: list[dict]) -> list[str]:
             f"untuned: {'met' if met else 'not met'}.", "",
             f"- above {CROSS_GOAL}x under settings: {', '.join(over) or 'none'}",
             f"- at most {UNTUNED_GOAL}x untuned: {len(under)} of {len(dominated)} ({', '.join(under) or 'none'})",
-            f"- out of any plan's reach, their floor above {CROSS_GOAL}x the predicted peak (`ckpt inspect`'s "
-            f"floor.share_of_peak: a node every plan runs holds that much at once): "
-            f"{', '.join(out_of_reach) or 'none'}"]
+            f"- out of any plan's reach, their floor above {CROSS_GOAL}x the original's untuned peak (`ckpt "
+            f"inspect`'s floor.bytes, what a node every plan runs holds at once beside the resident tensors, over "
+            f"the original's measured untuned process peak): {', '.join(out_of_reach) or 'none'}"]
+
+
+def _floor_share(row: dict) -> float | None:
+    """The floor of every plan over the original's measured untuned peak: no rewrite's
+    process peak, in any session, goes below the floor's bytes."""
+    floor = (row.get("inspect") or {}).get("floor_bytes")
+    untuned = ((row.get("train") or {}).get("original/untuned") or {}).get("peak_bytes")
+    return floor / untuned if floor and untuned else None
 
 
 # ------------------------------------------------------------------ main
