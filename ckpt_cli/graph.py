@@ -261,6 +261,18 @@ class Graph:
             self._derived.preds = [[producer[t] for t in n.reads if t in producer] for n in self.nodes]
         return self._derived.preds
 
+    def ancestors(self, tensors: Iterable[str]) -> set[int]:
+        """The nodes producing ``tensors`` and every node those depend on."""
+        wanted = [self.producer[t] for t in tensors if t in self.producer]
+        found = set(wanted)
+        preds = self.preds
+        while wanted:
+            for p in preds[wanted.pop()]:
+                if p not in found:
+                    found.add(p)
+                    wanted.append(p)
+        return found
+
     @property
     def succs(self) -> list[list[int]]:
         """``successors`` of every node, by index (computed once)."""

@@ -37,15 +37,7 @@ class Floor:
 
 def _live_nodes(graph: Graph) -> list[int]:
     """The nodes a graph output depends on: every plan runs them (or their copies)."""
-    seen = {graph.producer[t] for t in graph.outputs if t in graph.producer}
-    stack = list(seen)
-    preds = graph.preds
-    while stack:
-        for p in preds[stack.pop()]:
-            if p not in seen:
-                seen.add(p)
-                stack.append(p)
-    return sorted(seen)
+    return sorted(graph.ancestors(graph.outputs))
 
 
 def _working_buffers(node: Node, roots: dict[str, str], resident: set[str]) -> set[str]:

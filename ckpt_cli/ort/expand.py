@@ -88,14 +88,7 @@ def graph_types(graph: Graph, names: set[str]) -> dict[str, onnx.ValueInfoProto]
     if len(known) < len(names):
         # Inference runs forward: the producers' ancestors decide these types (a loss's
         # inputs need the forward only, a third of a training graph).
-        wanted = [graph.producer[t] for t in names if t not in known and t in graph.producer]
-        ancestors = set(wanted)
-        preds = graph.preds
-        while wanted:
-            for p in preds[wanted.pop()]:
-                if p not in ancestors:
-                    ancestors.add(p)
-                    wanted.append(p)
+        ancestors = graph.ancestors(t for t in names if t not in known)
         nodes = (graph.nodes[i].proto for i in graph.topological_order() if i in ancestors)
         try:
             inferred = onnx.shape_inference.infer_shapes(weightless_copy(model, nodes, inline_bytes=0)).graph
