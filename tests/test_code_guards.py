@@ -12,10 +12,17 @@ import ast
 import re
 import subprocess
 from pathlib import Path
+from typing import Callable
 
 import ckpt_cli
 
 PACKAGE = Path(ckpt_cli.__file__).parent
+
+
+def _flagged(lines_of: Callable[[str], list[int]]) -> list[str]:
+    """"module:line" for every line ``lines_of`` flags in a module's text, over the package."""
+    return [f"{path.relative_to(PACKAGE).as_posix()}:{line}" for path in sorted(PACKAGE.rglob("*.py"))
+            for line in lines_of(path.read_text())]
 MAX_LINES = 60  # of a function's body, its docstring aside
 MAX_PARAMS = 8  # an options dataclass counts as one
 MAX_SUBJECT = 72
@@ -228,8 +235,7 @@ def test_the_api_uses_no_private_name_of_another_module():
 def test_no_module_reaches_into_an_instance_dict():
     """Caches are fields, ``cached_property`` or explicit cache objects: writing an object's
     ``__dict__`` from outside it hides state from its type, its readers and mypy."""
-    found = [f"{path.relative_to(PACKAGE).as_posix()}:{k}" for path in sorted(PACKAGE.rglob("*.py"))
-             for k, line in enumerate(path.read_text().splitlines(), 1) if "__dict__" in line]
+    found = _flagged(lambda text: [k for k, line in enumerate(text.splitlines(), 1) if "__dict__" in line])
     assert found == []
 
 
@@ -276,8 +282,7 @@ def test_no_assignment_into_a_report_after_it_is_built():
     """A report is built once, by its builder, from the run's values: a later stage that
     wants another section builds a new dict (``{**report, "check": ...}``), so the builder's
     output is the whole truth of what it was given."""
-    found = [f"{path.relative_to(PACKAGE).as_posix()}:{line}" for path in sorted(PACKAGE.rglob("*.py"))
-             for line in _report_writes(ast.parse(path.read_text(), str(path)))]
+    found = _flagged(lambda text: _report_writes(ast.parse(text)))
     assert found == []
 
 
@@ -314,8 +319,7 @@ def _unchained_raises(tree: ast.AST) -> list[int]:
 def test_every_raise_in_an_except_block_chains_its_cause():
     """An error raised while handling another names it as its cause (``raise X(...) from e``):
     the traceback under --debug shows what ckpt's one-line message was made from."""
-    found = [f"{path.relative_to(PACKAGE).as_posix()}:{line}" for path in sorted(PACKAGE.rglob("*.py"))
-             for line in _unchained_raises(ast.parse(path.read_text(), str(path)))]
+    found = _flagged(lambda text: _unchained_raises(ast.parse(text)))
     assert found == []
 
 
@@ -339,8 +343,7 @@ def _issue_references(text: str) -> list[int]:
 def test_no_issue_number_in_the_package():
     """The code says why in its own words: an "issue N" points at a tracker a reader of the
     package may not have (an upstream bug is cited by its address)."""
-    found = [f"{path.relative_to(PACKAGE).as_posix()}:{line}" for path in sorted(PACKAGE.rglob("*.py"))
-             for line in _issue_references(path.read_text())]
+    found = _flagged(_issue_references)
     assert found == []
 
 
@@ -360,8 +363,7 @@ def _bare_noqa(text: str) -> list[int]:
 
 def test_every_noqa_names_its_rule_and_says_why():
     """``# noqa: CODE - why``: a silenced rule is named, and the line says why it does not apply."""
-    found = [f"{path.relative_to(PACKAGE).as_posix()}:{line}" for path in sorted(PACKAGE.rglob("*.py"))
-             for line in _bare_noqa(path.read_text())]
+    found = _flagged(_bare_noqa)
     assert found == []
 
 
