@@ -26,7 +26,7 @@ from .version import __version__
 from .analysis import Analysis, analyse, symbolic_dims
 from .analysis.scaling import Scaling, probe_tensors, scaling, symbolic_shapes
 from .analysis.shapes import infer_tied, resolve_dims, tied_dims
-from .errors import CkptError, ModelError, UsageError
+from .errors import BudgetUnreachable, CkptError, ModelError, UsageError
 from .ort.expand import expand_functions
 from .graph import Graph
 from .markers import PROVENANCE_PREFIX
@@ -190,11 +190,18 @@ class Scaled:
 
     scaling: Scaling
     again: Planned | None
+    unreachable: str | None = None  # why no plan fits the budget at twice the dimensions
 
 
 def _scaled(scaled: Scaling | None, replan: Callable[[Analysis], Planned | None]) -> Scaled | None:
-    """``scaled`` with the plan ``replan`` makes at twice the dimensions."""
-    return None if scaled is None else Scaled(scaled, replan(scaled.doubled))
+    """``scaled`` with the plan ``replan`` makes at twice the dimensions. A budget in bytes
+    that the doubled sizes cannot meet is a fact about them, not a failure of the command."""
+    if scaled is None:
+        return None
+    try:
+        return Scaled(scaled, replan(scaled.doubled))
+    except BudgetUnreachable as e:
+        return Scaled(scaled, None, str(e))
 
 
 def _scaling_report(a: Analysis, planned: Planned | None, scaled: Scaled | None) -> dict | None:
@@ -203,7 +210,8 @@ def _scaling_report(a: Analysis, planned: Planned | None, scaled: Scaled | None)
         return None
     names = [n.name for n in a.graph.nodes]
     regions = [p.plan.to_json(names)["regions"] if p and p.plan else None for p in (planned, scaled.again)]
-    return {**scaled.scaling.to_json(), "same_plan_at_doubled_dims": regions[0] == regions[1]}
+    unreachable = {} if scaled.unreachable is None else {"budget_unreachable_at_doubled_dims": scaled.unreachable}
+    return {**scaled.scaling.to_json(), "same_plan_at_doubled_dims": regions[0] == regions[1], **unreachable}
 
 
 # ----------------------------------------------------------------------------- plan

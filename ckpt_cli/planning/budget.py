@@ -35,7 +35,7 @@ from .strategies import LARGE_GRAPH_NODES, BudgetResult, budget_plan
 EXACT_AGAIN_WITHIN = 2.0
 
 
-@dataclass
+@dataclass(frozen=True)
 class Planned:
     plan: Plan | None
     budget: int | None = None
@@ -91,7 +91,7 @@ class BudgetSearch:
         planned = self.searched(budget, budget)
         if self.write is None:
             return planned
-        planned.written = self.write(planned)
+        planned = replace(planned, written=self.write(planned))
         assert planned.search is not None  # ``searched`` always records its search
         guards = self.peak(planned.written) - planned.search.peak_bytes
         if self.peak(planned.written) <= budget:
@@ -103,7 +103,7 @@ class BudgetSearch:
             planned = self.searched(budget - guards, budget)
         except BudgetUnreachable:
             raise BudgetUnreachable(line) from None
-        planned.written = self.write(planned)
+        planned = replace(planned, written=self.write(planned))
         if self.peak(planned.written) > budget:
             raise BudgetUnreachable(line)
         return planned

@@ -110,7 +110,10 @@ def render_facts(r: dict, console: Console) -> None:
         line += _activation_scaling(scaled, names)
         if "same_plan_at_doubled_dims" in scaled:
             twice = ", ".join(f"{safe(d)} = {v}" for d, v in scaled["doubled_dims"].items())
-            line += ("; the same plan at " if scaled["same_plan_at_doubled_dims"] else "; another plan at ") + twice
+            if "budget_unreachable_at_doubled_dims" in scaled:
+                line += "; no plan fits the budget at " + twice
+            else:
+                line += ("; the same plan at " if scaled["same_plan_at_doubled_dims"] else "; another plan at ") + twice
         console.print(line)
     reduced = r.get("reduced_precision")
     if reduced:
