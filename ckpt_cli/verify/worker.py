@@ -92,10 +92,9 @@ from collections.abc import Iterator, Sequence
 from types import ModuleType
 from typing import Any, TypedDict, cast
 
-
-
-# onnxruntime ships no type information: its sessions, options and outputs are Any here.
+# onnxruntime ships no type information: its sessions and their options are Any here.
 Session = Any
+SessionOptions = Any
 
 KERNEL_SUFFIX = "_kernel_time"
 
@@ -173,7 +172,7 @@ Executed = tuple[list[str], list[str], list[str]]
 
 
 def _session_options(ort: ModuleType, settings: dict[str, Any], *, threads: int, profile_prefix: str | None,
-                     arena: bool | None = None) -> Any:
+                     arena: bool | None = None) -> SessionOptions:
     so = ort.SessionOptions()
     so.execution_order = getattr(ort.ExecutionOrder, settings["execution_order"])
     so.graph_optimization_level = getattr(ort.GraphOptimizationLevel,
@@ -366,7 +365,7 @@ def _median_bytes(values: Sequence[int | None]) -> int | None:
 # --------------------------------------------------------------------------- main work
 
 
-def _make_session(ort: ModuleType, model: str, so: Any, provider: str, settings: dict[str, Any]) -> Session:
+def _make_session(ort: ModuleType, model: str, so: SessionOptions, provider: str, settings: dict[str, Any]) -> Session:
     prov_name = _PROVIDER_NAMES[provider]
     providers: list[Any]
     if provider == "cuda":
