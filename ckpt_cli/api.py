@@ -110,8 +110,8 @@ def analyse_input(loaded: Loaded, analysis: AnalysisOptions | None = None) -> An
     if not defaulted:
         a = analyse(loaded.graph, bound, loss, outputs)
     else:
-        tensors, bound = infer_tied(loaded.graph, bound, defaulted)
-        a = analyse(loaded.graph, bound, loss, outputs, tensors, default_dims=defaulted)
+        shapes = infer_tied(loaded.graph, bound, defaulted)
+        a = analyse(loaded.graph, shapes.dims, loss, outputs, shapes.tensors, default_dims=defaulted)
     _refuse_contradicted_ties(a, dims)
     return a
 
