@@ -25,7 +25,7 @@ from ..progress import stage
 from . import worker as _worker
 from .compare import DEFAULT_ATOL, DEFAULT_RTOL, compare_outputs, order_check
 from .records import ComparisonSummary, OrderCheck, OtherDims, OutputComparison, Spread, output_comparisons
-from .settings import settings_for, settings_snippet
+from ..ort.settings import settings_for, settings_snippet
 
 WORKER_PATH = os.path.abspath(_worker.__file__)
 

@@ -348,7 +348,7 @@ def _train(save: Callable[[], bool], path: Path, files: dict, feeds: Path, worke
     """The model ``save()`` writes to ``path``, trained untuned and under its recorded
     settings; ``reference(settings)``: the original's run under those settings. None where
     ``save()`` wrote nothing."""
-    from ..ort.session import recorded_settings
+    from ..io.session import recorded_settings
 
     try:
         if not save():

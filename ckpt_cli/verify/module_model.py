@@ -28,7 +28,7 @@ from ..errors import CkptError, RunFailed
 from ..graph import Graph
 from ..io.load import load_graph
 from ..options import DEFAULT_TIMEOUT_S
-from ..ort.optimize import run_ort_optimizer
+from ..optimize import run_ort_optimizer
 from .plain_model import or_none, write_fused
 
 OrtShape = list[int | str | None] | None  # a dimension ORT knows by number, by symbol, or not at all

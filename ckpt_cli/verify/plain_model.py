@@ -21,7 +21,7 @@ from ..errors import CkptError, RunFailed
 from ..graph import Graph
 from ..io.load import load_graph
 from ..options import DEFAULT_TIMEOUT_S
-from ..ort.optimize import run_ort_optimizer
+from ..optimize import run_ort_optimizer
 
 T = TypeVar("T")
 
