@@ -254,9 +254,11 @@ def _ort_rules(graph: Graph, opset: int, guards: frozenset[int]) -> dict[int, or
 
 
 def infer_shapes(graph: Graph, dims: dict[str, int] | None = None, strict: bool = True) -> Shapes:
-    """Shape, dtype and bytes of every tensor in the graph that inference can reach. ``strict``:
-    types and shapes that contradict the ops refuse the model; off for a first sizing at
-    defaulted dims, which the dims tied to other tensors then correct."""
+    """Shape, dtype and bytes of every tensor in the graph that inference can reach, in one
+    pass over the graph read once: ONNX's inference, the shape values ckpt evaluates, ORT's
+    op rules, rounds until nothing more is sized. ``strict``: types and shapes that
+    contradict the ops refuse the model; off for a first sizing at defaulted dims, which the
+    dims tied to other tensors then correct."""
     dims = dims or {}
     for name, value in dims.items():
         if not 0 < value <= _DIM_MAX:
