@@ -45,12 +45,12 @@ from .report.headline import check_headline
 from .rewrite import RewriteResult, rewrite, without_mem_pattern
 from .io.save import check_output_path, save_model
 from .verify.rules import Rule, held_within
-from .verify.settings import settings_snippet
+from .ort.settings import settings_snippet
 from .verify.stage import CheckFigures, check_analysed
 from .io.written import to_model, unplanned_shapes
 
 if TYPE_CHECKING:
-    from .ort.optimize import Optimized
+    from .optimize import Optimized
 
 ModelInput = Union[str, Path, onnx.ModelProto]
 
@@ -110,8 +110,8 @@ def analyse_input(loaded: Loaded, analysis: AnalysisOptions | None = None) -> An
     if not defaulted:
         a = analyse(loaded.graph, bound, loss, outputs)
     else:
-        tensors, bound = infer_tied(loaded.graph, bound, defaulted)
-        a = analyse(loaded.graph, bound, loss, outputs, tensors, default_dims=defaulted)
+        shapes = infer_tied(loaded.graph, bound, defaulted)
+        a = analyse(loaded.graph, shapes.dims, loss, outputs, shapes.tensors, default_dims=defaulted)
     _refuse_contradicted_ties(a, dims)
     return a
 
@@ -596,9 +596,9 @@ def _saved(model: onnx.ModelProto, output: str | Path | None, source_dir: Path |
 
 def _ort_optimized(rewritten: onnx.ModelProto, result: RewriteResult, a: Analysis, device: str,
                    timeout: float | None, loaded: Loaded, output: str | Path | None) -> Written:
-    """ORT's optimization of the rewrite (``ckpt_cli/ort/optimize.py``), written to ``output``
+    """ORT's optimization of the rewrite (``ckpt_cli/optimize.py``), written to ``output``
     when given."""
-    from .ort.optimize import ort_optimize
+    from .optimize import ort_optimize
 
     with tempfile.TemporaryDirectory(prefix="ckpt_ortopt_") as tmp:
         optimized = ort_optimize(rewritten, result, a, device, Path(tmp), loaded.data_dir, timeout)

@@ -16,7 +16,7 @@ from .floor import Floor, plan_floor
 from .memory import MemoryProfile, buffer_roots, simulate, simulate_deferred, scratch_peak, step_scratch
 from .phases import Phases, classify
 from .scopes import node_scopes
-from .shapes import TensorInfo, infer_tensors, symbolic_dims
+from .shapes import TensorInfo, infer_shapes, symbolic_dims
 
 if TYPE_CHECKING:
     from .arena import ArenaResult
@@ -282,7 +282,7 @@ def analyse(graph: Graph, dims: dict[str, int] | None = None, loss: str | None =
     simulation is taken as it is and its phases are classified on first use; any other
     graph's phases are classified now, so a model without a backward is refused here."""
     if tensors is None:
-        tensors = infer_tensors(graph, dims)
+        tensors = infer_shapes(graph, dims).tensors
         _refuse_unbound_dims(graph, tensors, dims or {})
     if written is not None:
         priority, reuse_buffers, without_reuse = written.priority, written.reuse_buffers, None

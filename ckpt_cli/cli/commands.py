@@ -291,7 +291,7 @@ def session(model: Path, provider: str | None, as_json: bool, report_path: Path 
       ckpt session gpt.ckpt.onnx
       ckpt session gpt.ckpt.onnx --json | jq .settings.execution_order
     """
-    from ..ort.session import recorded_settings
+    from ..io.session import recorded_settings
     from ..report.model import session_report
 
     protect_report(report_path, model)

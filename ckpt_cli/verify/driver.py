@@ -27,7 +27,7 @@ from ..progress import stage
 from . import worker as _worker
 from .compare import DEFAULT_ATOL, DEFAULT_RTOL, compare_outputs, order_check
 from .records import ComparisonSummary, OrderCheck, OtherDims, OutputComparison, Spread, output_comparisons
-from .settings import settings_for, settings_snippet
+from ..ort.settings import settings_for, settings_snippet
 
 if TYPE_CHECKING:
     from onnx import NodeProto

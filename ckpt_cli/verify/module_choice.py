@@ -360,7 +360,7 @@ def _train(save: Callable[[], bool], path: Path, files: dict[str, str], feeds: P
     """The model ``save()`` writes to ``path``, trained untuned and under its recorded
     settings; ``reference(settings)``: the original's run under those settings. None where
     ``save()`` wrote nothing."""
-    from ..ort.session import recorded_settings
+    from ..io.session import recorded_settings
 
     try:
         if not save():

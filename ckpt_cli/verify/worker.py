@@ -6,13 +6,13 @@ ckpt module: ``ckpt`` runs it as ``python worker.py SPEC.json`` in a fresh child
 process, possibly under another interpreter with another onnxruntime build (for
 example onnxruntime-training-cpu 1.19.2 with numpy<2).  The parent
 (``ckpt_cli.verify.driver``) sends everything it needs in the spec, the session
-settings included (built by ``ckpt_cli.verify.settings``).
+settings included (built by ``ckpt_cli.ort.settings``).
 
 SPEC.json::
 
     {"model": "m.onnx", "feeds": "feeds.npz",
      "provider": "cpu" | "cuda",
-     "session": {...},           # ckpt_cli.verify.settings: order, level, reuse, ...
+     "session": {...},           # ckpt_cli.ort.settings: order, level, reuse, ...
      "runs": 3,                  # measured runs; one extra warm-up run comes first
      "outputs": "out.npz" | null,  # outputs of the LAST measured run
      "profile_dir": "/tmp/x",    # where ORT writes its profile (file removed after)
@@ -167,7 +167,7 @@ Executed = tuple[list[str], list[str], list[str]]
 
 
 # --------------------------------------------------------------------------- settings
-# The session settings arrive as plain data in the spec (``ckpt_cli.verify.settings``
+# The session settings arrive as plain data in the spec (``ckpt_cli.ort.settings``
 # builds them), so this script needs no other ckpt module.
 
 
