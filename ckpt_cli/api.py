@@ -281,6 +281,7 @@ def plan_model(model: ModelInput, options: PlanOptions | None = None, *, analysi
     planned = _judged_default(a, make_plan(a, options, progress=progress), as_rewritten,
                               _writer(a, as_rewritten, analysis, scaled))
     result = rewrite_plan(a, planned)
+    planned = planned.settled()
     run = PlanRun(loaded, a, planned, result, _scaled(scaled, lambda d: make_plan(d, options)),
                   output, {**options.to_json(), **analysis.to_json()})
     report = _plan_report(run)
@@ -567,6 +568,7 @@ def _rewritten(a: Analysis, loaded: Loaded, options: RewriteOptions, analysis: A
     chosen = planned.plan if planned else None
     stage("rewriting the graph")
     result = writer.result(rewrite_plan(a, planned, options.pin))
+    planned = planned.settled() if planned is not None else None
     module = planned.module if planned is not None else None
     rewritten = writer.written(result, chosen, module is not None and module.unplanned,
                                module is not None and module.shared)

@@ -52,6 +52,13 @@ class Planned:
     fallbacks: tuple[tuple[Plan, PlanCost, Any], ...] = ()  # the default's (plan, cost, unpinned rewrite) with less recompute, lowest peak first
     module: Any = None  # the default's ModuleChoice: an ORT training artifact judged by training it
 
+    def settled(self) -> "Planned":
+        """``self`` without the search's unpinned rewrites, once the written one is made from
+        them: each holds a graph of the model's size that nothing reads after (72 MiB of a
+        100k-node graph's, alive while the written model is built and saved)."""
+        return replace(self, result=None, beyond=tuple((p, c, None) for p, c, _ in self.beyond),
+                       fallbacks=tuple((p, c, None) for p, c, _ in self.fallbacks))
+
 
 class Solver(Protocol):
     """``budget_plan`` or ``optimal_plan``: the cheapest plan under ``budget`` by a search."""
