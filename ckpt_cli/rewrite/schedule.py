@@ -16,7 +16,7 @@ from ..analysis.arena import ArenaResult, predict_in_use
 from ..analysis.memory import MemoryProfile, buffer_roots, simulate, simulate_both
 from ..analysis.shapes import TensorInfo
 from ..graph import Graph
-from .order import executed_order, memory_aware
+from .order import executed_order, memory_aware, seedless
 
 # Turning ORT's buffer reuse off must win by this much: the arena model is exact with
 # reuse on, within a few percent with it off.
@@ -83,9 +83,14 @@ def _choose(a: Analysis, new: Graph, tensors: dict[str, TensorInfo], copy_names:
             model_only: bool) -> Chosen:
     """The written order of ``new`` and ORT's buffer reuse for it: (graph, profile, reuse, arena)."""
     sizes = {t: info.nbytes for t, info in tensors.items() if info.nbytes}
-    order = memory_aware(new, sizes, buffer_roots(new), [n.name not in forward_names for n in new.nodes],
-                         [n.name in copy_names for n in new.nodes])
+    roots, movable = buffer_roots(new), [n.name not in forward_names for n in new.nodes]
+    copies = [n.name in copy_names for n in new.nodes]
+    order = memory_aware(new, sizes, roots, movable, copies)
     candidates = [executed_order(new, order), executed_order(new)]
+    unseeded = seedless(new, movable)
+    if any(u and not c for u, c in zip(unseeded, copies)):
+        lazy = [u or c for u, c in zip(unseeded, copies)]
+        candidates.append(executed_order(new, memory_aware(new, sizes, roots, movable, lazy)))
     if not copy_names:
         # Reordering only: ORT's DEFAULT order is a candidate too (where the order sets the
         # peak it can beat both). With copies it would run them right after their inputs.
