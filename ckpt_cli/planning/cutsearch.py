@@ -25,6 +25,7 @@ from ..analysis import Analysis
 from ..analysis.memory import with_scratch
 from ..ops import SHAPE_ONLY_OPS
 from .decision import REORDER, all_kept
+from .descent import Rewritten, descend
 from .knee import Knee, Point, hull_path, knee_index
 from .mincut import MAX_SOLVES, Cut, Problem, build, front, solve_bytes, to_plan
 from .plan import Plan, Policy, apply_policy
@@ -454,13 +455,15 @@ class DefaultPlan(NamedTuple):
 
 
 def lowest_peak_plan(a: Analysis, evaluate: Callable[[Plan], PlanCost], *, thorough: bool,
-                     policy: Policy = Policy(), at_knee: bool = False) -> DefaultPlan:
+                     policy: Policy = Policy(), at_knee: bool = False, rewritten: Rewritten | None = None) -> DefaultPlan:
     """The default plan: among the region structures' floors (everything recomputed) and
     the corners of the min-cut front, the lowest real peak, then among those within
     NEAR_LOWEST of it the fewest recompute FLOPs; never above the original (reordering
     alone is a candidate; on large graphs, where each judgement is a rewrite of the whole
     graph, it is taken without one when nothing beats the original's peak). ``at_knee``:
-    the knee of the same candidates instead (``knee.py``), with the choice recorded."""
+    the knee of the same candidates instead (``knee.py``), with the choice recorded.
+    ``rewritten``: the graph a judged plan was rewritten to; with it the lowest peak of a
+    small graph also takes the plans the peak descent reaches (``descent.py``)."""
     if len(a.graph.nodes) > DEFAULT_SEARCH_NODES and not at_knee:
         plan = apply_policy(default_regions(a), policy, a.graph)
         plan.notes.append(f"the default on graphs above {DEFAULT_SEARCH_NODES} nodes: no search among plans")
@@ -470,6 +473,8 @@ def lowest_peak_plan(a: Analysis, evaluate: Callable[[Plan], PlanCost], *, thoro
         reorder, judged = _aimed_knee(a, evaluate, policy, judgements)
     else:
         reorder, judged = _judged_defaults(a, evaluate, thorough, policy, every_corner=at_knee)
+    if thorough and not at_knee and rewritten is not None:
+        judged += descend(a, judged, evaluate, rewritten, policy)
     lowest = min(cost.peak_bytes for _, cost in judged)
     if lowest > a.working_peak_bytes:
         return DefaultPlan(reorder)
