@@ -473,18 +473,29 @@ def lowest_peak_plan(a: Analysis, evaluate: Callable[[Plan], PlanCost], *, thoro
         reorder, judged = _aimed_knee(a, evaluate, policy, judgements)
     else:
         reorder, judged = _judged_defaults(a, evaluate, thorough, policy, every_corner=at_knee)
+    front = judged
     if thorough and not at_knee and rewritten is not None:
-        judged += descend(a, judged, evaluate, rewritten, policy)
-    lowest = min(cost.peak_bytes for _, cost in judged)
-    if lowest > a.working_peak_bytes:
+        judged = front + descend(a, front, evaluate, rewritten, policy)
+    if min(cost.peak_bytes for _, cost in judged) > a.working_peak_bytes:
         return DefaultPlan(reorder)
-    near = [i for i, (_, cost) in enumerate(judged) if cost.peak_bytes <= lowest * (1 + NEAR_LOWEST)]
-    best = min(near, key=lambda i: (judged[i][1].recompute_flops, judged[i][1].peak_bytes))
+    best = _near_lowest(judged)
     if at_knee:
         return _at_knee(a, judged, best)
     plan, cost = judged[best]
     plan.notes.append(_lowest_note(judged, cost))
-    return DefaultPlan(plan, cost, fallbacks=_fallbacks(judged, cost))
+    if best < len(front):
+        return DefaultPlan(plan, cost, fallbacks=_fallbacks(front, cost))
+    # a session that refuses the descent's plan gets the front's own choice next, then its fallbacks
+    own = front[_near_lowest(front)]
+    fallbacks = ((own,) if own[0].strategy != "none" else ()) + _fallbacks(front, own[1])
+    return DefaultPlan(plan, cost, fallbacks=fallbacks)
+
+
+def _near_lowest(judged: list[tuple[Plan, PlanCost]]) -> int:
+    """The plan within NEAR_LOWEST of the lowest peak of ``judged`` with the fewest recompute FLOPs."""
+    lowest = min(cost.peak_bytes for _, cost in judged)
+    near = [i for i, (_, cost) in enumerate(judged) if cost.peak_bytes <= lowest * (1 + NEAR_LOWEST)]
+    return min(near, key=lambda i: (judged[i][1].recompute_flops, judged[i][1].peak_bytes))
 
 
 def _fallbacks(judged: list[tuple[Plan, PlanCost]], chosen: PlanCost) -> tuple[tuple[Plan, PlanCost], ...]:
