@@ -485,9 +485,11 @@ def lowest_peak_plan(a: Analysis, evaluate: Callable[[Plan], PlanCost], *, thoro
     plan.notes.append(_lowest_note(judged, cost))
     if best < len(front):
         return DefaultPlan(plan, cost, fallbacks=_fallbacks(front, cost))
-    # a session that refuses the descent's plan gets the front's own choice next, then its fallbacks
+    # a session that refuses the descent's plan gets the front's own choice next, then its
+    # fallbacks: those of them that recompute less than the descent's plan
     own = front[_near_lowest(front)]
-    fallbacks = ((own,) if own[0].strategy != "none" else ()) + _fallbacks(front, own[1])
+    fallbacks = tuple(pc for pc in ((own,) + _fallbacks(front, own[1]))
+                      if pc[0].strategy != "none" and pc[1].recompute_flops < cost.recompute_flops)
     return DefaultPlan(plan, cost, fallbacks=fallbacks)
 
 
