@@ -129,8 +129,11 @@ def memory_aware(graph: Graph, sizes: dict[str, int], roots: dict[str, str], mov
 
 
 def seedless(graph: Graph, movable: list[bool]) -> list[bool]:
-    """The movable nodes that no graph input only the backward reads (the loss-gradient
-    seed) reaches: they read forward tensors alone, so they can wait for their first reader."""
+    """The movable nodes that no graph input only they read reaches: they can wait for their
+    first reader. In a joint graph that input is the loss-gradient seed, so these read forward
+    tensors alone; in an ORT artifact, whose seed is an initializer, the inputs are the gradient
+    accumulators, so every backward node before them is seedless (the order is a candidate,
+    taken only where it is lower)."""
     fixed_reads = {t for n in graph.nodes if not movable[n.index] for t in n.reads}
     seeds = {t for t in graph.inputs if t not in fixed_reads}
     if not seeds:
