@@ -28,8 +28,13 @@ ORIGINAL_PEAK = 70 << 20
 
 
 @pytest.fixture
-def artifact(tmp_path: Path) -> Path:
-    """The zoo's BERT training model beside stand-ins of its checkpoint and other models."""
+def artifact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The zoo's BERT training model beside stand-ins of its checkpoint and other models; its
+    default's plans are the front's (without the peak descent, whose plan the front's own choice
+    follows though it recomputes more, and which the model of the Module session accepts)."""
+    from ckpt_cli.planning import cutsearch
+
+    monkeypatch.setattr(cutsearch, "descend", lambda *args, **kwargs: [])
     model = tmp_path / "training_model.onnx"
     shutil.copy(ZOO_BERT, model)
     for name in ("checkpoint", "eval_model.onnx", "optimizer_model.onnx"):
@@ -78,10 +83,6 @@ def test_the_default_plan_is_written_when_the_module_session_holds_it_lower(monk
 
 
 def test_a_plan_whose_losses_differ_is_passed_over_for_one_with_less_recompute(monkeypatch, artifact):
-    from ckpt_cli.planning import cutsearch
-
-    # the front's plans (a descended plan is followed by the front's choice, which may recompute more)
-    monkeypatch.setattr(cutsearch, "descend", lambda *args, **kwargs: [])
     off = [LOSSES[0], "0x1.3f1f810000000p+1", LOSSES[2]]
     trained = _fake_module(monkeypatch, {"training_model": (ORIGINAL_PEAK, LOSSES), "plan0": (40 << 20, off),
                                          "plan1": (60 << 20, LOSSES)})
@@ -197,15 +198,13 @@ def test_plan_cli_takes_the_trainer_and_refuses_it_with_sweep(monkeypatch, artif
     assert swept.exit_code == 2 and "--sweep" in swept.stderr
 
 
-def test_plan_says_why_the_default_would_be_written_unchanged(artifact, monkeypatch):
+def test_plan_says_why_the_default_would_be_written_unchanged(artifact):
     """Without a trainer the model of the Module session refuses zoo bert's plan of the front
     (the peak descent's, 26.1 MiB predicted, it accepts): plan says so, as rewrite does."""
     from click.testing import CliRunner
 
     from ckpt_cli.cli.main import main
-    from ckpt_cli.planning import cutsearch
 
-    monkeypatch.setattr(cutsearch, "descend", lambda *args, **kwargs: [])
     report = api.plan_model(artifact).report
     assert report["recompute_flops"] == 0 and "Module API's own session" in report["no_gain_reason"]
     text = CliRunner().invoke(main, ["plan", str(artifact)])
