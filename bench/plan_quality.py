@@ -38,9 +38,9 @@ def _floor_breakdown(a, structure) -> dict:
     """Rewrite with every stashed activation of ``structure`` recomputed (its floor) and
     sort the bytes live at the predicted peak into categories."""
     from ckpt_cli.markers import is_recompute_copy
-    from ckpt_cli.rewrite import rewrite
+    from ckpt_cli.rewrite import rewrite, written
 
-    r = rewrite(a, structure)
+    r = written(a, rewrite(a, structure))
     pr = r.after.priority
     g = r.after.graph
     outputs = set(g.outputs)
@@ -104,6 +104,7 @@ def bench_plan_quality() -> dict:
 
 def _sample_quality(a) -> dict:
     """One sample's sweep: both planners at each budget, the structures' floors, the segment scan."""
+    from ckpt_cli.analysis import lowest_peak
     from ckpt_cli.planning.strategies import structures
     from ckpt_cli.rewrite.select import keep_intervals, plan_cost
 
@@ -127,7 +128,7 @@ def _sample_quality(a) -> dict:
     reached = [r for r in rows if "peak_bytes" in r["heuristic"]]
     return {
         "nodes": len(a.graph.nodes), "original_peak_bytes": base, "resident_bytes": a.priority.resident_bytes,
-        "output_bytes": a.output_bytes, "lower_bound_bytes": a.lower_bound_bytes,
+        "output_bytes": a.output_bytes, "lower_bound_bytes": lowest_peak(a).bytes,
         "step_flops": step, "rows": rows, "floors": floors, "floors_s": floor_s, "segment_scan": scan,
         "best_floor": best,
         "max_gap": max(gaps) if gaps else None, "min_gap": min(gaps) if gaps else None,

@@ -21,7 +21,7 @@ from typing import Callable, Iterable, NamedTuple
 
 import numpy as np
 
-from ..analysis import Analysis
+from ..analysis import Analysis, lowest_peak
 from ..analysis.memory import with_scratch
 from ..ops import SHAPE_ONLY_OPS
 from .decision import REORDER, all_kept
@@ -343,7 +343,7 @@ def cut_budget_plan(a: Analysis, budget: int, evaluate: Callable[[Plan], PlanCos
     if recomputing_nothing(a, budget, evaluate, strategy)[0] is not None:
         return fallback()  # the original fits: its empty plan, without a sweep
     old: BudgetResult | None = None
-    if budget < a.lower_bound_bytes or structures_only(a, thorough):
+    if budget < lowest_peak(a).bytes or structures_only(a, thorough):
         return fallback()  # below the bound no plan fits: the fallback says what the lowest peak is
     cuts_thorough = thorough or len(a.graph.nodes) <= THOROUGH_CUTS_NODES
     found = search_cuts(a, budget, evaluate, thorough=cuts_thorough, policy=policy, strategy=strategy,

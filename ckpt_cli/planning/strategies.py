@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
-from ..analysis import Analysis
+from ..analysis import Analysis, lowest_peak
 from ..analysis.floor import Floor
 from ..errors import BudgetUnreachable, UsageError
 from ..ops import EXPENSIVE_OPS, VIEW_OPS
@@ -352,7 +352,7 @@ def unreachable_message(a: Analysis, budget: int, floor: PlanCost) -> str:
     live = ", ".join(floor.live_at_peak[:3])
     return (f"budget {human_bytes(budget)} is unreachable: the lowest predicted peak is "
             f"{human_bytes(floor.peak_bytes)} (largest tensors live there: {live or 'none'}); "
-            f"{floor_reason(a.floor)}")
+            f"{floor_reason(lowest_peak(a))}")
 
 
 def floor_reason(floor: Floor) -> str:
