@@ -319,7 +319,7 @@ def _render_lower_bound(t: dict, add) -> None:
     unreachable = [x for x in GPT_TARGETS if x[0] > t["max_possible_reduction"]]
     add("")
     add(f"No plan, at any recompute cost, goes below **{nbytes(t['lower_bound_bytes'])}** "
-        f"(`Analysis.lower_bound_bytes`): the parameters and feeds ({nbytes(t['resident_bytes'])}) plus the "
+        f"(`analysis.lowest_peak`): the parameters and feeds ({nbytes(t['resident_bytes'])}) plus the "
         f"graph's outputs ({nbytes(t['output_bytes'])}: the loss and one gradient per parameter, which ORT holds "
         f"until the run ends, so all are live at its last step). The peak can fall by at most "
         f"**{pct(t['max_possible_reduction'])}**"

@@ -132,7 +132,7 @@ _ANALYSIS_KEYWORDS = ("dims", "loss", "grad_outputs")
 
 def refuse_unsized(a: Analysis, allowed: bool) -> None:
     """A plan on tensors of unknown size counts them as 0 B: never in silence."""
-    unsized = a.unsized()
+    unsized = a.unsized
     if unsized and not allowed:
         g = a.graph
         names = ", ".join(f"{t} ({g.nodes[g.producer[t]].op_type})" for t in list(unsized)[:3])

@@ -106,7 +106,7 @@ class Analysis(PeakModel):
     costs: list[NodeCost]
     scopes: list[str]
     stashed: tuple[Stashed, ...]
-    unsized_tensors: dict[str, tuple[str, ...]]  # tensors of unknown size, with the missing dimensions
+    unsized: dict[str, tuple[str, ...]]  # tensors made by nodes, of unknown size: the dimensions missing
     loss_given: str | None = None  # --loss / --grad-output, which decide the phases
     grad_outputs_given: tuple[str, ...] | None = None
     dims: tuple[tuple[str, int], ...] = ()  # symbolic dimension values the sizes are taken at
@@ -142,11 +142,6 @@ class Analysis(PeakModel):
     def recompute_flops(self) -> int:
         """FLOPs of ckpt's recompute copies in the graph (0 for a graph ckpt did not write)."""
         return sum(c.flops for c, n in zip(self.costs, self.graph.nodes) if is_recompute_copy(n))
-
-    def unsized(self) -> dict[str, tuple[str, ...]]:
-        """Tensors produced by nodes whose size is unknown, with the missing dimensions."""
-        return self.unsized_tensors
-
 
 @gc_paused
 def default_order(a: Analysis) -> MemoryProfile:
@@ -244,11 +239,11 @@ def _analysed(model: PeakModel, loss: str | None, grad_outputs: list[str] | None
     graph, tensors = model.graph, model.tensors
     phases = classify(graph, loss, list(grad_outputs or ()) or None)  # first: its errors belong to loading
     roots = buffer_roots(graph)
-    replayed = model.arena(model.reuse_buffers)
+    replayed = model.replayed or predict_in_use(graph, model.priority, tensors)
     return Analysis(graph=graph, tensors=tensors, priority=model.priority, reuse_buffers=model.reuse_buffers,
                     scratch=model.scratch, replayed=replayed, phases=phases, roots=roots,
                     costs=graph_costs(graph, tensors), scopes=node_scopes(graph),
-                    stashed=find_stashed(graph, phases, roots), unsized_tensors=find_unsized(graph, tensors),
+                    stashed=find_stashed(graph, phases, roots), unsized=find_unsized(graph, tensors),
                     loss_given=loss, grad_outputs_given=tuple(grad_outputs) if grad_outputs else None,
                     dims=dims, default_dims=default_dims, without_reuse=without_reuse)
 

@@ -265,7 +265,7 @@ def _arena(a: Analysis) -> dict:
     """What ORT's CPU arena will report for the PRIORITY_BASED order: bytes in use at the
     peak (the profiler's mem_bytes_in_use: activations, outputs and small initializers,
     rounded and fragmented as the arena does) and bytes it reserves."""
-    arena = a.arena(a.reuse_buffers)
+    arena = a.replayed
     return {"arena_in_use_bytes": arena.peak_in_use_bytes, "arena_held_bytes": arena.held_bytes,
             "ort_peak_bytes": a.ort_peak_bytes}
 
@@ -328,7 +328,7 @@ def _pin_row(pinned, fresh) -> dict | None:
 
 def unsized_rows(a: Analysis) -> list[dict]:
     """Tensors of unknown size (data-dependent shapes): every byte figure counts them as 0."""
-    return [{"tensor": t, "missing_dims": list(m)} for t, m in sorted(a.unsized().items())]
+    return [{"tensor": t, "missing_dims": list(m)} for t, m in sorted(a.unsized.items())]
 
 
 def check_report(original: Source, rewritten: Source, figures: dict, options: dict) -> dict:
