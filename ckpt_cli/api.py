@@ -42,7 +42,7 @@ from .planning.plan import Policy
 from .progress import stage
 from .report.model import Source, check_report, inspect_report, plan_report, planning_section, rewrite_report
 from .report.headline import check_headline
-from .rewrite import RewriteResult, rewrite, without_mem_pattern
+from .rewrite import RewriteResult, rewrite, without_mem_pattern, written as analysed_written
 from .io.save import check_output_path, save_model
 from .verify.rules import Rule, held_within
 from .verify.settings import settings_snippet
@@ -558,7 +558,7 @@ def _rewritten(a: Analysis, loaded: Loaded, options: RewriteOptions, analysis: A
         planned = _judged_default(a, planned, options, writer)
     chosen = planned.plan if planned else None
     stage("rewriting the graph")
-    result = writer.result(rewrite_plan(a, planned, options.pin))
+    result = analysed_written(a, writer.result(rewrite_plan(a, planned, options.pin)))  # analysed for its report
     module = planned.module if planned is not None else None
     rewritten = writer.written(result, chosen, module is not None and module.unplanned,
                                module is not None and module.shared)

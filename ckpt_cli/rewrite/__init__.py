@@ -9,7 +9,7 @@ import onnx
 from ..analysis import Analysis, PeakModel, analyse_written, default_order, peak_model, schedules
 from ..analysis.arena import predict_in_use
 from ..analysis.memory import MemoryProfile, simulate
-from ..analysis.phases import BACKWARD
+from ..analysis.phases import BACKWARD, Phases, classify
 from ..graph import Graph, gc_paused
 from ..markers import PHASE_META
 from ..units import human_bytes
@@ -85,9 +85,14 @@ def rewrite(a: Analysis, plan: Plan | None, pin: bool = True, model_only: bool =
 
 def written(a: Analysis, result: RewriteResult) -> RewriteResult:
     """``result`` with the full analysis of its graph, a rewrite of ``a``'s graph (its phases
-    by the same loss and gradient outputs): for the rewrite that is written and reported.
-    A graph left without a backward is refused here, before it is saved."""
+    by the same loss and gradient outputs): for a report of the rewrite that is written."""
     return replace(result, after=analyse_written(result.after, a.phases.loss, list(a.phases.grad_outputs)))
+
+
+def written_phases(a: Analysis, result: RewriteResult) -> Phases:
+    """The phases of ``result``'s graph, as ``written`` classifies them: a graph left without
+    a backward is refused here."""
+    return classify(result.graph, a.phases.loss, list(a.phases.grad_outputs) or None)
 
 
 def _decisions(a: Analysis, plan: Plan | None, surgery: Surgery) -> dict[str, Decision]:
@@ -216,4 +221,4 @@ def _mark_early_backward(graph: Graph, forward_names: set[str]) -> Graph:
     return graph.remarked(marked) if marked else graph
 
 
-__all__ = ["rewrite", "pinned", "written", "without_mem_pattern", "RewriteResult", "RegionResult", "PatternOff"]
+__all__ = ["rewrite", "pinned", "written", "written_phases", "without_mem_pattern", "RewriteResult", "RegionResult", "PatternOff"]

@@ -25,7 +25,7 @@ from ..planning.make import Rewriting
 from ..planning.search import Intervals, PlanCost
 from ..units import human_bytes
 from . import (RewriteResult, alternatives, module_shortfall, original_best, original_floor, pinned, rewrite,
-               unchanged, written)
+               unchanged, written_phases)
 from .mem_pattern import is_ort_artifact
 
 
@@ -56,7 +56,7 @@ def rewrite_plan(a: Analysis, planned: Planned | None, pin: bool = True) -> Rewr
         result = pinned(a, planned.result) if pin else planned.result
     else:
         result = rewrite(a, planned.plan if planned is not None else None, pin)
-    result = written(a, result)
+    written_phases(a, result)  # a graph left without a backward is refused before it is saved
     if planned is not None and planned.plan is not None:
         result = replace(result, notes=empty_region_notes(result))
     return never_worse(a, planned, result)
