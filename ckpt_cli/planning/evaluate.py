@@ -13,7 +13,7 @@ from typing import Any, Callable, Protocol
 
 from ..analysis import Analysis, PeakModel
 from ..analysis.arena import ARENA_REPLAYED
-from ..analysis.memory import step_scratch, with_scratch
+from ..analysis.memory import with_scratch
 from ..graph import Graph
 from ..markers import recompute_source
 from ..ops import VIEW_OPS
@@ -58,9 +58,15 @@ def working_peak(a: PeakModel) -> int:
 
 
 def _outside_arena_scratch(a: PeakModel) -> dict[int, int]:
-    """Per step, the working memory of the kernels the arena model does not replay itself."""
-    scratch = step_scratch(a.priority, a.graph, a.tensors, skip=ARENA_REPLAYED)
-    return scratch
+    """Per step, the working memory of the kernels the arena model does not replay itself
+    (``a.scratch`` less theirs)."""
+    nodes, order = a.graph.nodes, a.priority.order
+
+    def replayed(step: int) -> bool:
+        node = nodes[order[step]]
+        return (("" if node.domain == "ai.onnx" else node.domain), node.op_type) in ARENA_REPLAYED
+
+    return {k: b for k, b in a.scratch.items() if not replayed(k)}
 
 
 def ort_peak(a: PeakModel) -> int:
