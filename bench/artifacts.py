@@ -20,7 +20,7 @@ timeout; one model's failure is recorded in its row and the others go on):
      (ORT's core, all check uses, does not need it) unless ``--allow-torch``;
   5. ``PY bench/zoo_train.py DIR/NAME MODEL --steps N`` (``MALLOC_MMAP_THRESHOLD_=65536``) for the
      original and the rewrite, each in two sessions: untuned (ORT's defaults, one intra-op
-     thread) and under the rewrite's ``ckpt_cli.ort.session.recorded_settings`` (the original under
+     thread) and under the rewrite's ``ckpt_cli.io.session.recorded_settings`` (the original under
      the same settings);
   6. the rewrite under its settings against the original untuned (from the runs of 5).
 
@@ -249,7 +249,7 @@ def bench_model(name: str, prio: int, ctx: Setup) -> dict:
         return _finish(row, t_model)
 
     try:
-        from ckpt_cli.ort.session import recorded_settings
+        from ckpt_cli.io.session import recorded_settings
 
         settings = recorded_settings(rw)
         row["settings"] = settings
@@ -531,7 +531,7 @@ def markdown(meta: dict, rows: list[dict]) -> str:
         "--provider cpu`, then `bench/zoo_train.py` (Module + AdamW Optimizer from the "
         "checkpoint, same feeds, `onnxruntime.set_seed(0)`) for the original and the rewrite, untuned (ORT's defaults, one "
         "intra-op thread) and under the rewrite's recorded settings "
-        "(`ckpt_cli.ort.session.recorded_settings`, applied to both). Peak: process VmHWM over "
+        "(`ckpt_cli.io.session.recorded_settings`, applied to both). Peak: process VmHWM over "
         "the steps minus VmRSS before them (`MALLOC_MMAP_THRESHOLD_=65536`); ratios with "
         "rewrite / original MiB. Losses compared as `float.hex` over all steps (NO: largest "
         "relative difference).",

@@ -17,7 +17,7 @@ import onnx
 
 from ckpt_cli.verify.driver import run_model
 from ckpt_cli.verify.feeds import make_feeds, save_feeds
-from ckpt_cli.verify.settings import ort_default_session_settings
+from ckpt_cli.ort.settings import ort_default_session_settings
 
 
 def default_all(provider: str) -> dict:

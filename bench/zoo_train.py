@@ -13,7 +13,7 @@ ARTIFACT_DIR/eval_model.onnx, device="cpu", session_options=...)`` and
 
 Session: without ``--settings`` ORT's defaults, except ``intra_op_num_threads = 1`` (bit-identical
 comparisons need one thread). ``--settings`` takes the JSON of
-``ckpt_cli.ort.session.recorded_settings(path)`` (or ``examples/ort_training_artifacts/artifacts.py``'s
+``ckpt_cli.io.session.recorded_settings(path)`` (or ``examples/ort_training_artifacts/artifacts.py``'s
 ``--settings`` format): ``execution_order`` and ``graph_optimization_level`` by name,
 ``enable_mem_pattern``, ``enable_mem_reuse``, ``enable_cpu_mem_arena`` and ``config_entries``
 are applied; keys that are not SessionOptions attributes (``settings``, ``provider``,

@@ -30,7 +30,7 @@ def __getattr__(name: str) -> Any:
 
         return getattr(api, name)
     if name == "session_options":
-        from .ort.session import session_options
+        from .session import session_options
 
         return session_options
     if name == "export_training_graph":  # torch is imported only when it runs

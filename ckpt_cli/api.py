@@ -26,7 +26,7 @@ from .version import __version__
 from .analysis import Analysis, analyse, symbolic_dims
 from .analysis.scaling import Scaling, probe_tensors, scaling, symbolic_shapes
 from .analysis.shapes import infer_tied, resolve_dims, tied_dims
-from .errors import CkptError, ModelError, UsageError
+from .errors import BudgetUnreachable, CkptError, ModelError, UsageError
 from .ort.expand import expand_functions
 from .graph import Graph
 from .markers import PROVENANCE_PREFIX
@@ -45,12 +45,12 @@ from .report.headline import check_headline
 from .rewrite import RewriteResult, rewrite, without_mem_pattern, written as analysed_written
 from .io.save import check_output_path, save_model
 from .verify.rules import Rule, held_within
-from .verify.settings import settings_snippet
+from .ort.settings import settings_snippet
 from .verify.stage import CheckFigures, check_analysed
 from .io.written import to_model, unplanned_shapes
 
 if TYPE_CHECKING:
-    from .ort.optimize import Optimized
+    from .optimize import Optimized
 
 ModelInput = Union[str, Path, onnx.ModelProto]
 
@@ -110,8 +110,8 @@ def analyse_input(loaded: Loaded, analysis: AnalysisOptions | None = None) -> An
     if not defaulted:
         a = analyse(loaded.graph, bound, loss, outputs)
     else:
-        tensors, bound = infer_tied(loaded.graph, bound, defaulted)
-        a = analyse(loaded.graph, bound, loss, outputs, tensors, default_dims=defaulted)
+        shapes = infer_tied(loaded.graph, bound, defaulted)
+        a = analyse(loaded.graph, shapes.dims, loss, outputs, shapes.tensors, default_dims=defaulted)
     _refuse_contradicted_ties(a, dims)
     return a
 
@@ -190,11 +190,18 @@ class Scaled:
 
     scaling: Scaling
     again: Planned | None
+    unreachable: str | None = None  # why no plan fits the budget at twice the dimensions
 
 
 def _scaled(scaled: Scaling | None, replan: Callable[[Analysis], Planned | None]) -> Scaled | None:
-    """``scaled`` with the plan ``replan`` makes at twice the dimensions."""
-    return None if scaled is None else Scaled(scaled, replan(scaled.doubled))
+    """``scaled`` with the plan ``replan`` makes at twice the dimensions. A budget in bytes
+    that the doubled sizes cannot meet is a fact about them, not a failure of the command."""
+    if scaled is None:
+        return None
+    try:
+        return Scaled(scaled, replan(scaled.doubled))
+    except BudgetUnreachable as e:
+        return Scaled(scaled, None, str(e))
 
 
 def _scaling_report(a: Analysis, planned: Planned | None, scaled: Scaled | None) -> dict | None:
@@ -203,7 +210,8 @@ def _scaling_report(a: Analysis, planned: Planned | None, scaled: Scaled | None)
         return None
     names = [n.name for n in a.graph.nodes]
     regions = [p.plan.to_json(names)["regions"] if p and p.plan else None for p in (planned, scaled.again)]
-    return {**scaled.scaling.to_json(), "same_plan_at_doubled_dims": regions[0] == regions[1]}
+    unreachable = {} if scaled.unreachable is None else {"budget_unreachable_at_doubled_dims": scaled.unreachable}
+    return {**scaled.scaling.to_json(), "same_plan_at_doubled_dims": regions[0] == regions[1], **unreachable}
 
 
 # ----------------------------------------------------------------------------- plan
@@ -273,6 +281,7 @@ def plan_model(model: ModelInput, options: PlanOptions | None = None, *, analysi
     planned = _judged_default(a, make_plan(a, options, progress=progress), as_rewritten,
                               _writer(a, as_rewritten, analysis, scaled))
     result = rewrite_plan(a, planned)
+    planned = planned.settled()
     run = PlanRun(loaded, a, planned, result, _scaled(scaled, lambda d: make_plan(d, options)),
                   output, {**options.to_json(), **analysis.to_json()})
     report = _plan_report(run)
@@ -559,6 +568,7 @@ def _rewritten(a: Analysis, loaded: Loaded, options: RewriteOptions, analysis: A
     chosen = planned.plan if planned else None
     stage("rewriting the graph")
     result = analysed_written(a, writer.result(rewrite_plan(a, planned, options.pin)))  # analysed for its report
+    planned = planned.settled() if planned is not None else None
     module = planned.module if planned is not None else None
     rewritten = writer.written(result, chosen, module is not None and module.unplanned,
                                module is not None and module.shared)
@@ -588,9 +598,9 @@ def _saved(model: onnx.ModelProto, output: str | Path | None, source_dir: Path |
 
 def _ort_optimized(rewritten: onnx.ModelProto, result: RewriteResult, a: Analysis, device: str,
                    timeout: float | None, loaded: Loaded, output: str | Path | None) -> Written:
-    """ORT's optimization of the rewrite (``ckpt_cli/ort/optimize.py``), written to ``output``
+    """ORT's optimization of the rewrite (``ckpt_cli/optimize.py``), written to ``output``
     when given."""
-    from .ort.optimize import ort_optimize
+    from .optimize import ort_optimize
 
     with tempfile.TemporaryDirectory(prefix="ckpt_ortopt_") as tmp:
         optimized = ort_optimize(rewritten, result, a, device, Path(tmp), loaded.data_dir, timeout)

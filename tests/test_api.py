@@ -175,3 +175,13 @@ def test_written_model_names_ckpt_as_producer_and_keeps_the_source(tmp_path):
         meta = {p.key: p.value for p in m.metadata_props}
         assert meta[SOURCE_PRODUCER_META] == f"{source.producer_name} {source.producer_version}"
         assert source.producer_name == "pytorch"
+
+
+def test_a_rewrite_keeps_none_of_the_searchs_unpinned_rewrites():
+    """The search's own rewrite of the plan (a graph of the model's size) is spent once the
+    written one is made from it: kept, it stayed alive through building and saving the model."""
+    result = ckpt_cli.rewrite_model(SAMPLES / "gpt.onnx")
+    planned = result.planned
+    assert planned is not None and planned.plan is not None and planned.plan.regions
+    assert planned.result is None
+    assert all(r is None for _, _, r in (*planned.beyond, *planned.fallbacks))

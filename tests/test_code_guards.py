@@ -109,7 +109,7 @@ def _runtime_imports(path: Path, modules: set[str]) -> set[str]:
 
 # What a command's run holds: set when the run value is built, never on it afterwards.
 RUN_FIELDS = frozenset({"analysis", "planned", "result", "written", "check", "figures", "report"})
-RUN_LAYERS = ("cli", "report", "verify")  # with api.py: where run values are built and read
+RUN_LAYERS = ("cli", "planning", "report", "verify")  # with api.py: where run values are built and read
 
 
 def _run_patches(tree: ast.AST) -> list[int]:

@@ -25,7 +25,7 @@ from conftest import ROOT, SAMPLES
 from test_ort_training import training_python  # noqa: F401 - the fixture
 from ckpt_cli import inspect_model
 from ckpt_cli.markers import recompute_source
-from ckpt_cli.ort.session import recorded_settings
+from ckpt_cli.io.session import recorded_settings
 from ckpt_cli.verify.feeds import make_feeds, save_feeds
 
 GPT = SAMPLES / "zoo" / "gpt" / "training_model.onnx"

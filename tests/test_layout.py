@@ -16,20 +16,19 @@ PACKAGE = Path(ckpt_cli.__file__).parent
 
 # In pipeline order; each entry names the top-level modules or packages of one stage.
 STAGES: tuple[tuple[str, ...], ...] = (
-    # vocabulary every stage shares; ort's op facts: the ops it registers, their shapes and scratch
-    ("errors", "units", "version", "progress", "fast", "graph", "ops", "markers", "ort", "ort.registry", "ort.shapes",
-     "ort.scratch",
-     "io"),
-    # serialize: the file bytes, read and written; validate: what ORT's session refuses
-    ("io.load", "ort.expand", "ort.validate", "io.external", "io.serialize"),
+    # vocabulary every stage shares; ort: ONNX Runtime's facts (the ops it registers, their
+    # shapes and scratch, the functions it expands, what its session refuses, its settings)
+    ("errors", "units", "version", "progress", "fast", "graph", "ops", "markers", "ort", "io"),
+    # serialize: the file bytes, read and written; session: the settings a written model records, read back
+    ("io.load", "io.external", "io.serialize", "io.session"),
     ("analysis",),
     ("planning", "options"),  # options: what a command is asked, as values (a plan's policy among them)
     ("rewrite",),
-    ("io.save", "io.safewrite", "io.written", "io.datafile", "ort.optimize"),  # ort.optimize: saves, has ORT optimize, loads back
-    ("verify", "ort.session"),  # ort.session: the settings a written model records, read back
+    ("io.save", "io.safewrite", "io.written", "io.datafile", "optimize"),  # optimize: saves, has ORT optimize, loads back
+    ("verify",),
     ("export",),  # a PyTorch module -> a training graph: saves it, runs it on ORT
     ("report",),
-    ("api",),
+    ("api", "session"),  # session: the public SessionOptions of a written model
     ("cli", "__init__"),
 )
 STAGE_OF = {name: k for k, names in enumerate(STAGES) for name in names}

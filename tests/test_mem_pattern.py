@@ -25,7 +25,7 @@ from ckpt_cli.cli import main
 from ckpt_cli.io.load import load_graph
 from ckpt_cli.markers import MEM_PATTERN_META, PATTERN_OFF_INPUT
 from ckpt_cli.rewrite.mem_pattern import is_ort_artifact, pattern_off
-from ckpt_cli.ort.session import recorded_settings
+from ckpt_cli.io.session import recorded_settings
 from ckpt_cli.verify.feeds import make_feeds as ckpt_feeds
 
 SAMPLE_NAMES = ["gpt", "cnn", "mlp", "resnet18"]

@@ -18,7 +18,7 @@ from ckpt_cli.analysis.scaling import probe_tensors, scaling, symbolic_shapes
 from ckpt_cli.io.written import UNPLANNED_SYMBOL, unplanned_shapes
 from ckpt_cli.markers import MEM_ARENA_META
 from ckpt_cli.verify.records import ModuleRun
-from ckpt_cli.ort.session import recorded_settings
+from ckpt_cli.io.session import recorded_settings
 from ckpt_cli.rewrite import RewriteResult
 from ckpt_cli.verify import module_choice
 

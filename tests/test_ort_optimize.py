@@ -18,7 +18,7 @@ from ckpt_cli.cli import main
 from ckpt_cli.graph import Node
 from ckpt_cli.markers import GUARD_META, RECOMPUTE_META
 from ckpt_cli.ops import is_recomputable
-from ckpt_cli.ort.session import recorded_settings
+from ckpt_cli.io.session import recorded_settings
 
 pytestmark = pytest.mark.slow
 
@@ -165,7 +165,7 @@ def test_device_copies_ort_writes_for_cuda_are_dropped(tmp_path):
     # (as measured on an H200, gpt12). The copies go and every tensor keeps the rewrite's name.
     from onnx import TensorProto, helper
 
-    from ckpt_cli.ort.optimize import _drop_device_copies
+    from ckpt_cli.optimize import _drop_device_copies
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])

@@ -171,7 +171,7 @@ def test_npz_header_claiming_more_than_it_holds_is_refused(tmp_path):
 def test_ort_optimize_honours_the_timeout_and_kills_its_group(chain_path, tmp_path, monkeypatch):
     """Was: ORT's offline optimization child ran under a fixed 1800 s timeout, whatever
     --timeout said, and a process it started outlived it."""
-    from ckpt_cli.ort import optimize
+    from ckpt_cli import optimize
 
     pid_file = tmp_path / "spinner.pid"
     hang = (f"import subprocess, sys, time\np = subprocess.Popen([sys.executable, '-c', 'while True: pass'])\n"
@@ -196,7 +196,7 @@ def test_ort_optimize_honours_the_timeout_and_kills_its_group(chain_path, tmp_pa
     ("import os; os.kill(os.getpid(), 11)", "gave no result (killed by SIGSEGV (signal 11))"),
 ])
 def test_ort_optimize_child_without_an_answer_is_exit_5(chain_path, tmp_path, monkeypatch, script, says):
-    from ckpt_cli.ort import optimize
+    from ckpt_cli import optimize
 
     monkeypatch.setattr(optimize, "_CHILD", script)
     r = CliRunner().invoke(main, ["rewrite", str(chain_path), "-o", str(tmp_path / "out.onnx"), "--ort-optimize",

@@ -26,7 +26,7 @@ if str(ROOT) not in sys.path:  # run from anywhere without an installed package
 
 from ckpt_cli import verify as check
 from ckpt_cli.errors import RunFailed, RuntimeUnavailable
-from ckpt_cli.verify import settings  # noqa: E402
+from ckpt_cli.ort import settings  # noqa: E402
 from ckpt_cli.verify.feeds import FeedError, load_feeds, make_feeds, save_feeds  # noqa: E402
 
 MiB = 1 << 20

@@ -117,3 +117,25 @@ def test_the_scaling_line_gives_units_not_raw_bytes(tmp_path):
     line = next(t for t in run("inspect", path)[1].splitlines() if t.startswith("peak not"))
     assert line.startswith("peak not linear in batch: ") and " at twice them (x" in line, line
     assert not re.search(r"\d{4,}", line.split(";")[0]), line
+
+
+ZOO_LENET = SAMPLES / "zoo" / "lenet" / "training_model.onnx"
+
+
+@pytest.mark.parametrize("command", ["plan", "rewrite"])
+def test_a_budget_the_doubled_dims_cannot_meet_still_plans_the_given_ones(tmp_path, command):
+    """An absolute --budget that fits at the model's dims but not at twice them (the scaling
+    line's second plan) plans the given dims and says the doubled ones do not fit."""
+    ort_peak = json.loads(run("plan", ZOO_LENET, "--json")[1])["ort_peak_bytes_before"]
+    budget = f"{ort_peak // 1024}KiB"  # met at batch 64, far below the floor at 128
+    out = ["-o", tmp_path / "lenet.onnx"] if command == "rewrite" else []
+    code, stdout, stderr = run(command, ZOO_LENET, "--budget", budget, "--json", *out)
+    assert code == 0, stderr
+    report = json.loads(stdout)
+    after = report["ort_peak_bytes_after"] if command == "plan" else report["after"]["ort_peak_bytes"]
+    assert after <= ort_peak
+    assert "unreachable" in report["scaling"]["budget_unreachable_at_doubled_dims"]
+    assert report["scaling"]["same_plan_at_doubled_dims"] is False
+    code, stdout, _ = run(command, ZOO_LENET, "--budget", budget, *([] if command == "plan" else
+                                                                     ["-o", tmp_path / "t.onnx"]))
+    assert code == 0 and "no plan fits the budget at batch = 128" in stdout

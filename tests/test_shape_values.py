@@ -1,4 +1,4 @@
-"""Shape values ckpt evaluates itself (ckpt_cli/analysis/shape_values.py): the numpy fast
+"""Shape values ckpt evaluates itself (ckpt_cli/analysis/shapes.py): the numpy fast
 paths agree with ONNX's reference evaluator, and folding sizes what ONNX's data
 propagation cannot."""
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from ckpt_cli.analysis import shape_values
+from ckpt_cli.analysis import shapes as shape_values
 from ckpt_cli.analysis.shapes import infer_tensors
 from ckpt_cli.graph import Graph, Node
 

@@ -16,7 +16,7 @@ from .floor import Floor, plan_floor
 from .memory import MemoryProfile, buffer_roots, simulate, simulate_deferred, scratch_peak, step_scratch
 from .phases import Phases, classify
 from .scopes import node_scopes
-from .shapes import TensorInfo, infer_tensors, symbolic_dims
+from .shapes import TensorInfo, infer_shapes, symbolic_dims
 
 
 @dataclass(frozen=True)
@@ -217,7 +217,7 @@ def analyse(graph: Graph, dims: dict[str, int] | None = None, loss: str | None =
     ``default_dims`` names the entries of ``dims`` that the caller chose, not the user.
     A model without a backward is refused here."""
     if tensors is None:
-        tensors = infer_tensors(graph, dims)
+        tensors = infer_shapes(graph, dims).tensors
         _refuse_unbound_dims(graph, tensors, dims or {})
     reuse_buffers = recommended_mem_reuse(graph) if reuse_buffers is None else reuse_buffers
     priority, without_reuse = _priority_simulation(graph, tensors, reuse_buffers)

@@ -129,25 +129,28 @@ class BFCArena:
 
     # -- allocation -------------------------------------------------------------------
     def alloc(self, num_bytes: int) -> int | None:
+        # Called twice per buffer per replayed run: attributes are read into locals once.
         if num_bytes <= 0:
             return None
-        rounded = rounded_bytes(num_bytes)
-        i = bisect_left(self.free_chunks, (rounded,))
-        if i == len(self.free_chunks):
+        rounded = MIN_ALLOCATION_BYTES * ((num_bytes + MIN_ALLOCATION_BYTES - 1) // MIN_ALLOCATION_BYTES)
+        free_chunks = self.free_chunks
+        i = bisect_left(free_chunks, (rounded,))
+        if i == len(free_chunks):
             self._extend(rounded)
-            i = bisect_left(self.free_chunks, (rounded,))
-        csize, ptr = self.free_chunks.pop(i)
+            i = bisect_left(free_chunks, (rounded,))
+        csize, ptr = free_chunks.pop(i)
         if csize >= 2 * rounded or csize - rounded >= self.max_dead_bytes_per_chunk:
+            size, nexts = self.size, self.next
             new = ptr + rounded
-            nxt = self.next[ptr]
-            self.size[new] = csize - rounded
+            nxt = nexts[ptr]
+            size[new] = rest = csize - rounded
             self.prev[new] = ptr
-            self.next[new] = nxt
+            nexts[new] = nxt
             if nxt is not None:
                 self.prev[nxt] = new
-            self.next[ptr] = new
-            self.size[ptr] = csize = rounded
-            insort(self.free_chunks, (self.size[new], new))
+            nexts[ptr] = new
+            size[ptr] = csize = rounded
+            insort(free_chunks, (rest, new))
         self.requested[ptr] = num_bytes
         self.in_use += csize
         self.requested_in_use += num_bytes
@@ -162,18 +165,19 @@ class BFCArena:
     def free(self, ptr: int | None) -> None:
         if ptr is None:
             return
-        self.requested_in_use -= self.requested.pop(ptr)
-        self.in_use -= self.size[ptr]
+        requested, size = self.requested, self.size
+        self.requested_in_use -= requested.pop(ptr)
+        self.in_use -= size[ptr]
         nxt = self.next[ptr]
-        if nxt is not None and nxt not in self.requested:  # merge next into this one
+        if nxt is not None and nxt not in requested:  # merge next into this one
             self._remove_free(nxt)
             self._merge(ptr, nxt)
         prv = self.prev[ptr]
-        if prv is not None and prv not in self.requested:  # merge this one into prev
+        if prv is not None and prv not in requested:  # merge this one into prev
             self._remove_free(prv)
             self._merge(prv, ptr)
             ptr = prv
-        insort(self.free_chunks, (self.size[ptr], ptr))
+        insort(self.free_chunks, (size[ptr], ptr))
 
     def _merge(self, a: int, b: int) -> None:
         nb = self.next[b]
@@ -215,17 +219,18 @@ class RunTrace:
     kernel_peak: list[int]
 
 
-def _requests(buffers: Sequence[tuple[int, int, int]], steps: int) -> tuple[list[list[int]], list[list[int]]]:
-    """Per step (and one past the last), the buffers allocated there and those released after it."""
-    alloc_at: list[list[int]] = [[] for _ in range(steps + 1)]
-    free_at: list[list[int]] = [[] for _ in range(steps + 1)]
+def _requests(buffers: Sequence[tuple[int, int, int]], steps: int) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
+    """Per step (and one past the last), the buffers allocated there and those released
+    after it; a step with none is absent (most steps of a large graph)."""
+    alloc_at: dict[int, list[int]] = {}
+    free_at: dict[int, list[int]] = {}
     for b, (size, first, last) in enumerate(buffers):
         if size <= 0:
             continue
         first = min(max(first, 0), steps)
         last = min(max(last, first), steps)
-        alloc_at[first].append(b)
-        free_at[last].append(b)
+        alloc_at.setdefault(first, []).append(b)
+        free_at.setdefault(last, []).append(b)
     return alloc_at, free_at
 
 
@@ -242,7 +247,7 @@ class _Replay:
         self.alloc_at, self.free_at = _requests(buffers, steps)
         self.ptr: dict[int, int | None] = {}
         # an untraced run (one that only grows the arena) visits only the steps that do something
-        self.busy = [k for k in range(steps) if self.alloc_at[k] or self.free_at[k] or k in plans]
+        self.busy = sorted(k for k in {*self.alloc_at, *self.free_at, *plans} if k < steps)
 
     def planned(self, k: int, plan: KernelPlan) -> int:
         """Run step ``k``'s kernel plan; the highest bytes in use while it ran."""
@@ -273,7 +278,7 @@ class _Replay:
 
     def _allocate(self, k: int) -> None:
         ptr, sizes, alloc = self.ptr, self.sizes, self.arena.alloc
-        for b in self.alloc_at[k]:
+        for b in self.alloc_at.get(k, ()):
             ptr[b] = alloc(sizes[b])
 
     def grow(self) -> None:
@@ -285,9 +290,9 @@ class _Replay:
             if plan:
                 self.planned(k, plan)
             else:
-                for b in alloc_at[k]:
+                for b in alloc_at.get(k, ()):
                     ptr[b] = alloc(sizes[b])
-            for b in free_at[k]:
+            for b in free_at.get(k, ()):
                 free(ptr.pop(b))
 
     def traced(self, base: int, stop: int | None) -> tuple[RunTrace, bool]:
@@ -298,27 +303,44 @@ class _Replay:
         ptr, sizes, plans, alloc_at, free_at = self.ptr, self.sizes, self.plans, self.alloc_at, self.free_at
         arena = self.arena
         alloc, free = arena.alloc, arena.free
-        for k in range(self.steps):
+        done = 0  # steps traced so far
+        for k in [*self.busy, self.steps]:
+            if k > done and self._idle(tr, k - done, base, stop):
+                return tr, True
+            if k == self.steps:
+                break
             plan = plans.get(k)
             if plan:
                 kernel_peak.append(self.planned(k, plan) + base)
             else:
-                for b in alloc_at[k]:
+                for b in alloc_at.get(k, ()):
                     ptr[b] = alloc(sizes[b])
                 kernel_peak.append(arena.in_use + base)
             in_use.append(arena.in_use + base)
             requested.append(arena.requested_in_use + base)
             if stop is not None and arena.in_use > stop:
                 return tr, True
-            for b in free_at[k]:
+            for b in free_at.get(k, ()):
                 free(ptr.pop(b))
+            done = k + 1
         return tr, False
+
+    def _idle(self, tr: RunTrace, steps: int, base: int, stop: int | None) -> bool:
+        """Trace ``steps`` steps that allocate and release nothing (most of a large graph's):
+        the bytes stand as they are. Whether the run stops at the first of them."""
+        now, requested = self.arena.in_use, self.arena.requested_in_use
+        if stop is not None and now > stop:
+            steps = 1
+        tr.in_use.extend([now + base] * steps)
+        tr.requested.extend([requested + base] * steps)
+        tr.kernel_peak.extend([now + base] * steps)
+        return stop is not None and now > stop
 
     def end_run(self) -> None:
         """Past the last node: what is allocated there (nothing in practice), then the graph
         outputs are released, as the caller drops them between runs."""
         self._allocate(self.steps)
-        for b in self.free_at[self.steps]:
+        for b in self.free_at.get(self.steps, ()):
             self.arena.free(self.ptr.pop(b))
 
 

@@ -85,9 +85,10 @@ def scaling(a: Analysis) -> Scaling | None:
         return None
     defaulted = tuple(d for d in a.default_dims if d in inputs)
     try:
-        tensors, twice = infer_tied(a.graph, {d: 2 * v for d, v in dims}, defaulted)
-        doubled = analyse(a.graph, twice, a.loss_given, list(a.grad_outputs_given) if a.grad_outputs_given else None,
-                          tensors, default_dims=defaulted)
+        twice = infer_tied(a.graph, {d: 2 * v for d, v in dims}, defaulted)
+        doubled = analyse(a.graph, twice.dims, a.loss_given,
+                          list(a.grad_outputs_given) if a.grad_outputs_given else None, twice.tensors,
+                          default_dims=defaulted)
     except ModelError:  # a tensor past what ckpt sizes at twice the values
         return None
     growth = {s.buffer: (doubled.tensors[s.buffer].nbytes or 0) - 2 * (a.tensors[s.buffer].nbytes or 0)
@@ -145,7 +146,7 @@ def probe_tensors(a: Analysis) -> dict[str, TensorInfo] | None:
     the analysis ties them), or None where the graph cannot be sized there."""
     dims = probe_dims(a.dims)
     try:
-        return infer_tied(a.graph, dims, a.default_dims)[0]
+        return infer_tied(a.graph, dims, a.default_dims).tensors
     except CkptError:
         return None
 
@@ -201,7 +202,7 @@ def other_assignment(a: Analysis) -> dict[str, int] | None:
     free = count(3)
     dims = {d: next(v for v in free if v != value) for d, value in a.dims}
     try:
-        dims = infer_tied(a.graph, dims, tuple(dims))[1]
+        dims = infer_tied(a.graph, dims, tuple(dims)).dims
     except CkptError:
         return None
     return dims if len(dims) == len(a.dims) else None

@@ -1,8 +1,11 @@
-"""Tensor shapes, dtypes and byte sizes, from ONNX shape inference.
+"""Tensor shapes, dtypes and byte sizes: one pass, ``infer_shapes``, per graph and dims.
 
-Symbolic dimensions are bound from ``--dim NAME=VALUE`` before inference. Shape
-inference runs on a light copy of the model in which large initializers become typed
-graph inputs, so it never serialises weights (and works with external data).
+The pass runs ONNX shape inference, evaluates shape values itself where ONNX's data
+propagation stops, and sizes ORT's own ops by the rules ``ort/shapes.py`` registers as a
+table (``RULES``), reading the graph once. Symbolic dimensions are bound from ``--dim
+NAME=VALUE`` before inference. Shape inference runs on a light copy of the model in which
+large initializers become typed graph inputs, so it never serialises weights (and works
+with external data).
 """
 
 from __future__ import annotations
@@ -11,19 +14,17 @@ import math
 from dataclasses import dataclass, replace
 from functools import cache
 from itertools import chain
-from typing import Iterable, TypeGuard
+from typing import Any, Callable, Iterable, TypeGuard, cast, overload
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
+from onnx import helper, numpy_helper
 
 from ..errors import ModelError, UsageError
 from ..graph import ABSENT, Graph, Node, weightless_copy
 from ..markers import FRESH_META, GUARD_META
 from ..ops import ORT_FOLDABLE, ORT_SCALAR_FOLDABLE
 from ..ort import shapes as ort_shapes
-from ..ort.registry import onnx_knows
-from .shape_values import FOLDABLE, fold
 
 _INLINE_INITIALIZER_BYTES = 4096  # small ones may hold shapes that inference must read
 _DIM_UNKNOWN = "?"
@@ -195,17 +196,76 @@ def _symbols_in(values: Iterable[onnx.ValueInfoProto]) -> set[str]:
     return names
 
 
-def infer_tensors(graph: Graph, dims: dict[str, int] | None = None, strict: bool = True) -> dict[str, TensorInfo]:
-    """Shape, dtype and bytes of every tensor in the graph that inference can reach. ``strict``:
-    types and shapes that contradict the ops refuse the model; off for a first sizing at
-    defaulted dims, which the dims tied to other tensors then correct."""
+@dataclass(frozen=True)
+class Shapes:
+    """One graph sized at ``dims`` by ``infer_shapes``: every tensor that ONNX's rules, the
+    shape values ckpt evaluates and ORT's op rules reach. ``tensors`` is handed on as it is
+    (an analysis keeps it as its own): it is built for the caller, never shared."""
+
+    tensors: dict[str, TensorInfo]
+    dims: dict[str, int]  # the values sized at
+
+
+@dataclass(frozen=True)
+class _Read:
+    """What the pass reads of the graph, read once: its nodes' order and opset, ORT's rules
+    for the nodes onnx cannot infer (by node), and the names the rounds go over."""
+
+    graph: Graph
+    order: list[int]
+    opset: int | None  # the ONNX domain's
+    rules: dict[int, ort_shapes.Rule]
+    guards: frozenset[int]  # ckpt's guard views (onnx cannot read their shapes)
+    constants: frozenset[str]  # ORT turns Constant nodes into initializers before it infers shapes
+    made: list[str]  # every node output
+
+
+def _read(graph: Graph) -> _Read:
+    order = graph.topological_order()  # strict inference needs it
+    opset = graph.opset("")
+    nodes = graph.nodes
+    guards = frozenset(i for i, n in enumerate(nodes) if _is_guard_view(n))
+    constants = frozenset(graph.initializers).union(t for n in nodes if n.op_type == "Constant" for t in n.outputs)
+    made = [t for n in nodes for t in n.outputs if t != ABSENT]
+    return _Read(graph, order, opset, _ort_rules(graph, opset or 0, guards), guards, constants, made)
+
+
+def _is_guard_view(node: Node) -> bool:
+    return node.op_type == "Reshape" and any(node.meta(key) is not None for key in (GUARD_META, FRESH_META))
+
+
+def _ort_rules(graph: Graph, opset: int, guards: frozenset[int]) -> dict[int, ort_shapes.Rule]:
+    """Node index -> ORT's shape rule for a node onnx cannot infer, looked up in the table
+    ``ort/shapes.py`` registers (each op type once)."""
+    table = ort_shapes.RULES
+    by_op: dict[tuple[bool, str], ort_shapes.Rule | None] = {}
+    rules: dict[int, ort_shapes.Rule] = {}
+    for i, node in enumerate(graph.nodes):
+        if i in guards:
+            rules[i] = table.guard_view
+            continue
+        key = (node.domain not in ("", "ai.onnx"), node.op_type)
+        if key not in by_op:
+            by_op[key] = table.contrib_rule(key[1]) if key[0] else table.onnx_domain_rule(key[1], opset)
+        rule = by_op[key]
+        if rule is not None:
+            rules[i] = rule
+    return rules
+
+
+def infer_shapes(graph: Graph, dims: dict[str, int] | None = None, strict: bool = True) -> Shapes:
+    """Shape, dtype and bytes of every tensor in the graph that inference can reach, in one
+    pass over the graph read once: ONNX's inference, the shape values ckpt evaluates, ORT's
+    op rules, rounds until nothing more is sized. ``strict``: types and shapes that
+    contradict the ops refuse the model; off for a first sizing at defaulted dims, which the
+    dims tied to other tensors then correct."""
     dims = dims or {}
     for name, value in dims.items():
         if not 0 < value <= _DIM_MAX:
             raise UsageError(f"--dim {name}={value}: out of range (1 to {_DIM_MAX})")
     src = graph.model.graph
-    order = graph.topological_order()  # strict inference needs it
-    model = weightless_copy(graph.model, (graph.nodes[i].proto for i in order), _INLINE_INITIALIZER_BYTES)
+    read = _read(graph)
+    model = weightless_copy(graph.model, (graph.nodes[i].proto for i in read.order), _INLINE_INITIALIZER_BYTES)
     # Local functions stay opaque to inference: checking their bodies strictly could turn a
     # model that loads into an error.
     del model.functions[:]
@@ -219,16 +279,21 @@ def infer_tensors(graph: Graph, dims: dict[str, int] | None = None, strict: bool
     for v in chain(light.input, light.value_info, light.output):
         _bind(v, dims)
     source = (graph.path or "model") if strict else None
-    tensors = _with_shape_values(graph, model, _inferred(model, light, strict_for=source), FOLDABLE,
+    tensors = _with_shape_values(read, model, _inferred(model, light, strict_for=source), FOLDABLE,
                                  strict_for=source)
-    blind = _ort_blind_values(graph, tensors)
+    blind = _ort_blind_values(read, tensors)
     if blind:
-        _mark_ort_static(graph, model, tensors, blind)
+        _mark_ort_static(read, model, tensors, blind)
     for t in src.initializer:
         tensors[t.name] = _info(t.data_type, tuple(t.dims))
-    _through_ort_ops(graph, model, tensors)
+    _through_ort_ops(read, model, tensors)
     _symbols_to_ort(unbound, tensors, dims, symbols)
-    return tensors
+    return Shapes(tensors, dict(dims))
+
+
+def infer_tensors(graph: Graph, dims: dict[str, int] | None = None, strict: bool = True) -> dict[str, TensorInfo]:
+    """The tensors of ``infer_shapes`` alone (for scripts and tests that want only them)."""
+    return infer_shapes(graph, dims, strict).tensors
 
 
 def _declared_symbols(g: onnx.GraphProto, dims: dict[str, int]) -> set[str]:
@@ -263,20 +328,19 @@ def _symbols_to_ort(unbound: onnx.ModelProto | None, tensors: dict[str, TensorIn
             tensors[v.name] = replace(info, static_shape=False, ort_shape=shape)
 
 
-def infer_tied(graph: Graph, bound: dict[str, int], free: tuple[str, ...]
-               ) -> tuple[dict[str, TensorInfo], dict[str, int]]:
-    """``infer_tensors`` at ``bound``, with the dims of ``free`` that other tensors tie (a
-    loss's flattened labels, a regression target) set to the values they tie to; the
-    tensors and the dims they were sized at. A value given to a free dim can contradict
-    its tie, so where the strict sizing refuses, a lenient one finds the ties first."""
+def infer_tied(graph: Graph, bound: dict[str, int], free: tuple[str, ...]) -> Shapes:
+    """``infer_shapes`` at ``bound``, with the dims of ``free`` that other tensors tie (a
+    loss's flattened labels, a regression target) set to the values they tie to (the
+    result's ``dims``). A value given to a free dim can contradict its tie, so where the
+    strict sizing refuses, a lenient one finds the ties first."""
     dims = dict(bound)
     try:
-        tensors = infer_tensors(graph, dims)
+        shapes = infer_shapes(graph, dims)
     except ModelError:
-        if not _retie(graph, infer_tensors(graph, dims, strict=False), dims, free):
+        if not _retie(graph, infer_shapes(graph, dims, strict=False).tensors, dims, free):
             raise
-        return infer_tensors(graph, dims), dims
-    return (infer_tensors(graph, dims), dims) if _retie(graph, tensors, dims, free) else (tensors, dims)
+        return infer_shapes(graph, dims)
+    return infer_shapes(graph, dims) if _retie(graph, shapes.tensors, dims, free) else shapes
 
 
 def _retie(graph: Graph, tensors: dict[str, TensorInfo], dims: dict[str, int], free: tuple[str, ...]) -> bool:
@@ -285,17 +349,16 @@ def _retie(graph: Graph, tensors: dict[str, TensorInfo], dims: dict[str, int], f
     return bool(tied)
 
 
-def _ort_blind_values(graph: Graph, tensors: dict[str, TensorInfo]) -> list[str]:
+def _ort_blind_values(read: _Read, tensors: dict[str, TensorInfo]) -> list[str]:
     """Shape values that ONNX's data propagation computes and ORT does not: outputs of other
     ops whose inputs are all shape values (or initializers)."""
     derived: set[str] = set()  # computed from Shape or Size
     blind: list[str] = []
-    if not any(n.op_type in ("Shape", "Size") for n in graph.nodes):
+    nodes = read.graph.nodes
+    if not any(n.op_type in ("Shape", "Size") for n in nodes):
         return blind
-    # ORT turns Constant nodes into initializers before it infers shapes.
-    consts = set(graph.initializers) | {t for n in graph.nodes if n.op_type == "Constant" for t in n.outputs}
-    nodes = graph.nodes
-    for i in graph.topological_order():
+    consts = read.constants
+    for i in read.order:
         node = nodes[i]
         if node.op_type in ("Shape", "Size"):
             derived.update(t for t in node.outputs if t != ABSENT)
@@ -313,7 +376,7 @@ def _ort_blind_values(graph: Graph, tensors: dict[str, TensorInfo]) -> list[str]
     return blind
 
 
-def _mark_ort_static(graph: Graph, model: onnx.ModelProto, tensors: dict[str, TensorInfo], blind: list[str]) -> None:
+def _mark_ort_static(read: _Read, model: onnx.ModelProto, tensors: dict[str, TensorInfo], blind: list[str]) -> None:
     """Infer again with ``blind`` values unknown and only ORT's value propagation: what is
     no longer sized there, ORT's planner does not know before the run."""
     cut = set(blind)
@@ -330,7 +393,7 @@ def _mark_ort_static(graph: Graph, model: onnx.ModelProto, tensors: dict[str, Te
     # ORT merges the file's value_info into what it infers: a declared shape stays known.
     g.value_info.extend(v for v in light.value_info if v.name not in cut)
     m.opset_import.extend(model.opset_import)
-    seen = _with_shape_values(graph, m, _inferred(m, g), FOLDABLE, frozenset(cut))
+    seen = _with_shape_values(read, m, _inferred(m, g), FOLDABLE, frozenset(cut))
     for t, info in tensors.items():
         if info.nbytes is not None and t not in cut and (t not in seen or seen[t].shape != info.shape):
             tensors[t] = unknown_to_ort(info)
@@ -341,18 +404,17 @@ def unknown_to_ort(info: TensorInfo) -> TensorInfo:
     return replace(info, static_shape=False, ort_shape=None)
 
 
-def _with_shape_values(graph: Graph, model: onnx.ModelProto, tensors: dict[str, TensorInfo], ops: frozenset[str],
+def _with_shape_values(read: _Read, model: onnx.ModelProto, tensors: dict[str, TensorInfo], ops: frozenset[str],
                        skip: frozenset[str] = frozenset(), strict_for: object = None) -> dict[str, TensorInfo]:
     """Where tensors are unsized, evaluate shape values through ``ops`` and infer again with
     them as constants (a few rounds: a value can size the input of the next Shape). With
     ``strict_for``, shapes those values contradict make an invalid model: ORT meets them at
     run time (an Expand to a shape its input does not broadcast to)."""
-    made = [t for n in graph.nodes for t in n.outputs if t != ABSENT]
     folded: dict[str, np.ndarray] = {}
     for _ in range(4):
-        if all(t in tensors and tensors[t].nbytes is not None for t in made):
+        if all(t in tensors and tensors[t].nbytes is not None for t in read.made):
             break
-        values = fold(graph, tensors, ops, skip)
+        values = _fold(read, tensors, ops, skip)
         if values.keys() <= folded.keys():
             break
         folded.update(values)
@@ -395,22 +457,11 @@ def _inferred(model: onnx.ModelProto, light: onnx.GraphProto, strict_for: object
     return tensors
 
 
-def _ort_rule(node: Node, opset: int) -> ort_shapes.Rule | None:
-    """The shape rule of a node onnx cannot infer, or None."""
-    if _is_guard_view(node):
-        return ort_shapes.GUARD_VIEW
-    if node.domain not in ("", "ai.onnx"):
-        return ort_shapes.contrib_rule(node.op_type)
-    rule = ort_shapes.ONNX_DOMAIN_RULES.get(node.op_type)
-    return rule if rule is not None and not onnx_knows(node.op_type, opset) else None
-
-
-def _fill_ort_op_shapes(graph: Graph, tensors: dict[str, TensorInfo]) -> list[str]:
+def _fill_ort_op_shapes(read: _Read, tensors: dict[str, TensorInfo]) -> list[str]:
     """Size the outputs of ORT's own ops by their rules; returns the tensors sized here."""
-    opset = graph.opset("") or 0
-    rules = {i: r for i, r in ((i, _ort_rule(n, opset)) for i, n in enumerate(graph.nodes)) if r is not None}
-    if not rules:
+    if not read.rules:
         return []
+    graph = read.graph
     values: dict[str, np.ndarray] | None = None  # shape values, folded on first use (only a few rules read them)
 
     def typed(name: str) -> ort_shapes.Typed | None:
@@ -420,22 +471,21 @@ def _fill_ort_op_shapes(graph: Graph, tensors: dict[str, TensorInfo]) -> list[st
     def value(name: str) -> np.ndarray | None:
         nonlocal values
         if values is None:
-            values = fold(graph, tensors, FOLDABLE)
+            values = _fold(read, tensors, FOLDABLE)
         return values.get(name)
 
     def producer(name: str) -> Node | None:
         i = graph.producer.get(name)
         return graph.nodes[i] if i is not None else None
 
-    # ORT turns Constant nodes into initializers before it infers shapes
-    constants = set(graph.initializers) | {t for n in graph.nodes if n.op_type == "Constant" for t in n.outputs}
     sized = []
-    for i in graph.topological_order():
-        if i not in rules:
+    for i in read.order:
+        rule = read.rules.get(i)
+        if rule is None:
             continue
         node = graph.nodes[i]
-        known = ort_shapes.ort_knows_outputs(node, constants.__contains__)
-        for pos, (dtype, shape) in rules[i](ort_shapes.Inputs(node, typed, value, producer)).items():
+        known = ort_shapes.RULES.ort_knows_outputs(node, read.constants.__contains__)
+        for pos, (dtype, shape) in rule(ort_shapes.Inputs(node, typed, value, producer)).items():
             out = node.outputs[pos] if pos < len(node.outputs) else ABSENT
             if out == ABSENT or shape is None or (out in tensors and tensors[out].nbytes is not None):
                 continue
@@ -447,15 +497,14 @@ def _fill_ort_op_shapes(graph: Graph, tensors: dict[str, TensorInfo]) -> list[st
     return sized
 
 
-def _through_ort_ops(graph: Graph, model: onnx.ModelProto, tensors: dict[str, TensorInfo]) -> None:
+def _through_ort_ops(read: _Read, model: onnx.ModelProto, tensors: dict[str, TensorInfo]) -> None:
     """Size ORT's own ops, then infer again past them with their outputs declared, until
     nothing more is sized: onnx's inference stops at every op it does not know."""
     declared: dict[str, TensorInfo] = {}
     file_declared = {v.name for v in model.graph.value_info}
     for _ in range(_MAX_ROUNDS):
-        sized = _fill_ort_op_shapes(graph, tensors)
-        if not sized or all(t in tensors and tensors[t].nbytes is not None
-                            for n in graph.nodes for t in n.outputs if t != ABSENT):
+        sized = _fill_ort_op_shapes(read, tensors)
+        if not sized or all(t in tensors and tensors[t].nbytes is not None for t in read.made):
             return
         declared.update((t, tensors[t]) for t in sized)
         m = onnx.ModelProto(ir_version=model.ir_version)
@@ -470,16 +519,13 @@ def _through_ort_ops(graph: Graph, model: onnx.ModelProto, tensors: dict[str, Te
         before = {t for t, i in tensors.items() if i.nbytes is not None}
         _merge_sized(tensors, _inferred(m, g))
         # shapes past ORT's ops may size Shape nodes whose values size the next Reshape
-        _merge_sized(tensors, _with_shape_values(graph, m, dict(tensors), FOLDABLE))
+        _merge_sized(tensors, _with_shape_values(read, m, dict(tensors), FOLDABLE))
         now = {t for t, i in tensors.items() if i.nbytes is not None}
-        if any(_is_guard_view(graph.nodes[graph.producer[t]]) for t in sized if t in graph.producer):
+        producer = read.graph.producer
+        if any(producer[t] in read.guards for t in sized if t in producer):
             _unknown_to_ort(tensors, (now - before) | set(sized), file_declared)
         if now == before:
             return
-
-
-def _is_guard_view(node: Node) -> bool:
-    return node.op_type == "Reshape" and (node.meta(GUARD_META) is not None or node.meta(FRESH_META) is not None)
 
 
 def _unknown_to_ort(tensors: dict[str, TensorInfo], names: set[str], declared: set[str]) -> None:
@@ -496,3 +542,133 @@ def _merge_sized(tensors: dict[str, TensorInfo], new: dict[str, TensorInfo]) -> 
 
 
 _MAX_ROUNDS = 32  # each round passes one more layer of ORT ops; deep graphs need a few rounds per layer
+
+
+# Shape values: small integer tensors computed from static shapes (Shape, Size and the
+# arithmetic on them), evaluated before the run, in the same pass. ONNX's data propagation
+# stops at some of these ops (int64 Div; Size feeding arithmetic), ORT's at others (Slice,
+# Concat, Reshape). ckpt evaluates them itself with ONNX's reference evaluator, restricted
+# to the ops the caller names, and shape inference then reads them as constants.
+
+# Ops ckpt evaluates on shape values.
+# Equal and Where: the exporter's shape of an ``expand`` (-1 kept from the input's shape).
+FOLDABLE = frozenset({"Shape", "Size", "Constant", "Gather", "Squeeze", "Unsqueeze", "Add", "Sub", "Mul", "Div",
+                      "Concat", "Slice", "Cast", "Reshape", "Identity", "Equal", "Where"})
+_MAX_ELEMENTS = 64
+_INTEGER = (onnx.TensorProto.INT64, onnx.TensorProto.INT32)
+
+
+def _fold(read: _Read, tensors: dict[str, TensorInfo], ops: frozenset[str],
+          skip: frozenset[str] = frozenset()) -> dict[str, np.ndarray]:
+    """Values of node outputs computable from static shapes and small integer
+    initializers through ``ops`` (outputs in ``skip`` stay unknown)."""
+    graph = read.graph
+    values: dict[str, np.ndarray] = {
+        name: numpy_helper.to_array(t) for name, t in graph.initializers.items()
+        if t.data_type in _INTEGER and t.data_location != onnx.TensorProto.EXTERNAL
+        and math.prod(t.dims) <= _MAX_ELEMENTS}
+    made: dict[str, np.ndarray] = {}
+    opset = read.opset or 18
+    value_rules = ort_shapes.RULES.values
+    for i in read.order:
+        node = graph.nodes[i]
+        if _is_concat_training(node, ops) and node.outputs[0] not in skip:
+            value = _evaluate(node, values, tensors, opset, as_op="Concat")
+        elif node.op_type in value_rules and node.domain == "com.microsoft":
+            for out, axes in _values_by_rule(value_rules[node.op_type], node, values, skip).items():
+                values[out] = made[out] = axes
+            continue
+        elif (node.op_type not in ops or node.domain not in ("", "ai.onnx") or len(node.outputs) != 1
+                or node.outputs[0] in skip):
+            continue
+        else:
+            value = _evaluate(node, values, tensors, opset)
+        if value is not None and value.dtype.kind in "iub" and value.size <= _MAX_ELEMENTS:
+            values[node.outputs[0]] = made[node.outputs[0]] = value
+    return made
+
+
+def _values_by_rule(rule: ort_shapes.ValueRule, node: Node, values: dict[str, np.ndarray], skip: frozenset[str]
+                    ) -> dict[str, np.ndarray]:
+    """The values of an ORT op's outputs by its rule (BroadcastGradientArgs: the reduction
+    axes of a broadcast)."""
+    if len(node.inputs) < 2 or any(t not in values for t in node.inputs[:2]):
+        return {}
+    try:
+        axes = rule(*(values[t].reshape(-1).tolist() for t in node.inputs[:2]))
+    except ValueError:
+        return {}
+    return {out: np.array(v, np.int64) for out, v in zip(node.outputs, axes) if out != ABSENT and out not in skip}
+
+
+def _is_concat_training(node: Node, ops: frozenset[str]) -> bool:
+    """ORT's training transformer turns Concat into com.microsoft ConcatTraining, whose first
+    output is the Concat's (its second, the input lengths, is not a shape value)."""
+    return node.op_type == "ConcatTraining" and node.domain == "com.microsoft" and "Concat" in ops
+
+
+def _evaluate(node: Node, values: dict[str, np.ndarray], tensors: dict[str, TensorInfo],
+              opset: int, as_op: str | None = None) -> np.ndarray | None:
+    if node.op_type in ("Shape", "Size"):
+        info = tensors.get(node.inputs[0])
+        if info is None or info.shape is None or not all(isinstance(d, int) for d in info.shape):
+            return None
+        if node.op_type == "Size":
+            return np.array(math.prod(info.shape), np.int64)
+        return np.array(info.shape[node.attr("start", 0):node.attr("end", None)], np.int64)
+    names = [t for t in node.inputs if t != ABSENT]
+    if any(t not in values for t in names):
+        return None
+    fast = _FAST.get(as_op or node.op_type)
+    if as_op is not None and fast is None:
+        return None
+    if fast is not None and (node.op_type not in _AXES_INPUT or opset >= 13):
+        try:
+            return np.asarray(fast(node, *(values[t] for t in names)))
+        except (ValueError, IndexError, TypeError, ZeroDivisionError):
+            return None
+    inputs = [helper.make_tensor_value_info(t, helper.np_dtype_to_tensor_dtype(values[t].dtype), values[t].shape)
+              for t in dict.fromkeys(names)]
+    g = helper.make_graph([node.proto], "fold", inputs, [helper.make_empty_tensor_value_info(node.outputs[0])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    try:
+        from onnx.reference import ReferenceEvaluator
+
+        # run answers a list unless asked for intermediate values
+        outputs = cast(list[object], ReferenceEvaluator(model).run(None, {t: values[t] for t in names}))
+        return np.asarray(outputs[0])
+    except Exception:  # an op the evaluator rejects leaves the value unknown
+        return None
+
+
+def _div(node: Node, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    if a.dtype.kind not in "iu" or b.dtype.kind not in "iu" or not np.all(b):
+        raise ValueError("not an integer division")
+    q = np.abs(a) // np.abs(b)  # C++ integer division truncates toward zero
+    quotient: np.ndarray = np.where((a < 0) != (b < 0), -q, q).astype(np.result_type(a, b))
+    return quotient
+
+
+@overload
+def _axes(a: np.ndarray, axes: np.ndarray) -> tuple[int, ...]: ...
+@overload
+def _axes(a: np.ndarray, axes: None = None) -> None: ...
+def _axes(a: np.ndarray, axes: np.ndarray | None = None) -> tuple[int, ...] | None:
+    return None if axes is None else tuple(int(x) for x in axes.reshape(-1))
+
+
+# numpy for the common ops (the reference evaluator is slow for each node); from
+# opset 13 on, Squeeze and Unsqueeze take their axes as an input.
+_AXES_INPUT = frozenset({"Squeeze", "Unsqueeze"})
+_FAST: dict[str, Callable[..., Any]] = {
+    "Identity": lambda n, a: a,
+    "Add": lambda n, a, b: a + b,
+    "Sub": lambda n, a, b: a - b,
+    "Mul": lambda n, a, b: a * b,
+    "Div": _div,
+    "Concat": lambda n, *xs: np.concatenate(xs, axis=n.attr("axis", 0)),
+    "Gather": lambda n, a, i: np.take(a, i, axis=n.attr("axis", 0)),
+    "Unsqueeze": lambda n, a, axes: np.expand_dims(a, tuple(
+        x % (a.ndim + len(_axes(a, axes))) for x in _axes(a, axes))),
+    "Squeeze": lambda n, a, axes=None: np.squeeze(a, _axes(a, axes)),
+}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -14,12 +15,17 @@ from .progress import progress
 from .options import (analysis_options, analysis_value, auto_options, check_options, check_value, emit,
                       plan_value, policy_options, protect_report, renderer, report_options, rewrite_value)
 
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from ..options import AnalysisOptions, PlanOptions
+
 
 @click.command()
 @click.argument("model", type=click.Path(path_type=Path))
 @analysis_options
 @report_options
-def inspect(model: Path, **given) -> None:
+def inspect(model: Path, **given: Any) -> None:
     """Analyse a training graph and predict its peak memory.
 
     Classifies nodes as forward or backward, lists the activations stashed for the
@@ -79,7 +85,7 @@ def default_output(model: Path) -> Path:
 @check_options
 @analysis_options
 @report_options
-def rewrite(model: Path, **given) -> None:
+def rewrite(model: Path, **given: Any) -> None:
     """Rewrite a training graph to recompute activations instead of stashing them.
 
     Marked regions of the forward pass keep only their inputs for the backward pass;
@@ -118,14 +124,14 @@ def rewrite(model: Path, **given) -> None:
                                    progress=shown.detail)
     except CkptError as e:
         if e.report is not None and report_path is not None:  # the model is written: so is its report
-            emit(e.report, None, True, report_path, True, (model, output, options.plan.plan_file))
+            emit(e.report, _render_rewrite, True, report_path, True, (model, output, options.plan.plan_file))
         raise
     emit(result.to_json(), _render_rewrite, as_json, report_path, quiet, (model, output, options.plan.plan_file))
     if result.check is not None and not result.check.passed:
         sys.exit(1)
 
 
-def _render_rewrite(r: dict, console) -> None:
+def _render_rewrite(r: dict[str, Any], console: Console) -> None:
     from ..report.plan_view import render_budget, render_explanations
     from ..report.render import render_check, render_rewrite
 
@@ -161,7 +167,7 @@ def _output_file(output: str | Path, model: Path) -> Path:
                    "untuned session.")
 @analysis_options
 @report_options
-def plan(model: Path, **given) -> None:
+def plan(model: Path, **given: Any) -> None:
     """Choose checkpoint regions automatically and explain the choice, without rewriting.
 
     Strategies: layers (one region per repeated layer), sqrt (about sqrt(n) segments cut
@@ -202,7 +208,7 @@ def plan(model: Path, **given) -> None:
     emit(result.to_json(), renderer("plan_view", "render_plan"), as_json, report_path, quiet, (model, output))
 
 
-def _refuse_with_sweep(output: Path | None, options) -> None:
+def _refuse_with_sweep(output: Path | None, options: PlanOptions) -> None:
     """The sweep draws the whole front: no one plan to write, no strategy or budget to follow."""
     if output is not None:
         raise UsageError("-o writes one plan, and --sweep makes none: pick a --budget from the sweep and rerun "
@@ -213,7 +219,8 @@ def _refuse_with_sweep(output: Path | None, options) -> None:
         raise UsageError("--sweep draws the whole min-cut front: drop --activation-budget")
 
 
-def _sweep(model: Path, svg: Path | None, options, analysis, reporting: tuple) -> None:
+def _sweep(model: Path, svg: Path | None, options: PlanOptions, analysis: AnalysisOptions,
+           reporting: tuple[bool, Path | None, bool]) -> None:
     from ..api import sweep_model
     from ..report.sweep_view import render_sweep
 
@@ -231,7 +238,7 @@ def _sweep(model: Path, svg: Path | None, options, analysis, reporting: tuple) -
 @check_options
 @analysis_options
 @report_options
-def check(original: Path, rewritten: Path, **given) -> None:
+def check(original: Path, rewritten: Path, **given: Any) -> None:
     """Prove a rewrite on ONNX Runtime: same outputs, less memory, written order kept.
 
     Runs both graphs, each in a fresh child process, with the session settings ckpt
@@ -273,7 +280,7 @@ def check(original: Path, rewritten: Path, **given) -> None:
               help="The execution provider the session will use (default: the one the model was optimized for "
                    "with --ort-optimize, else cpu).")
 @report_options
-def session(model: Path, provider, as_json, report_path, quiet) -> None:
+def session(model: Path, provider: str | None, as_json: bool, report_path: Path | None, quiet: bool) -> None:
     """Print the ONNX Runtime session a ckpt-written model needs, as Python to paste.
 
     The settings are read from the model's metadata (what the rewrite planned for). In
@@ -284,7 +291,7 @@ def session(model: Path, provider, as_json, report_path, quiet) -> None:
       ckpt session gpt.ckpt.onnx
       ckpt session gpt.ckpt.onnx --json | jq .settings.execution_order
     """
-    from ..ort.session import recorded_settings
+    from ..io.session import recorded_settings
     from ..report.model import session_report
 
     protect_report(report_path, model)
@@ -298,7 +305,8 @@ def session(model: Path, provider, as_json, report_path, quiet) -> None:
     emit(report, _render_session, as_json, report_path, quiet, (model,))
 
 
-def _render_session(r: dict, console) -> None:
+def _render_session(r: dict[str, Any], console: Console) -> None:
+
     """The snippet as it is, to paste or pipe into a file (no markup, no wrapping)."""
     if not console.quiet:
         click.echo(r["session_settings"], nl=False)

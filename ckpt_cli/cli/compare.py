@@ -7,12 +7,17 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from ..errors import UsageError
 from .options import emit, parse_dims, protect_report, report_options
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from ..report.compare import Input, Outcome
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -30,7 +35,8 @@ from .options import emit, parse_dims, protect_report, report_options
               help="How to print the comparison: tables for a terminal, or markdown (a GitHub step summary: "
                    ">> $GITHUB_STEP_SUMMARY).")
 @report_options
-def compare(inputs, conditions, svg_path, dims, allow_mixed, fmt, **reporting) -> None:
+def compare(inputs: tuple[str, ...], conditions: tuple[str, ...], svg_path: Path | None, dims: tuple[str, ...],
+            allow_mixed: bool, fmt: str, **reporting: Any) -> None:
     """Compare reports and models side by side; with --fail-if, a CI memory gate.
 
     Each INPUT is a JSON report of `ckpt inspect`, `ckpt rewrite` (its rewritten
@@ -85,23 +91,24 @@ def compare(inputs, conditions, svg_path, dims, allow_mixed, fmt, **reporting) -
     _fail_if_held(outcomes, loaded[-1].label)
 
 
-def _render_markdown(report: dict[str, Any], console) -> None:
+def _render_markdown(report: dict[str, Any], console: Console) -> None:
     from ..report.markdown import compare_markdown
 
     if not console.quiet:
         click.echo(compare_markdown(report), nl=False)
 
 
-def _write_chart(svg_path: Path, charted: list) -> None:
+def _write_chart(svg_path: Path, charted: list[Input]) -> None:
     from ..io.save import write_text_atomic
     from ..report.svg import memory_chart_svg
 
     title = "Memory over the schedule: " + " vs ".join(i.label for i in charted)
-    write_text_atomic(svg_path, memory_chart_svg([(i.label, i.series) for i in charted],
+    write_text_atomic(svg_path, memory_chart_svg([(i.label, i.series or []) for i in charted],
                                                  [i.backward_starts_at for i in charted], title))
 
 
-def _fail_if_held(outcomes: list, label: str) -> None:
+def _fail_if_held(outcomes: list[Outcome], label: str) -> None:
+
     """Each --fail-if condition that holds, one line on stderr; then exit 1."""
     from ..report.render import condition_value_text
     from ..report.text import plain

@@ -4,13 +4,26 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from ..errors import UsageError
 
+if TYPE_CHECKING:  # imported where used: a command's start loads no more than it needs
+    from rich.console import Console
+
+    from ..options import AnalysisOptions, CheckOptions, PlanOptions, RewriteOptions
+    from ..planning.plan import Policy
+
 PRETTY_JSON_LIMIT = 1 << 20  # larger reports (100k-node graphs) are written compact
+
+# A command's function, as click's decorators take and give it back.
+Command = TypeVar("Command", bound=Callable[..., Any])
+# Renders a report (as --json prints it) on a console.
+Render = Callable[[dict[str, Any], "Console"], None]
 
 
 def parse_dims(values: tuple[str, ...]) -> dict[str, int]:
@@ -25,7 +38,7 @@ def parse_dims(values: tuple[str, ...]) -> dict[str, int]:
     return dims
 
 
-def analysis_options(f):
+def analysis_options(f: Command) -> Command:
     """Options every command that analyses a model shares."""
     f = click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE",
                      help="Bind a symbolic dimension (repeatable), e.g. --dim batch=8.")(f)
@@ -43,7 +56,7 @@ def remember_json(ctx: click.Context, _param: click.Parameter, value: bool) -> b
     return value
 
 
-def report_options(f):
+def report_options(f: Command) -> Command:
     f = click.option("--json", "as_json", is_flag=True, callback=remember_json,
                      help="Print one JSON object instead of tables (on failure: {\"error\": {\"exit_code\", "
                           "\"message\"}}).")(f)
@@ -54,7 +67,7 @@ def report_options(f):
     return f
 
 
-def check_options(f):
+def check_options(f: Command) -> Command:
     """Options of the ORT check, shared by ``check`` and ``rewrite --check``."""
     f = click.option("--provider", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True,
                      help="ONNX Runtime execution provider (auto: CUDA when a GPU really works, else CPU).")(f)
@@ -80,7 +93,7 @@ def check_options(f):
     return f
 
 
-def auto_options(f):
+def auto_options(f: Command) -> Command:
     from ..options import AUTO_NAMES
 
     f = click.option("--auto", type=click.Choice(AUTO_NAMES),
@@ -101,14 +114,14 @@ def auto_options(f):
     return f
 
 
-def analysis_value(given: dict):
+def analysis_value(given: dict[str, Any]) -> AnalysisOptions:
     """The AnalysisOptions of a command's --dim/--loss/--grad-output (taken out of ``given``)."""
     from ..options import AnalysisOptions
 
     return AnalysisOptions(parse_dims(given.pop("dims")), given.pop("loss"), tuple(given.pop("grad_outputs")))
 
 
-def plan_value(given: dict):
+def plan_value(given: dict[str, Any]) -> PlanOptions:
     """The PlanOptions of a command's region, strategy and policy options (taken out of ``given``)."""
     from ..options import PlanOptions
 
@@ -119,7 +132,7 @@ def plan_value(given: dict):
                        allow_unsized=given.pop("allow_unsized", False))
 
 
-def rewrite_value(given: dict):
+def rewrite_value(given: dict[str, Any]) -> RewriteOptions:
     """The RewriteOptions of ``ckpt rewrite``'s options (taken out of ``given``)."""
     from ..options import RewriteOptions
 
@@ -128,7 +141,7 @@ def rewrite_value(given: dict):
                           given["python"], given.pop("work_around_ort_defects"))
 
 
-def check_value(given: dict):
+def check_value(given: dict[str, Any]) -> CheckOptions:
     """The CheckOptions of the check's options (taken out of ``given``)."""
     from ..options import CheckOptions
 
@@ -154,7 +167,7 @@ def protect_report(report_path: Path | None, *protected: Path | None) -> None:
                              "overwrite; choose another --report")
 
 
-def _finite(value):
+def _finite(value: object) -> object:
     """JSON has no Infinity or NaN: such figures are written as null."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
@@ -165,19 +178,20 @@ def _finite(value):
     return value
 
 
-def report_text(report: dict) -> str:
+def report_text(report: dict[str, Any]) -> str:
+    doc: object = report
     try:
-        text = json.dumps(report, allow_nan=False)  # json's C encoder; indenting makes it pure Python
+        text = json.dumps(doc, allow_nan=False)  # json's C encoder; indenting makes it pure Python
     except ValueError:
-        report = _finite(report)
-        text = json.dumps(report, allow_nan=False)
+        doc = _finite(report)
+        text = json.dumps(doc, allow_nan=False)
     if len(text) < PRETTY_JSON_LIMIT:
-        text = json.dumps(report, indent=2, allow_nan=False)
+        text = json.dumps(doc, indent=2, allow_nan=False)
     return text
 
 
-def emit(report: dict, render, as_json: bool, report_path: Path | None, quiet: bool,
-         protected: tuple = ()) -> None:
+def emit(report: dict[str, Any], render: Render, as_json: bool, report_path: Path | None, quiet: bool,
+         protected: tuple[Path | None, ...] = ()) -> None:
     """Write the report where asked: JSON on stdout, a JSON file (never over ``protected``
     files), or tables."""
     from ..io.save import write_text_atomic
@@ -194,17 +208,17 @@ def emit(report: dict, render, as_json: bool, report_path: Path | None, quiet: b
         click.echo(text)
 
 
-def renderer(module: str, name: str):
+def renderer(module: str, name: str) -> Render:
     """``ckpt_cli.report.<module>.<name>``, imported when a report is rendered: a --json
     run never loads rich, which would slow every command's start."""
-    def render(report: dict, console) -> None:
+    def render(report: dict[str, Any], console: Console) -> None:
         from importlib import import_module
 
         getattr(import_module(f"ckpt_cli.report.{module}"), name)(report, console)
     return render
 
 
-def policy_options(f):
+def policy_options(f: Command) -> Command:
     """The per-op policy options: ``--recompute-ops`` and ``--keep-ops`` (and, as every
     command that plans takes them, ``--allow-unsized``)."""
     f = click.option("--allow-unsized", is_flag=True,
@@ -218,7 +232,8 @@ def policy_options(f):
     return f
 
 
-def policy_from(recompute_ops: str, keep_ops: str):
+def policy_from(recompute_ops: str, keep_ops: str) -> Policy:
+
     """A planning Policy from the option values; an op in both lists is a usage error."""
     from ..planning.plan import Policy
 

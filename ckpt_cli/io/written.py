@@ -158,12 +158,12 @@ def _sized_again(model: onnx.ModelProto, made: dict[str, onnx.ValueInfoProto],
     its file: a Reshape whose shape is computed from a tensor declared by symbols of its own
     is sized from its own declaration only, and one of unknown size fails its check
     (the zoo denoiser's /Reshape_2_output_0_grad and its recompute copy)."""
-    from ..analysis.shapes import infer_tensors
+    from ..analysis.shapes import infer_shapes
     from ..graph import Graph
 
     g, back = model.graph, 0
     for _ in range(3):
-        tensors = infer_tensors(Graph.from_model(model), dict(dims), strict=False)
+        tensors = infer_shapes(Graph.from_model(model), dict(dims), strict=False).tensors
         lost = {t for t in made if tensors.get(t) is None or tensors[t].nbytes is None}
         if not lost:
             break

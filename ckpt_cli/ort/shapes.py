@@ -11,32 +11,36 @@ rules were checked against the arrays ORT 1.19.2's training build returns.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence, cast
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional, Sequence, cast
 
 import numpy as np
 from onnx import TensorProto
 
 from ..graph import Node
+from .registry import onnx_knows
 
 Shape = tuple[int | str, ...]  # a dimension: its size, or a symbol
 Typed = tuple[int, Shape]  # (element type, shape)
 
 
+@dataclass(frozen=True, slots=True)
 class Inputs:
     """What a rule may read of one node: its inputs' types and shapes, shape values, the
-    nodes that made its inputs, and its attributes."""
+    nodes that made its inputs, and its attributes (the shape pass hands the readers in)."""
 
-    def __init__(self, node: Node, typed: Callable[[str], Optional[Typed]],
-                 value: Callable[[str], Optional[np.ndarray]], producer: Callable[[str], Optional[Node]]) -> None:
-        self.node, self._typed, self._value, self._producer = node, typed, value, producer
+    node: Node
+    typed_of: Callable[[str], Optional[Typed]]
+    value_of: Callable[[str], Optional[np.ndarray]]
+    producer_of: Callable[[str], Optional[Node]]
 
     def typed(self, pos: int) -> Optional[Typed]:
         names = self.node.inputs
-        return self._typed(names[pos]) if pos < len(names) and names[pos] else None
+        return self.typed_of(names[pos]) if pos < len(names) and names[pos] else None
 
     def typed_tensor(self, name: str) -> Optional[Typed]:
         """Type and shape of any tensor of the graph (a producer's input, say)."""
-        return self._typed(name)
+        return self.typed_of(name)
 
     def shape(self, pos: int) -> Optional[Shape]:
         typed = self.typed(pos)
@@ -48,11 +52,11 @@ class Inputs:
 
     def value(self, pos: int) -> Optional[np.ndarray]:
         names = self.node.inputs
-        return self._value(names[pos]) if pos < len(names) and names[pos] else None
+        return self.value_of(names[pos]) if pos < len(names) and names[pos] else None
 
     def producer(self, pos: int) -> Optional[Node]:
         names = self.node.inputs
-        return self._producer(names[pos]) if pos < len(names) and names[pos] else None
+        return self.producer_of(names[pos]) if pos < len(names) and names[pos] else None
 
     def attr(self, name: str, default: Any = None) -> Any:
         for a in self.node.proto.attribute:
@@ -355,15 +359,41 @@ ONNX_DOMAIN_RULES: dict[str, Rule] = {
 ORT_SIZES_FROM_CONSTANT: dict[str, int] = {"ReduceSumTraining": 1, "SplitTraining": 1}
 
 
-def ort_knows_outputs(node: Node, constant: Callable[[str], bool]) -> bool:
-    """Whether ORT's shape inference sizes ``node``'s outputs before the run (as far as the
-    rules here tell: an input it needs as an initializer is one)."""
-    pos = ORT_SIZES_FROM_CONSTANT.get(node.op_type)
-    return pos is None or node.domain in ("", "ai.onnx") or (pos < len(node.inputs) and constant(node.inputs[pos]))
+ValueRule = Callable[[Sequence[int], Sequence[int]], tuple[list[int], list[int]]]
 
 
-def contrib_rule(op_type: str) -> Optional[Rule]:
-    rule = CONTRIB_RULES.get(op_type)
-    if rule is None and (op_type.endswith("Grad") or op_type in _ELEMENTWISE):
-        rule = _same_as({0: 0})
-    return rule
+@dataclass(frozen=True)
+class RuleTable:
+    """ORT's shape facts as data, registered into ckpt's one shape pass (analysis/shapes.py),
+    which looks them up rather than calling back here op by op: the rules of the ops onnx
+    cannot infer, the ``com.microsoft`` ops whose outputs are shape values (their values
+    from the values of their inputs), and the inputs ORT sizes outputs by only as initializers."""
+
+    contrib: Mapping[str, Rule]  # ops in domains onnx has no schemas for
+    elementwise: frozenset[str]  # contrib ops (and every *Grad) with input 0's type and shape
+    onnx_domain: Mapping[str, Rule]  # ONNX-domain ops ORT registers, where onnx does not know them
+    guard_view: Rule
+    values: Mapping[str, ValueRule]
+    sizes_from_constant: Mapping[str, int]
+
+    def contrib_rule(self, op_type: str) -> Optional[Rule]:
+        rule = self.contrib.get(op_type)
+        if rule is None and (op_type.endswith("Grad") or op_type in self.elementwise):
+            rule = _SAME_AS_INPUT
+        return rule
+
+    def onnx_domain_rule(self, op_type: str, opset: int) -> Optional[Rule]:
+        """The rule of an ONNX-domain op that onnx does not know at ``opset`` (None if it does)."""
+        rule = self.onnx_domain.get(op_type)
+        return rule if rule is not None and not onnx_knows(op_type, opset) else None
+
+    def ort_knows_outputs(self, node: Node, constant: Callable[[str], bool]) -> bool:
+        """Whether ORT's shape inference sizes ``node``'s outputs before the run (as far as the
+        rules here tell: an input it needs as an initializer is one)."""
+        pos = self.sizes_from_constant.get(node.op_type)
+        return pos is None or node.domain in ("", "ai.onnx") or (pos < len(node.inputs) and constant(node.inputs[pos]))
+
+
+_SAME_AS_INPUT: Rule = _same_as({0: 0})
+RULES = RuleTable(CONTRIB_RULES, _ELEMENTWISE, ONNX_DOMAIN_RULES, GUARD_VIEW,
+                  {"BroadcastGradientArgs": broadcast_gradient_axes}, ORT_SIZES_FROM_CONSTANT)

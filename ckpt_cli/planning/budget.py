@@ -35,7 +35,7 @@ from .strategies import LARGE_GRAPH_NODES, BudgetResult, budget_plan
 EXACT_AGAIN_WITHIN = 2.0
 
 
-@dataclass
+@dataclass(frozen=True)
 class Planned:
     plan: Plan | None
     budget: int | None = None
@@ -51,6 +51,13 @@ class Planned:
     cost: Any = None  # the default's PlanCost, where it has one
     fallbacks: tuple[tuple[Plan, PlanCost, Any], ...] = ()  # the default's (plan, cost, unpinned rewrite) with less recompute, lowest peak first
     module: Any = None  # the default's ModuleChoice: an ORT training artifact judged by training it
+
+    def settled(self) -> "Planned":
+        """``self`` without the search's unpinned rewrites, once the written one is made from
+        them: each holds a graph of the model's size that nothing reads after (72 MiB of a
+        100k-node graph's, alive while the written model is built and saved)."""
+        return replace(self, result=None, beyond=tuple((p, c, None) for p, c, _ in self.beyond),
+                       fallbacks=tuple((p, c, None) for p, c, _ in self.fallbacks))
 
 
 class Solver(Protocol):
@@ -91,7 +98,7 @@ class BudgetSearch:
         planned = self.searched(budget, budget)
         if self.write is None:
             return planned
-        planned.written = self.write(planned)
+        planned = replace(planned, written=self.write(planned))
         assert planned.search is not None  # ``searched`` always records its search
         guards = self.peak(planned.written) - planned.search.peak_bytes
         if self.peak(planned.written) <= budget:
@@ -103,7 +110,7 @@ class BudgetSearch:
             planned = self.searched(budget - guards, budget)
         except BudgetUnreachable:
             raise BudgetUnreachable(line) from None
-        planned.written = self.write(planned)
+        planned = replace(planned, written=self.write(planned))
         if self.peak(planned.written) > budget:
             raise BudgetUnreachable(line)
         return planned

@@ -18,7 +18,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
+
 
 from ..errors import ModelError, UsageError
 from .conditions import Condition, as_number, lookup
@@ -46,19 +47,19 @@ class Input:
     path: str
     label: str
     kind: str  # "onnx", "inspect", "plan", "rewrite" or "check"
-    report: dict
+    report: dict[str, Any]
     figures: dict[str, Any]
     scopes: dict[str, int] | None = None
     series: list[int] | None = None
     backward_starts_at: int | None = None
-    regions: list[dict] = field(default_factory=list)
+    regions: list[dict[str, Any]] = field(default_factory=list)
     dim_names: set[str] = field(default_factory=set)  # symbolic dimensions (ONNX inputs)
     description: str = ""
 
 
 # ---------------------------------------------------------------------------------- loading
 
-def _describe(kind: str, r: dict) -> str:
+def _describe(kind: str, r: dict[str, Any]) -> str:
     if kind == "onnx":
         return "ONNX model, analysed now"
     if kind == "inspect":
@@ -71,7 +72,7 @@ def _describe(kind: str, r: dict) -> str:
     return f"check report: {Path(r['model']).name} vs {Path(r['rewritten_model']).name} on {r['provider']}"
 
 
-def _need(report: dict, path: str, source: str) -> Any:
+def _need(report: dict[str, Any], path: str, source: str) -> Any:
     try:
         return lookup(report, path)
     except KeyError:
@@ -79,7 +80,7 @@ def _need(report: dict, path: str, source: str) -> Any:
                          f"(no '{path}')") from None
 
 
-def _read_report(path: Path) -> dict:
+def _read_report(path: Path) -> dict[str, Any]:
     try:
         doc = json.loads(path.read_text())
     except UnicodeDecodeError:
@@ -104,7 +105,7 @@ def _looks_like_json(path: Path) -> bool:
     return head.startswith(b"{") or path.suffix.lower() == ".json"
 
 
-def _recompute_share(r: dict, source: str) -> float | None:
+def _recompute_share(r: dict[str, Any], source: str) -> float | None:
     """FLOPs of ckpt's recompute copies in an inspected model over the FLOPs of the step
     without them; None for a report written before inspect counted the copies."""
     recompute = r.get("recompute_flops")
@@ -114,7 +115,7 @@ def _recompute_share(r: dict, source: str) -> float | None:
     return recompute / rest if rest else 0.0
 
 
-def _analyse_model(path: Path, dims: dict[str, int]) -> tuple[dict, set[str]]:
+def _analyse_model(path: Path, dims: dict[str, int]) -> tuple[dict[str, Any], set[str]]:
     """inspect report and symbolic dimension names of an ONNX model.
     ``dims`` naming dimensions this model does not have are ignored here."""
     from ..analysis import analyse, symbolic_dims
@@ -130,7 +131,7 @@ def _analyse_model(path: Path, dims: dict[str, int]) -> tuple[dict, set[str]]:
     return report, names
 
 
-def _figures(kind: str, r: dict, source: str) -> dict[str, Any]:
+def _figures(kind: str, r: dict[str, Any], source: str) -> dict[str, Any]:
     f: dict[str, Any] = dict.fromkeys(FIGURE_KEYS)
     if kind in ("onnx", "inspect"):
         f["peak_bytes"] = _need(r, "peak_bytes", source)
@@ -188,7 +189,7 @@ def load_input(path: str | Path, label: str, dims: dict[str, int] | None = None)
         raise UsageError(f"{src}: not a well-formed ckpt {kind} report ({type(e).__name__}: {e})") from e
 
 
-def _make_input(src: str, label: str, kind: str, report: dict) -> Input:
+def _make_input(src: str, label: str, kind: str, report: dict[str, Any]) -> Input:
     inp = Input(path=src, label=label, kind=kind, report=report, figures=_figures(kind, report, src))
     inp.description = _describe(kind, report)
     if kind in ("onnx", "inspect"):
@@ -241,7 +242,7 @@ def load_inputs(paths: list[str], dims: dict[str, int] | None = None, allow_mixe
 def _measured_originals(inputs: list[Input]) -> None:
     """An original model (or its inspect report) beside a check or rewrite --check report
     that measured it takes the original's measured figures from that report."""
-    measured: dict[str, dict] = {}
+    measured: dict[str, dict[str, Any]] = {}
     for inp in inputs:
         check = inp.report if inp.kind == "check" else inp.report.get("check") if inp.kind == "rewrite" else None
         sha = inp.report.get("model_sha256")
@@ -281,7 +282,14 @@ def check_same_model(inputs: list[Input]) -> None:
 
 # ---------------------------------------------------------------------------------- comparing
 
-def change(first: Any, value: Any, kind: str) -> dict | None:
+class Change(TypedDict):
+    """A figure against the first input's: the difference, and the ratio (None where the first is 0)."""
+
+    diff: float
+    ratio: float | None
+
+
+def change(first: Any, value: Any, kind: str) -> Change | None:
     """Difference and ratio of ``value`` to ``first`` (None when either is missing)."""
     if kind == "bool" or first is None or value is None:
         return None
@@ -289,7 +297,7 @@ def change(first: Any, value: Any, kind: str) -> dict | None:
     return {"diff": diff, "ratio": (value / first) if first else None}
 
 
-def scope_rows(inputs: list[Input], limit: int = TOP_SCOPES) -> list[dict]:
+def scope_rows(inputs: list[Input], limit: int = TOP_SCOPES) -> list[dict[str, Any]]:
     """Per-scope stashed bytes of the inputs that have them, the scopes whose bytes
     changed most (versus the first such input) first."""
     scoped = {k: i.scopes for k, i in enumerate(inputs) if i.scopes is not None}
@@ -315,7 +323,7 @@ class Outcome:
     actual: float
     held: bool
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         c = self.condition
         return {"condition": c.text, "operand": c.operand, "op": c.op, "value": c.value,
                 "actual": self.actual, "held": self.held}
@@ -372,7 +380,7 @@ def evaluate(conditions: list[Condition], inputs: list[Input]) -> list[Outcome]:
     return out
 
 
-def compare_report(inputs: list[Input], outcomes: list[Outcome], options: dict) -> dict:
+def compare_report(inputs: list[Input], outcomes: list[Outcome], options: dict[str, Any]) -> dict[str, Any]:
     """The ``ckpt compare --json`` object."""
     kinds = {k: kind for k, _, kind in FIGURES}
     first = inputs[0].figures

@@ -383,7 +383,7 @@ def plan_report(a, source, planned, result, rows: list[dict], output: str | None
 def session_report(model: Path, provider: str, settings: dict, undone: str | None) -> dict:
     """``ckpt session``: the settings a ckpt-written model records (``settings``), and the
     Python that builds them (``session_settings``, the same snippet a rewrite report holds)."""
-    from ..verify.settings import settings_snippet
+    from ..ort.settings import settings_snippet
 
     snippet = settings_snippet(provider, settings["enable_mem_reuse"], str(model), settings["settings"],
                                settings.get("mem_pattern_off_input"), bool(settings.get("enable_cpu_mem_arena", True)))

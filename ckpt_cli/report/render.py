@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import re
 import sys
-from typing import IO, cast
+from typing import IO, Any, cast
 
 from rich import box
 from rich.console import Console
@@ -29,21 +29,25 @@ class _Console(Console):
 _PIPED_WIDTH = 10_000
 _TRAILING = re.compile(r"[ \t]+(?=\n)")
 
+# A report, or a part of one, as ``--json`` prints it (``schema.json``): the renderers read
+# the JSON document itself.
+Json = dict[str, Any]
+
 
 class _TrimmedLines:
     """``file`` without the spaces at the ends of lines."""
 
-    def __init__(self, file) -> None:
+    def __init__(self, file: IO[str]) -> None:
         self._file = file
 
     def write(self, text: str) -> int:
         return self._file.write(_TRAILING.sub("", text))
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self._file, name)
 
 
-def make_console(quiet: bool = False, file=None) -> Console:
+def make_console(quiet: bool = False, file: IO[str] | None = None) -> Console:
     file = file or sys.stdout
     piped = not file.isatty()
     plain = piped or bool(os.environ.get("NO_COLOR"))
@@ -62,12 +66,13 @@ def _table(title: str, console: Console, *columns: tuple[str, str]) -> Table:
     return t
 
 
-def chart_lines(console: Console, series, boundaries, width: int = 80) -> list[str]:
+def chart_lines(console: Console, series: list[tuple[str, list[int]]], boundaries: list[int | None] | None,
+                width: int = 80) -> list[str]:
     return [plain(line) for line in memory_chart(series, width=min(width, console.width or width),
                                                  boundaries=boundaries, ascii_only=console.no_color)]
 
 
-def _activation_scaling(scaled: dict, names: str) -> str:
+def _activation_scaling(scaled: Json, names: str) -> str:
     """How the stashed activations grow with the dimensions: with them, less, or faster."""
     if scaled["activations_scale"]:
         return f"every stashed activation scales with {names}"
@@ -79,7 +84,7 @@ def _activation_scaling(scaled: dict, names: str) -> str:
     return "; ".join(parts)
 
 
-def _scaling_formula(scaled: dict) -> str:
+def _scaling_formula(scaled: Json) -> str:
     """``peak_bytes_formula`` in units: how the peak grows with the symbolic dimensions."""
     (p0, p1), dims = scaled["peak_bytes"], scaled["dims"]
     names = ", ".join(map(safe, dims))
@@ -94,7 +99,7 @@ def _scaling_formula(scaled: dict) -> str:
     return f"peak = {human_bytes(intercept)} + {human_bytes(slope)} * k, with {names} all k times the values used"
 
 
-def render_facts(r: dict, console: Console) -> None:
+def render_facts(r: Json, console: Console) -> None:
     """The first lines of a report on a model: what its figures rest on."""
     dims = r.get("dims") or {}
     chosen = [d for d, v in dims.items() if v["source"] == "default"]
@@ -110,7 +115,10 @@ def render_facts(r: dict, console: Console) -> None:
         line += _activation_scaling(scaled, names)
         if "same_plan_at_doubled_dims" in scaled:
             twice = ", ".join(f"{safe(d)} = {v}" for d, v in scaled["doubled_dims"].items())
-            line += ("; the same plan at " if scaled["same_plan_at_doubled_dims"] else "; another plan at ") + twice
+            if "budget_unreachable_at_doubled_dims" in scaled:
+                line += "; no plan fits the budget at " + twice
+            else:
+                line += ("; the same plan at " if scaled["same_plan_at_doubled_dims"] else "; another plan at ") + twice
         console.print(line)
     reduced = r.get("reduced_precision")
     if reduced:
@@ -132,14 +140,14 @@ def _racing_line(outputs: list[str]) -> str:
             "(a reducing ScatterND races where indices repeat); compare at intra_op_num_threads=1, as ckpt check does")
 
 
-def render_headline(r: dict, console: Console) -> None:
+def render_headline(r: Json, console: Console) -> None:
     """The report's first line: the peak it is run for, predicted or measured."""
     text = headline_text(r.get("headline"))
     if text is not None:
         console.print(text, markup=False, highlight=False, style="bold")
 
 
-def render_inspect(r: dict, console: Console) -> None:
+def render_inspect(r: Json, console: Console) -> None:
     render_headline(r, console)
     render_facts(r, console)
     console.print(f"[bold]{safe(r['model'])}[/bold]  {r['nodes']} nodes: "
@@ -192,7 +200,7 @@ def render_inspect(r: dict, console: Console) -> None:
     render_unsized(r, console)
 
 
-def render_unsized(r: dict, console: Console, where: str = "above") -> None:
+def render_unsized(r: Json, console: Console, where: str = "above") -> None:
     """Say that byte figures leave out tensors of unknown size, never print a silently partial total."""
     rows = r.get("unsized") or []
     if rows:
@@ -203,7 +211,7 @@ def render_unsized(r: dict, console: Console, where: str = "above") -> None:
                       "so totals are lower bounds.")
 
 
-def render_rewrite(r: dict, console: Console) -> None:
+def render_rewrite(r: Json, console: Console) -> None:
     render_headline(r, console)
     render_unsized(r, console, "below")  # a plan on 0 B tensors (--allow-unsized) says so first
     render_facts(r, console)
@@ -230,7 +238,7 @@ def render_rewrite(r: dict, console: Console) -> None:
     console.print("\n".join(map(plain, r["session_settings"].splitlines())), markup=False)
 
 
-def _before_after_table(r: dict, console: Console) -> Table:
+def _before_after_table(r: Json, console: Console) -> Table:
     b, a = r["before"], r["after"]
     t = _table("Before / after (predicted, PRIORITY_BASED order)", console, ("", "left"), ("before", "right"),
                ("after", "right"), ("change", "right"))
@@ -245,7 +253,7 @@ def _before_after_table(r: dict, console: Console) -> Table:
     return t
 
 
-def _regions_table(regions: list[dict], console: Console) -> Table:
+def _regions_table(regions: list[Json], console: Console) -> Table:
     t = _table(f"Regions ({len(regions)})", console, ("region", "left"), ("nodes", "right"),
                ("recomputed", "right"), ("no longer stashed", "right"), ("recompute FLOPs", "right"),
                ("notes", "left"))
@@ -255,7 +263,7 @@ def _regions_table(regions: list[dict], console: Console) -> Table:
     return t
 
 
-def _region_notes(row: dict) -> str:
+def _region_notes(row: Json) -> str:
     notes: list[str] = []
     if row["kept_random"]:
         notes.append(f"kept random: {', '.join(map(safe, row['kept_random'][:3]))}")
@@ -264,7 +272,7 @@ def _region_notes(row: dict) -> str:
     return "; ".join(notes)
 
 
-def _render_pin(pin: dict | None, console: Console) -> None:
+def _render_pin(pin: Json | None, console: Console) -> None:
     if not pin:
         return
     if pin.get("skipped"):
@@ -279,7 +287,7 @@ def _render_pin(pin: dict | None, console: Console) -> None:
                       "idle across the recompute gap.")
 
 
-def _render_mem_pattern_off(off: dict | None, console: Console) -> None:
+def _render_mem_pattern_off(off: Json | None, console: Console) -> None:
     if off:
         console.print(f"Memory pattern off: the optional input '{safe(off['input'])}' (nobody feeds it) makes ONNX "
                       "Runtime drop its memory pattern in every session; a plain session's peak is predicted "
@@ -287,7 +295,7 @@ def _render_mem_pattern_off(off: dict | None, console: Console) -> None:
                       f"{human_bytes(off['predicted_plain_with_pattern_bytes'])} with it.")
 
 
-def _render_ort_optimize(opt: dict | None, console: Console) -> None:
+def _render_ort_optimize(opt: Json | None, console: Console) -> None:
     if opt:
         fused = ", ".join(f"{n} {op}" for op, n in opt["fused_ops"].items()) or "no contrib ops"
         kept = ", ".join(f"{n} {op}" for op, n in opt["not_recomputable"].items())
@@ -298,7 +306,7 @@ def _render_ort_optimize(opt: dict | None, console: Console) -> None:
                       + (f" Forward ops ckpt cannot recompute (kept): {safe(kept)}." if kept else ""))
 
 
-def _render_module_sessions(m: dict | None, console: Console) -> None:
+def _render_module_sessions(m: Json | None, console: Console) -> None:
     """The Module API's training sessions: four process peaks and whether the losses agree."""
     if not m or "skipped" in m:
         return
@@ -312,7 +320,7 @@ def _render_module_sessions(m: dict | None, console: Console) -> None:
                       f"losses {losses}")
 
 
-def render_check(r: dict, console: Console) -> None:
+def render_check(r: Json, console: Console) -> None:
     o, w, d = r["original"], r["rewritten"], r["original_ort_default"]
     render_headline(r, console)  # none in a rewrite's check: the rewrite's report printed it
     console.print(f"[bold]{safe(r['model'])}[/bold] vs [bold]{safe(r['rewritten_model'])}[/bold] on {r['provider']} "
@@ -363,7 +371,7 @@ def render_check(r: dict, console: Console) -> None:
 
 # ------------------------------------------------------------------------------ ckpt compare
 
-def figure_text(value, kind: str) -> str:
+def figure_text(value: float | None, kind: str) -> str:
     if value is None:
         return "-"
     if kind == "bytes":
@@ -377,7 +385,7 @@ def figure_text(value, kind: str) -> str:
     return str(value)
 
 
-def _change_text(ch: dict | None, kind: str) -> str:
+def _change_text(ch: Json | None, kind: str) -> str:
     """The second line of a cell: difference and ratio to the first column, coloured
     green when lower (every numeric figure compared is lower-is-better), red when higher."""
     if ch is None:
@@ -387,7 +395,7 @@ def _change_text(ch: dict | None, kind: str) -> str:
     return f"[{colour}]{change_words(ch, kind)}[/{colour}]"
 
 
-def change_words(ch: dict, kind: str) -> str:
+def change_words(ch: Json, kind: str) -> str:
     """A change against the first column as plain words: difference, and ratio but for shares."""
     diff, ratio = ch["diff"], ch["ratio"]
     if kind == "bytes":
@@ -403,7 +411,7 @@ def change_words(ch: dict, kind: str) -> str:
     return text
 
 
-def render_compare(r: dict, console: Console) -> None:
+def render_compare(r: Json, console: Console) -> None:
     from .compare import FIGURES
 
     cols = r["inputs"]
@@ -472,13 +480,13 @@ def condition_value_text(operand: str, value: float) -> str:
     return f"{value:g}"
 
 
-def scoped_columns(r: dict) -> list[int]:
+def scoped_columns(r: Json) -> list[int]:
     """The compared files with stashed bytes by scope, when two or more have them; else []."""
     scoped = [k for k in range(len(r["inputs"])) if any(row["stashed_bytes"][k] is not None for row in r["scopes"])]
     return scoped if r["scopes"] and len(scoped) >= 2 else []
 
 
-def scope_cells(row: dict, scoped: list[int]) -> list[tuple[str, int | None]]:
+def scope_cells(row: Json, scoped: list[int]) -> list[tuple[str, int | None]]:
     """Per scoped file: its stashed bytes as text, and the change against the first (None there)."""
     vals, base = row["stashed_bytes"], scoped[0]
     return [(human_bytes(vals[k]), None if k == base else vals[k] - vals[base]) for k in scoped]

@@ -9,14 +9,14 @@
   standalone script as ``worker``), untuned and under the rewrite's settings
 - ``compare``: outputs bit for bit, executed order against file order
 - ``feeds``: generated or given inputs
-- ``settings``: the session settings measured and recommended
+- the session settings measured and recommended: ``ort/settings.py`` (re-exported here)
 """
 
 from .compare import DEFAULT_ATOL, DEFAULT_RTOL, compare_outputs, order_check
 from ..options import DEFAULT_TIMEOUT_S
 from .driver import (PairOptions, PairRun, WorkerOptions, check_pair, file_node_order,
                      probe_provider, resolve_provider, run_model)
-from .settings import (ckpt_session_settings, ort_default_session_settings, settings_for,
+from ..ort.settings import (ckpt_session_settings, ort_default_session_settings, settings_for,
                        settings_snippet)
 from .figures import CheckFigures, Measurement
 from .stage import Prediction, check_files

@@ -16,7 +16,9 @@ import sys
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 
 from ..errors import RunFailed, RuntimeCheckError, RuntimeUnavailable
 from ..options import DEFAULT_TIMEOUT_S
@@ -25,7 +27,11 @@ from ..progress import stage
 from . import worker as _worker
 from .compare import DEFAULT_ATOL, DEFAULT_RTOL, compare_outputs, order_check
 from .records import ComparisonSummary, OrderCheck, OtherDims, OutputComparison, Spread, output_comparisons
-from .settings import settings_for, settings_snippet
+from ..ort.settings import settings_for, settings_snippet
+
+if TYPE_CHECKING:
+    from onnx import NodeProto
+
 
 WORKER_PATH = os.path.abspath(_worker.__file__)
 
@@ -34,15 +40,19 @@ WORKER_PATH = os.path.abspath(_worker.__file__)
 # process_peak method (without it a second run under-reads).  Harmless for the profiler method.
 CHILD_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536"}
 
+PathArg = str | os.PathLike[str]
+# The worker's JSON answer (worker.py's docstring), as child.checked_answer passed it.
+Answer = dict[str, Any]
+Outputs = dict[str, np.ndarray]
 
 
-def _child_env() -> dict:
+def _child_env() -> dict[str, str]:
     env = dict(os.environ)
     env.update(CHILD_ENV)
     return env
 
 
-def _spawn(argv: list, timeout: float | None, what: str) -> child.Child:
+def _spawn(argv: list[str], timeout: float | None, what: str) -> child.Child:
     return child.run_child(argv, _child_env(), timeout, what)
 
 
@@ -59,7 +69,7 @@ def _answer_line(out: child.Child, what: str) -> object:
                         out.stderr) from e
 
 
-def _parse(out: child.Child, what: str, required: tuple[str, ...] = ()) -> dict:
+def _parse(out: child.Child, what: str, required: tuple[str, ...] = ()) -> Answer:
     result = _answer_line(out, what)
     if result is None:
         tail = child.printable(" | ".join(out.stderr.strip().splitlines()[-3:]), 300)
@@ -85,8 +95,9 @@ class WorkerOptions:
     extra_outputs: tuple[str, ...] = ()  # extra result sections ("timeline")
 
 
-def run_model(model_path, feeds_path, *, provider: str, settings: str | dict = "ckpt", runs: int = 3,
-              outputs_path=None, enable_mem_reuse: bool = True, worker: WorkerOptions = WorkerOptions()) -> dict:
+def run_model(model_path: PathArg, feeds_path: PathArg, *, provider: str, settings: str | dict[str, Any] = "ckpt",
+              runs: int = 3, outputs_path: PathArg | None = None, enable_mem_reuse: bool = True,
+              worker: WorkerOptions = WorkerOptions()) -> Answer:
     """Measure one model in a fresh child process; returns the worker's result dict.
 
     provider: "cpu" or "cuda" (resolve "auto" with ``resolve_provider`` first).
@@ -124,7 +135,7 @@ def run_model(model_path, feeds_path, *, provider: str, settings: str | dict = "
     return result
 
 
-def _running(model_path, session: dict) -> str:
+def _running(model_path: PathArg, session: dict[str, Any]) -> str:
     """The worker run, as errors name it."""
     return f"the worker running {os.path.basename(os.fspath(model_path))} ({session.get('settings', 'custom')} settings)"
 
@@ -145,7 +156,8 @@ def _tiny_model_path(directory: str) -> str:
     return path
 
 
-def probe_provider(provider: str, python: str | None = None, timeout: float | None = DEFAULT_TIMEOUT_S) -> tuple:
+def probe_provider(provider: str, python: str | None = None,
+                   timeout: float | None = DEFAULT_TIMEOUT_S) -> tuple[bool, str]:
     """(usable, reason): can `provider` really create a session under `python`?
 
     onnxruntime-gpu lists CUDAExecutionProvider even with no GPU or no CUDA
@@ -157,7 +169,7 @@ def probe_provider(provider: str, python: str | None = None, timeout: float | No
 
 
 @functools.lru_cache(maxsize=8)
-def _probe(provider: str, python: str | None, timeout: float | None) -> tuple:
+def _probe(provider: str, python: str | None, timeout: float | None) -> tuple[bool, str]:
     what = f"the {provider} provider probe"
     stage(f"ORT check: probing the {provider.upper()} provider")
     with tempfile.TemporaryDirectory(prefix="ckpt_probe_") as tmp:
@@ -182,24 +194,24 @@ def resolve_provider(requested: str = "auto", python: str | None = None,
     return "cuda" if ok else "cpu"
 
 
-def _load_npz(path, what: str = "the worker") -> dict:
+def _load_npz(path: str, what: str = "the worker") -> Outputs:
     return child.load_outputs(path, what)
 
 
-def file_node_order(model_path) -> list:
+def file_node_order(model_path: PathArg) -> list[str]:
     """Node names of the main graph in file order (no tensor data is read)."""
     return [n.name for n in _file_nodes(model_path)]
 
 
-def kernelless_nodes(model_path) -> set[str]:
+def kernelless_nodes(model_path: PathArg) -> set[str]:
     """Nodes of the file ORT runs no kernel for: Constant nodes become initializers."""
     return {n.name for n in _file_nodes(model_path) if n.op_type == "Constant" and n.domain in ("", "ai.onnx")}
 
 
-def _file_nodes(model_path):
+def _file_nodes(model_path: PathArg) -> list[NodeProto]:
     import onnx
 
-    return onnx.load(os.fspath(model_path), load_external_data=False).graph.node
+    return list(onnx.load(os.fspath(model_path), load_external_data=False).graph.node)
 
 
 # --------------------------------------------------------------------------- pair
@@ -215,13 +227,13 @@ class RunSummary:
     peak_requested_bytes: int | None
     peak_above_baseline_bytes: int | None
     method: str | None
-    runs: list | None
+    runs: list[dict[str, Any]] | None  # the worker's per-run figures: peak_bytes, time_s
     provider: str | None
     ort_version: str | None
-    warnings: list | None
+    warnings: list[str] | None
 
     @classmethod
-    def of(cls, result: dict) -> "RunSummary":
+    def of(cls, result: Answer) -> "RunSummary":
         return cls(**{f.name: result.get(f.name) for f in fields(cls)})
 
 
@@ -249,7 +261,7 @@ class PairRun:
     unoptimized_vs_rewritten: ComparisonSummary | None  # then: the comparison with the original as it is
     run_to_run: dict[str, Spread] | None  # outputs that differ: the original's own spread (``_run_to_run_spread``)
     order: OrderCheck  # the rewritten model's executed order against its file's
-    session_settings: dict  # ckpt's settings both ran with
+    session_settings: dict[str, Any]  # ckpt's settings both ran with
     settings_snippet: str  # the same settings as Python a user can paste
 
     @property
@@ -289,9 +301,9 @@ class PairOptions:
 class _Pair:
     """What every child run of one ``check_pair`` shares."""
 
-    original: str | os.PathLike
-    rewritten: str | os.PathLike
-    feeds_path: str | os.PathLike
+    original: PathArg
+    rewritten: PathArg
+    feeds_path: PathArg
     provider: str  # resolved: "cpu" or "cuda"
     options: PairOptions
     tmp: str  # where the children write their outputs
@@ -299,32 +311,33 @@ class _Pair:
     def npz(self, name: str) -> str:
         return os.path.join(self.tmp, f"{name}.npz")
 
-    def outputs(self, name: str, model) -> dict:
+    def outputs(self, name: str, model: PathArg) -> Outputs:
         """The outputs the child running ``model`` wrote to ``npz(name)``."""
         return _load_npz(self.npz(name), f"the worker running {os.path.basename(os.fspath(model))}")
 
-    def measure(self, model, settings: str | dict, outputs_path: str | None, runs: int | None = None) -> dict:
+    def measure(self, model: PathArg, settings: str | dict[str, Any], outputs_path: str | None,
+                runs: int | None = None) -> Answer:
         o = self.options
         return run_model(model, self.feeds_path, provider=self.provider, settings=settings,
                          runs=o.runs if runs is None else runs, outputs_path=outputs_path,
                          enable_mem_reuse=o.enable_mem_reuse, worker=o.worker)
 
-    def ckpt_settings(self, reuse: bool, level: str | None) -> dict:
+    def ckpt_settings(self, reuse: bool, level: str | None) -> dict[str, Any]:
         session = dict(settings_for("ckpt", self.provider, reuse))
         if level is not None:
             session["graph_optimization_level"] = level
         return session
 
 
-def _comparison_summary(cmp: dict) -> ComparisonSummary:
+def _comparison_summary(cmp: dict[str, Any]) -> ComparisonSummary:
     return ComparisonSummary.of(cmp)
 
 
-def _compare(pair: _Pair, expected: dict, actual: dict) -> dict:
+def _compare(pair: _Pair, expected: Outputs, actual: Outputs) -> dict[str, Any]:
     return compare_outputs(expected, actual, rtol=pair.options.rtol, atol=pair.options.atol)
 
 
-def _run_to_run_spread(pair: _Pair, o_vals: dict, r_vals: dict) -> dict[str, Spread]:
+def _run_to_run_spread(pair: _Pair, o_vals: Outputs, r_vals: Outputs) -> dict[str, Spread]:
     """Run the original once more, in a fresh process with the other buffer-reuse setting
     (other addresses, same arithmetic). Per output that differs in either comparison: the
     original's own spread, the rewrite's difference, and whether that is within the
@@ -340,7 +353,7 @@ def _run_to_run_spread(pair: _Pair, o_vals: dict, r_vals: dict) -> dict[str, Spr
             if not d["bit_identical"] or not noise.get(name, {}).get("bit_identical", True)}
 
 
-def _reference_outputs(pair: _Pair) -> dict:
+def _reference_outputs(pair: _Pair) -> Outputs:
     """The original's outputs at the reference level, whose fusions round as the file's do."""
     out = pair.npz("reference")
     settings = pair.ckpt_settings(pair.options.enable_mem_reuse, pair.options.reference_level)
@@ -348,7 +361,7 @@ def _reference_outputs(pair: _Pair) -> dict:
     return pair.outputs("reference", pair.original)
 
 
-def _side(ckpt: dict, ort_default: dict | None) -> SideRuns:
+def _side(ckpt: Answer, ort_default: Answer | None) -> SideRuns:
     """``ort_default`` is the worker's result, or {"failed": "kind: message"}."""
     if ort_default is None:
         return SideRuns(RunSummary.of(ckpt))
@@ -357,7 +370,7 @@ def _side(ckpt: dict, ort_default: dict | None) -> SideRuns:
     return SideRuns(RunSummary.of(ckpt), RunSummary.of(ort_default), None, ort_default.get("executed_order"))
 
 
-def _ort_default_runs(pair: _Pair, o_vals: dict) -> tuple[dict, dict, ComparisonSummary]:
+def _ort_default_runs(pair: _Pair, o_vals: Outputs) -> tuple[Answer, Answer, ComparisonSummary]:
     """Both models under ORT's defaults, and the original's outputs there against ``o_vals``."""
     out = pair.npz("default")
     try:
@@ -371,13 +384,14 @@ def _ort_default_runs(pair: _Pair, o_vals: dict) -> tuple[dict, dict, Comparison
     return original, rewritten, _comparison_summary(_compare(pair, o_vals, pair.outputs("default", pair.original)))
 
 
-def _executed_order(pair: _Pair, rewritten: dict) -> OrderCheck:
+def _executed_order(pair: _Pair, rewritten: Answer) -> OrderCheck:
     expected = list(pair.options.expected_order or ()) or file_node_order(pair.rewritten)
     return order_check(expected, rewritten["executed_order"], rewritten.get("executed_ops"),
                        rewritten.get("executed_providers"), kernelless_nodes(pair.rewritten))
 
 
-def check_pair(original, rewritten, feeds_path, options: PairOptions = PairOptions()) -> PairRun:
+def check_pair(original: PathArg, rewritten: PathArg, feeds_path: PathArg,
+               options: PairOptions = PairOptions()) -> PairRun:
     """Run original and rewritten graphs under the "ckpt" settings, and both under ORT's
     defaults (an untouched session: what a user gets without ckpt, and what a user who
     loads the rewrite without ckpt's settings gets); compare outputs and check the
@@ -411,7 +425,8 @@ def check_pair(original, rewritten, feeds_path, options: PairOptions = PairOptio
                    settings_snippet(provider, o.enable_mem_reuse))
 
 
-def outputs_at(original, rewritten, feeds_path, dims: Mapping[str, int],
+def outputs_at(original: PathArg, rewritten: PathArg, feeds_path: PathArg, dims: Mapping[str, int],
+
                options: PairOptions = PairOptions()) -> OtherDims:
     """Both models once under ckpt's settings on other feeds (another value ``dims`` of each
     symbolic dimension): the comparison of their outputs, or why one of them did not run. No

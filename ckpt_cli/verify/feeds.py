@@ -39,6 +39,8 @@ import os
 import stat
 import zlib
 from collections import deque
+from collections.abc import Mapping
+
 from pathlib import Path
 from typing import Any, cast
 
@@ -49,6 +51,11 @@ from onnx import TensorProto, numpy_helper
 from ..errors import UsageError
 
 FALLBACK_INT_BOUND = 2
+
+ModelLike = onnx.ModelProto | str | os.PathLike[str]
+Feeds = dict[str, np.ndarray]
+# A declared axis: its size, its symbolic name, or None where the model names neither.
+Dim = int | str | None
 
 _FLOAT_TYPES: dict[int, Any] = {
     TensorProto.FLOAT: np.float32,
@@ -78,12 +85,12 @@ class FeedError(ValueError):
 
 def _type_name(elem_type: int) -> str:
     try:
-        return TensorProto.DataType.Name(elem_type).lower()
+        return str(TensorProto.DataType.Name(elem_type)).lower()
     except ValueError:
         return f"type {elem_type}"
 
 
-def _as_model(model) -> onnx.ModelProto:
+def _as_model(model: ModelLike) -> onnx.ModelProto:
     if isinstance(model, onnx.ModelProto):
         return model
     if isinstance(model, (str, os.PathLike)):
@@ -91,14 +98,14 @@ def _as_model(model) -> onnx.ModelProto:
     raise TypeError(f"expected onnx.ModelProto or a path, got {type(model).__name__}")
 
 
-def graph_inputs(model: onnx.ModelProto) -> list:
+def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
     """Graph inputs that need a feed: initializers and optional inputs (ORT runs an
     optional input left out as None, as ckpt's memory-pattern input is meant) are skipped."""
     inits = {t.name for t in model.graph.initializer}
     return [vi for vi in model.graph.input if vi.name not in inits and vi.type.WhichOneof("value") != "optional_type"]
 
 
-def _tensor_type(vi):
+def _tensor_type(vi: onnx.ValueInfoProto) -> onnx.TypeProto.Tensor:
     t = vi.type
     if t.WhichOneof("value") != "tensor_type":
         raise FeedError(f"input {vi.name!r} is not a tensor ({t.WhichOneof('value')}); "
@@ -106,12 +113,12 @@ def _tensor_type(vi):
     return t.tensor_type
 
 
-def _declared_dims(vi) -> list | None:
+def _declared_dims(vi: onnx.ValueInfoProto) -> list[Dim] | None:
     """[int | str | None] for each axis; str = dim_param, None = unknown."""
     tt = _tensor_type(vi)
     if not tt.HasField("shape"):
         return None
-    out: list[int | str | None] = []
+    out: list[Dim] = []
     for d in tt.shape.dim:
         if d.HasField("dim_value"):
             out.append(int(d.dim_value))
@@ -122,11 +129,11 @@ def _declared_dims(vi) -> list | None:
     return out
 
 
-def _resolve_shape(vi, dims: dict) -> tuple:
+def _resolve_shape(vi: onnx.ValueInfoProto, dims: dict[str, int]) -> tuple[int, ...]:
     decl = _declared_dims(vi)
     if decl is None:
         raise FeedError(f"input {vi.name!r} has no shape in the model; cannot make a feed")
-    shape = []
+    shape: list[int] = []
     for axis, d in enumerate(decl):
         if isinstance(d, int):
             shape.append(d)
@@ -144,12 +151,12 @@ def _resolve_shape(vi, dims: dict) -> tuple:
 class _ShapeIndex:
     """Static shapes and constant values of tensors, lazily completed by inference."""
 
-    def __init__(self, model: onnx.ModelProto, dims: dict):
+    def __init__(self, model: onnx.ModelProto, dims: dict[str, int]):
         self.model = model
         self.dims = dims
-        self.shapes: dict = {}
-        self.consts: dict = {}
-        self.producer: dict = {}
+        self.shapes: dict[str, list[int | None]] = {}
+        self.consts: dict[str, np.ndarray] = {}
+        self.producer: dict[str, onnx.NodeProto] = {}
         self._inferred = False
         g = model.graph
         for t in g.initializer:
@@ -170,14 +177,14 @@ class _ShapeIndex:
         for vi in list(g.input) + list(g.output) + list(g.value_info):
             self._add_vi(vi)
 
-    def _add_vi(self, vi):
+    def _add_vi(self, vi: onnx.ValueInfoProto) -> None:
         if vi.name in self.shapes or vi.type.WhichOneof("value") != "tensor_type":
             return
         decl = _declared_dims(vi)
         if decl is not None:
             self.shapes[vi.name] = [self.dims.get(d) if isinstance(d, str) else d for d in decl]
 
-    def shape(self, name: str):
+    def shape(self, name: str) -> list[int | None] | None:
         if name not in self.shapes and not self._inferred:
             self._inferred = True
             try:
@@ -188,7 +195,7 @@ class _ShapeIndex:
                 pass
         return self.shapes.get(name)
 
-    def dim(self, name: str, axis: int):
+    def dim(self, name: str, axis: int) -> int | None:
         s = self.shape(name)
         if s is None:
             return None
@@ -200,21 +207,21 @@ class _ShapeIndex:
         return d if isinstance(d, int) and d > 0 else None
 
 
-def _small(t) -> bool:
+def _small(t: onnx.TensorProto) -> bool:
     n = 1
     for d in t.dims:
         n *= d
     return n <= 4096 and t.data_location != TensorProto.EXTERNAL
 
 
-def _attr(node, name, default):
+def _attr(node: onnx.NodeProto, name: str, default: Any) -> Any:
     for a in node.attribute:
         if a.name == name:
             return onnx.helper.get_attribute_value(a)
     return default
 
 
-def _bound_from_use(node, idx: int, tensor: str, index: _ShapeIndex):
+def _bound_from_use(node: onnx.NodeProto, idx: int, tensor: str, index: _ShapeIndex) -> int | None:
     op = node.op_type
     if op in ("Gather", "GatherElements") and idx == 1:
         return index.dim(node.input[0], _attr(node, "axis", 0))
@@ -250,9 +257,12 @@ def _bound_from_use(node, idx: int, tensor: str, index: _ShapeIndex):
     return None
 
 
-def _int_bound(name: str, consumers: dict, index: _ShapeIndex):
+Consumers = dict[str, list[tuple[onnx.NodeProto, int]]]
+
+
+def _int_bound(name: str, consumers: Consumers, index: _ShapeIndex) -> int | None:
     """Smallest index bound found downstream of `name`, or None."""
-    bounds = []
+    bounds: list[int] = []
     seen = {name}
     todo = deque([name])
     while todo:
@@ -275,26 +285,27 @@ def _rng(seed: int, name: str) -> np.random.Generator:
     return np.random.default_rng([int(seed) & 0xFFFFFFFF, zlib.crc32(name.encode("utf-8"))])
 
 
-def make_feeds(model, seed: int = 0, dims: dict | None = None) -> dict:
+def make_feeds(model: ModelLike, seed: int = 0, dims: dict[str, int] | None = None) -> Feeds:
     """One deterministic array per graph input; see the module docstring for the rules."""
     model = _as_model(model)
     dims = dict(dims or {})
     for k, v in dims.items():
         if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 0:
             raise FeedError(f"dimension {k!r} must be a non-negative integer, got {v!r}")
-    index = None
-    consumers: dict = {}
+    index: _ShapeIndex | None = None
+    consumers: Consumers = {}
     for node in model.graph.node:
         for i, name in enumerate(node.input):
             if name:
                 consumers.setdefault(name, []).append((node, i))
-    feeds = {}
+    feeds: Feeds = {}
     for vi in graph_inputs(model):
         name = vi.name
         elem = _tensor_type(vi).elem_type
         shape = _resolve_shape(vi, dims)
         rng = _rng(seed, name)
         low = name.lower()
+        arr: np.ndarray
         if elem in _FLOAT_TYPES:
             dt = _FLOAT_TYPES[elem]
             if low.endswith(".accumulation.buffer"):
@@ -322,12 +333,12 @@ def make_feeds(model, seed: int = 0, dims: dict | None = None) -> dict:
     return feeds
 
 
-def save_feeds(path, feeds: dict) -> None:
+def save_feeds(path: str | os.PathLike[str], feeds: Mapping[str, np.ndarray]) -> None:
     """Write feeds as an .npz file (one array per input name)."""
     np.savez(os.fspath(path), **cast(dict[str, Any], {k: np.asarray(v) for k, v in feeds.items()}))
 
 
-def feed_dims(model, feeds: dict) -> dict[str, tuple[int, str]]:
+def feed_dims(model: ModelLike, feeds: Mapping[str, np.ndarray]) -> dict[str, tuple[int, str]]:
     """The size each symbolic dimension has in ``feeds`` (checked by ``load_feeds``), and
     the first input that shows it."""
     sizes: dict[str, tuple[int, str]] = {}
@@ -339,7 +350,7 @@ def feed_dims(model, feeds: dict) -> dict[str, tuple[int, str]]:
     return sizes
 
 
-def load_feeds(path, model) -> dict:
+def load_feeds(path: str | os.PathLike[str], model: ModelLike) -> Feeds:
     """Load an .npz of feeds and check it against the model's inputs.
 
     Every graph input must be present with the exact element type and a shape
@@ -374,7 +385,7 @@ def load_feeds(path, model) -> dict:
     extra = [k for k in data if k not in known]
     if extra:
         raise FeedError(f"feed {extra[0]!r} in {path} is not an input of the model")
-    sym: dict = {}
+    sym: dict[str, tuple[int, str]] = {}
     for vi in inputs:
         arr = data[vi.name]
         elem = _tensor_type(vi).elem_type
@@ -403,7 +414,7 @@ def load_feeds(path, model) -> dict:
     return data
 
 
-def _feeds_at_dims(model, feeds: dict, dims: dict[str, int]) -> None:
+def _feeds_at_dims(model: ModelLike, feeds: Mapping[str, np.ndarray], dims: dict[str, int]) -> None:
     """Feeds at other sizes than the analysis would be judged against a prediction for
     those: the check names the dimension instead of failing on the prediction."""
     for name, (size, where) in feed_dims(model, feeds).items():
@@ -412,7 +423,7 @@ def _feeds_at_dims(model, feeds: dict, dims: dict[str, int]) -> None:
                             f"{name} = {dims[name]}: give --dim {name}={size}")
 
 
-def prepare_feeds(model, out_path: Path, seed: int, dims: dict[str, int], feeds_file: Path | None) -> None:
+def prepare_feeds(model: ModelLike, out_path: Path, seed: int, dims: dict[str, int], feeds_file: Path | None) -> None:
     """The check's feeds written to ``out_path``: ``feeds_file``'s at ``dims``, or made from ``seed``."""
     try:
         feeds = load_feeds(feeds_file, model) if feeds_file is not None else make_feeds(model, seed, dims)

@@ -38,6 +38,24 @@ import os
 import sys
 import time
 import types
+from typing import Any, TypedDict
+
+# onnxruntime ships no type information: its options, Module and Optimizer are Any here.
+OrtObject = Any
+
+
+class _StepFigures(TypedDict):
+    losses_hex: list[str]
+    step_s: list[float]
+    peak_bytes: int
+    vmrss_before_bytes: int
+    vmhwm_after_bytes: int
+
+
+class StepFigures(_StepFigures, total=False):
+    """``run_steps``' measurement; ``losses`` is dropped from the answer (see ``train``)."""
+
+    losses: list[float]
 
 SESSION_ATTRS = ("execution_order", "graph_optimization_level", "enable_mem_pattern",
                  "enable_mem_reuse", "enable_cpu_mem_arena")
@@ -64,7 +82,7 @@ def keep_torch_out() -> None:
         sys.modules["torch"] = None  # type: ignore[assignment]  # import torch -> ImportError
 
 
-def import_training(module: str):
+def import_training(module: str) -> types.ModuleType:
     """``onnxruntime.training.<module>``, also where torch is absent or kept out: the package
     ``__init__`` imports its torch-based parts; without torch the submodule is loaded from a
     bare package."""
@@ -83,14 +101,15 @@ def import_training(module: str):
     return importlib.import_module(f"onnxruntime.training.{module}")
 
 
-def session_options(settings: dict | None):
+def session_options(settings: dict[str, Any] | None) -> tuple[OrtObject, dict[str, Any], list[str]]:
     """ORT's SessionOptions with one intra-op thread (bit-identical comparisons need one)
     and ``settings`` (ckpt's recorded_settings) applied; returns (options, applied, ignored)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.intra_op_num_threads = 1
-    applied, ignored = {}, []
+    applied: dict[str, Any] = {}
+    ignored: list[str] = []
     for key, value in (settings or {}).items():
         if key == "execution_order":
             so.execution_order = getattr(ort.ExecutionOrder, value)
@@ -114,13 +133,15 @@ def process_status() -> dict[str, int]:
     return {k: int(fields[k].split()[0]) * 1024 for k in ("VmRSS", "VmHWM")}
 
 
-def open_module(api, training_model: str, checkpoint: str, eval_model: str, optimizer_model: str, so):
+def open_module(api: types.ModuleType, training_model: str, checkpoint: str, eval_model: str, optimizer_model: str,
+                so: OrtObject) -> tuple[OrtObject, OrtObject]:
     state = api.CheckpointState.load_checkpoint(checkpoint)
     module = api.Module(training_model, state, eval_model, device="cpu", session_options=so)
     return module, api.Optimizer(optimizer_model, module)
 
 
-def run_steps(module, optimizer, batches: list[list], ort_seed: int | None) -> dict:
+def run_steps(module: OrtObject, optimizer: OrtObject, batches: list[list[Any]], ort_seed: int | None
+              ) -> StepFigures:
     """The training loop, measured: losses, step times, and the process peak it added."""
     import numpy as np
     import onnxruntime as ort
@@ -132,7 +153,8 @@ def run_steps(module, optimizer, batches: list[list], ort_seed: int | None) -> d
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
     before = process_status()
-    losses, times = [], []
+    losses: list[float] = []
+    times: list[float] = []
     for inputs in batches:
         start = time.perf_counter()
         module.train()
@@ -147,7 +169,7 @@ def run_steps(module, optimizer, batches: list[list], ort_seed: int | None) -> d
             "vmhwm_after_bytes": after["VmHWM"]}
 
 
-def _parse_spec(spec: object) -> dict:
+def _parse_spec(spec: object) -> dict[str, Any]:
     if not isinstance(spec, dict):
         raise ChildError("bad_spec", "the spec is not a JSON object")
     for key in ("training_model", "checkpoint", "eval_model", "optimizer_model", "feeds"):
@@ -161,7 +183,7 @@ def _parse_spec(spec: object) -> dict:
     return spec
 
 
-def _inputs(np, path: str, names: list[str]) -> list:
+def _inputs(np: types.ModuleType, path: str, names: list[str]) -> list[Any]:
     try:
         with np.load(path, allow_pickle=False) as npz:
             missing = [n for n in names if n not in npz.files]
@@ -172,8 +194,9 @@ def _inputs(np, path: str, names: list[str]) -> list:
         raise ChildError("bad_feeds", f"cannot read the feeds: {_one_line(e)}") from e
 
 
-def train(spec: dict) -> dict:
-    spec = _parse_spec(spec)
+def train(raw: dict[str, Any]) -> dict[str, Any]:
+    spec = _parse_spec(raw)
+
     try:
         import numpy as np
         import onnxruntime as ort

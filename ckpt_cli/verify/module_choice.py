@@ -30,7 +30,7 @@ from __future__ import annotations
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import onnx
 
@@ -38,6 +38,8 @@ from ..analysis import Analysis
 from ..errors import CkptError, RunFailed
 from ..io.save import save_model
 from ..planning.budget import Planned
+from ..planning.plan import Plan
+from ..planning.search import PlanCost
 from ..rewrite import RewriteResult, pinned, rewrite
 from ..rewrite.mem_pattern import is_ort_artifact
 from ..units import human_bytes
@@ -63,7 +65,8 @@ class Writer:
     def result(self, result: RewriteResult) -> RewriteResult:
         return self.finish(result) if self.finish is not None else result
 
-    def save(self, a: Analysis, result: RewriteResult, plan, path: Path, writing: tuple[bool, bool]) -> bool:
+    def save(self, a: Analysis, result: RewriteResult, plan: Plan | None, path: Path,
+             writing: tuple[bool, bool]) -> bool:
         """Writes the model to ``path`` (``writing``: unplanned, shared); False (nothing
         written) where the unplanned writing hides nothing."""
         source = a.graph.path.parent if a.graph.path is not None else None
@@ -73,7 +76,8 @@ class Writer:
         save_model(model, path, source_dir=source, force=True)
         return True
 
-    def written(self, result: RewriteResult, plan, unplanned: bool = False, shared: bool = False) -> onnx.ModelProto:
+    def written(self, result: RewriteResult, plan: Plan | None, unplanned: bool = False,
+                shared: bool = False) -> onnx.ModelProto:
         """The model the command writes: with ``unplanned``, hidden where anything is."""
         model = self.model(result, plan, unplanned, shared) if unplanned else None
         model = model if model is not None else self.model(result, plan)
@@ -84,6 +88,12 @@ class Writer:
 # Each trial is two training children (a few seconds on the zoo's models), at most three
 # a plan (``_Trials``): the default's plan and at most this many with less recompute.
 MAX_FALLBACKS = 5
+
+# A plan tried, its cost, and the search's unpinned rewrite of it (None: rewritten when tried).
+Candidate = tuple[Plan, PlanCost, RewriteResult | None]
+# What every trial of one artifact trains against: the training model, its artifact's
+# other files, the feeds, how the children run, and the original's untuned run.
+TrialRun = tuple[Path, dict[str, str], Path, WorkerOptions, ModuleRun]
 
 
 @dataclass(frozen=True)
@@ -122,7 +132,7 @@ class ModuleJudged:
         settings_limit = min(original_peak, self.original_peak_settings or original_peak)
         return peak <= original_peak and settings_peak <= settings_limit
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"recompute_flops": self.recompute_flops, "settings_peak_bytes": self.settings_peak_bytes,
                 "peak_bytes": self.peak_bytes, "peak_bytes_under_settings": self.peak_bytes_settings,
                 "original_peak_bytes_under_settings": self.original_peak_settings,
@@ -188,7 +198,7 @@ class ModuleChoice:
                     + (f", losses differ {' and '.join(differ)}" if differ else ""))
         return "; ".join(one(j) for j in self.judged)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"session": "Module API, ORT's defaults", "steps": self.steps,
                 "original_peak_bytes": self.original_peak_bytes,
                 "judged": [j.to_json() for j in self.judged], "chosen": self.chosen}
@@ -208,11 +218,11 @@ def _artifact(a: Analysis) -> tuple[Path, dict[str, str]] | None:
     return None if isinstance(files, str) else (path, files)
 
 
-def _candidates(planned: Planned) -> list[tuple]:
-    return [(planned.plan, planned.cost, planned.result), *planned.fallbacks[:MAX_FALLBACKS]]
+def _candidates(plan: Plan, planned: Planned) -> list[Candidate]:
+    return [(plan, planned.cost, planned.result), *planned.fallbacks[:MAX_FALLBACKS]]
 
 
-def judged_in_module(a: Analysis, planned: Planned, feeds_model, worker: WorkerOptions,
+def judged_in_module(a: Analysis, planned: Planned, feeds_model: onnx.ModelProto, worker: WorkerOptions,
                      writer: Writer) -> Planned:
     """``planned`` (the default of an artifact), or the plan of its front, in the writing,
     that the Module API trains at the lowest untuned peak of those at no more than the
@@ -224,7 +234,7 @@ def judged_in_module(a: Analysis, planned: Planned, feeds_model, worker: WorkerO
     if artifact is None:
         return planned
     model_path, files = artifact
-    candidates = _candidates(planned)
+    candidates = _candidates(planned.plan, planned)
     with tempfile.TemporaryDirectory(prefix="ckpt_module_choice_") as tmp:
         feeds = Path(tmp) / "feeds.npz"
         prepare_feeds(feeds_model, feeds, worker.seed, dict(a.dims), None)
@@ -262,14 +272,14 @@ class _Trials:
     buffer reuse off as well, which the settings ckpt records keep on: one symbol per size
     gives it back (zoo frozen_backbone)."""
 
-    def __init__(self, a: Analysis, candidates: list[tuple], writer: Writer, tmp: Path, run: tuple) -> None:
+    def __init__(self, a: Analysis, candidates: list[Candidate], writer: Writer, tmp: Path, run: TrialRun) -> None:
         self.a, self.candidates, self.writer, self.tmp = a, candidates, writer, tmp
         self.model_path, self.files, self.feeds, self.worker, self.original = run
         self.judged: list[ModuleJudged] = []
         self.written: dict[int, RewriteResult] = {}
         self.originals: dict[str, ModuleRun] = {}  # the original's runs, by the settings they ran under
 
-    def reference(self, settings: dict) -> ModuleRun:
+    def reference(self, settings: dict[str, Any]) -> ModuleRun:
         key = repr(sorted(settings.items()))
         if key not in self.originals:
             self.originals[key] = run_module(self.model_path, self.files, self.feeds, settings, self.worker, STEPS)
@@ -343,12 +353,14 @@ class _Trials:
         return self.lowest(best)
 
 
-def _train(save: Callable[[], bool], path: Path, files: dict, feeds: Path, worker: WorkerOptions,
-           cost, original: ModuleRun, reference: Callable[[dict], ModuleRun]) -> ModuleJudged | None:
+def _train(save: Callable[[], bool], path: Path, files: dict[str, str], feeds: Path, worker: WorkerOptions,
+           cost: PlanCost, original: ModuleRun, reference: Callable[[dict[str, Any]], ModuleRun]
+           ) -> ModuleJudged | None:
+
     """The model ``save()`` writes to ``path``, trained untuned and under its recorded
     settings; ``reference(settings)``: the original's run under those settings. None where
     ``save()`` wrote nothing."""
-    from ..ort.session import recorded_settings
+    from ..io.session import recorded_settings
 
     try:
         if not save():

@@ -22,13 +22,13 @@ from pathlib import Path
 
 import onnx
 
-from ..analysis.shapes import TensorInfo, infer_tensors, itemsize
+from ..analysis.shapes import TensorInfo, infer_shapes, itemsize
 from ..analysis.training_pattern import ModulePrediction, predict_module
 from ..errors import CkptError, RunFailed
 from ..graph import Graph
 from ..io.load import load_graph
 from ..options import DEFAULT_TIMEOUT_S
-from ..ort.optimize import run_ort_optimizer
+from ..optimize import run_ort_optimizer
 from .plain_model import or_none, write_fused
 
 OrtShape = list[int | str | None] | None  # a dimension ORT knows by number, by symbol, or not at all
@@ -88,7 +88,7 @@ def module_tensors(fused: Path, known: Mapping[str, TensorInfo], shapes: Mapping
     (a fused node keeps the output names of the nodes it replaces), then ORT's shapes for
     what neither sizes; None when a tensor a node writes stays unsized."""
     graph = load_graph(fused)
-    inferred = infer_tensors(graph)
+    inferred = infer_shapes(graph).tensors
     tensors = {t: known[t] if info.nbytes is None and t in known else info for t, info in inferred.items()}
     for n in graph.nodes:
         for t in n.outputs:
@@ -108,7 +108,7 @@ def predict_module_session(model_path: str | Path, dims: dict[str, int], python:
     ``dims`` (its symbolic dimensions); None where ORT's fused graph or its shapes cannot
     be had, or a tensor cannot be sized. ``python``: an interpreter with
     onnxruntime-training (None: this one)."""
-    known = infer_tensors(load_graph(model_path), dims)
+    known = infer_shapes(load_graph(model_path), dims).tensors
     with tempfile.TemporaryDirectory(prefix="ckpt_module_") as tmp:
         fused = write_fused(model_path, Path(tmp), timeout, python)
         if fused is None:

@@ -88,7 +88,7 @@ def module_sessions(original: str | os.PathLike[str], rewritten: str | os.PathLi
                     worker: WorkerOptions, steps: int = STEPS) -> ModuleSessions:
     """Both training models in the Module API, untuned and under the rewrite's recorded
     settings, or ``skipped`` and why when the original cannot be trained here."""
-    from ..ort.session import recorded_settings
+    from ..io.session import recorded_settings
 
     files = artifact_files(original)
     if isinstance(files, str):

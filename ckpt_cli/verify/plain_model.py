@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import TypeVar
 
 from ..analysis.pattern import predict_plain
-from ..analysis.shapes import TensorInfo, infer_tensors
+from ..analysis.shapes import TensorInfo, infer_shapes
 from ..errors import CkptError, RunFailed
 from ..graph import Graph
 from ..io.load import load_graph
 from ..options import DEFAULT_TIMEOUT_S
-from ..ort.optimize import run_ort_optimizer
+from ..optimize import run_ort_optimizer
 
 T = TypeVar("T")
 
@@ -58,7 +58,7 @@ def write_fused(model_path: str | Path, folder: Path, timeout: float | None = DE
 
 def _graph_and_tensors(path: Path) -> tuple[Graph, dict[str, TensorInfo]]:
     graph = load_graph(path)
-    return graph, infer_tensors(graph)
+    return graph, infer_shapes(graph).tensors
 
 
 def or_none(call: Callable[[], T]) -> T | None:

@@ -113,7 +113,7 @@ def _pair_options(options: CheckOptions, expected_order: tuple[str, ...], enable
                                                           seed=options.seed))
 
 
-def _output_figures(pair: driver.PairRun, options: CheckOptions, model) -> OutputFigures:
+def _output_figures(pair: driver.PairRun, options: CheckOptions, model: onnx.ModelProto) -> OutputFigures:
     tolerant = options.rtol is not None or options.atol is not None
     return OutputFigures(pair.outputs_equal, pair.outputs_within_tolerance,
                          {"rtol": options.rtol, "atol": options.atol} if tolerant else None,
@@ -160,7 +160,7 @@ def _prediction_figures(predicted: dict[str, Prediction], measured: MeasuredRuns
         {k: list(predicted[k].unsized) for k in sides if predicted[k].unsized})
 
 
-def _measure_pair(original: str | Path, rewritten: str | Path, model, options: CheckOptions,
+def _measure_pair(original: str | Path, rewritten: str | Path, model: onnx.ModelProto, options: CheckOptions,
                   pair_options: driver.PairOptions, dims: dict[str, int]) -> driver.PairRun:
     with tempfile.TemporaryDirectory(prefix="ckpt_feeds_") as tmp:
         feeds_path = Path(tmp) / "feeds.npz"
@@ -183,7 +183,7 @@ class RunsAt:
     artifact: bool = False
 
 
-def _at_other_dims(original: str | Path, rewritten: str | Path, model, options: CheckOptions,
+def _at_other_dims(original: str | Path, rewritten: str | Path, model: onnx.ModelProto, options: CheckOptions,
                    pair_options: driver.PairOptions, other: Mapping[str, int] | None) -> OtherDims | None:
     """Both files run once more with ``other`` values of the symbolic dimensions (none with
     the user's feeds): a file that only runs at the analysed values fails the check."""
@@ -195,7 +195,7 @@ def _at_other_dims(original: str | Path, rewritten: str | Path, model, options: 
         return driver.outputs_at(Path(original), Path(rewritten), feeds_path, other, pair_options)
 
 
-def _module_sessions(original: str | Path, rewritten: str | Path, model, options: CheckOptions,
+def _module_sessions(original: str | Path, rewritten: str | Path, model: onnx.ModelProto, options: CheckOptions,
                      worker: driver.WorkerOptions, provider: str, dims: Mapping[str, int]) -> ModuleSessions:
     """Both training models in the Module API (``module_runs``), on the check's feeds."""
     if provider != "cpu":
@@ -207,7 +207,8 @@ def _module_sessions(original: str | Path, rewritten: str | Path, model, options
 
 
 def check_files(original: str | Path, rewritten: str | Path, predicted: dict[str, Prediction],
-                options: CheckOptions = CheckOptions(), *, enable_mem_reuse: bool = True, feeds_model=None,
+                options: CheckOptions = CheckOptions(), *, enable_mem_reuse: bool = True,
+                feeds_model: onnx.ModelProto | None = None,
                 dims: RunsAt | Mapping[str, int] | None = None,
                 reference_level: str | None = None) -> CheckFigures:
     """Measure both files and judge the rewrite (``measure_files``, then ``rules.judge``)."""
@@ -217,7 +218,8 @@ def check_files(original: str | Path, rewritten: str | Path, predicted: dict[str
 
 
 def measure_files(original: str | Path, rewritten: str | Path, predicted: dict[str, Prediction],
-                  options: CheckOptions = CheckOptions(), *, enable_mem_reuse: bool = True, feeds_model=None,
+                  options: CheckOptions = CheckOptions(), *, enable_mem_reuse: bool = True,
+                  feeds_model: onnx.ModelProto | None = None,
                   dims: RunsAt | Mapping[str, int] | None = None,
                   reference_level: str | None = None) -> CheckFigures:
     """Measure both files: the figures the rules judge, with the measurement's own notes.
@@ -258,14 +260,14 @@ _PASS_THROUGH = VIEW_OPS | {"Transpose", "Cast"}
 SPREAD_FACTOR = 4.0
 
 
-def _kernel_of(producer: dict, name: str) -> str | None:
+def _kernel_of(producer: dict[str, onnx.NodeProto], name: str) -> str | None:
     node = producer.get(name)
     while node is not None and node.op_type in _PASS_THROUGH and node.input:
         node = producer.get(node.input[0])
     return node.op_type if node is not None else None
 
 
-def _spread_verdict(spread: Mapping[str, Spread] | None, model) -> RunToRun | None:
+def _spread_verdict(spread: Mapping[str, Spread] | None, model: onnx.ModelProto) -> RunToRun | None:
     """Judge each differing output against the run-to-run spread of its kernel."""
     if spread is None:
         return None
@@ -346,3 +348,7 @@ def check_analysed(paths: dict[str, Path], analysed: dict[str, Analysis], dims: 
                                         artifact),
                             reference_level=optimized["level"] if optimized else None)
     return judge(figures, figures.outputs.tolerance is not None, RULES + also)
+
+
+# CheckFigures: api.py takes it from here, with check_analysed.
+__all__ = ["CheckFigures", "Prediction", "RunsAt", "check_analysed", "check_files", "measure_files", "predict"]

@@ -6,13 +6,13 @@ ckpt module: ``ckpt`` runs it as ``python worker.py SPEC.json`` in a fresh child
 process, possibly under another interpreter with another onnxruntime build (for
 example onnxruntime-training-cpu 1.19.2 with numpy<2).  The parent
 (``ckpt_cli.verify.driver``) sends everything it needs in the spec, the session
-settings included (built by ``ckpt_cli.verify.settings``).
+settings included (built by ``ckpt_cli.ort.settings``).
 
 SPEC.json::
 
     {"model": "m.onnx", "feeds": "feeds.npz",
      "provider": "cpu" | "cuda",
-     "session": {...},           # ckpt_cli.verify.settings: order, level, reuse, ...
+     "session": {...},           # ckpt_cli.ort.settings: order, level, reuse, ...
      "runs": 3,                  # measured runs; one extra warm-up run comes first
      "outputs": "out.npz" | null,  # outputs of the LAST measured run
      "profile_dir": "/tmp/x",    # where ORT writes its profile (file removed after)
@@ -88,7 +88,13 @@ import statistics
 import sys
 import tempfile
 import time
-from typing import Any, cast
+from collections.abc import Iterator, Sequence
+from types import ModuleType
+from typing import Any, TypedDict, cast
+
+# onnxruntime ships no type information: its sessions and their options are Any here.
+Session = Any
+SessionOptions = Any
 
 KERNEL_SUFFIX = "_kernel_time"
 
@@ -110,13 +116,63 @@ class WorkerError(Exception):
         self.message = message
 
 
+class _SpecKeys(TypedDict):
+    model: str
+    feeds: str
+    provider: str
+    session: dict[str, Any]  # ckpt_cli.verify.settings' JSON document
+    settings: str
+    runs: int
+    intra_op_threads: int
+    memory_method: str
+    extra_outputs: list[str]
+    profile_dir: str
+
+
+class Spec(_SpecKeys, total=False):
+    """SPEC.json once ``_parse_spec`` has checked it and filled in the defaults."""
+
+    outputs: str | None
+    seed: int
+
+
+class RunFigures(TypedDict):
+    """One measured run in the answer."""
+
+    peak_bytes: int | None
+    time_s: float
+
+
+class ProfiledRun(TypedDict):
+    """One measured run as the profiler saw it (``_timeline``: dropped from the answer)."""
+
+    peak_bytes: int | None
+    time_s: float
+    peak_requested_bytes: int | None
+    baseline_bytes: int | None
+    _timeline: list[list[Any]]
+
+
+class Memory(TypedDict):
+    """The memory method used and its figures (``_memory_figures``)."""
+
+    method: str
+    runs: list[RunFigures]
+    baseline_bytes: int | None
+    peak_requested_bytes: int | None
+
+
+# (executed_order, executed_ops, executed_providers)
+Executed = tuple[list[str], list[str], list[str]]
+
+
 # --------------------------------------------------------------------------- settings
-# The session settings arrive as plain data in the spec (``ckpt_cli.verify.settings``
+# The session settings arrive as plain data in the spec (``ckpt_cli.ort.settings``
 # builds them), so this script needs no other ckpt module.
 
 
-def _session_options(ort, settings: dict, *, threads: int, profile_prefix: str | None,
-                     arena: bool | None = None):
+def _session_options(ort: ModuleType, settings: dict[str, Any], *, threads: int, profile_prefix: str | None,
+                     arena: bool | None = None) -> SessionOptions:
     so = ort.SessionOptions()
     so.execution_order = getattr(ort.ExecutionOrder, settings["execution_order"])
     so.graph_optimization_level = getattr(ort.GraphOptimizationLevel,
@@ -143,7 +199,7 @@ def _one_line(text: object, limit: int = 600) -> str:
 
 
 @contextlib.contextmanager
-def _capture_fd2():
+def _capture_fd2() -> Iterator[dict[str, str]]:
     """Capture what native code writes to fd 2 (ORT's logger); replay it after."""
     buf = {"text": ""}
     try:
@@ -196,7 +252,7 @@ _ORT_TO_NUMPY = {
 }
 
 
-def _load_feeds(np, path: str, session) -> dict:
+def _load_feeds(np: ModuleType, path: str, session: Session) -> dict[str, Any]:
     try:
         with np.load(path, allow_pickle=False) as z:
             feeds = {k: z[k] for k in z.files}
@@ -227,17 +283,18 @@ def _load_feeds(np, path: str, session) -> dict:
     return feeds
 
 
-def _read_profile(path: str) -> list:
+def _read_profile(path: str) -> list[dict[str, Any]]:
     with open(path, encoding="utf-8") as f:
         text = f.read()
+    # ORT's profile is a JSON array of Chrome trace events.
     try:
-        return json.loads(text)
+        return cast(list[dict[str, Any]], json.loads(text))
     except json.JSONDecodeError:
         # A profile cut short (crash) lacks the closing bracket.
-        return json.loads(text.rstrip().rstrip(",") + "]")
+        return cast(list[dict[str, Any]], json.loads(text.rstrip().rstrip(",") + "]"))
 
 
-def _split_runs(events: list) -> list:
+def _split_runs(events: list[dict[str, Any]]) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
     """[(model_run event, [kernel node events inside it in execution order]), ...]"""
     runs = sorted((e for e in events if e.get("name") == "model_run"), key=lambda e: e["ts"])
     nodes = sorted((e for e in events if e.get("cat") == "Node"
@@ -247,7 +304,7 @@ def _split_runs(events: list) -> list:
     j = 0
     for r in runs:
         lo, hi = r["ts"], r["ts"] + r.get("dur", 0)
-        inside = []
+        inside: list[dict[str, Any]] = []
         while j < len(nodes) and nodes[j]["ts"] < lo:
             j += 1
         while j < len(nodes) and nodes[j]["ts"] <= hi:
@@ -257,10 +314,13 @@ def _split_runs(events: list) -> list:
     return out
 
 
-def _mem_of_run(node_events: list, provider_name: str):
+def _mem_of_run(node_events: list[dict[str, Any]], provider_name: str
+                ) -> tuple[int | None, int | None, int | None, list[list[Any]]]:
     """(peak, peak_requested, baseline, timeline) from one run's node events."""
-    peak = peak_req = baseline = None
-    timeline = []
+    peak: int | None = None
+    peak_req: int | None = None
+    baseline: int | None = None
+    timeline: list[list[Any]] = []
     for e in node_events:
         a = e.get("args", {})
         if a.get("provider", provider_name) != provider_name or "mem_bytes_in_use" not in a:
@@ -279,7 +339,7 @@ def _mem_of_run(node_events: list, provider_name: str):
     return peak, peak_req, baseline, timeline
 
 
-def _proc_status() -> dict:
+def _proc_status() -> dict[str, int]:
     d = {}
     with open("/proc/self/status", encoding="ascii") as f:
         for line in f:
@@ -289,7 +349,7 @@ def _proc_status() -> dict:
     return d
 
 
-def _median(values):
+def _median(values: Sequence[float | None]) -> float | None:
     vals = [v for v in values if v is not None]
     if not vals:
         return None
@@ -297,11 +357,17 @@ def _median(values):
     return int(m) if all(isinstance(v, int) for v in vals) else m
 
 
+def _median_bytes(values: Sequence[int | None]) -> int | None:
+    m = _median(values)
+    return None if m is None else int(m)
+
+
 # --------------------------------------------------------------------------- main work
 
 
-def _make_session(ort, model: str, so, provider: str, settings: dict):
+def _make_session(ort: ModuleType, model: str, so: SessionOptions, provider: str, settings: dict[str, Any]) -> Session:
     prov_name = _PROVIDER_NAMES[provider]
+    providers: list[Any]
     if provider == "cuda":
         avail = ort.get_available_providers()
         if prov_name not in avail:
@@ -337,20 +403,22 @@ def _make_session(ort, model: str, so, provider: str, settings: dict):
     return sess
 
 
-def _run_once(sess, feeds):
+def _run_once(sess: Session, feeds: dict[str, Any]) -> tuple[Any, float]:
     t0 = time.perf_counter()
     out = sess.run(None, feeds)
     return out, time.perf_counter() - t0
 
 
-def _measure_profiler(ort, np, spec, settings, feeds_path, warnings):
+def _measure_profiler(ort: ModuleType, np: ModuleType, spec: Spec, settings: dict[str, Any], feeds_path: str,
+                      warnings: list[str]
+                      ) -> tuple[list[ProfiledRun], list[float], Executed, bool, dict[str, Any]]:
     """Warm-up + N runs with profiling; returns partial result + last outputs."""
     provider = spec["provider"]
     prefix = os.path.join(spec["profile_dir"], f"ckpt_worker_{os.getpid()}")
     so = _session_options(ort, settings, threads=spec["intra_op_threads"], profile_prefix=prefix)
     sess = _make_session(ort, spec["model"], so, provider, settings)
     feeds = _load_feeds(np, feeds_path, sess)
-    times = []
+    times: list[float] = []
     out: Any = None
     try:
         for i in range(spec["runs"] + 1):
@@ -371,7 +439,7 @@ def _measure_profiler(ort, np, spec, settings, feeds_path, warnings):
     all_runs = _split_runs(events)
     runs = all_runs[1:]  # drop the warm-up
     prov_name = _PROVIDER_NAMES[provider]
-    per_run = []
+    per_run: list[ProfiledRun] = []
     for (r, nodes), dt in zip(runs, times):
         peak, peak_req, base, timeline = _mem_of_run(nodes, prov_name)
         per_run.append({"peak_bytes": peak, "time_s": dt, "peak_requested_bytes": peak_req,
@@ -380,7 +448,7 @@ def _measure_profiler(ort, np, spec, settings, feeds_path, warnings):
     # versions); then the last runs are cut short.  The order is static, so fall
     # back to the fullest run and say so.
     order_src = runs[-1][1] if runs else []
-    fullest: list = max((r[1] for r in all_runs), key=len, default=[])
+    fullest: list[dict[str, Any]] = max((r[1] for r in all_runs), key=len, default=[])
     if len(order_src) < len(fullest):
         warnings.append(f"profiler recorded {len(order_src)} of {len(fullest)} node events in "
                         "the last run (event limit?); executed_order taken from a fuller run, "
@@ -395,7 +463,8 @@ def _measure_profiler(ort, np, spec, settings, feeds_path, warnings):
     return per_run, times, (executed, executed_ops, executed_providers), has_mem, outputs
 
 
-def _measure_process_peak(ort, np, spec, settings, feeds_path, warnings):
+def _measure_process_peak(ort: ModuleType, np: ModuleType, spec: Spec, settings: dict[str, Any], feeds_path: str,
+                          warnings: list[str]) -> tuple[list[RunFigures], dict[str, Any]]:
     """VmHWM above the process's state before the run, per run (CPU only). ckpt's settings
     run with the arena off: every run starts from the loaded session. ORT's defaults keep
     it (``process_peak_with_arena``): the arena holds the chunks it took after a run, so
@@ -409,7 +478,8 @@ def _measure_process_peak(ort, np, spec, settings, feeds_path, warnings):
                           arena=None if with_arena else False)
     sess = _make_session(ort, spec["model"], so, spec["provider"], settings)
     feeds = _load_feeds(np, feeds_path, sess)
-    per_run, start = [], None
+    per_run: list[RunFigures] = []
+    start: int | None = None
     out: Any = None
     try:
         for i in range(spec["runs"] + 1):
@@ -442,7 +512,7 @@ def _trim_heap() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
-def _reset_peak(warnings: list) -> int | None:
+def _reset_peak(warnings: list[str]) -> int | None:
     """Reset VmHWM to the current resident size (write 5 to clear_refs) and return that
     size; None (with a warning) where the kernel does not allow it."""
     try:
@@ -454,7 +524,7 @@ def _reset_peak(warnings: list) -> int | None:
         return None
 
 
-def _process_peak_in_child(spec: dict) -> dict:
+def _process_peak_in_child(spec: Spec) -> dict[str, Any]:
     import subprocess
 
     path = os.path.join(spec["profile_dir"], f"ckpt_worker_pp_{os.getpid()}.json")
@@ -467,7 +537,8 @@ def _process_peak_in_child(spec: dict) -> dict:
         with contextlib.suppress(OSError):
             os.remove(path)
     try:
-        res = json.loads(proc.stdout.strip().splitlines()[-1])
+        # The child's answer: {"ok", "runs", "warnings"} or {"ok": false, "kind", "message"}.
+        res = cast(dict[str, Any], json.loads(proc.stdout.strip().splitlines()[-1]))
     except (IndexError, ValueError):
         raise WorkerError("crashed", f"the process-peak child measuring {os.path.basename(spec['model'])} "
                                      f"({spec['settings']} settings, arena off) gave no result: "
@@ -487,21 +558,23 @@ def _how_it_ended(returncode: int) -> str:
     return f"killed by {name} (signal {-returncode})"
 
 
-def _process_peak_main(spec: dict) -> dict:
-    spec = _parse_spec(spec)
+def _process_peak_main(raw: dict[str, Any]) -> dict[str, Any]:
+    spec = _parse_spec(raw)
     settings = spec["session"]
     import numpy as np
     import onnxruntime as ort
 
     _seed(ort, spec)
-    warnings: list = []
+    warnings: list[str] = []
     runs, outputs = _measure_process_peak(ort, np, spec, settings, spec["feeds"], warnings)
-    if spec.get("outputs"):
-        np.savez(spec["outputs"], **cast(dict[str, Any], {k: np.asarray(v) for k, v in outputs.items()}))
+    out_path = spec.get("outputs")
+    if out_path:
+        np.savez(out_path, **cast(
+dict[str, Any], {k: np.asarray(v) for k, v in outputs.items()}))
     return {"ok": True, "runs": runs, "warnings": warnings}
 
 
-def _parse_spec(spec: dict) -> dict:
+def _parse_spec(spec: dict[str, Any]) -> Spec:
     try:
         s = dict(spec)
         for key in ("model", "feeds"):
@@ -523,12 +596,13 @@ def _parse_spec(spec: dict) -> dict:
         s["extra_outputs"] = list(s.get("extra_outputs") or [])
         if not s.get("profile_dir"):
             s["profile_dir"] = tempfile.gettempdir()
-        return s
+        # Every key of Spec is now checked or filled in.
+        return cast(Spec, s)
     except (TypeError, ValueError) as e:
         raise WorkerError("bad_spec", _one_line(e)) from e
 
 
-def _seed(ort, spec: dict) -> None:
+def _seed(ort: ModuleType, spec: Spec) -> None:
     """Seed ORT's random generator before any session exists, so that random ops
     without a seed attribute (Dropout) draw the same masks in every process that
     runs the same nodes in the same order: two graphs can then be compared."""
@@ -537,7 +611,7 @@ def _seed(ort, spec: dict) -> None:
         set_seed(int(spec.get("seed", 0)))
 
 
-def _import_runtime():
+def _import_runtime() -> tuple[ModuleType, ModuleType]:
     """numpy and onnxruntime, as the interpreter running this script has them."""
     try:
         import numpy as np
@@ -548,16 +622,16 @@ def _import_runtime():
     return np, ort
 
 
-def _memory_figures(ort_version: str, spec: dict, per_run: list, times: list, has_mem: bool,
-                    warnings: list) -> dict:
+def _memory_figures(ort_version: str, spec: Spec, per_run: list[ProfiledRun], times: list[float], has_mem: bool,
+                    warnings: list[str]) -> Memory:
     """The memory method used and its figures: per-run peaks and times, baseline, peak requested."""
     method = spec["memory_method"]
     baseline = per_run[-1]["baseline_bytes"] if per_run and has_mem else None
-    peak_req = _median([r["peak_requested_bytes"] for r in per_run]) if has_mem else None
+    peak_req = _median_bytes([r["peak_requested_bytes"] for r in per_run]) if has_mem else None
     if method == "profiler" and not has_mem:
         warnings.append(f"profiler of onnxruntime {ort_version} reports no mem_* fields")
     if has_mem and method in ("auto", "profiler"):
-        runs = [{"peak_bytes": r["peak_bytes"], "time_s": r["time_s"]} for r in per_run]
+        runs: list[RunFigures] = [{"peak_bytes": r["peak_bytes"], "time_s": r["time_s"]} for r in per_run]
         return {"method": "profiler", "runs": runs, "baseline_bytes": baseline, "peak_requested_bytes": peak_req}
     if spec["provider"] == "cpu" and method in ("auto", "process_peak"):
         # A fresh process: after an arena session has run in this process, ORT 1.19.2
@@ -573,10 +647,10 @@ def _memory_figures(ort_version: str, spec: dict, per_run: list, times: list, ha
     return {"method": "none", "runs": runs, "baseline_bytes": baseline, "peak_requested_bytes": peak_req}
 
 
-def _result(ort_version: str, spec: dict, memory: dict, executed: tuple, warnings: list) -> dict:
+def _result(ort_version: str, spec: Spec, memory: Memory, executed: Executed, warnings: list[str]) -> dict[str, Any]:
     """The worker's answer (see the module docstring)."""
     used, runs, baseline = memory["method"], memory["runs"], memory["baseline_bytes"]
-    peak = _median([r["peak_bytes"] for r in runs])
+    peak = _median_bytes([r["peak_bytes"] for r in runs])
     executed_order, executed_ops, executed_providers = executed
     return {
         "ok": True,
@@ -600,7 +674,7 @@ def _result(ort_version: str, spec: dict, memory: dict, executed: tuple, warning
     }
 
 
-def _save_outputs(np, spec: dict, outputs: dict) -> None:
+def _save_outputs(np: ModuleType, spec: Spec, outputs: dict[str, Any]) -> None:
     if not spec.get("outputs"):
         return
     try:
@@ -609,18 +683,16 @@ def _save_outputs(np, spec: dict, outputs: dict) -> None:
         raise WorkerError("run_failed", f"cannot write outputs: {_one_line(e)}") from e
 
 
-def run_spec(spec: dict) -> dict:
-    spec = _parse_spec(spec)
+def run_spec(raw: dict[str, Any]) -> dict[str, Any]:
+    spec = _parse_spec(raw)
     np, ort = _import_runtime()
     if not os.path.exists(spec["model"]):
         raise WorkerError("load_failed", f"model file not found: {spec['model']}")
     _seed(ort, spec)
-    warnings: list = []
+    warnings: list[str] = []
     per_run, times, executed, has_mem, outputs = _measure_profiler(
         ort, np, spec, spec["session"], spec["feeds"], warnings)
     timeline = per_run[-1]["_timeline"] if per_run else []
-    for r in per_run:
-        r.pop("_timeline", None)
     memory = _memory_figures(ort.__version__, spec, per_run, times, has_mem, warnings)
     result = _result(ort.__version__, spec, memory, executed, warnings)
     if "timeline" in spec["extra_outputs"]:
@@ -630,7 +702,7 @@ def run_spec(spec: dict) -> dict:
     return result
 
 
-def probe(provider: str, model: str) -> dict:
+def probe(provider: str, model: str) -> dict[str, Any]:
     """Can `provider` really run `model` here?  (used by check.resolve_provider)"""
     try:
         import onnxruntime as ort
@@ -647,7 +719,8 @@ def probe(provider: str, model: str) -> dict:
     return {"ok": True, "provider": sess.get_providers()[0], "ort_version": ort.__version__}
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
+
     argv = list(sys.argv[1:] if argv is None else argv)
     # Native libraries and Python warnings must not pollute the JSON on stdout.
     real_stdout = os.fdopen(os.dup(1), "w")

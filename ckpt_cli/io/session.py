@@ -1,25 +1,22 @@
 """The ONNX Runtime session a ckpt-written model needs, read from the model itself.
 
 Every rewrite records what it was planned for in the model's ``metadata_props``
-(``ckpt.enable_mem_reuse`` today). ``session_options(path)`` turns that into an
+(``ckpt.enable_mem_reuse`` today). ``recorded_settings(path)`` reads that back as plain
+data; ``ckpt_cli.session_options(path)`` (``session.py``) turns it into an
 ``onnxruntime.SessionOptions``, so a training loop never copies settings by hand.
 """
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import onnx
 
 from ..errors import ModelError
-
-if TYPE_CHECKING:
-    import onnxruntime
 from ..markers import SessionPlan
-from ..io.serialize import read_model
-from ..verify.settings import ckpt_session_settings, ort_default_session_settings
+from ..ort.settings import ckpt_session_settings, ort_default_session_settings
+from .serialize import read_model
 
 
 def recorded_settings(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -51,21 +48,3 @@ def recorded_settings(path: str | os.PathLike[str]) -> dict[str, Any]:
 def ort_optimized(model: onnx.ModelProto, path: str | os.PathLike[str]) -> dict[str, Any] | None:
     """What ``--ort-optimize`` recorded in ``model`` (provider, level, onnxruntime), or None."""
     return SessionPlan.read(model, path).ort_optimize
-
-
-def session_options(path: str | Path) -> onnxruntime.SessionOptions:
-    """An ``onnxruntime.SessionOptions`` for the model at ``path``, as ckpt planned it:
-    file order executed (PRIORITY_BASED), graph kept as written, and the buffer-reuse
-    setting the rewrite chose."""
-    import onnxruntime as ort
-
-    s = recorded_settings(path)
-    so = ort.SessionOptions()
-    so.execution_order = getattr(ort.ExecutionOrder, s["execution_order"])
-    so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, s["graph_optimization_level"])
-    so.enable_mem_pattern = bool(s["enable_mem_pattern"])
-    so.enable_mem_reuse = bool(s["enable_mem_reuse"])
-    so.enable_cpu_mem_arena = bool(s["enable_cpu_mem_arena"])
-    for k, v in s["config_entries"].items():
-        so.add_session_config_entry(k, v)
-    return so

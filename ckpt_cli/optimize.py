@@ -26,19 +26,19 @@ from typing import Any, cast
 
 import onnx
 
-from ..analysis import Analysis, analyse
-from ..analysis.cost import node_cost
-from ..errors import ModelError, RunFailed, RuntimeUnavailable
-from ..io.external import external_tensors
-from ..graph import ABSENT, Graph
-from ..io.load import load_graph
-from ..markers import GUARD_META, PIN_META, PROVENANCE_PREFIX, SessionPlan, is_recompute_copy
-from ..ops import DEVICE_COPY_OPS, is_recomputable
-from ..options import DEFAULT_TIMEOUT_S
-from ..rewrite import RewriteResult
-from ..rewrite.order import executed_order
-from . import child
-from ..io.save import build_model, save_model
+from .analysis import Analysis, analyse
+from .analysis.cost import node_cost
+from .errors import ModelError, RunFailed, RuntimeUnavailable
+from .io.external import external_tensors
+from .graph import ABSENT, Graph
+from .io.load import load_graph
+from .markers import GUARD_META, PIN_META, PROVENANCE_PREFIX, SessionPlan, is_recompute_copy
+from .ops import DEVICE_COPY_OPS, is_recomputable
+from .options import DEFAULT_TIMEOUT_S
+from .rewrite import RewriteResult
+from .rewrite.order import executed_order
+from .ort import child
+from .io.save import build_model, save_model
 
 LEVEL = "ORT_ENABLE_EXTENDED"
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
