@@ -19,7 +19,7 @@ MEMORY_BUDGETS = (75, 50, 30)  # % of the original predicted peak (parameters an
 
 
 def _sample_analysis(path: Path, work: Path) -> dict:
-    from ckpt_cli.analysis import analyse
+    from ckpt_cli.analysis import analyse, default_order
     from ckpt_cli.io.load import load_graph
     from ckpt_cli.planning import layer_regions, sqrt_regions
 
@@ -29,10 +29,11 @@ def _sample_analysis(path: Path, work: Path) -> dict:
     plan_path = work / f"{path.stem}.sqrt.plan.json"
     plan_path.write_text(json.dumps(sq.to_json(names), indent=1))
     layers = layer_regions(a)
+    default = default_order(a)
     return {
         "nodes": len(a.graph.nodes),
-        "predicted_ort_default_activation_peak": a.default.activation_peak_bytes,
-        "predicted_ort_default_peak": a.default.peak_bytes,
+        "predicted_ort_default_activation_peak": default.activation_peak_bytes,
+        "predicted_ort_default_peak": default.peak_bytes,
         "predicted_file_order_activation_peak": a.priority.activation_peak_bytes,
         "predicted_file_order_peak": a.priority.peak_bytes,
         "resident_bytes": a.priority.resident_bytes,

@@ -143,7 +143,7 @@ def bench_peer(runs: int = 3, only: set[str] | None = None, checked: set[float] 
     from ckpt_cli.analysis import analyse
     from ckpt_cli.io.load import load_graph
     from ckpt_cli.planning import mincut
-    from ckpt_cli.rewrite import rewrite
+    from ckpt_cli.rewrite import rewrite, written as analysed
 
     peer = json.loads(PEER_JSON.read_text())
     out: dict = {"torch": peer["torch"], "models": []}
@@ -171,8 +171,8 @@ def bench_peer(runs: int = 3, only: set[str] | None = None, checked: set[float] 
                 cut = mincut.solve_bytes(problem, pt["activation_bytes"])
                 plan = mincut.to_plan(a, cut, "mincut")
                 # The plan's activations; pinning adds a few bytes of guard scalars (counted apart).
-                result = rewrite(a, plan, pin=False)
-                written = rewrite(a, plan)
+                result = analysed(a, rewrite(a, plan, pin=False))
+                written = analysed(a, rewrite(a, plan))
                 pinned = written.after.stashed_bytes
                 row = {"budget": pt["budget"], "torch": pt,
                        "budget_search": _budget_point(a, model, written.after.ort_peak_bytes, Path(tmp), runs_here),

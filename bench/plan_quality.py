@@ -38,9 +38,9 @@ def _floor_breakdown(a, structure) -> dict:
     """Rewrite with every stashed activation of ``structure`` recomputed (its floor) and
     sort the bytes live at the predicted peak into categories."""
     from ckpt_cli.markers import is_recompute_copy
-    from ckpt_cli.rewrite import rewrite
+    from ckpt_cli.rewrite import rewrite, written
 
-    r = rewrite(a, structure)
+    r = written(a, rewrite(a, structure))
     pr = r.after.priority
     g = r.after.graph
     outputs = set(g.outputs)
@@ -104,6 +104,7 @@ def bench_plan_quality() -> dict:
 
 def _sample_quality(a) -> dict:
     """One sample's sweep: both planners at each budget, the structures' floors, the segment scan."""
+    from ckpt_cli.analysis import lowest_peak
     from ckpt_cli.planning.strategies import structures
     from ckpt_cli.rewrite.select import keep_intervals, plan_cost
 
@@ -127,7 +128,7 @@ def _sample_quality(a) -> dict:
     reached = [r for r in rows if "peak_bytes" in r["heuristic"]]
     return {
         "nodes": len(a.graph.nodes), "original_peak_bytes": base, "resident_bytes": a.priority.resident_bytes,
-        "output_bytes": a.output_bytes, "lower_bound_bytes": a.lower_bound_bytes,
+        "output_bytes": a.output_bytes, "lower_bound_bytes": lowest_peak(a).bytes,
         "step_flops": step, "rows": rows, "floors": floors, "floors_s": floor_s, "segment_scan": scan,
         "best_floor": best,
         "max_gap": max(gaps) if gaps else None, "min_gap": min(gaps) if gaps else None,
@@ -318,7 +319,7 @@ def _render_lower_bound(t: dict, add) -> None:
     unreachable = [x for x in GPT_TARGETS if x[0] > t["max_possible_reduction"]]
     add("")
     add(f"No plan, at any recompute cost, goes below **{nbytes(t['lower_bound_bytes'])}** "
-        f"(`Analysis.lower_bound_bytes`): the parameters and feeds ({nbytes(t['resident_bytes'])}) plus the "
+        f"(`analysis.lowest_peak`): the parameters and feeds ({nbytes(t['resident_bytes'])}) plus the "
         f"graph's outputs ({nbytes(t['output_bytes'])}: the loss and one gradient per parameter, which ORT holds "
         f"until the run ends, so all are live at its last step). The peak can fall by at most "
         f"**{pct(t['max_possible_reduction'])}**"

@@ -42,7 +42,7 @@ from .planning.plan import Policy
 from .progress import stage
 from .report.model import Source, check_report, inspect_report, plan_report, planning_section, rewrite_report
 from .report.headline import check_headline
-from .rewrite import RewriteResult, rewrite, without_mem_pattern
+from .rewrite import RewriteResult, rewrite, without_mem_pattern, written as analysed_written
 from .io.save import check_output_path, save_model
 from .verify.rules import Rule, held_within
 from .ort.settings import settings_snippet
@@ -132,7 +132,7 @@ _ANALYSIS_KEYWORDS = ("dims", "loss", "grad_outputs")
 
 def refuse_unsized(a: Analysis, allowed: bool) -> None:
     """A plan on tensors of unknown size counts them as 0 B: never in silence."""
-    unsized = a.unsized()
+    unsized = a.unsized
     if unsized and not allowed:
         g = a.graph
         names = ", ".join(f"{t} ({g.nodes[g.producer[t]].op_type})" for t in list(unsized)[:3])
@@ -567,7 +567,7 @@ def _rewritten(a: Analysis, loaded: Loaded, options: RewriteOptions, analysis: A
         planned = _judged_default(a, planned, options, writer)
     chosen = planned.plan if planned else None
     stage("rewriting the graph")
-    result = writer.result(rewrite_plan(a, planned, options.pin))
+    result = analysed_written(a, writer.result(rewrite_plan(a, planned, options.pin)))  # analysed for its report
     planned = planned.settled() if planned is not None else None
     module = planned.module if planned is not None else None
     rewritten = writer.written(result, chosen, module is not None and module.unplanned,

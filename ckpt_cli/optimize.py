@@ -143,7 +143,7 @@ def ort_optimize(rewritten: onnx.ModelProto, result: RewriteResult, before: Anal
     graph, guards = _restore(loaded, result.graph)
     after = analyse(graph, loss=before.phases.loss, grad_outputs=list(before.phases.grad_outputs),
                     reuse_buffers=result.mem_reuse)
-    unsized = after.unsized()
+    unsized = after.unsized
     if unsized:
         raise ModelError(f"ORT's optimized graph has tensors of unknown size (e.g. {next(iter(unsized))})")
     copies = [n for n in graph.nodes if is_recompute_copy(n)]

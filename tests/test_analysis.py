@@ -155,8 +155,8 @@ def test_remembered_arena_peaks_are_the_replayed_ones():
         a = analyse(load_graph(samples / f"{name}.onnx"))
         planned = make_plan(a)
         for result in (rewrite(a, planned.plan, pin=False), rewrite_plan(a, planned)):
-            assert result.after.knows_arena(result.mem_reuse)
-            remembered = result.after.arena(result.mem_reuse)
+            remembered = result.after.replayed
+            assert remembered is not None and result.after.reuse_buffers == result.mem_reuse
             g = result.graph
             profile = simulate(g, list(range(len(g.nodes))), result.after.tensors, reuse_buffers=result.mem_reuse)
             assert remembered == predict_in_use(g, profile, result.after.tensors)  # peak, held bytes, timelines

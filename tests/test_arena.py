@@ -296,13 +296,13 @@ def test_matches_ort_at_every_node_on_a_known_request_sequence(tmp_path):
 
 @pytest.mark.parametrize("sample", ["mlp", "gpt", "cnn"])
 def test_sample_peak_within_5_percent_of_ort(sample, tmp_path):
-    from ckpt_cli.analysis import analyse
+    from ckpt_cli.analysis import analyse, default_order
     from ckpt_cli.io.load import load_graph
 
     path = SAMPLES / f"{sample}.onnx"
     g = load_graph(str(path))
     an = analyse(g)
-    for settings, prof in (("ckpt", an.priority), ("ckpt_default_order", an.default)):
+    for settings, prof in (("ckpt", an.priority), ("ckpt_default_order", default_order(an))):
         r = _measure(path, settings, tmp_path)
         assert [t[0] for t in r["timeline"]] == [g.nodes[i].name for i in prof.order]
         res = arena_peak(prof, r["baseline_bytes"], plans=kernel_plans(g, prof.order, an.tensors))

@@ -232,11 +232,25 @@ def test_the_api_uses_no_private_name_of_another_module():
     assert private == []
 
 
-def test_no_module_reaches_into_an_instance_dict():
-    """Caches are fields, ``cached_property`` or explicit cache objects: writing an object's
-    ``__dict__`` from outside it hides state from its type, its readers and mypy."""
-    found = _flagged(lambda text: [k for k, line in enumerate(text.splitlines(), 1) if "__dict__" in line])
+# A value's facts are fields computed when it is built, or functions a caller computes and
+# keeps: a ``cached_property`` (which writes the instance's ``__dict__``), a ``_memo`` of
+# results and a write into ``__dict__`` hide state from its type, its readers and mypy.
+HIDDEN_CACHE = re.compile(r"__dict__|\bcached_property\b|\b_memo\b")
+
+
+def _hidden_caches(text: str) -> list[int]:
+    return [k for k, line in enumerate(text.splitlines(), 1) if HIDDEN_CACHE.search(line)]
+
+
+def test_no_value_caches_its_facts_out_of_sight():
+    found = _flagged(_hidden_caches)
     assert found == []
+
+
+def test_the_cache_guard_sees_hidden_caches():
+    text = ("@cached_property\ndef f(self): ...\nx.__dict__['a'] = 1\nself._memo.arenas[k] = v\n"
+            "memo = {}\nself.memo[k] = v\nfrom functools import cached_property\n")
+    assert _hidden_caches(text) == [1, 3, 4, 7]
 
 
 def test_no_test_imports_bench():

@@ -13,7 +13,7 @@ from ckpt_cli.errors import BudgetUnreachable
 from ckpt_cli.io.load import load_graph
 from ckpt_cli.rewrite.select import make_plan, rewrite_plan
 from ckpt_cli.planning import mincut
-from ckpt_cli.rewrite import rewrite
+from ckpt_cli.rewrite import rewrite, written
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +41,7 @@ def test_the_front_trades_bytes_for_recompute(gpt, gpt_front):
 def test_the_rewrite_keeps_and_recomputes_exactly_what_the_cut_says(gpt, gpt_front):
     _, cuts = gpt_front
     for cut in cuts[1:len(cuts) - 1:3]:
-        result = rewrite(gpt, mincut.to_plan(gpt, cut))
+        result = written(gpt, rewrite(gpt, mincut.to_plan(gpt, cut)))
         assert result.after.stashed_bytes == cut.kept_bytes
         assert result.recompute_flops == cut.flops
         assert result.after.priority.peak_bytes < gpt.priority.peak_bytes
@@ -231,7 +231,8 @@ def test_the_front_dominates_pytorchs_min_cut_at_half_and_a_fifth(model):
             continue
         cut = mincut.solve_bytes(problem, point["activation_bytes"])
         # The plan's activations; pinning adds a few bytes of guard scalars, counted apart.
-        assert rewrite(a, mincut.to_plan(a, cut), pin=False).after.stashed_bytes <= point["activation_bytes"]
+        result = written(a, rewrite(a, mincut.to_plan(a, cut), pin=False))
+        assert result.after.stashed_bytes <= point["activation_bytes"]
         assert matmul_flops(a, cut.copied) <= point["recompute_matmul_flops"], point["budget"]
 
 

@@ -303,7 +303,7 @@ def test_unplanned_shapes_keep_the_declaration_of_a_tensor_ckpt_sizes_only_by_it
     onnx.save(out.model, written)
     symbols = {d.dim_param for v in out.model.graph.value_info for d in v.type.tensor_type.shape.dim}
     assert any(s.startswith(UNPLANNED_SYMBOL) for s in symbols)
-    assert api.analyse_input(api.load_input(written)).unsized() == {}
+    assert api.analyse_input(api.load_input(written)).unsized == {}
 
 
 def test_of_the_plans_that_pass_unplanned_the_lowest_untuned_peak_is_taken(monkeypatch, artifact):

@@ -104,7 +104,7 @@ def test_keeps_the_memory_pattern_switch_and_warns_of_nothing(optimized):
 def test_loads_back_through_ckpt_with_every_tensor_sized(optimized):
     out, result = optimized
     inspected = ckpt_cli.inspect_model(out)
-    assert inspected.analysis.unsized() == {}
+    assert inspected.analysis.unsized == {}
     assert inspected.report["peak_bytes"] == result.report["after"]["peak_bytes"]
 
 
@@ -156,7 +156,7 @@ def test_external_data_is_written_beside_the_output(tmp_path):
     assert len(data) == 1 and data[0].parent == tmp_path and data[0].name.startswith("out.onnx.")
     model = onnx.load(str(out))  # resolves the data beside it
     assert any(t.name and t.raw_data for t in model.graph.initializer)
-    assert ckpt_cli.inspect_model(out).analysis.unsized() == {}
+    assert ckpt_cli.inspect_model(out).analysis.unsized == {}
 
 
 def test_device_copies_ort_writes_for_cuda_are_dropped(tmp_path):

@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import SAMPLES
-from ckpt_cli.analysis import analyse
+from ckpt_cli.analysis import analyse, lowest_peak
 from ckpt_cli.cli import main
 from ckpt_cli.errors import BudgetUnreachable
 from ckpt_cli.io.load import load_graph
@@ -93,7 +93,7 @@ def test_unreachable_budget_exits_3_and_says_why(gpt):
     with pytest.raises(BudgetUnreachable, match="lowest predicted peak"):
         budget_plan(gpt, gpt.priority.resident_bytes, lambda p: plan_cost(gpt, p), lambda p: keep_intervals(gpt, p))
     # the stated bound: parameters, inputs and every gradient output are live at the last step
-    assert gpt.priority.resident_bytes < gpt.lower_bound_bytes <= gpt.priority.timeline[-1]
+    assert gpt.priority.resident_bytes < lowest_peak(gpt).bytes <= gpt.priority.timeline[-1]
     code, out = run("plan", SAMPLES / "gpt.onnx", "--budget", "1MiB")
     assert code == 3
     line = out.strip().splitlines()
@@ -177,11 +177,11 @@ def test_large_graph_unreachable_budget_stops_at_the_first_floor_far_above_it(mo
     monkeypatch.setattr(cutsearch, "THOROUGH_CUTS_NODES", len(a.graph.nodes) - 1)
     assert len(a.graph.nodes) > LARGE_GRAPH_NODES and len(structures(a)) >= 2
     first = keep_intervals(a, structures(a)[0]).cost.peak_bytes
-    for budget in (int(first / (1 + 2 * STRUCTURE_SPREAD)), max(a.lower_bound_bytes, int(first * 0.85))):
+    for budget in (int(first / (1 + 2 * STRUCTURE_SPREAD)), max(lowest_peak(a).bytes, int(first * 0.85))):
         told: list[str] = []
         with pytest.raises(BudgetUnreachable):
             make_plan(a, budget=str(budget), progress=told.append)
         # the plan recomputing nothing (judged first: it may fit), the cut next to recomputing
         # all (no corner is guessed to fit): its rewrite, over the budget, and the first floor
-        cut = int(budget >= a.lower_bound_bytes)
+        cut = int(budget >= lowest_peak(a).bytes)
         assert told[-1].startswith(f"planning: {cut + 2} plans evaluated"), (budget, told)

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 from onnx import TensorProto, helper
 
-from ckpt_cli.analysis import Analysis
+from ckpt_cli.analysis import PeakModel, peak_model
 from ckpt_cli.analysis.memory import simulate
 from ckpt_cli.analysis.shapes import infer_tensors
 from ckpt_cli.graph import Graph
@@ -27,7 +27,7 @@ def _conv_grad():
                             dilations=[1, 1])
 
 
-def _analysed(keeps_across: bool) -> Analysis:
+def _analysed(keeps_across: bool) -> PeakModel:
     """Plan A (``keeps_across``): k = Relu(a) lives across ConvGrad; plan B: t = Relu(b) is
     made and reduced before it."""
     vi = helper.make_tensor_value_info
@@ -44,7 +44,7 @@ def _analysed(keeps_across: bool) -> Analysis:
                               opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
     graph = Graph.from_model(model)
     tensors = infer_tensors(graph, {})
-    return Analysis(graph=graph, tensors=tensors, priority=simulate(graph, list(range(len(graph.nodes))), tensors))
+    return peak_model(graph, tensors, simulate(graph, list(range(len(graph.nodes))), tensors), True)
 
 
 def _evaluator(measure=None) -> tuple[PlanEvaluator, Plan, Plan]:

@@ -87,7 +87,7 @@ def test_unet_skip_concat_is_recomputed(tmp_path):
 @pytest.mark.parametrize("model", ["unet", "denoiser"])
 def test_artifacts_have_no_unsized_tensor(model):
     a = inspect_model(ZOO / model / "training_model.onnx").analysis
-    assert a.unsized() == {}
+    assert a.unsized == {}
 
 
 def test_split_and_divgrad_shapes():

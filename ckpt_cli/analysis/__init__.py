@@ -4,22 +4,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from itertools import chain
-from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeVar
-from functools import cached_property
+from typing import Callable, Iterable
 
 from ..errors import UsageError
 from ..graph import ABSENT, Graph, gc_paused
 from ..markers import SessionPlan, is_recompute_copy
 from . import schedules
+from .arena import ArenaResult, predict_in_use, small_initializer_bytes
 from .cost import NodeCost, graph_costs
 from .floor import Floor, plan_floor
 from .memory import MemoryProfile, buffer_roots, simulate, simulate_deferred, scratch_peak, step_scratch
 from .phases import Phases, classify
 from .scopes import node_scopes
 from .shapes import TensorInfo, infer_shapes, symbolic_dims
-
-if TYPE_CHECKING:
-    from .arena import ArenaResult
 
 
 @dataclass(frozen=True)
@@ -32,75 +29,22 @@ class Stashed:
     consumers: tuple[int, ...]  # backward consumers
 
 
-_T = TypeVar("_T")
-
-
-@dataclass(eq=False)
-class _Memo:
-    """An analysis's results computed on demand, by argument: the simulations and arena
-    replays per buffer reuse, and what callers derive from the analysis (``derived``)."""
-
-    profiles: dict[bool, MemoryProfile] = field(default_factory=dict)
-    arenas: dict[bool, "ArenaResult"] = field(default_factory=dict)
-    without_reuse: Callable[[], MemoryProfile] | None = None  # makes profiles[False] on demand
-    derived: dict[Callable[..., Any], Any] = field(default_factory=dict)
-
-
 @dataclass(frozen=True)
-class Analysis:
-    """Everything ckpt knows of a graph. Costs, scopes, stashed tensors and the DEFAULT
-    order are computed on first use: a plan search analyses many rewritten graphs and
-    needs only their peak."""
+class PeakModel:
+    """What a plan search reads of a rewritten graph: its PRIORITY_BASED simulation (made with
+    ORT's buffer reuse as ``reuse_buffers``), each kernel's working memory at its step
+    (``scratch``) and ORT's arena replayed for that order (``replayed``; None for a plan
+    search's model, which is judged by its tensors). A search analyses many rewritten graphs
+    and needs only their peaks; ``Analysis`` is the whole of what ckpt knows of one graph."""
 
     graph: Graph
     tensors: dict[str, TensorInfo]
     priority: MemoryProfile  # ORT PRIORITY_BASED order (the file order when sorted)
-    reuse_buffers: bool = True  # ORT's enable_mem_reuse the simulations assume
-    loss_given: str | None = None  # --loss / --grad-output, which decide the phases
-    grad_outputs_given: tuple[str, ...] | None = None
-    dims: tuple[tuple[str, int], ...] = ()  # symbolic dimension values the sizes are taken at
-    default_dims: tuple[str, ...] = ()  # those of them ckpt chose (no --dim given)
-    _memo: _Memo = field(default_factory=_Memo, init=False, repr=False, compare=False)
-
-    @cached_property
-    @gc_paused
-    def phases(self) -> Phases:
-        """Forward and backward nodes (classified on first use: a plan search judges
-        rewritten graphs by their peak alone)."""
-        return classify(self.graph, self.loss_given, list(self.grad_outputs_given or ()) or None)
-
-    @cached_property
-    @gc_paused
-    def roots(self) -> dict[str, str]:
-        return buffer_roots(self.graph)
-
-    @cached_property
-    @gc_paused
-    def costs(self) -> list[NodeCost]:
-        return graph_costs(self.graph, self.tensors)
-
-    @cached_property
-    @gc_paused
-    def scopes(self) -> list[str]:
-        return node_scopes(self.graph)
-
-    @cached_property
-    @gc_paused
-    def stashed(self) -> tuple[Stashed, ...]:
-        return find_stashed(self.graph, self.phases, self.roots)
-
-    @cached_property
-    @gc_paused
-    def default(self) -> MemoryProfile:
-        """ORT DEFAULT order; simulated on first use (a rewrite never needs it)."""
-        return simulate(self.graph, schedules.ort_default(self.graph), self.tensors,
-                        reuse_buffers=self.reuse_buffers)
-
-    @cached_property
-    def scratch(self) -> dict[int, int]:
-        """Per step of the PRIORITY_BASED order: the working memory its kernel holds while it
-        runs, outside ORT's buffers (``ort.scratch``); steps without any are absent."""
-        return step_scratch(self.priority, self.graph, self.tensors)
+    reuse_buffers: bool  # ORT's enable_mem_reuse the simulations assume
+    # Per step of the PRIORITY_BASED order: the working memory its kernel holds while it runs,
+    # outside ORT's buffers (``ort.scratch``); steps without any are absent.
+    scratch: dict[int, int]
+    replayed: ArenaResult | None
 
     @property
     def working_peak_bytes(self) -> int:
@@ -109,30 +53,18 @@ class Analysis:
         return scratch_peak(self.priority.peak_bytes, self.scratch, self.priority.timeline)
 
     def profile(self, reuse_buffers: bool) -> MemoryProfile:
-        """The PRIORITY_BASED simulation with ORT's buffer reuse on or off (computed once)."""
+        """The PRIORITY_BASED simulation with ORT's buffer reuse on or off: ``priority``, or
+        simulated now (each call: a caller that needs it twice keeps it)."""
         if reuse_buffers == self.reuse_buffers:
             return self.priority
-        cache, memo = self._memo.profiles, self._memo
-        if reuse_buffers not in cache and not reuse_buffers and memo.without_reuse is not None:
-            cache[reuse_buffers], memo.without_reuse = memo.without_reuse(), None
-        if reuse_buffers not in cache:
-            cache[reuse_buffers] = simulate(self.graph, self.priority.order, self.tensors,
-                                            reuse_buffers=reuse_buffers)
-        return cache[reuse_buffers]
+        return simulate(self.graph, self.priority.order, self.tensors, reuse_buffers=reuse_buffers)
 
-    def arena(self, reuse_buffers: bool) -> "ArenaResult":
+    def arena(self, reuse_buffers: bool) -> ArenaResult:
         """ORT's arena replayed for the PRIORITY_BASED order, with ORT's buffer reuse on or
-        off (computed once each)."""
-        cache = self._memo.arenas
-        if reuse_buffers not in cache:
-            from .arena import predict_in_use
-
-            cache[reuse_buffers] = predict_in_use(self.graph, self.profile(reuse_buffers), self.tensors)
-        return cache[reuse_buffers]
-
-    def knows_arena(self, reuse_buffers: bool) -> bool:
-        """Whether ``arena(reuse_buffers)`` is already replayed (free to read)."""
-        return reuse_buffers in self._memo.arenas
+        off: ``replayed``, or replayed now (each call)."""
+        if reuse_buffers == self.reuse_buffers and self.replayed is not None:
+            return self.replayed
+        return predict_in_use(self.graph, self.profile(reuse_buffers), self.tensors)
 
     def arena_in_use(self, reuse_buffers: bool) -> int:
         """Predicted peak of ORT's arena in use for the PRIORITY_BASED order (``arena``)."""
@@ -151,38 +83,48 @@ class Analysis:
     @property
     def outside_arena_bytes(self) -> int:
         """The inputs and initializers ORT holds outside its arena for the whole run."""
-        from .arena import small_initializer_bytes
-
         return self.priority.resident_bytes - small_initializer_bytes(self.graph, self.tensors)
 
-    def remember_arena(self, reuse_buffers: bool, arena: "ArenaResult") -> None:
-        """Record ``arena(reuse_buffers)`` where a caller replayed it already."""
-        self._memo.arenas[reuse_buffers] = arena
 
-    def derived(self, make: Callable[["Analysis"], _T]) -> _T:
-        """``make(self)``, computed once per analysis: for what a caller builds from an analysis
-        again and again and never changes (``make`` must be a module-level function)."""
-        memo = self._memo.derived
-        if make not in memo:
-            memo[make] = make(self)
-        made: _T = memo[make]  # the memo holds each function's own result
-        return made
+def peak_model(graph: Graph, tensors: dict[str, TensorInfo], priority: MemoryProfile, reuse_buffers: bool,
+               replayed: ArenaResult | None = None) -> PeakModel:
+    """The peak model of a graph simulated already (``priority``): its kernels' working memory found."""
+    return PeakModel(graph, tensors, priority, reuse_buffers, step_scratch(priority, graph, tensors), replayed)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Analysis(PeakModel):
+    """Everything ckpt knows of a graph, computed once when it is analysed (``analyse``).
+    The facts only some commands read and that cost a simulation or a walk of their own
+    are functions of it, computed by the command that reads them: ``default_order`` (ORT's
+    DEFAULT order), ``lowest_peak`` (the floor) and ``profile``/``arena`` with the other
+    buffer reuse."""
+
+    replayed: ArenaResult  # ORT's arena for the PRIORITY_BASED order, with ``reuse_buffers``
+    phases: Phases
+    roots: dict[str, str]  # tensor -> the tensor that owns its buffer (views)
+    costs: list[NodeCost]
+    scopes: list[str]
+    stashed: tuple[Stashed, ...]
+    unsized: dict[str, tuple[str, ...]]  # tensors made by nodes, of unknown size: the dimensions missing
+    loss_given: str | None = None  # --loss / --grad-output, which decide the phases
+    grad_outputs_given: tuple[str, ...] | None = None
+    dims: tuple[tuple[str, int], ...] = ()  # symbolic dimension values the sizes are taken at
+    default_dims: tuple[str, ...] = ()  # those of them ckpt chose (no --dim given)
+    # The simulation with reuse off from the one with it on, without walking the graph again
+    # (a function of the planner's buffers: each call computes it).
+    without_reuse: Callable[[], MemoryProfile] | None = field(default=None, repr=False, compare=False)
+
+    def profile(self, reuse_buffers: bool) -> MemoryProfile:
+        if reuse_buffers != self.reuse_buffers and self.without_reuse is not None:
+            return self.without_reuse()
+        return super().profile(reuse_buffers)
 
     @property
     def output_bytes(self) -> int:
         """The graph's outputs (loss, gradients): ORT holds each until the run ends, so
         all of them are live at its last step, whatever the plan."""
         return buffer_bytes(set(self.graph.outputs) - {ABSENT}, self.tensors)
-
-    @cached_property
-    def floor(self) -> Floor:
-        """A peak no order or recompute plan goes below, and what sets it (``floor.py``)."""
-        return plan_floor(self.graph, self.tensors, self.roots, self.priority.resident_bytes, self.output_bytes)
-
-    @property
-    def lower_bound_bytes(self) -> int:
-        """A peak no order or recompute plan goes below (``floor``)."""
-        return self.floor.bytes
 
     @property
     def stashed_bytes(self) -> int:
@@ -201,15 +143,21 @@ class Analysis:
         """FLOPs of ckpt's recompute copies in the graph (0 for a graph ckpt did not write)."""
         return sum(c.flops for c, n in zip(self.costs, self.graph.nodes) if is_recompute_copy(n))
 
-    def unsized(self) -> dict[str, tuple[str, ...]]:
-        """Tensors produced by nodes whose size is unknown, with the missing dimensions
-        (found once: a rewrite refuses them, then reports them)."""
-        return self.derived(_unsized)
+@gc_paused
+def default_order(a: Analysis) -> MemoryProfile:
+    """ORT's DEFAULT order, simulated (a walk of its own: read by the commands that report it)."""
+    return simulate(a.graph, schedules.ort_default(a.graph), a.tensors, reuse_buffers=a.reuse_buffers)
 
 
-def _unsized(a: Analysis) -> dict[str, tuple[str, ...]]:
-    tensors = a.tensors
-    return {t: tensors[t].missing if t in tensors else ("?",) for n in a.graph.nodes for t in n.outputs
+@gc_paused
+def lowest_peak(a: Analysis) -> Floor:
+    """A peak no order or recompute plan goes below, and what sets it (``floor.py``)."""
+    return plan_floor(a.graph, a.tensors, a.roots, a.priority.resident_bytes, a.output_bytes)
+
+
+def find_unsized(graph: Graph, tensors: dict[str, TensorInfo]) -> dict[str, tuple[str, ...]]:
+    """Tensors produced by nodes whose size is unknown, with the missing dimensions."""
+    return {t: tensors[t].missing if t in tensors else ("?",) for n in graph.nodes for t in n.outputs
             if t != ABSENT and (t not in tensors or tensors[t].nbytes is None)}
 
 
@@ -251,16 +199,6 @@ def recommended_mem_reuse(graph: Graph) -> bool:
     return SessionPlan.read(graph.model).mem_reuse
 
 
-@dataclass(frozen=True)
-class Written:
-    """What ckpt knows of a graph it wrote itself: its PRIORITY_BASED simulation
-    (``priority``, made with ORT's buffer reuse as ``reuse_buffers``). Its phases cannot
-    fail to classify: they are left to their first use."""
-
-    priority: MemoryProfile
-    reuse_buffers: bool
-
-
 def _priority_simulation(graph: Graph, tensors: dict[str, TensorInfo], reuse_buffers: bool
                          ) -> tuple[MemoryProfile, Callable[[], MemoryProfile] | None]:
     """The PRIORITY_BASED simulation and, with reuse on, the one without reuse to make on demand."""
@@ -273,31 +211,43 @@ def _priority_simulation(graph: Graph, tensors: dict[str, TensorInfo], reuse_buf
 @gc_paused
 def analyse(graph: Graph, dims: dict[str, int] | None = None, loss: str | None = None,
             grad_outputs: list[str] | None = None, tensors: dict[str, TensorInfo] | None = None, *,
-            reuse_buffers: bool | None = None, default_dims: tuple[str, ...] = (),
-            written: Written | None = None) -> Analysis:
+            reuse_buffers: bool | None = None, default_dims: tuple[str, ...] = ()) -> Analysis:
     """Run every analysis on ``graph``. ``tensors`` may be passed to skip shape inference.
     ``reuse_buffers`` (ORT's enable_mem_reuse) defaults to what the model asks for.
     ``default_dims`` names the entries of ``dims`` that the caller chose, not the user.
-    ``written``: the graph is one ckpt wrote, simulated already (with ``tensors``): its
-    simulation is taken as it is and its phases are classified on first use; any other
-    graph's phases are classified now, so a model without a backward is refused here."""
+    A model without a backward is refused here."""
     if tensors is None:
         tensors = infer_shapes(graph, dims).tensors
         _refuse_unbound_dims(graph, tensors, dims or {})
-    if written is not None:
-        priority, reuse_buffers, without_reuse = written.priority, written.reuse_buffers, None
-    else:
-        reuse_buffers = recommended_mem_reuse(graph) if reuse_buffers is None else reuse_buffers
-        priority, without_reuse = _priority_simulation(graph, tensors, reuse_buffers)
-    a = Analysis(graph=graph, tensors=tensors, priority=priority, reuse_buffers=reuse_buffers, loss_given=loss,
-                 grad_outputs_given=tuple(grad_outputs) if grad_outputs else None,
-                 dims=tuple(sorted((dims or {}).items())), default_dims=tuple(sorted(default_dims)))
-    if written is None:
-        a.phases  # noqa: B018 - classified now: its errors belong to loading
-    if without_reuse is not None:
-        a._memo.without_reuse = without_reuse  # profile(False) without walking the graph again
-    return a
+    reuse_buffers = recommended_mem_reuse(graph) if reuse_buffers is None else reuse_buffers
+    priority, without_reuse = _priority_simulation(graph, tensors, reuse_buffers)
+    model = peak_model(graph, tensors, priority, reuse_buffers)
+    return _analysed(model, loss, grad_outputs, dims=tuple(sorted((dims or {}).items())),
+                     default_dims=tuple(sorted(default_dims)), without_reuse=without_reuse)
 
 
-__all__ = ["Analysis", "Stashed", "Written", "analyse", "MemoryProfile", "Phases", "TensorInfo", "symbolic_dims",
+@gc_paused
+def analyse_written(model: PeakModel, loss: str | None, grad_outputs: list[str] | None) -> Analysis:
+    """The analysis of a graph ckpt wrote, from its peak model (its simulation and arena
+    replay are taken as they are)."""
+    return model if isinstance(model, Analysis) else _analysed(model, loss, grad_outputs)
+
+
+def _analysed(model: PeakModel, loss: str | None, grad_outputs: list[str] | None, *,
+              dims: tuple[tuple[str, int], ...] = (), default_dims: tuple[str, ...] = (),
+              without_reuse: Callable[[], MemoryProfile] | None = None) -> Analysis:
+    graph, tensors = model.graph, model.tensors
+    phases = classify(graph, loss, list(grad_outputs or ()) or None)  # first: its errors belong to loading
+    roots = buffer_roots(graph)
+    replayed = model.replayed or predict_in_use(graph, model.priority, tensors)
+    return Analysis(graph=graph, tensors=tensors, priority=model.priority, reuse_buffers=model.reuse_buffers,
+                    scratch=model.scratch, replayed=replayed, phases=phases, roots=roots,
+                    costs=graph_costs(graph, tensors), scopes=node_scopes(graph),
+                    stashed=find_stashed(graph, phases, roots), unsized=find_unsized(graph, tensors),
+                    loss_given=loss, grad_outputs_given=tuple(grad_outputs) if grad_outputs else None,
+                    dims=dims, default_dims=default_dims, without_reuse=without_reuse)
+
+
+__all__ = ["Analysis", "PeakModel", "Stashed", "analyse", "analyse_written", "default_order", "lowest_peak",
+           "peak_model", "MemoryProfile", "Phases", "TensorInfo", "symbolic_dims",
            "simulate", "schedules"]

@@ -21,7 +21,7 @@ from typing import Callable, Iterable, NamedTuple
 
 import numpy as np
 
-from ..analysis import Analysis
+from ..analysis import Analysis, lowest_peak
 from ..analysis.memory import with_scratch
 from ..ops import SHAPE_ONLY_OPS
 from .decision import REORDER, all_kept
@@ -344,8 +344,12 @@ def cut_budget_plan(a: Analysis, budget: int, evaluate: Callable[[Plan], PlanCos
     if recomputing_nothing(a, budget, evaluate, strategy)[0] is not None:
         return fallback()  # the original fits: its empty plan, without a sweep
     old: BudgetResult | None = None
-    if budget < a.lower_bound_bytes or structures_only(a, thorough):
-        return fallback()  # below the bound no plan fits: the fallback says what the lowest peak is
+    floor = lowest_peak(a)
+    if budget < floor.bytes or structures_only(a, thorough):
+        try:
+            return fallback()  # below the bound no plan fits: the fallback says what the lowest peak is
+        except NoPlanFits as e:
+            raise NoPlanFits(a, budget, e.lowest, floor) from e
     cuts_thorough = thorough or len(a.graph.nodes) <= THOROUGH_CUTS_NODES
     found = search_cuts(a, budget, evaluate, thorough=cuts_thorough, policy=policy, strategy=strategy,
                         intervals_of=intervals_of)
@@ -358,7 +362,7 @@ def cut_budget_plan(a: Analysis, budget: int, evaluate: Callable[[Plan], PlanCos
                            beat=found.best.cost.recompute_flops if found.best is not None else None)
         except NoPlanFits as e:
             if found.best is None:
-                raise NoPlanFits(a, budget, lowest_cost(e.lowest, found.lowest)) from e
+                raise NoPlanFits(a, budget, lowest_cost(e.lowest, found.lowest), floor) from e
     evaluations = len(found.judged) + (old.evaluations if old is not None else 0)
     polish = thorough or len(a.graph.nodes) <= FINAL_POLISH_NODES
     if found.best is None or (old is not None and old.recompute_flops < found.best.cost.recompute_flops):

@@ -99,11 +99,7 @@ def budget_reason(d: Decision) -> Reason:
 
 def buffers(a: Analysis) -> dict[str, Decision]:
     """Every stashed buffer, undecided (kept, no reason yet), with its bytes and FLOPs
-    (built once per analysis: every plan a search makes starts from it; read, never changed)."""
-    return a.derived(_undecided)
-
-
-def _undecided(a: Analysis) -> dict[str, Decision]:
+    (every plan a search makes starts from it: one pass over the stashed tensors)."""
     g = a.graph
     out: dict[str, Decision] = {}
     for s in a.stashed:

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any, Callable, Protocol
 
-from ..analysis import Analysis
+from ..analysis import Analysis, PeakModel
 from ..analysis.arena import ARENA_REPLAYED
-from ..analysis.memory import step_scratch, with_scratch
+from ..analysis.memory import with_scratch
 from ..graph import Graph
 from ..markers import recompute_source
 from ..ops import VIEW_OPS
@@ -29,7 +29,7 @@ class Rewritten(Protocol):
     def graph(self) -> Graph: ...
 
     @property
-    def after(self) -> Analysis: ...
+    def after(self) -> PeakModel: ...
 
     @property
     def recompute_flops(self) -> int: ...
@@ -47,31 +47,39 @@ class Rewriter(Protocol):
                  memo: ScheduleMemo | None = None) -> Rewritten: ...
 
 
-PeakMeasure = Callable[[Analysis], int]  # which predicted peak of an analysed graph a search compares
+PeakMeasure = Callable[[PeakModel], int]  # which predicted peak of an analysed graph a search compares
 
 
-def working_peak(a: Analysis) -> int:
+def working_peak(a: PeakModel) -> int:
     """The peak of the tensors live under ORT's order with each kernel's working memory at
     its step: what the default's front is drawn in. Kernel scratch counts because a plan
     that lowers the tensors can leave the peak at a ConvGrad's im2col buffer."""
     return a.working_peak_bytes
 
 
-def _outside_arena_scratch(a: Analysis) -> dict[int, int]:
-    """Per step, the working memory of the kernels the arena model does not replay itself."""
-    scratch = step_scratch(a.priority, a.graph, a.tensors, skip=ARENA_REPLAYED)
-    return scratch
+def _outside_arena_scratch(a: PeakModel) -> dict[int, int]:
+    """Per step, the working memory of the kernels the arena model does not replay itself
+    (``a.scratch`` less theirs)."""
+    nodes, order = a.graph.nodes, a.priority.order
+
+    def replayed(step: int) -> bool:
+        node = nodes[order[step]]
+        return (("" if node.domain == "ai.onnx" else node.domain), node.op_type) in ARENA_REPLAYED
+
+    return {k: b for k, b in a.scratch.items() if not replayed(k)}
 
 
-def ort_peak(a: Analysis) -> int:
+def ort_peak(a: PeakModel) -> int:
     """What ORT holds (arena in use plus inputs), with the working memory of the kernels the
     arena model does not replay at their steps: what a --budget bounds, "does it fit"."""
     scratch = _outside_arena_scratch(a)
     if not scratch:
         return a.ort_peak_bytes
-    in_use = a.arena(a.reuse_buffers).timeline_in_use
+    arena = a.arena(a.reuse_buffers)  # replayed once here: a model's is not replayed before
+    outside = a.outside_arena_bytes
+    in_use = arena.timeline_in_use
     top = max(in_use[k] + b for k, b in scratch.items() if k < len(in_use))
-    return max(a.ort_peak_bytes, top + a.outside_arena_bytes)
+    return max(arena.peak_in_use_bytes + outside, top + outside)
 
 
 def cost_of(result: Rewritten, measure: PeakMeasure = working_peak) -> PlanCost:

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from functools import cached_property
 
 import numpy as np
 
@@ -75,22 +74,25 @@ class Problem:
     matmul_flops: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     flops: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
-    @cached_property
-    def node_tensors(self) -> tuple[list[list[int]], list[list[int]]]:
-        """Per copyable node: the tensor positions it reads and those it makes (built once)."""
-        inputs: list[list[int]] = [[] for _ in self.nodes]
-        for h, k in zip(self.heads.tolist(), self.tails.tolist()):
-            inputs[k].append(h)
-        outputs: list[list[int]] = [[] for _ in self.nodes]
-        for u, k in enumerate(self.producer.tolist()):
-            if k >= 0:
-                outputs[k].append(u)
-        return inputs, outputs
+    # Per copyable node: the tensor positions it reads and those it makes.
+    node_tensors: tuple[list[list[int]], list[list[int]]] = field(init=False, repr=False)
+    # The flow network of the cut: only its capacities change with the price.
+    network: Network = field(init=False, repr=False)
 
-    @cached_property
-    def network(self) -> Network:
-        """The flow network of the cut, built once: only its capacities change with the price."""
-        return _network(self)
+    def __post_init__(self) -> None:
+        self.node_tensors = _node_tensors(self)
+        self.network = _network(self)
+
+
+def _node_tensors(p: Problem) -> tuple[list[list[int]], list[list[int]]]:
+    inputs: list[list[int]] = [[] for _ in p.nodes]
+    for h, k in zip(p.heads.tolist(), p.tails.tolist()):
+        inputs[k].append(h)
+    outputs: list[list[int]] = [[] for _ in p.nodes]
+    for u, k in enumerate(p.producer.tolist()):
+        if k >= 0:
+            outputs[k].append(u)
+    return inputs, outputs
 
 
 def build(a: Analysis, policy: Policy = Policy()) -> Problem:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
-from ..analysis import Analysis
+from ..analysis import Analysis, lowest_peak
 from ..analysis.floor import Floor
 from ..errors import BudgetUnreachable, UsageError
 from ..ops import EXPENSIVE_OPS, VIEW_OPS
@@ -339,20 +339,24 @@ def budget_plan(a: Analysis, budget: int, evaluate: Evaluate, intervals_of: Call
 
 class NoPlanFits(BudgetUnreachable):
     """No plan the search judged fits the budget: the lowest it saw, for a caller that saw
-    lower ones to name instead."""
+    lower ones to name instead. Its message names the floor (``lowest_peak``, given or
+    found when the message is read: a search raises and catches this one often)."""
 
-    def __init__(self, a: Analysis, budget: int, lowest: PlanCost) -> None:
-        super().__init__(unreachable_message(a, budget, lowest))
-        self.lowest = lowest
+    def __init__(self, a: Analysis, budget: int, lowest: PlanCost, floor: Floor | None = None) -> None:
+        super().__init__()
+        self.a, self.budget, self.lowest, self.floor = a, budget, lowest, floor
+
+    def __str__(self) -> str:
+        return unreachable_message(self.a, self.budget, self.lowest, self.floor)
 
 
-def unreachable_message(a: Analysis, budget: int, floor: PlanCost) -> str:
+def unreachable_message(a: Analysis, budget: int, floor: PlanCost, lowest: Floor | None = None) -> str:
     from ..units import human_bytes
 
     live = ", ".join(floor.live_at_peak[:3])
     return (f"budget {human_bytes(budget)} is unreachable: the lowest predicted peak is "
             f"{human_bytes(floor.peak_bytes)} (largest tensors live there: {live or 'none'}); "
-            f"{floor_reason(a.floor)}")
+            f"{floor_reason(lowest or lowest_peak(a))}")
 
 
 def floor_reason(floor: Floor) -> str:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from onnx import TensorProto
 
-from ..analysis import Analysis, buffer_bytes
+from ..analysis import Analysis, buffer_bytes, default_order, lowest_peak
 from ..analysis.cost import node_cost
 from ..analysis.scopes import UNSCOPED, top_scope
 from ..graph import gc_paused
@@ -187,6 +187,7 @@ def boundary_step(a: Analysis, order: tuple[int, ...]) -> int | None:
 def inspect_report(a: Analysis, source: Source | None, options: dict) -> dict:
     g = a.graph
     param_bytes = buffer_bytes(g.resident, a.tensors)
+    default = default_order(a)
     return {
         **envelope("inspect", source, options),
         "headline": headline(a.priority.peak_bytes),
@@ -203,7 +204,7 @@ def inspect_report(a: Analysis, source: Source | None, options: dict) -> dict:
         "stashed_tensors": len({s.buffer for s in a.stashed}),
         "peak_bytes": a.priority.peak_bytes,
         "peak_node": g.nodes[a.priority.order[a.priority.peak_step]].name,
-        "peak_bytes_ort_default": a.default.peak_bytes,
+        "peak_bytes_ort_default": default.peak_bytes,
         # what a process-peak measurement sees: kernel working memory outside ORT's allocator too
         "peak_bytes_with_kernel_scratch": a.working_peak_bytes,
         "floor": floor_row(a),
@@ -218,7 +219,7 @@ def inspect_report(a: Analysis, source: Source | None, options: dict) -> dict:
         "unsized": unsized_rows(a),
         "timeline": {
             "priority_based": list(a.priority.timeline),
-            "ort_default": list(a.default.timeline),
+            "ort_default": list(default.timeline),
             "backward_starts_at": boundary_step(a, a.priority.order),
         },
     }
@@ -226,7 +227,7 @@ def inspect_report(a: Analysis, source: Source | None, options: dict) -> dict:
 
 def floor_row(a: Analysis) -> dict:
     """The peak no order or recompute plan goes below, and what sets it."""
-    f = a.floor
+    f = lowest_peak(a)
     return {"bytes": f.bytes, "node": f.node, "working_bytes": f.working_bytes, "scratch_bytes": f.scratch_bytes,
             "resident_bytes": f.resident_bytes, "output_bytes": f.output_bytes,
             "share_of_peak": round(f.bytes / a.working_peak_bytes, 4) if a.working_peak_bytes else None}
@@ -264,7 +265,7 @@ def _arena(a: Analysis) -> dict:
     """What ORT's CPU arena will report for the PRIORITY_BASED order: bytes in use at the
     peak (the profiler's mem_bytes_in_use: activations, outputs and small initializers,
     rounded and fragmented as the arena does) and bytes it reserves."""
-    arena = a.arena(a.reuse_buffers)
+    arena = a.replayed
     return {"arena_in_use_bytes": arena.peak_in_use_bytes, "arena_held_bytes": arena.held_bytes,
             "ort_peak_bytes": a.ort_peak_bytes}
 
@@ -327,7 +328,7 @@ def _pin_row(pinned, fresh) -> dict | None:
 
 def unsized_rows(a: Analysis) -> list[dict]:
     """Tensors of unknown size (data-dependent shapes): every byte figure counts them as 0."""
-    return [{"tensor": t, "missing_dims": list(m)} for t, m in sorted(a.unsized().items())]
+    return [{"tensor": t, "missing_dims": list(m)} for t, m in sorted(a.unsized.items())]
 
 
 def check_report(original: Source, rewritten: Source, figures: dict, options: dict) -> dict:

@@ -6,10 +6,10 @@ from dataclasses import dataclass, field, replace
 
 import onnx
 
-from ..analysis import Analysis, TensorInfo, Written, analyse, schedules
+from ..analysis import Analysis, PeakModel, analyse_written, default_order, peak_model, schedules
 from ..analysis.arena import predict_in_use
-from ..analysis.memory import simulate
-from ..analysis.phases import BACKWARD
+from ..analysis.memory import MemoryProfile, simulate
+from ..analysis.phases import BACKWARD, Phases, classify
 from ..graph import Graph, gc_paused
 from ..markers import PHASE_META
 from ..units import human_bytes
@@ -26,7 +26,7 @@ from .schedule import ScheduleCache, ScheduleMemo, choose_schedule
 @dataclass
 class RewriteResult:
     graph: Graph  # nodes in the written (= executed) order
-    after: Analysis
+    after: PeakModel  # the full Analysis once ``written`` analysed the graph to be written
     regions: list[RegionResult]
     recompute_nodes: int
     recompute_flops: int
@@ -72,10 +72,8 @@ def rewrite(a: Analysis, plan: Plan | None, pin: bool = True, model_only: bool =
                              ScheduleCache(memo) if memo is not None else None)
     new = _mark_early_backward(chosen.graph, forward_names)
     # The written order is its own PRIORITY_BASED order (executed_order), so the
-    # simulation above is the after-analysis's; phase markers change no tensor.
-    after = _analyse_written(a, new, surgery.tensors, Written(chosen.profile, chosen.mem_reuse))
-    if chosen.arena is not None:
-        after.remember_arena(chosen.mem_reuse, chosen.arena)
+    # simulation above is the written graph's; phase markers change no tensor.
+    after = peak_model(new, surgery.tensors, chosen.profile, chosen.mem_reuse, chosen.arena)
     copies = [n for n in new.nodes if n.name in surgery.copy_names]
     # A copy costs what its source costs (same op, same shapes): the input's costs, priced once.
     source = surgery.copy_sources()
@@ -85,11 +83,16 @@ def rewrite(a: Analysis, plan: Plan | None, pin: bool = True, model_only: bool =
     return pinned(a, result) if pin else result
 
 
-def _analyse_written(a: Analysis, graph: Graph, tensors: dict[str, TensorInfo], written: Written) -> Analysis:
-    """The analysis of ``graph``, a rewrite of ``a``'s graph: its phases by the same loss and
-    gradient outputs."""
-    return analyse(graph, loss=a.phases.loss, grad_outputs=list(a.phases.grad_outputs), tensors=tensors,
-                   written=written)
+def written(a: Analysis, result: RewriteResult) -> RewriteResult:
+    """``result`` with the full analysis of its graph, a rewrite of ``a``'s graph (its phases
+    by the same loss and gradient outputs): for a report of the rewrite that is written."""
+    return replace(result, after=analyse_written(result.after, a.phases.loss, list(a.phases.grad_outputs)))
+
+
+def written_phases(a: Analysis, result: RewriteResult) -> Phases:
+    """The phases of ``result``'s graph, as ``written`` classifies them: a graph left without
+    a backward is refused here."""
+    return classify(result.graph, a.phases.loss, list(a.phases.grad_outputs) or None)
 
 
 def _decisions(a: Analysis, plan: Plan | None, surgery: Surgery) -> dict[str, Decision]:
@@ -119,8 +122,7 @@ def pinned(a: Analysis, result: RewriteResult, waits: bool = False) -> RewriteRe
     # Only with copies: buffers parked across the recompute gap are theirs to lose.
     fresh = unshare(guarded.graph, guarded.tensors, result.mem_reuse, frozenset(forward_names))
     assert fresh.profile is not None and fresh.arena is not None  # unshare sets both
-    after = _analyse_written(a, fresh.graph, fresh.tensors, Written(fresh.profile, result.mem_reuse))
-    after.remember_arena(result.mem_reuse, fresh.arena)
+    after = peak_model(fresh.graph, fresh.tensors, fresh.profile, result.mem_reuse, fresh.arena)
     return replace(result, graph=fresh.graph, after=after, pinned=guarded, fresh=fresh)
 
 
@@ -145,12 +147,35 @@ def unchanged(a: Analysis) -> RewriteResult:
     return RewriteResult(a.graph if keep else a.graph.reordered(order), a, [], 0, 0, session="ort_default")
 
 
-def original_best(a: Analysis) -> tuple[int, str]:
+@dataclass(frozen=True)
+class Alternatives:
+    """The original run as a user may run it instead of ckpt's rewrite: its PRIORITY_BASED
+    order with ORT's buffer reuse on and off, and ORT's DEFAULT order (simulated once for
+    ``original_floor`` and ``original_best``)."""
+
+    reuse: MemoryProfile
+    no_reuse: MemoryProfile
+    default: MemoryProfile
+
+
+def alternatives(a: Analysis, default: MemoryProfile | None = None) -> Alternatives:
+    """``a``'s alternatives; ``default``: its DEFAULT order, where simulated already."""
+    return Alternatives(a.profile(True), a.profile(False), default or default_order(a))
+
+
+def original_best(a: Analysis, alt: Alternatives | None = None) -> tuple[int, str]:
     """The original's lowest predicted arena peak over the orders and buffer-reuse settings a
     user can pick (ORT's defaults included; fusions are not simulated), and which it is."""
-    return min((a.arena_in_use(True), "its file order"),
-               (a.arena_in_use(False), "its file order with enable_mem_reuse=False"),
-               (predict_in_use(a.graph, a.default, a.tensors).peak_in_use_bytes, "ORT's DEFAULT order"))
+    alt = alternatives(a) if alt is None else alt
+
+    def in_use(profile: MemoryProfile) -> int:
+        if profile is a.priority:
+            return a.arena_in_use(a.reuse_buffers)
+        return predict_in_use(a.graph, profile, a.tensors).peak_in_use_bytes
+
+    return min((in_use(alt.reuse), "its file order"),
+               (in_use(alt.no_reuse), "its file order with enable_mem_reuse=False"),
+               (in_use(alt.default), "ORT's DEFAULT order"))
 
 
 # ORT training artifacts run in the Module API's session: ORT's defaults (DEFAULT order, its
@@ -162,24 +187,24 @@ def original_best(a: Analysis) -> tuple[int, str]:
 MODULE_MARGIN = 0.10
 
 
-def module_shortfall(a: Analysis, result: RewriteResult) -> str | None:
+def module_shortfall(a: Analysis, result: RewriteResult, default: MemoryProfile | None = None) -> str | None:
     """Why ``result`` may not be lower than the original in the Module API's own session,
     or None: its predicted arena peak in ORT's DEFAULT order is not MODULE_MARGIN below the
     original's there."""
     graph, tensors = result.graph, result.after.tensors
     after = predict_in_use(graph, simulate(graph, schedules.ort_default(graph), tensors), tensors).peak_in_use_bytes
-    before = predict_in_use(a.graph, a.default, a.tensors).peak_in_use_bytes
+    before = predict_in_use(a.graph, default or default_order(a), a.tensors).peak_in_use_bytes
     if after <= before * (1 - MODULE_MARGIN):
         return None
     return (f"in the Module API's own session (ORT's defaults, DEFAULT order) the rewrite's predicted peak "
             f"{human_bytes(after)} is not {MODULE_MARGIN:.0%} below the original's {human_bytes(before)}")
 
 
-def original_floor(a: Analysis) -> int:
+def original_floor(alt: Alternatives) -> int:
     """A lower bound of ``original_best`` without its arena replays (slow on large graphs):
     the arena never has fewer bytes in use than the live tensors."""
-    return min(a.profile(True).activation_peak_bytes, a.profile(False).activation_peak_bytes,
-               a.default.activation_peak_bytes)
+    return min(alt.reuse.activation_peak_bytes, alt.no_reuse.activation_peak_bytes,
+               alt.default.activation_peak_bytes)
 
 
 def _mark_early_backward(graph: Graph, forward_names: set[str]) -> Graph:
@@ -196,4 +221,4 @@ def _mark_early_backward(graph: Graph, forward_names: set[str]) -> Graph:
     return graph.remarked(marked) if marked else graph
 
 
-__all__ = ["rewrite", "pinned", "without_mem_pattern", "RewriteResult", "RegionResult", "PatternOff"]
+__all__ = ["rewrite", "pinned", "written", "written_phases", "without_mem_pattern", "RewriteResult", "RegionResult", "PatternOff"]

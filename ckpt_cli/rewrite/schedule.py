@@ -10,6 +10,7 @@ of lowest predicted arena peak (then tensor bytes); a plan search's memory model
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from ..analysis import Analysis, schedules
 from ..analysis.arena import ArenaResult, predict_in_use
@@ -41,7 +42,9 @@ class Schedule:
 # the graph's own), its simulation, ORT's buffer reuse and the arena replay.
 ScheduleKey = tuple[bool, tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...]]
 Chosen = tuple[Graph, MemoryProfile, bool, ArenaResult | None]
-ScheduleMemo = dict[ScheduleKey, tuple[list[int] | None, MemoryProfile, bool, ArenaResult | None]]
+# (NO_REUSE_KEY: the original's arena peak without buffer reuse, ``NoReuseArena``)
+ScheduleMemo = dict[ScheduleKey | str, Any]
+NO_REUSE_KEY = "original arena in use, buffer reuse off"
 
 
 class ScheduleCache:
@@ -70,20 +73,39 @@ class ScheduleCache:
                                                   chosen.profile, chosen.mem_reuse, chosen.arena)
 
 
+class NoReuseArena:
+    """The original's arena peak in use with ORT's buffer reuse off (a replay of the input
+    graph), replayed at most once for ``memo``: a plan search's, or one rewrite's own."""
+
+    def __init__(self, a: Analysis, memo: ScheduleMemo) -> None:
+        self.a = a
+        self.memo = memo
+
+    def known(self) -> bool:
+        return NO_REUSE_KEY in self.memo
+
+    def bytes(self) -> int:
+        if NO_REUSE_KEY not in self.memo:
+            self.memo[NO_REUSE_KEY] = self.a.arena_in_use(False)
+        in_use: int = self.memo[NO_REUSE_KEY]
+        return in_use
+
+
 def choose_schedule(a: Analysis, new: Graph, tensors: dict[str, TensorInfo], copy_names: set[str], forward_names: set[str],
                     model_only: bool, cache: ScheduleCache | None = None) -> Schedule:
     """The schedule of ``new`` (the surgery's graph), from ``cache`` when it has it."""
     known = cache.get(new, model_only) if cache is not None else None
     if known is not None:
         return known
-    chosen = Schedule(*_choose(a, new, tensors, copy_names, forward_names, model_only))
+    no_reuse = NoReuseArena(a, cache.memo if cache is not None else {})
+    chosen = Schedule(*_choose(a, new, tensors, copy_names, forward_names, model_only, no_reuse))
     if cache is not None:
         cache.put(new, model_only, chosen)
     return chosen
 
 
 def _choose(a: Analysis, new: Graph, tensors: dict[str, TensorInfo], copy_names: set[str], forward_names: set[str],
-            model_only: bool) -> Chosen:
+            model_only: bool, no_reuse: NoReuseArena) -> Chosen:
     """The written order of ``new`` and ORT's buffer reuse for it: (graph, profile, reuse, arena)."""
     sizes = {t: info.nbytes for t, info in tensors.items() if info.nbytes}
     roots, movable = buffer_roots(new), [n.name not in forward_names for n in new.nodes]
@@ -101,12 +123,13 @@ def _choose(a: Analysis, new: Graph, tensors: dict[str, TensorInfo], copy_names:
     if any(u and not c for u, c in zip(unseeded, copies)):
         lazy = [u or c for u, c in zip(unseeded, copies)]
         waiting = executed_order(new, memory_aware(new, sizes, roots, movable, lazy))
-    choose = _lowest_tensor_peak if model_only else choose_order_and_reuse
-    return choose(a, candidates, tensors, waiting)
+    if model_only:
+        return _lowest_tensor_peak(candidates, tensors, waiting)
+    return choose_order_and_reuse(a, candidates, tensors, no_reuse, waiting)
 
 
 def choose_order_and_reuse(a: Analysis, candidates: list[Graph], tensors: dict[str, TensorInfo],
-                           waiting: Graph | None = None) -> Chosen:
+                           no_reuse: NoReuseArena | None = None, waiting: Graph | None = None) -> Chosen:
     """Pick the written order (the memory-aware one or the plain one) and ORT's
     ``enable_mem_reuse`` together, by the predicted arena peak, then the tensor bytes.
 
@@ -127,15 +150,17 @@ def choose_order_and_reuse(a: Analysis, candidates: list[Graph], tensors: dict[s
             simulated.append((profile.activation_peak_bytes * scale, len(simulated), graph, profile, reuse, scale))
     best: tuple[float, int, int, Graph, MemoryProfile, bool, ArenaResult] | None = None
 
+    original = no_reuse or NoReuseArena(a, {})
+
     def clearly_lower() -> float:
-        return a.arena_in_use(False) * (1 - MEM_REUSE_OFF_MARGIN)
+        return original.bytes() * (1 - MEM_REUSE_OFF_MARGIN)
 
     for bound, k, graph, profile, reuse, scale in sorted(simulated, key=lambda o: o[:2]):
         if best is not None and bound > best[0]:
             break  # sorted by bound: no later option can win either
         # The original's own arena with reuse off (a replay of the input) is only needed
         # where a reuse-off option would win: a losing one is known from its own replay.
-        if not reuse and (best is None or a.knows_arena(False)) and profile.activation_peak_bytes > clearly_lower():
+        if not reuse and (best is None or original.known()) and profile.activation_peak_bytes > clearly_lower():
             continue
         # an option whose arena passes the best one's is lost: its replay stops there
         # (replaying a loser to its end costs time and changes nothing)
@@ -163,7 +188,7 @@ def _distinct(candidates: list[Graph]) -> list[Graph]:
     return out
 
 
-def _lowest_tensor_peak(a: Analysis, candidates: list[Graph], tensors: dict[str, TensorInfo],
+def _lowest_tensor_peak(candidates: list[Graph], tensors: dict[str, TensorInfo],
                         waiting: Graph | None = None) -> Chosen:
     """``_choose_order_and_reuse`` for a ``model_only`` rewrite: reuse on, the order of lowest
     simulated tensor peak (first on ties; ``waiting`` by WAITING_MARGIN), no arena."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Callable
 
-from ..analysis import Analysis
+from ..analysis import Analysis, default_order
 from ..graph import gc_paused
 from ..options import PlanOptions
 from ..planning import Plan
@@ -24,7 +24,8 @@ from ..planning.explain import explain
 from ..planning.make import Rewriting
 from ..planning.search import Intervals, PlanCost
 from ..units import human_bytes
-from . import RewriteResult, module_shortfall, original_best, original_floor, pinned, rewrite, unchanged
+from . import (RewriteResult, alternatives, module_shortfall, original_best, original_floor, pinned, rewrite,
+               unchanged, written_phases)
 from .mem_pattern import is_ort_artifact
 
 
@@ -55,7 +56,7 @@ def rewrite_plan(a: Analysis, planned: Planned | None, pin: bool = True) -> Rewr
         result = pinned(a, planned.result) if pin else planned.result
     else:
         result = rewrite(a, planned.plan if planned is not None else None, pin)
-    result.after.phases  # noqa: B018 - evaluated: a graph left without a backward is refused before it is saved
+    written_phases(a, result)  # a graph left without a backward is refused before it is saved
     if planned is not None and planned.plan is not None:
         result = replace(result, notes=empty_region_notes(result))
     return never_worse(a, planned, result)
@@ -73,16 +74,19 @@ def never_worse(a: Analysis, planned: Planned | None, result: RewriteResult) -> 
         return result
     if planned.module is not None and planned.module.chosen is None:
         return _unchanged(a, planned.module.line(), result.notes)
+    default = None  # ORT's DEFAULT order of the original, simulated once where it is read
     if not planned.user and planned.module is None and is_ort_artifact(a.graph):
-        shortfall = module_shortfall(a, result)
+        default = default_order(a)
+        shortfall = module_shortfall(a, result, default)
         if shortfall is not None:
             return _unchanged(a, shortfall, result.notes)
     if planned.plan is None:
         return result
     peak = result.after.arena_in_use(result.mem_reuse)
-    if peak < original_floor(a):  # below the original however it runs: no replay of it needed
+    alt = alternatives(a, default)
+    if peak < original_floor(alt):  # below the original however it runs: no replay of it needed
         return result
-    best, how = original_best(a)
+    best, how = original_best(a, alt)
     if peak < best:
         return result
     line = (f"the plan's predicted peak {human_bytes(peak)} is not below the original's "

@@ -19,6 +19,7 @@ from pathlib import Path
 import onnx
 
 from ..analysis import Analysis
+from ..analysis.arena import predict_in_use
 from ..analysis.memory import visible_peak
 from ..analysis.scaling import other_assignment
 from ..analysis.shapes import TensorInfo
@@ -298,11 +299,12 @@ def predict(a: Analysis, reuse_buffers: bool, plain: bool = False) -> Prediction
     ``plain``, also in a plain session (what an unmodified ``InferenceSession`` gets)."""
     from ..analysis.pattern import predict_plain
 
-    profile = a.profile(reuse_buffers)
-    return Prediction(profile.activation_peak_bytes, a.arena_in_use(reuse_buffers),
+    profile = a.profile(reuse_buffers)  # simulated here with the other reuse: replayed from it
+    arena = a.replayed if profile is a.priority else predict_in_use(a.graph, profile, a.tensors)
+    return Prediction(profile.activation_peak_bytes, arena.peak_in_use_bytes,
                       tuple(a.graph.nodes[i].name for i in a.priority.order),
                       predict_plain(a.graph, a.tensors).peak_in_use_bytes if plain else None,
-                      a.tensors if plain else None, tuple(sorted(a.unsized())),
+                      a.tensors if plain else None, tuple(sorted(a.unsized)),
                       visible_peak(profile, a.graph, a.tensors, PROCESS_PEAK_MIN_BLOCK))
 
 
