@@ -64,8 +64,15 @@ class Node:
 
     @classmethod
     def from_proto(cls, index: int, p: onnx.NodeProto) -> "Node":
-        return cls(index, p.name, intern(p.op_type), p.domain, tuple(map(intern, p.input[:])),
-                   tuple(map(intern, p.output[:])), p, implicit_inputs(p))  # names interned: ``_index_nodes``
+        # A slice of a repeated field is a list made in one call: a third faster to copy than the
+        # field. Each read of a proto's string makes a new str: interned, a tensor's name is one
+        # object however many nodes read it (a fifth of a large graph's index).
+        try:
+            return cls(index, p.name, intern(p.op_type), p.domain, tuple(map(intern, p.input[:])),
+                       tuple(map(intern, p.output[:])), p, implicit_inputs(p))
+        except TypeError:  # a field that is not valid UTF-8 reads as bytes: the load's checks refuse it
+            return cls(index, p.name, p.op_type, p.domain, tuple(p.input[:]), tuple(p.output[:]), p,
+                       implicit_inputs(p))
 
     def at(self, index: int) -> "Node":
         """This node at another position (itself if it is already there)."""
@@ -350,11 +357,7 @@ def _index_nodes(protos: list[onnx.NodeProto], rename: bool = True) -> list[Node
                 name, k = f"{base}_{k}", k + 1
             p.name = name
         seen.add(name)
-        # A slice of a repeated field is a list made in one call: a third faster to copy than the
-        # field. Each read of a proto's string makes a new str: interned, a tensor's name is one
-        # object however many nodes read it (a fifth of a large graph's index).
-        nodes.append(Node(i, name, intern(p.op_type), p.domain, tuple(map(intern, p.input[:])),
-                          tuple(map(intern, p.output[:])), p, implicit_inputs(p)))
+        nodes.append(Node.from_proto(i, p))
     return nodes
 
 
