@@ -10,7 +10,8 @@ plan and the plans with less recompute along its front are trained there instead
 steps each from the artifact's checkpoint, lowest predicted peak first, untuned and under
 the settings ckpt records for it (the original too, under the same settings). A plan
 passes when its process peak is not above the original's untuned, nor under its settings
-above the original's in either session, with the original's losses bit for bit in both.
+above the original's untuned or (beyond a Module session's measurement noise) the original's
+under the same settings, with the original's losses bit for bit in both.
 The plans are trained as written until one passes (plan k; all of them when none does),
 then plans 0..k (all) again written with their tensors' shapes hidden from ORT's memory
 planning (``io/written.py``'s ``unplanned_shapes``: the memory pattern and buffer reuse off
@@ -46,6 +47,7 @@ from ..units import human_bytes
 from .driver import WorkerOptions
 from .module_runs import STEPS, artifact_files, run_module
 from .records import ModuleRun
+from .rules import module_noise
 from .feeds import prepare_feeds
 
 
@@ -129,8 +131,12 @@ class ModuleJudged:
         peak, settings_peak = self.peak_bytes, self.peak_bytes_settings
         if self.error is not None or not self.identical or peak is None or settings_peak is None:
             return False
-        settings_limit = min(original_peak, self.original_peak_settings or original_peak)
-        return peak <= original_peak and settings_peak <= settings_limit
+        # Under the settings the two files are compared as the check compares them: a rise
+        # within a Module session's measurement noise is not the rewrite's (zoo lstm's plan,
+        # arena off: +32 KiB on 10.4 MB in one run, -1.4% in another).
+        settings_original = self.original_peak_settings or original_peak
+        return (peak <= original_peak and settings_peak <= original_peak
+                and settings_peak <= settings_original + module_noise(settings_original))
 
     def to_json(self) -> dict[str, Any]:
         return {"recompute_flops": self.recompute_flops, "settings_peak_bytes": self.settings_peak_bytes,
