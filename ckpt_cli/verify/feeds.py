@@ -366,8 +366,8 @@ def load_feeds(path: str | os.PathLike[str], model: ModelLike) -> Feeds:
             if not isinstance(z, np.lib.npyio.NpzFile):
                 raise FeedError(f"feeds file {path} is one array, not an .npz archive of arrays (numpy.savez)")
             data = {k: z[k] for k in z.files}
-    except FileNotFoundError:
-        raise FeedError(f"feeds file not found: {path}") from None
+    except FileNotFoundError as e:
+        raise FeedError(f"feeds file not found: {path}") from e
     except FeedError:
         raise
     except ValueError as e:

@@ -539,10 +539,10 @@ def _process_peak_in_child(spec: Spec) -> dict[str, Any]:
     try:
         # The child's answer: {"ok", "runs", "warnings"} or {"ok": false, "kind", "message"}.
         res = cast(dict[str, Any], json.loads(proc.stdout.strip().splitlines()[-1]))
-    except (IndexError, ValueError):
+    except (IndexError, ValueError) as e:
         raise WorkerError("crashed", f"the process-peak child measuring {os.path.basename(spec['model'])} "
                                      f"({spec['settings']} settings, arena off) gave no result: "
-                                     f"{_how_it_ended(proc.returncode)}") from None
+                                     f"{_how_it_ended(proc.returncode)}") from e
     if not res.get("ok"):
         raise WorkerError(res.get("kind", "run_failed"), res.get("message", "?"))
     return res
