@@ -257,7 +257,7 @@ def _source_data_files(source: Path) -> set[Path]:
 
         model = read_model(source, embedded_weights=False)
         return {locate(t, source.parent, source).file for t in external_tensors(model)}
-    except Exception:  # an unreadable source has no data files to protect
+    except Exception:  # noqa: BLE001 - an unreadable source has no data files to protect
         return set()
 
 

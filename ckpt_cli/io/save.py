@@ -283,7 +283,7 @@ def _data_files_read_by(path: Path) -> set[Path]:
         return set()
     try:
         model = read_model(path, embedded_weights=False)
-    except Exception:  # not a model: it reads no data
+    except Exception:  # noqa: BLE001 - not a model: it reads no data
         return set()
     files = set()
     for t in external_tensors(model):
