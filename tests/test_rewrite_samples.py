@@ -155,6 +155,31 @@ def test_the_originals_reuse_off_arena_is_replayed_only_where_a_reuse_off_option
     assert known.after.arena_in_use(True) == result.after.arena_in_use(True)
 
 
+@pytest.mark.parametrize("name", ["mlp", "cnn"])
+def test_a_search_replays_the_inputs_reuse_off_arena_at_most_once(name, monkeypatch):
+    """The evaluator's memo holds the input's reuse-off arena peak: however many plans it
+    judges, the input is replayed with reuse off once at most, and only where it is read."""
+    from ckpt_cli.analysis import PeakModel
+    from ckpt_cli.planning.evaluate import PlanEvaluator
+
+    a = analyse(load_graph(SAMPLES / f"{name}.onnx"))
+    replays = []
+    real = PeakModel.arena_in_use
+
+    def counted(model, reuse_buffers):
+        if model is a and not reuse_buffers:
+            replays.append(1)
+        return real(model, reuse_buffers)
+
+    monkeypatch.setattr(PeakModel, "arena_in_use", counted)
+    evaluator = PlanEvaluator(a, rewrite)
+    for plan in (Plan([], "none"), layer_regions(a) or sqrt_regions(a, 2), sqrt_regions(a, 3), sqrt_regions(a, 4)):
+        evaluator.measured(plan)
+    assert len(replays) == (1 if evaluator.memo.no_reuse_known else 0)
+    assert not evaluator.memo.no_reuse_known or evaluator.memo.no_reuse_in_use() == real(a, False)
+    assert len(replays) <= 1
+
+
 def test_derived_tensor_ids_name_what_every_node_reads_and_writes():
     """A rewritten graph numbers its tensors from its parent's (with_node_list): each node's
     ids must still name its own reads and outputs, every tensor once."""

@@ -153,7 +153,7 @@ class PlanEvaluator:
         self.progress = progress
         self.keep_results = keep_results
         self.model_floors = False
-        self.memo = ScheduleMemo(a)  # the orders chosen for the graphs rewritten so far
+        self.memo = ScheduleMemo(a)  # the orders chosen so far, the input's reuse-off arena once needed
         self.evaluations = 0
         self.results: dict[int, Rewritten] = {}
         self.best_plan: Plan | None = None
