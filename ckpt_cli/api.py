@@ -18,7 +18,7 @@ import os
 import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Union
+from typing import TYPE_CHECKING, Any, Callable, TypeVar, Union
 
 import onnx
 
@@ -38,9 +38,10 @@ from .verify.driver import WorkerOptions
 from .verify.module_choice import Writer, judged_by_training, judged_in_module
 from .planning.decision import Decision
 from .options import AnalysisOptions, CheckOptions, PlanOptions, RewriteOptions
-from .planning.plan import Policy
+from .planning.plan import Plan, Policy
 from .progress import stage
-from .report.model import Source, check_report, inspect_report, plan_report, planning_section, rewrite_report
+from .report.model import (Options, Report, Source, check_report, inspect_report, plan_report, planning_section,
+                           rewrite_report)
 from .report.headline import check_headline
 from .rewrite import RewriteResult, rewrite, without_mem_pattern, written as analysed_written
 from .io.save import check_output_path, save_model
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
     from .optimize import Optimized
 
 ModelInput = Union[str, Path, onnx.ModelProto]
+T = TypeVar("T")
 
 
 
@@ -66,7 +68,7 @@ class Loaded:
     data_dir: Path | None  # folder external-data locations are relative to
 
 
-def _typed(name: str, value, cls: type | tuple[type, ...]):
+def _typed(name: str, value: T, cls: type | tuple[type, ...]) -> T:
     """``value`` when it is None or a ``cls``; anything else is the caller's TypeError."""
     if value is not None and not isinstance(value, cls):
         expected = "a path" if isinstance(cls, tuple) else cls.__name__
@@ -140,7 +142,7 @@ def refuse_unsized(a: Analysis, allowed: bool) -> None:
                          "count them as 0 B (--allow-unsized plans anyway)")
 
 
-def _split_keywords(keywords: dict) -> tuple[AnalysisOptions | None, dict]:
+def _split_keywords(keywords: dict[str, Any]) -> tuple[AnalysisOptions | None, dict[str, Any]]:
     """The keyword form of a call: its analysis options, and the rest."""
     given = {k: keywords.pop(k) for k in _ANALYSIS_KEYWORDS if k in keywords}
     return (AnalysisOptions.of(**given) if given else None), keywords
@@ -152,9 +154,9 @@ def _split_keywords(keywords: dict) -> tuple[AnalysisOptions | None, dict]:
 @dataclass(frozen=True)
 class InspectResult:
     analysis: Analysis
-    report: dict
+    report: Report
 
-    def to_json(self) -> dict:
+    def to_json(self) -> Report:
         return self.report
 
 
@@ -168,12 +170,12 @@ class InspectRun:
     scaled: Scaling | None
 
 
-def _inspect_report(run: InspectRun) -> dict:
+def _inspect_report(run: InspectRun) -> Report:
     return {**inspect_report(run.analysis, run.loaded.source, run.options.to_json()),
             "scaling": run.scaled.to_json() if run.scaled else None}
 
 
-def inspect_model(model: ModelInput, options: AnalysisOptions | None = None, **keywords) -> InspectResult:
+def inspect_model(model: ModelInput, options: AnalysisOptions | None = None, **keywords: Any) -> InspectResult:
     """Phases, stashed activations and the predicted peak under both ORT orders.
     ``options`` (or the keywords ``dims``, ``loss``, ``grad_outputs``): how to read the graph."""
     options = _typed("options", options, AnalysisOptions) or AnalysisOptions.of(**keywords)
@@ -204,7 +206,7 @@ def _scaled(scaled: Scaling | None, replan: Callable[[Analysis], Planned | None]
         return Scaled(scaled, None, str(e))
 
 
-def _scaling_report(a: Analysis, planned: Planned | None, scaled: Scaled | None) -> dict | None:
+def _scaling_report(a: Analysis, planned: Planned | None, scaled: Scaled | None) -> Report | None:
     """``scaled`` as the report says it: whether the plan made at twice the dimensions is this one."""
     if scaled is None:
         return None
@@ -227,10 +229,10 @@ class PlanRun:
     result: RewriteResult
     scaled: Scaled | None
     output: str | Path | None  # where the plan file goes, as given
-    options: dict  # the options as the report records them
+    options: Options  # the options as the report records them
 
 
-def _plan_report(run: PlanRun) -> dict:
+def _plan_report(run: PlanRun) -> Report:
     a, planned, result = run.analysis, run.planned, run.result
     return {**plan_report(a, run.loaded.source, planned, result, plan_rows(a, planned, result),
                           str(run.output) if run.output else None, run.options),
@@ -242,21 +244,21 @@ class PlanResult:
     analysis: Analysis
     planned: Planned
     rewrite: RewriteResult  # the plan applied (in memory), which the figures describe
-    report: dict
+    report: Report
 
     @property
     def decisions(self) -> dict[str, Decision]:
         """Per stashed buffer of the input: kept or recomputed, and why (the rewrite's final word)."""
         return self.rewrite.decisions
 
-    def to_json(self) -> dict:
+    def to_json(self) -> Report:
         return self.report
 
 
 def plan_model(model: ModelInput, options: PlanOptions | None = None, *, analysis: AnalysisOptions | None = None,
                output: str | Path | None = None, force: bool = False,
                progress: Callable[[str], None] | None = None, python: str | None = None,
-               **keywords) -> PlanResult:
+               **keywords: Any) -> PlanResult:
     """Choose regions (``options``, or its keywords: ``auto`` = layers, sqrt, balanced,
     budget, optimal; ``budget`` = '2GiB' or '40%'; ``activation_budget`` = F in [0, 1], PyTorch's
     activation_memory_budget; ``policy`` = per-op rules) and explain the choice; with
@@ -291,7 +293,7 @@ def plan_model(model: ModelInput, options: PlanOptions | None = None, *, analysi
 
 
 def sweep_model(model: ModelInput, *, svg: str | Path | None = None, policy: Policy | None = None,
-                analysis: AnalysisOptions | None = None, allow_unsized: bool = False, **keywords) -> dict:
+                analysis: AnalysisOptions | None = None, allow_unsized: bool = False, **keywords: Any) -> Report:
     """``ckpt plan --sweep``: predicted peak against recompute share over the min-cut
     front (each point a real rewrite), as a report; with ``svg``, the chart there too."""
     from .planning.sweep import sweep_points
@@ -326,23 +328,23 @@ class CheckRun:
     original: Source
     rewritten: Source
     figures: CheckFigures
-    options: dict  # the options as the report records them
+    options: Options  # the options as the report records them
 
 
-def _check_report(run: CheckRun) -> dict:
+def _check_report(run: CheckRun) -> Report:
     return check_report(run.original, run.rewritten, run.figures.to_json(), run.options)
 
 
 @dataclass(frozen=True)
 class CheckResult:
     figures: CheckFigures
-    report: dict
+    report: Report
 
     @property
     def passed(self) -> bool:
         return self.figures.passed
 
-    def to_json(self) -> dict:
+    def to_json(self) -> Report:
         return self.report
 
 
@@ -356,7 +358,7 @@ def _on_disk(model: ModelInput, folder: Path, name: str) -> Path:
 
 
 def check_models(original: ModelInput, rewritten: ModelInput, *, analysis: AnalysisOptions | None = None,
-                 options: CheckOptions | None = None, **keywords) -> CheckResult:
+                 options: CheckOptions | None = None, **keywords: Any) -> CheckResult:
     """Run both models on ONNX Runtime and judge the rewrite: outputs, measured peak, the
     executed order and the prediction. In-memory models are written to a temporary folder
     first, so what runs is always the bytes a user would save. ``analysis`` (or the keywords
@@ -407,12 +409,12 @@ class RewriteRun:
     written: Written
     check: CheckFigures | None
     options: RewriteOptions
-    recorded: dict  # the options as the report records them
+    recorded: Options  # the options as the report records them
     scaled: Scaled | None
     notes: tuple[str, ...]  # the plan's notes
 
 
-def _rewrite_report(run: RewriteRun, check_error: dict | None = None) -> dict:
+def _rewrite_report(run: RewriteRun, check_error: Report | None = None) -> Report:
     """The report of ``run`` (with ``check_error``: why its check did not judge it)."""
     a, w, planned, options = run.analysis, run.written, run.planned, run.options
     chosen = planned.plan if planned else None
@@ -444,7 +446,7 @@ class RewriteModelResult:
     result: RewriteResult
     analysis: Analysis  # of the input
     planned: Planned | None
-    report: dict
+    report: Report
     written: list[Path] = field(default_factory=list)  # the model file (and its .data), when written
     check: CheckFigures | None = None
 
@@ -458,13 +460,13 @@ class RewriteModelResult:
         """Per stashed buffer of the input: kept or recomputed, and why (empty with no_recompute)."""
         return self.result.decisions
 
-    def to_json(self) -> dict:
+    def to_json(self) -> Report:
         return self.report
 
 
 def rewrite_model(model: ModelInput, output: str | Path | None = None, options: RewriteOptions | None = None, *,
                   analysis: AnalysisOptions | None = None, force: bool = False, check: bool | CheckOptions = False,
-                  progress: Callable[[str], None] | None = None, **keywords) -> RewriteModelResult:
+                  progress: Callable[[str], None] | None = None, **keywords: Any) -> RewriteModelResult:
     """Rewrite a training graph to recompute activations instead of stashing them.
 
     ``options`` (or its keywords): regions come from ``regions`` (globs or ``re:`` regexes
@@ -530,7 +532,8 @@ def _writer(a: Analysis, options: RewriteOptions, analysis: AnalysisOptions, sca
     recorded = {**options.to_json(), **analysis.to_json()}
     probes = probe_tensors(a) if scaled else None  # one shape inference, however many plans are written
 
-    def model_of(result: RewriteResult, plan, unplanned: bool = False, shared: bool = False) -> onnx.ModelProto | None:
+    def model_of(result: RewriteResult, plan: Plan | None, unplanned: bool = False,
+                 shared: bool = False) -> onnx.ModelProto | None:
         shapes = symbolic_shapes(result.graph, result.after.tensors, scaled, probes) if scaled else None
         model = to_model(result, _provenance(recorded, result, plan), shapes)
         if not unplanned:
@@ -632,7 +635,7 @@ def _budget_rules(run: RewriteRun) -> tuple[Rule, ...]:
     return (held_within(run.planned.budget, run.written.result.after.outside_arena_bytes),)
 
 
-def _provenance(options: dict, result: RewriteResult, plan) -> dict[str, str]:
+def _provenance(options: Options, result: RewriteResult, plan: Plan | None) -> dict[str, str]:
     """What made this file, in its metadata_props (as onnxsim records its own)."""
     import json
 

@@ -115,10 +115,10 @@ def run_ort_optimizer(model_path: Path, output: Path, provider: str, external: s
     lines = [line for line in done.stdout.splitlines() if line.strip()]
     try:
         answer = child.parse_json_line(lines[-1])
-    except (IndexError, ValueError, RecursionError):
+    except (IndexError, ValueError, RecursionError) as e:
         tail = child.printable(" | ".join(done.stderr.strip().splitlines()[-3:]), 300)
         raise RunFailed("crashed", f"{what} gave no result ({child.how_it_ended(done.returncode)})"
-                        + (f": {tail}" if tail else ""), done.stderr) from None
+                        + (f": {tail}" if tail else ""), done.stderr) from e
     answer = child.checked_answer(answer, what)
     if answer["ok"]:
         return str(answer.get("onnxruntime", "?"))

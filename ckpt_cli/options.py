@@ -48,9 +48,9 @@ def _text(name: str, value: object) -> str:
         raise TypeError(f"{name}: expected a string, got {type(value).__name__} {_short(value)}")
     try:
         value.encode("utf-8")
-    except UnicodeEncodeError:
+    except UnicodeEncodeError as e:
         shown = value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-        raise OptionError(f"{name} '{shown}' is not UTF-8 text; node and tensor names are") from None
+        raise OptionError(f"{name} '{shown}' is not UTF-8 text; node and tensor names are") from e
     return value
 
 

@@ -305,35 +305,42 @@ def test_the_report_guard_sees_writes():
     assert sorted(_report_writes(ast.parse(code))) == [1, 2, 3, 4]
 
 
-def _drops_cause(node: ast.Raise) -> bool:
-    return node.cause is None or (isinstance(node.cause, ast.Constant) and node.cause.value is None)
+def _drops_cause(node: ast.Raise, lines: list[str]) -> bool:
+    """No ``from``, or ``from None`` without a comment on its line saying why the cause is hidden."""
+    if node.cause is None:
+        return True
+    hidden = isinstance(node.cause, ast.Constant) and node.cause.value is None
+    return hidden and "#" not in lines[node.cause.end_lineno - 1][node.cause.end_col_offset:]
 
 
-def _unchained_raises(tree: ast.AST) -> list[int]:
-    """Lines that raise a new exception inside ``except ... as e`` without chaining a cause
-    (``from e``): no ``from``, or ``from None``, which drops the cause. Re-raising the caught
-    name itself is fine. A function defined in the handler is its own scope."""
+def _unchained_raises(text: str) -> list[int]:
+    """Lines that raise a new exception inside an ``except`` block without chaining a cause
+    (``from e``): no ``from``, or ``from None`` (which drops the cause) without a comment
+    on its line saying why. Re-raising the caught name itself is fine. A function defined
+    in the handler is its own scope."""
     lines: list[int] = []
+    source = text.splitlines()
 
     def visit(node: ast.AST, caught: tuple[str, ...]) -> None:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
             caught = ()
-        if isinstance(node, ast.Raise) and caught and node.exc is not None and _drops_cause(node) \
+        if isinstance(node, ast.Raise) and caught and node.exc is not None and _drops_cause(node, source) \
                 and not (isinstance(node.exc, ast.Name) and node.exc.id in caught):
             lines.append(node.lineno)
-        if isinstance(node, ast.ExceptHandler) and node.name:
-            caught = (*caught, node.name)
+        if isinstance(node, ast.ExceptHandler):
+            caught = (*caught, node.name or "")  # "": a handler that names nothing it caught
         for child in ast.iter_child_nodes(node):
             visit(child, caught)
 
-    visit(tree, ())
+    visit(ast.parse(text), ())
     return lines
 
 
 def test_every_raise_in_an_except_block_chains_its_cause():
     """An error raised while handling another names it as its cause (``raise X(...) from e``):
-    the traceback under --debug shows what ckpt's one-line message was made from."""
-    found = _flagged(lambda text: _unchained_raises(ast.parse(text)))
+    the traceback under --debug shows what ckpt's one-line message was made from. Hiding it
+    (``from None``) says why on its line."""
+    found = _flagged(_unchained_raises)
     assert found == []
 
 
@@ -343,8 +350,14 @@ def test_the_cause_guard_sees_unchained_raises():
             "try:\n    f()\nexcept OSError as e:\n    raise ValueError(e) from None\n"  # 12: dropped
             "try:\n    f()\nexcept OSError as e:\n    raise e\n"                      # the caught one
             "try:\n    f()\nexcept OSError as e:\n    if e.errno:\n        raise KeyError\n"  # 21: nested
-            "try:\n    f()\nexcept OSError as e:\n    def g():\n        raise KeyError\n")  # own scope
-    assert _unchained_raises(ast.parse(code)) == [4, 12, 21]
+            "try:\n    f()\nexcept OSError as e:\n    def g():\n        raise KeyError\n"  # own scope
+            "try:\n    f()\nexcept OSError:\n    raise KeyError\n"                     # 30: unnamed handler
+            "try:\n    f()\nexcept OSError:\n    raise KeyError from None\n"           # 34: unnamed, dropped
+            "try:\n    f()\nexcept OSError:\n    raise KeyError from None  # why\n"    # hidden, says why
+            "try:\n    f()\nexcept OSError:\n    raise KeyError(\n        'x') from None  # why\n"
+            "try:\n    f()\nexcept OSError:\n    raise\n"                              # re-raised as it is
+            "raise KeyError\n")                                                           # outside a handler
+    assert _unchained_raises(code) == [4, 12, 21, 30, 34]
 
 
 ISSUE_REFERENCE = re.compile(r"\bissue\s+#?\d+", re.IGNORECASE)

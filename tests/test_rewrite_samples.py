@@ -138,19 +138,46 @@ def test_the_originals_reuse_off_arena_is_replayed_only_where_a_reuse_off_option
     option is clearly below the original, is never replayed; knowing it changes nothing."""
     from synthetic import build_transformer
     from ckpt_cli.graph import Graph
-    from ckpt_cli.rewrite.schedule import NO_REUSE_KEY
+    from ckpt_cli.planning.evaluate import ScheduleMemo
     from ckpt_cli.rewrite.select import make_plan
 
     model = build_transformer(35)
     plan = make_plan(analyse(Graph.from_model(model)), budget="75%").plan
     a = analyse(Graph.from_model(model))
-    memo: dict = {}
+    memo = ScheduleMemo(a)
     result = rewrite(a, plan, pin=False, memo=memo)
-    assert result.mem_reuse and NO_REUSE_KEY not in memo
-    known = rewrite(a, plan, pin=False, memo={NO_REUSE_KEY: a.arena_in_use(False)})
+    assert result.mem_reuse and not memo.no_reuse_known
+    known_memo = ScheduleMemo(a)
+    assert known_memo.no_reuse_in_use() == a.arena_in_use(False) and known_memo.no_reuse_known
+    known = rewrite(a, plan, pin=False, memo=known_memo)
     assert known.mem_reuse
     assert [n.name for n in known.graph.nodes] == [n.name for n in result.graph.nodes]
     assert known.after.arena_in_use(True) == result.after.arena_in_use(True)
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn"])
+def test_a_search_replays_the_inputs_reuse_off_arena_at_most_once(name, monkeypatch):
+    """The evaluator's memo holds the input's reuse-off arena peak: however many plans it
+    judges, the input is replayed with reuse off once at most, and only where it is read."""
+    from ckpt_cli.analysis import PeakModel
+    from ckpt_cli.planning.evaluate import PlanEvaluator
+
+    a = analyse(load_graph(SAMPLES / f"{name}.onnx"))
+    replays = []
+    real = PeakModel.arena_in_use
+
+    def counted(model, reuse_buffers):
+        if model is a and not reuse_buffers:
+            replays.append(1)
+        return real(model, reuse_buffers)
+
+    monkeypatch.setattr(PeakModel, "arena_in_use", counted)
+    evaluator = PlanEvaluator(a, rewrite)
+    for plan in (Plan([], "none"), layer_regions(a) or sqrt_regions(a, 2), sqrt_regions(a, 3), sqrt_regions(a, 4)):
+        evaluator.measured(plan)
+    assert len(replays) == (1 if evaluator.memo.no_reuse_known else 0)
+    assert not evaluator.memo.no_reuse_known or evaluator.memo.no_reuse_in_use() == real(a, False)
+    assert len(replays) <= 1
 
 
 def test_derived_tensor_ids_name_what_every_node_reads_and_writes():
@@ -175,6 +202,7 @@ def test_a_memoised_rewrite_equals_a_fresh_one(monkeypatch):
     """Plans placing the same copies share one order choice in a search (``memo``), and the
     result is the plan's own: its region names and protos, the same order, profile and arena."""
     import ckpt_cli.rewrite.schedule as rw
+    from ckpt_cli.planning.evaluate import ScheduleMemo
 
     a = analyse(load_graph(SAMPLES / "gpt.onnx"))
     plan = layer_regions(a)
@@ -184,12 +212,11 @@ def test_a_memoised_rewrite_equals_a_fresh_one(monkeypatch):
     choices = []
     real_choose = rw._choose
     monkeypatch.setattr(rw, "_choose", lambda *args: choices.append(1) or real_choose(*args))
-    memo: dict = {}
+    memo = ScheduleMemo(a)
     rewrite(a, plan, pin=False, memo=memo)
     hit = rewrite(a, renamed, pin=False, memo=memo)
     rewrite(a, other, pin=False, memo=memo)
-    schedules = [k for k in memo if k != rw.NO_REUSE_KEY]  # the original's arena without reuse aside
-    assert len(choices) == 2 and len(schedules) == 2  # the renamed plan reused the first choice
+    assert len(choices) == 2 and len(memo.orders) == 2  # the renamed plan reused the first choice
     assert [r.name for r in hit.regions] == [r.name for r in fresh.regions]
     assert [n.proto.SerializeToString() for n in hit.graph.nodes] == [
         n.proto.SerializeToString() for n in fresh.graph.nodes]

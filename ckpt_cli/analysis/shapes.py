@@ -315,7 +315,7 @@ def _symbols_to_ort(unbound: onnx.ModelProto | None, tensors: dict[str, TensorIn
         return
     try:
         inferred = onnx.shape_inference.infer_shapes(unbound, data_prop=False).graph
-    except Exception:  # best effort: the sizes stand as found
+    except Exception:  # noqa: BLE001 - onnx's inference fails many ways; best effort: the sizes stand as found
         return
     for v in chain(inferred.value_info, inferred.output):
         info, shape = tensors.get(v.name), _shape_of(v.type)[1]
@@ -442,7 +442,7 @@ def _inferred(model: onnx.ModelProto, light: onnx.GraphProto, strict_for: object
         else:
             first = next((line for line in str(e).splitlines() if line.strip()), "")
             raise ModelError(f"{strict_for}: types or shapes do not fit the ops ({first[:300]})") from e
-    except Exception:  # inference is best effort otherwise: fall back to what the file declares
+    except Exception:  # noqa: BLE001 - best effort otherwise: fall back to what the file declares
         inferred = light
     tensors: dict[str, TensorInfo] = {}
     by_type: dict[bytes, TensorInfo] = {}  # a graph has few distinct tensor types
@@ -637,7 +637,7 @@ def _evaluate(node: Node, values: dict[str, np.ndarray], tensors: dict[str, Tens
         # run answers a list unless asked for intermediate values
         outputs = cast(list[object], ReferenceEvaluator(model).run(None, {t: values[t] for t in names}))
         return np.asarray(outputs[0])
-    except Exception:  # an op the evaluator rejects leaves the value unknown
+    except Exception:  # noqa: BLE001 - an op the evaluator rejects, any way, leaves the value unknown
         return None
 
 

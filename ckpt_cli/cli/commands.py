@@ -323,7 +323,7 @@ def warn_if_undone(*models: Path, said: list[str] | None = None) -> bool:
     for path in models:
         try:
             model = read_model(path, embedded_weights=False)  # the metadata and nodes: not the weights
-        except Exception:  # noqa: BLE001 - reported by the command's own load, as it always was
+        except Exception:  # noqa: BLE001 - any read failure: the command's own load reports it
             written = False
             continue
         written = written_by_ckpt(model)

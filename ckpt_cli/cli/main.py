@@ -133,7 +133,7 @@ class CkptGroup(click.Group):
             _fail(ctx, "out of memory (a --dim too large for this machine?)", EXIT_BAD_INPUT)
         except RecursionError:
             _fail(ctx, "the model nests too deeply to read", EXIT_BAD_INPUT)
-        except Exception as e:  # a bug: one line unless --debug
+        except Exception as e:  # noqa: BLE001 - a bug: one line unless --debug
             _fail(ctx, f"{type(e).__name__}: {e} (rerun with --debug for details)", EXIT_INTERNAL,
                   "ckpt: internal error: ")
         finally:

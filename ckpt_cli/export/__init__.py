@@ -73,8 +73,8 @@ def load_factory(ref: str) -> object:
     for part in attr.split("."):
         try:
             obj = getattr(obj, part)
-        except AttributeError:
-            raise UsageError(f"{ref}: {source} has no {attr!r}") from None
+        except AttributeError as e:
+            raise UsageError(f"{ref}: {source} has no {attr!r}") from e
     return obj
 
 

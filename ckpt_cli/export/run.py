@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -21,14 +22,15 @@ from .common import ExportFailed, ExportResult, init_path_of, one_line
 from .trace import TANGENT, export_joint
 
 _PREFIX = "model."  # the loss wrapper's name for the user's module
+Inputs = tuple[torch.Tensor, ...]  # a module's example inputs, in its forward's order
 
 
-class _WithLoss(nn.Module):
-    def __init__(self, model: nn.Module, loss: str):
+class _WithLoss(nn.Module):  # type: ignore[misc]  # torch is not installed for mypy: nn.Module is Any
+    def __init__(self, model: nn.Module, loss: str) -> None:
         super().__init__()
         self.model, self.loss = model, loss
 
-    def forward(self, *args):
+    def forward(self, *args: torch.Tensor) -> torch.Tensor:
         *inputs, target = args
         out = self.model(*inputs)
         if self.loss == "cross_entropy":
@@ -36,17 +38,17 @@ class _WithLoss(nn.Module):
         return F.mse_loss(out, target)
 
 
-class _Summed(nn.Module):
-    def __init__(self, model: nn.Module):
+class _Summed(nn.Module):  # type: ignore[misc]  # torch is not installed for mypy: nn.Module is Any
+    def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
 
-    def forward(self, *args):
+    def forward(self, *args: torch.Tensor) -> torch.Tensor:
         return self.model(*args).sum()
 
 
 @contextlib.contextmanager
-def _state_kept(model: nn.Module):
+def _state_kept(model: nn.Module) -> Iterator[None]:
     """Parameters' gradients and buffers (BatchNorm statistics) as they were, after eager runs."""
     buffers = {k: v.detach().clone() for k, v in model.named_buffers()}
     grads = {k: p.grad for k, p in model.named_parameters()}
@@ -60,7 +62,7 @@ def _state_kept(model: nn.Module):
             p.grad = grads[k]
 
 
-def _probe_output(model: nn.Module, inputs: tuple):
+def _probe_output(model: nn.Module, inputs: Inputs) -> object:
     with _state_kept(model), torch.no_grad():
         try:
             return model(*inputs)
@@ -68,7 +70,8 @@ def _probe_output(model: nn.Module, inputs: tuple):
             raise ExportFailed(f"the model's forward on the example inputs raised {one_line(e)}") from e
 
 
-def _with_loss(model: nn.Module, inputs: tuple, names: list[str], loss: str | None):
+def _with_loss(model: nn.Module, inputs: Inputs, names: list[str],
+               loss: str | None) -> tuple[nn.Module, Inputs, list[str], str]:
     """(module to trace, its inputs, their names, prefix of its parameter names)."""
     if loss is None:
         return model, inputs, names, ""
@@ -93,7 +96,7 @@ def _with_loss(model: nn.Module, inputs: tuple, names: list[str], loss: str | No
     return _WithLoss(model, loss), (*inputs, target), [*names, extra], _PREFIX
 
 
-def _check_loss(traced: nn.Module, inputs: tuple) -> None:
+def _check_loss(traced: nn.Module, inputs: Inputs) -> None:
     out = _probe_output(traced, inputs)
     if not isinstance(out, torch.Tensor) or out.dim() != 0 or not out.is_floating_point():
         shape = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
@@ -126,7 +129,7 @@ def _save_npz(path: Path, state: dict[str, np.ndarray]) -> None:
             tmp.unlink(missing_ok=True)
 
 
-def export(model: nn.Module, inputs: tuple, path: Path, names: list[str], loss: str | None,
+def export(model: nn.Module, inputs: Inputs, path: Path, names: list[str], loss: str | None,
            verify: bool, tolerance: float) -> ExportResult:
     from ..io.save import save_model
 
@@ -161,7 +164,7 @@ def export(model: nn.Module, inputs: tuple, path: Path, names: list[str], loss: 
     return result
 
 
-def _run_on_ort(path: Path, feeds: dict) -> dict[str, np.ndarray]:
+def _run_on_ort(path: Path, feeds: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
     from ..ort import ort_module
 
     ort = ort_module()
@@ -175,7 +178,8 @@ def _run_on_ort(path: Path, feeds: dict) -> dict[str, np.ndarray]:
     return dict(zip([o.name for o in sess.get_outputs()], outputs))
 
 
-def _compare_with_torch(traced: nn.Module, prefix: str, inputs: tuple, path: Path, feeds: dict) -> float:
+def _compare_with_torch(traced: nn.Module, prefix: str, inputs: Inputs, path: Path,
+                        feeds: dict[str, torch.Tensor]) -> float:
     """Largest ``|ort - torch| / max(1, max |torch|)`` over the loss, gradients and updated buffers."""
     got = _run_on_ort(path, feeds)
     with _state_kept(traced):

@@ -17,24 +17,35 @@ import contextlib
 import logging
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from types import NotImplementedType
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
+import onnx
 import torch
 import torch.fx.traceback as fx_traceback
 import torch.nn as nn
+
+if TYPE_CHECKING:
+    import onnx_ir
 
 aten = torch.ops.aten
 TANGENT = "tangent_loss"
 
 
+# A backward op's gradients of its inputs (None where its output_mask does not ask for one)
+Grads: TypeAlias = "tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]"
+
+
 # Backward ops with neither a decomposition nor an ONNX translation in torch 2.13
-def _convolution_backward(grad_output, input, weight, *args):
+def _convolution_backward(grad_output: torch.Tensor, input: torch.Tensor, weight: torch.Tensor,
+                          *args: Any) -> Grads | NotImplementedType:
     """aten.convolution_backward -> Conv / ConvTranspose / ReduceSum (1-D to 3-D, any groups)."""
     _, stride, padding, dilation, transposed, _, groups, output_mask = args  # aten's signature
     nd = input.dim() - 2
     if nd not in (1, 2, 3):
-        return NotImplemented
+        return NotImplemented  # type: ignore[no-any-return]  # typeshed: NotImplemented subclasses Any
     if transposed:  # its input's gradient is the plain convolution; its weight's, with x and dY swapped
         grad_input = grad_weight = grad_bias = None
         if output_mask[0]:
@@ -63,7 +74,8 @@ def _convolution_backward(grad_output, input, weight, *args):
     return grad_input, grad_weight, grad_bias
 
 
-def _convolution_weight_grad(grad_output, input, weight, stride, padding, dilation, groups):
+def _convolution_weight_grad(grad_output: torch.Tensor, input: torch.Tensor, weight: torch.Tensor, stride: list[int],
+                             padding: list[int], dilation: list[int], groups: int) -> torch.Tensor:
     """dW[o, i] = sum_n x[n, i] (*) dY[n, o]: a convolution with the batch axis as channels
     (in groups: channel i of group k meets only the outputs of group k)."""
     nd = input.dim() - 2
@@ -78,8 +90,9 @@ def _convolution_weight_grad(grad_output, input, weight, stride, padding, dilati
     return gw.transpose(0, 1)[(slice(None), slice(None), *(slice(0, k) for k in weight.shape[2:]))]
 
 
-def _max_pool_with_indices_backward(grad_output, self, kernel_size, stride, padding,
-                                    dilation, ceil_mode, indices):
+def _max_pool_with_indices_backward(grad_output: torch.Tensor, self: torch.Tensor, kernel_size: list[int],
+                                    stride: list[int], padding: list[int], dilation: list[int], ceil_mode: bool,
+                                    indices: torch.Tensor) -> torch.Tensor:
     """Scatter-add the output gradient to the argmax positions (indices are per-plane)."""
     n, c = self.shape[:2]
     g = grad_output.reshape(n, c, -1)
@@ -88,8 +101,9 @@ def _max_pool_with_indices_backward(grad_output, self, kernel_size, stride, padd
     return zeros.scatter_add(2, idx, g).reshape(self.shape)
 
 
-def _avg_pool2d_backward(grad_output, self, kernel_size, stride, padding, ceil_mode,
-                         count_include_pad, divisor_override):
+def _avg_pool2d_backward(grad_output: torch.Tensor, self: torch.Tensor, kernel_size: list[int], stride: list[int],
+                         padding: list[int], ceil_mode: bool, count_include_pad: bool,
+                         divisor_override: int | None) -> torch.Tensor | NotImplementedType:
     """A transposed depthwise convolution with a constant kernel, where every window has the
     same divisor (no ceil_mode; no padding, or padding counted)."""
     kh, kw = kernel_size if len(kernel_size) == 2 else (kernel_size[0],) * 2
@@ -105,7 +119,8 @@ def _avg_pool2d_backward(grad_output, self, kernel_size, stride, padding, ceil_m
     return aten.convolution.default(grad_output, kernel, None, [sh, sw], [ph, pw], [1, 1], True, out_pad, c)
 
 
-def _adaptive_avg_pool2d_backward(grad_output, self):
+def _adaptive_avg_pool2d_backward(grad_output: torch.Tensor,
+                                  self: torch.Tensor) -> torch.Tensor | NotImplementedType:
     """Where the output size divides the input's: an average pool with kernel = stride."""
     (h, w), (oh, ow) = self.shape[-2:], grad_output.shape[-2:]
     if self.dim() != 4 or h % oh or w % ow:
@@ -113,7 +128,7 @@ def _adaptive_avg_pool2d_backward(grad_output, self):
     return _avg_pool2d_backward(grad_output, self, [h // oh, w // ow], [h // oh, w // ow], [0, 0], False, True, None)
 
 
-def decompositions() -> dict:
+def decompositions() -> dict[torch._ops.OpOverload, Callable[..., object]]:
     """Core ATen decompositions; PyTorch's own decomposition of training-mode BatchNorm (the
     exporter would translate it as an inference-mode BatchNormalization); and the two
     convolutional backward ops above."""
@@ -130,37 +145,37 @@ def decompositions() -> dict:
     return table
 
 
-class _RunJoint(nn.Module):
+class _RunJoint(nn.Module):  # type: ignore[misc]  # torch is not installed for mypy: nn.Module is Any
     """Runs the joint FX graph node by node, so torch.export keeps each node's metadata."""
 
-    def __init__(self, gm, keep):
+    def __init__(self, gm: torch.fx.GraphModule, keep: list[int]) -> None:
         super().__init__()
         self.gm, self.keep = gm, keep
 
-    def forward(self, *args):
+    def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
         out = torch.fx.Interpreter(self.gm).run(*args)
         out = torch.utils._pytree.tree_leaves(out, is_leaf=lambda x: x is None)
         return tuple(out[i] for i in self.keep)
 
 
-def _trace_joint(traced: nn.Module, named: nn.Module, example_inputs) -> torch.fx.GraphModule:
+def _trace_joint(traced: nn.Module, named: nn.Module, example_inputs: Sequence[torch.Tensor]) -> torch.fx.GraphModule:
     """AOTAutograd's joint graph of ``traced``, every op annotated with the path in ``named``
     of the module that ran it."""
     from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
 
-    open_scopes = []
+    open_scopes: list[contextlib.AbstractContextManager[object]] = []
 
-    def enter(path):
-        def hook(module, args):
+    def enter(path: str) -> Callable[[nn.Module, tuple[object, ...]], None]:
+        def hook(module: nn.Module, args: tuple[object, ...]) -> None:
             scope = fx_traceback.annotate({"module": path})
             scope.__enter__()
             open_scopes.append(scope)
         return hook
 
-    def leave(module, args, out):
+    def leave(module: nn.Module, args: tuple[object, ...], out: object) -> None:
         open_scopes.pop().__exit__(None, None, None)
 
-    hooks = []
+    hooks: list[torch.utils.hooks.RemovableHandle] = []
     for path, sub in named.named_modules():
         if path:
             hooks += [sub.register_forward_pre_hook(enter(path)), sub.register_forward_hook(leave)]
@@ -180,7 +195,7 @@ def _trace_joint(traced: nn.Module, named: nn.Module, example_inputs) -> torch.f
 
 
 @contextlib.contextmanager
-def _no_mkldnn():
+def _no_mkldnn() -> Iterator[None]:
     with warnings.catch_warnings():  # setting the flags warns of TF32, which CPU float32 never uses
         warnings.simplefilter("ignore", UserWarning)
         flags = torch.backends.mkldnn.flags(enabled=False)
@@ -193,7 +208,7 @@ def _no_mkldnn():
             flags.__exit__(None, None, None)
 
 
-def _module_stack(model: nn.Module, path: str) -> dict:
+def _module_stack(model: nn.Module, path: str) -> dict[str, tuple[str, str]]:
     """``nn_module_stack`` as torch.export writes it; the exporter turns it into name scopes."""
     stack = {"L__self__": ("", f"{type(model).__module__}.{type(model).__qualname__}")}
     parts = path.split(".") if path else []
@@ -207,13 +222,15 @@ def _module_stack(model: nn.Module, path: str) -> dict:
     return stack
 
 
-def _names(gm, traced: nn.Module, prefix: str, example_inputs, input_names):
+def _names(gm: torch.fx.GraphModule, traced: nn.Module, prefix: str, example_inputs: Sequence[torch.Tensor],
+           input_names: Sequence[str]) -> tuple[list[str], list[torch.Tensor], list[int], list[str]]:
     """Graph input names/values and kept output indices/names, from AOTAutograd's descriptors
     (parameter and buffer names without ``prefix``, the loss wrapper's)."""
     from torch._functorch._aot_autograd import descriptors as D
 
     state = {**dict(traced.named_parameters()), **dict(traced.named_buffers())}
-    in_names, in_values = [], []
+    in_names: list[str] = []
+    in_values: list[torch.Tensor] = []
     for node in gm.graph.find_nodes(op="placeholder"):
         desc = node.meta["desc"]
         if isinstance(desc, (D.ParamAOTInput, D.BufferAOTInput)):
@@ -227,7 +244,8 @@ def _names(gm, traced: nn.Module, prefix: str, example_inputs, input_names):
             in_values.append(torch.ones((), dtype=torch.float32))
         else:
             raise NotImplementedError(f"graph input {desc!r}")
-    keep, out_names = [], []
+    keep: list[int] = []
+    out_names: list[str] = []
     out_node = gm.graph.find_nodes(op="output")[0]
     for i, (arg, desc) in enumerate(zip(out_node.args[0], out_node.meta["desc"])):
         if arg is None:  # gradient of an integer input
@@ -245,7 +263,7 @@ def _names(gm, traced: nn.Module, prefix: str, example_inputs, input_names):
     return in_names, in_values, keep, out_names
 
 
-def _unfold_zeros(graph, min_elements: int = 1024) -> None:
+def _unfold_zeros(graph: onnx_ir.Graph, min_elements: int = 1024) -> None:
     """The exporter folds ``zeros``/``full`` into initializers (loss seeds, embedding-gradient
     buffers): put back a ConstantOfShape node, so the file does not carry them."""
     import onnx_ir as ir
@@ -269,7 +287,8 @@ def _unfold_zeros(graph, min_elements: int = 1024) -> None:
         node.outputs[0].name, node.outputs[0].shape, node.outputs[0].dtype = name, ir.Shape(arr.shape), value.dtype
 
 
-def _to_onnx(gm, named: nn.Module, in_values, keep):
+def _to_onnx(gm: torch.fx.GraphModule, named: nn.Module, in_values: list[torch.Tensor],
+             keep: list[int]) -> onnx_ir.Model:
     """The joint graph as an onnx_ir model, each node in the name scope of its module."""
     with fx_traceback.preserve_node_meta():
         ep = torch.export.export(_RunJoint(gm, keep), tuple(in_values), strict=False)
@@ -283,7 +302,7 @@ def _to_onnx(gm, named: nn.Module, in_values, keep):
 
 
 @contextlib.contextmanager
-def _quiet(name: str):
+def _quiet(name: str) -> Iterator[None]:
     """The logger's warnings (\"torchvision is not installed. Skipping ...\") off for the block."""
     logger = logging.getLogger(name)
     level = logger.level
@@ -294,7 +313,7 @@ def _quiet(name: str):
         logger.setLevel(level)
 
 
-def _finish(model, in_names, out_names):
+def _finish(model: onnx_ir.Model, in_names: list[str], out_names: list[str]) -> onnx.ModelProto:
     """Names after the descriptors; loss first, then gradients, then updated buffers; IR 10."""
     import onnx_ir as ir
 
@@ -311,13 +330,13 @@ def _finish(model, in_names, out_names):
     _unfold_zeros(graph)
     for node in graph:  # the stack trace only points at _RunJoint: drop it
         node.metadata_props.pop("pkg.torch.onnx.stack_trace", None)
-    proto = ir.serde.serialize_model(model)
+    proto: onnx.ModelProto = ir.serde.serialize_model(model)
     proto.ir_version = 10  # ONNX Runtime 1.31 loads IR <= 13; ckpt writes <= 10
     return proto
 
 
-def export_joint(traced: nn.Module, named: nn.Module, prefix: str, example_inputs: Sequence,
-                 input_names: Sequence[str]):
+def export_joint(traced: nn.Module, named: nn.Module, prefix: str, example_inputs: Sequence[torch.Tensor],
+                 input_names: Sequence[str]) -> tuple[onnx.ModelProto, dict[str, torch.Tensor]]:
     """(ONNX ModelProto, {graph input name: tensor}) of ``traced``'s training step."""
     traced.train()
     gm = _trace_joint(traced, named, example_inputs)

@@ -138,9 +138,9 @@ def locate(t: onnx.TensorProto, model_dir: Path, model_path: Path) -> Extent:
                          "ckpt reads only regular files beside the model")
     try:
         real = file.resolve(strict=True)
-    except (OSError, RuntimeError):
+    except (OSError, RuntimeError) as e:
         raise ModelError(f"{where}: tensor '{t.name}' keeps its data in '{location[:80]}', "
-                         "which is missing beside the model") from None
+                         "which is missing beside the model") from e
     if not real.is_relative_to(folder):
         raise ModelError(f"{where}: tensor '{t.name}' keeps its data in '{location[:80]}', a link "
                          "leading outside the model's folder")

@@ -72,8 +72,8 @@ def load_graph(path: str | Path) -> Graph:
         raise ModelError(f"{path}: not a readable ONNX model (truncated or not protobuf: {first})") from e
     except OSError as e:
         raise ModelError(f"{path}: cannot read ({e.strerror or e})") from e
-    except MemoryError:
-        raise ModelError(f"{path}: not enough memory to read the model") from None
+    except MemoryError as e:
+        raise ModelError(f"{path}: not enough memory to read the model") from e
     if model.ir_version == 0 or not model.HasField("graph") or not model.graph.node:
         raise ModelError(f"{path}: not an ONNX model (no graph with nodes in it)")
     if not any(o.domain in ("", "ai.onnx") for o in model.opset_import):
@@ -132,8 +132,8 @@ def _run_checker(model: onnx.ModelProto, path: Path, order: list[int], external:
             onnx.checker.check_model(_checked_copy(model, order))
         else:
             onnx.checker.check_model(model)
-    except UnicodeDecodeError:
-        raise ModelError(f"{path}: names in the model are not valid UTF-8 text") from None
+    except UnicodeDecodeError as e:
+        raise ModelError(f"{path}: names in the model are not valid UTF-8 text") from e
     except onnx.checker.ValidationError as e:
         first = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
         raise ModelError(f"{path}: not a valid ONNX model ({first[:300]})") from e

@@ -169,8 +169,8 @@ def os_errors(path: Path) -> Iterator[None]:
         if e.errno == errno.ENOSPC:
             reason = "no space left on the device"
         raise OutputError(f"{path}: cannot write ({reason})") from e
-    except MemoryError:
-        raise OutputError(f"{path}: not enough memory to write it") from None
+    except MemoryError as e:
+        raise OutputError(f"{path}: not enough memory to write it") from e
 
 
 def write_target(path: str | Path) -> Path:
@@ -199,8 +199,8 @@ def commit(tmp: Path, path: Path, exclusive: bool) -> None:
         return
     try:
         os.link(tmp, path)
-    except FileExistsError:
-        raise UsageError(f"{path}: was created by another process meanwhile; pass --force to overwrite it") from None
+    except FileExistsError as e:
+        raise UsageError(f"{path}: was created by another process meanwhile; pass --force to overwrite it") from e
     except OSError as e:
         if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
             raise
@@ -257,7 +257,7 @@ def _source_data_files(source: Path) -> set[Path]:
 
         model = read_model(source, embedded_weights=False)
         return {locate(t, source.parent, source).file for t in external_tensors(model)}
-    except Exception:  # an unreadable source has no data files to protect
+    except Exception:  # noqa: BLE001 - an unreadable source has no data files to protect
         return set()
 
 

@@ -167,10 +167,10 @@ def _lock(fd: int, folder: Path) -> None:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return
-        except BlockingIOError:
+        except BlockingIOError as e:
             if time.monotonic() >= deadline:
                 raise OutputError(f"{folder}: another process has held its write lock for {LOCK_WAIT_S:g} s; "
-                                  "writing there later or elsewhere") from None
+                                  "writing there later or elsewhere") from e
             if not said:
                 print(f"ckpt: waiting for another writer in {folder}", file=sys.stderr)
                 said = True
@@ -283,7 +283,7 @@ def _data_files_read_by(path: Path) -> set[Path]:
         return set()
     try:
         model = read_model(path, embedded_weights=False)
-    except Exception:  # not a model: it reads no data
+    except Exception:  # noqa: BLE001 - not a model: it reads no data
         return set()
     files = set()
     for t in external_tensors(model):

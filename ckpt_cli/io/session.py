@@ -26,7 +26,7 @@ def recorded_settings(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise TypeError(f"expected the path of a model file, got {type(path).__name__}")
     try:
         model = read_model(path, embedded_weights=False)  # its metadata: the weights are not read
-    except Exception as e:  # noqa: BLE001 - any decode failure: not a model
+    except Exception as e:  # any decode failure: not a model
         raise ModelError(f"{path}: not a readable ONNX model ({type(e).__name__})") from e
     plan = SessionPlan.read(model, path)
     # With ckpt's input that turns the memory pattern off, ORT runs without it whatever is set.

@@ -30,6 +30,6 @@ def output_ir_version(model: onnx.ModelProto) -> int:
     """The IR version ckpt writes ``model`` at: one ORT loads, as low as its opsets allow."""
     try:
         needed = onnx.helper.find_min_ir_version_for(list(model.opset_import), ignore_unknown=True)
-    except Exception:
+    except Exception:  # noqa: BLE001 - opsets onnx cannot place (newer than it knows): the preferred IR
         needed = _PREFERRED_IR
     return min(model.ir_version, max(_PREFERRED_IR, needed), _MAX_ORT_IR)

@@ -189,8 +189,8 @@ def load_outputs(path: str, what: str) -> dict[str, np.ndarray]:
                 _check_member(z, info)
         with np.load(path, allow_pickle=False) as npz:
             return {k: npz[k] for k in npz.files}
-    except FileNotFoundError:
-        raise RunFailed("bad_answer", f"{what} reported success but wrote no outputs") from None
+    except FileNotFoundError as e:
+        raise RunFailed("bad_answer", f"{what} reported success but wrote no outputs") from e
     except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, MemoryError, OverflowError,
             NotImplementedError, RuntimeError) as e:
         raise RunFailed("bad_answer", f"{what} wrote outputs that are not a readable .npz "

@@ -57,7 +57,7 @@ def _run_as_is_key(graph: Graph, opsets: dict[str, int]) -> Callable[[Node], Run
 def _has_function(op_type: str, domain: str, opset: int) -> bool:
     try:
         schema: Any = onnx.defs.get_schema(op_type, opset, domain)  # onnx's stub lacks has_function
-    except Exception:  # unknown op: nothing to expand from onnx's side
+    except Exception:  # noqa: BLE001 - unknown op (SchemaError, or worse): nothing to expand from onnx's side
         return False
     return bool(schema.has_function or schema.has_context_dependent_function)
 
@@ -74,7 +74,7 @@ def _resolved(model: onnx.ModelProto) -> onnx.ModelProto | None:
         so.log_severity_level = 3
         try:
             ort.InferenceSession(str(src), so, providers=["CPUExecutionProvider"])
-        except Exception:  # e.g. training ops plain ORT lacks: plan on the file as it is
+        except Exception:  # noqa: BLE001 - e.g. training ops plain ORT lacks: plan on the file as it is
             return None
         return onnx.load(str(out))
 

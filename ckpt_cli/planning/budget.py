@@ -108,8 +108,8 @@ class BudgetSearch:
                 f"({'+' if guards >= 0 else '-'}{human_bytes(abs(guards))} against the search's unpinned rewrite)")
         try:
             planned = self.searched(budget - guards, budget)
-        except BudgetUnreachable:
-            raise BudgetUnreachable(line) from None
+        except BudgetUnreachable as e:
+            raise BudgetUnreachable(line) from e
         planned = replace(planned, written=self.write(planned))
         if self.peak(planned.written) > budget:
             raise BudgetUnreachable(line)

@@ -124,8 +124,8 @@ def _natural(s: str) -> list[int | str]:
 def read_plan_file(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise UsageError(f"{path}: no such plan file") from None
+    except FileNotFoundError as e:
+        raise UsageError(f"{path}: no such plan file") from e
     except json.JSONDecodeError as e:
         raise UsageError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from e
     except (OSError, UnicodeDecodeError, RecursionError, MemoryError) as e:

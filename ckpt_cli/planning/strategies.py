@@ -235,8 +235,8 @@ def parse_budget(text: str, reference_peak: int) -> int:
                 raise ValueError
             return int(reference_peak * share)
         return parse_bytes(text)
-    except ValueError:
-        raise UsageError(f"--budget '{text}' is not a size (2GiB, 512MiB) or a share of the peak (40%)") from None
+    except ValueError as e:
+        raise UsageError(f"--budget '{text}' is not a size (2GiB, 512MiB) or a share of the peak (40%)") from e
 
 
 def fill_greedily(ranked: list[Candidate], timeline: tuple[int, ...], spans: dict[str, tuple[int, int]],

@@ -75,16 +75,16 @@ def _describe(kind: str, r: dict[str, Any]) -> str:
 def _need(report: dict[str, Any], path: str, source: str) -> Any:
     try:
         return lookup(report, path)
-    except KeyError:
+    except KeyError as e:
         raise UsageError(f"{source}: not a complete ckpt {report.get('command')} report "
-                         f"(no '{path}')") from None
+                         f"(no '{path}')") from e
 
 
 def _read_report(path: Path) -> dict[str, Any]:
     try:
         doc = json.loads(path.read_text())
-    except UnicodeDecodeError:
-        raise UsageError(f"{path}: neither a ckpt JSON report nor an ONNX model") from None
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{path}: neither a ckpt JSON report nor an ONNX model") from e
     except json.JSONDecodeError as e:
         raise UsageError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from e
     if not isinstance(doc, dict) or doc.get("command") not in REPORT_COMMANDS:

@@ -1,4 +1,7 @@
-"""Report data: plain JSON-ready dicts, the source of truth for every rendering."""
+"""Report data: plain JSON-ready dicts, the source of truth for every rendering.
+
+A report is a ``Report`` (its keys are described in ``schema.json``, which the tests hold
+every report to); the rows and sections this module builds whole are ``TypedDict``s."""
 
 from __future__ import annotations
 
@@ -7,8 +10,9 @@ import platform
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypedDict
 
-from onnx import TensorProto
+from onnx import ModelProto, TensorProto
 
 from ..analysis import Analysis, buffer_bytes, default_order, lowest_peak
 from ..analysis.cost import node_cost
@@ -17,11 +21,88 @@ from ..graph import gc_paused
 from ..markers import REGION_META, is_recompute_copy
 from ..ops import ort_kernel_defects, thread_racing_outputs
 from ..ort.registry import ort_only_ops
+from ..planning.budget import Planned
+from ..rewrite import RewriteResult
+from ..rewrite.fresh import FreshResult
+from ..rewrite.pin import PinResult
 from ..version import __version__
 from .headline import check_headline, headline
 
 SCHEMA_VERSION = 1
 TOP_STASHED = 15
+
+# A report, or a section of one, as JSON: its keys are schema.json's. The command's options
+# (``Options``) are the command's own, each command's different.
+Report = dict[str, Any]
+Options = dict[str, Any]
+
+
+class DimValue(TypedDict):
+    value: int
+    source: str  # "default" (ckpt chose it) or "given"
+
+
+class ReducedPrecision(TypedDict):
+    dtypes: list[str]
+    cpu: str
+
+
+class StashedRow(TypedDict):
+    name: str
+    shape: list[int | str] | None
+    dtype: str
+    bytes: int | None
+    producer: str | None
+    producer_op: str | None
+    scope: str
+
+
+class ScopeRow(TypedDict):
+    scope: str
+    stashed_bytes: int
+    tensors: int
+
+
+class FloorRow(TypedDict):
+    bytes: int
+    node: str | None
+    working_bytes: int
+    scratch_bytes: int
+    resident_bytes: int
+    output_bytes: int
+    share_of_peak: float | None
+
+
+class RegionRow(TypedDict):
+    name: str
+    nodes: int
+    recompute_nodes: int
+    freed_bytes: int
+    recompute_flops: int
+    placed_before: str | None
+    kept_random: list[str]
+    kept_subgraph: list[str]
+
+
+class ArenaFigures(TypedDict):
+    arena_in_use_bytes: int
+    arena_held_bytes: int
+    ort_peak_bytes: int
+
+
+class PinRow(TypedDict):
+    guard_nodes: int
+    guarded_inputs: int
+    tied_outputs: int
+    blocks: int
+    fresh_tensors: int
+    fresh_nodes: int
+    skipped: str | None
+
+
+class UnsizedRow(TypedDict):
+    tensor: str
+    missing_dims: list[str]
 
 
 def file_sha256(path: str | Path) -> str:
@@ -84,7 +165,7 @@ class Source:
         return cls(str(path), file_sha256(path))
 
     @classmethod
-    def of_proto(cls, model) -> "Source":
+    def of_proto(cls, model: ModelProto) -> "Source":
         from ..io.serialize import write_model
 
         digest = hashlib.sha256()
@@ -92,9 +173,9 @@ class Source:
         return cls("<in-memory model>", digest.hexdigest())
 
 
-def envelope(command: str, source: Source | None, options: dict) -> dict:
+def envelope(command: str, source: Source | None, options: Options) -> Report:
     """The fields every report starts with."""
-    head = {
+    head: Report = {
         "schema_version": SCHEMA_VERSION,
         "command": command,
         "ckpt_version": __version__,
@@ -108,11 +189,11 @@ def envelope(command: str, source: Source | None, options: dict) -> dict:
     return head
 
 
-def model_facts(a: Analysis) -> dict:
+def model_facts(a: Analysis) -> Report:
     """What the figures rest on: the symbolic dimension values, and the ONNX-domain ops
     accepted because ONNX Runtime registers them where onnx does not."""
     return {
-        "dims": {d: {"value": v, "source": "default" if d in a.default_dims else "given"} for d, v in a.dims},
+        "dims": {d: DimValue(value=v, source="default" if d in a.default_dims else "given") for d, v in a.dims},
         "ort_registered_ops": ort_only_ops(a.graph.model),
         "reduced_precision": reduced_precision(a),
         "ort_kernel_defects": ort_kernel_defects(n.proto for n in a.graph.nodes),
@@ -132,7 +213,7 @@ CPU_BFLOAT16_NOTE = ("ONNX Runtime's CPU provider has no bfloat16 kernels for mo
                      "and refuses to load such a model; run and check it on CUDA")
 
 
-def reduced_precision(a: Analysis) -> dict | None:
+def reduced_precision(a: Analysis) -> ReducedPrecision | None:
     """The float16/bfloat16 types the graph computes in, and what that means on CPU."""
     names: dict[int, str] = {TensorProto.FLOAT16: "float16", TensorProto.BFLOAT16: "bfloat16"}
     found = sorted({names[t.dtype] for t in a.tensors.values() if t.dtype in names})
@@ -141,32 +222,32 @@ def reduced_precision(a: Analysis) -> dict | None:
     notes = [CPU_BFLOAT16_NOTE] if "bfloat16" in found else []
     if "float16" in found:
         notes.insert(0, CPU_FLOAT16_NOTE.format(dtype="float16"))
-    return {"dtypes": found, "cpu": "; ".join(notes)}
+    return ReducedPrecision(dtypes=found, cpu="; ".join(notes))
 
 
-def stashed_rows(a: Analysis, limit: int | None = TOP_STASHED) -> list[dict]:
+def stashed_rows(a: Analysis, limit: int | None = TOP_STASHED) -> list[StashedRow]:
     """Stashed activations, one row per buffer, largest first."""
-    seen: dict[str, dict] = {}
+    seen: dict[str, StashedRow] = {}
     for s in a.stashed:
         row = seen.get(s.buffer)
         if row is not None:
             continue
         owner = a.graph.nodes[a.graph.producer[s.buffer]] if s.buffer in a.graph.producer else None
         info = a.tensors.get(s.buffer)
-        seen[s.buffer] = {
-            "name": s.buffer,
-            "shape": list(info.shape) if info is not None and info.shape is not None else None,
-            "dtype": info.dtype_name if info is not None else "?",
-            "bytes": info.nbytes if info is not None else None,
-            "producer": owner.name if owner else None,
-            "producer_op": owner.op_type if owner else None,
-            "scope": a.scopes[owner.index].replace("/", ".") if owner else UNSCOPED,
-        }
+        seen[s.buffer] = StashedRow(
+            name=s.buffer,
+            shape=list(info.shape) if info is not None and info.shape is not None else None,
+            dtype=info.dtype_name if info is not None else "?",
+            bytes=info.nbytes if info is not None else None,
+            producer=owner.name if owner else None,
+            producer_op=owner.op_type if owner else None,
+            scope=a.scopes[owner.index].replace("/", ".") if owner else UNSCOPED,
+        )
     rows = sorted(seen.values(), key=lambda r: (-(r["bytes"] or 0), r["name"]))
     return rows if limit is None else rows[:limit]
 
 
-def scope_rows(a: Analysis) -> list[dict]:
+def scope_rows(a: Analysis) -> list[ScopeRow]:
     """Stashed activation bytes grouped by layer-level scope, in forward order."""
     groups: dict[str, set[str]] = defaultdict(set)
     first: dict[str, int] = {}
@@ -174,7 +255,7 @@ def scope_rows(a: Analysis) -> list[dict]:
         scope = top_scope(a.scopes[s.producer]).replace("/", ".") or "(no scope)"
         groups[scope].add(s.buffer)
         first.setdefault(scope, s.producer)
-    return [{"scope": k, "stashed_bytes": buffer_bytes(v, a.tensors), "tensors": len(v)}
+    return [ScopeRow(scope=k, stashed_bytes=buffer_bytes(v, a.tensors), tensors=len(v))
             for k, v in sorted(groups.items(), key=lambda kv: first[kv[0]])]
 
 
@@ -184,7 +265,7 @@ def boundary_step(a: Analysis, order: tuple[int, ...]) -> int | None:
 
 
 @gc_paused
-def inspect_report(a: Analysis, source: Source | None, options: dict) -> dict:
+def inspect_report(a: Analysis, source: Source | None, options: Options) -> Report:
     g = a.graph
     param_bytes = buffer_bytes(g.resident, a.tensors)
     default = default_order(a)
@@ -225,52 +306,51 @@ def inspect_report(a: Analysis, source: Source | None, options: dict) -> dict:
     }
 
 
-def floor_row(a: Analysis) -> dict:
+def floor_row(a: Analysis) -> FloorRow:
     """The peak no order or recompute plan goes below, and what sets it."""
     f = lowest_peak(a)
-    return {"bytes": f.bytes, "node": f.node, "working_bytes": f.working_bytes, "scratch_bytes": f.scratch_bytes,
-            "resident_bytes": f.resident_bytes, "output_bytes": f.output_bytes,
-            "share_of_peak": round(f.bytes / a.working_peak_bytes, 4) if a.working_peak_bytes else None}
+    return FloorRow(bytes=f.bytes, node=f.node, working_bytes=f.working_bytes, scratch_bytes=f.scratch_bytes,
+                    resident_bytes=f.resident_bytes, output_bytes=f.output_bytes,
+                    share_of_peak=round(f.bytes / a.working_peak_bytes, 4) if a.working_peak_bytes else None)
 
 
-def _region_rows(before: Analysis, result) -> list[dict]:
-    after = result.after
+def _region_rows(before: Analysis, result: RewriteResult, after: Analysis) -> list[RegionRow]:
     still = {s.buffer for s in after.stashed}
     freed_by: dict[int, set[str]] = defaultdict(set)  # producer -> stashed buffers no longer stashed
     for b, p in {s.buffer: s.producer for s in before.stashed}.items():
         if b not in still:
             freed_by[p].add(b)
     name_to_index = {n.name: n.index for n in before.graph.nodes}
-    flops: dict[str, int] = defaultdict(int)
+    flops: dict[str | None, int] = defaultdict(int)  # by region (a copy without one: None)
     for n in after.graph.nodes:
         if is_recompute_copy(n):
             flops[n.meta(REGION_META)] += node_cost(n, after.tensors).flops  # after.costs would price every node
     rows = []
     for r in result.regions:
-        freed = set().union(*(freed_by[name_to_index[c]] for c in r.copies))
-        rows.append({
-            "name": r.name,
-            "nodes": r.nodes,
-            "recompute_nodes": len(r.copies),
-            "freed_bytes": buffer_bytes(freed, before.tensors),
-            "recompute_flops": flops.get(r.name, 0),
-            "placed_before": r.placed_before,
-            "kept_random": r.kept_random,
-            "kept_subgraph": r.kept_subgraph,
-        })
+        freed: set[str] = set().union(*(freed_by[name_to_index[c]] for c in r.copies))
+        rows.append(RegionRow(
+            name=r.name,
+            nodes=r.nodes,
+            recompute_nodes=len(r.copies),
+            freed_bytes=buffer_bytes(freed, before.tensors),
+            recompute_flops=flops.get(r.name, 0),
+            placed_before=r.placed_before,
+            kept_random=r.kept_random,
+            kept_subgraph=r.kept_subgraph,
+        ))
     return rows
 
 
-def _arena(a: Analysis) -> dict:
+def _arena(a: Analysis) -> ArenaFigures:
     """What ORT's CPU arena will report for the PRIORITY_BASED order: bytes in use at the
     peak (the profiler's mem_bytes_in_use: activations, outputs and small initializers,
     rounded and fragmented as the arena does) and bytes it reserves."""
     arena = a.replayed
-    return {"arena_in_use_bytes": arena.peak_in_use_bytes, "arena_held_bytes": arena.held_bytes,
-            "ort_peak_bytes": a.ort_peak_bytes}
+    return ArenaFigures(arena_in_use_bytes=arena.peak_in_use_bytes, arena_held_bytes=arena.held_bytes,
+                        ort_peak_bytes=a.ort_peak_bytes)
 
 
-def _side(a: Analysis) -> dict:
+def _side(a: Analysis) -> Report:
     return {
         **_arena(a),
         "peak_bytes": a.priority.peak_bytes,
@@ -285,8 +365,11 @@ def _side(a: Analysis) -> dict:
 
 
 @gc_paused
-def rewrite_report(before: Analysis, source: Source | None, result, output: str | None, plan_json: dict | None,
-                   plan_notes: list[str], settings_snippet: str, options: dict) -> dict:
+def rewrite_report(before: Analysis, source: Source | None, result: RewriteResult, output: str | None,
+                   plan_json: Report | None, plan_notes: list[str], settings_snippet: str, options: Options) -> Report:
+    """``result``'s report: its ``after`` is the written graph's full analysis (``rewrite.written``)."""
+    after = result.after
+    assert isinstance(after, Analysis), "rewrite.written analyses the graph to be written in full"
     step_flops = before.forward_flops + before.backward_flops
     return {
         **envelope("rewrite", source, options),
@@ -295,9 +378,9 @@ def rewrite_report(before: Analysis, source: Source | None, result, output: str 
         "output": output,
         "strategy": plan_json["strategy"] if plan_json else "reorder only",
         "plan_notes": plan_notes,
-        "regions": _region_rows(before, result),
+        "regions": _region_rows(before, result, after),
         "before": _side(before),
-        "after": _side(result.after),
+        "after": _side(after),
         "recompute_nodes": result.recompute_nodes,
         "recompute_flops": result.recompute_flops,
         "forward_flops": before.forward_flops,
@@ -315,30 +398,30 @@ def rewrite_report(before: Analysis, source: Source | None, result, output: str 
     }
 
 
-def _pin_row(pinned, fresh) -> dict | None:
+def _pin_row(pinned: PinResult | None, fresh: FreshResult | None) -> PinRow | None:
     """What holding the order in the data flow added (None: written with --no-pin), and the
     fresh tensors' guards (rewrite/fresh.py)."""
     if pinned is None:
         return None
-    return {"guard_nodes": pinned.guard_nodes, "guarded_inputs": pinned.guarded_inputs,
-            "tied_outputs": pinned.tied_outputs, "blocks": pinned.blocks,
-            "fresh_tensors": len(fresh.fresh) if fresh is not None else 0,
-            "fresh_nodes": fresh.guard_nodes if fresh is not None else 0, "skipped": pinned.skipped}
+    return PinRow(guard_nodes=pinned.guard_nodes, guarded_inputs=pinned.guarded_inputs,
+                  tied_outputs=pinned.tied_outputs, blocks=pinned.blocks,
+                  fresh_tensors=len(fresh.fresh) if fresh is not None else 0,
+                  fresh_nodes=fresh.guard_nodes if fresh is not None else 0, skipped=pinned.skipped)
 
 
-def unsized_rows(a: Analysis) -> list[dict]:
+def unsized_rows(a: Analysis) -> list[UnsizedRow]:
     """Tensors of unknown size (data-dependent shapes): every byte figure counts them as 0."""
-    return [{"tensor": t, "missing_dims": list(m)} for t, m in sorted(a.unsized.items())]
+    return [UnsizedRow(tensor=t, missing_dims=list(m)) for t, m in sorted(a.unsized.items())]
 
 
-def check_report(original: Source, rewritten: Source, figures: dict, options: dict) -> dict:
+def check_report(original: Source, rewritten: Source, figures: Report, options: Options) -> Report:
     head = envelope("check", original, options)
     head["rewritten_model"] = rewritten.label
     head["rewritten_sha256"] = rewritten.sha256
     return {**head, "headline": check_headline(figures), **figures}
 
 
-def planning_section(a, planned, result, rows: list[dict]) -> dict:
+def planning_section(a: Analysis, planned: Planned, result: RewriteResult, rows: list[Report]) -> Report:
     """Figures of a plan: its budget, predicted effect and why each activation is kept or not."""
     step = a.forward_flops + a.backward_flops
     search = planned.search
@@ -362,7 +445,8 @@ def planning_section(a, planned, result, rows: list[dict]) -> dict:
     }
 
 
-def plan_report(a, source, planned, result, rows: list[dict], output: str | None, options: dict) -> dict:
+def plan_report(a: Analysis, source: Source | None, planned: Planned, result: RewriteResult, rows: list[Report],
+                output: str | None, options: Options) -> Report:
     plan_json = planned.plan.to_json([n.name for n in a.graph.nodes]) if planned.plan else None
     return {
         **envelope("plan", source, options),
@@ -380,7 +464,7 @@ def plan_report(a, source, planned, result, rows: list[dict], output: str | None
     }
 
 
-def session_report(model: Path, provider: str, settings: dict, undone: str | None) -> dict:
+def session_report(model: Path, provider: str, settings: Report, undone: str | None) -> Report:
     """``ckpt session``: the settings a ckpt-written model records (``settings``), and the
     Python that builds them (``session_settings``, the same snippet a rewrite report holds)."""
     from ..ort.settings import settings_snippet

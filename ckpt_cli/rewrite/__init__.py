@@ -14,13 +14,14 @@ from ..graph import Graph, gc_paused
 from ..markers import PHASE_META
 from ..units import human_bytes
 from ..planning.decision import Decision, region_decisions, settle
+from ..planning.evaluate import ScheduleMemo
 from ..planning.plan import Plan
 from .fresh import FreshResult, unshare
 from .mem_pattern import PatternOff, is_ort_artifact, pattern_off
 from .apply import Surgery, apply_plan
 from .pin import GUARD_MIN_OPSET, PinResult, pin as pin_schedule
 from .recompute import RegionResult
-from .schedule import ScheduleCache, ScheduleMemo, choose_schedule
+from .schedule import ScheduleCache, choose_schedule
 
 
 @dataclass
@@ -63,9 +64,9 @@ def rewrite(a: Analysis, plan: Plan | None, pin: bool = True, model_only: bool =
     (the floor of a large graph's structure search): its order is the one of lowest simulated
     tensor peak with ORT's buffer reuse on, without the arena replays that choose a written
     graph's order and reuse: they are slow, and a model is never written. ``memo``: a plan
-    search's record of the orders chosen for the graphs it rewrote; two plans that place
-    the same copies the same way (their keep sets differ only where nothing changes) share
-    the choice, which is most of a rewrite's time."""
+    search's record of the orders chosen for the graphs it rewrote (two plans that place
+    the same copies the same way, their keep sets differing only where nothing changes, share
+    the choice, which is most of a rewrite's time) and of the input's reuse-off arena."""
     surgery = apply_plan(a, plan)
     forward_names = {n.name for n in a.graph.nodes if a.phases.is_forward[n.index]}
     chosen = choose_schedule(a, surgery.graph, surgery.tensors, set(surgery.copy_names), forward_names, model_only,

@@ -10,13 +10,13 @@ of lowest predicted arena peak (then tensor bytes); a plan search's memory model
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from ..analysis import Analysis, schedules
 from ..analysis.arena import ArenaResult, predict_in_use
 from ..analysis.memory import MemoryProfile, buffer_roots, simulate, simulate_both
 from ..analysis.shapes import TensorInfo
 from ..graph import Graph
+from ..planning.evaluate import ScheduleMemo
 from .order import executed_order, memory_aware
 
 # Turning ORT's buffer reuse off must win by this much: the arena model is exact with
@@ -39,15 +39,12 @@ class Schedule:
 # the graph's own), its simulation, ORT's buffer reuse and the arena replay.
 ScheduleKey = tuple[bool, tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...]]
 Chosen = tuple[Graph, MemoryProfile, bool, ArenaResult | None]
-# (NO_REUSE_KEY: the original's arena peak without buffer reuse, ``NoReuseArena``)
-ScheduleMemo = dict[ScheduleKey | str, Any]
-NO_REUSE_KEY = "original arena in use, buffer reuse off"
 
 
 class ScheduleCache:
-    """The schedules chosen for the graphs one plan search rewrote, kept in ``memo`` (a dict
-    the search owns): two plans that place the same copies the same way share the choice,
-    which is most of a rewrite's time."""
+    """The schedules chosen for the graphs one plan search rewrote, kept in ``memo.orders``
+    (the search owns ``memo``): two plans that place the same copies the same way share the
+    choice, which is most of a rewrite's time."""
 
     def __init__(self, memo: ScheduleMemo) -> None:
         self.memo = memo
@@ -57,7 +54,7 @@ class ScheduleCache:
         return (model_only, tuple((n.name, n.inputs, n.outputs) for n in graph.nodes))
 
     def get(self, graph: Graph, model_only: bool) -> Schedule | None:
-        known = self.memo.get(self._key(graph, model_only))
+        known = self.memo.orders.get(self._key(graph, model_only))
         if known is None:
             return None
         written, profile, mem_reuse, arena = known
@@ -66,26 +63,8 @@ class ScheduleCache:
     def put(self, graph: Graph, model_only: bool, chosen: Schedule) -> None:
         at = {n.name: k for k, n in enumerate(graph.nodes)}
         order = [at[n.name] for n in chosen.graph.nodes]
-        self.memo[self._key(graph, model_only)] = (None if order == list(range(len(order))) else order,
-                                                  chosen.profile, chosen.mem_reuse, chosen.arena)
-
-
-class NoReuseArena:
-    """The original's arena peak in use with ORT's buffer reuse off (a replay of the input
-    graph), replayed at most once for ``memo``: a plan search's, or one rewrite's own."""
-
-    def __init__(self, a: Analysis, memo: ScheduleMemo) -> None:
-        self.a = a
-        self.memo = memo
-
-    def known(self) -> bool:
-        return NO_REUSE_KEY in self.memo
-
-    def bytes(self) -> int:
-        if NO_REUSE_KEY not in self.memo:
-            self.memo[NO_REUSE_KEY] = self.a.arena_in_use(False)
-        in_use: int = self.memo[NO_REUSE_KEY]
-        return in_use
+        self.memo.orders[self._key(graph, model_only)] = (None if order == list(range(len(order))) else order,
+                                                         chosen.profile, chosen.mem_reuse, chosen.arena)
 
 
 def choose_schedule(a: Analysis, new: Graph, tensors: dict[str, TensorInfo], copy_names: set[str], forward_names: set[str],
@@ -94,15 +73,15 @@ def choose_schedule(a: Analysis, new: Graph, tensors: dict[str, TensorInfo], cop
     known = cache.get(new, model_only) if cache is not None else None
     if known is not None:
         return known
-    no_reuse = NoReuseArena(a, cache.memo if cache is not None else {})
-    chosen = Schedule(*_choose(a, new, tensors, copy_names, forward_names, model_only, no_reuse))
+    memo = cache.memo if cache is not None else ScheduleMemo(a)  # a rewrite of its own: its own memo
+    chosen = Schedule(*_choose(a, new, tensors, copy_names, forward_names, model_only, memo))
     if cache is not None:
         cache.put(new, model_only, chosen)
     return chosen
 
 
 def _choose(a: Analysis, new: Graph, tensors: dict[str, TensorInfo], copy_names: set[str], forward_names: set[str],
-            model_only: bool, no_reuse: NoReuseArena) -> Chosen:
+            model_only: bool, memo: ScheduleMemo) -> Chosen:
     """The written order of ``new`` and ORT's buffer reuse for it: (graph, profile, reuse, arena)."""
     sizes = {t: info.nbytes for t, info in tensors.items() if info.nbytes}
     order = memory_aware(new, sizes, buffer_roots(new), [n.name not in forward_names for n in new.nodes],
@@ -114,11 +93,11 @@ def _choose(a: Analysis, new: Graph, tensors: dict[str, TensorInfo], copy_names:
         candidates.append(executed_order(new, schedules.ort_default(new)))
     if model_only:
         return _lowest_tensor_peak(candidates, tensors)
-    return choose_order_and_reuse(a, candidates, tensors, no_reuse)
+    return choose_order_and_reuse(a, candidates, tensors, memo)
 
 
 def choose_order_and_reuse(a: Analysis, candidates: list[Graph], tensors: dict[str, TensorInfo],
-                           no_reuse: NoReuseArena | None = None) -> Chosen:
+                           memo: ScheduleMemo | None = None) -> Chosen:
     """Pick the written order (the memory-aware one or the plain one) and ORT's
     ``enable_mem_reuse`` together, by the predicted arena peak, then the tensor bytes.
 
@@ -137,17 +116,17 @@ def choose_order_and_reuse(a: Analysis, candidates: list[Graph], tensors: dict[s
             simulated.append((profile.activation_peak_bytes * scale, len(simulated), graph, profile, reuse, scale))
     best: tuple[float, int, int, Graph, MemoryProfile, bool, ArenaResult] | None = None
 
-    original = no_reuse or NoReuseArena(a, {})
+    original = memo if memo is not None else ScheduleMemo(a)  # for the input's reuse-off arena
 
     def clearly_lower() -> float:
-        return original.bytes() * (1 - MEM_REUSE_OFF_MARGIN)
+        return original.no_reuse_in_use() * (1 - MEM_REUSE_OFF_MARGIN)
 
     for bound, k, graph, profile, reuse, scale in sorted(simulated, key=lambda o: o[:2]):
         if best is not None and bound > best[0]:
             break  # sorted by bound: no later option can win either
         # The original's own arena with reuse off (a replay of the input) is only needed
         # where a reuse-off option would win: a losing one is known from its own replay.
-        if not reuse and (best is None or original.known()) and profile.activation_peak_bytes > clearly_lower():
+        if not reuse and (best is None or original.no_reuse_known) and profile.activation_peak_bytes > clearly_lower():
             continue
         # an option whose arena passes the best one's is lost: its replay stops there
         # (replaying a loser to its end costs time and changes nothing)

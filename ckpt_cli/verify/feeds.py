@@ -164,7 +164,7 @@ class _ShapeIndex:
             if _small(t):
                 try:
                     self.consts[t.name] = numpy_helper.to_array(t)
-                except Exception:  # noqa: BLE001 - external data not loaded etc.
+                except Exception:  # noqa: BLE001 - a tensor numpy_helper cannot read (its dtype, its size): unknown
                     pass
         for n in g.node:
             for o in n.output:
@@ -191,7 +191,7 @@ class _ShapeIndex:
                 inferred = onnx.shape_inference.infer_shapes(self.model, strict_mode=False)
                 for vi in inferred.graph.value_info:
                     self._add_vi(vi)
-            except Exception:  # noqa: BLE001 - inference is a best effort
+            except Exception:  # noqa: BLE001 - onnx's inference fails many ways: the declared shapes stand
                 pass
         return self.shapes.get(name)
 
@@ -366,15 +366,15 @@ def load_feeds(path: str | os.PathLike[str], model: ModelLike) -> Feeds:
             if not isinstance(z, np.lib.npyio.NpzFile):
                 raise FeedError(f"feeds file {path} is one array, not an .npz archive of arrays (numpy.savez)")
             data = {k: z[k] for k in z.files}
-    except FileNotFoundError:
-        raise FeedError(f"feeds file not found: {path}") from None
+    except FileNotFoundError as e:
+        raise FeedError(f"feeds file not found: {path}") from e
     except FeedError:
         raise
     except ValueError as e:
         if "pickle" in str(e):  # numpy suggests allow_pickle: never load pickled objects
             raise FeedError(f"feeds file {path} is not an .npz archive of arrays (numpy.savez)") from e
         raise FeedError(f"cannot read feeds file {path}: {' '.join(str(e).split())}") from e
-    except Exception as e:  # noqa: BLE001 - numpy's reader raises many types on a bad file
+    except Exception as e:  # numpy's reader raises many types on a bad file
         raise FeedError(f"cannot read feeds file {path}: {' '.join(str(e).split())}") from e
     inputs = graph_inputs(model)
     names = [vi.name for vi in inputs]

@@ -202,20 +202,20 @@ def train(raw: dict[str, Any]) -> dict[str, Any]:
         import onnxruntime as ort
 
         api = import_training("api")
-    except Exception as e:  # noqa: BLE001 - any import failure: no Module API here
+    except Exception as e:  # any import failure: no Module API here
         raise ChildError("training_unavailable", f"no onnxruntime.training.api under {sys.executable}: "
                                                  f"{_one_line(e)}") from e
     so, applied, ignored = session_options(spec["settings"])
     try:
         module, optimizer = open_module(api, spec["training_model"], spec["checkpoint"], spec["eval_model"],
                                         spec["optimizer_model"], so)
-    except Exception as e:  # noqa: BLE001 - ORT's errors have no common type
+    except Exception as e:  # ORT's errors have no common type
         raise ChildError("load_failed", f"{type(e).__name__}: {_one_line(e)}") from e
     names = list(module.input_names())
     inputs = _inputs(np, spec["feeds"], names)
     try:
         measured = run_steps(module, optimizer, [inputs] * spec["steps"], spec["seed"])
-    except Exception as e:  # noqa: BLE001 - ORT's training errors have no common type
+    except Exception as e:  # ORT's training errors have no common type
         raise ChildError("run_failed", f"{type(e).__name__}: {_one_line(e)}") from e
     measured.pop("losses")  # a NaN has no JSON number: the hex strings carry every loss
     return {"ok": True, **measured, "input_names": names, "ort_version": ort.__version__,

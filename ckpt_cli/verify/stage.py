@@ -98,7 +98,7 @@ def _known_cause(original: Path, e: RunFailed) -> str:
         return ""
     try:
         nodes = onnx.load(str(original), load_external_data=False).graph.node
-    except Exception:  # noqa: BLE001 - the crash is the message; its cause is a bonus
+    except Exception:  # noqa: BLE001 - a model onnx cannot read: the crash is the message, a cause only a bonus
         return ""
     defects = ort_kernel_defects(nodes)
     return f"; a known cause: {defects[0]}" if defects else ""

@@ -256,7 +256,7 @@ def _load_feeds(np: ModuleType, path: str, session: Session) -> dict[str, Any]:
     try:
         with np.load(path, allow_pickle=False) as z:
             feeds = {k: z[k] for k in z.files}
-    except Exception as e:  # noqa: BLE001 - numpy's reader raises many types on a bad file
+    except Exception as e:  # numpy's reader raises many types on a bad file
         raise WorkerError("bad_feeds", f"cannot read feeds {path}: {_one_line(e)}") from e
     inputs = session.get_inputs()
     names = [i.name for i in inputs]
@@ -427,7 +427,7 @@ def _measure_profiler(ort: ModuleType, np: ModuleType, spec: Spec, settings: dic
             out, dt = _run_once(sess, feeds)
             if i > 0:
                 times.append(dt)
-    except Exception as e:  # noqa: BLE001 - ORT's errors have no common type
+    except Exception as e:  # ORT's errors have no common type
         raise WorkerError("run_failed", _one_line(e)) from e
     names = [o.name for o in sess.get_outputs()]
     profile = sess.end_profiling()
@@ -495,7 +495,7 @@ def _measure_process_peak(ort: ModuleType, np: ModuleType, spec: Spec, settings:
                                 "time_s": dt})
     except WorkerError:
         raise
-    except Exception as e:  # noqa: BLE001 - ORT's errors have no common type
+    except Exception as e:  # ORT's errors have no common type
         raise WorkerError("run_failed", _one_line(e)) from e
     names = [o.name for o in sess.get_outputs()]
     return per_run, dict(zip(names, out))
@@ -539,10 +539,10 @@ def _process_peak_in_child(spec: Spec) -> dict[str, Any]:
     try:
         # The child's answer: {"ok", "runs", "warnings"} or {"ok": false, "kind", "message"}.
         res = cast(dict[str, Any], json.loads(proc.stdout.strip().splitlines()[-1]))
-    except (IndexError, ValueError):
+    except (IndexError, ValueError) as e:
         raise WorkerError("crashed", f"the process-peak child measuring {os.path.basename(spec['model'])} "
                                      f"({spec['settings']} settings, arena off) gave no result: "
-                                     f"{_how_it_ended(proc.returncode)}") from None
+                                     f"{_how_it_ended(proc.returncode)}") from e
     if not res.get("ok"):
         raise WorkerError(res.get("kind", "run_failed"), res.get("message", "?"))
     return res
@@ -616,7 +616,7 @@ def _import_runtime() -> tuple[ModuleType, ModuleType]:
     try:
         import numpy as np
         import onnxruntime as ort
-    except Exception as e:  # noqa: BLE001 - any import failure: reported as load_failed
+    except Exception as e:  # any import failure: reported as load_failed
         raise WorkerError("load_failed", f"cannot import numpy/onnxruntime under "
                                          f"{sys.executable}: {_one_line(e)}") from e
     return np, ort
@@ -679,7 +679,7 @@ def _save_outputs(np: ModuleType, spec: Spec, outputs: dict[str, Any]) -> None:
         return
     try:
         np.savez(spec["outputs"], **{k: np.asarray(v) for k, v in outputs.items()})
-    except Exception as e:  # noqa: BLE001 - any write failure: reported as run_failed
+    except Exception as e:  # any write failure: reported as run_failed
         raise WorkerError("run_failed", f"cannot write outputs: {_one_line(e)}") from e
 
 
