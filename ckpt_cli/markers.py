@@ -20,6 +20,9 @@ from .graph import Node
 # Node metadata: every recompute copy names the node it copies and its region.
 RECOMPUTE_META = "ckpt.recompute_of"
 REGION_META = "ckpt.region"
+# Node metadata: on a second copy (``rewrite/twice.py``), the label of its block, which
+# pin guards as a block of its own.
+BLOCK_META = "ckpt.block"
 # Node metadata: ckpt marks backward nodes it writes among forward ones, so that
 # re-analysis keeps them backward.
 PHASE_META = "ckpt.phase"

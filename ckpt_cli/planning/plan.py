@@ -13,7 +13,8 @@ Plan file (the ``plan`` field of ``ckpt rewrite --json``; read by ``ckpt rewrite
         {"name": "blocks.0",
          "nodes": ["node_view_3", ...],     # forward node names, or:
          "match": "re:^/blocks\\.0/",       # a glob or re: pattern over node names
-         "keep": ["node_mm_7_out"]}         # optional: tensors kept inside the region
+         "keep": ["node_mm_7_out"],         # optional: tensors kept inside the region
+         "twice": ["node_mm_3_out"]}        # optional: recomputed a second time for late readers
       ]
     }
 """
@@ -37,6 +38,9 @@ class Region:
     name: str
     nodes: set[int]  # forward node indices
     keep: set[str] = field(default_factory=set)
+    # tensors of the region recomputed a second time, right before their late backward
+    # readers (``rewrite/twice.py``), so that their first copy dies after the early ones
+    twice: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -54,7 +58,8 @@ class Plan:
             "ckpt_plan": PLAN_FORMAT,
             "strategy": self.strategy,
             "regions": [{"name": r.name, "nodes": sorted((node_names[i] for i in r.nodes), key=_natural),
-                         "keep": sorted(r.keep)} for r in self.regions],
+                         "keep": sorted(r.keep), **({"twice": sorted(r.twice)} if r.twice else {})}
+                        for r in self.regions],
         }
 
 
@@ -93,7 +98,7 @@ def apply_policy(plan: Plan, policy: Policy, graph: Graph) -> Plan:
                 keep.update(t for t in node.outputs if t)
             elif node.op_type in policy.recompute_ops:
                 keep.difference_update(node.outputs)
-        regions.append(Region(r.name, set(r.nodes), keep))
+        regions.append(Region(r.name, set(r.nodes), keep, set(r.twice)))
     notes = list(plan.notes)
     if policy.describe() not in notes:
         notes.append(policy.describe())
@@ -141,7 +146,7 @@ def read_plan_file(path: Path) -> dict[str, Any]:
     for k, r in enumerate(data["regions"]):
         if not isinstance(r, dict) or not ("nodes" in r or "match" in r):
             raise UsageError(f"{path}: region {k} needs 'nodes' (a list of node names) or 'match' (a pattern)")
-        for key in ("nodes", "keep"):
+        for key in ("nodes", "keep", "twice"):
             if key in r and not (isinstance(r[key], list) and all(isinstance(x, str) for x in r[key])):
                 raise UsageError(f"{path}: region {k}: '{key}' must be a list of names, not {_kind(r[key])}")
         for key in ("match", "name"):

@@ -260,5 +260,9 @@ def regions_from_plan(a: Analysis, data: dict[str, Any]) -> Plan:
                 raise UsageError(f"plan region '{name}': keep '{t}' is made outside the region")
         if not nodes:
             raise UsageError(f"plan region '{name}' has no nodes")
-        regions.append(Region(name, nodes, keep))
+        twice = set(r.get("twice", []))
+        for t in twice:
+            if a.graph.producer.get(t) not in nodes:
+                raise UsageError(f"plan region '{name}': twice '{t}' is not a tensor made in the region")
+        regions.append(Region(name, nodes, keep, twice))
     return Plan(regions, str(data.get("strategy", "plan file")), decisions=region_decisions(a, regions))

@@ -10,7 +10,7 @@ import platform
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 from onnx import ModelProto, TensorProto
 
@@ -73,6 +73,11 @@ class FloorRow(TypedDict):
     share_of_peak: float | None
 
 
+class TwiceRow(TypedDict):
+    tensor: str
+    placed_before: str
+
+
 class RegionRow(TypedDict):
     name: str
     nodes: int
@@ -82,6 +87,7 @@ class RegionRow(TypedDict):
     placed_before: str | None
     kept_random: list[str]
     kept_subgraph: list[str]
+    recomputed_twice: NotRequired[list[TwiceRow]]  # only where the plan makes a tensor twice
 
 
 class ArenaFigures(TypedDict):
@@ -328,7 +334,7 @@ def _region_rows(before: Analysis, result: RewriteResult, after: Analysis) -> li
     rows = []
     for r in result.regions:
         freed: set[str] = set().union(*(freed_by[name_to_index[c]] for c in r.copies))
-        rows.append(RegionRow(
+        row = RegionRow(
             name=r.name,
             nodes=r.nodes,
             recompute_nodes=len(r.copies),
@@ -337,7 +343,10 @@ def _region_rows(before: Analysis, result: RewriteResult, after: Analysis) -> li
             placed_before=r.placed_before,
             kept_random=r.kept_random,
             kept_subgraph=r.kept_subgraph,
-        ))
+        )
+        if r.twice:  # the key only where the plan makes a tensor twice: other rows read as before
+            row["recomputed_twice"] = [TwiceRow(tensor=t, placed_before=b) for t, b in r.twice]
+        rows.append(row)
     return rows
 
 

@@ -269,6 +269,8 @@ def _region_notes(row: Json) -> str:
         notes.append(f"kept random: {', '.join(map(safe, row['kept_random'][:3]))}")
     if row["kept_subgraph"]:
         notes.append(f"kept subgraph: {', '.join(map(safe, row['kept_subgraph'][:3]))}")
+    if row.get("recomputed_twice"):
+        notes.append(f"recomputed twice: {', '.join(safe(t['tensor']) for t in row['recomputed_twice'][:3])}")
     return "; ".join(notes)
 
 

@@ -40,7 +40,7 @@ import onnx
 
 from ..analysis.shapes import TensorInfo
 from ..graph import ABSENT, Graph, Node
-from ..markers import CSE_GUARD_ATTR, GUARD_META, REGION_META, is_recompute_copy
+from ..markers import BLOCK_META, CSE_GUARD_ATTR, GUARD_META, REGION_META, is_recompute_copy
 from ..ops import HOST_INPUT_SLOTS, RESHAPE_FUSED_OPS, SHAPE_ONLY_OPS
 from .guards import GuardNodes, fused_edge, read_by_fusion
 from .order import executed_order
@@ -117,10 +117,10 @@ def pin(graph: Graph, tensors: dict[str, TensorInfo], forward: set[str], waits: 
     tagged with ``ckpt.recompute_of``) and return the graph in its new executed order.
     ``forward`` names the forward nodes (their outputs are never tied); ``waits``: each block
     also waits for the older backward inputs of its readers (``_Pinner.read_with``)."""
-    copies: dict[str, list[Node]] = {}  # region -> its copies in written order
+    copies: dict[str, list[Node]] = {}  # block (its region, or a second copies' label) -> its copies in written order
     for n in graph.nodes:
         if is_recompute_copy(n):
-            copies.setdefault(n.meta(REGION_META) or n.name, []).append(n)
+            copies.setdefault(n.meta(BLOCK_META) or n.meta(REGION_META) or n.name, []).append(n)
     tensors = dict(tensors)
     if not copies:
         return PinResult(graph, tensors, 0, 0, 0, 0)

@@ -33,6 +33,8 @@ class RegionResult:
     kept_random: list[str] = field(default_factory=list)
     kept_subgraph: list[str] = field(default_factory=list)
     placed_before: str | None = None
+    # (tensor, the backward node its second copy is placed before): ``rewrite/twice.py``
+    twice: list[tuple[str, str]] = field(default_factory=list)
 
 
 @dataclass
@@ -48,7 +50,7 @@ class Recompute:
     recomputed: set[str] = field(default_factory=set)  # buffers the backward no longer reads: copies replace them
 
 
-def _data_readers(a: Analysis, tensor: str) -> list[int]:
+def data_readers(a: Analysis, tensor: str) -> list[int]:
     g = a.graph
     return [c for c in g.consumers.get(tensor, ())
             if not a.phases.is_forward[c] and g.nodes[c].op_type not in SHAPE_ONLY_OPS]
@@ -135,7 +137,7 @@ def _needed_by_backward(a: Analysis, owner: dict[int, int], in_region: Callable[
     needed: list[list[str]] = [[] for _ in range(regions)]
     for i, r in owner.items():
         for t in a.graph.nodes[i].outputs:
-            if t != ABSENT and in_region(t, r) and _data_readers(a, t):
+            if t != ABSENT and in_region(t, r) and data_readers(a, t):
                 needed[r].append(t)
     return needed
 
@@ -190,7 +192,7 @@ def _make_copies(a: Analysis, plan: Plan, copy_sets: list[set[int]], needed: lis
                     local[t] = unique_name(t + SUFFIX, taken_tensors)
                     if t in info:
                         info[local[t]] = info[t]
-            copies[i] = _copy_node(node, local, unique_name(node.name + SUFFIX, taken_nodes), region, guard)
+            copies[i] = copy_node(node, local, unique_name(node.name + SUFFIX, taken_nodes), region, guard)
             results[r].copies.append(node.name)
         for t in needed[r]:
             renamed[t] = local[t]
@@ -227,7 +229,7 @@ def _tie_norm_statistics(a: Analysis, owner: dict[int, int], kept: set[str], rec
 
 
 def _read_by_ort_gradient(a: Analysis, tensor: str) -> bool:
-    return any(a.graph.nodes[c].domain == "com.microsoft" for c in _data_readers(a, tensor))
+    return any(a.graph.nodes[c].domain == "com.microsoft" for c in data_readers(a, tensor))
 
 
 def _recomputed_buffers(a: Analysis, copies: dict[int, onnx.NodeProto], renamed: dict[str, str],
@@ -238,7 +240,7 @@ def _recomputed_buffers(a: Analysis, copies: dict[int, onnx.NodeProto], renamed:
     g = a.graph
     still_read: set[str] = set()
     for s in a.stashed:
-        if s.tensor not in renamed and _data_readers(a, s.tensor):
+        if s.tensor not in renamed and data_readers(a, s.tensor):
             still_read.add(s.buffer)
             if s.tensor != s.buffer:
                 record(found, s.buffer, VIEW_KEPT)
@@ -255,7 +257,7 @@ def _recomputed_buffers(a: Analysis, copies: dict[int, onnx.NodeProto], renamed:
             for t in g.nodes[i].outputs if t != ABSENT and t not in still_read}
 
 
-def _copy_node(node: Node, local: dict[str, str], name: str, region: str,
+def copy_node(node: Node, local: dict[str, str], name: str, region: str,
                guard: onnx.AttributeProto) -> onnx.NodeProto:
     p = onnx.NodeProto()
     p.CopyFrom(node.proto)
@@ -275,9 +277,11 @@ def _copy_node(node: Node, local: dict[str, str], name: str, region: str,
     return p
 
 
-def rewire_backward(a: Analysis, renamed: dict[str, str]) -> list[onnx.NodeProto]:
-    """Protos of the original nodes with backward data readers moved to the copies.
-    Nodes that change are copied; the input graph is left untouched."""
+def rewire_backward(a: Analysis, renamed: dict[str, str],
+                    late: dict[int, dict[str, str]] | None = None) -> list[onnx.NodeProto]:
+    """Protos of the original nodes with backward data readers moved to the copies (the
+    readers in ``late`` to the second copies it names). Nodes that change are copied; the
+    input graph is left untouched."""
     out = []
     for node in a.graph.nodes:
         if (a.phases.is_forward[node.index] or node.op_type in SHAPE_ONLY_OPS
@@ -287,7 +291,8 @@ def rewire_backward(a: Analysis, renamed: dict[str, str]) -> list[onnx.NodeProto
         p = onnx.NodeProto()
         p.CopyFrom(node.proto)
         del p.input[:]
-        p.input.extend(renamed.get(t, t) for t in node.inputs)
+        second = late.get(node.index, {}) if late else {}
+        p.input.extend(second.get(t) or renamed.get(t, t) for t in node.inputs)
         out.append(p)
     return out
 

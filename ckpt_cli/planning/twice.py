@@ -1,0 +1,129 @@
+"""Which recomputed tensors a plan makes twice: its rewrite's peak decides.
+
+A region's copies form one block before the first backward reader of any of them; a
+copy whose readers lie far apart can hold the peak where it only waits for a late
+reader. ``Region.twice`` asks the rewrite for a second copy of such a tensor right before
+its late readers (``rewrite/twice.py``). ``SecondCopies`` judges each plan a search
+judges, then tries second copies of the first copies that wait across its peak (not
+read there, read later), the largest first, and takes the one whose rewrite has the
+lowest peak, round after round, while the peak goes down. The plan judged is the plan
+kept: its regions take the second copies, its notes say which and by how much, and the
+search reads the cost of the plan with them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ..analysis.memory import with_scratch
+from ..graph import Graph
+from ..markers import BLOCK_META, recompute_source
+from ..units import human_bytes
+from .evaluate import PlanEvaluator, Rewritten, cost_of
+from .plan import Plan, Region
+from .search import PlanCost
+
+ROUNDS = 3  # second copies added to one plan at most, one per round
+TRIES = 4  # candidates rewritten per round
+PLATEAU = 0.01  # steps this close below the peak hold it too: a copy waiting there is a candidate
+
+
+@dataclass(frozen=True)
+class Candidate:
+    region: int
+    tensor: str  # the original tensor recomputed
+    nbytes: int
+
+
+class SecondCopies:
+    """A plan search's cost function (``cost``) that also gives each plan judged the
+    second copies its rewrite's peak goes down with."""
+
+    def __init__(self, evaluator: PlanEvaluator) -> None:
+        self.evaluator = evaluator
+
+    def cost(self, plan: Plan) -> PlanCost:
+        ev = self.evaluator
+        result = ev.measured(plan)
+        cost = cost_of(result, ev.measure)
+        if not plan.regions:
+            return cost
+        for _ in range(ROUNDS):
+            best = self._best_trial(plan, result, cost)
+            if best is None:
+                break
+            trial, result, lower, candidate = best
+            plan.notes.append(f"'{candidate.tensor}' is recomputed a second time, right before its late backward "
+                              f"readers: the predicted peak goes {human_bytes(cost.peak_bytes - lower.peak_bytes)} "
+                              f"down, to {human_bytes(lower.peak_bytes)}")
+            plan.regions[:] = trial.regions
+            cost = lower
+        if ev.keep_results:
+            ev.results[id(plan)] = result
+        return cost
+
+    def _best_trial(self, plan: Plan, result: Rewritten,
+                    cost: PlanCost) -> tuple[Plan, Rewritten, PlanCost, Candidate] | None:
+        """The candidate whose second copy lowers the peak most, its plan, rewrite and cost."""
+        ev = self.evaluator
+        best = None
+        for candidate in waiting_copies(ev.a.graph, plan, result)[:TRIES]:
+            trial = with_twice(plan, candidate)
+            trial_result = ev.measured(trial)
+            ev.results.pop(id(trial), None)  # a trial is kept only as the plan's own
+            trial_cost = cost_of(trial_result, ev.measure)
+            if trial_cost.peak_bytes < (best[2] if best is not None else cost).peak_bytes:
+                best = (trial, trial_result, trial_cost, candidate)
+        return best
+
+
+def with_twice(plan: Plan, candidate: Candidate) -> Plan:
+    """``plan`` with ``candidate`` recomputed a second time by its region."""
+    regions = [Region(r.name, r.nodes, r.keep, r.twice | {candidate.tensor}) if k == candidate.region else r
+               for k, r in enumerate(plan.regions)]
+    return replace(plan, regions=regions)
+
+
+def waiting_copies(graph: Graph, plan: Plan, result: Rewritten) -> list[Candidate]:
+    """The first copies in ``result`` (``plan``'s rewrite of ``graph``) that wait across its
+    peak: made before a step within PLATEAU of the peak (kernel scratch counted), read
+    after it and not at it; the largest first."""
+    after, g = result.after, result.graph
+    timeline = with_scratch(after.priority.timeline, after.scratch)
+    top = max(timeline, default=0)
+    step_of = {i: k for k, i in enumerate(after.priority.order)}
+    peaks = [k for k, b in enumerate(timeline) if b >= top * (1 - PLATEAU)]
+    home = {t: k for k, r in enumerate(plan.regions) for i in r.nodes for t in graph.nodes[i].outputs if t}
+    by_name = {n.name: n for n in graph.nodes}
+    found: dict[str, Candidate] = {}
+    for node in g.nodes:
+        source = by_name.get(recompute_source(node) or "")
+        if source is None or node.meta(BLOCK_META) is not None:
+            continue
+        born = step_of[node.index]
+        for y, t in zip(node.outputs, source.outputs):
+            region = home.get(t)
+            info = after.tensors.get(y)
+            if region is None or t in plan.regions[region].twice or info is None or not info.nbytes:
+                continue
+            if any(born < k and _waits(g, step_of, y, k) for k in peaks):
+                found[t] = Candidate(region, t, info.nbytes)
+    return sorted(found.values(), key=lambda c: (-c.nbytes, c.tensor))
+
+
+def _waits(g: Graph, step_of: dict[int, int], y: str, k: int) -> bool:
+    """Whether ``y``, or what a reader made of it before step ``k``, is read after ``k`` and
+    not at it: a first copy waiting across the step, or a reader that the written order ran
+    early, where it frees more than it makes (a ReLU mask), whose output waits instead."""
+    readers = [step_of[c] for c in g.consumers.get(y, ())]
+    if k in readers:
+        return False
+    if any(r > k for r in readers):
+        return True
+    made = [t for c in g.consumers.get(y, ()) for t in g.nodes[c].outputs if t]
+    return any(_read_across(g, step_of, t, k) for t in made)
+
+
+def _read_across(g: Graph, step_of: dict[int, int], t: str, k: int) -> bool:
+    steps = [step_of[c] for c in g.consumers.get(t, ())]
+    return k not in steps and any(s > k for s in steps)

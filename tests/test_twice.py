@@ -1,0 +1,143 @@
+"""Second copies (rewrite/twice.py, planning/twice.py): a recomputed tensor made again
+right before its late backward readers.
+
+In the hand-built chain (``fixtures/chain.py``) one region over every layer copies the
+whole forward before the last layer's backward; ``z0`` (the first MatMul's output) is read
+only by the first layer's ReLU gradient, at the very end, so its first copy waits across
+the whole backward. A second copy right before that reader lets the first die once the
+next copy read it.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from chain import chain_feeds, chain_model
+from ckpt_session import run_outputs
+
+from ckpt_cli.analysis import analyse, schedules
+from ckpt_cli.errors import UsageError
+from ckpt_cli.io.load import load_graph
+from ckpt_cli.io.save import build_model
+from ckpt_cli.markers import BLOCK_META, CSE_GUARD_ATTR, recompute_source
+from ckpt_cli.planning.evaluate import PlanEvaluator, working_peak
+from ckpt_cli.planning.plan import Plan, Region
+from ckpt_cli.planning.regions import regions_from_plan
+from ckpt_cli.planning.twice import SecondCopies
+from ckpt_cli.rewrite import rewrite
+from ckpt_cli.io.written import to_model
+
+LAYERS = 4
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory):
+    path = tmp_path_factory.mktemp("twice") / "chain.onnx"
+    onnx.save(chain_model(layers=LAYERS), path)
+    return analyse(load_graph(path))
+
+
+def _one_region(a, twice=frozenset()) -> Plan:
+    nodes = {i for i, n in enumerate(a.graph.nodes) if a.phases.is_forward[i] and n.op_type in ("MatMul", "Relu")}
+    return Plan([Region("all", nodes, set(), set(twice))], "test")
+
+
+def _per_layer(a) -> Plan:
+    regions = [Region(f"layers.{k}", {i for i, n in enumerate(a.graph.nodes)
+                                      if a.phases.is_forward[i] and n.name.startswith(f"/layers.{k}/")})
+               for k in range(LAYERS)]
+    return Plan(regions, "test")
+
+
+def _second_copies(graph):
+    return [n for n in graph.nodes if n.meta(BLOCK_META) is not None]
+
+
+def test_a_second_copy_lowers_the_peak_and_trains_bit_identically(chain, tmp_path):
+    once = rewrite(chain, _one_region(chain))
+    twice = rewrite(chain, _one_region(chain, {"z0"}))
+    assert working_peak(twice.after) < working_peak(once.after)
+    assert twice.regions[0].twice == [("z0", "/layers.0/Greater_grad")]
+    second = _second_copies(twice.graph)
+    assert [recompute_source(n) for n in second] == ["/layers.0/MatMul"]
+    # the late reader reads the second copy, the first copy's other reader (the ReLU copy) the first
+    late = next(n for n in twice.graph.nodes if n.name == "/layers.0/Greater_grad")
+    assert late.inputs[0].startswith(second[0].outputs[0])  # or a fresh view of it (rewrite/fresh.py)
+    feeds = chain_feeds(chain.graph.model)
+    path = tmp_path / "twice.onnx"
+    onnx.save(to_model(twice), path)
+    original, rewritten = run_outputs(chain.graph.model, feeds), run_outputs(path, feeds)
+    assert original.keys() == rewritten.keys()
+    assert all(np.array_equal(original[k], rewritten[k]) for k in original)
+    # and under ORT's defaults (every optimization, its DEFAULT order), as the original runs there
+    plain = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, feeds)
+    base = ort.InferenceSession(chain.graph.model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    assert all(np.array_equal(x, y) for x, y in zip(plain, base))
+
+
+def test_pin_runs_the_second_copy_after_the_early_readers_in_ort_default_order(chain):
+    """Pinned as a block of its own: ORT's DEFAULT order would otherwise run a copy that reads
+    only graph inputs as soon as they exist, in the forward."""
+    graph = rewrite(chain, _one_region(chain, {"z0"})).graph
+    position = {i: k for k, i in enumerate(schedules.ort_default(graph))}
+    second = _second_copies(graph)[0]
+    early = [n for n in graph.nodes if n.name in ("/layers.1/Greater_grad", "/layers.1/Transpose_grad",
+                                                  "/layers.2/Greater_grad", "/layers.3/MatMul_wgrad")]
+    assert len(early) == 4
+    assert all(position[n.index] < position[second.index] for n in early)
+
+
+def test_cse_merges_the_second_copy_with_neither_the_original_nor_the_first(chain, tmp_path):
+    """Unpinned, the copies that read only original tensors differ from each other by their
+    CSE guard's value alone."""
+    result = rewrite(chain, _one_region(chain, {"z0"}), pin=False)
+    model = build_model(result.graph, [n.proto for n in result.graph.nodes])
+    assert {a.s.decode() for n in model.graph.node for a in n.attribute if a.name == CSE_GUARD_ATTR} == {
+        "all", "all#late1"}
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    so.optimized_model_filepath = str(tmp_path / "opt.onnx")
+    ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    optimized = onnx.load(so.optimized_model_filepath)
+    first_layer = [n for n in optimized.graph.node if n.op_type == "MatMul" and list(n.input) == ["x", "layers.0.weight"]]
+    assert len(first_layer) == 3  # the original, its first copy and its second
+
+
+def test_no_second_copy_where_every_reader_is_at_the_block(chain):
+    """``z3`` is read by the first backward reader of the region's copies alone: there is
+    no late reader to move, and the rewrite is the one without it."""
+    once = rewrite(chain, _one_region(chain), pin=False)
+    asked = rewrite(chain, _one_region(chain, {"z3"}), pin=False)
+    assert asked.regions[0].twice == []
+    assert [(n.name, n.inputs) for n in asked.graph.nodes] == [(n.name, n.inputs) for n in once.graph.nodes]
+
+
+def test_the_search_keeps_second_copies_only_where_the_peak_goes_down(chain):
+    evaluator = PlanEvaluator(chain, rewrite, keep_results=True)
+    search = SecondCopies(evaluator)
+    plain = evaluator.cost(_one_region(chain))
+    plan = _one_region(chain)
+    cost = search.cost(plan)
+    assert cost.peak_bytes < plain.peak_bytes
+    assert plan.regions[0].twice and any("recomputed a second time" in note for note in plan.notes)
+    assert working_peak(evaluator.results[id(plan)].after) == cost.peak_bytes
+    # per layer, each copy's readers are next to each other: nothing is worth a second copy
+    layered = _per_layer(chain)
+    before = evaluator.cost(_per_layer(chain))
+    assert search.cost(layered) == before
+    assert not any(r.twice for r in layered.regions) and not layered.notes
+
+
+def test_plan_files_carry_the_second_copies(chain):
+    plan = _one_region(chain, {"z0"})
+    data = json.loads(json.dumps(plan.to_json([n.name for n in chain.graph.nodes])))
+    assert data["regions"][0]["twice"] == ["z0"]
+    assert regions_from_plan(chain, data).regions[0].twice == {"z0"}
+    assert "twice" not in _one_region(chain).to_json([n.name for n in chain.graph.nodes])["regions"][0]
+    data["regions"][0]["twice"] = ["x"]
+    with pytest.raises(UsageError, match="twice 'x' is not a tensor made in the region"):
+        regions_from_plan(chain, data)
