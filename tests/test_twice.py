@@ -17,9 +17,10 @@ import onnx
 import onnxruntime as ort
 import pytest
 from chain import chain_feeds, chain_model
+from conftest import SAMPLES
 from ckpt_session import run_outputs
 
-from ckpt_cli.analysis import analyse, schedules
+from ckpt_cli.analysis import analyse, lowest_peak, schedules
 from ckpt_cli.errors import UsageError
 from ckpt_cli.io.load import load_graph
 from ckpt_cli.io.save import build_model
@@ -119,17 +120,32 @@ def test_no_second_copy_where_every_reader_is_at_the_block(chain):
 def test_the_search_keeps_second_copies_only_where_the_peak_goes_down(chain):
     evaluator = PlanEvaluator(chain, rewrite, keep_results=True)
     search = SecondCopies(evaluator)
-    plain = evaluator.cost(_one_region(chain))
     plan = _one_region(chain)
-    cost = search.cost(plan)
-    assert cost.peak_bytes < plain.peak_bytes
-    assert plan.regions[0].twice and any("recomputed a second time" in note for note in plan.notes)
-    assert working_peak(evaluator.results[id(plan)].after) == cost.peak_bytes
+    cost = evaluator.cost(plan)
+    better, lower = search.improved(plan, cost)
+    assert lower.peak_bytes < cost.peak_bytes
+    assert better.regions[0].twice and any("recomputed a second time" in note for note in better.notes)
+    assert not plan.regions[0].twice and not plan.notes  # the plan judged is left as it is
+    assert working_peak(evaluator.results[id(better)].after) == lower.peak_bytes
     # per layer, each copy's readers are next to each other: nothing is worth a second copy
     layered = _per_layer(chain)
-    before = evaluator.cost(_per_layer(chain))
-    assert search.cost(layered) == before
-    assert not any(r.twice for r in layered.regions) and not layered.notes
+    assert search.improved(layered, evaluator.cost(layered)) is None
+
+
+def test_the_default_takes_second_copies_only_where_they_are_clearly_lower():
+    """keyword_kl's floor needs three conv outputs made twice: the lowest peak falls from
+    10.2 MiB to its floor. In zoo bert a plan with second copies is 1.9% lower than any
+    without, with less recompute: within the default's margin, so its choice stays."""
+    from ckpt_cli.options import MIN_PEAK
+    from ckpt_cli.rewrite.select import make_plan
+
+    zoo = SAMPLES / "zoo"
+    kw = analyse(load_graph(zoo / "keyword_kl" / "training_model.onnx"), dims={"batch": 64})
+    planned = make_plan(kw, auto=MIN_PEAK)
+    assert any(r.twice for r in planned.plan.regions)
+    assert planned.result is not None and working_peak(planned.result.after) <= 1.01 * lowest_peak(kw).bytes
+    bert = analyse(load_graph(zoo / "bert" / "training_model.onnx"), dims={"batch": 64})
+    assert not any(r.twice for r in make_plan(bert, auto=MIN_PEAK).plan.regions)
 
 
 def test_plan_files_carry_the_second_copies(chain):

@@ -23,7 +23,7 @@ from .cutsearch import lowest_peak_plan
 from .evaluate import PlanEvaluator, Rewriter, Rewritten, ort_peak
 from .plan import Plan, apply_policy
 from .strategies import LARGE_GRAPH_NODES, STRATEGIES, parse_budget
-from .twice import SecondCopies
+from .twice import Judged, lowest_with_twice
 
 
 class Written(Rewritten, Protocol):
@@ -99,10 +99,11 @@ def _default_plan(a: Analysis, rewriting: Rewriting, options: PlanOptions,
     # recompute copies as the originals for bit-identical training: measured so for the
     # lowest peak over the artifact zoo, not for the knee (zoo bert: 1e-7 apart).
     at_knee = options.auto != MIN_PEAK and not rewriting.ort_artifact
-    # the lowest peak's plans are judged with the second copies that lower them (``twice.py``)
-    cost = evaluator.cost if at_knee else SecondCopies(evaluator).cost
-    chosen = lowest_peak_plan(a, cost, thorough=len(a.graph.nodes) <= LARGE_GRAPH_NODES,
+    judged = Judged(evaluator.cost)
+    chosen = lowest_peak_plan(a, judged, thorough=len(a.graph.nodes) <= LARGE_GRAPH_NODES,
                               policy=options.policy, at_knee=at_knee)
+    # the lowest peak's plans again with the second copies that lower them (``twice.py``)
+    chosen = chosen if at_knee else lowest_with_twice(a, evaluator, judged, chosen)
     planned = Planned(chosen.plan, result=evaluator.results.get(id(chosen.plan)), knee=chosen.knee)
     if chosen.lowest is None:
         fallbacks = tuple((p, c, evaluator.results.get(id(p))) for p, c in chosen.fallbacks)

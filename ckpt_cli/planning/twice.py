@@ -3,22 +3,31 @@
 A region's copies form one block before the first backward reader of any of them; a
 copy whose readers lie far apart can hold the peak where it only waits for a late
 reader. ``Region.twice`` asks the rewrite for a second copy of such a tensor right before
-its late readers (``rewrite/twice.py``). ``SecondCopies`` judges each plan a search
-judges, then tries second copies of the first copies that wait across its peak (not
-read there, read later), the largest first, and takes the one whose rewrite has the
-lowest peak, round after round, while the peak goes down. The plan judged is the plan
-kept: its regions take the second copies, its notes say which and by how much, and the
-search reads the cost of the plan with them.
+its late readers (``rewrite/twice.py``).
+
+``SecondCopies.improved`` tries, on a plan a search judged, second copies of the first
+copies that wait across its rewrite's peak (not read there, read later), the largest
+first, and takes the one whose rewrite has the lowest peak, round after round, while the
+peak goes down: a new plan, whose notes say which and by how much. ``lowest_with_twice``
+gives the lowest-peak default the plans its search judged (``Judged``) so improved, and
+takes their choice, by the default's own rule (the lowest peak, then within NEAR_LOWEST
+of it the fewest recompute FLOPs), only where one is clearly lower, by NEAR_LOWEST, than
+every plan without second copies: within that margin the default prefers the plan that
+recomputes less, and a second copy is more recompute (zoo bert: a plan 1.9% lower with
+them and half the recompute, whose predicted arena, and measured Module peak, are higher).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Callable
 
+from ..analysis import Analysis
 from ..analysis.memory import with_scratch
 from ..graph import Graph
 from ..markers import BLOCK_META, recompute_source
 from ..units import human_bytes
+from .cutsearch import NEAR_LOWEST, DefaultPlan, _fallbacks, _lowest_note
 from .evaluate import PlanEvaluator, Rewritten, cost_of
 from .plan import Plan, Region
 from .search import PlanCost
@@ -35,32 +44,67 @@ class Candidate:
     nbytes: int
 
 
+class Judged:
+    """A search's cost function that records each plan judged, its cost and its notes as
+    the search made them (the default adds its own to its choice afterwards)."""
+
+    def __init__(self, cost: Callable[[Plan], PlanCost]) -> None:
+        self._cost = cost
+        self.plans: list[tuple[Plan, PlanCost, list[str]]] = []
+
+    def __call__(self, plan: Plan) -> PlanCost:
+        cost = self._cost(plan)
+        self.plans.append((plan, cost, list(plan.notes)))
+        return cost
+
+
+def lowest_with_twice(a: Analysis, evaluator: PlanEvaluator, judged: Judged, chosen: DefaultPlan) -> DefaultPlan:
+    """The lowest-peak default ``chosen`` from ``judged``'s plans, or, where second copies
+    make one clearly lower than all of them (and than the original), the default's choice
+    among the plans with them: its rewrite in ``evaluator.results``."""
+    if chosen.knee is not None or chosen.cost is None or not judged.plans:
+        return chosen
+    search = SecondCopies(evaluator)
+    options = [search.improved(plan, cost, notes) or (plan, cost) for plan, cost, notes in judged.plans]
+    lowest = min(cost.peak_bytes for _, cost in options)
+    if lowest >= min(cost.peak_bytes for _, cost, _ in judged.plans) * (1 - NEAR_LOWEST) \
+            or lowest > a.working_peak_bytes:
+        return chosen
+    near = [k for k, (_, cost) in enumerate(options) if cost.peak_bytes <= lowest * (1 + NEAR_LOWEST)]
+    plan, cost = options[min(near, key=lambda k: (options[k][1].recompute_flops, options[k][1].peak_bytes))]
+    plan.notes.append(_lowest_note(options, cost))  # a plan of its own: made by ``improved``
+    return DefaultPlan(plan, cost, fallbacks=_fallbacks(options, cost))
+
+
 class SecondCopies:
-    """A plan search's cost function (``cost``) that also gives each plan judged the
-    second copies its rewrite's peak goes down with."""
+    """Gives the plans a search judged the second copies their rewrites' peaks go down with."""
 
     def __init__(self, evaluator: PlanEvaluator) -> None:
         self.evaluator = evaluator
 
-    def cost(self, plan: Plan) -> PlanCost:
+    def improved(self, plan: Plan, cost: PlanCost, notes: list[str] | None = None) -> tuple[Plan, PlanCost] | None:
+        """``plan`` (of ``cost``, its notes ``notes`` where they have changed since) with the
+        second copies that lower its peak, as a new plan, and its cost; its rewrite in the
+        evaluator's results. None where no second copy lowers it."""
         ev = self.evaluator
-        result = ev.measured(plan)
-        cost = cost_of(result, ev.measure)
         if not plan.regions:
-            return cost
+            return None
+        result = ev.results.get(id(plan)) or ev.measured(plan)
+        lines, regions = [], plan.regions
         for _ in range(ROUNDS):
-            best = self._best_trial(plan, result, cost)
+            best = self._best_trial(replace(plan, regions=regions), result, cost)
             if best is None:
                 break
             trial, result, lower, candidate = best
-            plan.notes.append(f"'{candidate.tensor}' is recomputed a second time, right before its late backward "
-                              f"readers: the predicted peak goes {human_bytes(cost.peak_bytes - lower.peak_bytes)} "
-                              f"down, to {human_bytes(lower.peak_bytes)}")
-            plan.regions[:] = trial.regions
-            cost = lower
-        if ev.keep_results:
-            ev.results[id(plan)] = result
-        return cost
+            lines.append(f"'{candidate.tensor}' is recomputed a second time, right before its late backward "
+                         f"readers: the predicted peak goes {human_bytes(cost.peak_bytes - lower.peak_bytes)} "
+                         f"down, to {human_bytes(lower.peak_bytes)}")
+            regions, cost = trial.regions, lower
+        if not lines:
+            return None
+        new = replace(plan, regions=regions, notes=[*(plan.notes if notes is None else notes), *lines])
+        ev.results[id(new)] = result
+        return new, cost
 
     def _best_trial(self, plan: Plan, result: Rewritten,
                     cost: PlanCost) -> tuple[Plan, Rewritten, PlanCost, Candidate] | None:

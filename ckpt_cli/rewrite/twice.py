@@ -110,7 +110,8 @@ class _Maker:
         g = a.graph
         self.a, self.g, self.rec, self.moved, self.position = a, g, rec, moved, position
         self.taken_nodes = {n.name for n in g.nodes} | {p.name for p in rec.copies.values()}
-        self.taken_tensors = set(g.producer) | set(g.resident) | set(rec.tensors)
+        # the first copies' outputs too: one without a size has no entry in ``rec.tensors``
+        self.taken_tensors = set(g.producer) | set(g.resident) | {t for p in rec.copies.values() for t in p.output}
         self.first = _first_names(g, rec)
         self.info: dict[str, TensorInfo] = {}
         self.count: dict[int, int] = {}
