@@ -157,3 +157,27 @@ def test_plan_files_carry_the_second_copies(chain):
     data["regions"][0]["twice"] = ["x"]
     with pytest.raises(UsageError, match="twice 'x' is not a tensor made in the region"):
         regions_from_plan(chain, data)
+
+
+def test_the_report_says_which_tensors_are_made_twice(chain, tmp_path):
+    """``rewrite --json``: the region's row names each tensor made twice and where, the plan
+    carries them, and the report still matches its schema."""
+    from importlib import resources
+
+    from click.testing import CliRunner
+
+    from ckpt_cli.cli import main
+
+    jsonschema = pytest.importorskip("jsonschema")
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(_one_region(chain, {"z0"}).to_json([n.name for n in chain.graph.nodes])))
+    source = tmp_path / "chain.onnx"
+    onnx.save(chain.graph.model, source)
+    result = CliRunner().invoke(main, ["rewrite", str(source), "-o", str(tmp_path / "out.onnx"), "--plan", str(plan),
+                                       "--json"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    schema = json.loads(resources.files("ckpt_cli.report").joinpath("schema.json").read_text())
+    jsonschema.validate(report, schema)
+    assert report["regions"][0]["recomputed_twice"] == [{"tensor": "z0", "placed_before": "/layers.0/Greater_grad"}]
+    assert report["plan"]["regions"][0]["twice"] == ["z0"]
