@@ -28,7 +28,8 @@ from ckpt_cli.markers import BLOCK_META, CSE_GUARD_ATTR, recompute_source
 from ckpt_cli.planning.evaluate import PlanEvaluator, working_peak
 from ckpt_cli.planning.plan import Plan, Region
 from ckpt_cli.planning.regions import regions_from_plan
-from ckpt_cli.planning.twice import SecondCopies
+from ckpt_cli.planning.cutsearch import DefaultPlan
+from ckpt_cli.planning.twice import Judged, SecondCopies, lowest_with_twice
 from ckpt_cli.rewrite import rewrite
 from ckpt_cli.io.written import to_model
 
@@ -132,9 +133,41 @@ def test_the_search_keeps_second_copies_only_where_the_peak_goes_down(chain):
     assert search.improved(layered, evaluator.cost(layered)) is None
 
 
+def test_second_copies_are_taken_only_where_the_written_graph_holds_less(chain):
+    """The search judges unpinned rewrites by their live tensors; the choice with second
+    copies is taken only where its written graph (pinned) is kept where the one without is,
+    and is predicted to hold less in ORT."""
+    from types import SimpleNamespace
+
+    from ckpt_cli.planning.budget import Planned
+    from ckpt_cli.rewrite.select import rewrite_plan
+
+    evaluator = PlanEvaluator(chain, rewrite, keep_results=True)
+    judged = Judged(evaluator.cost)
+    plan = _one_region(chain)
+    chosen = DefaultPlan(plan, judged(plan))
+
+    def write(p):
+        return rewrite_plan(chain, Planned(p, result=evaluator.results.get(id(p))))
+
+    taken = lowest_with_twice(chain, evaluator, judged, chosen, write)
+    assert taken.plan.regions[0].twice and taken.cost.peak_bytes < chosen.cost.peak_bytes
+    assert taken.fallbacks[0][0] is plan  # a session that refuses it goes on without them
+
+    def dropping_twice(p):  # as an ORT artifact's rewrite predicted no lower in the Module session
+        return SimpleNamespace(no_gain="no lower" if p.regions[0].twice else None, after=write(p).after)
+
+    assert lowest_with_twice(chain, evaluator, judged, chosen, dropping_twice) is chosen
+
+    def holding_more(p):  # as where pin's guards or the arena undo the saving
+        return SimpleNamespace(no_gain=None, after=(write(plan) if p.regions[0].twice else write(_per_layer(chain))).after)
+
+    assert lowest_with_twice(chain, evaluator, judged, chosen, holding_more) is chosen
+
+
 def test_the_default_takes_second_copies_only_where_they_are_clearly_lower():
     """keyword_kl's floor needs three conv outputs made twice: the lowest peak falls from
-    10.2 MiB to its floor. In zoo bert a plan with second copies is 1.9% lower than any
+    10.2 MiB (the sqrt plan) to its floor. In zoo bert a plan with second copies is 1.9% lower than any
     without, with less recompute: within the default's margin, so its choice stays."""
     from ckpt_cli.options import MIN_PEAK
     from ckpt_cli.rewrite.select import make_plan
@@ -144,6 +177,10 @@ def test_the_default_takes_second_copies_only_where_they_are_clearly_lower():
     planned = make_plan(kw, auto=MIN_PEAK)
     assert any(r.twice for r in planned.plan.regions)
     assert planned.result is not None and working_peak(planned.result.after) <= 1.01 * lowest_peak(kw).bytes
+    # a session that refuses it (the Module API's, trained by --python) falls back on the
+    # choice without second copies first
+    first = planned.fallbacks[0][0]
+    assert first.strategy == "sqrt" and not any(r.twice for r in first.regions)
     bert = analyse(load_graph(zoo / "bert" / "training_model.onnx"), dims={"batch": 64})
     assert not any(r.twice for r in make_plan(bert, auto=MIN_PEAK).plan.regions)
 

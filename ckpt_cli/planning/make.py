@@ -102,8 +102,10 @@ def _default_plan(a: Analysis, rewriting: Rewriting, options: PlanOptions,
     judged = Judged(evaluator.cost)
     chosen = lowest_peak_plan(a, judged, thorough=len(a.graph.nodes) <= LARGE_GRAPH_NODES,
                               policy=options.policy, at_knee=at_knee)
-    # the lowest peak's plans again with the second copies that lower them (``twice.py``)
-    chosen = chosen if at_knee else lowest_with_twice(a, evaluator, judged, chosen)
+    if not at_knee:  # the lowest peak's plans again with the second copies that lower them (``twice.py``)
+        chosen = lowest_with_twice(a, evaluator, judged, chosen,
+                                   lambda plan: rewriting.write(a, Planned(plan, result=evaluator.results.get(id(plan))),
+                                                                pin))
     planned = Planned(chosen.plan, result=evaluator.results.get(id(chosen.plan)), knee=chosen.knee)
     if chosen.lowest is None:
         fallbacks = tuple((p, c, evaluator.results.get(id(p))) for p, c in chosen.fallbacks)

@@ -20,15 +20,15 @@ them and half the recompute, whose predicted arena, and measured Module peak, ar
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import Callable, Protocol
 
 from ..analysis import Analysis
 from ..analysis.memory import with_scratch
 from ..graph import Graph
 from ..markers import BLOCK_META, recompute_source
 from ..units import human_bytes
-from .cutsearch import NEAR_LOWEST, DefaultPlan, _fallbacks, _lowest_note
-from .evaluate import PlanEvaluator, Rewritten, cost_of
+from .cutsearch import NEAR_LOWEST, DefaultPlan, _lowest_note
+from .evaluate import PlanEvaluator, Rewritten, cost_of, ort_peak
 from .plan import Plan, Region
 from .search import PlanCost
 
@@ -42,6 +42,14 @@ class Candidate:
     region: int
     tensor: str  # the original tensor recomputed
     nbytes: int
+
+
+class Written(Rewritten, Protocol):
+    """A rewrite as it would be written (``make.Written``): ``no_gain`` says why the
+    unchanged graph would be written instead, if it would."""
+
+    @property
+    def no_gain(self) -> str | None: ...
 
 
 class Judged:
@@ -58,10 +66,27 @@ class Judged:
         return cost
 
 
-def lowest_with_twice(a: Analysis, evaluator: PlanEvaluator, judged: Judged, chosen: DefaultPlan) -> DefaultPlan:
+def lowest_with_twice(a: Analysis, evaluator: PlanEvaluator, judged: Judged, chosen: DefaultPlan,
+                      write: Callable[[Plan], Written] | None = None) -> DefaultPlan:
     """The lowest-peak default ``chosen`` from ``judged``'s plans, or, where second copies
     make one clearly lower than all of them (and than the original), the default's choice
-    among the plans with them: its rewrite in ``evaluator.results``."""
+    among the plans with them: its rewrite in ``evaluator.results``. ``write``: the graph
+    that would be written for a plan (pinned, and judged as ``rewrite.select`` judges it);
+    with it, second copies are taken only where that graph is kept where ``chosen``'s is
+    and ORT is predicted to hold less for it (arena in use, kernel scratch): the search
+    judges unpinned rewrites by their live tensors, and pin's guards and fresh buffers, or
+    the arena's, can undo what second copies save (zoo denoiser: 9% lower in tensors
+    unpinned, higher pinned, 21% higher measured under ckpt's settings)."""
+    twice = _with_twice(a, evaluator, judged, chosen)
+    if twice is chosen or write is None:
+        return twice
+    more, once = write(twice.plan), write(chosen.plan)
+    if more.no_gain is not None or (once.no_gain is None and ort_peak(more.after) >= ort_peak(once.after)):
+        return chosen
+    return twice
+
+
+def _with_twice(a: Analysis, evaluator: PlanEvaluator, judged: Judged, chosen: DefaultPlan) -> DefaultPlan:
     if chosen.knee is not None or chosen.cost is None or not judged.plans:
         return chosen
     search = SecondCopies(evaluator)
@@ -73,7 +98,9 @@ def lowest_with_twice(a: Analysis, evaluator: PlanEvaluator, judged: Judged, cho
     near = [k for k, (_, cost) in enumerate(options) if cost.peak_bytes <= lowest * (1 + NEAR_LOWEST)]
     plan, cost = options[min(near, key=lambda k: (options[k][1].recompute_flops, options[k][1].peak_bytes))]
     plan.notes.append(_lowest_note(options, cost))  # a plan of its own: made by ``improved``
-    return DefaultPlan(plan, cost, fallbacks=_fallbacks(options, cost))
+    # then the choice without second copies and its own fallbacks: a session that refuses
+    # the second copies (the Module API's, ``verify/module_choice.py``) goes on as before
+    return DefaultPlan(plan, cost, fallbacks=((chosen.plan, chosen.cost), *chosen.fallbacks))
 
 
 class SecondCopies:
