@@ -53,3 +53,23 @@ def test_the_written_graph_is_classified_once(monkeypatch):
     assert result.result.recompute_nodes > 0
     assert seen[id(result.result.graph)] == 1
     assert max(seen.values()) == 1
+
+
+def test_the_searchs_rewrites_are_let_go_before_the_written_one_is_judged(monkeypatch):
+    """The written rewrite is judged (never_worse), analysed and saved with the search's
+    unpinned rewrites already dropped: a 100k-node graph's held 60 MiB through the judging."""
+    import ckpt_cli.api as api
+
+    seen = []
+    judged = api.judged_rewrite
+
+    def judging(a, planned, result):
+        seen.append(planned)
+        return judged(a, planned, result)
+
+    monkeypatch.setattr(api, "judged_rewrite", judging)
+    result = ckpt_cli.rewrite_model(SAMPLES / "gpt.onnx")
+    assert result.result.recompute_nodes > 0
+    assert len(seen) == 1 and seen[0] is not None
+    assert seen[0].result is None
+    assert all(r is None for _, _, r in (*seen[0].beyond, *seen[0].fallbacks))
