@@ -62,7 +62,9 @@ def write_model(model: onnx.ModelProto, write: Write, stream_min_bytes: int | No
             write(_field_bytes(model, field, value))
 
 
-Sized = tuple[bytes, list[tuple[Message, int]]]  # a repeated field's tag, its elements and their ByteSize
+# A repeated field's tag, its elements and their ByteSize (ints only: a list of the
+# elements would hold a Python object per node while the graph is written)
+Sized = tuple[bytes, Any, list[int]]
 
 
 def _write_graph(graph: onnx.GraphProto, write: Write) -> None:
@@ -73,9 +75,9 @@ def _write_graph(graph: onnx.GraphProto, write: Write) -> None:
     for field, value in graph.ListFields():
         if field.number in _STREAMED_FIELDS:
             tag = _tag(field.number)
-            sized: list[tuple[Message, int]] = [(t, t.ByteSize()) for t in value]
-            size += sum(len(tag) + len(_varint(n)) + n for _, n in sized)
-            parts.append((tag, sized))
+            sizes = [t.ByteSize() for t in value]
+            size += sum(len(tag) + len(_varint(n)) + n for n in sizes)
+            parts.append((tag, value, sizes))
         else:
             data = _field_bytes(graph, field, value)
             size += len(data)
@@ -88,12 +90,12 @@ def _write_graph(graph: onnx.GraphProto, write: Write) -> None:
             _write_elements(*part, write)
 
 
-def _write_elements(tag: bytes, sized: list[tuple[Message, int]], write: Write) -> None:
+def _write_elements(tag: bytes, elements: Any, sizes: list[int], write: Write) -> None:
     """A repeated field's elements, each serialized as it is written; small ones (nodes)
     gathered into pieces of about _PIECE_BYTES, a write per element being slow."""
     pending: list[bytes] = []
     held = 0
-    for t, n in sized:
+    for t, n in zip(elements, sizes, strict=True):
         data = t.SerializeToString(deterministic=True)
         if len(data) != n:  # the prefix already written would lie about the graph's length
             raise RuntimeError(f"'{getattr(t, 'name', '')}' serialized to {len(data)} bytes, not its ByteSize {n}")
