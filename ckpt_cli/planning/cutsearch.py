@@ -532,6 +532,23 @@ def _aimed_knee(a: Analysis, evaluate: Callable[[Plan], PlanCost], policy: Polic
     if len(a.graph.nodes) <= DEFAULT_SEARCH_NODES or judgements > len(corners) or len(corners) < 2:
         return _judged_defaults(a, evaluate, False, policy, every_corner=True, corners=corners)
     reorder = Plan([], "none", ["reordering alone gives the lowest peak"], decisions=all_kept(a, REORDER))
+    options = _nearest_knee(a, problem, corners, policy, judgements)
+    plans = len(corners) + 1
+    # the cut problem and its front are done with: freed, they leave room for the rewrites
+    # judged (at 100k nodes 30 MiB of a rewrite's peak)
+    del problem, corners
+    judged = [(plan, evaluate(plan)) for plan in options]
+    cuts = len(options) - (len(options) > 1)
+    note = (f"{len(options)} of {plans} plans judged: the {cuts} min-cut corner(s) nearest the knee of "
+            "their peaks estimated on the original's schedule" + (", and the per-layer plan" if cuts < len(options) else ""))
+    for plan, _ in judged:
+        plan.notes.append(note)
+    return reorder, judged
+
+
+def _nearest_knee(a: Analysis, problem: Problem, corners: list[Cut], policy: Policy, judgements: int) -> list[Plan]:
+    """The ``judgements`` plans ``_aimed_knee`` judges: the corners nearest the knee of
+    their peaks estimated on the original's schedule, the per-layer plan second."""
     # recomputing all is left out: its copies all live at once, which no guess on the original's schedule sees
     aimed = corners[:-1]
     guesses = _schedule_guesses(a, problem, aimed)
@@ -540,14 +557,7 @@ def _aimed_knee(a: Analysis, evaluate: Callable[[Plan], PlanCost], policy: Polic
     options = [to_plan(a, aimed[k], "mincut") for k in order[:judgements]]
     if judgements > 1:  # finding the layers takes a second at 100k nodes: not for a plan left unjudged
         options.insert(1, default_regions(a))
-    options = [apply_policy(p, policy, a.graph) for p in options[:judgements]]
-    judged = [(plan, evaluate(plan)) for plan in options]
-    cuts = len(options) - (len(options) > 1)
-    note = (f"{len(options)} of {len(corners) + 1} plans judged: the {cuts} min-cut corner(s) nearest the knee of "
-            "their peaks estimated on the original's schedule" + (", and the per-layer plan" if cuts < len(options) else ""))
-    for plan, _ in judged:
-        plan.notes.append(note)
-    return reorder, judged
+    return [apply_policy(p, policy, a.graph) for p in options[:judgements]]
 
 
 def _knee_first(points: list[Point], original: int, step: int) -> list[int]:
