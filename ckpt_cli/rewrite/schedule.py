@@ -17,11 +17,14 @@ from ..analysis.arena import ArenaResult, predict_in_use
 from ..analysis.memory import MemoryProfile, buffer_roots, simulate, simulate_both
 from ..analysis.shapes import TensorInfo
 from ..graph import Graph
-from .order import executed_order, memory_aware
+from .order import executed_order, memory_aware, seedless
 
 # Turning ORT's buffer reuse off must win by this much: the arena model is exact with
 # reuse on, within a few percent with it off.
 MEM_REUSE_OFF_MARGIN = 0.05
+# The order whose seedless backward nodes wait for their readers must win by this much (zoo
+# denoiser: 10%, its Pow gradients' factors; the joint-graph samples: a few bytes or nothing).
+WAITING_MARGIN = 0.01
 
 
 @dataclass(frozen=True)
@@ -105,20 +108,28 @@ def _choose(a: Analysis, new: Graph, tensors: dict[str, TensorInfo], copy_names:
             model_only: bool, no_reuse: NoReuseArena) -> Chosen:
     """The written order of ``new`` and ORT's buffer reuse for it: (graph, profile, reuse, arena)."""
     sizes = {t: info.nbytes for t, info in tensors.items() if info.nbytes}
-    order = memory_aware(new, sizes, buffer_roots(new), [n.name not in forward_names for n in new.nodes],
-                         [n.name in copy_names for n in new.nodes])
+    roots, movable = buffer_roots(new), [n.name not in forward_names for n in new.nodes]
+    copies = [n.name in copy_names for n in new.nodes]
+    order = memory_aware(new, sizes, roots, movable, copies)
     candidates = [executed_order(new, order), executed_order(new)]
     if not copy_names:
         # Reordering only: ORT's DEFAULT order is a candidate too (where the order sets the
         # peak it can beat both). With copies it would run them right after their inputs.
         candidates.append(executed_order(new, schedules.ort_default(new)))
+    # only beside recompute copies: a reordering alone would displace the plans that recompute
+    # (zoo mlp's, trained in the Module: 0.92x the original under its settings against 1.00x)
+    unseeded = seedless(new, movable) if copy_names else [False] * len(new.nodes)
+    waiting = None
+    if any(u and not c for u, c in zip(unseeded, copies)):
+        lazy = [u or c for u, c in zip(unseeded, copies)]
+        waiting = executed_order(new, memory_aware(new, sizes, roots, movable, lazy))
     if model_only:
-        return _lowest_tensor_peak(candidates, tensors)
-    return choose_order_and_reuse(a, candidates, tensors, no_reuse)
+        return _lowest_tensor_peak(candidates, tensors, waiting)
+    return choose_order_and_reuse(a, candidates, tensors, no_reuse, waiting)
 
 
 def choose_order_and_reuse(a: Analysis, candidates: list[Graph], tensors: dict[str, TensorInfo],
-                           no_reuse: NoReuseArena | None = None) -> Chosen:
+                           no_reuse: NoReuseArena | None = None, waiting: Graph | None = None) -> Chosen:
     """Pick the written order (the memory-aware one or the plain one) and ORT's
     ``enable_mem_reuse`` together, by the predicted arena peak, then the tensor bytes.
 
@@ -129,11 +140,13 @@ def choose_order_and_reuse(a: Analysis, candidates: list[Graph], tensors: dict[s
 
     The arena replay costs as much as the simulation, and the arena never has fewer bytes
     in use than the live tensors: options are replayed from the lowest tensor peak up, and
-    one whose tensor peak already exceeds the best arena peak found is not replayed."""
+    one whose tensor peak already exceeds the best arena peak found is not replayed.
+    ``waiting``: the order whose seedless backward nodes wait for their readers, taken only
+    where it wins by WAITING_MARGIN (an order a few bytes lower is not worth a new file)."""
     simulated: list[tuple[float, int, Graph, MemoryProfile, bool, float]] = []
-    for graph in _distinct(candidates):
+    for graph in _distinct(candidates + ([waiting] if waiting is not None else [])):
         for reuse, profile in zip((True, False), simulate_both(graph, list(range(len(graph.nodes))), tensors)):
-            scale = 1.0 if reuse else 1 / (1 - MEM_REUSE_OFF_MARGIN)
+            scale = (1.0 if reuse else 1 / (1 - MEM_REUSE_OFF_MARGIN)) / (1 - WAITING_MARGIN * (graph is waiting))
             simulated.append((profile.activation_peak_bytes * scale, len(simulated), graph, profile, reuse, scale))
     best: tuple[float, int, int, Graph, MemoryProfile, bool, ArenaResult] | None = None
 
@@ -175,10 +188,11 @@ def _distinct(candidates: list[Graph]) -> list[Graph]:
     return out
 
 
-def _lowest_tensor_peak(candidates: list[Graph], tensors: dict[str, TensorInfo]) -> Chosen:
+def _lowest_tensor_peak(candidates: list[Graph], tensors: dict[str, TensorInfo],
+                        waiting: Graph | None = None) -> Chosen:
     """``_choose_order_and_reuse`` for a ``model_only`` rewrite: reuse on, the order of lowest
-    simulated tensor peak (first on ties), no arena."""
+    simulated tensor peak (first on ties; ``waiting`` by WAITING_MARGIN), no arena."""
     options = [(simulate(graph, list(range(len(graph.nodes))), tensors), k, graph)
-               for k, graph in enumerate(_distinct(candidates))]
-    profile, _, graph = min(options, key=lambda o: (o[0].peak_bytes, o[1]))
+               for k, graph in enumerate(_distinct(candidates + ([waiting] if waiting is not None else [])))]
+    profile, _, graph = min(options, key=lambda o: (o[0].peak_bytes / (1 - WAITING_MARGIN * (o[2] is waiting)), o[1]))
     return graph, profile, True, None
