@@ -14,7 +14,7 @@ from typing import Any, Callable, Protocol
 
 from ..analysis import Analysis
 from ..errors import UsageError
-from ..graph import gc_paused
+from ..graph import Graph, gc_paused
 from ..options import MIN_PEAK, PlanOptions
 from . import choose_plan
 from .activation import activation_budget_plan
@@ -98,8 +98,12 @@ def _default_plan(a: Analysis, rewriting: Rewriting, options: PlanOptions,
     # recompute copies as the originals for bit-identical training: measured so for the
     # lowest peak over the artifact zoo, not for the knee (zoo bert: 1e-7 apart).
     at_knee = options.auto != MIN_PEAK and not rewriting.ort_artifact
+    def rewritten(plan: Plan) -> Graph | None:
+        result = evaluator.results.get(id(plan))
+        return result.graph if result is not None else None
+
     chosen = lowest_peak_plan(a, evaluator.cost, thorough=len(a.graph.nodes) <= LARGE_GRAPH_NODES,
-                              policy=options.policy, at_knee=at_knee)
+                              policy=options.policy, at_knee=at_knee, rewritten=rewritten)
     planned = Planned(chosen.plan, result=evaluator.results.get(id(chosen.plan)), knee=chosen.knee)
     if chosen.lowest is None:
         fallbacks = tuple((p, c, evaluator.results.get(id(p))) for p, c in chosen.fallbacks)
