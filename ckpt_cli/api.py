@@ -32,7 +32,7 @@ from .graph import Graph
 from .markers import PROVENANCE_PREFIX
 from .io.load import load_graph
 from .planning.budget import Planned
-from .rewrite.select import make_plan, plan_notes, plan_rows, rewrite_plan
+from .rewrite.select import judged_rewrite, make_plan, plan_notes, plan_rows, planned_rewrite, rewrite_plan
 from .verify.plain_choice import judged_in_plain
 from .verify.driver import WorkerOptions
 from .verify.module_choice import Writer, judged_by_training, judged_in_module
@@ -570,8 +570,10 @@ def _rewritten(a: Analysis, loaded: Loaded, options: RewriteOptions, analysis: A
         planned = _judged_default(a, planned, options, writer)
     chosen = planned.plan if planned else None
     stage("rewriting the graph")
-    result = analysed_written(a, writer.result(rewrite_plan(a, planned, options.pin)))  # analysed for its report
+    result = planned_rewrite(a, planned, options.pin)
+    # the search's rewrites go before the written one is judged, analysed and saved
     planned = planned.settled() if planned is not None else None
+    result = analysed_written(a, writer.result(judged_rewrite(a, planned, result)))  # analysed for its report
     module = planned.module if planned is not None else None
     rewritten = writer.written(result, chosen, module is not None and module.unplanned,
                                module is not None and module.shared)

@@ -106,6 +106,21 @@ def test_json_has_no_infinity():
     assert json.loads(text) == {"a": None, "b": [None, 1.5], "c": {"d": None}}
 
 
+def test_a_large_report_is_written_a_piece_per_entry(monkeypatch, capsys):
+    """A report above PRETTY_JSON_LIMIT goes out compact, an entry at a time (a 100k-node
+    rewrite's is 6 MB: joined, then encoded, it held two more copies of itself at the
+    process's peak), and what is written is json.dumps's text."""
+    from ckpt_cli.cli import options
+
+    monkeypatch.setattr(options, "PRETTY_JSON_LIMIT", 64)
+    report = {"a": list(range(40)), "b": {"c": "é", "d": float("nan")}, "e": None}
+    pieces = options.report_pieces(report)
+    expected = json.dumps({"a": list(range(40)), "b": {"c": "é", "d": None}, "e": None})
+    assert len(pieces) == len(report) and "".join(pieces) == expected
+    options.emit(report, lambda r, c: None, True, None, False)
+    assert capsys.readouterr().out == expected + "\n"
+
+
 def test_non_python_interpreter_exits_5(tmp_path):
     rewritten = tmp_path / "mlp.ckpt.onnx"
     assert run("rewrite", SAMPLES / "mlp.onnx", "-o", rewritten, "-q")[0] == 0

@@ -397,3 +397,29 @@ def test_every_noqa_names_its_rule_and_says_why():
 def test_the_noqa_guard_sees_bare_markers():
     text = "a  # noqa\nb  # noqa: E731\nc  # noqa: BLE001 - ORT's errors have no common type\nd  # noqa:E1,F2 - x\n"
     assert _bare_noqa(text) == [1, 2]
+
+
+def _strict_modules(pyproject: str) -> set[str]:
+    import tomllib
+
+    overrides = tomllib.loads(pyproject)["tool"]["mypy"]["overrides"]
+    return {m for o in overrides if o.get("disallow_untyped_defs") for m in o["module"]}
+
+
+def _package_modules() -> set[str]:
+    names = set()
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        names.add(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return names
+
+
+def test_every_module_is_type_checked_strictly():
+    pyproject = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text(encoding="utf-8")
+    assert sorted(_package_modules() - _strict_modules(pyproject)) == []
+
+
+def test_the_strict_guard_sees_a_module_left_out():
+    pyproject = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text(encoding="utf-8")
+    left_out = pyproject.replace('    "ckpt_cli.planning.descent",\n', "")
+    assert "ckpt_cli.planning.descent" in _package_modules() - _strict_modules(left_out)

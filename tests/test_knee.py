@@ -150,3 +150,34 @@ def test_the_aimed_knee_is_judged_first_then_its_hull_neighbours_past_it_first()
     the hull vertex past it, the one before, outward; points off the hull last."""
     front = [Point(1000, 0), Point(600, 50), Point(450, 150), Point(400, 300), Point(700, 400)]
     assert cutsearch._knee_first(front, ORIGINAL, STEP) == [2, 3, 1, 0, 4]
+
+
+def test_the_cut_problem_is_let_go_before_the_knee_is_judged(above_old_limit, monkeypatch):
+    """The rewrites a bounded knee search judges run without the cut problem and its front
+    alive (at 100k nodes 30 MiB of the rewrite's peak): nothing the judging reads needs them."""
+    import weakref
+
+    import ckpt_cli.rewrite.select as select
+
+    a = above_old_limit
+    monkeypatch.setattr(cutsearch, "KNEE_JUDGED_NODES", 2 * len(a.graph.nodes))
+    problems: list[weakref.ref] = []
+    built = cutsearch.build
+
+    def build(*args, **kwargs):
+        problem = built(*args, **kwargs)
+        problems.append(weakref.ref(problem))
+        return problem
+
+    alive: list[bool] = []
+    own = select.rewrite
+
+    def judged(*args, **kwargs):
+        alive.append(any(p() is not None for p in problems))
+        return own(*args, **kwargs)
+
+    monkeypatch.setattr(cutsearch, "build", build)
+    monkeypatch.setattr(select, "rewrite", judged)
+    planned = make_plan(a)
+    assert planned.knee is not None and planned.knee.candidates == 2
+    assert problems and alive and not any(alive)

@@ -56,6 +56,28 @@ def test_streamed_write_is_protobufs_serialization(name, model):
     assert out.getvalue() == model.SerializeToString(deterministic=True)
 
 
+def test_a_large_graph_is_written_a_piece_at_a_time():
+    """A graph of STREAM_MIN_NODES nodes, without weights, is written in pieces (its
+    serialization in one buffer is a copy of the graph beside the model, which set the
+    peak of a 100k-node rewrite's save), and the pieces are protobuf's bytes."""
+    m = chain_model(layers=2, batch=4, width=8)
+    g = m.graph
+    x = g.output[0].name
+    for k in range(serialize.STREAM_MIN_NODES):
+        g.node.append(helper.make_node("Identity", [x], [f"copy_{k}_{'x' * 40}"], name=f"identity_{k}_{'n' * 40}"))
+    assert m.ByteSize() > 2 * serialize._PIECE_BYTES
+    writes: list[int] = []
+    out = io.BytesIO()
+
+    def write(data: bytes) -> None:
+        writes.append(len(data))
+        out.write(data)
+
+    write_model(m, write)
+    assert out.getvalue() == m.SerializeToString(deterministic=True)
+    assert max(writes) < serialize._PIECE_BYTES + 1024
+
+
 @pytest.mark.parametrize("name,model", _models(), ids=[n for n, _ in _models()])
 def test_streamed_read_is_onnx_load(tmp_path, name, model):
     path = tmp_path / "m.onnx"

@@ -165,10 +165,27 @@ def test_second_copies_are_taken_only_where_the_written_graph_holds_less(chain):
     assert lowest_with_twice(chain, evaluator, judged, chosen, holding_more) is chosen
 
 
+def test_second_copies_must_be_clearly_below_every_plan_without(chain):
+    """Within NEAR_LOWEST of a plan without second copies the default prefers less recompute."""
+    from ckpt_cli.planning.search import PlanCost
+
+    evaluator = PlanEvaluator(chain, rewrite, keep_results=True)
+    judged = Judged(evaluator.cost)
+    plan = _one_region(chain)
+    chosen = DefaultPlan(plan, judged(plan))
+    _, lower = SecondCopies(evaluator).improved(plan, chosen.cost)
+    assert lower.peak_bytes < 0.97 * chosen.cost.peak_bytes
+    # a plan without them (judged by the peak descent, say) 1% above the one with them
+    judged.others.append((_per_layer(chain), PlanCost(int(lower.peak_bytes * 1.01), chosen.cost.recompute_flops)))
+    assert lowest_with_twice(chain, evaluator, judged, chosen) is chosen
+    judged.others[-1] = (_per_layer(chain), PlanCost(int(lower.peak_bytes * 1.03), chosen.cost.recompute_flops))
+    assert lowest_with_twice(chain, evaluator, judged, chosen).plan.regions[0].twice
+
+
 def test_the_default_takes_second_copies_only_where_they_are_clearly_lower():
     """keyword_kl's floor needs three conv outputs made twice: the lowest peak falls from
-    10.2 MiB (the sqrt plan) to its floor. In zoo bert a plan with second copies is 1.9% lower than any
-    without, with less recompute: within the default's margin, so its choice stays."""
+    10.2 MiB (the sqrt plan) to its floor. Zoo bert takes none: with them its plans are
+    within the default's margin of those without, or their written graph holds no less."""
     from ckpt_cli.options import MIN_PEAK
     from ckpt_cli.rewrite.select import make_plan
 

@@ -227,17 +227,20 @@ def analyse(graph: Graph, dims: dict[str, int] | None = None, loss: str | None =
 
 
 @gc_paused
-def analyse_written(model: PeakModel, loss: str | None, grad_outputs: list[str] | None) -> Analysis:
+def analyse_written(model: PeakModel, loss: str | None, grad_outputs: list[str] | None,
+                    phases: Phases | None = None) -> Analysis:
     """The analysis of a graph ckpt wrote, from its peak model (its simulation and arena
-    replay are taken as they are)."""
-    return model if isinstance(model, Analysis) else _analysed(model, loss, grad_outputs)
+    replay are taken as they are); ``phases``: its graph's, classified already by the same
+    ``loss`` and ``grad_outputs``."""
+    return model if isinstance(model, Analysis) else _analysed(model, loss, grad_outputs, phases=phases)
 
 
 def _analysed(model: PeakModel, loss: str | None, grad_outputs: list[str] | None, *,
               dims: tuple[tuple[str, int], ...] = (), default_dims: tuple[str, ...] = (),
-              without_reuse: Callable[[], MemoryProfile] | None = None) -> Analysis:
+              without_reuse: Callable[[], MemoryProfile] | None = None, phases: Phases | None = None) -> Analysis:
     graph, tensors = model.graph, model.tensors
-    phases = classify(graph, loss, list(grad_outputs or ()) or None)  # first: its errors belong to loading
+    if phases is None:  # first: its errors belong to loading
+        phases = classify(graph, loss, list(grad_outputs or ()) or None)
     roots = buffer_roots(graph)
     replayed = model.replayed or predict_in_use(graph, model.priority, tensors)
     return Analysis(graph=graph, tensors=tensors, priority=model.priority, reuse_buffers=model.reuse_buffers,

@@ -6,7 +6,7 @@ import json
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import click
 
@@ -179,15 +179,33 @@ def _finite(value: object) -> object:
 
 
 def report_text(report: dict[str, Any]) -> str:
-    doc: object = report
+    return "".join(report_pieces(report))
+
+
+def report_pieces(report: dict[str, Any]) -> list[str]:
+    """``report`` as JSON, in pieces that join into it: indented when it is small, else
+    compact, a piece per top-level entry. A large report (100k nodes: 6 MB) is written
+    piece by piece: joined and then encoded it held two more copies of itself."""
+    doc: dict[str, Any] = report
     try:
-        text = json.dumps(doc, allow_nan=False)  # json's C encoder; indenting makes it pure Python
+        pieces = _compact(doc)
     except ValueError:
-        doc = _finite(report)
-        text = json.dumps(doc, allow_nan=False)
-    if len(text) < PRETTY_JSON_LIMIT:
-        text = json.dumps(doc, indent=2, allow_nan=False)
-    return text
+        doc = cast(dict[str, Any], _finite(report))
+        pieces = _compact(doc)
+    if sum(map(len, pieces)) < PRETTY_JSON_LIMIT:
+        return [json.dumps(doc, indent=2, allow_nan=False)]
+    return pieces
+
+
+def _compact(doc: dict[str, Any]) -> list[str]:
+    """``json.dumps(doc, allow_nan=False)`` (json's C encoder; indenting makes it pure
+    Python), a piece per entry of ``doc``."""
+    if not doc or not all(isinstance(k, str) for k in doc):
+        return [json.dumps(doc, allow_nan=False)]
+    entries = (json.dumps(k) + ": " + json.dumps(v, allow_nan=False) for k, v in doc.items())
+    pieces = [("{" if k == 0 else ", ") + entry for k, entry in enumerate(entries)]
+    pieces[-1] += "}"
+    return pieces
 
 
 def emit(report: dict[str, Any], render: Render, as_json: bool, report_path: Path | None, quiet: bool,
@@ -196,16 +214,18 @@ def emit(report: dict[str, Any], render: Render, as_json: bool, report_path: Pat
     files), or tables."""
     from ..io.save import write_text_atomic
 
-    text = report_text(report) if (as_json or report_path is not None) else ""
+    pieces = report_pieces(report) if (as_json or report_path is not None) else []
     if report_path is not None:
         protect_report(report_path, *protected)
-        write_text_atomic(report_path, text + "\n")
+        write_text_atomic(report_path, "".join(pieces) + "\n")
     if not as_json:
         from ..report.render import make_console  # rich, only for a terminal report
 
         render(report, make_console(quiet=quiet))
     elif not quiet:
-        click.echo(text)
+        for piece in pieces:
+            click.echo(piece, nl=False)
+        click.echo()
 
 
 def renderer(module: str, name: str) -> Render:

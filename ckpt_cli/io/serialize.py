@@ -7,8 +7,8 @@ One ``SerializeToString`` of a model with embedded weights holds two more copies
 wire format is a sequence of fields, and parsing a concatenation
 merges what its parts parse to, so the model is read and written field by field, its
 graph's initializers one tensor at a time: at most one tensor's bytes are held beyond
-the model itself. When writing, the graph's length prefix comes first, from each
-initializer's ``ByteSize``.
+the model itself. A large graph's nodes are written a piece at a time as well. When
+writing, the graph's length prefix comes first, from each element's ``ByteSize``.
 """
 
 from __future__ import annotations
@@ -28,21 +28,31 @@ from ..graph import embedded_bytes
 # Below this many bytes (a file's, or a graph's embedded initializers) one parse or one
 # SerializeToString is as cheap and simpler.
 STREAM_MIN_BYTES = 64 << 20
+# A graph of this many nodes is written a piece at a time too: at 100k nodes its
+# serialization in one buffer was 20 MiB above the rest of a rewrite's peak.
+STREAM_MIN_NODES = 20_000
 # While reading, graph fields smaller than this are parsed together, up to _CHUNK_BYTES at a time.
 _PIECE_BYTES = 1 << 20
 _CHUNK_BYTES = 16 << 20
 _LENGTH_DELIMITED = 2
 _GRAPH_FIELD = onnx.ModelProto.DESCRIPTOR.fields_by_name["graph"].number
 _INITIALIZER_FIELD = onnx.GraphProto.DESCRIPTOR.fields_by_name["initializer"].number
+# A graph's fields written an element at a time: its weights, and its nodes (held whole, a
+# large graph's serialization is a copy of it beside the model, the peak of a rewrite's save)
+_STREAMED_FIELDS = (_INITIALIZER_FIELD, onnx.GraphProto.DESCRIPTOR.fields_by_name["node"].number)
 Write = Callable[[bytes], object]  # a file's write, a hash's update
 
 
-def write_model(model: onnx.ModelProto, write: Write, stream_min_bytes: int | None = None) -> None:
+def write_model(model: onnx.ModelProto, write: Write, stream_min_bytes: int | None = None,
+                stream_min_nodes: int | None = None) -> None:
     """``write(model.SerializeToString(deterministic=True))``, streamed when its
-    graph embeds at least ``stream_min_bytes`` of initializers."""
+    graph embeds at least ``stream_min_bytes`` of initializers or has at least
+    ``stream_min_nodes`` nodes."""
     graph = model.graph
     limit = STREAM_MIN_BYTES if stream_min_bytes is None else stream_min_bytes
-    if sum(map(embedded_bytes, graph.initializer)) < limit or _has_unknown_fields(model) or _has_unknown_fields(graph):
+    nodes = STREAM_MIN_NODES if stream_min_nodes is None else stream_min_nodes
+    small = sum(map(embedded_bytes, graph.initializer)) < limit and len(graph.node) < nodes
+    if small or _has_unknown_fields(model) or _has_unknown_fields(graph):
         write(model.SerializeToString(deterministic=True))  # unknown fields go last: let protobuf place them
         return
     for field, value in model.ListFields():  # in field-number order, as protobuf writes them
@@ -52,17 +62,22 @@ def write_model(model: onnx.ModelProto, write: Write, stream_min_bytes: int | No
             write(_field_bytes(model, field, value))
 
 
+# A repeated field's tag, its elements and their ByteSize (ints only: a list of the
+# elements would hold a Python object per node while the graph is written)
+Sized = tuple[bytes, Any, list[int]]
+
+
 def _write_graph(graph: onnx.GraphProto, write: Write) -> None:
-    """The model's graph field: its length first, then its fields, each initializer
-    serialized only as it is written."""
-    tag = _tag(_INITIALIZER_FIELD)
-    parts: list[bytes | list[tuple[onnx.TensorProto, int]]] = []
+    """The model's graph field: its length first, then its fields, each initializer and
+    node serialized only as it is written."""
+    parts: list[bytes | Sized] = []
     size = 0
     for field, value in graph.ListFields():
-        if field.number == _INITIALIZER_FIELD:
-            sized = [(t, t.ByteSize()) for t in value]
-            size += sum(len(tag) + len(_varint(n)) + n for _, n in sized)
-            parts.append(sized)
+        if field.number in _STREAMED_FIELDS:
+            tag = _tag(field.number)
+            sizes = [t.ByteSize() for t in value]
+            size += sum(len(tag) + len(_varint(n)) + n for n in sizes)
+            parts.append((tag, value, sizes))
         else:
             data = _field_bytes(graph, field, value)
             size += len(data)
@@ -71,13 +86,34 @@ def _write_graph(graph: onnx.GraphProto, write: Write) -> None:
     for part in parts:
         if isinstance(part, bytes):
             write(part)
-            continue
-        for t, n in part:
-            data = t.SerializeToString(deterministic=True)
-            if len(data) != n:  # the prefix already written would lie about the graph's length
-                raise RuntimeError(f"initializer '{t.name}' serialized to {len(data)} bytes, not its ByteSize {n}")
+        else:
+            _write_elements(*part, write)
+
+
+def _write_elements(tag: bytes, elements: Any, sizes: list[int], write: Write) -> None:
+    """A repeated field's elements, each serialized as it is written; small ones (nodes)
+    gathered into pieces of about _PIECE_BYTES, a write per element being slow."""
+    pending: list[bytes] = []
+    held = 0
+    for t, n in zip(elements, sizes, strict=True):
+        data = t.SerializeToString(deterministic=True)
+        if len(data) != n:  # the prefix already written would lie about the graph's length
+            raise RuntimeError(f"'{getattr(t, 'name', '')}' serialized to {len(data)} bytes, not its ByteSize {n}")
+        if n >= _PIECE_BYTES:  # a tensor's bytes are written as they are, never copied into a piece
+            if pending:
+                write(b"".join(pending))
+                pending, held = [], 0
             write(tag + _varint(n))
             write(data)
+            continue
+        head = tag + _varint(n)
+        pending += (head, data)
+        held += len(head) + n
+        if held >= _PIECE_BYTES:
+            write(b"".join(pending))
+            pending, held = [], 0
+    if pending:
+        write(b"".join(pending))
 
 
 def _field_bytes(message: Message, field: FieldDescriptor, value: Any) -> bytes:

@@ -25,6 +25,7 @@ from ..analysis import Analysis, lowest_peak
 from ..analysis.memory import with_scratch
 from ..ops import SHAPE_ONLY_OPS
 from .decision import REORDER, all_kept
+from .descent import Rewritten, descend
 from .knee import Knee, Point, hull_path, knee_index
 from .mincut import MAX_SOLVES, Cut, Problem, build, front, solve_bytes, to_plan
 from .plan import Plan, Policy, apply_policy
@@ -458,13 +459,15 @@ class DefaultPlan(NamedTuple):
 
 
 def lowest_peak_plan(a: Analysis, evaluate: Callable[[Plan], PlanCost], *, thorough: bool,
-                     policy: Policy = Policy(), at_knee: bool = False) -> DefaultPlan:
+                     policy: Policy = Policy(), at_knee: bool = False, rewritten: Rewritten | None = None) -> DefaultPlan:
     """The default plan: among the region structures' floors (everything recomputed) and
     the corners of the min-cut front, the lowest real peak, then among those within
     NEAR_LOWEST of it the fewest recompute FLOPs; never above the original (reordering
     alone is a candidate; on large graphs, where each judgement is a rewrite of the whole
     graph, it is taken without one when nothing beats the original's peak). ``at_knee``:
-    the knee of the same candidates instead (``knee.py``), with the choice recorded."""
+    the knee of the same candidates instead (``knee.py``), with the choice recorded.
+    ``rewritten``: the graph a judged plan was rewritten to; with it the lowest peak of a
+    small graph also takes the plans the peak descent reaches (``descent.py``)."""
     if len(a.graph.nodes) > DEFAULT_SEARCH_NODES and not at_knee:
         plan = apply_policy(default_regions(a), policy, a.graph)
         plan.notes.append(f"the default on graphs above {DEFAULT_SEARCH_NODES} nodes: no search among plans")
@@ -474,16 +477,31 @@ def lowest_peak_plan(a: Analysis, evaluate: Callable[[Plan], PlanCost], *, thoro
         reorder, judged = _aimed_knee(a, evaluate, policy, judgements)
     else:
         reorder, judged = _judged_defaults(a, evaluate, thorough, policy, every_corner=at_knee)
-    lowest = min(cost.peak_bytes for _, cost in judged)
-    if lowest > a.working_peak_bytes:
+    front = judged
+    if thorough and not at_knee and rewritten is not None:
+        judged = front + descend(a, front, evaluate, rewritten, policy)
+    if min(cost.peak_bytes for _, cost in judged) > a.working_peak_bytes:
         return DefaultPlan(reorder)
-    near = [i for i, (_, cost) in enumerate(judged) if cost.peak_bytes <= lowest * (1 + NEAR_LOWEST)]
-    best = min(near, key=lambda i: (judged[i][1].recompute_flops, judged[i][1].peak_bytes))
+    best = _near_lowest(judged)
     if at_knee:
         return _at_knee(a, judged, best)
     plan, cost = judged[best]
     plan.notes.append(_lowest_note(judged, cost))
-    return DefaultPlan(plan, cost, fallbacks=_fallbacks(judged, cost))
+    if best < len(front):
+        return DefaultPlan(plan, cost, fallbacks=_fallbacks(front, cost))
+    # a session that refuses the descent's plan gets the front's own choice next, then its
+    # fallbacks, as before the descent: the front's choice may recompute more (zoo bert's, which
+    # measures 0.42x the original under its settings where the descended plan measures 0.48x)
+    own = front[_near_lowest(front)]
+    fallbacks = ((own,) if own[0].strategy != "none" else ()) + _fallbacks(front, own[1])
+    return DefaultPlan(plan, cost, fallbacks=fallbacks)
+
+
+def _near_lowest(judged: list[tuple[Plan, PlanCost]]) -> int:
+    """The plan within NEAR_LOWEST of the lowest peak of ``judged`` with the fewest recompute FLOPs."""
+    lowest = min(cost.peak_bytes for _, cost in judged)
+    near = [i for i, (_, cost) in enumerate(judged) if cost.peak_bytes <= lowest * (1 + NEAR_LOWEST)]
+    return min(near, key=lambda i: (judged[i][1].recompute_flops, judged[i][1].peak_bytes))
 
 
 def _fallbacks(judged: list[tuple[Plan, PlanCost]], chosen: PlanCost) -> tuple[tuple[Plan, PlanCost], ...]:
@@ -532,6 +550,23 @@ def _aimed_knee(a: Analysis, evaluate: Callable[[Plan], PlanCost], policy: Polic
     if len(a.graph.nodes) <= DEFAULT_SEARCH_NODES or judgements > len(corners) or len(corners) < 2:
         return _judged_defaults(a, evaluate, False, policy, every_corner=True, corners=corners)
     reorder = Plan([], "none", ["reordering alone gives the lowest peak"], decisions=all_kept(a, REORDER))
+    options = _nearest_knee(a, problem, corners, policy, judgements)
+    plans = len(corners) + 1
+    # the cut problem and its front are done with: freed, they leave room for the rewrites
+    # judged (at 100k nodes 30 MiB of a rewrite's peak)
+    del problem, corners
+    judged = [(plan, evaluate(plan)) for plan in options]
+    cuts = len(options) - (len(options) > 1)
+    note = (f"{len(options)} of {plans} plans judged: the {cuts} min-cut corner(s) nearest the knee of "
+            "their peaks estimated on the original's schedule" + (", and the per-layer plan" if cuts < len(options) else ""))
+    for plan, _ in judged:
+        plan.notes.append(note)
+    return reorder, judged
+
+
+def _nearest_knee(a: Analysis, problem: Problem, corners: list[Cut], policy: Policy, judgements: int) -> list[Plan]:
+    """The ``judgements`` plans ``_aimed_knee`` judges: the corners nearest the knee of
+    their peaks estimated on the original's schedule, the per-layer plan second."""
     # recomputing all is left out: its copies all live at once, which no guess on the original's schedule sees
     aimed = corners[:-1]
     guesses = _schedule_guesses(a, problem, aimed)
@@ -540,14 +575,7 @@ def _aimed_knee(a: Analysis, evaluate: Callable[[Plan], PlanCost], policy: Polic
     options = [to_plan(a, aimed[k], "mincut") for k in order[:judgements]]
     if judgements > 1:  # finding the layers takes a second at 100k nodes: not for a plan left unjudged
         options.insert(1, default_regions(a))
-    options = [apply_policy(p, policy, a.graph) for p in options[:judgements]]
-    judged = [(plan, evaluate(plan)) for plan in options]
-    cuts = len(options) - (len(options) > 1)
-    note = (f"{len(options)} of {len(corners) + 1} plans judged: the {cuts} min-cut corner(s) nearest the knee of "
-            "their peaks estimated on the original's schedule" + (", and the per-layer plan" if cuts < len(options) else ""))
-    for plan, _ in judged:
-        plan.notes.append(note)
-    return reorder, judged
+    return [apply_policy(p, policy, a.graph) for p in options[:judgements]]
 
 
 def _knee_first(points: list[Point], original: int, step: int) -> list[int]:

@@ -55,13 +55,15 @@ COMPUTE_BOUND = Reason("compute_bound", "compute-bound output (balanced policy k
 IN_PLAN = Reason("plan", "kept by the plan")
 VIEW_KEPT = Reason("view_kept", "the backward reads it through a view that is kept")
 NOT_NEEDED = Reason("not_needed", "not needed by the backward after the rewrite")
+PEAK_KEEP = Reason("peak", "peak descent: its recompute copy was live at the predicted peak; kept, the peak is lower")
+PEAK_RECOMPUTE = Reason("peak", "peak descent: kept, it was live at the predicted peak; recomputed, the peak is lower")
 NORM_INPUT = Reason("norm_input", "input of a LayerNormalization whose statistics the gradient reads: kept with "
                                   "them (ORT training's SkipLayerNormFusion drops recomputed ones)")
 
 # When the plan keeps a tensor and the rewrite also finds a reason to, the earlier code
 # here is the one reported (the most fundamental: a cut's choice or a node outside every
 # region before a region input, a region input before a keep set that it makes moot).
-KEEP_ORDER = ("no_recompute", "no_gain", "mincut", "outside", "policy", "random", "subgraph", "domain",
+KEEP_ORDER = ("no_recompute", "no_gain", "mincut", "peak", "outside", "policy", "random", "subgraph", "domain",
               "checkpoint", "norm_input", "compute_bound", "budget", "plan", "view_kept", "not_needed")
 
 

@@ -14,7 +14,7 @@ from typing import Any, Callable, Protocol
 
 from ..analysis import Analysis
 from ..errors import UsageError
-from ..graph import gc_paused
+from ..graph import Graph, gc_paused
 from ..options import MIN_PEAK, PlanOptions
 from . import choose_plan
 from .activation import activation_budget_plan
@@ -100,8 +100,14 @@ def _default_plan(a: Analysis, rewriting: Rewriting, options: PlanOptions,
     # lowest peak over the artifact zoo, not for the knee (zoo bert: 1e-7 apart).
     at_knee = options.auto != MIN_PEAK and not rewriting.ort_artifact
     judged = Judged(evaluator.cost)
+
+    def rewritten(plan: Plan) -> Graph | None:
+        judged.closed = True  # the peak descent starts: its plans are not tried with second copies
+        result = evaluator.results.get(id(plan))
+        return result.graph if result is not None else None
+
     chosen = lowest_peak_plan(a, judged, thorough=len(a.graph.nodes) <= LARGE_GRAPH_NODES,
-                              policy=options.policy, at_knee=at_knee)
+                              policy=options.policy, at_knee=at_knee, rewritten=rewritten)
     if not at_knee:  # the lowest peak's plans again with the second copies that lower them (``twice.py``)
         chosen = lowest_with_twice(a, evaluator, judged, chosen,
                                    lambda plan: rewriting.write(a, Planned(plan, result=evaluator.results.get(id(plan))),

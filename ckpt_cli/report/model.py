@@ -15,7 +15,6 @@ from typing import Any, NotRequired, TypedDict
 from onnx import ModelProto, TensorProto
 
 from ..analysis import Analysis, buffer_bytes, default_order, lowest_peak
-from ..analysis.cost import node_cost
 from ..analysis.scopes import UNSCOPED, top_scope
 from ..graph import gc_paused
 from ..markers import REGION_META, is_recompute_copy
@@ -202,9 +201,17 @@ def model_facts(a: Analysis) -> Report:
         "dims": {d: DimValue(value=v, source="default" if d in a.default_dims else "given") for d, v in a.dims},
         "ort_registered_ops": ort_only_ops(a.graph.model),
         "reduced_precision": reduced_precision(a),
-        "ort_kernel_defects": ort_kernel_defects(n.proto for n in a.graph.nodes),
-        "thread_racing_outputs": thread_racing_outputs((n.proto for n in a.graph.nodes), a.graph.outputs),
+        "ort_kernel_defects": ort_kernel_defects(n.proto for n in a.graph.nodes if n.op_type == "ConvGrad"),
+        "thread_racing_outputs": _racing_outputs(a),
     }
+
+
+def _racing_outputs(a: Analysis) -> list[str]:
+    """``thread_racing_outputs`` of ``a``'s graph; a graph without a ScatterND (most) has
+    none, told by the indexed op types instead of a walk of every proto."""
+    if not any(n.op_type == "ScatterND" for n in a.graph.nodes):
+        return []
+    return thread_racing_outputs((n.proto for n in a.graph.nodes), a.graph.outputs)
 
 
 # ONNX Runtime's CPU provider has float16 kernels for few ops: it runs the others in float32
@@ -330,7 +337,7 @@ def _region_rows(before: Analysis, result: RewriteResult, after: Analysis) -> li
     flops: dict[str | None, int] = defaultdict(int)  # by region (a copy without one: None)
     for n in after.graph.nodes:
         if is_recompute_copy(n):
-            flops[n.meta(REGION_META)] += node_cost(n, after.tensors).flops  # after.costs would price every node
+            flops[n.meta(REGION_META)] += after.costs[n.index].flops  # priced when the written graph was analysed
     rows = []
     for r in result.regions:
         freed: set[str] = set().union(*(freed_by[name_to_index[c]] for c in r.copies))

@@ -41,6 +41,9 @@ class RewriteResult:
     decisions: dict[str, Decision] = field(default_factory=dict)  # per stashed buffer of the input: the final word
     notes: tuple[str, ...] = ()  # what the rewrite found about the plan (regions that recompute nothing)
     mem_arena: bool = True  # ORT's CPU arena in the settings recorded (off only by the Module choice)
+    # (graph, its phases) as ``written_phases`` classified them: ``written`` classifies a
+    # graph once (a walk of the whole graph); kept only while ``graph`` is that graph
+    classified: tuple[Graph, Phases] | None = field(default=None, repr=False, compare=False)
 
     @property
     def guard_nodes(self) -> int:
@@ -87,13 +90,18 @@ def rewrite(a: Analysis, plan: Plan | None, pin: bool = True, model_only: bool =
 def written(a: Analysis, result: RewriteResult) -> RewriteResult:
     """``result`` with the full analysis of its graph, a rewrite of ``a``'s graph (its phases
     by the same loss and gradient outputs): for a report of the rewrite that is written."""
-    return replace(result, after=analyse_written(result.after, a.phases.loss, list(a.phases.grad_outputs)))
+    known = result.classified
+    phases = known[1] if known is not None and known[0] is result.graph else None
+    return replace(result, after=analyse_written(result.after, a.phases.loss, list(a.phases.grad_outputs), phases))
 
 
-def written_phases(a: Analysis, result: RewriteResult) -> Phases:
-    """The phases of ``result``'s graph, as ``written`` classifies them: a graph left without
-    a backward is refused here."""
-    return classify(result.graph, a.phases.loss, list(a.phases.grad_outputs) or None)
+def written_phases(a: Analysis, result: RewriteResult) -> RewriteResult:
+    """``result`` with the phases of its graph, as ``written`` classifies them (and then
+    reads from it): a graph left without a backward is refused here."""
+    if result.classified is not None and result.classified[0] is result.graph:
+        return result
+    phases = classify(result.graph, a.phases.loss, list(a.phases.grad_outputs) or None)
+    return replace(result, classified=(result.graph, phases))
 
 
 def _decisions(a: Analysis, plan: Plan | None, surgery: Surgery) -> dict[str, Decision]:

@@ -126,3 +126,20 @@ def memory_aware(graph: Graph, sizes: dict[str, int], roots: dict[str, str], mov
             if indegree[j] == 0 and not done[j]:
                 heapq.heappush(heap, (klass(j), key[j], j))
     return order
+
+
+def seedless(graph: Graph, movable: list[bool]) -> list[bool]:
+    """The movable nodes that no graph input only they read reaches: they can wait for their
+    first reader. In a joint graph that input is the loss-gradient seed, so these read forward
+    tensors alone; in an ORT artifact, whose seed is an initializer, the inputs are the gradient
+    accumulators, so every backward node before them is seedless (the order is a candidate,
+    taken only where it is lower)."""
+    fixed_reads = {t for n in graph.nodes if not movable[n.index] for t in n.reads}
+    seeds = {t for t in graph.inputs if t not in fixed_reads}
+    if not seeds:
+        return [False] * len(graph.nodes)
+    depends = [False] * len(graph.nodes)
+    preds = graph.preds
+    for i in graph.topological_order():
+        depends[i] = not seeds.isdisjoint(graph.nodes[i].reads) or any(map(depends.__getitem__, preds[i]))
+    return [m and not d for m, d in zip(movable, depends)]

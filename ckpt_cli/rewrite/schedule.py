@@ -1,10 +1,13 @@
 """The written order of a rewritten graph and ORT's buffer reuse for it, chosen together.
 
 Candidates are the memory-aware order, the plain executed order and, for a reorder-only
-rewrite, ORT's DEFAULT order. A written graph takes the candidate and ``enable_mem_reuse``
-of lowest predicted arena peak (then tensor bytes); a plan search's memory model
-(``model_only``) takes the order of lowest simulated tensor peak, reuse on, no arena.
-``ScheduleCache`` remembers the choice per graph for one plan search.
+rewrite, ORT's DEFAULT order; beside recompute copies, the order whose seedless backward
+nodes wait for their reader, taken where it wins by WAITING_MARGIN, the arena reserves no
+more, and the graph, as written, holds no more in ORT's DEFAULT order than without it. A
+written graph takes the candidate and ``enable_mem_reuse`` of lowest predicted arena peak
+(then tensor bytes); a plan search's memory model (``model_only``) takes the order of
+lowest simulated tensor peak, reuse on, no arena. ``ScheduleCache`` remembers the choice
+per graph for one plan search.
 """
 
 from __future__ import annotations
@@ -17,11 +20,16 @@ from ..analysis.memory import MemoryProfile, buffer_roots, simulate, simulate_bo
 from ..analysis.shapes import TensorInfo
 from ..graph import Graph
 from ..planning.evaluate import ScheduleMemo
-from .order import executed_order, memory_aware
+from .fresh import unshare
+from .order import executed_order, memory_aware, seedless
+from .pin import GUARD_MIN_OPSET, pin
 
 # Turning ORT's buffer reuse off must win by this much: the arena model is exact with
 # reuse on, within a few percent with it off.
 MEM_REUSE_OFF_MARGIN = 0.05
+# The order whose seedless backward nodes wait for their readers must win by this much (zoo
+# denoiser: 10%, its Pow gradients' factors; the joint-graph samples: a few bytes or nothing).
+WAITING_MARGIN = 0.01
 
 
 @dataclass(frozen=True)
@@ -84,20 +92,61 @@ def _choose(a: Analysis, new: Graph, tensors: dict[str, TensorInfo], copy_names:
             model_only: bool, memo: ScheduleMemo) -> Chosen:
     """The written order of ``new`` and ORT's buffer reuse for it: (graph, profile, reuse, arena)."""
     sizes = {t: info.nbytes for t, info in tensors.items() if info.nbytes}
-    order = memory_aware(new, sizes, buffer_roots(new), [n.name not in forward_names for n in new.nodes],
-                         [n.name in copy_names for n in new.nodes])
+    roots, movable = buffer_roots(new), [n.name not in forward_names for n in new.nodes]
+    copies = [n.name in copy_names for n in new.nodes]
+    order = memory_aware(new, sizes, roots, movable, copies)
     candidates = [executed_order(new, order), executed_order(new)]
     if not copy_names:
         # Reordering only: ORT's DEFAULT order is a candidate too (where the order sets the
         # peak it can beat both). With copies it would run them right after their inputs.
         candidates.append(executed_order(new, schedules.ort_default(new)))
-    if model_only:
-        return _lowest_tensor_peak(candidates, tensors)
-    return choose_order_and_reuse(a, candidates, tensors, memo)
+    # only beside recompute copies: a reordering alone would displace the plans that recompute
+    # (zoo mlp's, trained in the Module: 0.92x the original under its settings against 1.00x)
+    unseeded = seedless(new, movable) if copy_names else [False] * len(new.nodes)
+    waiting = None
+    if any(u and not c for u, c in zip(unseeded, copies)):
+        lazy = [u or c for u, c in zip(unseeded, copies)]
+        waiting = executed_order(new, memory_aware(new, sizes, roots, movable, lazy))
+
+    def choice(waiting: Graph | None) -> Chosen:
+        if model_only:
+            return _lowest_tensor_peak(candidates, tensors, waiting)
+        return choose_order_and_reuse(a, candidates, tensors, memo, waiting)
+
+    chosen = choice(waiting)
+    if waiting is None or chosen[0] is not waiting:
+        return chosen
+    other = choice(None)
+    if chosen[3] is not None and other[3] is not None and chosen[3].held_bytes > other[3].held_bytes:
+        # what the arena reserves is what a process holds (zoo mlp_dropout's sqrt, waiting:
+        # 0.6 MB less in use, 4.2 MB more reserved)
+        return other
+    default = [_default_order_peak(a, c, tensors, forward_names, not model_only) for c in (chosen, other)]
+    return chosen if default[0] <= default[1] else other
+
+
+def _default_order_peak(a: Analysis, chosen: Chosen, tensors: dict[str, TensorInfo], forward_names: set[str],
+                        arena: bool) -> int:
+    """The peak of ``chosen``'s graph as it is written (pinned, its fresh tensors made:
+    ``rewrite/pin.py``, ``rewrite/fresh.py``) when a session runs it in ORT's DEFAULT order (a
+    plain InferenceSession, the Module API untuned): the arena in use, or without ``arena``
+    the live tensors. The waiting order is judged there too: what it lowers holds only in
+    the file's order, and the nodes it moves can lift DEFAULT's peak (gpt12's hull plans: a
+    plain session measured 174 MB against 107 MB without it; the ORT example artifact's
+    min cut: 10.0 MiB predicted in the Module API's session against 9.0)."""
+    graph, _, reuse, _ = chosen
+    if (a.graph.opset("") or 0) >= GUARD_MIN_OPSET:
+        pinned = pin(graph, tensors, forward_names)
+        graph, tensors = pinned.graph, pinned.tensors
+        if pinned.guard_nodes:
+            fresh = unshare(graph, tensors, reuse, frozenset(forward_names))
+            graph, tensors = fresh.graph, fresh.tensors
+    profile = simulate(graph, schedules.ort_default(graph), tensors)
+    return predict_in_use(graph, profile, tensors).peak_in_use_bytes if arena else profile.peak_bytes
 
 
 def choose_order_and_reuse(a: Analysis, candidates: list[Graph], tensors: dict[str, TensorInfo],
-                           memo: ScheduleMemo | None = None) -> Chosen:
+                           memo: ScheduleMemo | None = None, waiting: Graph | None = None) -> Chosen:
     """Pick the written order (the memory-aware one or the plain one) and ORT's
     ``enable_mem_reuse`` together, by the predicted arena peak, then the tensor bytes.
 
@@ -108,11 +157,13 @@ def choose_order_and_reuse(a: Analysis, candidates: list[Graph], tensors: dict[s
 
     The arena replay costs as much as the simulation, and the arena never has fewer bytes
     in use than the live tensors: options are replayed from the lowest tensor peak up, and
-    one whose tensor peak already exceeds the best arena peak found is not replayed."""
+    one whose tensor peak already exceeds the best arena peak found is not replayed.
+    ``waiting``: the order whose seedless backward nodes wait for their readers, taken only
+    where it wins by WAITING_MARGIN (an order a few bytes lower is not worth a new file)."""
     simulated: list[tuple[float, int, Graph, MemoryProfile, bool, float]] = []
-    for graph in _distinct(candidates):
+    for graph in _distinct(candidates + ([waiting] if waiting is not None else [])):
         for reuse, profile in zip((True, False), simulate_both(graph, list(range(len(graph.nodes))), tensors)):
-            scale = 1.0 if reuse else 1 / (1 - MEM_REUSE_OFF_MARGIN)
+            scale = (1.0 if reuse else 1 / (1 - MEM_REUSE_OFF_MARGIN)) / (1 - WAITING_MARGIN * (graph is waiting))
             simulated.append((profile.activation_peak_bytes * scale, len(simulated), graph, profile, reuse, scale))
     best: tuple[float, int, int, Graph, MemoryProfile, bool, ArenaResult] | None = None
 
@@ -154,10 +205,11 @@ def _distinct(candidates: list[Graph]) -> list[Graph]:
     return out
 
 
-def _lowest_tensor_peak(candidates: list[Graph], tensors: dict[str, TensorInfo]) -> Chosen:
+def _lowest_tensor_peak(candidates: list[Graph], tensors: dict[str, TensorInfo],
+                        waiting: Graph | None = None) -> Chosen:
     """``_choose_order_and_reuse`` for a ``model_only`` rewrite: reuse on, the order of lowest
-    simulated tensor peak (first on ties), no arena."""
+    simulated tensor peak (first on ties; ``waiting`` by WAITING_MARGIN), no arena."""
     options = [(simulate(graph, list(range(len(graph.nodes))), tensors), k, graph)
-               for k, graph in enumerate(_distinct(candidates))]
-    profile, _, graph = min(options, key=lambda o: (o[0].peak_bytes, o[1]))
+               for k, graph in enumerate(_distinct(candidates + ([waiting] if waiting is not None else [])))]
+    profile, _, graph = min(options, key=lambda o: (o[0].peak_bytes / (1 - WAITING_MARGIN * (o[2] is waiting)), o[1]))
     return graph, profile, True, None

@@ -10,7 +10,7 @@ API's own session. Each returns new values; nothing it is given is changed.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 from ..analysis import Analysis, default_order
 from ..graph import gc_paused
@@ -50,13 +50,25 @@ def make_plan(a: Analysis, options: PlanOptions | None = None, *, progress: Call
 def rewrite_plan(a: Analysis, planned: Planned | None, pin: bool = True) -> RewriteResult:
     """The rewrite of ``planned.plan`` that is written, ``never_worse``; from the search's
     own rewrite of that plan when it has one."""
+    return judged_rewrite(a, planned, planned_rewrite(a, planned, pin))
+
+
+@gc_paused
+def planned_rewrite(a: Analysis, planned: Planned | None, pin: bool = True) -> RewriteResult:
+    """The rewrite of ``planned.plan``, not yet judged: the search's own rewrite of that
+    plan (pinned with ``pin``) when it has one. Its caller may then let go of the search's
+    rewrites (``Planned.settled``) before ``judged_rewrite``."""
     if pin and planned is not None and planned.written is not None:
-        result = planned.written
-    elif planned is not None and planned.result is not None:
-        result = pinned(a, planned.result) if pin else planned.result
-    else:
-        result = rewrite(a, planned.plan if planned is not None else None, pin)
-    written_phases(a, result)  # a graph left without a backward is refused before it is saved
+        return cast(RewriteResult, planned.written)
+    if planned is not None and planned.result is not None:
+        return pinned(a, planned.result) if pin else planned.result
+    return rewrite(a, planned.plan if planned is not None else None, pin)
+
+
+@gc_paused
+def judged_rewrite(a: Analysis, planned: Planned | None, result: RewriteResult) -> RewriteResult:
+    """``rewrite_plan`` of the ``planned_rewrite`` ``result``: what is written."""
+    result = written_phases(a, result)  # a graph left without a backward is refused before it is saved
     if planned is not None and planned.plan is not None:
         result = replace(result, notes=empty_region_notes(result))
     return never_worse(a, planned, result)
