@@ -132,3 +132,18 @@ def test_the_waiting_order_is_not_written_where_the_arena_reserves_more(monkeypa
         m.setattr(schedule, "seedless", lambda graph, movable: [False] * len(graph.nodes))
         early = rewrite(a, plan, pin=False)
     assert written.after.arena(written.mem_reuse).held_bytes <= early.after.arena(early.mem_reuse).held_bytes
+
+
+def test_a_budget_search_never_judges_the_waiting_order(monkeypatch):
+    # each waiting order is judged pinned in DEFAULT order too: two to three times a budget
+    # search's time, so only the default's searches (and a rewrite of its own) take it
+    a = analyse(load_graph(SAMPLES / "cnn.onnx"))
+    asked: list[str] = []
+
+    def refuse(graph, movable):
+        asked.append("seedless")  # recorded too, should something catch the error
+        raise AssertionError("a budget search looked for the waiting order")
+
+    monkeypatch.setattr(schedule, "seedless", refuse)
+    planned = make_plan(a, budget="80%")
+    assert planned.plan is not None and planned.plan.regions and asked == []

@@ -71,7 +71,8 @@ def make_plan(a: Analysis, rewriting: Rewriting, options: PlanOptions | None = N
     if options.searches_budget:
         def ruled(plan: Plan) -> Plan:
             return apply_policy(plan, policy, a.graph)
-        evaluator = PlanEvaluator(a, rewriting.rewrite, ruled=ruled, progress=progress, measure=ort_peak)
+        evaluator = PlanEvaluator(a, rewriting.rewrite, ruled=ruled, progress=progress, measure=ort_peak,
+                                  waiting=False)
         write = (lambda planned: rewriting.write(a, planned)) if pin else None
         assert options.budget is not None  # validate: a budget search has one
         return BudgetSearch(evaluator, options.auto, policy, write).run(parse_budget(options.budget,

@@ -102,7 +102,7 @@ def _choose(a: Analysis, new: Graph, tensors: dict[str, TensorInfo], copy_names:
         candidates.append(executed_order(new, schedules.ort_default(new)))
     # only beside recompute copies: a reordering alone would displace the plans that recompute
     # (zoo mlp's, trained in the Module: 0.92x the original under its settings against 1.00x)
-    unseeded = seedless(new, movable) if copy_names else [False] * len(new.nodes)
+    unseeded = seedless(new, movable) if copy_names and memo.waiting else [False] * len(new.nodes)
     waiting = None
     if any(u and not c for u, c in zip(unseeded, copies)):
         lazy = [u or c for u, c in zip(unseeded, copies)]
