@@ -486,7 +486,7 @@ def lowest_peak_plan(a: Analysis, evaluate: Callable[[Plan], PlanCost], *, thoro
     if at_knee:
         return _at_knee(a, judged, best)
     plan, cost = judged[best]
-    plan.notes.append(_lowest_note(judged, cost))
+    plan.notes.append(lowest_note(judged, cost))
     if best < len(front):
         return DefaultPlan(plan, cost, fallbacks=_fallbacks(front, cost))
     # a session that refuses the descent's plan gets the front's own choice next, then its
@@ -516,7 +516,7 @@ def _fallbacks(judged: list[tuple[Plan, PlanCost]], chosen: PlanCost) -> tuple[t
     return tuple(out)
 
 
-def _lowest_note(judged: list[tuple[Plan, PlanCost]], cost: PlanCost) -> str:
+def lowest_note(judged: list[tuple[Plan, PlanCost]], cost: PlanCost) -> str:
     return (f"the lowest predicted peak of {len(judged)} plans ({human_bytes(min(c.peak_bytes for _, c in judged))}); "
             f"this one is within {NEAR_LOWEST:.0%} of it with the fewest recompute FLOPs")
 
@@ -609,5 +609,5 @@ def _at_knee(a: Analysis, judged: list[tuple[Plan, PlanCost]], lowest: int) -> D
     if i == lowest:
         return DefaultPlan(plan, cost, knee)
     passed_up, its_cost = judged[lowest]
-    passed_up.notes.append(_lowest_note(judged, its_cost))
+    passed_up.notes.append(lowest_note(judged, its_cost))
     return DefaultPlan(plan, cost, knee, passed_up, beyond)

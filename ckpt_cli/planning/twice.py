@@ -27,7 +27,7 @@ from ..analysis.memory import with_scratch
 from ..graph import Graph
 from ..markers import BLOCK_META, recompute_source
 from ..units import human_bytes
-from .cutsearch import NEAR_LOWEST, DefaultPlan, _lowest_note
+from .cutsearch import NEAR_LOWEST, DefaultPlan, lowest_note
 from .evaluate import PlanEvaluator, Rewritten, cost_of, ort_peak
 from .plan import Plan, Region
 from .search import PlanCost
@@ -106,7 +106,7 @@ def _with_twice(a: Analysis, evaluator: PlanEvaluator, judged: Judged, chosen: D
         return chosen
     near = [k for k, (_, cost) in enumerate(options) if cost.peak_bytes <= lowest * (1 + NEAR_LOWEST)]
     plan, cost = options[min(near, key=lambda k: (options[k][1].recompute_flops, options[k][1].peak_bytes))]
-    plan.notes.append(_lowest_note(options, cost))  # a plan of its own: made by ``improved``
+    plan.notes.append(lowest_note(options, cost))  # a plan of its own: made by ``improved``
     # then the choice without second copies and its own fallbacks: a session that refuses
     # the second copies (the Module API's, ``verify/module_choice.py``) goes on as before
     return DefaultPlan(plan, cost, fallbacks=((chosen.plan, chosen.cost), *chosen.fallbacks))
