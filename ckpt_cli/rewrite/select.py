@@ -19,7 +19,7 @@ from ..planning import Plan
 from ..planning import make as planning_make
 from ..planning.budget import Planned
 from ..planning.decision import NO_GAIN, all_kept
-from ..planning.evaluate import cost_of, intervals_of
+from ..planning.evaluate import ScheduleMemo, cost_of, intervals_of
 from ..planning.explain import explain
 from ..planning.make import Rewriting
 from ..planning.search import Intervals, PlanCost
@@ -30,13 +30,15 @@ from .mem_pattern import is_ort_artifact
 
 
 def plan_cost(a: Analysis, plan: Plan) -> PlanCost:
-    """The cost model of plan searches: the plan's unpinned rewrite, simulated."""
-    return cost_of(rewrite(a, plan, pin=False))
+    """The cost model of budget searches: the plan's unpinned rewrite, simulated, as a budget
+    search rewrites it (no waiting order: ``ScheduleMemo``)."""
+    return cost_of(rewrite(a, plan, pin=False, memo=ScheduleMemo(a, waiting=False)))
 
 
 def keep_intervals(a: Analysis, plan: Plan) -> Intervals:
-    """The linear model of plan searches, on the schedule of ``plan`` rewritten."""
-    return intervals_of(a, rewrite(a, plan, pin=False))
+    """The linear model of budget searches, on the schedule of ``plan`` rewritten as
+    ``plan_cost`` rewrites it."""
+    return intervals_of(a, rewrite(a, plan, pin=False, memo=ScheduleMemo(a, waiting=False)))
 
 
 def make_plan(a: Analysis, options: PlanOptions | None = None, *, progress: Callable[[str], None] | None = None,
