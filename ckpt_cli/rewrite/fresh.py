@@ -286,3 +286,14 @@ def unshare(graph: Graph, tensors: dict[str, TensorInfo], recorded_reuse: bool =
         if arena.peak_in_use_bytes <= limit:
             return replace(result, profile=written, arena=arena)
     return replace(apply(graph, tensors, set()), profile=profile, arena=unfresh)
+
+
+def unshared(graph: Graph, tensors: dict[str, TensorInfo], recorded_reuse: bool = True,
+             forward: frozenset[str] = frozenset()) -> tuple[Graph, dict[str, TensorInfo]]:
+    """``unshare``'s graph and tensors, for a caller that reads nothing else: a graph above
+    ``_GREEDY_NODES`` nodes stays as it is, without the simulation and arena replay of the
+    whole graph that ``unshare`` runs for its profile (two of each per large rewrite)."""
+    if len(graph.nodes) > _GREEDY_NODES:
+        return graph, dict(tensors)
+    fresh = unshare(graph, tensors, recorded_reuse, forward)
+    return fresh.graph, fresh.tensors

@@ -9,6 +9,7 @@ exactly the executed order (Shape/Size readers included).
 from __future__ import annotations
 
 import heapq
+from dataclasses import dataclass
 
 from ..analysis import schedules
 from ..graph import ABSENT, Graph, Node
@@ -54,9 +55,41 @@ def executed_order(graph: Graph, order: list[int] | None = None) -> Graph:
     return graph.reordered(executed)
 
 
-def memory_aware(graph: Graph, sizes: dict[str, int], roots: dict[str, str], movable: list[bool],
-                 lazy: list[bool] | None = None) -> list[int]:
-    """A topological order that runs movable nodes as soon as running them frees memory.
+@dataclass(frozen=True)
+class BufferReads:
+    """What ``memory_aware`` reads of a graph whatever nodes are movable or lazy (one pass
+    of the graph, shared by the orders made of it): per node the distinct buffers it reads
+    and the bytes it allocates, per buffer its bytes (0: never freed) and its readers."""
+
+    reads: list[tuple[int, ...]]
+    allocs: list[int]
+    size: list[int]
+    readers: list[list[int]]
+
+
+def buffer_reads(graph: Graph, sizes: dict[str, int], roots: dict[str, str]) -> BufferReads:
+    """``graph``'s ``BufferReads``, tensors of ``sizes`` bytes sharing the buffers of ``roots``."""
+    # Buffers as ints: a tensor's id is its own buffer's (roots naming no tensor come after).
+    ids = graph.ids
+    buffer_id = dict(ids.of)
+    root = [buffer_id.setdefault(roots.get(t, t), len(buffer_id)) for t in ids.names]
+    size = [sizes.get(b, 0) for b in buffer_id]
+    for t in set(graph.outputs) | set(graph.resident):  # protected: never freed
+        if roots.get(t, t) in buffer_id:
+            size[buffer_id[roots.get(t, t)]] = 0
+    reads = [tuple({root[t] for t in ts if t >= 0}) for ts in ids.inputs]
+    own_bytes = [sizes.get(t, 0) for t in ids.names]
+    allocs = [sum([own_bytes[t] for t in ts if t >= 0 and root[t] == t]) for ts in ids.outputs]
+    readers: list[list[int]] = [[] for _ in size]
+    for i, bufs in enumerate(reads):
+        for b in bufs:
+            readers[b].append(i)
+    return BufferReads(reads, allocs, size, readers)
+
+
+def memory_aware(graph: Graph, buffers: BufferReads, movable: list[bool], lazy: list[bool] | None = None) -> list[int]:
+    """A topological order that runs movable nodes as soon as running them frees memory
+    (``buffers``: ``buffer_reads`` of ``graph``).
 
     Fixed nodes keep their relative file order. Among ready nodes, one whose run frees
     at least as many bytes as it allocates (it is the last reader of stashed
@@ -74,24 +107,8 @@ def memory_aware(graph: Graph, sizes: dict[str, int], roots: dict[str, str], mov
             if lazy[i]:
                 needs = [key[j] for j in succs[i]]
                 key[i] = min(needs) if needs else i
-    # Buffers as ints: a tensor's id is its own buffer's (roots naming no tensor come after).
-    ids = graph.ids
-    buffer_id = dict(ids.of)
-    root = [buffer_id.setdefault(roots.get(t, t), len(buffer_id)) for t in ids.names]
-    size = [sizes.get(b, 0) for b in buffer_id]
-    for t in set(graph.outputs) | set(graph.resident):  # protected: never freed
-        if roots.get(t, t) in buffer_id:
-            size[buffer_id[roots.get(t, t)]] = 0
-    # Per node: the distinct buffers it reads and the bytes it allocates; per buffer, its
-    # readers and how many have not run yet.
-    reads = [tuple({root[t] for t in ts if t >= 0}) for ts in ids.inputs]
-    own_bytes = [sizes.get(t, 0) for t in ids.names]
-    allocs = [sum([own_bytes[t] for t in ts if t >= 0 and root[t] == t]) for ts in ids.outputs]
-    readers: list[list[int]] = [[] for _ in size]
-    for i, bufs in enumerate(reads):
-        for b in bufs:
-            readers[b].append(i)
-    remaining = [len(r) for r in readers]
+    reads, allocs, size, readers = buffers.reads, buffers.allocs, buffers.size, buffers.readers
+    remaining = [len(r) for r in readers]  # per buffer: its readers not run yet
 
     def klass(i: int) -> int:
         if not movable[i]:

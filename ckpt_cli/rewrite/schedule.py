@@ -16,12 +16,12 @@ from dataclasses import dataclass
 
 from ..analysis import Analysis, schedules
 from ..analysis.arena import ArenaResult, predict_in_use
-from ..analysis.memory import MemoryProfile, buffer_roots, simulate, simulate_both
+from ..analysis.memory import MemoryProfile, buffer_roots, simulate, simulate_deferred
 from ..analysis.shapes import TensorInfo
 from ..graph import Graph
 from ..planning.evaluate import ScheduleMemo
-from .fresh import unshare
-from .order import executed_order, memory_aware, seedless
+from .fresh import unshared
+from .order import buffer_reads, executed_order, memory_aware, seedless
 from .pin import GUARD_MIN_OPSET, pin
 
 # Turning ORT's buffer reuse off must win by this much: the arena model is exact with
@@ -94,7 +94,8 @@ def _choose(a: Analysis, new: Graph, tensors: dict[str, TensorInfo], copy_names:
     sizes = {t: info.nbytes for t, info in tensors.items() if info.nbytes}
     roots, movable = buffer_roots(new), [n.name not in forward_names for n in new.nodes]
     copies = [n.name in copy_names for n in new.nodes]
-    order = memory_aware(new, sizes, roots, movable, copies)
+    reads = buffer_reads(new, sizes, roots)  # both memory-aware orders' one pass of the graph
+    order = memory_aware(new, reads, movable, copies)
     candidates = [executed_order(new, order), executed_order(new)]
     if not copy_names:
         # Reordering only: ORT's DEFAULT order is a candidate too (where the order sets the
@@ -106,17 +107,20 @@ def _choose(a: Analysis, new: Graph, tensors: dict[str, TensorInfo], copy_names:
     waiting = None
     if any(u and not c for u, c in zip(unseeded, copies)):
         lazy = [u or c for u, c in zip(unseeded, copies)]
-        waiting = executed_order(new, memory_aware(new, sizes, roots, movable, lazy))
+        waiting = executed_order(new, memory_aware(new, reads, movable, lazy))
+
+    judged = Judged()  # the second choice judges the first one's graphs again
 
     def choice(waiting: Graph | None) -> Chosen:
         if model_only:
-            return _lowest_tensor_peak(candidates, tensors, waiting)
-        return choose_order_and_reuse(a, candidates, tensors, memo, waiting)
+            return _lowest_tensor_peak(candidates, tensors, waiting, judged)
+        return choose_order_and_reuse(a, candidates, tensors, memo, waiting, judged)
 
     chosen = choice(waiting)
     if waiting is None or chosen[0] is not waiting:
         return chosen
     other = choice(None)
+    judged.drop()
     if chosen[3] is not None and other[3] is not None and chosen[3].held_bytes > other[3].held_bytes:
         # what the arena reserves is what a process holds (zoo mlp_dropout's sqrt, waiting:
         # 0.6 MB less in use, 4.2 MB more reserved)
@@ -139,14 +143,53 @@ def _default_order_peak(a: Analysis, chosen: Chosen, tensors: dict[str, TensorIn
         pinned = pin(graph, tensors, forward_names)
         graph, tensors = pinned.graph, pinned.tensors
         if pinned.guard_nodes:
-            fresh = unshare(graph, tensors, reuse, frozenset(forward_names))
-            graph, tensors = fresh.graph, fresh.tensors
+            graph, tensors = unshared(graph, tensors, reuse, frozenset(forward_names))
     profile = simulate(graph, schedules.ort_default(graph), tensors)
     return predict_in_use(graph, profile, tensors).peak_in_use_bytes if arena else profile.peak_bytes
 
 
+class Judged:
+    """The simulations and arena replays of one ``_choose``'s candidate graphs, by graph
+    (alive while it runs): its two choices, with the waiting order and without, judge the
+    same candidates, and a simulation of a 100k-node graph is a walk of every node."""
+
+    def __init__(self) -> None:
+        self.reuse: dict[int, MemoryProfile] = {}
+        self.no_reuse: dict[int, MemoryProfile] = {}
+        self.replayed: dict[tuple[int, bool, int | None], ArenaResult] = {}
+
+    def on(self, graph: Graph, tensors: dict[str, TensorInfo]) -> MemoryProfile:
+        """``simulate`` of ``graph`` in its own order, buffer reuse on."""
+        if id(graph) not in self.reuse:
+            self.reuse[id(graph)] = simulate(graph, list(range(len(graph.nodes))), tensors)
+        return self.reuse[id(graph)]
+
+    def both(self, graph: Graph, tensors: dict[str, TensorInfo]) -> tuple[MemoryProfile, MemoryProfile]:
+        """``simulate_both`` of ``graph`` in its own order."""
+        if id(graph) not in self.no_reuse:
+            on, off = simulate_deferred(graph, list(range(len(graph.nodes))), tensors)
+            self.reuse[id(graph)], self.no_reuse[id(graph)] = on, off()
+        return self.reuse[id(graph)], self.no_reuse[id(graph)]
+
+    def drop(self) -> None:
+        """Forget them all (a large graph's profiles are tens of MB)."""
+        self.reuse.clear()
+        self.no_reuse.clear()
+        self.replayed.clear()
+
+    def arena(self, graph: Graph, profile: MemoryProfile, tensors: dict[str, TensorInfo], reuse: bool,
+              bound: int | None) -> ArenaResult:
+        """``predict_in_use`` of ``graph``'s simulation ``profile`` (with ``reuse``) up to ``bound``."""
+        key = (id(graph), reuse, bound)
+        known = self.replayed.get(key)
+        if known is None:
+            known = self.replayed[key] = predict_in_use(graph, profile, tensors, bound)
+        return known
+
+
 def choose_order_and_reuse(a: Analysis, candidates: list[Graph], tensors: dict[str, TensorInfo],
-                           memo: ScheduleMemo | None = None, waiting: Graph | None = None) -> Chosen:
+                           memo: ScheduleMemo | None = None, waiting: Graph | None = None,
+                           judged: Judged | None = None) -> Chosen:
     """Pick the written order (the memory-aware one or the plain one) and ORT's
     ``enable_mem_reuse`` together, by the predicted arena peak, then the tensor bytes.
 
@@ -159,10 +202,12 @@ def choose_order_and_reuse(a: Analysis, candidates: list[Graph], tensors: dict[s
     in use than the live tensors: options are replayed from the lowest tensor peak up, and
     one whose tensor peak already exceeds the best arena peak found is not replayed.
     ``waiting``: the order whose seedless backward nodes wait for their readers, taken only
-    where it wins by WAITING_MARGIN (an order a few bytes lower is not worth a new file)."""
+    where it wins by WAITING_MARGIN (an order a few bytes lower is not worth a new file).
+    ``judged``: the candidates' simulations and replays so far."""
+    judged = judged if judged is not None else Judged()
     simulated: list[tuple[float, int, Graph, MemoryProfile, bool, float]] = []
     for graph in _distinct(candidates + ([waiting] if waiting is not None else [])):
-        for reuse, profile in zip((True, False), simulate_both(graph, list(range(len(graph.nodes))), tensors)):
+        for reuse, profile in zip((True, False), judged.both(graph, tensors)):
             scale = (1.0 if reuse else 1 / (1 - MEM_REUSE_OFF_MARGIN)) / (1 - WAITING_MARGIN * (graph is waiting))
             simulated.append((profile.activation_peak_bytes * scale, len(simulated), graph, profile, reuse, scale))
     best: tuple[float, int, int, Graph, MemoryProfile, bool, ArenaResult] | None = None
@@ -181,7 +226,7 @@ def choose_order_and_reuse(a: Analysis, candidates: list[Graph], tensors: dict[s
             continue
         # an option whose arena passes the best one's is lost: its replay stops there
         # (replaying a loser to its end costs time and changes nothing)
-        arena = predict_in_use(graph, profile, tensors, None if best is None else int(best[0] / scale))
+        arena = judged.arena(graph, profile, tensors, reuse, None if best is None else int(best[0] / scale))
         in_use = arena.peak_in_use_bytes
         option = (in_use * scale, profile.peak_bytes, k, graph, profile, reuse, arena)
         if best is not None and option[:3] >= best[:3]:
@@ -206,10 +251,11 @@ def _distinct(candidates: list[Graph]) -> list[Graph]:
 
 
 def _lowest_tensor_peak(candidates: list[Graph], tensors: dict[str, TensorInfo],
-                        waiting: Graph | None = None) -> Chosen:
+                        waiting: Graph | None = None, judged: Judged | None = None) -> Chosen:
     """``_choose_order_and_reuse`` for a ``model_only`` rewrite: reuse on, the order of lowest
     simulated tensor peak (first on ties; ``waiting`` by WAITING_MARGIN), no arena."""
-    options = [(simulate(graph, list(range(len(graph.nodes))), tensors), k, graph)
+    judged = judged if judged is not None else Judged()
+    options = [(judged.on(graph, tensors), k, graph)
                for k, graph in enumerate(_distinct(candidates + ([waiting] if waiting is not None else [])))]
     profile, _, graph = min(options, key=lambda o: (o[0].peak_bytes / (1 - WAITING_MARGIN * (o[2] is waiting)), o[1]))
     return graph, profile, True, None
