@@ -91,6 +91,32 @@ def choose_schedule(a: Analysis, new: Graph, tensors: dict[str, TensorInfo], cop
 def _choose(a: Analysis, new: Graph, tensors: dict[str, TensorInfo], copy_names: set[str], forward_names: set[str],
             model_only: bool, memo: ScheduleMemo) -> Chosen:
     """The written order of ``new`` and ORT's buffer reuse for it: (graph, profile, reuse, arena)."""
+    candidates, waiting = _candidates(new, tensors, copy_names, forward_names, memo)
+    judged = Judged()  # the second choice judges the first one's graphs again
+
+    def choice(waiting: Graph | None) -> Chosen:
+        if model_only:
+            return _lowest_tensor_peak(candidates, tensors, waiting, judged)
+        return choose_order_and_reuse(a, candidates, tensors, memo, waiting, judged)
+
+    chosen = choice(waiting)
+    if waiting is None or chosen[0] is not waiting:
+        return chosen
+    other = choice(None)
+    # what the pinning below holds besides chosen's and other's graphs: nothing of the choice
+    judged.drop()
+    candidates.clear()
+    if chosen[3] is not None and other[3] is not None and chosen[3].held_bytes > other[3].held_bytes:
+        # what the arena reserves is what a process holds (zoo mlp_dropout's sqrt, waiting:
+        # 0.6 MB less in use, 4.2 MB more reserved)
+        return other
+    default = [_default_order_peak(a, c, tensors, forward_names, not model_only) for c in (chosen, other)]
+    return chosen if default[0] <= default[1] else other
+
+
+def _candidates(new: Graph, tensors: dict[str, TensorInfo], copy_names: set[str], forward_names: set[str],
+                memo: ScheduleMemo) -> tuple[list[Graph], Graph | None]:
+    """The candidate written orders of ``new`` and its waiting order (None: not offered)."""
     sizes = {t: info.nbytes for t, info in tensors.items() if info.nbytes}
     roots, movable = buffer_roots(new), [n.name not in forward_names for n in new.nodes]
     copies = [n.name in copy_names for n in new.nodes]
@@ -108,25 +134,7 @@ def _choose(a: Analysis, new: Graph, tensors: dict[str, TensorInfo], copy_names:
     if any(u and not c for u, c in zip(unseeded, copies)):
         lazy = [u or c for u, c in zip(unseeded, copies)]
         waiting = executed_order(new, memory_aware(new, reads, movable, lazy))
-
-    judged = Judged()  # the second choice judges the first one's graphs again
-
-    def choice(waiting: Graph | None) -> Chosen:
-        if model_only:
-            return _lowest_tensor_peak(candidates, tensors, waiting, judged)
-        return choose_order_and_reuse(a, candidates, tensors, memo, waiting, judged)
-
-    chosen = choice(waiting)
-    if waiting is None or chosen[0] is not waiting:
-        return chosen
-    other = choice(None)
-    judged.drop()
-    if chosen[3] is not None and other[3] is not None and chosen[3].held_bytes > other[3].held_bytes:
-        # what the arena reserves is what a process holds (zoo mlp_dropout's sqrt, waiting:
-        # 0.6 MB less in use, 4.2 MB more reserved)
-        return other
-    default = [_default_order_peak(a, c, tensors, forward_names, not model_only) for c in (chosen, other)]
-    return chosen if default[0] <= default[1] else other
+    return candidates, waiting
 
 
 def _default_order_peak(a: Analysis, chosen: Chosen, tensors: dict[str, TensorInfo], forward_names: set[str],
