@@ -268,12 +268,17 @@ class _Pinner:
         indexed again (reading protos back is slow on large graphs)."""
         out: list[Node] = []
         unmark = self.copies - self.unpinned
+        before, rewired, after = self.before, self.rewired, self.sizes_after
         for n in self.graph.nodes:
-            out.extend(Node.from_proto(0, p) for p in self.before.get(n.index, ()))
-            if n.index in self.rewired:
-                p = self.rewired[n.index]
+            i = n.index
+            # most nodes have no guard and keep their proto: one membership test each
+            if i in before:
+                out.extend(Node.from_proto(0, p) for p in before[i])
+            if i in rewired:
+                p = rewired[i]
                 out.append(_same_node(n, p, tuple(p.input)))
             else:
-                out.append(_same_node(n, _unmarked(n.proto)) if n.index in unmark else n)
-            out.extend(Node.from_proto(0, p) for p in self.sizes_after.get(n.index, ()))
+                out.append(_same_node(n, _unmarked(n.proto)) if i in unmark else n)
+            if i in after:
+                out.extend(Node.from_proto(0, p) for p in after[i])
         return out
