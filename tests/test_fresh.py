@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
+from unittest import mock
 
 import onnx
 
@@ -18,6 +19,7 @@ from ckpt_cli.planning import choose_plan
 from ckpt_cli.rewrite import rewrite
 from ckpt_cli.io.written import to_model
 from ckpt_cli.markers import FRESH_META
+from ckpt_cli.rewrite import fresh
 from ckpt_cli.rewrite.fresh import apply
 from ckpt_cli.io.save import save_model
 from ckpt_cli.verify.feeds import make_feeds
@@ -155,3 +157,19 @@ def test_no_view_goes_in_front_of_a_reshape(tmp_path):
     assert _viewed(g, by_op["Relu"], tensors, constants, frozenset()) == [(by_op["Relu"], "x")]
     assert _viewed(g, by_op["Reshape"], tensors, constants, frozenset()) == []
     assert _viewed(g, by_op["Unsqueeze"], tensors, constants, frozenset()) == []
+
+
+def test_unshared_is_unshare_s_graph_and_tensors_at_any_size():
+    """``unshared`` skips unshare's simulation only where unshare leaves the graph as it is:
+    gpt's pinned rewrite, below and (the bound lowered) above ``_GREEDY_NODES``."""
+    a, result = _gpt()
+    forward = frozenset(n.name for n in a.graph.nodes if a.phases.is_forward[n.index])
+    pinned, known = result.pinned.graph, result.pinned.tensors
+    for bound in (fresh._GREEDY_NODES, len(pinned.nodes) - 1):
+        with mock.patch.object(fresh, "_GREEDY_NODES", bound):
+            whole = fresh.unshare(pinned, known, result.mem_reuse, forward)
+            graph, tensors = fresh.unshared(pinned, known, result.mem_reuse, forward)
+        assert [n.proto.SerializeToString() for n in graph.nodes] == [n.proto.SerializeToString()
+                                                                      for n in whole.graph.nodes]
+        assert tensors == whole.tensors
+    assert result.fresh is not None and result.fresh.fresh  # below the bound unshare writes guards
