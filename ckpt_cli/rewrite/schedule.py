@@ -110,7 +110,9 @@ def _choose(a: Analysis, new: Graph, tensors: dict[str, TensorInfo], copy_names:
         # what the arena reserves is what a process holds (zoo mlp_dropout's sqrt, waiting:
         # 0.6 MB less in use, 4.2 MB more reserved)
         return other
-    default = [_default_order_peak(a, c, tensors, forward_names, not model_only) for c in (chosen, other)]
+    default = [_default_order_peak(a, chosen, tensors, forward_names, not model_only)]
+    # other is taken only below chosen's peak: past it, its replay stops
+    default.append(_default_order_peak(a, other, tensors, forward_names, not model_only, default[0]))
     return chosen if default[0] <= default[1] else other
 
 
@@ -138,14 +140,15 @@ def _candidates(new: Graph, tensors: dict[str, TensorInfo], copy_names: set[str]
 
 
 def _default_order_peak(a: Analysis, chosen: Chosen, tensors: dict[str, TensorInfo], forward_names: set[str],
-                        arena: bool) -> int:
+                        arena: bool, above: int | None = None) -> int:
     """The peak of ``chosen``'s graph as it is written (pinned, its fresh tensors made:
     ``rewrite/pin.py``, ``rewrite/fresh.py``) when a session runs it in ORT's DEFAULT order (a
     plain InferenceSession, the Module API untuned): the arena in use, or without ``arena``
     the live tensors. The waiting order is judged there too: what it lowers holds only in
     the file's order, and the nodes it moves can lift DEFAULT's peak (gpt12's hull plans: a
     plain session measured 174 MB against 107 MB without it; the ORT example artifact's
-    min cut: 10.0 MiB predicted in the Module API's session against 9.0)."""
+    min cut: 10.0 MiB predicted in the Module API's session against 9.0). With ``arena``, a
+    peak above ``above`` may come back as a lower figure still above it."""
     graph, _, reuse, _ = chosen
     if (a.graph.opset("") or 0) >= GUARD_MIN_OPSET:
         pinned = pin(graph, tensors, forward_names)
@@ -153,7 +156,11 @@ def _default_order_peak(a: Analysis, chosen: Chosen, tensors: dict[str, TensorIn
         if pinned.guard_nodes:
             graph, tensors = unshared(graph, tensors, reuse, frozenset(forward_names))
     profile = simulate(graph, schedules.ort_default(graph), tensors)
-    return predict_in_use(graph, profile, tensors).peak_in_use_bytes if arena else profile.peak_bytes
+    if not arena:
+        return profile.peak_bytes
+    if above is not None and profile.activation_peak_bytes > above:
+        return profile.activation_peak_bytes  # the arena never has fewer bytes in use than the live tensors
+    return predict_in_use(graph, profile, tensors, above).peak_in_use_bytes
 
 
 class Judged:
