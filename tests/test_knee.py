@@ -138,11 +138,29 @@ def test_above_the_rewrite_bound_the_knee_judges_the_corners_nearest_it(above_ol
     a = above_old_limit
     monkeypatch.setattr(cutsearch, "KNEE_JUDGED_NODES", 2 * len(a.graph.nodes))
     planned = make_plan(a)
-    everything = make_plan(a, auto="min-peak")  # above DEFAULT_SEARCH_NODES: the per-layer plan
+    layers = plan_cost(a, default_regions(a))
     assert planned.knee is not None and planned.knee.candidates == 2
-    assert planned.plan.strategy == "mincut" and everything.plan.strategy != "mincut"
+    assert planned.plan.strategy == "mincut"
     assert any("2 of " in note for note in planned.plan.notes)
-    assert planned.knee.chosen.peak_bytes <= plan_cost(a, everything.plan).peak_bytes * 1.01
+    assert planned.knee.chosen.peak_bytes <= layers.peak_bytes * 1.01
+
+
+def test_above_five_thousand_nodes_the_lowest_peak_judges_corners_beside_the_layers(above_old_limit, monkeypatch):
+    """``--auto min-peak`` (an ORT artifact's default) above DEFAULT_SEARCH_NODES judges the
+    per-layer plan and, as KNEE_JUDGED_NODES allows, the corners of lowest estimated peak:
+    it takes one of them where it is as low for less recompute, and a session that refuses
+    it gets the per-layer plan next (a fallback with less recompute only: none here)."""
+    a = above_old_limit
+    layers = plan_cost(a, default_regions(a))
+    monkeypatch.setattr(cutsearch, "KNEE_JUDGED_NODES", 3 * len(a.graph.nodes))
+    lowest = make_plan(a, auto="min-peak")
+    assert lowest.cost is not None and any("3 plan(s) judged" in note for note in lowest.plan.notes)
+    assert lowest.cost.peak_bytes <= layers.peak_bytes * (1 + cutsearch.NEAR_LOWEST)
+    assert lowest.cost.recompute_flops <= layers.recompute_flops
+    assert lowest.plan.strategy == "mincut"
+    monkeypatch.setattr(cutsearch, "KNEE_JUDGED_NODES", len(a.graph.nodes))  # one rewrite: the layers alone
+    alone = make_plan(a, auto="min-peak")
+    assert alone.plan.strategy == "layers" and alone.cost == layers
 
 
 def test_the_aimed_knee_is_judged_first_then_its_hull_neighbours_past_it_first():

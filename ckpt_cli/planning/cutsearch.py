@@ -431,9 +431,9 @@ def polished(a: Analysis, result: BudgetResult, evaluate: Callable[[Plan], PlanC
 # fewest recompute FLOPs (a near-lowest peak for far less recompute is the better trade).
 NEAR_LOWEST = 0.02
 LARGE_DEFAULT_CORNERS = 1  # corners judged on large graphs, next to the one that recomputes the most
-# Above this ``--auto min-peak`` is the per-layer plan without judging others: each
-# judgement is a rewrite of the whole graph. Below it, a min-cut corner can beat the
-# per-layer plan on transformers, though not on CNNs. The knee searches at every size.
+# Above this the default's searches judge a bounded number of plans: each judgement is a
+# rewrite of the whole graph. A min-cut corner can beat the per-layer plan on transformers,
+# though not on CNNs.
 DEFAULT_SEARCH_NODES = 5_000
 # Above DEFAULT_SEARCH_NODES the knee's rewrites are bounded by the nodes they rewrite in
 # all, to keep the default plan within its targets (2 s at 10k nodes, 15 s at 100k; the
@@ -468,12 +468,10 @@ def lowest_peak_plan(a: Analysis, evaluate: Callable[[Plan], PlanCost], *, thoro
     the knee of the same candidates instead (``knee.py``), with the choice recorded.
     ``rewritten``: the graph a judged plan was rewritten to; with it the lowest peak of a
     small graph also takes the plans the peak descent reaches (``descent.py``)."""
-    if len(a.graph.nodes) > DEFAULT_SEARCH_NODES and not at_knee:
-        plan = apply_policy(default_regions(a), policy, a.graph)
-        plan.notes.append(f"the default on graphs above {DEFAULT_SEARCH_NODES} nodes: no search among plans")
-        return DefaultPlan(plan)
     judgements = max(1, KNEE_JUDGED_NODES // max(1, len(a.graph.nodes)))
-    if at_knee and not thorough:
+    if len(a.graph.nodes) > DEFAULT_SEARCH_NODES and not at_knee:
+        reorder, judged = _aimed_lowest(a, evaluate, policy, judgements)
+    elif at_knee and not thorough:
         reorder, judged = _aimed_knee(a, evaluate, policy, judgements)
     else:
         reorder, judged = _judged_defaults(a, evaluate, thorough, policy, every_corner=at_knee)
@@ -559,6 +557,31 @@ def _aimed_knee(a: Analysis, evaluate: Callable[[Plan], PlanCost], policy: Polic
     cuts = len(options) - (len(options) > 1)
     note = (f"{len(options)} of {plans} plans judged: the {cuts} min-cut corner(s) nearest the knee of "
             "their peaks estimated on the original's schedule" + (", and the per-layer plan" if cuts < len(options) else ""))
+    for plan, _ in judged:
+        plan.notes.append(note)
+    return reorder, judged
+
+
+def _aimed_lowest(a: Analysis, evaluate: Callable[[Plan], PlanCost], policy: Policy,
+                  judgements: int) -> tuple[Plan, list[tuple[Plan, PlanCost]]]:
+    """The lowest peak's candidates above DEFAULT_SEARCH_NODES, each judged: the per-layer
+    plan, then, while ``judgements`` rewrites suffice, the corners of lowest peak estimated
+    on the original's schedule (a corner can match the per-layer peak for far less
+    recompute on transformers; on CNNs the per-layer plan wins)."""
+    reorder = Plan([], "none", ["reordering alone gives the lowest peak"], decisions=all_kept(a, REORDER))
+    options = [default_regions(a)]
+    if judgements > 1:  # the front takes seconds at 100k nodes: not for corners left unjudged
+        problem = build(a, policy)
+        aimed = front(problem, LARGE_SOLVES)[:-1]  # recomputing all: see _nearest_knee
+        guesses = _schedule_guesses(a, problem, aimed)
+        del problem  # let go before the rewrites judged, as _aimed_knee does
+        lowest = sorted(range(len(aimed)), key=lambda k: (guesses[k], aimed[k].flops))
+        options += [to_plan(a, aimed[k], "mincut") for k in lowest[:judgements - 1]]
+    options = [apply_policy(p, policy, a.graph) for p in options]
+    judged = [(plan, evaluate(plan)) for plan in options]
+    note = (f"{len(judged)} plan(s) judged on a graph above {DEFAULT_SEARCH_NODES} nodes: the per-layer plan"
+            + (f" and the {len(judged) - 1} min-cut corner(s) of lowest peak estimated on the original's schedule"
+               if len(judged) > 1 else ""))
     for plan, _ in judged:
         plan.notes.append(note)
     return reorder, judged

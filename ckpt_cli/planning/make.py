@@ -19,7 +19,7 @@ from ..options import MIN_PEAK, PlanOptions
 from . import choose_plan
 from .activation import activation_budget_plan
 from .budget import BudgetSearch, Planned
-from .cutsearch import lowest_peak_plan
+from .cutsearch import DEFAULT_SEARCH_NODES, lowest_peak_plan
 from .evaluate import PlanEvaluator, Rewriter, Rewritten, ort_peak
 from .plan import Plan, apply_policy
 from .strategies import LARGE_GRAPH_NODES, STRATEGIES, parse_budget
@@ -109,7 +109,9 @@ def _default_plan(a: Analysis, rewriting: Rewriting, options: PlanOptions,
 
     chosen = lowest_peak_plan(a, judged, thorough=len(a.graph.nodes) <= LARGE_GRAPH_NODES,
                               policy=options.policy, at_knee=at_knee, rewritten=rewritten)
-    if not at_knee:  # the lowest peak's plans again with the second copies that lower them (``twice.py``)
+    # the lowest peak's plans again with the second copies that lower them (``twice.py``):
+    # each a rewrite of the whole graph more, which large graphs' bounded searches leave out
+    if not at_knee and len(a.graph.nodes) <= DEFAULT_SEARCH_NODES:
         chosen = lowest_with_twice(a, evaluator, judged, chosen,
                                    lambda plan: rewriting.write(a, Planned(plan, result=evaluator.results.get(id(plan))),
                                                                 pin))
