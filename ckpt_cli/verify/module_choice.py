@@ -271,11 +271,11 @@ class _Trials:
     memory planning (``Writer.model``'s ``unplanned``), and one so written that passes
     untuned only, lower there than the best so far, once more with its dimensions that
     move alike sharing a symbol; the lowest untuned peak of all that pass is taken
-    (``lower``). ORT's memory pattern sizes its block from the tensors it can size before the run, and the
-    BFC arena gives the block a whole power-of-two region: hiding a rewrite's tensors from
-    it can lower a passing plan's peak as well as a failing one's, and a plan that fails
-    as written can pass so (zoo unet: none of its 5 plans passes as written, all 5 pass
-    unplanned, 0.71x to 0.95x the original's untuned peak). A symbol per dimension turns
+    (``lower``). ORT's memory pattern sizes its block from the tensors it can size before
+    the run, and the BFC arena gives the block a whole power-of-two region: hiding a
+    rewrite's tensors from it can lower a passing plan's peak as well as a failing one's,
+    and a plan that fails as written can pass so (zoo unet: none of its 5 plans passes as
+    written, all 5 pass unplanned, 0.71x to 0.95x the original's untuned peak). A symbol per dimension turns
     buffer reuse off as well, which the settings ckpt records keep on: one symbol per size
     gives it back (zoo frozen_backbone)."""
 
@@ -328,13 +328,10 @@ class _Trials:
         measurement noise of it and ``j``'s peak under its settings is below: two untuned
         peaks that close are not told apart (zoo unet: its descended plan 63.37 MiB
         untuned, 51.70 under its settings; the sqrt plan 63.43 and 63.74)."""
-        if best is None:
-            return True
-        b = self.judged[best]
-        untuned, other = j.peak_bytes or 0, b.peak_bytes or 0
-        if abs(untuned - other) <= module_noise(self.original.peak_bytes):
+        b = self.judged[best] if best is not None else None
+        if b is not None and abs((j.peak_bytes or 0) - (b.peak_bytes or 0)) <= module_noise(self.original.peak_bytes):
             return (j.peak_bytes_settings or 0) < (b.peak_bytes_settings or 0)
-        return untuned < other
+        return self.below(j, best)
 
     def run(self) -> tuple[list[ModuleJudged], dict[int, RewriteResult], int | None]:
         """The plans judged, the rewrites by plan, and the index of the one taken in the first."""
