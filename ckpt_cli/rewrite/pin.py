@@ -18,7 +18,12 @@ of its reader, before the reader's older inputs, and the copies live while those
 computed. Only the Module choice (``verify/module_choice.py``) pins so, and keeps the
 result only where training measures it no higher: on the ORT example artifact the waits
 moved fresh.py's choice and a plain InferenceSession measured 13.0 MiB against 8.8
-without them (the original: 10.0).
+without them (the original: 10.0), before triggers had to be computed (below).
+
+A trigger is never a backward node that reads nothing the forward computes (``_static``),
+with waits or without: ORT's DEFAULT order, which a plain InferenceSession and the Module
+run, reaches such a node first, so a guard on it holds nothing back (zoo unet: most
+copies of its plain pin ran before the nodes they copy).
 
 Only copies none of whose inputs come from another copy of the block get a guard (on
 one input): every other copy depends on those. Every copy then reads a tensor its
@@ -132,7 +137,7 @@ def pin(graph: Graph, tensors: dict[str, TensorInfo], forward: set[str], waits: 
     """Add guards to every recompute block of ``graph`` (nodes in the written order, copies
     tagged with ``ckpt.recompute_of``) and return the graph in its new executed order.
     ``forward`` names the forward nodes (their outputs are never tied); ``waits``: each block
-    also waits for the older backward inputs of its readers (``_Pinner.read_with``), and no
+    also waits for the older backward inputs of its readers (``_Pinner.read_with``); no
     trigger is a node that reads nothing the forward computes (``_static``); ``split``: each
     run of a block's copies written apart is a block of its own (``_runs``)."""
     copies: dict[str, list[Node]] = {}  # block (its region, or a second copies' label) -> its copies in written order
@@ -148,7 +153,7 @@ def pin(graph: Graph, tensors: dict[str, TensorInfo], forward: set[str], waits: 
     blocks = sorted(_runs(copies) if split else copies.items(), key=lambda kv: kv[1][0].index)
     starts = [block[0].index for _, block in blocks]
     previous = 0
-    triggers = triggers_of(graph, starts, forward, pinner.copies, computed=waits)
+    triggers = triggers_of(graph, starts, forward, pinner.copies, computed=True)
     for (region, block), start, trigger in zip(blocks, starts, triggers):
         ties = pinner.ties(previous, start, trigger)
         pinner.block(region, block, start, trigger, ties,
