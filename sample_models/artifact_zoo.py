@@ -57,6 +57,10 @@ Model notes:
   rotary embeddings from cos/sin buffers (frozen parameters), SwiGLU (SiLU becomes QuickGelu).
 - ``frozen_backbone``: parameters with ``requires_grad=False`` go to ``frozen_params`` (with
   the buffers): the backbone gets no gradient and no optimizer state; ``L1Loss``.
+- ``mixer``: MLP-Mixer; its LayerNormalization (opset 17) gets the Mean / InvStdDev outputs
+  as bert17's.
+- ``tcn``: causal dilated Conv1d pairs behind a left ``Pad``; ORT's gradient of ``Pad`` pads by
+  ``Neg`` of the pads.
 - ``keyword_kl``: ``KLDivLoss`` is an onnxblock loss of this file (``CUSTOM_LOSSES``), not a
   ``LossType``: KL(softmax(target) || softmax(logits)), ``target`` a teacher's logits.
 - ``lstm`` / ``gru``: regressors; ``generate_artifacts``' MSELoss adds a float ``target`` input
@@ -566,6 +570,54 @@ class FrozenBackbone(nn.Module):
         return self.head(self.backbone(x))
 
 
+
+class MixerBlock(nn.Module):
+    """MLP-Mixer's block: an MLP across the tokens (through transposes), then across channels."""
+
+    def __init__(self, tokens: int, dim: int) -> None:
+        super().__init__()
+        self.n1, self.n2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.tok = nn.Sequential(nn.Linear(tokens, 2 * tokens), nn.GELU(), nn.Linear(2 * tokens, tokens))
+        self.ch = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.tok(self.n1(x).transpose(1, 2)).transpose(1, 2)
+        return x + self.ch(self.n2(x))
+
+
+class Mixer(nn.Module):
+    """MLP-Mixer: 4x4 patches by a strided Conv, four Mixer blocks, mean over the tokens."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Conv2d(3, 64, 4, 4)
+        self.blocks = nn.Sequential(*[MixerBlock(64, 64) for _ in range(4)])
+        self.norm = nn.LayerNorm(64)
+        self.head = nn.Linear(64, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.blocks(self.embed(x).flatten(2).transpose(1, 2))
+        return self.head(self.norm(x).mean(1))
+
+
+class GatedTCN(nn.Module):
+    """WaveNet-style: causal dilated Conv1d pairs (tanh * sigmoid gate), 1x1 residual convs."""
+
+    def __init__(self, ch: int = 32, layers: int = 6) -> None:
+        super().__init__()
+        self.inp = nn.Conv1d(16, ch, 1)
+        self.f = nn.ModuleList(nn.Conv1d(ch, ch, 2, dilation=2 ** i) for i in range(layers))
+        self.g = nn.ModuleList(nn.Conv1d(ch, ch, 2, dilation=2 ** i) for i in range(layers))
+        self.res = nn.ModuleList(nn.Conv1d(ch, ch, 1) for _ in range(layers))
+        self.head = nn.Linear(ch, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inp(x)
+        for i, (f, g, r) in enumerate(zip(self.f, self.g, self.res)):
+            p = nn.functional.pad(h, (2 ** i, 0))
+            h = h + r(torch.tanh(f(p)) * torch.sigmoid(g(p)))
+        return self.head(h.mean(2))
+
 def keyword_net() -> nn.Module:
     """A keyword spotter over 40 x 128 audio features: Conv1d + GELU layers, mean pool.
     (With ``groups=4`` in its second Conv1d ORT 1.19.2 corrupts its heap: see the README.)"""
@@ -643,6 +695,8 @@ def specs() -> list[Spec]:
              (Tensor("input", ("batch", 3, 32, 32)),), Tensor("pred", ("batch", 4)), 16),
         Spec("keyword_kl", 17, "KLDivLoss", keyword_net, (Tensor("input", ("batch", 40, 128)),),
              logits, 64),
+        Spec("mixer", 17, CE, Mixer, (Tensor("input", ("batch", 3, 32, 32)),), logits, 32, ln_stats=True),
+        Spec("tcn", 17, CE, GatedTCN, (Tensor("input", ("batch", 16, 256)),), logits, 32),
     ]
 
 

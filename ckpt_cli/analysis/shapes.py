@@ -552,8 +552,9 @@ _MAX_ROUNDS = 32  # each round passes one more layer of ORT ops; deep graphs nee
 
 # Ops ckpt evaluates on shape values.
 # Equal and Where: the exporter's shape of an ``expand`` (-1 kept from the input's shape).
+# Neg: ORT's gradient of ``Pad`` pads by the negated pads (a crop).
 FOLDABLE = frozenset({"Shape", "Size", "Constant", "Gather", "Squeeze", "Unsqueeze", "Add", "Sub", "Mul", "Div",
-                      "Concat", "Slice", "Cast", "Reshape", "Identity", "Equal", "Where"})
+                      "Concat", "Slice", "Cast", "Reshape", "Identity", "Equal", "Where", "Neg"})
 _MAX_ELEMENTS = 64
 _INTEGER = (onnx.TensorProto.INT64, onnx.TensorProto.INT32)
 
@@ -662,6 +663,7 @@ def _axes(a: np.ndarray, axes: np.ndarray | None = None) -> tuple[int, ...] | No
 _AXES_INPUT = frozenset({"Squeeze", "Unsqueeze"})
 _FAST: dict[str, Callable[..., Any]] = {
     "Identity": lambda n, a: a,
+    "Neg": lambda n, a: -a,
     "Add": lambda n, a, b: a + b,
     "Sub": lambda n, a, b: a - b,
     "Mul": lambda n, a, b: a * b,
