@@ -342,3 +342,35 @@ def test_a_plain_pin_never_triggers_on_a_node_that_reads_nothing_the_forward_com
     assert len(copies) > 20
     for c in copies:
         assert position[by_name[recompute_source(c)]] < position[c.index], c.name
+
+
+def test_the_written_graph_takes_the_pin_the_default_order_check_made(monkeypatch):
+    """Where the DEFAULT-order check judges the waiting order against the other and the
+    other wins (a 70-layer synthetic transformer's default plan, 10k nodes), the written
+    graph takes the pin the check made of it: no third pin, and the same graph a fresh
+    pin of it writes."""
+    from dataclasses import replace
+
+    import ckpt_cli.rewrite as rewrite_stage
+    from ckpt_cli.rewrite import pinned, schedule
+    from ckpt_cli.rewrite.pin import pin as real_pin
+    from ckpt_cli.rewrite.select import make_plan
+
+    a = analyse(Graph.from_model(build_transformer(70)))
+    plan = make_plan(a).plan
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real_pin(*args, **kwargs)
+
+    monkeypatch.setattr(schedule, "pin", counted)
+    monkeypatch.setattr(rewrite_stage, "pin_schedule", counted)
+    result = rewrite(a, plan, False)
+    assert len(calls) == 2 and result.plain_pin is not None and result.plain_pin[0] is result.graph
+    written = pinned(a, result)
+    assert len(calls) == 2
+    fresh = pinned(a, replace(result, plain_pin=None))
+    assert len(calls) == 3
+    assert [n.proto for n in written.graph.nodes] == [n.proto for n in fresh.graph.nodes]
+    assert written.pinned.guard_nodes == fresh.pinned.guard_nodes > 0

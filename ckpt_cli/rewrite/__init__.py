@@ -4,14 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-import onnx
-
 from ..analysis import Analysis, PeakModel, analyse_written, default_order, peak_model, schedules
 from ..analysis.arena import predict_in_use
 from ..analysis.memory import MemoryProfile, simulate
-from ..analysis.phases import BACKWARD, Phases, classify
+from ..analysis.phases import Phases, classify
 from ..graph import Graph, gc_paused
-from ..markers import PHASE_META
 from ..units import human_bytes
 from ..planning.decision import Decision, region_decisions, settle
 from ..planning.evaluate import ScheduleMemo
@@ -21,7 +18,7 @@ from .mem_pattern import PatternOff, is_ort_artifact, pattern_off
 from .apply import Surgery, apply_plan
 from .pin import GUARD_MIN_OPSET, PinResult, pin as pin_schedule
 from .recompute import RegionResult
-from .schedule import ScheduleCache, choose_schedule
+from .schedule import ScheduleCache, choose_schedule, mark_early_backward
 
 
 @dataclass
@@ -44,6 +41,9 @@ class RewriteResult:
     # (graph, its phases) as ``written_phases`` classified them: ``written`` classifies a
     # graph once (a walk of the whole graph); kept only while ``graph`` is that graph
     classified: tuple[Graph, Phases] | None = field(default=None, repr=False, compare=False)
+    # (graph, pin's guards of it without waits) as the schedule's DEFAULT-order check made
+    # them: ``pinned`` takes them instead of pinning again; kept only while ``graph`` is that graph
+    plain_pin: tuple[Graph, PinResult] | None = field(default=None, repr=False, compare=False)
 
     @property
     def guard_nodes(self) -> int:
@@ -74,7 +74,7 @@ def rewrite(a: Analysis, plan: Plan | None, pin: bool = True, model_only: bool =
     forward_names = {n.name for n in a.graph.nodes if a.phases.is_forward[n.index]}
     chosen = choose_schedule(a, surgery.graph, surgery.tensors, set(surgery.copy_names), forward_names, model_only,
                              ScheduleCache(memo) if memo is not None else None)
-    new = _mark_early_backward(chosen.graph, forward_names)
+    new = mark_early_backward(chosen.graph, forward_names)
     # The written order is its own PRIORITY_BASED order (executed_order), so the
     # simulation above is the written graph's; phase markers change no tensor.
     after = peak_model(new, surgery.tensors, chosen.profile, chosen.mem_reuse, chosen.arena)
@@ -83,7 +83,8 @@ def rewrite(a: Analysis, plan: Plan | None, pin: bool = True, model_only: bool =
     source = surgery.copy_sources()
     flops = sum(a.costs[source[n.name]].flops for n in copies)
     result = RewriteResult(new, after, surgery.regions, len(copies), flops, chosen.mem_reuse,
-                           decisions=_decisions(a, plan, surgery))
+                           decisions=_decisions(a, plan, surgery),
+                           plain_pin=(new, chosen.pin) if chosen.pin is not None and new is chosen.graph else None)
     return pinned(a, result) if pin else result
 
 
@@ -125,7 +126,11 @@ def pinned(a: Analysis, result: RewriteResult, waits: bool = False) -> RewriteRe
                "ckpt's session settings (PRIORITY_BASED), not in a plain session")
         return replace(result, pinned=PinResult(result.graph, result.after.tensors, 0, 0, 0, 0, skipped=why))
     forward_names = {n.name for n in a.graph.nodes if a.phases.is_forward[n.index]}
-    guarded = pin_schedule(result.graph, result.after.tensors, forward_names, waits)
+    ahead = result.plain_pin
+    if not waits and ahead is not None and ahead[0] is result.graph:
+        guarded = ahead[1]
+    else:
+        guarded = pin_schedule(result.graph, result.after.tensors, forward_names, waits)
     if waits:
         guarded = _runs_split(result, guarded, forward_names)
     if not guarded.guard_nodes:
@@ -234,20 +239,6 @@ def original_floor(alt: Alternatives) -> int:
     the arena never has fewer bytes in use than the live tensors."""
     return min(alt.reuse.activation_peak_bytes, alt.no_reuse.activation_peak_bytes,
                alt.default.activation_peak_bytes)
-
-
-def _mark_early_backward(graph: Graph, forward_names: set[str]) -> Graph:
-    """Tag backward nodes written before the last forward node (the memory-aware order
-    runs some early), so that analysing the written file classifies them the same."""
-    last_forward = max((n.index for n in graph.nodes if n.name in forward_names), default=-1)
-    marked: dict[int, onnx.NodeProto] = {}
-    for n in graph.nodes:
-        if n.index < last_forward and n.name not in forward_names and n.meta(PHASE_META) != BACKWARD:
-            p = marked[n.index] = onnx.NodeProto()
-            p.CopyFrom(n.proto)  # the input graph's protos are never modified
-            entry = p.metadata_props.add()
-            entry.key, entry.value = PHASE_META, BACKWARD
-    return graph.remarked(marked) if marked else graph
 
 
 __all__ = ["rewrite", "pinned", "written", "written_phases", "without_mem_pattern", "RewriteResult", "RegionResult", "PatternOff"]

@@ -14,15 +14,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import onnx
+
 from ..analysis import Analysis, schedules
 from ..analysis.arena import ArenaResult, predict_in_use
 from ..analysis.memory import MemoryProfile, buffer_roots, simulate, simulate_deferred
 from ..analysis.shapes import TensorInfo
+from ..analysis.phases import BACKWARD
 from ..graph import Graph
+from ..markers import PHASE_META
 from ..planning.evaluate import ScheduleMemo
 from .fresh import unshared
 from .order import buffer_reads, executed_order, memory_aware, seedless
-from .pin import GUARD_MIN_OPSET, pin
+from .pin import GUARD_MIN_OPSET, PinResult, pin
 
 # Turning ORT's buffer reuse off must win by this much: the arena model is exact with
 # reuse on, within a few percent with it off.
@@ -41,6 +45,9 @@ class Schedule:
     profile: MemoryProfile
     mem_reuse: bool
     arena: ArenaResult | None
+    # pin's guards of ``graph`` (no waits, unsplit) where the DEFAULT-order check made them:
+    # the written graph's own, not made again (a pin of a 100k-node graph takes a second)
+    pin: PinResult | None = None
 
 
 # A graph's nodes as a schedule cache key, and what it remembers: the chosen order (None:
@@ -82,15 +89,15 @@ def choose_schedule(a: Analysis, new: Graph, tensors: dict[str, TensorInfo], cop
     if known is not None:
         return known
     memo = cache.memo if cache is not None else ScheduleMemo(a)  # a rewrite of its own: its own memo
-    chosen = Schedule(*_choose(a, new, tensors, copy_names, forward_names, model_only, memo))
+    chosen = _choose(a, new, tensors, copy_names, forward_names, model_only, memo)
     if cache is not None:
         cache.put(new, model_only, chosen)
     return chosen
 
 
 def _choose(a: Analysis, new: Graph, tensors: dict[str, TensorInfo], copy_names: set[str], forward_names: set[str],
-            model_only: bool, memo: ScheduleMemo) -> Chosen:
-    """The written order of ``new`` and ORT's buffer reuse for it: (graph, profile, reuse, arena)."""
+            model_only: bool, memo: ScheduleMemo) -> Schedule:
+    """The written order of ``new`` and ORT's buffer reuse for it."""
     candidates, waiting = _candidates(new, tensors, copy_names, forward_names, memo)
     judged = Judged()  # the second choice judges the first one's graphs again
 
@@ -101,7 +108,7 @@ def _choose(a: Analysis, new: Graph, tensors: dict[str, TensorInfo], copy_names:
 
     chosen = choice(waiting)
     if waiting is None or chosen[0] is not waiting:
-        return chosen
+        return Schedule(*chosen)
     other = choice(None)
     # what the pinning below holds besides chosen's and other's graphs: nothing of the choice
     judged.drop()
@@ -109,11 +116,33 @@ def _choose(a: Analysis, new: Graph, tensors: dict[str, TensorInfo], copy_names:
     if chosen[3] is not None and other[3] is not None and chosen[3].held_bytes > other[3].held_bytes:
         # what the arena reserves is what a process holds (zoo mlp_dropout's sqrt, waiting:
         # 0.6 MB less in use, 4.2 MB more reserved)
-        return other
-    default = [_default_order_peak(a, chosen, tensors, forward_names, not model_only)]
-    # other is taken only below chosen's peak: past it, its replay stops
-    default.append(_default_order_peak(a, other, tensors, forward_names, not model_only, default[0]))
-    return chosen if default[0] <= default[1] else other
+        return Schedule(*other)
+    peak = _default_order_peak(a, chosen, tensors, forward_names, not model_only)[0]
+    # Marked as it is written, so that its pin is the written graph's, kept where it wins:
+    # the waiting order rarely does (the synthetic transformers; chosen's pin is not kept,
+    # two pinned graphs held at once would raise a large rewrite's peak). other is taken
+    # only below chosen's peak: past it, its replay stops.
+    other = _marked(other, forward_names)
+    other_peak, pinned = _default_order_peak(a, other, tensors, forward_names, not model_only, peak)
+    return Schedule(*chosen) if peak <= other_peak else Schedule(*other, pin=pinned)
+
+
+def _marked(chosen: Chosen, forward_names: set[str]) -> Chosen:
+    return (mark_early_backward(chosen[0], forward_names), *chosen[1:])
+
+
+def mark_early_backward(graph: Graph, forward_names: set[str]) -> Graph:
+    """Tag backward nodes written before the last forward node (the memory-aware order
+    runs some early), so that analysing the written file classifies them the same."""
+    last_forward = max((n.index for n in graph.nodes if n.name in forward_names), default=-1)
+    marked: dict[int, onnx.NodeProto] = {}
+    for n in graph.nodes:
+        if n.index < last_forward and n.name not in forward_names and n.meta(PHASE_META) != BACKWARD:
+            p = marked[n.index] = onnx.NodeProto()
+            p.CopyFrom(n.proto)  # the input graph's protos are never modified
+            entry = p.metadata_props.add()
+            entry.key, entry.value = PHASE_META, BACKWARD
+    return graph.remarked(marked) if marked else graph
 
 
 def _candidates(new: Graph, tensors: dict[str, TensorInfo], copy_names: set[str], forward_names: set[str],
@@ -140,7 +169,7 @@ def _candidates(new: Graph, tensors: dict[str, TensorInfo], copy_names: set[str]
 
 
 def _default_order_peak(a: Analysis, chosen: Chosen, tensors: dict[str, TensorInfo], forward_names: set[str],
-                        arena: bool, above: int | None = None) -> int:
+                        arena: bool, above: int | None = None) -> tuple[int, PinResult | None]:
     """The peak of ``chosen``'s graph as it is written (pinned, its fresh tensors made:
     ``rewrite/pin.py``, ``rewrite/fresh.py``) when a session runs it in ORT's DEFAULT order (a
     plain InferenceSession, the Module API untuned): the arena in use, or without ``arena``
@@ -148,8 +177,10 @@ def _default_order_peak(a: Analysis, chosen: Chosen, tensors: dict[str, TensorIn
     the file's order, and the nodes it moves can lift DEFAULT's peak (gpt12's hull plans: a
     plain session measured 174 MB against 107 MB without it; the ORT example artifact's
     min cut: 10.0 MiB predicted in the Module API's session against 9.0). With ``arena``, a
-    peak above ``above`` may come back as a lower figure still above it."""
+    peak above ``above`` may come back as a lower figure still above it. Also pin's
+    guards of the graph (None below ``GUARD_MIN_OPSET``)."""
     graph, _, reuse, _ = chosen
+    pinned = None
     if (a.graph.opset("") or 0) >= GUARD_MIN_OPSET:
         pinned = pin(graph, tensors, forward_names)
         graph, tensors = pinned.graph, pinned.tensors
@@ -157,10 +188,10 @@ def _default_order_peak(a: Analysis, chosen: Chosen, tensors: dict[str, TensorIn
             graph, tensors = unshared(graph, tensors, reuse, frozenset(forward_names))
     profile = simulate(graph, schedules.ort_default(graph), tensors)
     if not arena:
-        return profile.peak_bytes
+        return profile.peak_bytes, pinned
     if above is not None and profile.activation_peak_bytes > above:
-        return profile.activation_peak_bytes  # the arena never has fewer bytes in use than the live tensors
-    return predict_in_use(graph, profile, tensors, above).peak_in_use_bytes
+        return profile.activation_peak_bytes, pinned  # the arena never has fewer bytes in use than the live tensors
+    return predict_in_use(graph, profile, tensors, above).peak_in_use_bytes, pinned
 
 
 class Judged:
