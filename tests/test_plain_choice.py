@@ -103,3 +103,30 @@ def test_large_graphs_are_not_judged():
     a = analyse(load_graph(SAMPLES / "mlp.onnx"))
     assert judged_here(a) is None
     assert len(a.graph.nodes) < MAX_JUDGED_NODES
+
+
+def test_the_fused_graph_is_sized_in_a_few_inference_passes(tmp_path, monkeypatch):
+    """ORT's fused graph has no value_info, and onnx's inference stops at each of ORT's own
+    ops: sized by ckpt's rules alone, a chain of FusedMatMul down the backward of a 4-layer
+    synthetic transformer took a whole-graph inference per op (20 and more). The sizes of
+    their outputs the file's analysis knows are declared instead: a few passes, the same
+    tensors."""
+    from synthetic import build_transformer
+
+    from ckpt_cli.analysis import shapes
+    from ckpt_cli.verify import plain_model
+
+    src = tmp_path / "t.onnx"
+    onnx.save(build_transformer(4), src)
+    known = analyse(load_graph(src)).tensors
+    fused = plain_model.write_fused(src, tmp_path)
+    passes = []
+    real = shapes._inferred
+    monkeypatch.setattr(shapes, "_inferred", lambda *a, **k: passes.append(1) or real(*a, **k))
+    declared = plain_model.read_fused(fused, known)
+    assert declared is not None and len(passes) <= 8, len(passes)
+    monkeypatch.setattr(plain_model, "_declare_ort_op_outputs", lambda graph, known: None)
+    passes.clear()
+    by_rules = plain_model.read_fused(fused, known)
+    assert by_rules is not None and len(passes) > 20, len(passes)
+    assert declared[1] == by_rules[1]

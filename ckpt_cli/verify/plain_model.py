@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from onnx.helper import make_tensor_value_info
+
 from ..analysis.pattern import predict_plain
 from ..analysis.shapes import TensorInfo, infer_shapes
 from ..errors import CkptError, RunFailed
@@ -56,9 +58,26 @@ def write_fused(model_path: str | Path, folder: Path, timeout: float | None = DE
     return None if written is None else fused
 
 
-def _graph_and_tensors(path: Path) -> tuple[Graph, dict[str, TensorInfo]]:
+def _graph_and_tensors(path: Path, known: Mapping[str, TensorInfo]) -> tuple[Graph, dict[str, TensorInfo]]:
     graph = load_graph(path)
+    _declare_ort_op_outputs(graph, known)
     return graph, infer_shapes(graph).tensors
+
+
+def _declare_ort_op_outputs(graph: Graph, known: Mapping[str, TensorInfo]) -> None:
+    """Declare, as value_info, the sizes ``known`` gives the outputs of ORT's own ops in the
+    fused graph: ORT writes no value_info there, onnx's inference stops at each such op, and
+    sizing them by ckpt's rules passes one more op per round of whole-graph inference (a
+    24-layer transformer's backward: a chain of FusedMatMul, 32 rounds, the cap, still
+    leaving some to ``known``). A fused node keeps the output names of the nodes it replaces."""
+    declared = graph.model.graph.value_info
+    for node in graph.nodes:
+        if node.domain in ("", "ai.onnx"):
+            continue
+        for t in node.outputs:
+            info = known.get(t)
+            if t and info is not None and info.nbytes is not None and info.shape is not None:
+                declared.append(make_tensor_value_info(t, info.dtype, list(info.shape)))
 
 
 def or_none(call: Callable[[], T]) -> T | None:
@@ -79,7 +98,7 @@ def read_fused(fused: Path, known: Mapping[str, TensorInfo]) -> tuple[Graph, dic
     it cannot be read or a tensor it produces has no known size."""
     # the tensors only: a whole analysis would also simulate another order and
     # classify phases, which a graph ORT fused need not pass
-    loaded = or_none(lambda: _graph_and_tensors(fused))
+    loaded = or_none(lambda: _graph_and_tensors(fused, known))
     if loaded is None:
         return None
     graph, inferred = loaded
