@@ -22,7 +22,7 @@ import sys
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Sequence, cast
 
 import onnx
 
@@ -47,32 +47,37 @@ PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 # load must end in one line, not a log or a crash of ckpt itself.
 _CHILD = r"""
 import json, sys
-spec = json.loads(sys.argv[1])
+specs = json.loads(sys.argv[1])
+def say(answer):
+    print(json.dumps(answer), flush=True)
 try:
     import onnxruntime as ort
 except Exception as e:
-    print(json.dumps({"ok": False, "kind": "load_failed", "message": f"cannot import onnxruntime: {e}"})); sys.exit()
-if spec["provider"] not in ort.get_available_providers():
-    print(json.dumps({"ok": False, "kind": "provider_unavailable",
-                      "message": f"this onnxruntime build has no {spec['provider']}"})); sys.exit()
-so = ort.SessionOptions()
-so.log_severity_level = 4
-so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, spec["level"])
-so.optimized_model_filepath = spec["output"]
-if spec["external"]:
-    so.add_session_config_entry("session.optimized_model_external_initializers_file_name", spec["external"])
-    so.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
-try:
-    s = ort.InferenceSession(spec["model"], so, providers=[spec["provider"]])
-except Exception as e:
-    first = next((l for l in str(e).splitlines() if l.strip()), type(e).__name__)
-    print(json.dumps({"ok": False, "kind": "load_failed", "message": first[:300]})); sys.exit()
-ran = s.get_providers()
-if ran[0] != spec["provider"]:
-    print(json.dumps({"ok": False, "kind": "provider_unavailable",
-                      "message": f"ONNX Runtime could not create {spec['provider']} here and fell back to {ran[0]}"}))
+    for _ in specs:
+        say({"ok": False, "kind": "load_failed", "message": f"cannot import onnxruntime: {e}"})
     sys.exit()
-print(json.dumps({"ok": True, "onnxruntime": ort.__version__}))
+def optimize(spec):
+    if spec["provider"] not in ort.get_available_providers():
+        return {"ok": False, "kind": "provider_unavailable", "message": f"this onnxruntime build has no {spec['provider']}"}
+    so = ort.SessionOptions()
+    so.log_severity_level = 4
+    so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, spec["level"])
+    so.optimized_model_filepath = spec["output"]
+    if spec["external"]:
+        so.add_session_config_entry("session.optimized_model_external_initializers_file_name", spec["external"])
+        so.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
+    try:
+        s = ort.InferenceSession(spec["model"], so, providers=[spec["provider"]])
+    except Exception as e:
+        first = next((l for l in str(e).splitlines() if l.strip()), type(e).__name__)
+        return {"ok": False, "kind": "load_failed", "message": first[:300]}
+    ran = s.get_providers()
+    if ran[0] != spec["provider"]:
+        return {"ok": False, "kind": "provider_unavailable",
+                "message": f"ONNX Runtime could not create {spec['provider']} here and fell back to {ran[0]}"}
+    return {"ok": True, "onnxruntime": ort.__version__}
+for spec in specs:
+    say(optimize(spec))
 """
 
 
@@ -108,24 +113,46 @@ def run_ort_optimizer(model_path: Path, output: Path, provider: str, external: s
     ``level``, under the interpreter ``python`` (None: this one); returns ORT's version. Raises RuntimeUnavailable when the provider cannot
     start, RunFailed (exit 5) when the child runs past ``timeout`` seconds (its whole process
     group is killed) or ends without an answer."""
-    spec = {"model": str(model_path), "output": str(output), "provider": PROVIDERS[provider], "level": level,
-            "external": external}
+    outcome = run_ort_optimizers([(model_path, output, external)], provider, level, timeout, python)[0]
+    if isinstance(outcome, Exception):
+        raise outcome
+    return outcome
+
+
+OptimizerJob = tuple[Path, Path, str | None]  # model, output, external data file name (None: none)
+
+
+def run_ort_optimizers(jobs: Sequence[OptimizerJob], provider: str, level: str = LEVEL,
+                       timeout: float | None = DEFAULT_TIMEOUT_S, python: str | None = None
+                       ) -> list[str | ModelError | RuntimeUnavailable]:
+    """``run_ort_optimizer`` of each job in one child, which starts the interpreter and ORT
+    once (most of a small model's run): per job ORT's version, or the error that job's own
+    run raises. The child may take ``timeout`` seconds per job; past that, or ending without
+    every answer, it raises RunFailed for all."""
+    specs = [{"model": str(model), "output": str(output), "provider": PROVIDERS[provider], "level": level,
+              "external": external} for model, output, external in jobs]
     what = "ONNX Runtime's optimization"
-    done = child.run_child([python or sys.executable, "-c", _CHILD, json.dumps(spec)], dict(os.environ), timeout, what)
-    lines = [line for line in done.stdout.splitlines() if line.strip()]
+    limit = None if timeout is None else timeout * len(jobs)
+    done = child.run_child([python or sys.executable, "-c", _CHILD, json.dumps(specs)], dict(os.environ), limit, what)
+    lines = [line for line in done.stdout.splitlines() if line.strip()][-len(jobs):]
     try:
-        answer = child.parse_json_line(lines[-1])
-    except (IndexError, ValueError, RecursionError) as e:
+        answers = [child.parse_json_line(line) for line in lines]
+        if len(answers) < len(jobs):
+            raise ValueError("an answer is missing")
+    except (ValueError, RecursionError) as e:
         tail = child.printable(" | ".join(done.stderr.strip().splitlines()[-3:]), 300)
         raise RunFailed("crashed", f"{what} gave no result ({child.how_it_ended(done.returncode)})"
                         + (f": {tail}" if tail else ""), done.stderr) from e
-    answer = child.checked_answer(answer, what)
+    return [_optimizer_outcome(child.checked_answer(answer, what), provider) for answer in answers]
+
+
+def _optimizer_outcome(answer: dict[str, Any], provider: str) -> str | ModelError | RuntimeUnavailable:
     if answer["ok"]:
         return str(answer.get("onnxruntime", "?"))
     message = child.printable(str(answer.get("message", "")))
     if answer.get("kind") == "provider_unavailable":
-        raise RuntimeUnavailable("provider_unavailable", f"--ort-optimize {provider}: {message}")
-    raise ModelError(f"ONNX Runtime cannot optimize the rewritten model: {message}")
+        return RuntimeUnavailable("provider_unavailable", f"--ort-optimize {provider}: {message}")
+    return ModelError(f"ONNX Runtime cannot optimize the rewritten model: {message}")
 
 
 def ort_optimize(rewritten: onnx.ModelProto, result: RewriteResult, before: Analysis, provider: str,

@@ -16,7 +16,7 @@ from __future__ import annotations
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Sequence, cast
+from typing import Any, Callable, Mapping, Sequence, cast
 
 from ..analysis import Analysis
 from ..analysis.shapes import TensorInfo
@@ -27,7 +27,7 @@ from ..planning.budget import Planned
 from ..planning.knee import MAX_SLOPE, Point, knee_index
 from ..rewrite import RewriteResult, pinned, rewrite, unchanged
 from ..units import human_bytes
-from .plain_model import fused_plain
+from .plain_model import fused_plains
 
 Finish = Callable[[RewriteResult], RewriteResult]
 
@@ -96,44 +96,40 @@ def judged_here(a: Analysis) -> str | None:
     return None
 
 
-def plain_peak(a: Analysis, result: RewriteResult, folder: Path, name: str) -> int | None:
-    """The predicted plain-session peak of ``result`` as it would be written; None when ORT
-    cannot build its fused graph or a tensor of it has no known size."""
+def _written(a: Analysis, result: RewriteResult, folder: Path, name: str) -> Path | None:
+    """``result`` written as ``folder/name.onnx``; None when it cannot be."""
     path = folder / f"{name}.onnx"
     source = a.graph.path.parent if a.graph.path is not None else None
     try:
         save_model(to_model(result), path, source_dir=source, force=True)
     except CkptError:
         return None
-    return _fused_peak(path, result.after.tensors)
+    return path
 
 
-def _fused_peak(path: Path, known: dict[str, TensorInfo]) -> int | None:
-    fused = fused_plain(path, known)
-    return fused.peak_in_use_bytes if fused is not None else None
-
-
-def original_plain_peak(a: Analysis, folder: Path) -> int | None:
-    """The original's plain-session peak: its own file where it has one."""
-    if a.graph.path is not None:
-        return _fused_peak(a.graph.path, a.tensors)
-    return plain_peak(a, unchanged(a), folder, "original")
+def _fused_peaks(models: Sequence[tuple[Path, Mapping[str, TensorInfo]]]) -> list[int | None]:
+    return [f.peak_in_use_bytes if f is not None else None for f in fused_plains(models)]
 
 
 def choose_in_plain(a: Analysis, candidates: Sequence[RewriteResult], settings_peaks: Sequence[int],
                     recompute: Sequence[int]) -> PlainChoice | None:
     """The knee rule again, over the plain-session predictions of ``candidates`` (the knee's
-    rewrite first); None when a prediction cannot be made."""
+    rewrite first); None when a prediction cannot be made. The original and every candidate
+    are optimized by one ORT child."""
+    results = [unchanged(a) if a.graph.path is None else None, *candidates]
     with tempfile.TemporaryDirectory(prefix="ckpt_plain_") as tmp:
-        base = original_plain_peak(a, Path(tmp))
-        peaks = [plain_peak(a, r, Path(tmp), f"plan{i}") for i, r in enumerate(candidates)]
+        paths = [a.graph.path if r is None else _written(a, r, Path(tmp), f"plan{k}") for k, r in enumerate(results)]
+        if any(p is None for p in paths):
+            return None
+        known = [a.tensors if r is None else r.after.tensors for r in results]
+        base, *peaks = _fused_peaks([(cast(Path, p), k) for p, k in zip(paths, known)])
     if base is None or any(p is None for p in peaks):
         return None
-    known = cast(list[int], peaks)  # none is None: checked above
+    predicted = cast(list[int], peaks)  # none is None: checked above
     step = a.forward_flops + a.backward_flops
-    points = [Point(p, f) for p, f in zip(known, recompute)]
+    points = [Point(p, f) for p, f in zip(predicted, recompute)]
     chosen = knee_index(points, base, step)
-    judged = tuple(PlainJudged(f, s, p) for f, s, p in zip(recompute, settings_peaks, known))
+    judged = tuple(PlainJudged(f, s, p) for f, s, p in zip(recompute, settings_peaks, predicted))
     return PlainChoice(base, judged, chosen, step)
 
 
@@ -177,5 +173,4 @@ def judged_in_plain(a: Analysis, knee: Planned, finish: Finish | None = None) ->
                    plain=choice)
 
 
-__all__ = ["PlainChoice", "PlainJudged", "choose_in_plain", "judged_here", "judged_in_plain", "plain_judgement",
-           "plain_peak"]
+__all__ = ["PlainChoice", "PlainJudged", "choose_in_plain", "judged_here", "judged_in_plain", "plain_judgement"]

@@ -10,7 +10,7 @@ that graph in that order predicts the plain session before any run.
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -23,7 +23,7 @@ from ..errors import CkptError, RunFailed
 from ..graph import Graph
 from ..io.load import load_graph
 from ..options import DEFAULT_TIMEOUT_S
-from ..optimize import run_ort_optimizer
+from ..optimize import run_ort_optimizer, run_ort_optimizers
 
 T = TypeVar("T")
 
@@ -114,7 +114,23 @@ def fused_plain(model_path: str | Path, known: Mapping[str, TensorInfo],
                 timeout: float | None = DEFAULT_TIMEOUT_S, python: str | None = None) -> FusedPlain | None:
     """ckpt's prediction of ``InferenceSession(model_path)`` on the CPU from ORT's own
     ORT_ENABLE_ALL graph of it (``fused_graph``); None where that graph cannot be had."""
-    fused = fused_graph(model_path, known, timeout, python)
+    return _predicted(fused_graph(model_path, known, timeout, python))
+
+
+def fused_plains(models: Sequence[tuple[Path, Mapping[str, TensorInfo]]],
+                 timeout: float | None = DEFAULT_TIMEOUT_S) -> list[FusedPlain | None]:
+    """``fused_plain`` of each (model, its known tensors), ORT's graphs written by one child."""
+    with tempfile.TemporaryDirectory(prefix="ckpt_plain_") as tmp:
+        outputs = [Path(tmp) / f"{k}.onnx" for k in range(len(models))]
+        jobs = [(Path(model), out, f"{out.name}.data") for (model, _), out in zip(models, outputs)]
+        outcomes = or_none(lambda: run_ort_optimizers(jobs, "cpu", PLAIN_LEVEL, timeout))
+        if outcomes is None:
+            return [None] * len(models)
+        return [None if isinstance(outcome, Exception) else _predicted(read_fused(out, known))
+                for outcome, out, (_, known) in zip(outcomes, outputs, models)]
+
+
+def _predicted(fused: tuple[Graph, dict[str, TensorInfo]] | None) -> FusedPlain | None:
     if fused is None:
         return None
     graph, tensors = fused
