@@ -249,6 +249,36 @@ def test_default_order_runs_a_block_after_the_older_inputs_of_its_readers():
     assert checked
 
 
+
+@functools.lru_cache(maxsize=1)
+def _unet_plan():
+    """The zoo unet, its analysis and its default plan (two tests pin it)."""
+    from ckpt_cli.rewrite.select import make_plan
+
+    g = load_graph(SAMPLES / "zoo" / "unet" / "training_model.onnx")
+    a = analyse(g, dims={"batch": 64})
+    return g, a, make_plan(a).plan
+
+
+def _unet_copies_in_default_order(waits: bool):
+    """The zoo unet's default plan pinned with ``waits`` or without, and in ORT's DEFAULT
+    order of it no recompute copy before the node it copies: (input graph, its analysis,
+    the pinned graph, DEFAULT position by node index, the copies)."""
+    from ckpt_cli.analysis import schedules
+    from ckpt_cli.markers import recompute_source
+    from ckpt_cli.rewrite import pinned
+
+    g, a, plan = _unet_plan()
+    graph = pinned(a, rewrite(a, plan, False), waits=waits).graph
+    position = {i: k for k, i in enumerate(schedules.ort_default(graph))}
+    by_name = {n.name: n.index for n in graph.nodes}
+    copies = [n for n in graph.nodes if recompute_source(n) is not None]
+    assert len(copies) > 20
+    for c in copies:
+        assert position[by_name[recompute_source(c)]] < position[c.index], c.name
+    return g, a, graph, position, copies
+
+
 def test_default_order_runs_each_run_of_a_blocks_copies_after_the_forward_and_its_own_trigger():
     """The zoo unet's descended plan recomputes its whole forward in one region, whose
     copies are written in three runs through the backward. With ``waits`` each run is a
@@ -257,22 +287,12 @@ def test_default_order_runs_each_run_of_a_blocks_copies_after_the_forward_and_it
     runs before the node it copies, each runs after the older backward inputs of its
     readers, and the simulated peak stays below the original's there (75.7 MiB with one
     guard for the three runs, 83.7 with that trigger, 53.2 now; the original 77.7)."""
-    from ckpt_cli.analysis import default_order, schedules
+    from ckpt_cli.analysis import default_order
     from ckpt_cli.markers import recompute_source
-    from ckpt_cli.rewrite import pinned
-    from ckpt_cli.rewrite.select import make_plan
 
-    g = load_graph(SAMPLES / "zoo" / "unet" / "training_model.onnx")
-    a = analyse(g, dims={"batch": 64})
-    written = pinned(a, rewrite(a, make_plan(a).plan, False), waits=True)
-    graph = written.graph
-    position = {i: k for k, i in enumerate(schedules.ort_default(graph))}
-    by_name = {n.name: n.index for n in graph.nodes}
-    copies = [n for n in graph.nodes if recompute_source(n) is not None]
-    assert len(copies) > 20
+    g, a, graph, position, copies = _unet_copies_in_default_order(waits=True)
     forward = {t for n in g.nodes if a.phases.is_forward[n.index] for t in n.outputs}
     for c in copies:
-        assert position[by_name[recompute_source(c)]] < position[c.index], c.name
         for reader in {r for t in c.outputs for r in graph.consumers.get(t, ())}:
             for x in graph.nodes[reader].inputs:
                 p = graph.producer.get(x)
@@ -327,21 +347,7 @@ def test_a_plain_pin_never_triggers_on_a_node_that_reads_nothing_the_forward_com
     trigger is a node the forward computes: on the zoo unet's plan, the plain pin's trigger
     was ``Sub(2, 1)`` of the loss's ``Pow`` gradient, and in that order 19 of its 30 copies
     ran before the nodes they copy (simulated without reuse: 83.7 MiB, 75.7 now)."""
-    from ckpt_cli.analysis import schedules
-    from ckpt_cli.markers import recompute_source
-    from ckpt_cli.rewrite import pinned
-    from ckpt_cli.rewrite.select import make_plan
-
-    g = load_graph(SAMPLES / "zoo" / "unet" / "training_model.onnx")
-    a = analyse(g, dims={"batch": 64})
-    written = pinned(a, rewrite(a, make_plan(a).plan, False), waits=False)
-    graph = written.graph
-    position = {i: k for k, i in enumerate(schedules.ort_default(graph))}
-    by_name = {n.name: n.index for n in graph.nodes}
-    copies = [n for n in graph.nodes if recompute_source(n) is not None]
-    assert len(copies) > 20
-    for c in copies:
-        assert position[by_name[recompute_source(c)]] < position[c.index], c.name
+    _unet_copies_in_default_order(waits=False)
 
 
 def test_the_written_graph_takes_the_pin_the_default_order_check_made(monkeypatch):
