@@ -61,9 +61,10 @@ TABLE = [
     elementwise("Sqrt", 2, n=1), elementwise("Clip", 2, n=1), elementwise("Exp", 4, n=1),
     elementwise("Erf", 8, n=1), elementwise("Gelu", 10, n=1), elementwise("Gelu", 10, MS, n=1),
     elementwise("Dropout", 2, n=1), elementwise("Scale", 1, MS), elementwise("QuickGelu", 5, MS, n=1),
+    elementwise("Sigmoid", 4, n=1), elementwise("Tanh", 4, n=1),
     # their gradients: per output element
     elementwise("ReluGrad", 1, MS), elementwise("GeluGrad", 12, MS), elementwise("DropoutGrad", 2, MS),
-    elementwise("QuickGeluGrad", 8, MS),
+    elementwise("QuickGeluGrad", 8, MS), elementwise("SigmoidGrad", 3, MS), elementwise("TanhGrad", 3, MS),
     # reductions, normalizations, losses: per input element
     row("ReduceSum", [X, (1,)], [(8, 16, 1)], E), row("ReduceMean", [X, (1,)], [(8, 16, 1)], E),
     row("ReduceSumTraining", [X, (1,)], [(8, 16, 1)], E, MS),
@@ -85,7 +86,7 @@ TABLE = [
     row("GatherGrad", [(2,), (8, 16), (8, 16, 32)], [(1000, 32)], 8 * 16 * 32, MS),
     row("SliceGrad", [X, (3,), (1,), (1,)], [(8, 16, 64)], E, MS),
     # data movement and shape ops: free
-    *[row(op, [X, (3,)], [X], 0) for op in ("Reshape", "Expand", "Tile", "Slice", "Gather", "GatherElements",
+    *[row(op, [X, (3,)], [X], 0) for op in ("Reshape", "Expand", "Tile", "Slice", "Pad", "Gather", "GatherElements",
                                             "ScatterElements", "ScatterND", "Squeeze", "Unsqueeze", "Transpose",
                                             "Flatten", "Identity", "Concat", "Split", "Shape", "Size",
                                             "ConstantOfShape")],
