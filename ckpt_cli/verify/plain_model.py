@@ -23,7 +23,7 @@ from ..errors import CkptError, RunFailed
 from ..graph import Graph
 from ..io.load import load_graph
 from ..options import DEFAULT_TIMEOUT_S
-from ..optimize import run_ort_optimizer, run_ort_optimizers
+from ..optimize import run_ort_optimizers
 
 T = TypeVar("T")
 
@@ -52,10 +52,19 @@ def write_fused(model_path: str | Path, folder: Path, timeout: float | None = DE
                 python: str | None = None) -> Path | None:
     """ORT's ORT_ENABLE_ALL graph of ``model_path`` written into ``folder``; None when ORT
     cannot write it (a child past ``timeout`` raises RunFailed)."""
-    fused = folder / "fused.onnx"
-    written = or_none(lambda: run_ort_optimizer(Path(model_path), fused, "cpu", external="fused.onnx.data",
-                                                level=PLAIN_LEVEL, timeout=timeout, python=python) or True)
-    return None if written is None else fused
+    return write_fused_all([model_path], folder, timeout, python)[0]
+
+
+def write_fused_all(models: Sequence[str | Path], folder: Path, timeout: float | None = DEFAULT_TIMEOUT_S,
+                    python: str | None = None) -> list[Path | None]:
+    """``write_fused`` of each of ``models``, by one ORT child (starting the interpreter and
+    ORT is most of a small model's run)."""
+    outputs = [folder / f"fused{k}.onnx" for k in range(len(models))]
+    jobs = [(Path(model), out, f"{out.name}.data") for model, out in zip(models, outputs)]
+    outcomes = or_none(lambda: run_ort_optimizers(jobs, "cpu", PLAIN_LEVEL, timeout, python))
+    if outcomes is None:
+        return [None] * len(models)
+    return [None if isinstance(outcome, Exception) else out for outcome, out in zip(outcomes, outputs)]
 
 
 def _graph_and_tensors(path: Path, known: Mapping[str, TensorInfo]) -> tuple[Graph, dict[str, TensorInfo]]:
@@ -121,13 +130,8 @@ def fused_plains(models: Sequence[tuple[Path, Mapping[str, TensorInfo]]],
                  timeout: float | None = DEFAULT_TIMEOUT_S) -> list[FusedPlain | None]:
     """``fused_plain`` of each (model, its known tensors), ORT's graphs written by one child."""
     with tempfile.TemporaryDirectory(prefix="ckpt_plain_") as tmp:
-        outputs = [Path(tmp) / f"{k}.onnx" for k in range(len(models))]
-        jobs = [(Path(model), out, f"{out.name}.data") for (model, _), out in zip(models, outputs)]
-        outcomes = or_none(lambda: run_ort_optimizers(jobs, "cpu", PLAIN_LEVEL, timeout))
-        if outcomes is None:
-            return [None] * len(models)
-        return [None if isinstance(outcome, Exception) else _predicted(read_fused(out, known))
-                for outcome, out, (_, known) in zip(outcomes, outputs, models)]
+        fused = write_fused_all([model for model, _ in models], Path(tmp), timeout)
+        return [None if f is None else _predicted(read_fused(f, known)) for f, (_, known) in zip(fused, models)]
 
 
 def _predicted(fused: tuple[Graph, dict[str, TensorInfo]] | None) -> FusedPlain | None:
