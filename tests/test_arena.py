@@ -208,6 +208,29 @@ def test_kernel_plan_temporaries_before_outputs_move_the_output():
     assert after[0].in_use == plain[0].in_use
 
 
+def test_variadic_plan_releases_each_temporary_once_the_next_is_made():
+    # A Sum of four inputs at step 1: temporaries of 2 and 6 KiB, then a 6 KiB output. The
+    # first is released once the second is made, so the kernel holds 8 KiB before its output
+    # and 12 KiB with it, never all three.
+    bufs = [(KiB, 0, 3), (6 * KiB, 1, 3)]
+    traces, arena = replay(bufs, 3, runs=1, plans={1: A.variadic_plan([2 * KiB, 6 * KiB])})
+    assert traces[0].kernel_peak[1] == KiB + 12 * KiB
+    assert traces[0].in_use[1] == KiB + 6 * KiB
+    assert A.variadic_plan([4 * KiB]) == (("tmp", 4 * KiB), ("out",), ("free_tmp",))
+
+
+def test_kernel_plans_replay_the_temporaries_of_a_sum_of_three():
+    from ckpt_cli.analysis.shapes import infer_tensors
+    from ckpt_cli.graph import Graph
+
+    vi = lambda name: helper.make_tensor_value_info(name, TensorProto.FLOAT, [64, 256])  # noqa: E731
+    g = helper.make_graph([helper.make_node("Sum", ["x", "y", "z"], ["s"]), helper.make_node("Sum", ["x", "s"], ["t"])],
+                          "g", [vi("x"), vi("y"), vi("z")], [vi("t")])
+    graph = Graph.from_model(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    plans = kernel_plans(graph, [0, 1], infer_tensors(graph))
+    assert plans == {0: A.variadic_plan([64 * KiB])}  # two inputs take no temporary
+
+
 def test_arena_peak_on_a_profile():
     from ckpt_cli.analysis.memory import MemoryProfile
 

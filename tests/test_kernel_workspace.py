@@ -1,7 +1,7 @@
 """Kernel working memory (``ort.scratch``) against one-node models measured on ONNX
 Runtime 1.19.2's training build: ConvGrad's im2col column buffer, Conv's full im2col
-expansion (MLAS, more filters than output pixels) and GRUGrad's per-step weight gradients,
-each at three sizes.
+expansion (MLAS, more filters than output pixels), GRUGrad's per-step weight gradients
+and the temporaries of a Sum of three or more inputs, each at three sizes.
 
 The measurement is the process's peak above its state before the run (arena off, blocks
 of 64 KiB and more from mmap), which Linux batches per thread: it under-reads by up to 64
@@ -70,9 +70,18 @@ def gru_grad(seq: int, batch: int, width: int, hidden: int) -> onnx.ModelProto:
     return _model(node, ins, outs, ms=True)
 
 
+def variadic(inputs: int, rows: int, cols: int) -> onnx.ModelProto:
+    """Sum of ``inputs`` inputs, the first broadcast along its rows (a 1 x cols bias)."""
+    names = [f"x{k}" for k in range(inputs)]
+    node = helper.make_node("Sum", names, ["y"])
+    shapes = [[1, cols]] + [[rows, cols]] * (inputs - 1)
+    return _model(node, list(zip(names, shapes)), [("y", [rows, cols])], ms=False)
+
+
 CASES = [(conv_grad, (8, 48, 16, 32)), (conv_grad, (4, 64, 64, 32)), (conv_grad, (2, 96, 32, 32)),
          (conv, (2, 128, 1024, 16)), (conv, (1, 192, 1024, 16)), (conv, (1, 256, 2048, 16)),
-         (gru_grad, (4, 8, 256, 256)), (gru_grad, (2, 4, 128, 384)), (gru_grad, (3, 2, 512, 256))]
+         (gru_grad, (4, 8, 256, 256)), (gru_grad, (2, 4, 128, 384)), (gru_grad, (3, 2, 512, 256)),
+         (variadic, (3, 1024, 512)), (variadic, (4, 1024, 512)), (variadic, (6, 512, 1024))]
 
 
 def _case_id(make, sizes) -> str:

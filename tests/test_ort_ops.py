@@ -241,6 +241,30 @@ def test_where_scratch_is_both_branches_broadcast_against_the_condition():
         (64 * 64 * 256 + 64 * 1 * 256) * 4
 
 
+def test_variadic_scratch_is_the_running_broadcasts_above_the_output():
+    """ORT's CPU Sum/Mean/Max/Min of opset 8 on (math/element_wise_ops.cc) combine the inputs
+    left to right through temporaries of the broadcast shape so far, the last one held while
+    the output is written; two inputs need none."""
+    from ckpt_cli.ort.scratch import scratch_bytes, variadic_temporaries
+
+    sized = {"bias": ((1, 256), 4), "x": ((64, 256), 4), "y": ((64, 256), 4), "z": ((64, 256), 4),
+             "s": (("batch", 256), 4)}.get
+    full = 64 * 256 * 4
+
+    def node(op, *inputs):
+        return Graph.from_model(_model([helper.make_node(op, list(inputs), ["out"])], [], [])).nodes[0]
+
+    assert variadic_temporaries(node("Sum", "bias", "x", "y"), sized) == ([full], full)
+    assert variadic_temporaries(node("Sum", "bias", "bias", "x", "y"), sized) == ([256 * 4, full], full)
+    for op in ("Sum", "Mean", "Max", "Min"):
+        assert scratch_bytes(node(op, "x", "y", "z"), sized) == full
+    # four inputs: two temporaries at once before the output, then one beside it
+    assert scratch_bytes(node("Sum", "x", "y", "z", "x"), sized) == full
+    assert scratch_bytes(node("Sum", "bias", "bias", "x", "y"), sized) == full
+    assert scratch_bytes(node("Sum", "x", "y"), sized) == 0
+    assert scratch_bytes(node("Sum", "s", "x", "y"), sized) == 0  # a symbolic dimension: unknown
+
+
 def test_softmax_cross_entropy_scratch_counts_shifted_logits_transposed_copy_and_own_log_prob():
     """ORT's CPU SoftmaxCrossEntropyLoss holds the shifted logits (N x C), a transposed copy
     of logits of rank above 2, and log-probabilities of its own when the node has no

@@ -54,6 +54,9 @@ from bisect import bisect_left, insort
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Sequence
 
+from ..ort.scratch import variadic_temporaries
+from .shapes import itemsize
+
 if TYPE_CHECKING:
     from ..graph import Graph, Node
     from .memory import MemoryProfile
@@ -206,6 +209,7 @@ class ArenaResult:
 #   ("out",)      allocate the node's new output buffers (all of them, in buffer id order)
 #   ("tmp", n)    allocate a kernel-internal temporary of n bytes
 #   ("free_tmp",) release the temporaries allocated so far
+#   ("drop_tmp",) release the oldest temporary still held
 # Outputs not allocated by the plan are allocated at its end; temporaries still held are
 # released when the kernel returns, before the profiler reads in-use.  Without a plan a
 # node allocates its outputs and nothing else.
@@ -267,6 +271,9 @@ class _Replay:
                 for p in tmps:
                     free(p)
                 tmps = []
+            elif ev[0] == "drop_tmp":
+                high = max(high, arena.in_use)
+                free(tmps.pop(0))
             else:
                 raise ValueError(f"unknown kernel plan event {ev!r}")
         if not outs_done:
@@ -474,7 +481,8 @@ def conv_working_bytes(node: Node, x: tuple[int, ...], w: tuple[int, ...], y: tu
 
 # (domain, op type) of the kernels whose temporaries ``kernel_plans`` replays in the arena:
 # a measure on the arena counts their working memory already
-ARENA_REPLAYED = frozenset({("", "Where"), ("", "Conv"), ("", "ConvTranspose")})
+VARIADIC_OPS = ("Sum", "Mean", "Max", "Min")
+ARENA_REPLAYED = frozenset({("", "Where"), ("", "Conv"), ("", "ConvTranspose"), *(("", op) for op in VARIADIC_OPS)})
 
 
 def kernel_plans(graph: Graph, order: Sequence[int], tensors: dict[str, TensorInfo],
@@ -488,6 +496,8 @@ def kernel_plans(graph: Graph, order: Sequence[int], tensors: dict[str, TensorIn
     - Conv (nn/conv.cc, float): output first, then the MLAS working buffer.
     - ConvTranspose (nn/conv_transpose.cc): output first, then the col buffer
       (C_out/group * kernel size * input image size floats).
+    - Sum, Mean, Max, Min of three or more inputs: ``ort.scratch.variadic_temporaries``,
+      each taken before the output.
     Temporaries taken after the outputs leave the free lists as they were; they only
     count when they force the arena to grow.
     """
@@ -496,6 +506,10 @@ def kernel_plans(graph: Graph, order: Sequence[int], tensors: dict[str, TensorIn
     def shape(t: str) -> tuple[int, ...] | None:
         info = tensors.get(t)
         return _static(info.shape) if info is not None else None
+
+    def sized(t: str) -> tuple[tuple[int | str, ...], int] | None:
+        info = tensors.get(t)
+        return (info.shape, itemsize(info.dtype)) if info is not None and info.shape is not None else None
 
     def elem(t: str) -> int | None:
         info = tensors.get(t)
@@ -530,7 +544,18 @@ def kernel_plans(graph: Graph, order: Sequence[int], tensors: dict[str, TensorIn
                 n = 4 * (cout // group) * _prod(kernel) * _prod(x[2:])
             if n:
                 plans[k] = (("out",), ("tmp", n))
+        elif op in VARIADIC_OPS and (found := variadic_temporaries(node, sized)) is not None:
+            plans[k] = variadic_plan(found[0])
     return plans
+
+
+def variadic_plan(temps: list[int]) -> KernelPlan:
+    """A variadic kernel's temporaries (``ort.scratch.variadic_temporaries``): each new one
+    made before the one it replaces is released, the last one held while the output is made."""
+    events: list[tuple[str, *tuple[int, ...]]] = [("tmp", temps[0])]
+    for n in temps[1:]:
+        events += [("tmp", n), ("drop_tmp",)]
+    return (*events, ("out",), ("free_tmp",))
 
 
 SMALL_INITIALIZER_BYTES = 128  # ORT keeps initializers below this size in the arena

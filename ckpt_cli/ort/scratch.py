@@ -7,7 +7,7 @@ measurement (the only one ORT's training build allows). Each rule gives the byte
 node holds while it runs, from the kernels of ORT 1.19.2
 (``orttraining/training_ops/cpu/nn/layer_norm.cc``, ``.../cpu/nn/conv_grad.cc``, ``.../cpu/rnn/gru_grad_compute.cc``,
 ``core/providers/cpu/ml/..softmax_cross_entropy_loss``, ``core/providers/cpu/tensor/where_op.cc``,
-``core/mlas/lib/convolve.cpp``), each checked against a one-node model in a process-peak
+``core/mlas/lib/convolve.cpp``, ``core/providers/cpu/math/element_wise_ops.cc``), each checked against a one-node model in a process-peak
 measurement.
 """
 
@@ -51,11 +51,49 @@ def _softmax_cross_entropy(node: Node, sized: Sized) -> int:
     return copies * n * logits[1]
 
 
-def _broadcast_elements(a: Dims, b: Dims) -> int | None:
+def broadcast(a: Dims, b: Dims) -> Dims:
+    """The numpy-style broadcast of two shapes (a symbol stands where the other side is 1)."""
     rank = max(len(a), len(b))
     a, b = (1,) * (rank - len(a)) + tuple(a), (1,) * (rank - len(b)) + tuple(b)
-    dims = [y if x == 1 else x for x, y in zip(a, b)]
-    return _elements(tuple(dims))
+    return tuple(y if x == 1 else x for x, y in zip(a, b))
+
+
+def _broadcast_elements(a: Dims, b: Dims) -> int | None:
+    return _elements(broadcast(a, b))
+
+
+def variadic_temporaries(node: Node, sized: Sized) -> tuple[list[int], int] | None:
+    """Sum, Mean, Max and Min of three or more inputs (the CPU kernels of opset 8 on,
+    ``UntypedBroadcastVariadic`` in ``core/providers/cpu/math/element_wise_ops.cc``): the
+    bytes of the temporaries the kernel takes from its allocator, in order, and of its
+    output. It combines the inputs left to right, each step but the last into a new
+    temporary of the broadcast shape so far; the temporary before it is released once the
+    new one is made, and the last one while the output is written. None where a shape is
+    unknown or there are fewer than three inputs (no temporary)."""
+    shaped = [_shaped(sized, t) for t in node.inputs if t]
+    if len(shaped) < 3 or any(s is None for s in shaped) or not node.outputs:
+        return None
+    shape, item = shaped[0][0], shaped[0][1]  # type: ignore[index]
+    temps = []
+    for found in shaped[1:-1]:
+        shape = broadcast(shape, found[0])  # type: ignore[index]
+        n = _elements(shape)
+        if n is None:
+            return None
+        temps.append(n * item)
+    out = _elements(broadcast(shape, shaped[-1][0]))  # type: ignore[index]
+    return (temps, out * item) if out is not None else None
+
+
+def _variadic(node: Node, sized: Sized) -> int:
+    """``variadic_temporaries``, held above the output (a step's figure counts the output):
+    two temporaries at once before the output is made, one while it is written."""
+    found = variadic_temporaries(node, sized)
+    if found is None:
+        return 0
+    temps, out = found
+    before = max(t + (temps[i - 1] if i else 0) for i, t in enumerate(temps))
+    return max(before - out, temps[-1])
 
 
 def _where(node: Node, sized: Sized) -> int:
@@ -122,6 +160,7 @@ _RULES: dict[tuple[str, str], Callable[[Node, Sized], int]] = {
     ("", "SoftmaxCrossEntropyLoss"): _softmax_cross_entropy,
     ("", "Where"): _where,
     ("com.microsoft", "GRUGrad"): _gru_grad,
+    **{("", op): _variadic for op in ("Sum", "Mean", "Max", "Min")},
 }
 
 
