@@ -618,6 +618,42 @@ class GatedTCN(nn.Module):
             h = h + r(torch.tanh(f(p)) * torch.sigmoid(g(p)))
         return self.head(h.mean(2))
 
+
+class Video3D(nn.Module):
+    """A clip classifier: Conv3d over time x height x width, BatchNorm3d, a strided Conv3d."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Sequential(nn.Conv3d(3, 16, 3, padding=1), nn.BatchNorm3d(16), nn.ReLU())
+        self.b = nn.Sequential(nn.Conv3d(16, 32, 3, stride=2, padding=1), nn.BatchNorm3d(32), nn.ReLU())
+        self.c = nn.Sequential(nn.Conv3d(32, 32, 3, padding=1), nn.ReLU())
+        self.head = nn.Linear(32, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.c(self.b(self.a(x))).mean((2, 3, 4)))
+
+
+class LatentAttention(nn.Module):
+    """Perceiver-style: 16 learned latents cross-attend to 64 input tokens, then self-attend."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.latents = nn.Parameter(torch.randn(16, 64) * 0.02)
+        self.inp = nn.Linear(32, 64)
+        self.q, self.kv = nn.Linear(64, 64), nn.Linear(64, 128)
+        self.layers = nn.ModuleList(nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, batch_first=True,
+                                                               norm_first=True) for _ in range(2))
+        self.head = nn.Linear(64, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        kv = self.inp(x)
+        k, v = self.kv(kv).chunk(2, dim=-1)
+        q = self.q(self.latents).unsqueeze(0)
+        h = torch.softmax(q @ k.transpose(1, 2) / 8.0, dim=-1) @ v
+        for layer in self.layers:
+            h = layer(h)
+        return self.head(h.mean(1))
+
 def keyword_net() -> nn.Module:
     """A keyword spotter over 40 x 128 audio features: Conv1d + GELU layers, mean pool.
     (With ``groups=4`` in its second Conv1d ORT 1.19.2 corrupts its heap: see the README.)"""
@@ -697,6 +733,8 @@ def specs() -> list[Spec]:
              logits, 64),
         Spec("mixer", 17, CE, Mixer, (Tensor("input", ("batch", 3, 32, 32)),), logits, 32, ln_stats=True),
         Spec("tcn", 17, CE, GatedTCN, (Tensor("input", ("batch", 16, 256)),), logits, 32),
+        Spec("video3d", 17, CE, Video3D, (Tensor("input", ("batch", 3, 4, 16, 16)),), logits, 8),
+        Spec("latent", 17, CE, LatentAttention, (Tensor("input", ("batch", 64, 32)),), logits, 32, ln_stats=True),
     ]
 
 
