@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterable, ParamSpec, TypeVar, cast
 from sys import intern
 
 import onnx
+from onnx import numpy_helper
 
 from .errors import ModelError
 from .ops import CONTROL_FLOW_OPS
@@ -255,6 +256,17 @@ class Graph:
     def resident(self) -> list[str]:
         """Tensors that exist before any node runs: graph inputs and initializers."""
         return self.inputs + list(self.initializers)
+
+    def int_constant(self, name: str) -> list[int] | None:
+        """The values of a small int64 initializer or Constant output (a reduction's axes);
+        None for any other tensor."""
+        t = self.initializers.get(name)
+        if t is None and name in self.producer and self.nodes[self.producer[name]].op_type == "Constant":
+            t = self.nodes[self.producer[name]].attr("value")
+        if (not isinstance(t, onnx.TensorProto) or t.data_type != onnx.TensorProto.INT64
+                or t.data_location == onnx.TensorProto.EXTERNAL or math.prod(t.dims) > 64):
+            return None
+        return [int(v) for v in numpy_helper.to_array(t).reshape(-1)]
 
     def predecessors(self, node: Node) -> list[int]:
         return [self.producer[t] for t in node.reads if t in self.producer]

@@ -1,7 +1,8 @@
 """Kernel working memory (``ort.scratch``) against one-node models measured on ONNX
 Runtime 1.19.2's training build: ConvGrad's im2col column buffer, Conv's full im2col
 expansion (MLAS, more filters than output pixels), GRUGrad's per-step weight gradients
-and the temporaries of a Sum of three or more inputs, each at three sizes.
+the temporaries of a Sum of three or more inputs and the index lists of a ReduceSum off its
+fast paths, each at three sizes.
 
 The measurement is the process's peak above its state before the run (arena off, blocks
 of 64 KiB and more from mmap), which Linux batches per thread: it under-reads by up to 64
@@ -78,14 +79,25 @@ def variadic(inputs: int, rows: int, cols: int) -> onnx.ModelProto:
     return _model(node, list(zip(names, shapes)), [("y", [rows, cols])], ms=False)
 
 
+def reduce_sum(shape: tuple[int, ...], axes: tuple[int, ...]) -> onnx.ModelProto:
+    """ReduceSum over alternating axes (no fast path), axes an initializer (opset 17)."""
+    node = helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=0)
+    out = [d for k, d in enumerate(shape) if k not in axes]
+    model = _model(node, [("x", list(shape))], [("y", out)], ms=False)
+    model.graph.initializer.append(helper.make_tensor("axes", TensorProto.INT64, [len(axes)], list(axes)))
+    return model
+
+
 CASES = [(conv_grad, (8, 48, 16, 32)), (conv_grad, (4, 64, 64, 32)), (conv_grad, (2, 96, 32, 32)),
          (conv, (2, 128, 1024, 16)), (conv, (1, 192, 1024, 16)), (conv, (1, 256, 2048, 16)),
          (gru_grad, (4, 8, 256, 256)), (gru_grad, (2, 4, 128, 384)), (gru_grad, (3, 2, 512, 256)),
-         (variadic, (3, 1024, 512)), (variadic, (4, 1024, 512)), (variadic, (6, 512, 1024))]
+         (variadic, (3, 1024, 512)), (variadic, (4, 1024, 512)), (variadic, (6, 512, 1024)),
+         (reduce_sum, ((1, 16, 1, 32, 1, 16, 2, 1, 1, 16, 2, 1), (0, 2, 4, 6, 8, 10))),
+         (reduce_sum, ((256, 2, 512, 2, 1), (1, 3))), (reduce_sum, ((512, 3, 512, 3, 2), (1, 3)))]
 
 
 def _case_id(make, sizes) -> str:
-    return f"{make.__name__}-{'x'.join(map(str, sizes))}"
+    return f"{make.__name__}-{'x'.join(map(str, sizes))}".replace(" ", "").replace(",", "_")
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +121,7 @@ def test_workspace_is_what_the_kernel_takes(measured, make, sizes):  # noqa: F81
     graph = Graph.from_model(model)
     tensors = infer_tensors(graph)
     outputs = simulate(graph, [0], tensors).peak_bytes - sum(tensors[t].nbytes for t in graph.inputs)
-    workspace = scratch_bytes(graph.nodes[0], lambda t: (tensors[t].shape, 4))
+    workspace = scratch_bytes(graph.nodes[0], lambda t: (tensors[t].shape, 4), graph.int_constant)
     assert workspace >= 1 << 20  # the sizes make it large against the measurement's slack
     peak = measured[_case_id(make, sizes)]
     assert outputs + 0.9 * workspace - SLACK <= peak <= outputs + workspace + PAGE_ROUNDING, (peak, outputs, workspace)

@@ -265,6 +265,42 @@ def test_variadic_scratch_is_the_running_broadcasts_above_the_output():
     assert scratch_bytes(node("Sum", "s", "x", "y"), sized) == 0  # a symbolic dimension: unknown
 
 
+def test_reduce_sum_scratch_is_its_index_lists_off_the_fast_paths():
+    """ORT's CPU ReduceSum merges adjacent reduced (R) or kept (K) axes; KR, RK, KRK and RKR
+    shapes take fast kernels, the others list in int64 vectors an input offset per group of
+    reduced elements but the last axis's and per output element but the last kept axis's."""
+    from onnx import numpy_helper
+
+    from ckpt_cli.ort.scratch import scratch_bytes
+
+    def scratch(shape, axes, opset=17, constant=False):
+        inputs = ["x"] if opset < 13 else ["x", "axes"]
+        attrs = {"axes": list(axes)} if opset < 13 else {}
+        nodes = [helper.make_node("ReduceSum", inputs, ["y"], keepdims=0, **attrs)]
+        inits = [] if opset < 13 or constant else [numpy_helper.from_array(np.array(axes, np.int64), "axes")]
+        if constant:
+            nodes.insert(0, helper.make_node("Constant", [], ["axes"],
+                                             value=numpy_helper.from_array(np.array(axes, np.int64))))
+        graph = Graph.from_model(_model(nodes, [], [], inits, opset=opset))
+        return scratch_bytes(graph.nodes[-1], {"x": (shape, 4)}.get, graph.int_constant)
+
+    # KRKR..., the last kept axis of size 1: an offset per output element
+    alternating = (1, 16, 1, 32, 1, 16, 2, 1, 1, 16, 2, 1)
+    assert scratch(alternating, (0, 2, 4, 6, 8, 10)) == 8 * (16 * 32 * 16 * 16 + 2)
+    assert scratch(alternating, (0, 2, 4, 6, 8, 10), constant=True) == 8 * (16 * 32 * 16 * 16 + 2)
+    assert scratch((256, 2, 512, 2, 3), (1, 3), opset=11) == 8 * (256 * 512 + 2)
+    assert scratch((64, 2, 64, 2, 8, 2, 1), (1, 3, 5)) == 8 * (64 * 64 * 8 + 2 * 2)
+    # the fast paths: KR, RK, KRK, RKR (ones merged with their neighbours)
+    assert scratch((64, 512), (1,)) == scratch((512, 64), (0,)) == 0
+    assert scratch((64, 1, 512, 32), (1, 2)) == scratch((8, 64, 8), (0, 2)) == 0
+    # RK with few rows and KRK with one leading row leave them
+    assert scratch((8, 4096), (0,)) == 8 * (1 + 1)
+    assert scratch((1, 64, 512), (1,)) == 8 * (1 + 1)
+    # axes unknown (a computed input): unknown
+    assert scratch_bytes(Graph.from_model(_model([helper.make_node("ReduceSum", ["x", "a"], ["y"])], [], [])).nodes[0],
+                         {"x": (alternating, 4)}.get) == 0
+
+
 def test_softmax_cross_entropy_scratch_counts_shifted_logits_transposed_copy_and_own_log_prob():
     """ORT's CPU SoftmaxCrossEntropyLoss holds the shifted logits (N x C), a transposed copy
     of logits of rank above 2, and log-probabilities of its own when the node has no

@@ -68,7 +68,7 @@ def plan_floor(graph: Graph, tensors: dict[str, TensorInfo], roots: dict[str, st
         if node.op_type in SHAPE_ONLY_OPS:
             continue  # ORT folds or hoists a shape read; the tensor need not be live for it
         working = sum(tensors[b].nbytes or 0 for b in _working_buffers(node, roots, resident) if b in tensors)
-        scratch = scratch_bytes(node, sized)
+        scratch = scratch_bytes(node, sized, graph.int_constant)
         if resident_bytes + working + scratch > best.bytes:
             best = Floor(resident_bytes + working + scratch, resident_bytes, output_bytes, node.name, working,
                          scratch)

@@ -163,7 +163,7 @@ def step_scratch(profile: MemoryProfile, graph: Graph, tensors: dict[str, Tensor
         node = graph.nodes[i]
         if skip and (("" if node.domain == "ai.onnx" else node.domain), node.op_type) in skip:
             continue
-        extra = scratch_bytes(node, sized)
+        extra = scratch_bytes(node, sized, graph.int_constant)
         if extra:
             out[step] = extra
     return out

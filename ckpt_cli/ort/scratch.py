@@ -7,7 +7,8 @@ measurement (the only one ORT's training build allows). Each rule gives the byte
 node holds while it runs, from the kernels of ORT 1.19.2
 (``orttraining/training_ops/cpu/nn/layer_norm.cc``, ``.../cpu/nn/conv_grad.cc``, ``.../cpu/rnn/gru_grad_compute.cc``,
 ``core/providers/cpu/ml/..softmax_cross_entropy_loss``, ``core/providers/cpu/tensor/where_op.cc``,
-``core/mlas/lib/convolve.cpp``, ``core/providers/cpu/math/element_wise_ops.cc``), each checked against a one-node model in a process-peak
+``core/mlas/lib/convolve.cpp``, ``core/providers/cpu/math/element_wise_ops.cc``,
+``core/providers/cpu/reduction/reduction_ops.cc``), each checked against a one-node model in a process-peak
 measurement.
 """
 
@@ -20,6 +21,7 @@ from ..graph import Node
 
 Dims = tuple[Union[int, str], ...]  # a str: a symbolic dimension
 Sized = Callable[[str], Optional[tuple[Optional[Dims], int]]]  # tensor -> (shape, item size)
+Values = Callable[[str], Optional[list[int]]]  # tensor -> its values, where it is an int constant
 
 
 def _shaped(sized: Sized, tensor: str) -> tuple[Dims, int] | None:
@@ -164,7 +166,71 @@ _RULES: dict[tuple[str, str], Callable[[Node, Sized], int]] = {
 }
 
 
-def scratch_bytes(node: Node, sized: Sized) -> int:
-    """Bytes ``node``'s kernel holds outside ORT's allocator while it runs (0 if none known)."""
-    rule = _RULES.get(("" if node.domain == "ai.onnx" else node.domain, node.op_type))
+def _reduce_axes(node: Node, rank: int, values: Values) -> set[int] | None:
+    """The axes a reduction reduces: its attribute (opset < 13) or its constant input; every
+    axis where it has none (unless ``noop_with_empty_axes``: none). None where unknown."""
+    axes = node.attr("axes")
+    if axes is None and len(node.inputs) > 1 and node.inputs[1]:
+        axes = values(node.inputs[1])
+        if axes is None:
+            return None
+    if not axes:
+        return set() if node.attr("noop_with_empty_axes", 0) else set(range(rank))
+    return {a % rank for a in axes} if all(-rank <= a < rank for a in axes) else None
+
+
+def _fast_reduce_shape(shape: tuple[int, ...], axes: set[int]) -> tuple[list[int], list[bool]]:
+    """ORT's ``OptimizeShapeForFastReduce``: adjacent axes both reduced or both kept merged
+    into one (ones included), with whether each merged axis is reduced."""
+    dims: list[int] = []
+    reduced: list[bool] = []
+    for k, d in enumerate(shape):
+        if reduced and reduced[-1] == (k in axes):
+            dims[-1] *= d
+        else:
+            dims.append(d)
+            reduced.append(k in axes)
+    return dims, reduced
+
+
+def _on_fast_path(dims: list[int], reduced: list[bool]) -> bool:
+    """Whether ReduceSum's KR, RK, KRK or RKR kernel takes the shape, on one thread (the
+    conditions of ``CommonFastReduceSwitch`` with a degree of parallelism of 1)."""
+    if len(dims) == 2:
+        return not reduced[0] or (dims[0] > 16 and max(dims) > 256)
+    if len(dims) == 3:
+        return dims[0] >= 2 if not reduced[0] else dims[1] >= 2
+    return len(dims) < 2
+
+
+def _reduce_sum_indices(node: Node, sized: Sized, values: Values) -> int:
+    """ReduceSum off its fast paths (reduced and kept axes alternating more than KRK or RKR
+    allow, as a Tile or Expand gradient's do): ``NoTransposePrepareForReduce``
+    (``core/providers/cpu/reduction/reduction_ops.cc``) lists in ``int64`` vectors the input
+    offset of every group of reduced elements but the last axis's, and of every output
+    element but the last kept axis's."""
+    x = _shaped(sized, node.inputs[0])
+    if x is None or not all(isinstance(d, int) for d in x[0]) or not x[0]:
+        return 0
+    shape = tuple(int(d) for d in x[0])
+    axes = _reduce_axes(node, len(shape), values)
+    if not axes or any(shape[a] == 0 for a in axes):
+        return 0
+    dims, reduced = _fast_reduce_shape(shape, axes)
+    if _on_fast_path(dims, reduced) or all(reduced):
+        return 0
+    red = [d for d, r in zip(dims, reduced) if r]
+    kept = [d for d, r in zip(dims, reduced) if not r]
+    projected = math.prod(red) // red[-1] if len(red) > 1 else 1
+    unprojected = math.prod(kept) // kept[-1] if kept[-1] else 0
+    return 8 * (projected + unprojected)
+
+
+def scratch_bytes(node: Node, sized: Sized, values: Values | None = None) -> int:
+    """Bytes ``node``'s kernel holds outside ORT's allocator while it runs (0 if none known).
+    ``values``: the values of int constants (a reduction's axes); without it none are known."""
+    key = ("" if node.domain == "ai.onnx" else node.domain, node.op_type)
+    if key == ("", "ReduceSum"):
+        return _reduce_sum_indices(node, sized, values or (lambda t: None))
+    rule = _RULES.get(key)
     return rule(node, sized) if rule is not None else 0
