@@ -55,7 +55,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Sequence
 
 from ..ort.scratch import variadic_temporaries
-from .shapes import itemsize
+from .shapes import sized_by
 
 if TYPE_CHECKING:
     from ..graph import Graph, Node
@@ -507,9 +507,7 @@ def kernel_plans(graph: Graph, order: Sequence[int], tensors: dict[str, TensorIn
         info = tensors.get(t)
         return _static(info.shape) if info is not None else None
 
-    def sized(t: str) -> tuple[tuple[int | str, ...], int] | None:
-        info = tensors.get(t)
-        return (info.shape, itemsize(info.dtype)) if info is not None and info.shape is not None else None
+    sized = sized_by(tensors)
 
     def elem(t: str) -> int | None:
         info = tensors.get(t)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from ..graph import ABSENT, Graph, Node
 from ..ops import IN_PLACE_OPS, SHAPE_ONLY_OPS
 from ..ort.scratch import scratch_bytes
-from .shapes import TensorInfo, itemsize
+from .shapes import TensorInfo, sized_by
 
 
 @dataclass(frozen=True)
@@ -57,9 +57,7 @@ def plan_floor(graph: Graph, tensors: dict[str, TensorInfo], roots: dict[str, st
                output_bytes: int) -> Floor:
     """The higher of the two floors (module docstring). Sizes unknown count as 0, so the
     floor stays a floor."""
-    def sized(t: str) -> tuple[tuple[int | str, ...], int] | None:
-        info = tensors.get(t)
-        return (info.shape, itemsize(info.dtype)) if info is not None and info.shape is not None else None
+    sized = sized_by(tensors)
 
     resident = set(graph.resident)
     best: Floor = Floor(resident_bytes + output_bytes, resident_bytes, output_bytes)

@@ -23,7 +23,7 @@ from ..ops import VIEW_OPS
 from .lifetimes import lifetimes
 from .planner import Buffers, plan_buffers, without_reuse
 from ..ort.scratch import scratch_bytes
-from .shapes import TensorInfo, itemsize
+from .shapes import TensorInfo, sized_by
 from .timeline import bytes_in_use, live_at, peak_of
 
 __all__ = ["MemoryProfile", "buffer_roots", "profile_of", "resident_bytes", "simulate", "simulate_both",
@@ -154,9 +154,7 @@ def step_scratch(profile: MemoryProfile, graph: Graph, tensors: dict[str, Tensor
                  skip: frozenset[tuple[str, str]] = frozenset()) -> dict[int, int]:
     """Per step of ``profile.order`` with a kernel that holds working memory outside ORT's
     buffers (``ort.scratch``): its bytes. ``skip``: (domain, op type) pairs left out."""
-    def sized(t: str) -> tuple[tuple[int | str, ...], int] | None:
-        info = tensors.get(t)
-        return (info.shape, itemsize(info.dtype)) if info is not None and info.shape is not None else None
+    sized = sized_by(tensors)
 
     out = {}
     for step, i in enumerate(profile.order):

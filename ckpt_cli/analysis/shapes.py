@@ -62,6 +62,14 @@ class TensorInfo:
         return onnx.TensorProto.DataType.Name(self.dtype).lower() if self.dtype else "?"
 
 
+def sized_by(tensors: dict[str, TensorInfo]) -> Callable[[str], tuple[tuple[int | str, ...], int] | None]:
+    """A tensor's (shape, item size) where its shape is known: what ``ort.scratch``'s rules read."""
+    def sized(t: str) -> tuple[tuple[int | str, ...], int] | None:
+        info = tensors.get(t)
+        return (info.shape, itemsize(info.dtype)) if info is not None and info.shape is not None else None
+    return sized
+
+
 @cache
 def itemsize(elem_type: int) -> int:
     if elem_type in (onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED):
