@@ -63,6 +63,13 @@ Model notes:
   ``Neg`` of the pads.
 - ``keyword_kl``: ``KLDivLoss`` is an onnxblock loss of this file (``CUSTOM_LOSSES``), not a
   ``LossType``: KL(softmax(target) || softmax(logits)), ``target`` a teacher's logits.
+- ``conformer``: the convolution module's depthwise convolution over time is a (7 x 1) Conv2d
+  over an unsqueezed axis: a grouped Conv1d's CPU ``ConvGrad`` writes past its buffers on ORT
+  1.19.2 (the README's limits); SiLU becomes QuickGelu, GLU a ``Split``.
+- ``se_autoencoder``: MSE on a 3 x 32 x 32 reconstruction; squeeze-and-excitation gates
+  multiply each feature map by a per-channel ``Sigmoid``; the upsampling is PixelShuffle
+  written as ``Reshape`` + ``Transpose`` (no CPU ``ConvTransposeGrad``, no ``DepthToSpace``
+  gradient builder).
 - ``lstm`` / ``gru``: regressors; ``generate_artifacts``' MSELoss adds a float ``target`` input
   shaped like the output.
 
@@ -654,6 +661,76 @@ class LatentAttention(nn.Module):
             h = layer(h)
         return self.head(h.mean(1))
 
+class ConformerBlock(nn.Module):
+    """Macaron feed-forwards (SiLU) around self-attention and a convolution module: pointwise
+    Conv1d, GLU, depthwise convolution over time, BatchNorm1d, SiLU, pointwise Conv1d."""
+
+    def __init__(self, d: int = 64, heads: int = 4, kernel: int = 7) -> None:
+        super().__init__()
+        def ffn() -> nn.Module:
+            return nn.Sequential(nn.LayerNorm(d), nn.Linear(d, 2 * d), nn.SiLU(), nn.Linear(2 * d, d))
+        self.ff1, self.ff2 = ffn(), ffn()
+        self.norm_att, self.att = nn.LayerNorm(d), nn.MultiheadAttention(d, heads, batch_first=True)
+        self.norm_conv = nn.LayerNorm(d)
+        self.pw1, self.glu = nn.Conv1d(d, 2 * d, 1), nn.GLU(dim=1)
+        # depthwise as a (kernel x 1) Conv2d: ORT 1.19.2's grouped 1-D ConvGrad writes past its buffers
+        self.dw = nn.Conv2d(d, d, (kernel, 1), padding=(kernel // 2, 0), groups=d)
+        self.bn, self.act, self.pw2 = nn.BatchNorm1d(d), nn.SiLU(), nn.Conv1d(d, d, 1)
+        self.norm_out = nn.LayerNorm(d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + 0.5 * self.ff1(x)
+        h = self.norm_att(x)
+        x = x + self.att(h, h, h, need_weights=False)[0]
+        c = self.glu(self.pw1(self.norm_conv(x).transpose(1, 2)))
+        x = x + self.pw2(self.act(self.bn(self.dw(c.unsqueeze(-1)).squeeze(-1)))).transpose(1, 2)
+        return self.norm_out(x + 0.5 * self.ff2(x))
+
+
+class Conformer(nn.Module):
+    """A speech-command classifier over 64 frames of 40 features: two Conformer blocks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(40, 64)
+        self.blocks = nn.Sequential(ConformerBlock(), ConformerBlock())
+        self.head = nn.Linear(64, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.blocks(self.inp(x)).mean(1))
+
+
+class SqueezeExcite(nn.Module):
+    def __init__(self, ch: int) -> None:
+        super().__init__()
+        self.gate = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Conv2d(ch, ch // 4, 1), nn.ReLU(),
+                                  nn.Conv2d(ch // 4, ch, 1), nn.Sigmoid())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.gate(x)
+
+
+def _shuffle(x: torch.Tensor) -> torch.Tensor:
+    """PixelShuffle(2) as Reshape and Transpose."""
+    b, c, h, w = x.shape
+    return x.reshape(b, c // 4, 2, 2, h, w).permute(0, 1, 4, 2, 5, 3).reshape(b, c // 4, 2 * h, 2 * w)
+
+
+class SEAutoencoder(nn.Module):
+    """A convolutional autoencoder: strided Conv2d + squeeze-and-excitation down, sub-pixel (PixelShuffle) up."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down = nn.Sequential(nn.Conv2d(3, 32, 3, 2, 1), nn.ReLU(), SqueezeExcite(32),
+                                  nn.Conv2d(32, 64, 3, 2, 1), nn.ReLU(), SqueezeExcite(64))
+        # sub-pixel upsampling written out: ORT 1.19.2 has no CPU ConvTransposeGrad, and no
+        # gradient builder for DepthToSpace (nn.PixelShuffle)
+        self.up1, self.up2 = nn.Conv2d(64, 128, 3, 1, 1), nn.Conv2d(32, 12, 3, 1, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _shuffle(self.up2(torch.relu(_shuffle(self.up1(self.down(x))))))
+
+
 def keyword_net() -> nn.Module:
     """A keyword spotter over 40 x 128 audio features: Conv1d + GELU layers, mean pool.
     (With ``groups=4`` in its second Conv1d ORT 1.19.2 corrupts its heap: see the README.)"""
@@ -735,6 +812,9 @@ def specs() -> list[Spec]:
         Spec("tcn", 17, CE, GatedTCN, (Tensor("input", ("batch", 16, 256)),), logits, 32),
         Spec("video3d", 17, CE, Video3D, (Tensor("input", ("batch", 3, 4, 16, 16)),), logits, 8),
         Spec("latent", 17, CE, LatentAttention, (Tensor("input", ("batch", 64, 32)),), logits, 32, ln_stats=True),
+        Spec("conformer", 17, CE, Conformer, (Tensor("input", ("batch", 64, 40)),), logits, 32, ln_stats=True),
+        Spec("se_autoencoder", 17, MSE, SEAutoencoder, (Tensor("input", ("batch", 3, 32, 32)),),
+             Tensor("pred", ("batch", 3, 32, 32)), 16),
     ]
 
 
