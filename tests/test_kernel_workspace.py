@@ -1,8 +1,9 @@
 """Kernel working memory (``ort.scratch``) against one-node models measured on ONNX
 Runtime 1.19.2's training build: ConvGrad's im2col column buffer, Conv's full im2col
 expansion (MLAS, more filters than output pixels), GRUGrad's per-step weight gradients
-the temporaries of a Sum of three or more inputs and the index lists of a ReduceSum off its
-fast paths, each at three sizes.
+the temporaries of a Sum of three or more inputs, the index lists of a ReduceSum off its
+fast paths, each at three sizes, and the int64 copy of the indices that ScatterElements and
+GatherElementsGrad make, at two.
 
 The measurement is the process's peak above its state before the run (arena off, blocks
 of 64 KiB and more from mmap), which Linux batches per thread: it under-reads by up to 64
@@ -18,9 +19,10 @@ import json
 import os
 import subprocess
 
+import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from conftest import ROOT
 from test_ort_training import training_python  # noqa: F401 - the fixture
@@ -88,12 +90,33 @@ def reduce_sum(shape: tuple[int, ...], axes: tuple[int, ...]) -> onnx.ModelProto
     return model
 
 
+def scatter(batch: int, edges: int, width: int) -> onnx.ModelProto:
+    """ScatterElements with add over axis 1 (a graph's messages summed into 64 nodes), the
+    indices an int64 initializer as large as the updates."""
+    node = helper.make_node("ScatterElements", ["x", "idx", "upd"], ["y"], axis=1, reduction="add")
+    model = _model(node, [("x", [batch, 64, width]), ("upd", [batch, edges, width])], [("y", [batch, 64, width])],
+                   ms=False)
+    model.graph.initializer.append(numpy_helper.from_array(np.zeros((batch, edges, width), np.int64), "idx"))
+    return model
+
+
+def gather_elements_grad(batch: int, edges: int, width: int) -> onnx.ModelProto:
+    """GatherElementsGrad (the gradient of a GatherElements over axis 1), int32 indices."""
+    node = helper.make_node("GatherElementsGrad", ["dy", "shape", "idx"], ["dx"], axis=1, domain="com.microsoft")
+    model = _model(node, [("dy", [batch, edges, width])], [("dx", [batch, 64, width])], ms=True)
+    model.graph.initializer.extend([numpy_helper.from_array(np.array([batch, 64, width], np.int64), "shape"),
+                                    numpy_helper.from_array(np.zeros((batch, edges, width), np.int32), "idx")])
+    return model
+
+
 CASES = [(conv_grad, (8, 48, 16, 32)), (conv_grad, (4, 64, 64, 32)), (conv_grad, (2, 96, 32, 32)),
          (conv, (2, 128, 1024, 16)), (conv, (1, 192, 1024, 16)), (conv, (1, 256, 2048, 16)),
          (gru_grad, (4, 8, 256, 256)), (gru_grad, (2, 4, 128, 384)), (gru_grad, (3, 2, 512, 256)),
          (variadic, (3, 1024, 512)), (variadic, (4, 1024, 512)), (variadic, (6, 512, 1024)),
          (reduce_sum, ((1, 16, 1, 32, 1, 16, 2, 1, 1, 16, 2, 1), (0, 2, 4, 6, 8, 10))),
-         (reduce_sum, ((256, 2, 512, 2, 1), (1, 3))), (reduce_sum, ((512, 3, 512, 3, 2), (1, 3)))]
+         (reduce_sum, ((256, 2, 512, 2, 1), (1, 3))), (reduce_sum, ((512, 3, 512, 3, 2), (1, 3))),
+         (scatter, (64, 192, 32)), (scatter, (16, 256, 128)), (gather_elements_grad, (64, 192, 32)),
+         (gather_elements_grad, (8, 512, 96))]
 
 
 def _case_id(make, sizes) -> str:
@@ -120,7 +143,7 @@ def test_workspace_is_what_the_kernel_takes(measured, make, sizes):  # noqa: F81
     model = make(*sizes)
     graph = Graph.from_model(model)
     tensors = infer_tensors(graph)
-    outputs = simulate(graph, [0], tensors).peak_bytes - sum(tensors[t].nbytes for t in graph.inputs)
+    outputs = simulate(graph, [0], tensors).peak_bytes - sum(tensors[t].nbytes for t in graph.resident)
     workspace = scratch_bytes(graph.nodes[0], lambda t: (tensors[t].shape, 4), graph.int_constant)
     assert workspace >= 1 << 20  # the sizes make it large against the measurement's slack
     peak = measured[_case_id(make, sizes)]

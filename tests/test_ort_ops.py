@@ -265,6 +265,27 @@ def test_variadic_scratch_is_the_running_broadcasts_above_the_output():
     assert scratch_bytes(node("Sum", "s", "x", "y"), sized) == 0  # a symbolic dimension: unknown
 
 
+def test_scatter_scratch_is_an_int64_copy_of_its_indices():
+    """ORT 1.19.2's ScatterElements (and Scatter, its opset 9-10 name) and GatherElementsGrad
+    copy their indices into an int64 vector before scattering: 8 bytes per index, whatever
+    the index type and the data's item size; the indices are input 1, GatherElementsGrad's 2."""
+    from ckpt_cli.ort.scratch import scratch_bytes
+
+    sized = {"data": ((64, 64, 32), 4), "idx": ((64, 192, 32), 4), "upd": ((64, 192, 32), 2),
+             "dy": ((64, 192, 32), 4), "shape": ((3,), 8), "sym": (("batch", 192, 32), 8)}.get
+    n = 64 * 192 * 32
+
+    def node(op, inputs, domain=""):
+        made = helper.make_node(op, inputs, ["out"], axis=1, domain=domain)
+        return Graph.from_model(_model([made], [], [])).nodes[0]
+
+    assert scratch_bytes(node("ScatterElements", ["data", "idx", "upd"]), sized) == 8 * n
+    assert scratch_bytes(node("Scatter", ["data", "idx", "upd"]), sized) == 8 * n
+    assert scratch_bytes(node("GatherElementsGrad", ["dy", "shape", "idx"], "com.microsoft"), sized) == 8 * n
+    assert scratch_bytes(node("GatherElements", ["data", "idx"]), sized) == 0  # reads its indices as they are
+    assert scratch_bytes(node("ScatterElements", ["data", "sym", "upd"]), sized) == 0  # symbolic: unknown
+
+
 def test_reduce_sum_scratch_is_its_index_lists_off_the_fast_paths():
     """ORT's CPU ReduceSum merges adjacent reduced (R) or kept (K) axes; KR, RK, KRK and RKR
     shapes take fast kernels, the others list in int64 vectors an input offset per group of

@@ -8,7 +8,7 @@ node holds while it runs, from the kernels of ORT 1.19.2
 (``orttraining/training_ops/cpu/nn/layer_norm.cc``, ``.../cpu/nn/conv_grad.cc``, ``.../cpu/rnn/gru_grad_compute.cc``,
 ``core/providers/cpu/ml/..softmax_cross_entropy_loss``, ``core/providers/cpu/tensor/where_op.cc``,
 ``core/mlas/lib/convolve.cpp``, ``core/providers/cpu/math/element_wise_ops.cc``,
-``core/providers/cpu/reduction/reduction_ops.cc``), each checked against a one-node model in a process-peak
+``core/providers/cpu/reduction/reduction_ops.cc``, ``core/providers/cpu/tensor/scatter.cc``), each checked against a one-node model in a process-peak
 measurement.
 """
 
@@ -152,6 +152,17 @@ def _gru_grad(node: Node, sized: Sized) -> int:
     return (3 * hidden * (width + hidden) + 4 * hidden + absent * batch * hidden) * x[1]
 
 
+def _scatter_indices(node: Node, sized: Sized) -> int:
+    """ScatterElements (Scatter at opsets 9 and 10) and GatherElementsGrad, which scatters
+    through the same code: the indices (input 1; GatherElementsGrad's input 2) widened and
+    bounds-checked into a ``std::vector<int64_t>`` before the scatter (``GetIndices`` in
+    ``core/providers/cpu/tensor/scatter.cc``), 8 bytes per index whatever the index type."""
+    k = 2 if node.op_type == "GatherElementsGrad" else 1
+    indices = _shaped(sized, node.inputs[k]) if len(node.inputs) > k and node.inputs[k] else None
+    n = _elements(indices[0]) if indices is not None else None
+    return 8 * n if n else 0
+
+
 _RULES: dict[tuple[str, str], Callable[[Node, Sized], int]] = {
     ("com.microsoft", "ConvGrad"): _conv_grad,
     ("", "ConvGrad"): _conv_grad,
@@ -163,6 +174,9 @@ _RULES: dict[tuple[str, str], Callable[[Node, Sized], int]] = {
     ("", "Where"): _where,
     ("com.microsoft", "GRUGrad"): _gru_grad,
     **{("", op): _variadic for op in ("Sum", "Mean", "Max", "Min")},
+    ("", "ScatterElements"): _scatter_indices,
+    ("", "Scatter"): _scatter_indices,
+    ("com.microsoft", "GatherElementsGrad"): _scatter_indices,
 }
 
 
