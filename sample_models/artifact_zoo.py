@@ -70,6 +70,11 @@ Model notes:
   multiply each feature map by a per-channel ``Sigmoid``; the upsampling is PixelShuffle
   written as ``Reshape`` + ``Transpose`` (no CPU ``ConvTransposeGrad``, no ``DepthToSpace``
   gradient builder).
+- ``moe``: ``TopK`` routing; the two chosen experts' outputs are picked by ``GatherElements``
+  with an index expanded to the model width (int64, as large as the picked outputs).
+- ``gnn``: the edge list is a buffer (src, dst: 192 edges over 64 nodes); ``scatter_add``
+  exports as ``ScatterElements`` with ``reduction="add"`` (``index_add`` with repeated targets
+  does not export).
 - ``lstm`` / ``gru``: regressors; ``generate_artifacts``' MSELoss adds a float ``target`` input
   shaped like the output.
 
@@ -731,6 +736,68 @@ class SEAutoencoder(nn.Module):
         return _shuffle(self.up2(torch.relu(_shuffle(self.up1(self.down(x))))))
 
 
+class MoEBlock(nn.Module):
+    """A pre-norm layer whose feed-forward is four experts, each token routed to its top two by
+    a softmax router (``TopK``), the experts' outputs gathered (``GatherElements``) and mixed."""
+
+    def __init__(self, d: int = 64, experts: int = 4) -> None:
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.att = nn.MultiheadAttention(d, 4, batch_first=True)
+        self.router = nn.Linear(d, experts)
+        self.experts = nn.ModuleList(nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+                                     for _ in range(experts))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm1(x)
+        x = x + self.att(h, h, h, need_weights=False)[0]
+        h = self.norm2(x)
+        gates, chosen = torch.softmax(self.router(h), dim=-1).topk(2, dim=-1)  # [b, t, 2]
+        outs = torch.stack([e(h) for e in self.experts], dim=2)  # [b, t, experts, d]
+        index = chosen.unsqueeze(-1).expand(-1, -1, -1, h.shape[-1])
+        picked = torch.gather(outs, 2, index)  # [b, t, 2, d]
+        return x + (picked * gates.unsqueeze(-1)).sum(2)
+
+
+class MoE(nn.Module):
+    """A token classifier's encoder with two mixture-of-experts layers, mean-pooled."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, 64)
+        self.blocks = nn.Sequential(MoEBlock(), MoEBlock())
+        self.head = nn.Linear(64, CLASSES)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.blocks(self.embed(input_ids)).mean(1))
+
+
+class GraphConvNet(nn.Module):
+    """Message passing over a fixed ring-with-chords graph of 64 nodes: each layer gathers the
+    source nodes' features along 192 edges (``Gather``), scales them by the edge weights, and
+    sums them into the target nodes (``scatter_add``: ``ScatterElements`` with add)."""
+
+    def __init__(self, nodes: int = 64, d: int = 32, layers: int = 3) -> None:
+        super().__init__()
+        src = torch.arange(nodes).repeat(3)
+        dst = torch.cat([(src[:nodes] + k) % nodes for k in (1, 5, 17)])
+        self.register_buffer("src", src)
+        self.register_buffer("dst", dst)
+        self.inp = nn.Linear(16, d)
+        self.msg = nn.ModuleList(nn.Linear(d, d) for _ in range(layers))
+        self.self_loop = nn.ModuleList(nn.Linear(d, d) for _ in range(layers))
+        self.head = nn.Linear(d, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.inp(x))  # [b, nodes, d]
+        for msg, loop in zip(self.msg, self.self_loop):
+            m = msg(h)[:, self.src]  # [b, edges, d]
+            index = self.dst.view(1, -1, 1).expand(m.shape[0], -1, m.shape[2])
+            agg = torch.zeros_like(h).scatter_add(1, index, m)
+            h = torch.relu(loop(h) + agg / 3.0)
+        return self.head(h.mean(1))
+
+
 def keyword_net() -> nn.Module:
     """A keyword spotter over 40 x 128 audio features: Conv1d + GELU layers, mean pool.
     (With ``groups=4`` in its second Conv1d ORT 1.19.2 corrupts its heap: see the README.)"""
@@ -813,6 +880,8 @@ def specs() -> list[Spec]:
         Spec("video3d", 17, CE, Video3D, (Tensor("input", ("batch", 3, 4, 16, 16)),), logits, 8),
         Spec("latent", 17, CE, LatentAttention, (Tensor("input", ("batch", 64, 32)),), logits, 32, ln_stats=True),
         Spec("conformer", 17, CE, Conformer, (Tensor("input", ("batch", 64, 40)),), logits, 32, ln_stats=True),
+        Spec("moe", 17, CE, MoE, ids, logits, 32, ln_stats=True),
+        Spec("gnn", 17, CE, GraphConvNet, (Tensor("input", ("batch", 64, 16)),), logits, 64),
         Spec("se_autoencoder", 17, MSE, SEAutoencoder, (Tensor("input", ("batch", 3, 32, 32)),),
              Tensor("pred", ("batch", 3, 32, 32)), 16),
     ]

@@ -81,9 +81,12 @@ TABLE = [
     row("MaxPool", [IMG], [(4, 8, 8, 8)], math.prod(IMG), kernel_shape=[2, 2], strides=[2, 2]),
     row("MaxPoolGrad", [(4, 8, 8, 8), (4, 8, 8, 8)], [IMG], math.prod((4, 8, 8, 8))),
     row("GlobalAveragePool", [IMG], [(4, 8, 1, 1)], math.prod(IMG)),
+    # TopK: a partial sort, two comparisons per input element
+    row("TopK", [X, (1,)], [(8, 16, 2), (8, 16, 2)], 2 * E),
     row("InPlaceAccumulatorV2", [W3, W3], [(1,), W3], math.prod(W3), MS),
     # gradients of gathers: one add per element of dY
     row("GatherGrad", [(2,), (8, 16), (8, 16, 32)], [(1000, 32)], 8 * 16 * 32, MS),
+    row("GatherElementsGrad", [(8, 16, 32), (3,), (8, 16, 32)], [(8, 64, 32)], 8 * 16 * 32, MS, axis=1),
     row("SliceGrad", [X, (3,), (1,), (1,)], [(8, 16, 64)], E, MS),
     # data movement and shape ops: free
     *[row(op, [X, (3,)], [X], 0) for op in ("Reshape", "Expand", "Tile", "Slice", "Pad", "Gather", "GatherElements",
