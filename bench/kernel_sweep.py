@@ -1,17 +1,19 @@
-"""Every float kernel of a training graph, measured alone against ckpt's model of it.
+"""Every kernel of a training graph that reads floats (and indices), measured alone against ckpt's model.
 
     python -m bench.kernel_sweep MODEL [MODEL ...] [--dims batch=64] [--json FILE]
 
 For each node whose float inputs have static shapes at ``--dims`` (by default the batch and
 sequence of the ``zoo.json`` beside the model, else 64), a one-node model: its float inputs
-as graph inputs, its int and small initializers kept, its outputs as graph outputs. Nodes
+as graph inputs, its int and small initializers kept, computed indices as zeros and computed
+shapes as its output's (``INDEX_INPUTS``, ``SHAPE_INPUTS``), its outputs as graph outputs. Nodes
 alike (op, attributes, input shapes) are built once. Each runs alone in the ORT training
 interpreter (``tests/fixtures/kernel_peak.py``: process peak above the state before the run,
 arena off, blocks of 64 KiB and more from mmap, after a warm-up run), and the bytes it held
 above its outputs are compared with ckpt's kernel scratch (``ort.scratch``). A kernel whose
 working memory ckpt does not know shows as a row far above zero; the measurement reads up to
 about 256 KiB low (Linux batches RSS per thread), so ``--threshold`` (default 300 KB) hides
-the noise. This is how the variadic Sum's temporaries and ReduceSum's index lists were found.
+the noise. This is how the variadic Sum's temporaries, ReduceSum's index lists and the scatter kernels'
+int64 copies of their indices were found.
 
 Needs the training interpreter (``--python``, default ``.venv-ort-training-full/bin/python``).
 About a second per distinct node.
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -28,6 +31,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
@@ -39,6 +43,15 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "tests" / "fixtures" / "kernel_peak.py"
 DEFAULT_PYTHON = ROOT / ".venv-ort-training-full" / "bin" / "python"
 KEPT_INITIALIZER_ELEMENTS = 16  # a float initializer this small stays one (a scale, an epsilon)
+INT_TYPES = (onnx.TensorProto.INT64, onnx.TensorProto.INT32)
+# Computed int inputs the sweep can make: indices (by op, the input's slot) and shapes the
+# output has (GatherGrad's and the others' data shape, Expand's and Reshape's target).
+INDEX_INPUTS = {("", "Gather"): 1, ("", "GatherElements"): 1, ("", "GatherND"): 1, ("", "ScatterElements"): 1,
+                ("", "Scatter"): 1, ("", "ScatterND"): 1, ("com.microsoft", "GatherGrad"): 1,
+                ("com.microsoft", "GatherElementsGrad"): 2, ("com.microsoft", "GatherNDGrad"): 1}
+SHAPE_INPUTS = {("com.microsoft", "GatherGrad"): 0, ("com.microsoft", "GatherElementsGrad"): 1,
+                ("com.microsoft", "GatherNDGrad"): 0, ("", "Expand"): 1, ("", "Reshape"): 1,
+                ("", "ConstantOfShape"): 0}
 
 
 def _dims(model: Path, given: list[str]) -> dict[str, int]:
@@ -55,17 +68,36 @@ def _static(info: TensorInfo | None) -> bool:
     return info is not None and info.shape is not None and all(isinstance(d, int) for d in info.shape)
 
 
+def _made_int(node: Node, slot: int, info: TensorInfo, tensors: dict[str, TensorInfo]) -> onnx.TensorProto | None:
+    """A computed int input of ``node`` (at ``slot``) as a constant that its kernel accepts:
+    zeros for indices (every index 0 is in bounds), the output's shape for a shape input
+    (what the shape was, since the output has it); None for any other."""
+    key = (node.domain or "", node.op_type)
+    name, dtype = node.inputs[slot], onnx.helper.tensor_dtype_to_np_dtype(info.dtype)
+    if INDEX_INPUTS.get(key) == slot:
+        return numpy_helper.from_array(np.zeros(info.shape or (), dtype), name)
+    out = tensors.get(node.outputs[0]) if node.outputs else None
+    if SHAPE_INPUTS.get(key) == slot and _static(out) and out is not None and len(out.shape or ()) == math.prod(info.shape or ()):
+        return numpy_helper.from_array(np.array(out.shape, dtype), name)
+    return None
+
+
 def _one_node(graph: Graph, node: Node, tensors: dict[str, TensorInfo], model: onnx.ModelProto
               ) -> onnx.ModelProto | None:
-    """``node`` alone, or None where an input is not a static float tensor or a kept constant."""
+    """``node`` alone, or None where an input is not a static float tensor, a kept constant or
+    an int input ``_made_int`` can make."""
     inputs, inits = [], []
-    for t in filter(None, node.inputs):
-        proto = graph.initializers.get(t)
+    for slot, t in enumerate(node.inputs):
+        if not t:
+            continue
+        proto, info = graph.initializers.get(t), tensors.get(t)
         if proto is not None and (proto.data_type != onnx.TensorProto.FLOAT
                                   or numpy_helper.to_array(proto).size <= KEPT_INITIALIZER_ELEMENTS):
             inits.append(proto)
-        elif _static(tensors.get(t)) and tensors[t].dtype == onnx.TensorProto.FLOAT:
-            inputs.append(helper.make_tensor_value_info(t, onnx.TensorProto.FLOAT, list(tensors[t].shape or ())))
+        elif _static(info) and info is not None and info.dtype == onnx.TensorProto.FLOAT:
+            inputs.append(helper.make_tensor_value_info(t, onnx.TensorProto.FLOAT, list(info.shape or ())))
+        elif _static(info) and info is not None and info.dtype in INT_TYPES and (made := _made_int(node, slot, info, tensors)):
+            inits.append(made)
         else:
             return None
     outputs = [t for t in node.outputs if t]
@@ -77,7 +109,7 @@ def _one_node(graph: Graph, node: Node, tensors: dict[str, TensorInfo], model: o
 
 
 def build(path: Path, dims: dict[str, int], folder: Path) -> list[dict[str, Any]]:
-    """The one-node models of ``path``'s distinct float nodes, written to ``folder``, each with
+    """The one-node models of ``path``'s distinct nodes (``_one_node``), written to ``folder``, each with
     its outputs' bytes and ckpt's scratch."""
     model = onnx.load(str(path))
     graph = Graph.from_model(model)
@@ -139,7 +171,7 @@ def main(argv: list[str]) -> int:
         args.json.write_text(json.dumps(rows, indent=1) + "\n")
     ran = [r for r in rows if "error" not in r]
     off = [r for r in ran if abs(r["unexplained_bytes"]) > args.threshold]
-    print(f"{len(ran)} distinct float nodes measured ({len(rows) - len(ran)} would not run alone); "
+    print(f"{len(ran)} distinct nodes measured ({len(rows) - len(ran)} would not run alone); "
           f"{len(off)} more than {args.threshold} bytes off")
     for r in sorted(off, key=lambda r: -abs(r["unexplained_bytes"])):
         print(f"  {Path(r['model']).parent.name} {r['op']} x{r['count']} {r['node']}: outputs {r['outputs_bytes']}, "
