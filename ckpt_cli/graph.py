@@ -258,11 +258,14 @@ class Graph:
         return self.inputs + list(self.initializers)
 
     def int_constant(self, name: str) -> list[int] | None:
-        """The values of a small int64 initializer or Constant output (a reduction's axes);
-        None for any other tensor."""
+        """The values of a small int64 initializer or Constant output (its ``value`` tensor or
+        ``value_ints``: a reduction's axes); None for any other tensor."""
         t = self.initializers.get(name)
-        if t is None and name in self.producer and self.nodes[self.producer[name]].op_type == "Constant":
-            t = self.nodes[self.producer[name]].attr("value")
+        if t is None and name in self.producer and (node := self.nodes[self.producer[name]]).op_type == "Constant":
+            ints = node.attr("value_ints")
+            if ints is not None:
+                return [int(v) for v in ints] if len(ints) <= 64 else None
+            t = node.attr("value")
         if (not isinstance(t, onnx.TensorProto) or t.data_type != onnx.TensorProto.INT64
                 or t.data_location == onnx.TensorProto.EXTERNAL or math.prod(t.dims) > 64):
             return None

@@ -299,7 +299,9 @@ def test_reduce_sum_scratch_is_its_index_lists_off_the_fast_paths():
         attrs = {"axes": list(axes)} if opset < 13 else {}
         nodes = [helper.make_node("ReduceSum", inputs, ["y"], keepdims=0, **attrs)]
         inits = [] if opset < 13 or constant else [numpy_helper.from_array(np.array(axes, np.int64), "axes")]
-        if constant:
+        if constant == "ints":
+            nodes.insert(0, helper.make_node("Constant", [], ["axes"], value_ints=list(axes)))
+        elif constant:
             nodes.insert(0, helper.make_node("Constant", [], ["axes"],
                                              value=numpy_helper.from_array(np.array(axes, np.int64))))
         graph = Graph.from_model(_model(nodes, [], [], inits, opset=opset))
@@ -309,6 +311,7 @@ def test_reduce_sum_scratch_is_its_index_lists_off_the_fast_paths():
     alternating = (1, 16, 1, 32, 1, 16, 2, 1, 1, 16, 2, 1)
     assert scratch(alternating, (0, 2, 4, 6, 8, 10)) == 8 * (16 * 32 * 16 * 16 + 2)
     assert scratch(alternating, (0, 2, 4, 6, 8, 10), constant=True) == 8 * (16 * 32 * 16 * 16 + 2)
+    assert scratch(alternating, (0, 2, 4, 6, 8, 10), constant="ints") == 8 * (16 * 32 * 16 * 16 + 2)
     assert scratch((256, 2, 512, 2, 3), (1, 3), opset=11) == 8 * (256 * 512 + 2)
     assert scratch((64, 2, 64, 2, 8, 2, 1), (1, 3, 5)) == 8 * (64 * 64 * 8 + 2 * 2)
     # the fast paths: KR, RK, KRK, RKR (ones merged with their neighbours)
