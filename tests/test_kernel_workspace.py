@@ -81,11 +81,13 @@ def variadic(inputs: int, rows: int, cols: int) -> onnx.ModelProto:
     return _model(node, list(zip(names, shapes)), [("y", [rows, cols])], ms=False)
 
 
-def reduce_sum(shape: tuple[int, ...], axes: tuple[int, ...]) -> onnx.ModelProto:
-    """ReduceSum over alternating axes (no fast path), axes an initializer (opset 17)."""
-    node = helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=0)
+def reduce_sum(shape: tuple[int, ...], axes: tuple[int, ...], op: str = "ReduceSum") -> onnx.ModelProto:
+    """ReduceSum (or ORT training's ReduceSumTraining) over alternating axes (no fast path),
+    axes an initializer (opset 17)."""
+    ms = op == "ReduceSumTraining"
+    node = helper.make_node(op, ["x", "axes"], ["y"], keepdims=0, domain="com.microsoft" if ms else "")
     out = [d for k, d in enumerate(shape) if k not in axes]
-    model = _model(node, [("x", list(shape))], [("y", out)], ms=False)
+    model = _model(node, [("x", list(shape))], [("y", out)], ms=ms)
     model.graph.initializer.append(helper.make_tensor("axes", TensorProto.INT64, [len(axes)], list(axes)))
     return model
 
@@ -115,6 +117,7 @@ CASES = [(conv_grad, (8, 48, 16, 32)), (conv_grad, (4, 64, 64, 32)), (conv_grad,
          (variadic, (3, 1024, 512)), (variadic, (4, 1024, 512)), (variadic, (6, 512, 1024)),
          (reduce_sum, ((1, 16, 1, 32, 1, 16, 2, 1, 1, 16, 2, 1), (0, 2, 4, 6, 8, 10))),
          (reduce_sum, ((256, 2, 512, 2, 1), (1, 3))), (reduce_sum, ((512, 3, 512, 3, 2), (1, 3))),
+         (reduce_sum, ((512, 3, 512, 3, 2), (1, 3), "ReduceSumTraining")),
          (scatter, (64, 192, 32)), (scatter, (16, 256, 128)), (gather_elements_grad, (64, 192, 32)),
          (gather_elements_grad, (8, 512, 96))]
 

@@ -323,6 +323,10 @@ def test_reduce_sum_scratch_is_its_index_lists_off_the_fast_paths():
     # axes unknown (a computed input): unknown
     assert scratch_bytes(Graph.from_model(_model([helper.make_node("ReduceSum", ["x", "a"], ["y"])], [], [])).nodes[0],
                          {"x": (alternating, 4)}.get) == 0
+    # ORT training's ReduceSumTraining runs the same kernel
+    training = helper.make_node("ReduceSumTraining", ["x", "axes"], ["y"], keepdims=0, domain=MS)
+    graph = Graph.from_model(_model([training], [], [], [numpy_helper.from_array(np.array((1, 3), np.int64), "axes")]))
+    assert scratch_bytes(graph.nodes[0], {"x": ((256, 2, 512, 2, 3), 4)}.get, graph.int_constant) == 8 * (256 * 512 + 2)
 
 
 def test_softmax_cross_entropy_scratch_counts_shifted_logits_transposed_copy_and_own_log_prob():

@@ -240,11 +240,16 @@ def _reduce_sum_indices(node: Node, sized: Sized, values: Values) -> int:
     return 8 * (projected + unprojected)
 
 
+# ORT training's ReduceSumTraining (axes always an input) reduces through ReduceSum's code: one-node
+# models of both held the same bytes on ORT 1.19.2, on and off the fast paths.
+_REDUCE_SUMS = frozenset({("", "ReduceSum"), ("com.microsoft", "ReduceSumTraining")})
+
+
 def scratch_bytes(node: Node, sized: Sized, values: Values | None = None) -> int:
     """Bytes ``node``'s kernel holds outside ORT's allocator while it runs (0 if none known).
     ``values``: the values of int constants (a reduction's axes); without it none are known."""
     key = ("" if node.domain == "ai.onnx" else node.domain, node.op_type)
-    if key == ("", "ReduceSum"):
+    if key in _REDUCE_SUMS:
         return _reduce_sum_indices(node, sized, values or (lambda t: None))
     rule = _RULES.get(key)
     return rule(node, sized) if rule is not None else 0
