@@ -156,7 +156,8 @@ def _scatter_indices(node: Node, sized: Sized) -> int:
     """ScatterElements (Scatter at opsets 9 and 10) and GatherElementsGrad, which scatters
     through the same code: the indices (input 1; GatherElementsGrad's input 2) widened and
     bounds-checked into a ``std::vector<int64_t>`` before the scatter (``GetIndices`` in
-    ``core/providers/cpu/tensor/scatter.cc``), 8 bytes per index whatever the index type."""
+    ``core/providers/cpu/tensor/scatter.cc``), 8 bytes per index whatever the index type
+    (measured on ORT 1.19.2's training build and on ORT 1.31.1)."""
     k = 2 if node.op_type == "GatherElementsGrad" else 1
     indices = _shaped(sized, node.inputs[k]) if len(node.inputs) > k and node.inputs[k] else None
     n = _elements(indices[0]) if indices is not None else None
