@@ -3,7 +3,7 @@ Runtime 1.19.2's training build: ConvGrad's im2col column buffer, Conv's full im
 expansion (MLAS, more filters than output pixels), GRUGrad's per-step weight gradients
 the temporaries of a Sum of three or more inputs, the index lists of a ReduceSum off its
 fast paths, each at three sizes, and the int64 copy of the indices that ScatterElements and
-GatherElementsGrad make, at two.
+GatherElementsGrad make and the run offsets of Expand, at two.
 
 The measurement is the process's peak above its state before the run (arena off, blocks
 of 64 KiB and more from mmap), which Linux batches per thread: it under-reads by up to 64
@@ -111,6 +111,13 @@ def gather_elements_grad(batch: int, edges: int, width: int) -> onnx.ModelProto:
     return model
 
 
+def expand(x: tuple[int, ...], y: tuple[int, ...]) -> onnx.ModelProto:
+    """Expand ``x`` to ``y``, the shape an int64 initializer."""
+    model = _model(helper.make_node("Expand", ["x", "shape"], ["y"]), [("x", list(x))], [("y", list(y))], ms=False)
+    model.graph.initializer.append(numpy_helper.from_array(np.array(y, np.int64), "shape"))
+    return model
+
+
 CASES = [(conv_grad, (8, 48, 16, 32)), (conv_grad, (4, 64, 64, 32)), (conv_grad, (2, 96, 32, 32)),
          (conv, (2, 128, 1024, 16)), (conv, (1, 192, 1024, 16)), (conv, (1, 256, 2048, 16)),
          (gru_grad, (4, 8, 256, 256)), (gru_grad, (2, 4, 128, 384)), (gru_grad, (3, 2, 512, 256)),
@@ -119,7 +126,8 @@ CASES = [(conv_grad, (8, 48, 16, 32)), (conv_grad, (4, 64, 64, 32)), (conv_grad,
          (reduce_sum, ((256, 2, 512, 2, 1), (1, 3))), (reduce_sum, ((512, 3, 512, 3, 2), (1, 3))),
          (reduce_sum, ((512, 3, 512, 3, 2), (1, 3), "ReduceSumTraining")),
          (scatter, (64, 192, 32)), (scatter, (16, 256, 128)), (gather_elements_grad, (64, 192, 32)),
-         (gather_elements_grad, (8, 512, 96))]
+         (gather_elements_grad, (8, 512, 96)),
+         (expand, ((16, 64, 16, 1, 16, 1), (16, 64, 16, 2, 16, 2))), (expand, ((512, 256, 1, 16), (512, 256, 4, 16)))]
 
 
 def _case_id(make, sizes) -> str:

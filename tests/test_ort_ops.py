@@ -286,6 +286,24 @@ def test_scatter_scratch_is_an_int64_copy_of_its_indices():
     assert scratch_bytes(node("ScatterElements", ["data", "sym", "upd"]), sized) == 0  # symbolic: unknown
 
 
+def test_expand_scratch_is_an_offset_per_run_of_the_input():
+    """ORT's CPU Expand copies its input out in runs (the input's dimensions right of the
+    innermost one it expands) and keeps each run's output offset in an int64 vector."""
+    from ckpt_cli.ort.scratch import scratch_bytes
+
+    def scratch(x, y):
+        node = Graph.from_model(_model([helper.make_node("Expand", ["x", "s"], ["y"])], [], [])).nodes[0]
+        return scratch_bytes(node, {"x": (x, 4), "y": (y, 4)}.get)
+
+    # the upsampling of the zoo's denoiser: runs of one element
+    assert scratch((16, 64, 16, 1, 16, 1), (16, 64, 16, 2, 16, 2)) == 8 * 16 * 64 * 16 * 16
+    assert scratch((512, 256, 1, 16), (512, 256, 4, 16)) == 8 * 512 * 256  # runs of 16
+    assert scratch((64, 4, 1), (64, 4, 8192)) == 8 * 64 * 4
+    assert scratch((256, 1024), (4, 256, 1024)) == 8  # only a leading dimension: one run
+    assert scratch((256, 1024), (256, 1024)) == 8
+    assert scratch(("batch", 1), ("batch", 8)) == 0  # symbolic: unknown
+
+
 def test_reduce_sum_scratch_is_its_index_lists_off_the_fast_paths():
     """ORT's CPU ReduceSum merges adjacent reduced (R) or kept (K) axes; KR, RK, KRK and RKR
     shapes take fast kernels, the others list in int64 vectors an input offset per group of
