@@ -155,10 +155,11 @@ def _gru_grad(node: Node, sized: Sized) -> int:
 
 def _scatter_indices(node: Node, sized: Sized) -> int:
     """ScatterElements (Scatter at opsets 9 and 10) and GatherElementsGrad, which scatters
-    through the same code: the indices (input 1; GatherElementsGrad's input 2) widened and
-    bounds-checked into a ``std::vector<int64_t>`` before the scatter (``GetIndices`` in
-    ``core/providers/cpu/tensor/scatter.cc``), 8 bytes per index whatever the index type
-    (measured on ORT 1.19.2's training build and on ORT 1.31.1)."""
+    through the same code: the indices (input 1; GatherElementsGrad's input 2) are copied,
+    widened and bounds-checked, into a ``std::vector<int64_t>`` before the scatter
+    (``core/providers/cpu/tensor/scatter.cc``), 8 bytes per index whatever the index type
+    (measured on ORT 1.19.2's training build and on ORT 1.31.1; newer sources read the
+    indices in place)."""
     k = 2 if node.op_type == "GatherElementsGrad" else 1
     indices = _shaped(sized, node.inputs[k]) if len(node.inputs) > k and node.inputs[k] else None
     n = _elements(indices[0]) if indices is not None else None
@@ -168,7 +169,7 @@ def _scatter_indices(node: Node, sized: Sized) -> int:
 def _expand_offsets(node: Node, sized: Sized) -> int:
     """Expand: the kernel first copies the input out in runs (the input's dimensions right of
     the innermost one it expands), keeping each run's output offset in a
-    ``std::vector<int64_t>`` while it doubles the runs out (``core/providers/cpu/tensor/expand.cc``):
+    ``std::vector<int64_t>`` while it then replicates them (``core/providers/cpu/tensor/expand.cc``):
     8 bytes per run (measured on ORT 1.19.2's training build and on ORT 1.31.1)."""
     x = _shaped(sized, node.inputs[0]) if node.inputs else None
     y = _shaped(sized, node.outputs[0]) if node.outputs else None
