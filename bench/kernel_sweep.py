@@ -12,8 +12,8 @@ arena off, blocks of 64 KiB and more from mmap, after a warm-up run), and the by
 above its outputs are compared with ckpt's kernel scratch (``ort.scratch``). A kernel whose
 working memory ckpt does not know shows as a row far above zero; the measurement reads up to
 about 256 KiB low (Linux batches RSS per thread), so ``--threshold`` (default 300 KB) hides
-the noise. This is how the variadic Sum's temporaries, ReduceSum's index lists and the scatter kernels'
-int64 copies of their indices were found.
+the noise. This is how the variadic Sum's temporaries, ReduceSum's index lists, the scatter
+kernels' int64 copies of their indices and Expand's run offsets were found.
 
 Needs the training interpreter (``--python``, default ``.venv-ort-training-full/bin/python``).
 About a second per distinct node.
@@ -35,7 +35,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from ckpt_cli.analysis.shapes import TensorInfo, infer_tensors, itemsize
+from ckpt_cli.analysis.shapes import TensorInfo, infer_tensors, sized_by
 from ckpt_cli.graph import Graph, Node
 from ckpt_cli.ort.scratch import scratch_bytes
 
@@ -114,17 +114,15 @@ def build(path: Path, dims: dict[str, int], folder: Path) -> list[dict[str, Any]
     model = onnx.load(str(path))
     graph = Graph.from_model(model)
     tensors = infer_tensors(graph, dims)
-
-    def sized(t: str) -> tuple[tuple[int | str, ...], int] | None:
-        info = tensors.get(t)
-        return (info.shape, itemsize(info.dtype)) if info is not None and info.shape is not None else None
-
+    sized = sized_by(tensors)
     rows: dict[tuple[str, ...], dict[str, Any]] = {}
     for node in graph.nodes:
         one = _one_node(graph, node, tensors, model)
         if one is None:
             continue
-        key = (node.domain, node.op_type, str(node.proto.attribute), str(list(one.graph.input)))
+        # the outputs too: nodes alike in their inputs differ by the shapes the sweep made (Expand's target)
+        key = (node.domain, node.op_type, str(node.proto.attribute), str(list(one.graph.input)),
+               str(list(one.graph.output)))
         if key in rows:
             rows[key]["count"] += 1
             continue
