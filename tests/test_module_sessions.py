@@ -81,6 +81,28 @@ def test_module_session_not_raised_fails_a_rewrite_above_the_original_untuned():
     assert _judged(_sessions(rewritten_settings=_run(17 * MIB))).passed
 
 
+def test_a_plain_session_rise_is_a_note_where_the_module_sessions_judge_the_artifact():
+    """The plain session under ORT's defaults stands in for the Module API's untuned one; a
+    rise there fails an artifact only when the Module API did not train it."""
+    from test_verdict_rule_figures import _measured
+
+    def judged(module: dict | None):
+        f = replace(_figures(original_ort_default=_measured(8 * MIB), rewritten_ort_default=_measured(11 * MIB)),
+                    user_session="ort_default")
+        if module is not None:
+            f = replace(f, module_sessions=ModuleSessions.of(module))
+        return judge(f, tolerant=False)
+
+    measured = judged(_sessions())
+    assert measured.passed and measured.codes == ["user_session_not_raised_stand_in"]
+    assert "the rewritten peak (11.0 MiB) is above the original's (8.0 MiB) by 3.0 MiB" in measured.notes[0]
+    assert judged(None).codes == ["user_session_not_raised"]
+    skipped = judged({"skipped": "the original's folder has no checkpoint"})
+    assert "user_session_not_raised" in skipped.codes and not skipped.passed
+    untrained = judged(_sessions(errors={"rewritten_untuned": "run_failed: Shape mismatch"}))
+    assert "user_session_not_raised" in untrained.codes and not untrained.passed
+
+
 def test_module_losses_identical_fails_a_loss_one_ulp_off_in_either_session():
     off = [LOSSES[0], "0x1.3f1f810000000p+1", LOSSES[2]]
     f = _judged(_sessions(rewritten_untuned=_run(12 * MIB, off)))

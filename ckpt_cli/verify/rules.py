@@ -119,14 +119,29 @@ def _above(peak: int, reference: int) -> str:
 def user_session_not_raised(f: CheckFigures, tolerant: bool) -> list[Finding]:
     """Where the rewrite is run under ORT's defaults (a file written for them, an ORT training
     artifact in the Module API's session), its peak there is not above the original's there
-    (beyond measurement noise): that session, arena and memory pattern on, is the user's."""
+    (beyond measurement noise): that session, arena and memory pattern on, is the user's.
+
+    For an artifact the plain session at ORT's defaults stands in for the Module API's
+    untuned one. Where the Module API trained both files, its figures judge the artifact
+    (``module_session_not_raised``) and a rise in the stand-in is a note: the two sessions
+    plan memory differently, and the zoo has artifacts that rise in one and fall in the other."""
     od, rd = f.measured.original_ort_default, f.measured.rewritten_ort_default
     if f.user_session != "ort_default" or od is None or rd is None or od.peak_bytes is None or rd.peak_bytes is None:
         return []
-    if rd.peak_bytes > od.peak_bytes + noise(rd, od.peak_bytes):
-        return [failure("user_session_not_raised", "under ORT's default settings, the session this model is run "
-                        f"in, the rewritten peak {_above(rd.peak_bytes, od.peak_bytes)}")]
-    return []
+    if rd.peak_bytes <= od.peak_bytes + noise(rd, od.peak_bytes):
+        return []
+    if _module_untuned_measured(f):
+        return [note("user_session_not_raised_stand_in", "in a plain InferenceSession under ORT's default "
+                     f"settings the rewritten peak {_above(rd.peak_bytes, od.peak_bytes)}; this artifact trains "
+                     "in the Module API's session, measured below, which judges it")]
+    return [failure("user_session_not_raised", "under ORT's default settings, the session this model is run "
+                    f"in, the rewritten peak {_above(rd.peak_bytes, od.peak_bytes)}")]
+
+
+def _module_untuned_measured(f: CheckFigures) -> bool:
+    """The Module API trained both files in its untuned session."""
+    m = f.module_sessions
+    return m is not None and all(k in m.runs for k in ("original_untuned", "rewritten_untuned"))
 
 
 def module_noise(reference: int) -> int:
