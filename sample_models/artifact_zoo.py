@@ -75,6 +75,16 @@ Model notes:
 - ``gnn``: the edge list is a buffer (src, dst: 192 edges over 64 nodes); ``scatter_add``
   exports as ``ScatterElements`` with ``reduction="add"`` (``index_add`` with repeated targets
   does not export).
+- ``swin``: windows cut and put back by ``Reshape`` + ``Transpose``; ``torch.roll`` exports as
+  ``Slice`` + ``Concat``; the relative-position bias is a parameter table gathered by a fixed
+  index buffer (``GatherGrad`` into the table); LayerNormalization gets Mean / InvStdDev.
+- ``dual_encoder``: the text tower runs on a fixed prompt buffer, so its activations have no
+  batch axis; ``F.normalize`` exports as ``ReduceL2`` + ``Clip`` + ``Expand`` + ``Div``.
+- ``recommender``: two inputs, dense floats and multi-hot ids [batch, 8, 16];
+  ``BCEWithLogitsLoss`` on one logit.
+- ``linear_lm``: ``Elu`` and ``CumSum`` have no gradient builder in ORT 1.19.2: the feature map
+  is ``exp(min(x, 0)) + relu(x)`` and the running sums a ``MatMul`` by a lower-triangular
+  ones matrix.
 - ``lstm`` / ``gru``: regressors; ``generate_artifacts``' MSELoss adds a float ``target`` input
   shaped like the output.
 
@@ -798,6 +808,181 @@ class GraphConvNet(nn.Module):
         return self.head(h.mean(1))
 
 
+class WindowAttention(nn.Module):
+    """Self-attention inside each w x w window, with a learned bias per relative position
+    (a table gathered by a fixed index buffer) and, for shifted windows, an additive mask."""
+
+    def __init__(self, d: int, heads: int, w: int, mask: torch.Tensor | None) -> None:
+        super().__init__()
+        self.heads, self.w = heads, w
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.table = nn.Parameter(0.02 * torch.randn((2 * w - 1) ** 2, heads))
+        yx = torch.stack(torch.meshgrid(torch.arange(w), torch.arange(w), indexing="ij")).flatten(1)
+        rel = (yx[:, :, None] - yx[:, None, :] + w - 1)
+        self.register_buffer("rel_index", (rel[0] * (2 * w - 1) + rel[1]).flatten())
+        self.register_buffer("mask", mask if mask is not None else torch.zeros(1, w * w, w * w))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [b * windows, w * w, d]
+        n, t, d = x.shape
+        q, k, v = (y.reshape(n, t, self.heads, d // self.heads).transpose(1, 2)
+                   for y in self.qkv(x).split(d, dim=2))
+        bias = self.table[self.rel_index].reshape(t, t, self.heads).permute(2, 0, 1)
+        att = q @ k.transpose(-2, -1) / float(np.sqrt(d // self.heads)) + bias
+        windows = self.mask.shape[0]
+        att = (att.reshape(-1, windows, self.heads, t, t) + self.mask[:, None]).reshape(n, self.heads, t, t)
+        y = att.softmax(-1) @ v
+        return self.proj(y.transpose(1, 2).reshape(n, t, d))
+
+
+def _shift_mask(side: int, w: int, shift: int) -> torch.Tensor:
+    """Swin's mask for shifted windows: -100 between tokens that came from different regions."""
+    region = torch.zeros(side, side)
+    cuts = (slice(0, -w), slice(-w, -shift), slice(-shift, None))
+    for i, (ys, xs) in enumerate((ys, xs) for ys in cuts for xs in cuts):
+        region[ys, xs] = i
+    windows = region.reshape(side // w, w, side // w, w).transpose(1, 2).reshape(-1, w * w)
+    return (windows[:, :, None] != windows[:, None, :]).float() * -100.0
+
+
+class SwinBlock(nn.Module):
+    """A Swin layer: windowed attention, windows shifted by ``torch.roll`` when ``shift``."""
+
+    def __init__(self, d: int, side: int, w: int, shift: int) -> None:
+        super().__init__()
+        self.side, self.w, self.shift = side, w, shift
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.attn = WindowAttention(d, 4, w, _shift_mask(side, w, shift) if shift else None)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [b, side, side, d]
+        s, w, d = self.side, self.w, x.shape[-1]
+        h = self.ln1(x)
+        if self.shift:
+            h = torch.roll(h, (-self.shift, -self.shift), (1, 2))
+        h = h.reshape(-1, s // w, w, s // w, w, d).transpose(2, 3).reshape(-1, w * w, d)
+        h = self.attn(h).reshape(-1, s // w, s // w, w, w, d).transpose(2, 3).reshape(-1, s, s, d)
+        if self.shift:
+            h = torch.roll(h, (self.shift, self.shift), (1, 2))
+        x = x + h
+        return x + self.mlp(self.ln2(x))
+
+
+class Swin(nn.Module):
+    """Swin-style: 2x2 patches, a regular and a shifted window layer, patch merging (strided
+    slices concatenated, LayerNorm, Linear), two more window layers, mean pool."""
+
+    def __init__(self, d: int = 32) -> None:
+        super().__init__()
+        self.patch = nn.Conv2d(3, d, 2, 2)
+        self.stage1 = nn.Sequential(SwinBlock(d, 16, 4, 0), SwinBlock(d, 16, 4, 2))
+        self.merge_ln, self.merge = nn.LayerNorm(4 * d), nn.Linear(4 * d, 2 * d, bias=False)
+        self.stage2 = nn.Sequential(SwinBlock(2 * d, 8, 4, 0), SwinBlock(2 * d, 8, 4, 2))
+        self.ln, self.head = nn.LayerNorm(2 * d), nn.Linear(2 * d, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stage1(self.patch(x).permute(0, 2, 3, 1))
+        x = torch.cat([x[:, 0::2, 0::2], x[:, 1::2, 0::2], x[:, 0::2, 1::2], x[:, 1::2, 1::2]], -1)
+        x = self.stage2(self.merge(self.merge_ln(x)))
+        return self.head(self.ln(x).mean((1, 2)))
+
+
+class DualEncoder(nn.Module):
+    """CLIP-style zero-shot classifier trained end to end: an image tower and a text tower over
+    fixed class prompts (a token buffer, no batch axis), both L2-normalized; the logits are
+    their cosine similarities scaled by a learned temperature (``exp``)."""
+
+    def __init__(self, d: int = 64, prompt: int = 8) -> None:
+        super().__init__()
+        self.image = nn.Sequential(
+            nn.Conv2d(3, 32, 3, 1, 1), nn.GELU(), nn.Conv2d(32, 64, 3, 2, 1), nn.GELU(),
+            nn.Conv2d(64, 64, 3, 2, 1), nn.GELU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+            nn.Linear(64, d))
+        self.register_buffer("prompts", (torch.arange(CLASSES * prompt).reshape(CLASSES, prompt) * 7) % VOCAB)
+        self.tok = nn.Embedding(VOCAB, d)
+        self.pos = nn.Parameter(0.02 * torch.randn(prompt, d))
+        self.text = PreNormLayer(d, 4)
+        self.text_proj = nn.Linear(d, d)
+        self.logit_scale = nn.Parameter(torch.tensor(float(np.log(1 / 0.07))))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        img = nn.functional.normalize(self.image(x), dim=-1)  # [b, d]
+        t = self.text((self.tok(self.prompts) + self.pos)).mean(1)  # [classes, d]
+        txt = nn.functional.normalize(self.text_proj(t), dim=-1)
+        return self.logit_scale.exp() * img @ txt.t()
+
+
+class Recommender(nn.Module):
+    """DLRM-style click model: a bottom MLP over 13 dense features, 8 multi-hot sparse features
+    (a bag of 16 ids each, embedded by ``Gather`` and summed), pairwise dot products of the 9
+    vectors (a batched ``MatMul``; the upper triangle taken by a fixed index ``Gather``), and
+    a wide top MLP to one logit."""
+
+    def __init__(self, d: int = 256, tables: int = 8) -> None:
+        super().__init__()
+        self.bottom = nn.Sequential(nn.Linear(13, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(),
+                                    nn.Linear(256, d), nn.ReLU())
+        self.tables = nn.ModuleList(nn.Embedding(VOCAB, d) for _ in range(tables))
+        n = tables + 1
+        rows, cols = torch.triu_indices(n, n, 1)
+        self.register_buffer("pairs", rows * n + cols)
+        widths = (d + len(rows), 1024, 1024, 512, 256)
+        self.top = nn.Sequential(*(m for a, b in zip(widths, widths[1:]) for m in (nn.Linear(a, b), nn.ReLU())),
+                                 nn.Linear(widths[-1], 1))
+
+    def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:  # sparse [b, 8, 16]
+        x = self.bottom(dense)
+        bags = (t(sparse[:, i]).sum(1) for i, t in enumerate(self.tables))
+        z = torch.stack([x, *bags], 1)  # [b, 9, d]
+        dots = (z @ z.transpose(1, 2)).flatten(1)[:, self.pairs]
+        return self.top(torch.cat([x, dots], 1))
+
+
+class LinearAttention(nn.Module):
+    """Causal linear attention (elu + 1 features): running sums over time of k v^T and of k
+    (a MatMul by a lower-triangular ones matrix) stand in for the softmax's t x t matrix."""
+
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+
+    @staticmethod
+    def feature(x: torch.Tensor) -> torch.Tensor:
+        return torch.exp(x.clamp(max=0)) + torch.relu(x)  # elu(x) + 1: Elu has no gradient builder
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = (y.reshape(b, t, self.heads, d // self.heads)
+                   for y in self.qkv(x).split(d, dim=2))
+        q, k = self.feature(q), self.feature(k)
+        prefix = torch.ones(t, t).tril()  # running sums as a MatMul: CumSum has no gradient builder
+        kv = (prefix @ (k.unsqueeze(-1) * v.unsqueeze(-2)).reshape(b, t, -1)).reshape(
+            b, t, self.heads, d // self.heads, d // self.heads)  # [b, t, h, dk, dv]
+        num = (q.unsqueeze(-2) @ kv).squeeze(-2)  # [b, t, h, dv]
+        den = (q * (prefix @ k.reshape(b, t, d)).reshape(k.shape)).sum(-1, keepdim=True)
+        return self.proj((num / den).reshape(b, t, d))
+
+
+class LinearLM(nn.Module):
+    """A causal language model of two pre-norm linear-attention layers, logits per token."""
+
+    def __init__(self, d: int = 64) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(VOCAB, d)
+        self.ln = nn.ModuleList(nn.LayerNorm(d) for _ in range(5))
+        self.attn = nn.ModuleList(LinearAttention(d, 4) for _ in range(2))
+        self.mlp = nn.ModuleList(nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+                                 for _ in range(2))
+        self.head = nn.Linear(d, CLASSES)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x = self.tok(input_ids)
+        for i, (attn, mlp) in enumerate(zip(self.attn, self.mlp)):
+            x = x + attn(self.ln[2 * i](x))
+            x = x + mlp(self.ln[2 * i + 1](x))
+        return self.head(self.ln[4](x)).reshape(-1, CLASSES)
+
+
 def keyword_net() -> nn.Module:
     """A keyword spotter over 40 x 128 audio features: Conv1d + GELU layers, mean pool.
     (With ``groups=4`` in its second Conv1d ORT 1.19.2 corrupts its heap: see the README.)"""
@@ -884,6 +1069,14 @@ def specs() -> list[Spec]:
         Spec("gnn", 17, CE, GraphConvNet, (Tensor("input", ("batch", 64, 16)),), logits, 64),
         Spec("se_autoencoder", 17, MSE, SEAutoencoder, (Tensor("input", ("batch", 3, 32, 32)),),
              Tensor("pred", ("batch", 3, 32, 32)), 16),
+        Spec("swin", 17, CE, Swin, (Tensor("input", ("batch", 3, 32, 32)),), logits, 32, ln_stats=True),
+        Spec("dual_encoder", 17, CE, DualEncoder, (Tensor("input", ("batch", 3, 32, 32)),), logits, 32,
+             ln_stats=True),
+        Spec("recommender", 17, "BCEWithLogitsLoss", Recommender,
+             (Tensor("dense", ("batch", 13)), Tensor("sparse", ("batch", 8, 16), "int64", VOCAB)),
+             Tensor("logits", ("batch", 1)), 64),
+        Spec("linear_lm", 17, CE, LinearLM, ids, Tensor("logits", (f"batch*{SEQ}", CLASSES)), 16,
+             ln_stats=True),
     ]
 
 

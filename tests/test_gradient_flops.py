@@ -61,13 +61,14 @@ TABLE = [
     elementwise("Sqrt", 2, n=1), elementwise("Clip", 2, n=1), elementwise("Exp", 4, n=1),
     elementwise("Erf", 8, n=1), elementwise("Gelu", 10, n=1), elementwise("Gelu", 10, MS, n=1),
     elementwise("Dropout", 2, n=1), elementwise("Scale", 1, MS), elementwise("QuickGelu", 5, MS, n=1),
-    elementwise("Sigmoid", 4, n=1), elementwise("Tanh", 4, n=1),
+    elementwise("Sigmoid", 4, n=1), elementwise("Tanh", 4, n=1), elementwise("Log", 4, n=1),
     # their gradients: per output element
     elementwise("ReluGrad", 1, MS), elementwise("GeluGrad", 12, MS), elementwise("DropoutGrad", 2, MS),
     elementwise("QuickGeluGrad", 8, MS), elementwise("SigmoidGrad", 3, MS), elementwise("TanhGrad", 3, MS),
     # reductions, normalizations, losses: per input element
     row("ReduceSum", [X, (1,)], [(8, 16, 1)], E), row("ReduceMean", [X, (1,)], [(8, 16, 1)], E),
     row("ReduceSumTraining", [X, (1,)], [(8, 16, 1)], E, MS),
+    row("ReduceL2", [X], [(8, 16, 1)], 2 * E, axes=[2]),  # a square and an add per element
     row("Softmax", [X], [X], 5 * E), row("LogSoftmax", [X], [X], 5 * E),
     row("SoftmaxGrad_13", [X, X], [X], 3 * E, MS), row("LogSoftmaxGrad_13", [X, X], [X], 3 * E, MS),
     row("LayerNormalization", [X, (32,), (32,)], [X], 8 * E),
