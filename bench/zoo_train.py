@@ -23,7 +23,8 @@ Feeds, from ARTIFACT_DIR/zoo.json: step ``i`` draws from ``numpy.random.RandomSt
 in zoo.json's order (inputs, then label): int inputs uniform in ``[0, bound)``, float inputs
 standard normal; ``"batch"`` in a shape is ``--batch`` (default: zoo.json's ``batch``),
 ``"batch*32"`` batch times 32, ``"seq"`` ``--seq`` (default: zoo.json's ``seq``), ``"tokens"`` batch times seq. ``onnxruntime.set_seed(--ort-seed)`` (default 0) runs before the
-steps, so that Dropout draws the same masks in every process. They are handed to the Module by name, in ``module.input_names()``
+Module is made and again before the steps, so that random ops draw the same numbers in every
+process. They are handed to the Module by name, in ``module.input_names()``
 order; a Module input zoo.json does not know is an error.
 
 Memory: the process must start with ``MALLOC_MMAP_THRESHOLD_=65536`` (buffers above 64 KiB then
@@ -118,6 +119,7 @@ def train(art_dir: str, training_model: str, steps: int, settings: dict | None,
         zoo = json.load(f)
     batch = batch or int(zoo["batch"])
     so, applied, ignored = child.session_options(settings)
+    child.seed_ort(ort_seed)
     module, optimizer = child.open_module(api, training_model, os.path.join(art_dir, "checkpoint"),
                                           os.path.join(art_dir, "eval_model.onnx"),
                                           os.path.join(art_dir, "optimizer_model.onnx"), so)
@@ -152,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seq", type=int, default=None, help="default: zoo.json's seq")
     ap.add_argument("--seed", type=int, default=1, help="step i's feeds use seed + i")
     ap.add_argument("--ort-seed", type=int, default=0,
-                    help="onnxruntime.set_seed before the steps (Dropout's masks); -1: not set")
+                    help="onnxruntime.set_seed before the Module and the steps; -1: not set")
     ap.add_argument("--allow-torch", action="store_true",
                     help="let onnxruntime import torch (slower start, same results)")
     args = ap.parse_args(argv)

@@ -207,3 +207,50 @@ def test_check_trains_an_artifact_in_the_module_api(training_python, tmp_path): 
     assert m["rewritten_untuned"]["peak_bytes"] <= m["original_untuned"]["peak_bytes"] + max(64 << 10, m[
         "original_untuned"]["peak_bytes"] // 100)
     assert r.returncode == 0 and report["passed"], report["failures"]
+
+
+def test_the_module_child_seeds_ort_before_it_makes_the_sessions(tmp_path, monkeypatch):
+    """RandomNormal(Like) without a seed attribute seeds its engine from ORT's global seed
+    when the session makes its kernel: the child seeds before the Module exists (and again
+    before the steps, for Dropout's generator), or each process draws other numbers."""
+    import types
+
+    import numpy as np
+
+    from ckpt_cli.verify import module_child
+
+    calls: list[str] = []
+
+    class Module:
+        def __init__(self, *args, **kwargs):
+            calls.append("Module")
+
+        def input_names(self):
+            return ["x"]
+
+        def train(self):
+            pass
+
+        def __call__(self, *inputs):
+            calls.append("step")
+            return np.float32(1.5)
+
+        def lazy_reset_grad(self):
+            pass
+
+    ort = types.ModuleType("onnxruntime")
+    ort.__version__ = "1.19.2"
+    ort.SessionOptions = types.SimpleNamespace
+    ort.set_seed = lambda seed: calls.append(f"set_seed({seed})")
+    api = types.ModuleType("onnxruntime.training.api")
+    api.CheckpointState = types.SimpleNamespace(load_checkpoint=lambda path: object())
+    api.Module = Module
+    api.Optimizer = lambda path, module: types.SimpleNamespace(step=lambda: None)
+    monkeypatch.setitem(sys.modules, "onnxruntime", ort)
+    monkeypatch.setitem(sys.modules, "onnxruntime.training", types.ModuleType("onnxruntime.training"))
+    monkeypatch.setitem(sys.modules, "onnxruntime.training.api", api)
+    feeds = tmp_path / "feeds.npz"
+    np.savez(feeds, x=np.zeros(2, np.float32))
+    spec = {k: str(tmp_path / k) for k in ("training_model", "checkpoint", "eval_model", "optimizer_model")}
+    answer = module_child.train({**spec, "feeds": str(feeds), "steps": 2, "seed": 7, "settings": None})
+    assert answer["ok"] and calls == ["set_seed(7)", "Module", "set_seed(7)", "step", "step"]

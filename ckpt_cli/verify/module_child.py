@@ -10,7 +10,7 @@ SPEC.json::
     {"training_model": "t.onnx", "checkpoint": "DIR/checkpoint",
      "eval_model": "DIR/eval_model.onnx", "optimizer_model": "DIR/optimizer_model.onnx",
      "feeds": "feeds.npz",        # arrays by input name; the Module's user inputs are taken
-     "steps": 3, "seed": 0,       # onnxruntime.set_seed(seed) before the steps
+     "steps": 3, "seed": 0,       # onnxruntime.set_seed(seed) before the Module and the steps
      "settings": {...} | null}    # null: ORT's defaults, one intra-op thread
 
 ``Module(training_model, CheckpointState.load_checkpoint(checkpoint), eval_model,
@@ -140,16 +140,24 @@ def open_module(api: types.ModuleType, training_model: str, checkpoint: str, eva
     return module, api.Optimizer(optimizer_model, module)
 
 
+def seed_ort(ort_seed: int | None) -> None:
+    """Seed ORT's random generators. Called before the sessions are made and again before
+    the steps: RandomNormal(Like) and RandomUniform(Like) without a seed attribute seed
+    their own engine from ORT's global seed plus their node index when the session makes
+    their kernel (the clock's time unless set first), and Dropout draws from ORT's default
+    generator at run time, which ``set_seed`` resets."""
+    import onnxruntime as ort
+
+    if ort_seed is not None and hasattr(ort, "set_seed"):
+        ort.set_seed(ort_seed)
+
+
 def run_steps(module: OrtObject, optimizer: OrtObject, batches: list[list[Any]], ort_seed: int | None
               ) -> StepFigures:
     """The training loop, measured: losses, step times, and the process peak it added."""
     import numpy as np
-    import onnxruntime as ort
 
-    # Random ops without a seed attribute (Dropout) draw from ORT's default generator: seed
-    # it, or every process draws other masks
-    if ort_seed is not None and hasattr(ort, "set_seed"):
-        ort.set_seed(ort_seed)
+    seed_ort(ort_seed)
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
     before = process_status()
@@ -206,6 +214,7 @@ def train(raw: dict[str, Any]) -> dict[str, Any]:
         raise ChildError("training_unavailable", f"no onnxruntime.training.api under {sys.executable}: "
                                                  f"{_one_line(e)}") from e
     so, applied, ignored = session_options(spec["settings"])
+    seed_ort(spec["seed"])
     try:
         module, optimizer = open_module(api, spec["training_model"], spec["checkpoint"], spec["eval_model"],
                                         spec["optimizer_model"], so)
