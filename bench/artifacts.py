@@ -64,7 +64,8 @@ ZOO_FALLBACK = ("mlp", "mlp_dropout", "lenet", "resnet_block", "bert", "bert17",
                 "embed_ln", "embed_ln17", "lstm", "enc_dropout_bce", "tagger", "gru", "unet", "denoiser",
                 "mobilenet_v2", "vit", "seq2seq", "llama", "frozen_backbone", "keyword_kl", "mixer", "tcn",
                 "video3d", "latent", "conformer", "se_autoencoder",
-                "moe", "gnn", "swin", "dual_encoder", "recommender", "linear_lm")
+                "moe", "gnn", "swin", "dual_encoder", "recommender", "linear_lm",
+                "sampling_ae", "pointnet")
 SESSIONS = ("untuned", "settings")
 SIDES = ("original", "rewrite")
 MAX_PREDICTION_ERROR = 0.10

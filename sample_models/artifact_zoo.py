@@ -85,6 +85,10 @@ Model notes:
 - ``linear_lm``: ``Elu`` and ``CumSum`` have no gradient builder in ORT 1.19.2: the feature map
   is ``exp(min(x, 0)) + relu(x)`` and the running sums a ``MatMul`` by a lower-triangular
   ones matrix.
+- ``sampling_ae``: ``randn_like`` exports as ``RandomNormalLike`` without a seed, which ORT
+  seeds from its global seed plus the node's index when it makes the kernel.
+- ``pointnet``: the max over the points is a ``MaxPool`` over all of them (``ReduceMax``
+  has no gradient builder).
 - ``lstm`` / ``gru``: regressors; ``generate_artifacts``' MSELoss adds a float ``target`` input
   shaped like the output.
 
@@ -983,6 +987,51 @@ class LinearLM(nn.Module):
         return self.head(self.ln[4](x)).reshape(-1, CLASSES)
 
 
+class SamplingAutoencoder(nn.Module):
+    """A VAE's encoder and decoder: strided convs to a mean and a log-variance per latent
+    pixel, a sample drawn by the reparameterization (``randn_like``: ``RandomNormalLike``),
+    dropout in the decoder, upsampling by ``Tile``. Trained on the reconstruction (MSE) only:
+    ``generate_artifacts`` puts its loss on one output, so the KL term is left out."""
+
+    def __init__(self, latent: int = 16) -> None:
+        super().__init__()
+        self.encode = nn.Sequential(nn.Conv2d(3, 32, 3, 2, 1), nn.ReLU(), nn.Conv2d(32, 64, 3, 2, 1), nn.ReLU())
+        self.stats = nn.Conv2d(64, 2 * latent, 1)
+        self.decode = nn.Sequential(nn.Conv2d(latent, 64, 3, 1, 1), nn.ReLU(), nn.Dropout(0.1))
+        self.up1, self.up2 = nn.Conv2d(64, 32, 3, 1, 1), nn.Conv2d(32, 3, 3, 1, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mu, logvar = self.stats(self.encode(x)).chunk(2, dim=1)
+        z = mu + torch.exp(0.5 * logvar) * torch.randn_like(mu)
+        h = _double_tile(self.decode(z))
+        return self.up2(_double_tile(torch.relu(self.up1(h))))
+
+
+class PointNet(nn.Module):
+    """PointNet over 512 points of (x, y, z): a T-Net predicts a 3 x 3 transform applied by a
+    batched ``MatMul``, shared per-point MLPs (1 x 1 ``Conv1d``, BatchNorm), a symmetric max
+    over the points, and a classifier."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tnet = nn.Sequential(nn.Conv1d(3, 64, 1), nn.ReLU(), nn.Conv1d(64, 128, 1), nn.ReLU())
+        self.tnet_head = nn.Linear(128, 9)
+        self.mlp = nn.Sequential(nn.Conv1d(3, 64, 1), nn.BatchNorm1d(64), nn.ReLU(), nn.Conv1d(64, 128, 1),
+                                 nn.BatchNorm1d(128), nn.ReLU(), nn.Conv1d(128, 256, 1))
+        self.head = nn.Sequential(nn.Linear(256, 128), nn.ReLU(), nn.Linear(128, CLASSES))
+
+    @staticmethod
+    def pool(x: torch.Tensor) -> torch.Tensor:
+        """The max over the points, as a ``MaxPool`` over all of them: ``ReduceMax`` has no
+        gradient builder."""
+        return nn.functional.max_pool1d(x, x.shape[2]).flatten(1)
+
+    def forward(self, points: torch.Tensor) -> torch.Tensor:  # [b, 3, n]
+        t = self.tnet_head(self.pool(self.tnet(points))).reshape(-1, 3, 3) + torch.eye(3)
+        x = self.mlp(t.transpose(1, 2) @ points)
+        return self.head(self.pool(x))
+
+
 def keyword_net() -> nn.Module:
     """A keyword spotter over 40 x 128 audio features: Conv1d + GELU layers, mean pool.
     (With ``groups=4`` in its second Conv1d ORT 1.19.2 corrupts its heap: see the README.)"""
@@ -1075,6 +1124,9 @@ def specs() -> list[Spec]:
         Spec("recommender", 17, "BCEWithLogitsLoss", Recommender,
              (Tensor("dense", ("batch", 13)), Tensor("sparse", ("batch", 8, 16), "int64", VOCAB)),
              Tensor("logits", ("batch", 1)), 64),
+        Spec("sampling_ae", 17, MSE, SamplingAutoencoder, (Tensor("input", ("batch", 3, 32, 32)),),
+             Tensor("pred", ("batch", 3, 32, 32)), 16),
+        Spec("pointnet", 17, CE, PointNet, (Tensor("input", ("batch", 3, 512)),), logits, 32),
         Spec("linear_lm", 17, CE, LinearLM, ids, Tensor("logits", (f"batch*{SEQ}", CLASSES)), 16,
              ln_stats=True),
     ]

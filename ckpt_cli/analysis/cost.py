@@ -33,6 +33,8 @@ _PER_OUTPUT = {
     "SigmoidGrad": 3, "TanhGrad": 3, "Dropout": 2, "BiasGelu": 11, "QuickGelu": 5, "BiasAdd": 2,
     "DropoutGrad": 2,  # dY scaled where the mask kept it
     "QuickGeluGrad": 8,  # the sigmoid again (5), then dY * (s + a*x*s*(1-s))
+    # an engine step and a scale per uniform; a normal draws two uniforms, a log and a sqrt
+    "RandomUniform": 2, "RandomUniformLike": 2, "RandomNormal": 12, "RandomNormalLike": 12,
 }
 # Ops that read their whole input once: FLOPs per input element.
 _PER_INPUT = {
