@@ -27,6 +27,7 @@ from ..units import human_bytes
 from . import (RewriteResult, alternatives, module_shortfall, original_best, original_floor, pinned, rewrite,
                unchanged, written_phases)
 from .mem_pattern import is_ort_artifact
+from .seeded import moved_seeds
 
 
 def plan_cost(a: Analysis, plan: Plan) -> PlanCost:
@@ -73,6 +74,9 @@ def judged_rewrite(a: Analysis, planned: Planned | None, result: RewriteResult) 
     result = written_phases(a, result)  # a graph left without a backward is refused before it is saved
     if planned is not None and planned.plan is not None:
         result = replace(result, notes=empty_region_notes(result))
+    moved = moved_seeds(a.graph, result.graph)
+    if moved:
+        result = replace(result, notes=result.notes + moved)
     return never_worse(a, planned, result)
 
 
