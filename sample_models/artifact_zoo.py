@@ -89,6 +89,9 @@ Model notes:
   seeds from its global seed plus the node's index when it makes the kernel.
 - ``pointnet``: the max over the points is a ``MaxPool`` over all of them (``ReduceMax``
   has no gradient builder).
+- ``film``: two inputs, the image and an int64 condition id (16 values).
+- ``ode``: one vector field applied sixteen times; its parameters' gradients meet in ``Sum``.
+- ``capsules``: MNIST-sized input; routing by agreement unrolled three times.
 - ``lstm`` / ``gru``: regressors; ``generate_artifacts``' MSELoss adds a float ``target`` input
   shaped like the output.
 
@@ -1032,6 +1035,74 @@ class PointNet(nn.Module):
         return self.head(self.pool(x))
 
 
+class FiLMNet(nn.Module):
+    """A conditional conv net: a class id picks (``Gather``) a per-channel scale and shift
+    that modulate every block's features (FiLM: broadcast ``Mul`` and ``Add`` over [b, c, 1, 1])."""
+
+    def __init__(self, conditions: int = 16) -> None:
+        super().__init__()
+        widths = (3, 32, 64, 64)
+        self.convs = nn.ModuleList(nn.Conv2d(a, b, 3, 1 + (k > 0), 1) for k, (a, b) in enumerate(zip(widths, widths[1:])))
+        self.film = nn.ModuleList(nn.Embedding(conditions, 2 * b) for b in widths[1:])
+        self.head = nn.Linear(widths[-1], CLASSES)
+
+    def forward(self, x: torch.Tensor, condition: torch.Tensor) -> torch.Tensor:
+        for conv, film in zip(self.convs, self.film):
+            scale, shift = film(condition)[:, :, None, None].chunk(2, dim=1)
+            x = torch.relu(conv(x) * (1 + scale) + shift)
+        return self.head(x.mean((2, 3)))
+
+
+class ODEClassifier(nn.Module):
+    """A neural ODE unrolled: four fixed RK4 steps of one MLP vector field (each step calls it
+    four times, so its weights' gradients sum sixteen contributions), then a classifier."""
+
+    def __init__(self, d: int = 64, steps: int = 4) -> None:
+        super().__init__()
+        self.inp = nn.Linear(32, d)
+        self.field = nn.Sequential(nn.Linear(d, 2 * d), nn.Tanh(), nn.Linear(2 * d, d))
+        self.steps = steps
+        self.head = nn.Linear(d, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [b, t, 32]: each token its own trajectory
+        h, dt = self.inp(x), 1.0 / self.steps
+        for _ in range(self.steps):
+            k1 = self.field(h)
+            k2 = self.field(h + dt / 2 * k1)
+            k3 = self.field(h + dt / 2 * k2)
+            k4 = self.field(h + dt * k3)
+            h = h + dt / 6 * (k1 + 2 * k2 + 2 * k3 + k4)
+        return self.head(h.mean(1))
+
+
+def _squash(s: torch.Tensor) -> torch.Tensor:
+    n2 = (s * s).sum(-1, keepdim=True)
+    return s * (n2 / (1 + n2)) / torch.sqrt(n2 + 1e-8)
+
+
+class CapsuleNet(nn.Module):
+    """A capsule network: primary capsules from a conv, votes for 10 class capsules by a
+    batched ``MatMul``, three rounds of routing by agreement (softmax over the classes), and
+    the class capsules' lengths as logits."""
+
+    def __init__(self, caps: int = 8, dim: int = 16) -> None:
+        super().__init__()
+        self.caps, self.dim = caps, dim
+        self.conv = nn.Sequential(nn.Conv2d(1, 64, 5, 2, 2), nn.ReLU(), nn.Conv2d(64, 16 * caps, 3, 2, 1))
+        self.votes = nn.Parameter(0.05 * torch.randn(16 * 7 * 7, CLASSES * dim, caps))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [b, 1, 28, 28]
+        u = _squash(self.conv(x).reshape(x.shape[0], -1, self.caps))  # [b, 784 capsules, caps]
+        n = u.shape[1]
+        v = (self.votes @ u.unsqueeze(-1)).reshape(x.shape[0], n, CLASSES, self.dim)  # [b, n, 10, dim]
+        logits = torch.zeros(x.shape[0], n, CLASSES)
+        for _ in range(3):
+            c = logits.softmax(-1)
+            out = _squash((c.unsqueeze(-1) * v).sum(1))  # [b, 10, dim]
+            logits = logits + (v * out.unsqueeze(1)).sum(-1)
+        return torch.sqrt((out * out).sum(-1) + 1e-8) * 10.0
+
+
 def keyword_net() -> nn.Module:
     """A keyword spotter over 40 x 128 audio features: Conv1d + GELU layers, mean pool.
     (With ``groups=4`` in its second Conv1d ORT 1.19.2 corrupts its heap: see the README.)"""
@@ -1127,6 +1198,10 @@ def specs() -> list[Spec]:
         Spec("sampling_ae", 17, MSE, SamplingAutoencoder, (Tensor("input", ("batch", 3, 32, 32)),),
              Tensor("pred", ("batch", 3, 32, 32)), 16),
         Spec("pointnet", 17, CE, PointNet, (Tensor("input", ("batch", 3, 512)),), logits, 32),
+        Spec("film", 17, CE, FiLMNet, (Tensor("input", ("batch", 3, 32, 32)),
+                                       Tensor("condition", ("batch",), "int64", 16)), logits, 32),
+        Spec("ode", 17, CE, ODEClassifier, (Tensor("input", ("batch", SEQ, 32)),), logits, 32),
+        Spec("capsules", 17, CE, CapsuleNet, (Tensor("input", ("batch", 1, 28, 28)),), logits, 16),
         Spec("linear_lm", 17, CE, LinearLM, ids, Tensor("logits", (f"batch*{SEQ}", CLASSES)), 16,
              ln_stats=True),
     ]
