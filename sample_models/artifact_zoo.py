@@ -1103,6 +1103,40 @@ class CapsuleNet(nn.Module):
         return torch.sqrt((out * out).sum(-1) + 1e-8) * 10.0
 
 
+class ConvNeXtBlock(nn.Module):
+    """A ConvNeXt block: depthwise 7 x 7 conv, channels-last LayerNorm (``Transpose``), an
+    inverted 4x MLP with GELU, a learned per-channel layer scale, the residual."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.dw = nn.Conv2d(d, d, 7, 1, 3, groups=d)
+        self.ln = nn.LayerNorm(d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+        self.gamma = nn.Parameter(torch.full((d,), 0.1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.mlp(self.ln(self.dw(x).permute(0, 2, 3, 1))) * self.gamma
+        return x + h.permute(0, 3, 1, 2)
+
+
+class ConvNeXt(nn.Module):
+    """ConvNeXt-style: a 2 x 2 patchify stem, two stages of two blocks, a LayerNorm'd strided
+    downsample between them, global mean pool."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 32, 2, 2)
+        self.stage1 = nn.Sequential(ConvNeXtBlock(32), ConvNeXtBlock(32))
+        self.down_ln, self.down = nn.LayerNorm(32), nn.Conv2d(32, 64, 2, 2)
+        self.stage2 = nn.Sequential(ConvNeXtBlock(64), ConvNeXtBlock(64))
+        self.ln, self.head = nn.LayerNorm(64), nn.Linear(64, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stage1(self.stem(x))
+        x = self.down(self.down_ln(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2))
+        return self.head(self.ln(self.stage2(x).mean((2, 3))))
+
+
 def keyword_net() -> nn.Module:
     """A keyword spotter over 40 x 128 audio features: Conv1d + GELU layers, mean pool.
     (With ``groups=4`` in its second Conv1d ORT 1.19.2 corrupts its heap: see the README.)"""
@@ -1202,6 +1236,7 @@ def specs() -> list[Spec]:
                                        Tensor("condition", ("batch",), "int64", 16)), logits, 32),
         Spec("ode", 17, CE, ODEClassifier, (Tensor("input", ("batch", SEQ, 32)),), logits, 32),
         Spec("capsules", 17, CE, CapsuleNet, (Tensor("input", ("batch", 1, 28, 28)),), logits, 16),
+        Spec("convnext", 17, CE, ConvNeXt, (Tensor("input", ("batch", 3, 32, 32)),), logits, 32, ln_stats=True),
         Spec("linear_lm", 17, CE, LinearLM, ids, Tensor("logits", (f"batch*{SEQ}", CLASSES)), 16,
              ln_stats=True),
     ]
