@@ -52,3 +52,13 @@ def test_the_rewrite_of_a_sampling_autoencoder_says_its_noise_moved():
     result = ckpt_cli.rewrite_model(SAMPLES / "zoo" / "sampling_ae" / "training_model.onnx", budget="80%").result
     moved = [n for n in result.notes if n.startswith("ORT seeds RandomNormalLike '/RandomNormalLike'")]
     assert len(moved) == 1 and "moves from 11 to " in moved[0], result.notes
+
+
+def test_a_graph_written_unchanged_has_no_such_note():
+    """The default rewrite of sampling_ae is the unchanged graph (the Module judgement, or
+    without it no plan lower): nothing moved, nothing said."""
+    import ckpt_cli
+    from conftest import SAMPLES
+
+    result = ckpt_cli.rewrite_model(SAMPLES / "zoo" / "sampling_ae" / "training_model.onnx").result
+    assert not [n for n in result.notes if n.startswith("ORT seeds")], result.notes

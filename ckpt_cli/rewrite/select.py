@@ -74,10 +74,9 @@ def judged_rewrite(a: Analysis, planned: Planned | None, result: RewriteResult) 
     result = written_phases(a, result)  # a graph left without a backward is refused before it is saved
     if planned is not None and planned.plan is not None:
         result = replace(result, notes=empty_region_notes(result))
-    moved = moved_seeds(a.graph, result.graph)
-    if moved:
-        result = replace(result, notes=result.notes + moved)
-    return never_worse(a, planned, result)
+    result = never_worse(a, planned, result)
+    moved = moved_seeds(a.graph, result.graph)  # of the graph written, the unchanged one included
+    return replace(result, notes=result.notes + moved) if moved else result
 
 
 def empty_region_notes(result: RewriteResult) -> tuple[str, ...]:
