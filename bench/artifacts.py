@@ -65,7 +65,8 @@ ZOO_FALLBACK = ("mlp", "mlp_dropout", "lenet", "resnet_block", "bert", "bert17",
                 "mobilenet_v2", "vit", "seq2seq", "llama", "frozen_backbone", "keyword_kl", "mixer", "tcn",
                 "video3d", "latent", "conformer", "se_autoencoder",
                 "moe", "gnn", "swin", "dual_encoder", "recommender", "linear_lm",
-                "sampling_ae", "pointnet", "film", "ode", "capsules", "convnext")
+                "sampling_ae", "pointnet", "film", "ode", "capsules", "convnext",
+                "masked_lm")
 SESSIONS = ("untuned", "settings")
 SIDES = ("original", "rewrite")
 MAX_PREDICTION_ERROR = 0.10

@@ -92,6 +92,8 @@ Model notes:
 - ``film``: two inputs, the image and an int64 condition id (16 values).
 - ``ode``: one vector field applied sixteen times; its parameters' gradients meet in ``Sum``.
 - ``capsules``: MNIST-sized input; routing by agreement unrolled three times.
+- ``masked_lm``: ``attention_mask`` is [batch, 32] int64 of 0 and 1 (``bound`` 2); the
+  output layer is the token embedding's weight, transposed (its gradient sums the two reads).
 - ``lstm`` / ``gru``: regressors; ``generate_artifacts``' MSELoss adds a float ``target`` input
   shaped like the output.
 
@@ -1137,6 +1139,34 @@ class ConvNeXt(nn.Module):
         return self.head(self.ln(self.stage2(x).mean((2, 3))))
 
 
+class MaskedLM(nn.Module):
+    """A masked language model: a padding mask as a second input (its zeros hide keys through
+    ``Equal`` + ``Where``), post-LN encoder layers, and an output layer tied to the input
+    embedding (one weight read by ``Gather`` and by a transposed ``MatMul``)."""
+
+    def __init__(self, d: int = 64, layers: int = 2, heads: int = 4) -> None:
+        super().__init__()
+        self.heads = heads
+        self.tok, self.pos = nn.Embedding(VOCAB, d), nn.Parameter(0.02 * torch.randn(SEQ, d))
+        nn.init.normal_(self.tok.weight, std=0.02)  # as BERT's: the tied head's logits start small
+        self.qkv = nn.ModuleList(nn.Linear(d, 3 * d) for _ in range(layers))
+        self.proj = nn.ModuleList(nn.Linear(d, d) for _ in range(layers))
+        self.ln = nn.ModuleList(nn.LayerNorm(d) for _ in range(2 * layers))
+        self.mlp = nn.ModuleList(nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+                                 for _ in range(layers))
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        x = self.tok(input_ids) + self.pos
+        b, t, d = x.shape
+        hidden = (attention_mask == 0)[:, None, None, :]
+        for k, (qkv, proj, mlp) in enumerate(zip(self.qkv, self.proj, self.mlp)):
+            q, kk, v = (y.reshape(b, t, self.heads, d // self.heads).transpose(1, 2) for y in qkv(x).split(d, 2))
+            att = (q @ kk.transpose(-2, -1) / float(np.sqrt(d // self.heads))).masked_fill(hidden, -1e4)
+            x = self.ln[2 * k](x + proj((att.softmax(-1) @ v).transpose(1, 2).reshape(b, t, d)))
+            x = self.ln[2 * k + 1](x + mlp(x))
+        return (x @ self.tok.weight.t()).reshape(-1, VOCAB)
+
+
 def keyword_net() -> nn.Module:
     """A keyword spotter over 40 x 128 audio features: Conv1d + GELU layers, mean pool.
     (With ``groups=4`` in its second Conv1d ORT 1.19.2 corrupts its heap: see the README.)"""
@@ -1237,6 +1267,8 @@ def specs() -> list[Spec]:
         Spec("ode", 17, CE, ODEClassifier, (Tensor("input", ("batch", SEQ, 32)),), logits, 32),
         Spec("capsules", 17, CE, CapsuleNet, (Tensor("input", ("batch", 1, 28, 28)),), logits, 16),
         Spec("convnext", 17, CE, ConvNeXt, (Tensor("input", ("batch", 3, 32, 32)),), logits, 32, ln_stats=True),
+        Spec("masked_lm", 17, CE, MaskedLM, (*ids, Tensor("attention_mask", ("batch", SEQ), "int64", 2)),
+             Tensor("logits", (f"batch*{SEQ}", VOCAB)), 16, ln_stats=True),
         Spec("linear_lm", 17, CE, LinearLM, ids, Tensor("logits", (f"batch*{SEQ}", CLASSES)), 16,
              ln_stats=True),
     ]
