@@ -94,6 +94,8 @@ Model notes:
 - ``capsules``: MNIST-sized input; routing by agreement unrolled three times.
 - ``masked_lm``: ``attention_mask`` is [batch, 32] int64 of 0 and 1 (``bound`` 2); the
   output layer is the token embedding's weight, transposed (its gradient sums the two reads).
+- ``diffusion``: two inputs, the noisy image and a float ``timestep`` per sample; SiLU
+  becomes QuickGelu.
 - ``lstm`` / ``gru``: regressors; ``generate_artifacts``' MSELoss adds a float ``target`` input
   shaped like the output.
 
@@ -1167,6 +1169,31 @@ class MaskedLM(nn.Module):
         return (x @ self.tok.weight.t()).reshape(-1, VOCAB)
 
 
+class TimeConditionedUNet(nn.Module):
+    """A diffusion model's noise predictor: a float timestep input embedded sinusoidally
+    (``Sin``, ``Cos`` of the time times fixed frequencies), an MLP of it added per channel to
+    each block, a two-level conv encoder-decoder with a skip concatenation."""
+
+    def __init__(self, d: int = 32) -> None:
+        super().__init__()
+        self.register_buffer("freqs", torch.exp(-np.log(1000.0) * torch.arange(8) / 8))
+        self.time = nn.Sequential(nn.Linear(16, 4 * d), nn.SiLU(), nn.Linear(4 * d, 4 * d))
+        self.down1, self.down2 = nn.Conv2d(3, d, 3, 1, 1), nn.Conv2d(d, 2 * d, 3, 2, 1)
+        self.t1, self.t2 = nn.Linear(4 * d, d), nn.Linear(4 * d, 2 * d)
+        self.mid = nn.Conv2d(2 * d, 2 * d, 3, 1, 1)
+        self.up = nn.Conv2d(2 * d + d, d, 3, 1, 1)
+        self.out = nn.Conv2d(d, 3, 3, 1, 1)
+
+    def forward(self, x: torch.Tensor, timestep: torch.Tensor) -> torch.Tensor:
+        angles = timestep[:, None] * 1000.0 * self.freqs
+        emb = self.time(torch.cat([torch.sin(angles), torch.cos(angles)], 1))
+        h1 = nn.functional.silu(self.down1(x) + self.t1(emb)[:, :, None, None])
+        h2 = nn.functional.silu(self.down2(h1) + self.t2(emb)[:, :, None, None])
+        h2 = nn.functional.silu(self.mid(h2))
+        up = _double_tile(h2)
+        return self.out(nn.functional.silu(self.up(torch.cat([up, h1], 1))))
+
+
 def keyword_net() -> nn.Module:
     """A keyword spotter over 40 x 128 audio features: Conv1d + GELU layers, mean pool.
     (With ``groups=4`` in its second Conv1d ORT 1.19.2 corrupts its heap: see the README.)"""
@@ -1269,6 +1296,9 @@ def specs() -> list[Spec]:
         Spec("convnext", 17, CE, ConvNeXt, (Tensor("input", ("batch", 3, 32, 32)),), logits, 32, ln_stats=True),
         Spec("masked_lm", 17, CE, MaskedLM, (*ids, Tensor("attention_mask", ("batch", SEQ), "int64", 2)),
              Tensor("logits", (f"batch*{SEQ}", VOCAB)), 16, ln_stats=True),
+        Spec("diffusion", 17, MSE, TimeConditionedUNet, (Tensor("input", ("batch", 3, 32, 32)),
+                                                        Tensor("timestep", ("batch",))),
+             Tensor("pred", ("batch", 3, 32, 32)), 16),
         Spec("linear_lm", 17, CE, LinearLM, ids, Tensor("logits", (f"batch*{SEQ}", CLASSES)), 16,
              ln_stats=True),
     ]

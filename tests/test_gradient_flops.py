@@ -63,6 +63,7 @@ TABLE = [
     elementwise("Dropout", 2, n=1), elementwise("Scale", 1, MS), elementwise("QuickGelu", 5, MS, n=1),
     elementwise("Sigmoid", 4, n=1), elementwise("Tanh", 4, n=1), elementwise("Log", 4, n=1),
     elementwise("RandomNormalLike", 12, n=1), elementwise("RandomUniformLike", 2, n=1),
+    elementwise("Sin", 4, n=1), elementwise("Cos", 4, n=1),
     # their gradients: per output element
     elementwise("ReluGrad", 1, MS), elementwise("GeluGrad", 12, MS), elementwise("DropoutGrad", 2, MS),
     elementwise("QuickGeluGrad", 8, MS), elementwise("SigmoidGrad", 3, MS), elementwise("TanhGrad", 3, MS),
