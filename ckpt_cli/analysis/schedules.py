@@ -20,7 +20,7 @@ def priority_based(graph: Graph, file_order: list[int] | None = None) -> list[in
 
     With ``file_order``, the order for the graph written with its nodes in that order
     (still as indices into ``graph.nodes``)."""
-    at = _ort_numbering(graph) if file_order is None else list(file_order)  # ORT's node index -> node
+    at = ort_numbering(graph) if file_order is None else list(file_order)  # ORT's node index -> node
     n = len(at)
     position = [0] * n
     for p, i in enumerate(at):
@@ -48,7 +48,7 @@ def priority_based(graph: Graph, file_order: list[int] | None = None) -> list[in
     return order
 
 
-def _ort_numbering(graph: Graph) -> list[int]:
+def ort_numbering(graph: Graph) -> list[int]:
     """The nodes by the index ORT gives them: file order, the nodes it inlines last."""
     if not graph.inlined:
         return list(range(len(graph.nodes)))

@@ -3,13 +3,15 @@
 ORT's CPU RandomNormal, RandomNormalLike, RandomUniform, RandomUniformLike and Multinomial
 without a ``seed`` attribute seed their engine, when the session makes their kernel, with
 ORT's global seed plus the node's index in ORT's graph. ORT numbers a file's nodes in their
-order when it loads it, after turning ONNX ``Constant`` nodes into initializers. A written
+order when it loads it, after turning ONNX ``Constant`` nodes into initializers, and the
+nodes of the functions it inlines after them (``schedules.ort_numbering``). A written
 order that gives such a node another index makes it draw other numbers than the original
 does, whatever seed the user sets: the report says so.
 """
 
 from __future__ import annotations
 
+from ..analysis.schedules import ort_numbering
 from ..graph import Graph, Node
 
 INDEX_SEEDED_OPS = frozenset({"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike",
@@ -29,7 +31,7 @@ def index_seeded(graph: Graph) -> dict[str, int]:
     """The ORT node index of each index-seeded random node of ``graph``, by name."""
     found: dict[str, int] = {}
     index = 0
-    for n in graph.nodes:
+    for n in map(graph.nodes.__getitem__, ort_numbering(graph)):
         if _index_seeded(n):
             found[n.name] = index
         index += _numbered(n)
