@@ -41,7 +41,9 @@ def index_seeded(graph: Graph) -> dict[str, int]:
 def moved_seeds(original: Graph, written: Graph) -> tuple[str, ...]:
     """One line per index-seeded random node of ``original`` that ``written`` numbers otherwise."""
     before = index_seeded(original)
-    after = index_seeded(written) if before else {}
+    if not before:
+        return ()
+    after = index_seeded(written)
     ops = {n.name: n.op_type for n in original.nodes if n.name in before}
     return tuple(f"ORT seeds {ops[name]} '{name}' by its node index, which the written order moves from "
                  f"{i} to {after[name]}: it draws other numbers than the original's, so outputs and losses "
