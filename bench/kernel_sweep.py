@@ -1,6 +1,6 @@
 """Every kernel of a training graph that reads floats (and indices), measured alone against ckpt's model.
 
-    python -m bench.kernel_sweep MODEL [MODEL ...] [--dims batch=64] [--json FILE]
+    python -m bench.kernel_sweep MODEL [MODEL ...] [--dims batch=64] [--ops Sum,GatherGrad] [--json FILE]
 
 For each node whose float inputs have static shapes at ``--dims`` (by default the batch and
 sequence of the ``zoo.json`` beside the model, else 64), a one-node model: its float inputs
@@ -108,15 +108,17 @@ def _one_node(graph: Graph, node: Node, tensors: dict[str, TensorInfo], model: o
     return helper.make_model(g, opset_imports=list(model.opset_import), ir_version=model.ir_version)
 
 
-def build(path: Path, dims: dict[str, int], folder: Path) -> list[dict[str, Any]]:
+def build(path: Path, dims: dict[str, int], folder: Path, ops: set[str] | None = None) -> list[dict[str, Any]]:
     """The one-node models of ``path``'s distinct nodes (``_one_node``), written to ``folder``, each with
-    its outputs' bytes and ckpt's scratch."""
+    its outputs' bytes and ckpt's scratch; ``ops``: only nodes of these op types."""
     model = onnx.load(str(path))
     graph = Graph.from_model(model)
     tensors = infer_tensors(graph, dims)
     sized = sized_by(tensors)
     rows: dict[tuple[str, ...], dict[str, Any]] = {}
     for node in graph.nodes:
+        if ops is not None and node.op_type not in ops:
+            continue
         one = _one_node(graph, node, tensors, model)
         if one is None:
             continue
@@ -159,11 +161,12 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--python", default=str(DEFAULT_PYTHON), help="the ORT training interpreter")
     ap.add_argument("--threshold", type=int, default=300_000, help="bytes off before a row is shown")
     ap.add_argument("--json", type=Path, help="write every row here")
+    ap.add_argument("--ops", type=lambda v: set(v.split(",")), help="only these op types, e.g. Sum,GatherGrad")
     args = ap.parse_args(argv)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="ckpt-kernels-") as tmp:
         for path in args.models:
-            rows += build(path, _dims(path, args.dims), Path(tmp))
+            rows += build(path, _dims(path, args.dims), Path(tmp), args.ops)
         measure(args.python, rows)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1) + "\n")

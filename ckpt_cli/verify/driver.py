@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..analysis.memory import PAGE_BYTES
 from ..errors import RunFailed, RuntimeCheckError, RuntimeUnavailable
 from ..options import DEFAULT_TIMEOUT_S
 from ..ort import child
@@ -35,10 +36,15 @@ if TYPE_CHECKING:
 
 WORKER_PATH = os.path.abspath(_worker.__file__)
 
-# Set before the child starts: glibc reads it at start-up.  Big buffers then come
-# from mmap and go back to the OS on free, which keeps VmHWM honest for the
-# process_peak method (without it a second run under-reads).  Harmless for the profiler method.
-CHILD_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536"}
+# Set before the child starts: glibc reads it at start-up.  Every buffer of a page or more
+# then comes from its own mmap and goes back to the OS on free, so VmHWM sees the live
+# buffers and nothing else (without it a second run under-reads).  At 64 KiB, buffers of
+# 4-64 KiB came from the heap, whose freed holes stay resident: a selective-scan graph of
+# thousands of 16 KiB per-step tensors measured 20% above its live bytes.  The Module runs
+# keep 64 KiB: their buffers come from ORT's arena, and bench/zoo_train.py measures so.
+# Harmless for the profiler method.
+CHILD_ENV = {"MALLOC_MMAP_THRESHOLD_": str(PAGE_BYTES)}
+MODULE_CHILD_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536"}
 
 PathArg = str | os.PathLike[str]
 # The worker's JSON answer (worker.py's docstring), as child.checked_answer passed it.
@@ -46,9 +52,9 @@ Answer = dict[str, Any]
 Outputs = dict[str, np.ndarray]
 
 
-def _child_env() -> dict[str, str]:
+def _child_env(settings: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
-    env.update(CHILD_ENV)
+    env.update(CHILD_ENV if settings is None else settings)
     return env
 
 

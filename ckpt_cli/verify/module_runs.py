@@ -23,7 +23,7 @@ from typing import Any
 from ..errors import RunFailed
 from ..ort import child
 from . import module_child as _module_child
-from .driver import WorkerOptions, _child_env, _parse
+from .driver import MODULE_CHILD_ENV, WorkerOptions, _child_env, _parse
 from .records import MODULE_SESSIONS, MODULE_SIDES, ModuleRun, ModuleSessions
 
 MODULE_CHILD_PATH = os.path.abspath(_module_child.__file__)
@@ -79,7 +79,7 @@ def run_module(training_model: str | os.PathLike[str], files: dict[str, str], fe
         spec_path = os.path.join(tmp, "spec.json")
         with open(spec_path, "w", encoding="utf-8") as f:
             json.dump(spec, f)
-        out = child.run_child([worker.python or sys.executable, MODULE_CHILD_PATH, spec_path], _child_env(),
+        out = child.run_child([worker.python or sys.executable, MODULE_CHILD_PATH, spec_path], _child_env(MODULE_CHILD_ENV),
                               worker.timeout, what)
     return _checked(_parse(out, what), steps, what)
 

@@ -20,7 +20,7 @@ import onnx
 
 from ..analysis import Analysis
 from ..analysis.arena import predict_in_use
-from ..analysis.memory import visible_peak
+from ..analysis.memory import PAGE_BYTES, visible_peak
 from ..analysis.scaling import other_assignment
 from ..analysis.shapes import TensorInfo
 from ..errors import CheckFailed, RunFailed, RuntimeUnavailable, UsageError
@@ -44,10 +44,10 @@ PLAIN_FUSED_ABOVE = 0.02
 _MISSING_OP = ("not a registered function/op", "No Op registered for")
 
 
-# The check's children give malloc's free heap pages back before each measured run
-# (worker._trim_heap): a block then raises the process's peak wherever it comes from, the
-# heap included, unless it fits in a page that is resident already.
-PROCESS_PEAK_MIN_BLOCK = 4096
+# The check's children map every block of a page or more on its own (driver.CHILD_ENV) and
+# give malloc's free heap pages back before each measured run (worker._trim_heap): a
+# smaller block fits in a heap page that is resident already.
+PROCESS_PEAK_MIN_BLOCK = PAGE_BYTES
 
 
 @dataclass(frozen=True)

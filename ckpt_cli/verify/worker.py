@@ -59,9 +59,10 @@ What the numbers mean (on ORT 1.31.1 CPU):
   VmRSS, run, read VmHWM;
   ``peak_bytes`` = VmHWM - VmRSS(before) = bytes above the pre-run state, i.e.
   comparable to ``peak_above_baseline_bytes`` of the profiler method (page
-  granular, includes small malloc noise).  Needs MALLOC_MMAP_THRESHOLD_=65536 in
-  the environment *at process start* (the parent sets it); without it a warning
-  is added and later runs under-read.
+  granular, includes small malloc noise).  Needs MALLOC_MMAP_THRESHOLD_ in the
+  environment *at process start* (the parent sets one page: every buffer of a
+  page or more is then mapped on its own); without it a warning is added and
+  later runs under-read.
 * CUDA (NOT verified on a GPU): memory is read
   from the same profiler fields on node events whose ``args.provider`` is
   ``CUDAExecutionProvider`` (ORT reports the stats of the allocator the kernel
@@ -470,8 +471,8 @@ def _measure_process_peak(ort: ModuleType, np: ModuleType, spec: Spec, settings:
     it (``process_peak_with_arena``): the arena holds the chunks it took after a run, so
     each run's peak is taken above the state before the first run, what the process holds
     for the model's runs as a user's session does."""
-    if os.environ.get("MALLOC_MMAP_THRESHOLD_") != "65536":
-        warnings.append("MALLOC_MMAP_THRESHOLD_=65536 was not set at process start; "
+    if not os.environ.get("MALLOC_MMAP_THRESHOLD_"):
+        warnings.append("MALLOC_MMAP_THRESHOLD_ was not set at process start; "
                         "process_peak may under-read after the first run")
     with_arena = bool(settings.get("measurement_only", {}).get("process_peak_with_arena"))
     so = _session_options(ort, settings, threads=spec["intra_op_threads"], profile_prefix=None,
