@@ -66,7 +66,7 @@ ZOO_FALLBACK = ("mlp", "mlp_dropout", "lenet", "resnet_block", "bert", "bert17",
                 "video3d", "latent", "conformer", "se_autoencoder",
                 "moe", "gnn", "swin", "dual_encoder", "recommender", "linear_lm",
                 "sampling_ae", "pointnet", "film", "ode", "capsules", "convnext",
-                "masked_lm", "diffusion")
+                "masked_lm", "diffusion", "selective_scan")
 SESSIONS = ("untuned", "settings")
 SIDES = ("original", "rewrite")
 MAX_PREDICTION_ERROR = 0.10

@@ -96,6 +96,9 @@ Model notes:
   output layer is the token embedding's weight, transposed (its gradient sums the two reads).
 - ``diffusion``: two inputs, the noisy image and a float ``timestep`` per sample; SiLU
   becomes QuickGelu.
+- ``selective_scan``: a Mamba-style scan unrolled over the 32 tokens: every step slices its
+  token's ``dt``, ``B``, ``C`` and input (``Gather``), so each sliced tensor's gradient is a
+  ``Sum`` of 32 ``GatherGrad`` outputs, thousands of tensors of 2-16 KiB at batch 64.
 - ``lstm`` / ``gru``: regressors; ``generate_artifacts``' MSELoss adds a float ``target`` input
   shaped like the output.
 
@@ -994,6 +997,52 @@ class LinearLM(nn.Module):
         return self.head(self.ln[4](x)).reshape(-1, CLASSES)
 
 
+class SelectiveScan(nn.Module):
+    """A Mamba-style selective state-space layer, its scan unrolled over the sequence: the step
+    size ``dt``, the input and output projections ``B`` and ``C`` depend on the token; the state
+    decays by ``exp(dt * A)`` per channel and state slot; a sigmoid gate on the output."""
+
+    def __init__(self, d: int, state: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.inp = nn.Linear(d, 2 * d)
+        self.dt = nn.Linear(d, d)
+        self.bc = nn.Linear(d, 2 * state)
+        self.a_log = nn.Parameter(torch.log(torch.arange(1, state + 1, dtype=torch.float32)).repeat(d, 1))
+        self.out = nn.Linear(d, d)
+        self.state = state
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [b, seq, d]
+        u, gate = self.inp(self.norm(x)).chunk(2, -1)
+        dt = torch.relu(self.dt(u)) + 0.01
+        b_in, c_out = self.bc(u).chunk(2, -1)
+        a = -torch.exp(self.a_log)
+        h = torch.zeros(x.shape[0], x.shape[2], self.state)
+        ys = []
+        for t in range(x.shape[1]):
+            step = dt[:, t, :, None]
+            h = torch.exp(step * a) * h + step * b_in[:, t, None, :] * u[:, t, :, None]
+            ys.append((h * c_out[:, t, None, :]).sum(-1))
+        return x + self.out(torch.stack(ys, 1) * torch.sigmoid(gate))
+
+
+class SelectiveScanLM(nn.Module):
+    """A language model of two selective-scan layers, logits per token."""
+
+    def __init__(self, d: int = 64, state: int = 8) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(VOCAB, d)
+        self.layers = nn.ModuleList(SelectiveScan(d, state) for _ in range(2))
+        self.norm = nn.LayerNorm(d)
+        self.head = nn.Linear(d, CLASSES)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x = self.tok(input_ids)
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(self.norm(x)).reshape(-1, CLASSES)
+
+
 class SamplingAutoencoder(nn.Module):
     """A VAE's encoder and decoder: strided convs to a mean and a log-variance per latent
     pixel, a sample drawn by the reparameterization (``randn_like``: ``RandomNormalLike``),
@@ -1300,6 +1349,8 @@ def specs() -> list[Spec]:
                                                         Tensor("timestep", ("batch",))),
              Tensor("pred", ("batch", 3, 32, 32)), 16),
         Spec("linear_lm", 17, CE, LinearLM, ids, Tensor("logits", (f"batch*{SEQ}", CLASSES)), 16,
+             ln_stats=True),
+        Spec("selective_scan", 17, CE, SelectiveScanLM, ids, Tensor("logits", (f"batch*{SEQ}", CLASSES)), 16,
              ln_stats=True),
     ]
 
