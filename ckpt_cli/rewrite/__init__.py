@@ -19,11 +19,12 @@ from .apply import Surgery, apply_plan
 from .pin import GUARD_MIN_OPSET, PinResult, pin as pin_schedule
 from .recompute import RegionResult
 from .schedule import ScheduleCache, choose_schedule, mark_early_backward
+from .seeded import index_seeded, seed_order
 
 
 @dataclass
 class RewriteResult:
-    graph: Graph  # nodes in the written (= executed) order
+    graph: Graph  # nodes in the written order: the executed one, but for nodes seeds_kept wrote past a random node
     after: PeakModel  # the full Analysis once ``written`` analysed the graph to be written
     regions: list[RegionResult]
     recompute_nodes: int
@@ -85,7 +86,7 @@ def rewrite(a: Analysis, plan: Plan | None, pin: bool = True, model_only: bool =
     result = RewriteResult(new, after, surgery.regions, len(copies), flops, chosen.mem_reuse,
                            decisions=_decisions(a, plan, surgery),
                            plain_pin=(new, chosen.pin) if chosen.pin is not None and new is chosen.graph else None)
-    return pinned(a, result) if pin else result
+    return pinned(a, result) if pin else seeds_kept(a, result)
 
 
 def written(a: Analysis, result: RewriteResult) -> RewriteResult:
@@ -120,6 +121,31 @@ def pinned(a: Analysis, result: RewriteResult, waits: bool = False) -> RewriteRe
     """``rewrite(a, plan)`` from ``result = rewrite(a, plan, pin=False)``: its graph with
     pin's guards (a plan search's rewrite is not redone for the written one); ``waits``:
     pin's blocks also wait for their readers' older backward inputs (``rewrite/pin.py``)."""
+    return seeds_kept(a, _guarded(a, result, waits))
+
+
+def seeds_kept(a: Analysis, result: RewriteResult) -> RewriteResult:
+    """``result`` in a file order that gives each random node ORT seeds by its node index
+    the index it has in ``a``'s graph (``seeded.seed_order``), so that it draws the
+    original's numbers, where ckpt simulates that no higher in ORT's PRIORITY_BASED order
+    and in its DEFAULT order; else ``result`` (its note says the draws differ)."""
+    targets = index_seeded(a.graph)
+    order = seed_order(result.graph, targets) if targets else None
+    if order is None:
+        return result
+    graph, tensors, reuse = result.graph.reordered(order), result.after.tensors, result.mem_reuse
+    profile = simulate(graph, schedules.priority_based(graph), tensors, reuse_buffers=reuse)
+    if profile.peak_bytes > result.after.priority.peak_bytes:
+        return result
+    default_before = simulate(result.graph, schedules.ort_default(result.graph), tensors, reuse_buffers=reuse)
+    if simulate(graph, schedules.ort_default(graph), tensors, reuse_buffers=reuse).peak_bytes > default_before.peak_bytes:
+        return result
+    arena = predict_in_use(graph, profile, tensors) if result.after.replayed is not None else None
+    return replace(result, graph=graph, after=peak_model(graph, tensors, profile, reuse, arena))
+
+
+def _guarded(a: Analysis, result: RewriteResult, waits: bool) -> RewriteResult:
+    """``pinned`` before the random nodes' indices are kept."""
     opset = a.graph.opset("") or 0
     if opset < GUARD_MIN_OPSET:
         why = (f"no guards at opset {opset} (their ops need {GUARD_MIN_OPSET}): the written order holds under "

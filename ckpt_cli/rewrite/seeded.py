@@ -49,3 +49,69 @@ def moved_seeds(original: Graph, written: Graph) -> tuple[str, ...]:
                  f"{i} to {after[name]}: it draws other numbers than the original's, so outputs and losses "
                  "differ from the original's (a seed attribute on the node makes its draws its own)"
                  for name, i in before.items() if name in after and after[name] != i)
+
+
+def seed_order(graph: Graph, targets: dict[str, int]) -> list[int] | None:
+    """A file order of ``graph`` (indices into its nodes) that gives each index-seeded node
+    named in ``targets`` the ORT index there, by moving nodes that neither feed it nor read
+    it from one side of it to the other, the nearest first; None where nothing moves or no
+    such order exists. Nodes ORT inlines are numbered last: such graphs are left alone."""
+    if graph.inlined:
+        return None
+    order = list(range(len(graph.nodes)))
+    where = {n.name: n.index for n in graph.nodes}
+    for name, want in targets.items():
+        if name not in where:
+            continue
+        shifted = _shifted(graph, order, where[name], want)
+        if shifted is None:
+            return None
+        order = shifted
+    return order if order != list(range(len(graph.nodes))) else None
+
+
+def _shifted(graph: Graph, order: list[int], r: int, want: int) -> list[int] | None:
+    """``order`` with ``r`` at ORT index ``want``, or None."""
+    at = order.index(r)
+    have = sum(_numbered(graph.nodes[i]) for i in order[:at])
+    if have > want:  # nodes written ahead of r go after it
+        take = _movable(graph, order[at - 1::-1] if at else [], _reach(graph.preds, r), graph.succs, have - want)
+        if take is None:
+            return None
+        return ([i for i in order[:at] if i not in take] + [r] + [i for i in order[:at] if i in take]
+                + order[at + 1:])
+    if have < want:  # nodes written after r go ahead of it
+        take = _movable(graph, order[at + 1:], _reach(graph.succs, r), graph.preds, want - have)
+        if take is None:
+            return None
+        return order[:at] + [i for i in order[at + 1:] if i in take] + [r] + [i for i in order[at + 1:] if i not in take]
+    return order
+
+
+def _reach(links: list[list[int]], start: int) -> set[int]:
+    """The nodes ``links`` lead to from ``start``, transitively."""
+    seen: set[int] = set()
+    stack = list(links[start])
+    while stack:
+        i = stack.pop()
+        if i not in seen:
+            seen.add(i)
+            stack.extend(links[i])
+    return seen
+
+
+def _movable(graph: Graph, side: list[int], blocked: set[int], toward: list[list[int]], need: int) -> set[int] | None:
+    """``need`` numbered nodes of ``side`` (walked away from the seeded node) that may cross
+    it: none of ``blocked``, and each with every node it links ``toward`` the seeded node on
+    that side crossing too (the file stays topological)."""
+    on_side = set(side)
+    take: set[int] = set()
+    count = 0
+    for i in side:
+        if count == need:
+            break
+        if not _numbered(graph.nodes[i]) or i in blocked or any(j in on_side and j not in take for j in toward[i]):
+            continue
+        take.add(i)
+        count += 1
+    return take if count == need else None
