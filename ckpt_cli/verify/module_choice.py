@@ -22,8 +22,8 @@ plan. The trial that passes untuned only, at the lowest peak there, and then the
 taken, are trained once more with ORT's CPU arena off in the settings they record
 (``_Trials.arena_off``; the file then says so, and a user's session under them must turn the
 arena off too). Of all the trials
-that pass, the lowest untuned peak is written (of two within a Module session's measurement
-noise there, the lower under its settings). The plans are pinned
+that pass, the lowest untuned peak is written (of two within ``UNTUNED_TRADE`` of the
+original's peak there, the lower under its settings). The plans are pinned
 with the waits of ``rewrite/pin.py`` (the untuned session runs ORT's DEFAULT order). When
 none passes, the graph is written unchanged, with the figures in one line.
 """
