@@ -40,7 +40,7 @@ WORKER_PATH = os.path.abspath(_worker.__file__)
 # then comes from its own mmap and goes back to the OS on free, so VmHWM sees the live
 # buffers and nothing else (without it a second run under-reads).  At 64 KiB, buffers of
 # 4-64 KiB came from the heap, whose freed holes stay resident: a selective-scan graph of
-# thousands of 16 KiB per-step tensors measured 20% above its live bytes.  The Module runs
+# thousands of 16 KiB per-step tensors measured 24% above its live bytes.  The Module runs
 # keep 64 KiB: their buffers come from ORT's arena, and bench/zoo_train.py measures so.
 # Harmless for the profiler method.
 CHILD_ENV = {"MALLOC_MMAP_THRESHOLD_": str(PAGE_BYTES)}
