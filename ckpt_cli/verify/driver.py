@@ -52,9 +52,10 @@ Answer = dict[str, Any]
 Outputs = dict[str, np.ndarray]
 
 
-def _child_env(settings: dict[str, str] | None = None) -> dict[str, str]:
+def _child_env(malloc: dict[str, str] | None = None) -> dict[str, str]:
+    """This process's environment with ``malloc``'s variables (default ``CHILD_ENV``)."""
     env = dict(os.environ)
-    env.update(CHILD_ENV if settings is None else settings)
+    env.update(CHILD_ENV if malloc is None else malloc)
     return env
 
 
