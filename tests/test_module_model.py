@@ -1,7 +1,7 @@
 """ckpt's model of the untuned Module session (analysis/training_pattern.py, verify/module_model.py).
 
-The static memory pattern of ORT's training build (program counters, static shapes only),
-the arena over two runs, and, with the ORT training interpreter (``training_python``), the
+The static memory pattern of ORT's training build (every live buffer an obstacle, static
+shapes only), the gradient buffers, the arena over its runs, the kernels' heap scratch, and, with the ORT training interpreter (``training_python``), the
 prediction against the process peak ``Module`` + ``Optimizer`` measure on the ORT-training
 recipe's artifacts (made without torch)."""
 
@@ -16,7 +16,9 @@ from conftest import ROOT
 from onnx import TensorProto, helper
 
 from ckpt_cli.analysis.shapes import infer_tensors
-from ckpt_cli.analysis.training_pattern import CounterPatternPlanner, overlapping, predict_module
+from ckpt_cli.analysis.lifetimes import lifetimes
+from ckpt_cli.analysis.planner import plan_buffers
+from ckpt_cli.analysis.training_pattern import gradient_buffers, heap_scratch, in_block, predict_module, static_block
 from ckpt_cli.graph import Graph
 from ckpt_cli.verify.module_model import predict_module_session, resolvable
 from test_ort_training import training_python  # noqa: F401 - the fixture
@@ -24,29 +26,32 @@ from test_ort_training import training_python  # noqa: F401 - the fixture
 MIB = 1 << 20
 
 
-def test_intervals_that_touch_overlap():
-    assert overlapping([(0, 2)], [(2, 5)])
-    assert not overlapping([(0, 1), (6, 8)], [(2, 5)])
-    assert overlapping([(0, 1), (6, 8)], [(2, 6)])
+def _reuse_after_idle() -> Graph:
+    """MatMuls over 1024 x 1024 floats (4 MiB): a's buffer idles at steps 2-3 and e reuses
+    it at step 4; c (2 MiB) lives over steps 2-3."""
+    sq, half, back = (helper.make_tensor(n, TensorProto.FLOAT, dims, [0.0] * (dims[0] * dims[1]))
+                      for n, dims in (("wsq", [1024, 1024]), ("whalf", [1024, 512]), ("wback", [512, 1024])))
+    nodes = [helper.make_node("MatMul", ["x", "wsq"], ["a"], name="m0"),
+             helper.make_node("MatMul", ["a", "wsq"], ["b"], name="m1"),
+             helper.make_node("MatMul", ["b", "whalf"], ["c"], name="m2"),
+             helper.make_node("MatMul", ["c", "wback"], ["d"], name="m3"),
+             helper.make_node("MatMul", ["d", "wsq"], ["e"], name="m4"),
+             helper.make_node("Relu", ["e"], ["y"], name="r5")]
+    g = helper.make_graph(nodes, "idle", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1024, 1024])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1024, 1024])],
+                          initializer=[sq, half, back])
+    return Graph.from_model(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]))
 
 
-def test_a_live_buffer_whose_counter_misses_the_new_one_is_no_obstacle():
-    p = CounterPatternPlanner()
-    p.alloc(0, [(0, 1), (6, 8)], 4096)  # held to step 8, idle at steps 2-5
-    p.alloc(1, [(2, 5)], 4096)
-    assert p.offset[1] == 0 and p.size == 4096
-    p.alloc(2, [(3, 7)], 1024)  # overlaps both
-    assert p.offset[2] == 4096 and p.size == 5120
-
-
-def test_the_best_fit_gap_wastes_least():
-    p = CounterPatternPlanner()
-    for key, size in enumerate((1024, 512, 1024, 256, 1024)):
-        p.alloc(key, [(0, 9)], size)
-    p.free(1)
-    p.free(3)  # gaps of 512 at 1024 and of 256 at 2560
-    p.alloc(5, [(2, 3)], 256)
-    assert p.offset[5] == 2560 and p.size == 3840
+def test_a_buffer_idle_between_its_tensors_is_still_an_obstacle():
+    # ORT's program counter for a's buffer runs from a's step to the buffer's release (after
+    # e's last reader), so c cannot sit in it while it idles: a, b and c side by side
+    g = _reuse_after_idle()
+    tensors = infer_tensors(g)
+    life = lifetimes(g, list(range(6)))
+    buffers = plan_buffers(g, list(range(6)), tensors, life, True)
+    held = in_block(g, tensors, buffers, {"a", "b", "c", "d", "e"})
+    assert static_block(buffers, life, held) == 10 * MIB
 
 
 def test_ort_resolves_numbers_and_the_symbols_its_inputs_bind():
@@ -80,6 +85,11 @@ def test_what_ort_cannot_size_before_the_run_stays_out_of_the_block():
     assert nothing.block_bytes == 0 and nothing.dynamic_buffers == 4
 
 
+def _handles(*region_mib: int) -> int:
+    """The arena's bookkeeping for regions of these MiB: 8 bytes per 256, each its own mapping."""
+    return sum(-(-(r * MIB // 32 + 64) // 4096) * 4096 for r in region_mib)
+
+
 def test_the_second_run_takes_the_newer_of_two_equal_regions_for_its_block():
     # a 12 MiB block takes a 16 MiB region whole (a chunk is split only for a request of at
     # most half of it), y a second 16 MiB region. After the run both are free and equal: the
@@ -88,7 +98,7 @@ def test_the_second_run_takes_the_newer_of_two_equal_regions_for_its_block():
     g = _fork(1 << 20)
     p = predict_module(g, infer_tensors(g), ORDER, {"a", "b", "c", "y"})
     assert p.regions == (16 * MIB, 16 * MIB)
-    assert p.first_run_bytes == 16 * MIB and p.peak_bytes == 24 * MIB
+    assert p.first_run_bytes == 16 * MIB and p.peak_bytes == 24 * MIB + _handles(16, 16)
 
 
 def test_a_block_back_in_a_region_the_first_run_filled_adds_nothing():
@@ -97,7 +107,7 @@ def test_a_block_back_in_a_region_the_first_run_filled_adds_nothing():
     g = _fork(3 << 20)
     p = predict_module(g, infer_tensors(g), ORDER, {"b"})
     assert p.regions == (16 * MIB, 16 * MIB, 32 * MIB)
-    assert p.first_run_bytes == 36 * MIB and p.peak_bytes == 36 * MIB
+    assert p.first_run_bytes == 36 * MIB and p.peak_bytes == 36 * MIB + _handles(16, 16, 32)
 
 
 @pytest.mark.slow
@@ -145,3 +155,52 @@ def test_conv_grad_takes_its_col_buffer_and_bias_multiplier_from_the_arena():
     col = 4 * 32 * 9 * 16 * 16  # C/group * kernel size * output image size floats
     assert plans[1] == (("tmp", col), ("tmp", 4 * 16 * 16), ("out",), ("free_tmp",))
     assert plans[0][0] == ("out",) and plans[0][1][0] == "tmp" and plans[0][1][1] > 0  # Conv's working buffer
+    assert heap_scratch(graph, tensors, [0, 1]) == 0  # the arena holds them, not the heap
+
+
+def test_the_gradient_buffers_fill_the_arena_before_the_first_block():
+    # a 3 MiB gradient buffer takes the first region, 4 MiB, and the 12 MiB block a 16 MiB
+    # one past it; the peak counts neither the buffer (resident before the first step) nor
+    # the untouched tails
+    g = _fork(1 << 20)
+    grad = helper.make_tensor_value_info("w_grad.accumulation.buffer", TensorProto.FLOAT, [3 << 18])
+    nodes = [helper.make_node("Relu", ["x"], ["a"], name="r0"), helper.make_node("Relu", ["a"], ["b"], name="r1"),
+             helper.make_node("Add", ["a", "b"], ["c"], name="add"), helper.make_node("Relu", ["c"], ["y"], name="r2")]
+    with_grad = Graph.from_model(helper.make_model(
+        helper.make_graph(nodes, "fork", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1 << 20]), grad],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1 << 20])]),
+        opset_imports=[helper.make_opsetid("", 18)]))
+    tensors = infer_tensors(with_grad)
+    assert gradient_buffers(with_grad, tensors) == [3 * MIB]
+    p = predict_module(with_grad, tensors, ORDER, {"a", "b", "c", "y"})
+    assert p.regions[:2] == (4 * MIB, 16 * MIB)
+    assert p.peak_bytes == predict_module(g, infer_tensors(g), ORDER, {"a", "b", "c", "y"}).peak_bytes
+
+
+def _layer_norm_grad(rows: int) -> tuple[Graph, dict]:
+    from ckpt_cli.analysis.shapes import TensorInfo
+
+    node = helper.make_node("LayerNormalizationGrad", ["dY", "X", "scale", "mean", "inv"], ["dX", "dscale", "dbias"],
+                            name="lng", domain="com.microsoft", axis=-1)
+    shapes = {"dY": (rows, 64), "X": (rows, 64), "scale": (64,), "mean": (rows, 1), "inv": (rows, 1),
+              "dX": (rows, 64), "dscale": (64,), "dbias": (64,)}
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info(t, TensorProto.FLOAT, list(shapes[t]))
+                                        for t in ("dY", "X", "scale", "mean", "inv")],
+                          [helper.make_tensor_value_info(t, TensorProto.FLOAT, list(shapes[t]))
+                           for t in ("dX", "dscale", "dbias")])
+    graph = Graph.from_model(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18),
+                                                                 helper.make_opsetid("com.microsoft", 1)]))
+    return graph, {t: TensorInfo(TensorProto.FLOAT, s, 4 * math.prod(s)) for t, s in shapes.items()}
+
+
+def test_a_kernel_heap_scratch_lands_on_the_arena():
+    # LayerNormalizationGrad's four Eigen arrays the size of X, mapped at 64 KiB or more
+    # (measured on the zoo's tagger: 4 x 397312-byte mmaps every step, outside the arena);
+    # below the Module child's mmap threshold they come from the heap's room
+    graph, tensors = _layer_norm_grad(1536)
+    mapped = -(-(4 * 1536 * 64 * 4 + 64) // 4096) * 4096
+    assert heap_scratch(graph, tensors, [0]) == mapped
+    p = predict_module(graph, tensors, [0], set())
+    assert p.scratch_bytes == mapped and p.peak_bytes >= mapped
+    small, small_tensors = _layer_norm_grad(32)  # 8 KiB arrays
+    assert heap_scratch(small, small_tensors, [0]) == 0
