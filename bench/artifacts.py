@@ -262,7 +262,8 @@ def bench_model(name: str, prio: int, ctx: Setup) -> dict:
         row["settings_error"] = f"{type(e).__name__}: {e}"
 
     # 4. check and 5. training, side by side (the runner bounds how many children run)
-    jobs = {"check": lambda: _check(ctx, orig, rw, row, prio)}
+    jobs = {"check": lambda: _check(ctx, orig, rw, row, prio),
+            "module_predicted": lambda: _module_predicted(ctx, art, row, prio)}
     for side, model in zip(SIDES, (orig, rw)):
         jobs[f"{side}/untuned"] = (lambda m=model: _train(ctx, art, m, None, row, prio))
         if settings is not None:
@@ -271,6 +272,7 @@ def bench_model(name: str, prio: int, ctx: Setup) -> dict:
         futures = {k: pool.submit(f) for k, f in jobs.items()}
         results = {k: f.result() for k, f in futures.items()}
     row["check"] = results.pop("check")
+    row["module_predicted"] = results.pop("module_predicted")
     row["train"] = results
     _remeasure_suspects(ctx, art, {"original": orig, "rewrite": rw}, settings, row, prio)
     return _finish(row, t_model)
@@ -345,6 +347,29 @@ def _train(ctx: Setup, art: Path, model: Path, settings, row: dict, prio: int) -
         return data
     return {"rc": r["rc"], "seconds": r["seconds"], "error": child_error(r, data),
             "stderr_tail": tail(r["stderr"], 1500)}
+
+
+def _module_predicted(ctx: Setup, art: Path, row: dict, prio: int) -> dict:
+    """ckpt's prediction of the untuned Module session (``bench/module_model.py --predict``)
+    for the original and the rewrite, at the batch the training runs: {side: bytes or None}."""
+    batch = row.get("batch") or json.loads((art / "zoo.json").read_text())["batch"]
+    files = {"original": "training_model.onnx", "rewrite": "training_model.ckpt.onnx"}
+    cmd = [sys.executable, "-m", "bench.module_model", art.parent, art.name, "--predict", "--python", ctx.py,
+           "--batch", str(batch), *(a for f in files.values() for a in ("--model", f)),
+           *(("--seq", str(row["seq"])) if row.get("seq") else ())]
+    r = ctx.run.run(cmd, priority=prio)
+    row["seconds"]["module_predicted"] = r["seconds"]
+    data = parse_json(r["stdout"])
+    if r["rc"] != 0 or not isinstance(data, dict):
+        return {"error": child_error(r, data)}
+    return {side: data.get(f"{art.name}/{f}") for side, f in files.items()}
+
+
+def _module_error(row: dict, side: str) -> float | None:
+    """The untuned Module prediction's error against the measured untuned peak."""
+    predicted = (row.get("module_predicted") or {}).get(side)
+    measured = _peak(row, f"{side}/untuned")
+    return None if not predicted or not measured else predicted / measured - 1
 
 
 def _finish(row: dict, t0: float) -> dict:
@@ -495,7 +520,7 @@ def _same_cell(row: dict) -> str:
 def row_cells(row: dict) -> list[str]:
     gen = row.get("generate") or {}
     if gen.get("rc") != 0:
-        return [row["model"], f"generate failed: {_short(gen.get('error', ''))}"] + ["-"] * 7
+        return [row["model"], f"generate failed: {_short(gen.get('error', ''))}"] + ["-"] * 8
     check = row.get("check") or {}
     if not check:
         verdict = "-"
@@ -508,6 +533,7 @@ def row_cells(row: dict) -> list[str]:
     return [
         row["model"], _rc(row.get("inspect")), _rc(row.get("rewrite")), verdict,
         f"{_pct(pe.get('original'))} / {_pct(pe.get('rewritten'))}" if pe else "-",
+        f"{_pct(_module_error(row, 'original'))} / {_pct(_module_error(row, 'rewrite'))}",
         _same_cell(row),
         _ratio_cell(row, "ratio_untuned", "rewrite/untuned", "original/untuned"),
         _ratio_cell(row, "ratio_settings", "rewrite/settings", "original/settings"),
@@ -516,7 +542,7 @@ def row_cells(row: dict) -> list[str]:
 
 
 HEADERS = ["model", "inspect rc", "rewrite rc", "check verdict",
-           "prediction error orig / rewrite", "Module losses bit-identical (untuned; settings)",
+           "prediction error orig / rewrite", "untuned Module prediction error orig / rewrite", "Module losses bit-identical (untuned; settings)",
            "peak rewrite/original, untuned", "peak rewrite/original, under settings",
            "rewrite with settings / original untuned"]
 
@@ -538,7 +564,10 @@ def markdown(meta: dict, rows: list[dict]) -> str:
         "(`ckpt_cli.io.session.recorded_settings`, applied to both). Peak: process VmHWM over "
         "the steps minus VmRSS before them (`MALLOC_MMAP_THRESHOLD_=65536`); ratios with "
         "rewrite / original MiB. Losses compared as `float.hex` over all steps (NO: largest "
-        "relative difference).",
+        "relative difference). Prediction error: `ckpt check`'s, of its own settings' process peak; "
+        "untuned Module: ckpt's model of that session (`bench/module_model.py --predict`, "
+        "`ckpt_cli/verify/module_model.py`) against the untuned peak measured here "
+        "(predicted / measured - 1).",
         "",
         "| " + " | ".join(HEADERS) + " |",
         "|" + "---|" * len(HEADERS),

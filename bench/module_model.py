@@ -1,6 +1,6 @@
 """ckpt's model of the untuned Module session against its measured peak (issue 42).
 
-    python -m bench.module_model ZOO_DIR [NAME ...] [--python PY] [--batch 64] [--model FILE ...]
+    python -m bench.module_model ZOO_DIR [NAME ...] [--python PY] [--batch 64] [--model FILE ...] [--predict]
 
 For each zoo artifact folder ``ZOO_DIR/NAME`` (``sample_models/artifact_zoo.py --out-dir``)
 and each training model in it (default: ``training_model.onnx`` and, where present,
@@ -9,8 +9,9 @@ that ``bench/zoo_train.py`` measures for ``Module(model, checkpoint, eval)`` unt
 steps at ``--batch`` (read from ``MODEL.meas.json`` beside the model when it is there and
 was measured at that batch, else measured now, in ``--python``), and ckpt's prediction
 (``ckpt_cli/verify/module_model.py``): the block of the training build's static memory
-pattern and the arena's touched bytes. Prints one table; the error is
-(predicted - measured) / measured.
+pattern, the arena's touched bytes and the largest kernel heap scratch. Prints one table;
+the error is (predicted - measured) / measured. ``--predict``: the predictions alone, as JSON
+(``bench/artifacts.py`` puts them beside its own measurements).
 """
 
 from __future__ import annotations
@@ -33,16 +34,16 @@ MODELS = ("training_model.onnx", "rw.onnx", "rwpy.onnx")
 MiB = 2**20
 
 
-def zoo_dims(folder: Path, model: Path, batch: int) -> dict[str, int]:
+def zoo_dims(folder: Path, model: Path, batch: int, seq: int | None = None) -> dict[str, int]:
     """The graph inputs' symbolic dimensions bound as zoo_train feeds them: zoo.json's shapes
-    (``batch``, ``batch*N``, ``seq``, ``tokens``) at ``batch`` and zoo.json's ``seq``."""
+    (``batch``, ``batch*N``, ``seq``, ``tokens``) at ``batch`` and ``seq`` (default: zoo.json's)."""
     sys.path.insert(0, str(ROOT / "bench"))
     try:
         from zoo_train import dims as feed_dims
     finally:
         sys.path.pop(0)
     zoo = json.loads((folder / "zoo.json").read_text())
-    fed = {t["name"]: feed_dims(t["shape"], batch, zoo.get("seq")) for t in (*zoo["inputs"], zoo["label"])}
+    fed = {t["name"]: feed_dims(t["shape"], batch, seq or zoo.get("seq")) for t in (*zoo["inputs"], zoo["label"])}
     bound: dict[str, int] = {}
     for v in onnx.load(str(model), load_external_data=False).graph.input:
         for d, n in zip(v.type.tensor_type.shape.dim, fed.get(v.name, ())):
@@ -51,13 +52,14 @@ def zoo_dims(folder: Path, model: Path, batch: int) -> dict[str, int]:
     return bound
 
 
-def measured(folder: Path, model: Path, batch: int, python: str) -> int:
+def measured(folder: Path, model: Path, batch: int, python: str, seq: int | None = None) -> int:
     cached = model.with_suffix(".meas.json")
     if cached.exists():
         got = json.loads(cached.read_text())
-        if got.get("batch") == batch and got.get("steps") == 10:
+        if got.get("batch") == batch and got.get("steps") == 10 and (seq is None or got.get("seq") == seq):
             return int(got["peak_bytes"])
-    done = subprocess.run([python, str(TRAIN_SCRIPT), str(folder), str(model), "--batch", str(batch)],
+    done = subprocess.run([python, str(TRAIN_SCRIPT), str(folder), str(model), "--batch", str(batch),
+                           *(("--seq", str(seq)) if seq else ())],
                           capture_output=True, text=True, check=True, env=dict(os.environ))
     got = json.loads(done.stdout.strip().splitlines()[-1])
     cached.write_text(json.dumps(got))
@@ -72,14 +74,33 @@ def _one_step(model: Path) -> str:
     return f"{json.loads(path.read_text())['peak_bytes'] / MiB:.2f}"
 
 
+def predictions(zoo_dir: Path, names: list[str], files: list[str], batch: int, seq: int | None,
+                python: str) -> dict:
+    """``{name/file: predicted peak bytes or None}`` for the files that exist."""
+    out: dict[str, int | None] = {}
+    for name in names:
+        for file in files:
+            model = zoo_dir / name / file
+            if model.exists():
+                pred = predict_module_session(model, zoo_dims(zoo_dir / name, model, batch, seq), python)
+                out[f"{name}/{file}"] = None if pred is None else pred.peak_bytes
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("zoo_dir", type=Path)
     ap.add_argument("names", nargs="*")
     ap.add_argument("--python", default=DEFAULT_PYTHON, help="an interpreter with onnxruntime-training")
     ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--seq", type=int, default=None, help="default: zoo.json's seq")
     ap.add_argument("--model", action="append", default=None, help="training model file names to compare")
+    ap.add_argument("--predict", action="store_true",
+                    help="only predict: one JSON object, file name -> predicted bytes (null: no prediction)")
     args = ap.parse_args(argv)
+    if args.predict:
+        print(json.dumps(predictions(args.zoo_dir, args.names, args.model or MODELS, args.batch, args.seq, args.python)))
+        return 0
     names = args.names or sorted(p.name for p in args.zoo_dir.iterdir() if (p / "zoo.json").exists())
     print(f"{'model':16} {'file':20} {'measured':>10} {'predicted':>10} {'error':>8} {'block':>9} "
           f"{'1 step':>7} {'pred 1':>7}  (MiB)")
@@ -90,8 +111,8 @@ def main(argv: list[str] | None = None) -> int:
             model = folder / file
             if not model.exists():
                 continue
-            meas = measured(folder, model, args.batch, args.python)
-            pred = predict_module_session(model, zoo_dims(folder, model, args.batch), args.python)
+            meas = measured(folder, model, args.batch, args.python, args.seq)
+            pred = predict_module_session(model, zoo_dims(folder, model, args.batch, args.seq), args.python)
             if pred is None:
                 print(f"{name:16} {file:20} {meas / MiB:10.2f} {'-':>10} {'-':>8} {'-':>9}")
                 continue
