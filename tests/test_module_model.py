@@ -18,7 +18,7 @@ from onnx import TensorProto, helper
 from ckpt_cli.analysis.shapes import infer_tensors
 from ckpt_cli.analysis.lifetimes import lifetimes
 from ckpt_cli.analysis.planner import plan_buffers
-from ckpt_cli.analysis.training_pattern import gradient_buffers, heap_scratch, in_block, predict_module, static_block
+from ckpt_cli.analysis.training_pattern import FIRST_STEP_PROCESS_BYTES, gradient_buffers, heap_scratch, in_block, predict_module, static_block
 from ckpt_cli.graph import Graph
 from ckpt_cli.verify.module_model import predict_module_session, resolvable
 from test_ort_training import training_python  # noqa: F401 - the fixture
@@ -98,7 +98,7 @@ def test_the_second_run_takes_the_newer_of_two_equal_regions_for_its_block():
     g = _fork(1 << 20)
     p = predict_module(g, infer_tensors(g), ORDER, {"a", "b", "c", "y"})
     assert p.regions == (16 * MIB, 16 * MIB)
-    assert p.first_run_bytes == 16 * MIB and p.peak_bytes == 24 * MIB + _handles(16, 16)
+    assert p.first_run_bytes == 16 * MIB and p.peak_bytes == 24 * MIB + _handles(16, 16) + FIRST_STEP_PROCESS_BYTES
 
 
 def test_a_block_back_in_a_region_the_first_run_filled_adds_nothing():
@@ -107,7 +107,7 @@ def test_a_block_back_in_a_region_the_first_run_filled_adds_nothing():
     g = _fork(3 << 20)
     p = predict_module(g, infer_tensors(g), ORDER, {"b"})
     assert p.regions == (16 * MIB, 16 * MIB, 32 * MIB)
-    assert p.first_run_bytes == 36 * MIB and p.peak_bytes == 36 * MIB + _handles(16, 16, 32)
+    assert p.first_run_bytes == 36 * MIB and p.peak_bytes == 36 * MIB + _handles(16, 16, 32) + FIRST_STEP_PROCESS_BYTES
 
 
 @pytest.mark.slow
@@ -204,3 +204,30 @@ def test_a_kernel_heap_scratch_lands_on_the_arena():
     assert p.scratch_bytes == mapped and p.peak_bytes >= mapped
     small, small_tensors = _layer_norm_grad(32)  # 8 KiB arrays
     assert heap_scratch(small, small_tensors, [0]) == 0
+
+
+def test_the_module_planner_compares_buffers_by_the_shapes_ort_knows(tmp_path):
+    # ORT's SameSize never matches a dimension it does not know: a tensor ORT sizes only at
+    # run time neither reuses a buffer nor is reused, whatever ckpt's own inference knows
+    from ckpt_cli.analysis.planner import _same_size
+    from ckpt_cli.analysis.shapes import TensorInfo
+    from ckpt_cli.verify.module_model import module_tensors
+
+    nodes = [helper.make_node("MatMul", [i, "w"], [o], name=f"m{k}") for k, (i, o) in enumerate(zip("xabc", "abcd"))]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
+                          [helper.make_tensor_value_info("d", TensorProto.FLOAT, ["batch", 8])],
+                          initializer=[helper.make_tensor("w", TensorProto.FLOAT, [8, 8], [0.0] * 64)])
+    path = tmp_path / "fused.onnx"
+    import onnx
+
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]), str(path))
+    known = {t: TensorInfo(TensorProto.FLOAT, (4, 8), 128) for t in "abcd"}  # the original's, at batch 4
+    ort = {"a": [None, 8], "b": ["batch", 8], "c": [None, 8], "d": ["batch", 8]}
+    made = module_tensors(path, known, ort, {"batch": 4})
+    assert made is not None
+    graph, tensors = made
+    assert tensors["a"].planner_shape == ("?", 8) and not _same_size(tensors["a"], tensors["c"])
+    assert tensors["b"].planner_shape == ("batch", 8) and _same_size(tensors["b"], tensors["d"])
+    buffers = plan_buffers(graph, [0, 1, 2, 3], tensors, lifetimes(graph, [0, 1, 2, 3]), True)
+    owner = {graph.ids.names[t]: b for b, holders in enumerate(buffers.holders) for _, t in holders}
+    assert owner["c"] != owner["a"]  # a is free when c is made, but ORT cannot tell they match

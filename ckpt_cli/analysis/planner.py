@@ -55,8 +55,9 @@ def _reuse_key(info: TensorInfo | None) -> tuple[Dims, int] | None:
     if info is None:
         return None
     shape = info.planner_shape
-    # a statically sized tensor is reused by its sizes (symbols bound); a symbolic one by names
-    if not shape or (info.static_shape and not all(isinstance(d, int) for d in shape)):
+    # a statically sized tensor is reused by its sizes (symbols bound); a symbolic one by
+    # names; one with a dimension ORT does not know ("?") never
+    if not shape or "?" in shape or (info.static_shape and not all(isinstance(d, int) for d in shape)):
         return None
     return (shape, itemsize(info.dtype))
 

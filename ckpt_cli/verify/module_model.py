@@ -8,7 +8,9 @@ order it writes it. Which of its tensors ORT can size before the run decides wha
 training build's static memory pattern holds (``analysis/training_pattern.py``); ORT's own
 shape inference says so, not onnx's: many gradient ops (Clip's, BatchNorm's, the weight
 gradients of Conv) have no shape inference in ORT, and their outputs are allocated when
-they run. ORT writes the shapes it inferred for the graph's outputs only, so ORT loads the
+they run. The same shapes decide which buffers its planner lets a tensor reuse
+(``SameSize``: a dimension it does not know matches nothing). ORT writes the shapes it
+inferred for the graph's outputs only, so ORT loads the
 fused graph once more (a child, at ORT_DISABLE_ALL: the graph as it is), every tensor a node
 writes declared an output without a type, and the shapes are read back from the file it
 writes.
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 import onnx
@@ -86,7 +89,8 @@ def module_tensors(fused: Path, known: Mapping[str, TensorInfo], shapes: Mapping
                    dims: Mapping[str, int]) -> tuple[Graph, dict[str, TensorInfo]] | None:
     """The fused graph and its tensors: onnx's inference, the file's own tensors by name
     (a fused node keeps the output names of the nodes it replaces), then ORT's shapes for
-    what neither sizes; None when a tensor a node writes stays unsized."""
+    what neither sizes; None when a tensor a node writes stays unsized. Each tensor ORT
+    shaped carries ORT's shape for the planner (an unknown dimension as "?")."""
     graph = load_graph(fused)
     inferred = infer_shapes(graph).tensors
     tensors = {t: known[t] if info.nbytes is None and t in known else info for t, info in inferred.items()}
@@ -99,6 +103,10 @@ def module_tensors(fused: Path, known: Mapping[str, TensorInfo], shapes: Mapping
                 if info is None:
                     return None
                 tensors[t] = info
+    for t, shape in shapes.items():
+        if t in tensors:
+            tensors[t] = replace(tensors[t], static_shape=False,
+                                 ort_shape=None if shape is None else tuple("?" if d is None else d for d in shape))
     return graph, tensors
 
 
