@@ -231,3 +231,27 @@ def test_the_module_planner_compares_buffers_by_the_shapes_ort_knows(tmp_path):
     buffers = plan_buffers(graph, [0, 1, 2, 3], tensors, lifetimes(graph, [0, 1, 2, 3]), True)
     owner = {graph.ids.names[t]: b for b, holders in enumerate(buffers.holders) for _, t in holders}
     assert owner["c"] != owner["a"]  # a is free when c is made, but ORT cannot tell they match
+
+
+def test_symbols_only_the_fused_graph_has_are_bound_by_the_models_own_tensors(tmp_path):
+    # ORT names the dimensions it cannot infer (unk__N) and ckpt hides some (its unplanned
+    # symbols); a tensor a fusion makes is sized through them, from the training model's
+    # tensor that declares one
+    import onnx
+
+    from ckpt_cli.analysis.shapes import TensorInfo
+    from ckpt_cli.verify.module_model import bound_symbols, module_tensors
+
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["a"], name="m0"), helper.make_node("Relu", ["a"], ["z"], name="r")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
+                          [helper.make_tensor_value_info("z", TensorProto.FLOAT, ["unk__1", 8])],
+                          initializer=[helper.make_tensor("w", TensorProto.FLOAT, [8, 8], [0.0] * 64)],
+                          value_info=[helper.make_tensor_value_info("a", TensorProto.FLOAT, ["ckpt_unplanned_3", 8])])
+    path = tmp_path / "fused.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]), str(path))
+    known = {"a": TensorInfo(TensorProto.FLOAT, (4, 8), 128)}
+    ort = {"a": ["ckpt_unplanned_3", 8], "z": ["unk__1", 8]}
+    graph = Graph.from_model(onnx.load(str(path)))
+    assert bound_symbols(graph, known, ort, {"batch": 4}) == {"batch": 4, "ckpt_unplanned_3": 4}
+    made = module_tensors(path, known, ort, {"batch": 4})
+    assert made is not None and made[1]["z"].nbytes == 128

@@ -85,6 +85,25 @@ def _sized(shape: OrtShape, dtype: int, bound: Mapping[str, int]) -> TensorInfo 
     return TensorInfo(dtype, dims, n * itemsize(dtype))
 
 
+def bound_symbols(graph: Graph, known: Mapping[str, TensorInfo], shapes: Mapping[str, OrtShape],
+                  dims: Mapping[str, int]) -> dict[str, int]:
+    """``dims`` and the value of every other symbol that the fused file declares, or ORT's
+    shapes give (its ``unk__`` dimensions, ckpt's hidden ones), where the training model's
+    own tensor of that name is sized: what sizes the tensors ORT's fusions make."""
+    out = dict(dims)
+    declared = {v.name: [d.dim_param or None for d in v.type.tensor_type.shape.dim]
+                for v in (*graph.model.graph.value_info, *graph.model.graph.output)}
+    for source in (declared, {t: [d if isinstance(d, str) else None for d in s] for t, s in shapes.items() if s}):
+        for t, symbols in source.items():
+            info = known.get(t)
+            if info is None or info.shape is None or len(info.shape) != len(symbols):
+                continue
+            for d, n in zip(symbols, info.shape):
+                if d and isinstance(n, int) and n > 0:
+                    out.setdefault(d, n)
+    return out
+
+
 def module_tensors(fused: Path, known: Mapping[str, TensorInfo], shapes: Mapping[str, OrtShape],
                    dims: Mapping[str, int]) -> tuple[Graph, dict[str, TensorInfo]] | None:
     """The fused graph and its tensors: onnx's inference, the file's own tensors by name
@@ -92,7 +111,8 @@ def module_tensors(fused: Path, known: Mapping[str, TensorInfo], shapes: Mapping
     what neither sizes; None when a tensor a node writes stays unsized. Each tensor ORT
     shaped carries ORT's shape for the planner (an unknown dimension as "?")."""
     graph = load_graph(fused)
-    inferred = infer_shapes(graph).tensors
+    dims = bound_symbols(graph, known, shapes, dims)
+    inferred = infer_shapes(graph, dims, strict=False).tensors
     tensors = {t: known[t] if info.nbytes is None and t in known else info for t, info in inferred.items()}
     for n in graph.nodes:
         for t in n.outputs:
@@ -132,4 +152,4 @@ def predict_module_session(model_path: str | Path, dims: dict[str, int], python:
     return predict_module(graph, tensors, list(range(len(graph.nodes))), static)
 
 
-__all__ = ["ort_shapes", "predict_module_session", "resolvable"]
+__all__ = ["bound_symbols", "ort_shapes", "predict_module_session", "resolvable"]
