@@ -43,7 +43,9 @@ from .progress import stage
 from .report.model import (Options, Report, Source, check_report, inspect_report, plan_report, planning_section,
                            rewrite_report)
 from .report.headline import check_headline
-from .rewrite import RewriteResult, rewrite, without_mem_pattern, written as analysed_written
+from .rewrite import ModulePeaks, RewriteResult, rewrite, without_mem_pattern, written as analysed_written
+from .rewrite.mem_pattern import is_ort_artifact
+from .verify.module_model import module_peaks
 from .io.save import check_output_path, save_model
 from .verify.rules import Rule, held_within
 from .ort.settings import settings_snippet
@@ -280,9 +282,9 @@ def plan_model(model: ModelInput, options: PlanOptions | None = None, *, analysi
     _typed("python", python, str)
     as_rewritten = RewriteOptions(options, trainer=python).validate()
     scaled = scaling(a)
-    planned = _judged_default(a, make_plan(a, options, progress=progress), as_rewritten,
-                              _writer(a, as_rewritten, analysis, scaled))
-    result = rewrite_plan(a, planned)
+    writer = _writer(a, as_rewritten, analysis, scaled)
+    planned = _judged_default(a, make_plan(a, options, progress=progress), as_rewritten, writer)
+    result = rewrite_plan(a, planned, module_peaks=_module_peaks(a, as_rewritten, writer, planned.plan))
     planned = planned.settled()
     run = PlanRun(loaded, a, planned, result, _scaled(scaled, lambda d: make_plan(d, options)),
                   output, {**options.to_json(), **analysis.to_json()})
@@ -557,6 +559,20 @@ def _judged_default(a: Analysis, planned: Planned, options: RewriteOptions, writ
     return judged_in_plain(a, planned, writer.finish)
 
 
+def _module_peaks(a: Analysis, options: RewriteOptions, writer: Writer, plan: Plan | None) -> ModulePeaks | None:
+    """ckpt's model of the untuned Module session, for an artifact no Module trial judges
+    (no checkpoint beside it) when ``options.trainer`` is an ORT training interpreter."""
+    if (options.trainer is None or options.ort_optimize is not None or a.graph.path is None
+            or not is_ort_artifact(a.graph) or judged_by_training(a)):
+        return None
+    stage("predicting the Module API's session")
+
+    def save(result: RewriteResult, path: Path) -> bool:
+        return writer.save(a, writer.result(result), plan, path, (False, False))
+
+    return module_peaks(a.graph.path, dict(a.dims), save, options.trainer, options.timeout)
+
+
 def _rewritten(a: Analysis, loaded: Loaded, options: RewriteOptions, analysis: AnalysisOptions,
                output: str | Path | None, progress: Callable[[str], None] | None) -> RewriteRun:
     """Plan, rewrite and write (when ``output``): the run, not yet checked."""
@@ -573,7 +589,8 @@ def _rewritten(a: Analysis, loaded: Loaded, options: RewriteOptions, analysis: A
     result = planned_rewrite(a, planned, options.pin)
     # the search's rewrites go before the written one is judged, analysed and saved
     planned = planned.settled() if planned is not None else None
-    result = analysed_written(a, writer.result(judged_rewrite(a, planned, result)))  # analysed for its report
+    peaks = _module_peaks(a, options, writer, chosen)
+    result = analysed_written(a, writer.result(judged_rewrite(a, planned, result, peaks)))  # analysed for its report
     module = planned.module if planned is not None else None
     rewritten = writer.written(result, chosen, module is not None and module.unplanned,
                                module is not None and module.shared)

@@ -24,8 +24,8 @@ from ..planning.explain import explain
 from ..planning.make import Rewriting
 from ..planning.search import Intervals, PlanCost
 from ..units import human_bytes
-from . import (RewriteResult, alternatives, module_shortfall, original_best, original_floor, pinned, rewrite,
-               unchanged, written_phases)
+from . import (ModulePeaks, RewriteResult, alternatives, module_shortfall, original_best, original_floor, pinned,
+               rewrite, unchanged, written_phases)
 from .mem_pattern import is_ort_artifact
 from .seeded import moved_seeds
 
@@ -50,10 +50,11 @@ def make_plan(a: Analysis, options: PlanOptions | None = None, *, progress: Call
 
 
 @gc_paused
-def rewrite_plan(a: Analysis, planned: Planned | None, pin: bool = True) -> RewriteResult:
+def rewrite_plan(a: Analysis, planned: Planned | None, pin: bool = True,
+                 module_peaks: ModulePeaks | None = None) -> RewriteResult:
     """The rewrite of ``planned.plan`` that is written, ``never_worse``; from the search's
     own rewrite of that plan when it has one."""
-    return judged_rewrite(a, planned, planned_rewrite(a, planned, pin))
+    return judged_rewrite(a, planned, planned_rewrite(a, planned, pin), module_peaks)
 
 
 @gc_paused
@@ -69,12 +70,14 @@ def planned_rewrite(a: Analysis, planned: Planned | None, pin: bool = True) -> R
 
 
 @gc_paused
-def judged_rewrite(a: Analysis, planned: Planned | None, result: RewriteResult) -> RewriteResult:
-    """``rewrite_plan`` of the ``planned_rewrite`` ``result``: what is written."""
+def judged_rewrite(a: Analysis, planned: Planned | None, result: RewriteResult,
+                   module_peaks: ModulePeaks | None = None) -> RewriteResult:
+    """``rewrite_plan`` of the ``planned_rewrite`` ``result``: what is written.
+    ``module_peaks``: as for ``never_worse``."""
     result = written_phases(a, result)  # a graph left without a backward is refused before it is saved
     if planned is not None and planned.plan is not None:
         result = replace(result, notes=empty_region_notes(result))
-    result = never_worse(a, planned, result)
+    result = never_worse(a, planned, result, module_peaks)
     moved = moved_seeds(a.graph, result.graph)  # of the graph written, the unchanged one included
     return replace(result, notes=result.notes + moved) if moved else result
 
@@ -84,9 +87,12 @@ def empty_region_notes(result: RewriteResult) -> tuple[str, ...]:
                  "plan keeps all of them" for r in result.regions if not r.copies)
 
 
-def never_worse(a: Analysis, planned: Planned | None, result: RewriteResult) -> RewriteResult:
+def never_worse(a: Analysis, planned: Planned | None, result: RewriteResult,
+                module_peaks: ModulePeaks | None = None) -> RewriteResult:
     """``result``, ``result`` with a warning (a user's plan), or the unchanged graph with the
-    reason in ``no_gain``. A budget is the user's own limit and is kept as it is."""
+    reason in ``no_gain``. A budget is the user's own limit and is kept as it is. An
+    artifact no Module trial judged is judged by ``module_peaks`` (ckpt's model of the
+    untuned Module session) where it predicts both graphs, its figures kept in the notes."""
     if planned is None or planned.budget is not None:
         return result
     if planned.module is not None and planned.module.chosen is None:
@@ -94,9 +100,12 @@ def never_worse(a: Analysis, planned: Planned | None, result: RewriteResult) -> 
     default = None  # ORT's DEFAULT order of the original, simulated once where it is read
     if not planned.user and planned.module is None and is_ort_artifact(a.graph):
         default = default_order(a)
-        shortfall = module_shortfall(a, result, default)
+        peaks = module_peaks(result) if module_peaks is not None and planned.plan is not None else None
+        shortfall = module_shortfall(a, result, default, peaks)
         if shortfall is not None:
             return _unchanged(a, shortfall, result.notes)
+        if peaks is not None:
+            result = replace(result, notes=(*result.notes, module_line(peaks)))
     if planned.plan is None:
         return result
     peak = result.after.arena_in_use(result.mem_reuse)
@@ -111,6 +120,12 @@ def never_worse(a: Analysis, planned: Planned | None, result: RewriteResult) -> 
     if planned.user:
         return replace(result, warning=line)
     return _unchanged(a, line, result.notes)
+
+
+def module_line(peaks: tuple[int, int]) -> str:
+    after, before = peaks
+    return (f"ckpt's model of the Module API's own session (ORT's defaults, untuned) predicts the rewrite's peak "
+            f"{human_bytes(after)} against the original's {human_bytes(before)} ({after / before:.2f}x)")
 
 
 def _unchanged(a: Analysis, why: str, notes: tuple[str, ...]) -> RewriteResult:

@@ -19,7 +19,7 @@ writes.
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
@@ -32,6 +32,7 @@ from ..graph import Graph
 from ..io.load import load_graph
 from ..options import DEFAULT_TIMEOUT_S
 from ..optimize import run_ort_optimizer
+from ..rewrite import RewriteResult
 from .plain_model import or_none, write_fused
 
 OrtShape = list[int | str | None] | None  # a dimension ORT knows by number, by symbol, or not at all
@@ -152,4 +153,24 @@ def predict_module_session(model_path: str | Path, dims: dict[str, int], python:
     return predict_module(graph, tensors, list(range(len(graph.nodes))), static)
 
 
-__all__ = ["bound_symbols", "ort_shapes", "predict_module_session", "resolvable"]
+def module_peaks(original: Path, dims: dict[str, int], save: Callable[[RewriteResult, Path], bool],
+                 python: str | None, timeout: float | None) -> Callable[[RewriteResult], tuple[int, int] | None]:
+    """For a rewrite of the artifact at ``original``: its predicted untuned Module peak and
+    the original's (``predict_module_session`` at ``dims``), the rewrite as ``save`` writes
+    it; None where either is not predicted. The original's is predicted once."""
+    before: list[ModulePrediction | None] = []
+
+    def peaks(result: RewriteResult) -> tuple[int, int] | None:
+        with tempfile.TemporaryDirectory(prefix="ckpt_module_peaks_") as tmp:
+            path = Path(tmp) / "rewrite.onnx"
+            after = predict_module_session(path, dims, python, timeout) if save(result, path) else None
+        if after is None:
+            return None
+        if not before:
+            before.append(predict_module_session(original, dims, python, timeout))
+        return None if before[0] is None else (after.peak_bytes, before[0].peak_bytes)
+
+    return peaks
+
+
+__all__ = ["bound_symbols", "module_peaks", "ort_shapes", "predict_module_session", "resolvable"]
