@@ -61,6 +61,27 @@ def test_the_module_figures_read_back_as_the_json_they_came_from():
         assert ModuleSessions.of(module).to_json() == module
 
 
+def test_the_untuned_prediction_reads_back_with_its_error():
+    module = {**_sessions(), "predicted_untuned": {"original": 19 * MIB, "rewritten": None}}
+    out = ModuleSessions.of(module).to_json()
+    assert out["predicted_untuned"] == {"original": 19 * MIB, "rewritten": None}
+    assert out["prediction_error_untuned"] == {"original": 19 / 20 - 1, "rewritten": None}
+    assert ModuleSessions.of(out).to_json() == out
+
+
+def test_the_check_text_shows_the_untuned_prediction():
+    from rich.console import Console
+
+    from ckpt_cli.report.render import _render_module_sessions
+
+    console = Console(record=True, width=200)
+    _render_module_sessions({**_sessions(), "predicted_untuned": {"original": 19 * MIB, "rewritten": 12 * MIB}},
+                            console)
+    text = console.export_text()
+    assert "untuned: process peak 20.0 MiB -> 12.0 MiB" in text
+    assert "ckpt's model of it 19.0 MiB -> 12.0 MiB" in text
+
+
 def test_the_module_figures_of_a_good_rewrite_pass():
     f = _judged(_sessions())
     assert f.passed and f.codes == [] and f.memory_lower
@@ -204,6 +225,7 @@ def test_check_trains_an_artifact_in_the_module_api(training_python, tmp_path): 
     for key in ("original_untuned", "rewritten_untuned", "original_settings", "rewritten_settings"):
         assert m[key]["peak_bytes"] > MIB and len(m[key]["losses_hex"]) == 10, (key, m[key])
     assert m["losses_identical"] == {"untuned": True, "settings": True}
+    assert all(abs(e) <= 0.1 for e in m["prediction_error_untuned"].values()), m["prediction_error_untuned"]
     assert m["rewritten_untuned"]["peak_bytes"] <= m["original_untuned"]["peak_bytes"] + max(64 << 10, m[
         "original_untuned"]["peak_bytes"] // 100)
     assert r.returncode == 0 and report["passed"], report["failures"]
@@ -254,3 +276,29 @@ def test_the_module_child_seeds_ort_before_it_makes_the_sessions(tmp_path, monke
     spec = {k: str(tmp_path / k) for k in ("training_model", "checkpoint", "eval_model", "optimizer_model")}
     answer = module_child.train({**spec, "feeds": str(feeds), "steps": 2, "seed": 7, "settings": None})
     assert answer["ok"] and calls == ["set_seed(7)", "Module", "set_seed(7)", "step", "step"]
+
+
+def test_module_sessions_predict_the_untuned_runs_at_the_feeds_dims(tmp_path, monkeypatch, chain_path):
+    from ckpt_cli.verify import module_model, module_runs
+    from ckpt_cli.verify.records import ModuleRun
+
+    for name in ("checkpoint", "eval_model.onnx", "optimizer_model.onnx"):
+        (tmp_path / name).write_bytes(b"")
+    original = tmp_path / "training_model.onnx"
+    original.write_bytes(chain_path.read_bytes())
+    monkeypatch.setattr(module_runs, "run_module", lambda model, *a, **k: ModuleRun(20 * MIB, tuple(LOSSES), 0.1))
+    seen = []
+
+    class Predicted:
+        peak_bytes = 19 * MIB
+
+    def predict(model, dims, python, timeout):
+        seen.append((model.name, dims, python))
+        return Predicted() if model == original else None
+
+    monkeypatch.setattr(module_model, "predict_module_session", predict)
+    worker = WorkerOptions("trainer", 60)
+    m = module_runs.module_sessions(original, chain_path, tmp_path / "feeds.npz", worker, 3, dims={"batch": 8})
+    assert m.predicted == {"original": 19 * MIB, "rewritten": None}
+    assert seen == [("training_model.onnx", {"batch": 8}, "trainer"), (chain_path.name, {"batch": 8}, "trainer")]
+    assert module_runs.module_sessions(original, chain_path, tmp_path / "feeds.npz", worker, 3).predicted == {}

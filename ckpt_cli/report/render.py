@@ -318,8 +318,12 @@ def _render_module_sessions(m: Json | None, console: Console) -> None:
         change = f" ({percent(w['peak_bytes'] - o['peak_bytes'], o['peak_bytes'])})" if o and w and o["peak_bytes"] else ""
         same = m["losses_identical"][session]
         losses = "n/a" if same is None else "bit-identical" if same else "DIFFER"
+        predicted = m.get("predicted_untuned") if session == "untuned" else None
+        model = "" if not predicted else "; ckpt's model of it " + " -> ".join(
+            human_bytes(predicted[side]) if predicted.get(side) is not None else "no prediction"
+            for side in ("original", "rewritten"))
         console.print(f"Module API training, {m['steps']} steps, {label}: process peak {peaks}{change}; "
-                      f"losses {losses}")
+                      f"losses {losses}{model}")
 
 
 def render_check(r: Json, console: Console) -> None:

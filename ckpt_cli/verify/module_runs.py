@@ -18,6 +18,7 @@ import statistics
 import sys
 import tempfile
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 from ..errors import RunFailed
@@ -85,9 +86,10 @@ def run_module(training_model: str | os.PathLike[str], files: dict[str, str], fe
 
 
 def module_sessions(original: str | os.PathLike[str], rewritten: str | os.PathLike[str], feeds_path: str | os.PathLike[str],
-                    worker: WorkerOptions, steps: int = STEPS) -> ModuleSessions:
+                    worker: WorkerOptions, steps: int = STEPS, dims: Mapping[str, int] | None = None) -> ModuleSessions:
     """Both training models in the Module API, untuned and under the rewrite's recorded
-    settings, or ``skipped`` and why when the original cannot be trained here."""
+    settings, or ``skipped`` and why when the original cannot be trained here; with
+    ``dims`` (the feeds' symbolic dimensions), ckpt's prediction of the untuned runs too."""
     from ..io.session import recorded_settings
 
     files = artifact_files(original)
@@ -108,4 +110,18 @@ def module_sessions(original: str | os.PathLike[str], rewritten: str | os.PathLi
                 if e.kind not in _MODEL_FAILURES:
                     raise
                 errors[key] = f"{e.kind}: {e.message}"
-    return ModuleSessions(None, steps, settings, runs, errors)
+    predicted = {} if dims is None else {side: _predicted(model, dims, worker)
+                                         for side, model in zip(SIDES, (original, rewritten))}
+    return ModuleSessions(None, steps, settings, runs, errors, predicted)
+
+
+def _predicted(model: str | os.PathLike[str], dims: Mapping[str, int], worker: WorkerOptions) -> int | None:
+    from .module_model import predict_module_session
+
+    try:
+        prediction = predict_module_session(Path(model), dict(dims), worker.python, worker.timeout)
+    except RunFailed as e:
+        if e.kind not in _MODEL_FAILURES:
+            raise
+        return None
+    return None if prediction is None else prediction.peak_bytes

@@ -186,6 +186,9 @@ class ModuleSessions:
     settings: Mapping[str, Any] | None = None
     runs: Mapping[str, ModuleRun] = field(default_factory=dict)
     errors: Mapping[str, str] = field(default_factory=dict)
+    # ckpt's model of the untuned session (verify/module_model.py) per side: its predicted
+    # process peak, None where it predicts none
+    predicted: Mapping[str, int | None] = field(default_factory=dict)
 
     @classmethod
     def of(cls, d: Mapping[str, Any]) -> "ModuleSessions":
@@ -193,7 +196,12 @@ class ModuleSessions:
             return cls(d["skipped"])
         runs = {k: ModuleRun(d[k]["peak_bytes"], tuple(d[k]["losses_hex"]), d[k]["time_s"])
                 for k in MODULE_RUN_KEYS if k in d}
-        return cls(None, d["steps"], d["settings"], runs, dict(d["errors"]))
+        return cls(None, d["steps"], d["settings"], runs, dict(d["errors"]), dict(d.get("predicted_untuned") or {}))
+
+    def prediction_error(self, side: str) -> float | None:
+        """The untuned prediction against the untuned peak measured: predicted / measured - 1."""
+        predicted, run = self.predicted.get(side), self.runs.get(f"{side}_untuned")
+        return None if predicted is None or run is None or not run.peak_bytes else predicted / run.peak_bytes - 1
 
     def losses_identical(self, session: str) -> bool | None:
         o, r = self.runs.get(f"original_{session}"), self.runs.get(f"rewritten_{session}")
@@ -202,6 +210,10 @@ class ModuleSessions:
     def to_json(self) -> dict[str, Any]:
         if self.skipped is not None:
             return {"skipped": self.skipped}
-        return {"steps": self.steps, "settings": self.settings, **{k: r.to_json() for k, r in self.runs.items()},
-                "errors": _frozen(self.errors),
-                "losses_identical": {s: self.losses_identical(s) for s in MODULE_SESSIONS}}
+        out = {"steps": self.steps, "settings": self.settings, **{k: r.to_json() for k, r in self.runs.items()},
+               "errors": _frozen(self.errors),
+               "losses_identical": {s: self.losses_identical(s) for s in MODULE_SESSIONS}}
+        if self.predicted:
+            out["predicted_untuned"] = _frozen(self.predicted)
+            out["prediction_error_untuned"] = {side: self.prediction_error(side) for side in MODULE_SIDES}
+        return out

@@ -203,7 +203,7 @@ def _module_sessions(original: str | Path, rewritten: str | Path, model: onnx.Mo
     with tempfile.TemporaryDirectory(prefix="ckpt_feeds_") as tmp:
         feeds_path = Path(tmp) / "feeds.npz"
         prepare_feeds(model, feeds_path, options.seed, dict(dims), options.feeds_file)
-        return module_sessions(original, rewritten, feeds_path, worker)
+        return module_sessions(original, rewritten, feeds_path, worker, dims=dims)
 
 
 def check_files(original: str | Path, rewritten: str | Path, predicted: dict[str, Prediction],
