@@ -262,8 +262,7 @@ def bench_model(name: str, prio: int, ctx: Setup) -> dict:
         row["settings_error"] = f"{type(e).__name__}: {e}"
 
     # 4. check and 5. training, side by side (the runner bounds how many children run)
-    jobs = {"check": lambda: _check(ctx, orig, rw, row, prio),
-            "module_predicted": lambda: _module_predicted(ctx, art, row, prio)}
+    jobs = {"check": lambda: _check(ctx, orig, rw, row, prio)}
     for side, model in zip(SIDES, (orig, rw)):
         jobs[f"{side}/untuned"] = (lambda m=model: _train(ctx, art, m, None, row, prio))
         if settings is not None:
@@ -272,7 +271,6 @@ def bench_model(name: str, prio: int, ctx: Setup) -> dict:
         futures = {k: pool.submit(f) for k, f in jobs.items()}
         results = {k: f.result() for k, f in futures.items()}
     row["check"] = results.pop("check")
-    row["module_predicted"] = results.pop("module_predicted")
     row["train"] = results
     _remeasure_suspects(ctx, art, {"original": orig, "rewrite": rw}, settings, row, prio)
     return _finish(row, t_model)
@@ -349,25 +347,11 @@ def _train(ctx: Setup, art: Path, model: Path, settings, row: dict, prio: int) -
             "stderr_tail": tail(r["stderr"], 1500)}
 
 
-def _module_predicted(ctx: Setup, art: Path, row: dict, prio: int) -> dict:
-    """ckpt's prediction of the untuned Module session (``bench/module_model.py --predict``)
-    for the original and the rewrite, at the batch the training runs: {side: bytes or None}."""
-    batch = row.get("batch") or json.loads((art / "zoo.json").read_text())["batch"]
-    files = {"original": "training_model.onnx", "rewrite": "training_model.ckpt.onnx"}
-    cmd = [sys.executable, "-m", "bench.module_model", art.parent, art.name, "--predict", "--python", ctx.py,
-           "--batch", str(batch), *(a for f in files.values() for a in ("--model", f)),
-           *(("--seq", str(row["seq"])) if row.get("seq") else ())]
-    r = ctx.run.run(cmd, priority=prio)
-    row["seconds"]["module_predicted"] = r["seconds"]
-    data = parse_json(r["stdout"])
-    if r["rc"] != 0 or not isinstance(data, dict):
-        return {"error": child_error(r, data)}
-    return {side: data.get(f"{art.name}/{f}") for side, f in files.items()}
-
-
 def _module_error(row: dict, side: str) -> float | None:
-    """The untuned Module prediction's error against the measured untuned peak."""
-    predicted = (row.get("module_predicted") or {}).get(side)
+    """The check's prediction of the untuned Module session (``module_sessions.predicted_untuned``)
+    against the untuned peak measured here."""
+    module = ((row.get("check") or {}).get("module_sessions")) or {}
+    predicted = (module.get("predicted_untuned") or {}).get("rewritten" if side == "rewrite" else side)
     measured = _peak(row, f"{side}/untuned")
     return None if not predicted or not measured else predicted / measured - 1
 
@@ -565,9 +549,9 @@ def markdown(meta: dict, rows: list[dict]) -> str:
         "the steps minus VmRSS before them (`MALLOC_MMAP_THRESHOLD_=65536`); ratios with "
         "rewrite / original MiB. Losses compared as `float.hex` over all steps (NO: largest "
         "relative difference). Prediction error: `ckpt check`'s, of its own settings' process peak; "
-        "untuned Module: ckpt's model of that session (`bench/module_model.py --predict`, "
-        "`ckpt_cli/verify/module_model.py`) against the untuned peak measured here "
-        "(predicted / measured - 1).",
+        "untuned Module: ckpt's model of that session, as the check predicts it "
+        "(`module_sessions.predicted_untuned`, `ckpt_cli/verify/module_model.py`), against the untuned "
+        "peak measured here (predicted / measured - 1).",
         "",
         "| " + " | ".join(HEADERS) + " |",
         "|" + "---|" * len(HEADERS),

@@ -11,7 +11,7 @@ was measured at that batch, else measured now, in ``--python``), and ckpt's pred
 (``ckpt_cli/verify/module_model.py``): the block of the training build's static memory
 pattern, the arena's touched bytes and the largest kernel heap scratch. Prints one table;
 the error is (predicted - measured) / measured. ``--predict``: the predictions alone, as JSON
-(``bench/artifacts.py`` puts them beside its own measurements).
+(``ckpt check --python`` makes the same prediction beside its Module runs).
 """
 
 from __future__ import annotations
