@@ -63,9 +63,9 @@ def test_the_searchs_rewrites_are_let_go_before_the_written_one_is_judged(monkey
     seen = []
     judged = api.judged_rewrite
 
-    def judging(a, planned, result):
+    def judging(a, planned, result, module_peaks=None):
         seen.append(planned)
-        return judged(a, planned, result)
+        return judged(a, planned, result, module_peaks)
 
     monkeypatch.setattr(api, "judged_rewrite", judging)
     result = ckpt_cli.rewrite_model(SAMPLES / "gpt.onnx")
