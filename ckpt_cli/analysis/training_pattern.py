@@ -27,12 +27,13 @@ frozen_backbone; a counter per holder gave up to 13% less.
 The arena, measured (1.19.2 CPU, process peak above the loaded state): the peak after one
 step is the block and what the first run allocated beside it; the second step adds a
 region for a second block (frozen_backbone at batch 64: 25.5 MiB after one step, 46.5 after
-two and after ten), as if the first run's block were still held when the second run
-allocates its own. The model replays it so: run one allocates the block, then its dynamic
-buffers and kernel temporaries; run two allocates a second block before the first is
-released, then its dynamic buffers. A region's pages count once touched (the arena never
-gives them back and every region is mmapped under MALLOC_MMAP_THRESHOLD_=65536), so the
-peak predicted is the bytes of the arena's chunks ever handed out, over both runs, and on
+two and after ten). The model replays ``RUNS`` runs: each allocates the block when its
+frame is made, then its dynamic buffers and kernel temporaries, and frees the block with
+the frame; a later run's block can land in another free chunk than the first's (the best
+fit, the newer region of two equal ones), which is the second block measured. A region's
+pages count once touched (the arena never gives them back and every region is mmapped
+under MALLOC_MMAP_THRESHOLD_=65536), so the peak predicted is the bytes of the arena's
+chunks ever handed out, over the runs, and on
 top the regions' bookkeeping (``region_handles``), the largest working memory one kernel
 takes from the heap (``heap_scratch``) and what the process adds as its first step runs
 (``FIRST_STEP_PROCESS_BYTES``).
