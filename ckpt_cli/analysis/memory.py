@@ -27,7 +27,7 @@ from .shapes import TensorInfo, sized_by
 from .timeline import bytes_in_use, live_at, peak_of
 
 __all__ = ["MemoryProfile", "buffer_roots", "profile_of", "resident_bytes", "simulate", "simulate_both",
-           "simulate_deferred", "peak_with_scratch", "scratch_peak", "step_scratch", "visible_peak", "mapped_bytes", "PAGE_BYTES",
+           "simulate_deferred", "order_scratch", "peak_with_scratch", "scratch_peak", "step_scratch", "visible_peak", "mapped_bytes", "PAGE_BYTES",
            "with_scratch"]
 
 
@@ -168,10 +168,15 @@ def step_scratch(profile: MemoryProfile, graph: Graph, tensors: dict[str, Tensor
                  skip: frozenset[tuple[str, str]] = frozenset()) -> dict[int, int]:
     """Per step of ``profile.order`` with a kernel that holds working memory outside ORT's
     buffers (``ort.scratch``): its bytes. ``skip``: (domain, op type) pairs left out."""
-    sized = sized_by(tensors)
+    return order_scratch(graph, tensors, profile.order, skip)
 
+
+def order_scratch(graph: Graph, tensors: dict[str, TensorInfo], order: Sequence[int],
+                  skip: frozenset[tuple[str, str]] = frozenset()) -> dict[int, int]:
+    """``step_scratch`` for the steps of ``order``."""
+    sized = sized_by(tensors)
     out = {}
-    for step, i in enumerate(profile.order):
+    for step, i in enumerate(order):
         node = graph.nodes[i]
         if skip and (("" if node.domain == "ai.onnx" else node.domain), node.op_type) in skip:
             continue

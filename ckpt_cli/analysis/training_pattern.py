@@ -45,13 +45,12 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 from ..graph import Graph
-from ..ort.scratch import scratch_bytes
 from .arena import ARENA_REPLAYED, BFCArena, KernelPlan, conv_working_bytes, kernel_plans, replay
 from .lifetimes import Lifetimes, lifetimes
 from .pattern import output_buffers, pattern_size, session_bytes
 from .planner import Buffers, plan_buffers
-from .memory import mapped_bytes
-from .shapes import TensorInfo, sized_by
+from .memory import mapped_bytes, order_scratch
+from .shapes import TensorInfo
 
 RUNS = 3  # the arena's placements repeat from the third run on (measured: 2, 3 and 10 steps agree)
 MMAP_THRESHOLD = 65536  # the Module child's MALLOC_MMAP_THRESHOLD_: smaller heap blocks come from room the heap has
@@ -176,7 +175,7 @@ class ModulePrediction:
 
 # The kernels whose temporaries come from the temp-space allocator, the arena: the arena
 # replay holds them (``kernel_plans``, ``training_kernel_plans``), the heap does not.
-ARENA_TEMPORARIES = ARENA_REPLAYED | {("com.microsoft", "ConvGrad"), ("", "ConvGrad"), ("com.microsoft", "FusedConv")}
+ARENA_TEMPORARIES = ARENA_REPLAYED | frozenset({("com.microsoft", "ConvGrad"), ("", "ConvGrad"), ("com.microsoft", "FusedConv")})
 
 
 def heap_scratch(graph: Graph, tensors: dict[str, TensorInfo], order: list[int]) -> int:
@@ -184,16 +183,8 @@ def heap_scratch(graph: Graph, tensors: dict[str, TensorInfo], order: list[int])
     (``ort.scratch``: Eigen arrays, ``std::vector``), as the process maps it: blocks of
     ``MMAP_THRESHOLD`` or more, each its whole mapping. The arena's touched bytes stay
     resident while it runs."""
-    sized = sized_by(tensors)
-    largest = 0
-    for i in order:
-        node = graph.nodes[i]
-        if ("" if node.domain == "ai.onnx" else node.domain, node.op_type) in ARENA_TEMPORARIES:
-            continue
-        extra = scratch_bytes(node, sized, graph.int_constant)
-        if extra >= MMAP_THRESHOLD:
-            largest = max(largest, mapped_bytes(extra))
-    return largest
+    scratch = order_scratch(graph, tensors, order, ARENA_TEMPORARIES).values()
+    return max((mapped_bytes(n) for n in scratch if n >= MMAP_THRESHOLD), default=0)
 
 
 def region_handles(regions: list[int]) -> int:
