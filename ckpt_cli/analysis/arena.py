@@ -52,7 +52,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import TYPE_CHECKING, Collection, Iterable, Sequence
 
 from ..ort.scratch import variadic_temporaries
 from .shapes import sized_by
@@ -243,8 +243,10 @@ class _Replay:
     (``ptr``) survives from the step that allocates it to the one that releases it."""
 
     def __init__(self, buffers: Sequence[tuple[int, int, int]], steps: int, plans: dict[int, KernelPlan],
-                 arena: BFCArena) -> None:
+                 arena: BFCArena, held: Collection[int] = ()) -> None:
         self.arena = arena
+        self.held = frozenset(held)
+        self.held_chunks: list[int | None] = []
         self.steps = steps
         self.plans = plans
         self.sizes = [size for size, _, _ in buffers]
@@ -348,7 +350,10 @@ class _Replay:
         outputs are released, as the caller drops them between runs."""
         self._allocate(self.steps)
         for b in self.free_at.get(self.steps, ()):
-            self.arena.free(self.ptr.pop(b))
+            if b in self.held:
+                self.held_chunks.append(self.ptr.pop(b))
+            else:
+                self.arena.free(self.ptr.pop(b))
 
 
 def replay(buffers: Sequence[tuple[int, int, int]], steps: int, *, runs: int = 2,
@@ -382,6 +387,17 @@ def replay(buffers: Sequence[tuple[int, int, int]], steps: int, *, runs: int = 2
                 return traces, replayer.arena
         replayer.end_run()
     return traces, replayer.arena
+
+
+def run_holding(buffers: Sequence[tuple[int, int, int]], steps: int, plans: dict[int, KernelPlan],
+                arena: BFCArena, held: Collection[int]) -> list[int | None]:
+    """One untraced run of ``buffers`` through ``arena`` (``replay``'s rules) in which the
+    buffers ``held``, living to the end, stay allocated past it, as a caller keeps a run's
+    loss until its next run returns: their chunks, for the caller to free."""
+    replayer = _Replay(buffers, steps, plans, arena, held)
+    replayer.grow()
+    replayer.end_run()
+    return replayer.held_chunks
 
 
 def arena_peak(profile: MemoryProfile, small_initializer_bytes: int = 0, *, runs: int = 2,
