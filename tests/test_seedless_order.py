@@ -147,3 +147,21 @@ def test_a_budget_search_never_judges_the_waiting_order(monkeypatch):
     monkeypatch.setattr(schedule, "seedless", refuse)
     planned = make_plan(a, budget="80%")
     assert planned.plan is not None and planned.plan.regions and asked == []
+
+
+def test_a_large_graph_s_default_never_judges_the_waiting_order(monkeypatch):
+    # on large graphs the default's searches are bounded, and judging the waiting order costs a
+    # fifth of them: with the bound lowered below cnn's 474 nodes, the default never asks
+    import ckpt_cli.planning.make as make
+
+    a = analyse(load_graph(SAMPLES / "cnn.onnx"))
+    asked: list[str] = []
+
+    def refuse(graph, movable):
+        asked.append("seedless")
+        raise AssertionError("a large graph's default looked for the waiting order")
+
+    monkeypatch.setattr(make, "DEFAULT_SEARCH_NODES", 100)
+    monkeypatch.setattr(schedule, "seedless", refuse)
+    planned = make_plan(a)
+    assert planned.plan is not None and planned.plan.regions and asked == []

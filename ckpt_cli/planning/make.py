@@ -95,7 +95,10 @@ def make_plan(a: Analysis, rewriting: Rewriting, options: PlanOptions | None = N
 def _default_plan(a: Analysis, rewriting: Rewriting, options: PlanOptions,
                   progress: Callable[[str], None] | None, pin: bool) -> Planned:
     """The default: the knee of the front, or its lowest peak (``--auto min-peak``)."""
-    evaluator = PlanEvaluator(a, rewriting.rewrite, progress=progress, keep_results=True)
+    # The waiting order is judged by pinning and simulating each rewrite in ORT's DEFAULT
+    # order as well: a fifth of a large graph's default, where the searches are bounded.
+    evaluator = PlanEvaluator(a, rewriting.rewrite, progress=progress, keep_results=True,
+                              waiting=len(a.graph.nodes) <= DEFAULT_SEARCH_NODES)
     # An ORT artifact runs in the Module API's untuned session, whose fusions must treat the
     # recompute copies as the originals for bit-identical training: measured so for the
     # lowest peak over the artifact zoo, not for the knee (zoo bert: 1e-7 apart).
