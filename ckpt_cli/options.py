@@ -16,10 +16,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from .errors import OptionError
-from .planning.plan import Policy
 
 if TYPE_CHECKING:
+    from .planning.plan import Policy
     from _typeshed import DataclassInstance
+
+def _policy() -> Policy:
+    """No per-op rules. Imported when first needed: the CLI reads this module's names to
+    build its options, and ``ckpt --version`` or ``--help`` should not load the planner."""
+    from .planning.plan import Policy
+
+    return Policy()
+
 
 MIN_PEAK = "min-peak"  # the default search without stopping at the knee
 AUTO_NAMES = ("layers", "sqrt", "balanced", "budget", "optimal", MIN_PEAK)
@@ -131,7 +139,7 @@ class PlanOptions:
     plan_file: Path | None = None
     auto: str | None = None
     budget: str | None = None
-    policy: Policy = field(default_factory=Policy)
+    policy: Policy = field(default_factory=_policy)
     activation_budget: float | None = None  # a share of the no-recompute plan's activation bytes
     allow_unsized: bool = False  # plan even where a tensor's size is unknown (counted as 0 B)
 
@@ -147,7 +155,7 @@ class PlanOptions:
         budget = kw.get("budget")
         if isinstance(budget, (int, float)) and not isinstance(budget, bool):
             kw["budget"] = f"{budget:.0f}"  # a number of bytes
-        kw["policy"] = kw.get("policy") or Policy()
+        kw["policy"] = kw.get("policy") or _policy()
         return cls(**kw)
 
     @property
@@ -180,6 +188,8 @@ class PlanOptions:
                             ("--budget", self.budget)):
             if value is not None:
                 _text(name, value)
+        from .planning.plan import Policy
+
         if not isinstance(self.policy, Policy):
             raise TypeError(f"policy: expected a ckpt_cli.planning.plan.Policy, got {type(self.policy).__name__}")
 

@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from ..errors import CkptError, ModelError, UsageError
-from ..markers import SESSION_META
 from ..progress import listening
 from .progress import progress
 from .options import (analysis_options, analysis_value, auto_options, check_options, check_value, emit,
@@ -298,6 +297,8 @@ def session(model: Path, provider: str | None, as_json: bool, report_path: Path 
     settings = recorded_settings(model)  # an unreadable file: its own error
     undone: list[str] = []
     if not warn_if_undone(model, said=undone):
+        from ..markers import SESSION_META
+
         raise ModelError(f"{model}: not a model ckpt wrote (it has no {SESSION_META} metadata): "
                          "ckpt session prints the settings of `ckpt rewrite` outputs")
     provider = provider or settings.get("ort_optimize", {}).get("provider", "cpu")
