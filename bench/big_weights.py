@@ -1,5 +1,6 @@
-"""Section 5 of ``python -m bench.run``: ckpt's time and peak RSS on models with big weights,
-over 2 GB as external data (5a) and embedded in the .onnx file (5b). ``render`` writes the
+"""Section 5 of ``python -m bench.run``: ckpt's time and peak RSS on models with big weights:
+a 1.2 B-parameter decoder with its weights as external data (5a), and 1 GB embedded in the
+.onnx file (5b). ``render`` writes the
 section, heading included.
 
 5a also times the rewrite against a plain copy of the weights (``copy_speed``); the same on
@@ -21,13 +22,19 @@ from pathlib import Path
 from bench.common import ckpt_cmd, median, missing, nbytes, ratio, run_measured, secs
 
 
-def bench_big_weights(work: Path, gigabytes: float = 2.1, external: bool = True) -> dict:
-    """ckpt's own time and peak RSS on a model with big weights: over 2 GB as external data,
-    or (``external`` off) embedded in the .onnx file."""
+DECODER_LAYERS = 20  # 5a: 20 layers, d_model raised until the weights reach DECODER_GIGABYTES
+DECODER_GIGABYTES = 4.25  # GiB of float32 weights: a 1.1-1.2 B-parameter decoder, built streaming
+
+
+def bench_big_weights(work: Path, gigabytes: float = DECODER_GIGABYTES, external: bool = True,
+                      layers: int = DECODER_LAYERS) -> dict:
+    """ckpt's own time and peak RSS on a model with big weights: ``layers`` layers, d_model
+    raised until the weights reach ``gigabytes`` GiB, as external data or (``external`` off)
+    embedded in the .onnx file."""
     ckpt = ckpt_cmd()
     src = work / ("big" if external else "embedded") / "big.onnx"
     src.parent.mkdir(exist_ok=True)
-    gen = run_measured([sys.executable, "-m", "bench.synthetic", "--layers", "2", "--big-weights",
+    gen = run_measured([sys.executable, "-m", "bench.synthetic", "--layers", str(layers), "--big-weights",
                         str(gigabytes), *(["--external-data"] if external else []), "-o", str(src)])
     if gen["rc"] != 0:
         return {"error": f"generator failed: {gen['stderr_tail'][-300:]}"}
@@ -49,6 +56,7 @@ def bench_big_weights(work: Path, gigabytes: float = 2.1, external: bool = True)
         rows["floor"] = {"wall_s": floor["wall_s"], "max_rss_bytes": floor["max_rss_bytes"], "rc": floor["rc"]}
     out_data = next(src.parent.glob("out.onnx.*.data"), src.parent / "out.onnx.data")
     return {"weights_bytes": weights, "generate_s": gen["wall_s"], "commands": rows, "gigabytes": gigabytes,
+            "layers": layers, "parameters": _parameters(src),
             "output_bytes": (src.parent / "out.onnx").stat().st_size if (src.parent / "out.onnx").exists() else None,
             "output_data_bytes": out_data.stat().st_size if out_data.exists() else None, "copy": copy}
 
@@ -84,17 +92,32 @@ def copy_speed(src: Path, work: Path, repeats: int = 3) -> dict:
             "ratios": {name: rows[name]["wall_s"] / floor for name in COPY_ROWS[1:]}}
 
 
+def _parameters(model: Path) -> int:
+    """The parameters of ``model``: the elements of its initializers (their data not read)."""
+    import onnx
+
+    m = onnx.load(str(model), load_external_data=False)
+    total = 0
+    for t in m.graph.initializer:
+        n = 1
+        for d in t.dims:
+            n *= d
+        total += n
+    return total
+
+
 def render(res: dict, add) -> None:
     """Section 5 (both sub-sections, heading included) from the results' ``big_weights`` and
     ``embedded_weights``, one line at a time through ``add``."""
     b = res.get("big_weights")
     add("## 5. Models with big weights")
     add("")
-    add("### 5a. Over 2 GB of weights (external data)")
+    add("### 5a. A 1 B-parameter decoder (external data)")
     add("")
     if not missing(b, add, skipped="Skipped (`--quick` or `--skip-big`)."):
-        add(f"`python -m bench.synthetic --layers 2 --big-weights 2.1 --external-data` "
-            f"({nbytes(b['weights_bytes'])} on disk). ckpt reads only the graph and the tensors' shapes; "
+        params = f", {b['parameters'] / 1e9:.2f} B parameters" if b.get("parameters") else ""
+        add(f"`python -m bench.synthetic --layers {b.get('layers', 2)} --big-weights {b['gigabytes']} --external-data` "
+            f"({nbytes(b['weights_bytes'])} on disk{params}, built streaming). ckpt reads only the graph and the tensors' shapes; "
             "the rewrite streams the weights into the output's external data file "
             f"({nbytes(b['output_data_bytes'])}).")
         add("")
@@ -104,7 +127,8 @@ def render(res: dict, add) -> None:
     add("### 5b. Weights embedded in the .onnx file")
     add("")
     if not missing(e, add, skipped="Skipped (`--quick` or `--skip-big`)."):
-        add(f"`python -m bench.synthetic --layers 2 --big-weights {e['gigabytes']}` ({nbytes(e['weights_bytes'])}, "
+        add(f"`python -m bench.synthetic --layers {e.get('layers', 2)} --big-weights {e['gigabytes']}` "
+            f"({nbytes(e['weights_bytes'])}, "
             "one file). ckpt parses and writes such a file a piece at a time (`ckpt_cli/io/serialize.py`): beyond the "
             "model itself it holds at most a tensor's bytes, where `onnx.load` holds the file's bytes beside the "
             "model and one `SerializeToString` a growing buffer and its copy. **floor** = "
