@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from .planning.plan import Policy
     from _typeshed import DataclassInstance
 
+
 def _policy() -> Policy:
     """No per-op rules. Imported when first needed: the CLI reads this module's names to
     build its options, and ``ckpt --version`` or ``--help`` should not load the planner."""
