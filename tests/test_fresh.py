@@ -168,8 +168,56 @@ def test_unshared_is_unshare_s_graph_and_tensors_at_any_size():
     for bound in (fresh._GREEDY_NODES, len(pinned.nodes) - 1):
         with mock.patch.object(fresh, "_GREEDY_NODES", bound):
             whole = fresh.unshare(pinned, known, result.mem_reuse, forward)
-            graph, tensors = fresh.unshared(pinned, known, result.mem_reuse, forward)
+            made = fresh.unshared(pinned, known, result.mem_reuse, forward)
+        # None: the graph stays as it is, as unshare leaves it
+        graph, tensors = (pinned, known) if made is None else (made.graph, made.tensors)
+        assert (made is None) == (bound < len(pinned.nodes))
         assert [n.proto.SerializeToString() for n in graph.nodes] == [n.proto.SerializeToString()
                                                                       for n in whole.graph.nodes]
         assert tensors == whole.tensors
     assert result.fresh is not None and result.fresh.fresh  # below the bound unshare writes guards
+
+
+def test_the_fresh_tensors_made_with_a_kept_pin_are_written_as_made():
+    """The schedule choice that keeps a pin (gpt's default plan, its waiting order) keeps
+    the fresh tensors it made for it: pinning the rewrite takes them instead of running
+    unshare's greedy again, and writes what that greedy gives."""
+    from dataclasses import replace
+
+    from ckpt_cli.rewrite import pinned
+    from ckpt_cli.rewrite.select import make_plan
+
+    a = analyse(load_graph(str(SAMPLES / "gpt.onnx")))
+    result = make_plan(a).result
+    assert result is not None and result.plain_pin is not None and result.plain_pin[2] is not None
+    with mock.patch("ckpt_cli.rewrite.unshare", side_effect=AssertionError("made again")):
+        kept = pinned(a, result)
+    again = pinned(a, replace(result, plain_pin=(*result.plain_pin[:2], None)))
+    assert kept.fresh is result.plain_pin[2]
+    assert kept.fresh.fresh == again.fresh.fresh and kept.after.tensors == again.after.tensors
+    assert [n.proto.SerializeToString() for n in kept.graph.nodes] == [
+        n.proto.SerializeToString() for n in again.graph.nodes]
+
+
+def test_hiding_tensors_in_the_planner_s_facts_walks_as_hiding_them_in_the_tensors():
+    """The greedy hides a few more tensors each round in facts made once
+    (``TensorFacts.hiding``): the planner gives the buffers it gives when the tensors
+    themselves are made unknown to ORT (``unknown_to_ort``), on gpt's pinned rewrite."""
+    from ckpt_cli.analysis.lifetimes import lifetimes
+    from ckpt_cli.analysis.planner import plan_buffers, tensor_facts
+    from ckpt_cli.analysis.shapes import unknown_to_ort
+
+    _, result = _gpt()
+    graph, tensors = result.pinned.graph, result.pinned.tensors
+    order = list(range(len(graph.nodes)))
+    life = lifetimes(graph, order)
+    names = graph.ids.names
+    backward = [t for n in graph.nodes[len(order) // 2:] for t in graph.ids.outputs[n.index] if t >= 0]
+    facts = tensor_facts(graph, tensors)
+    for ids in (backward[::7], backward[::3], backward):
+        hidden = {**tensors, **{names[t]: unknown_to_ort(tensors[names[t]]) for t in ids if names[t] in tensors}}
+        by_tensors = plan_buffers(graph, order, hidden, life)
+        by_facts = plan_buffers(graph, order, facts.hiding(ids[: len(ids) // 2]).hiding(ids[len(ids) // 2:]), life)
+        assert (by_facts.size, by_facts.born, by_facts.dies, by_facts.holders) == (
+            by_tensors.size, by_tensors.born, by_tensors.dies, by_tensors.holders)
+    assert by_tensors.size != plan_buffers(graph, order, facts, life).size  # hiding changed the buffers

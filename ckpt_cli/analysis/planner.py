@@ -24,12 +24,13 @@ it (``GenerateDeallocationPlan``); a buffer nobody reads is held to the end of t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Iterable
 
 from ..graph import Graph
 from ..ops import IN_PLACE_OPS, VIEW_OPS
 from .lifetimes import Lifetimes
-from .shapes import Dims, TensorInfo, itemsize
+from .shapes import Dims, TensorInfo, itemsize, unknown_to_ort
 
 _VIEW, _IN_PLACE = 1, 2
 _OP_KINDS = {**{op: _IN_PLACE for op in IN_PLACE_OPS}, **{op: _VIEW for op in VIEW_OPS}}
@@ -88,10 +89,42 @@ def reuse_classes(infos: list[TensorInfo | None]) -> tuple[list[int], int]:
     return out, len(classes)
 
 
-def plan_buffers(graph: Graph, order: list[int] | tuple[int, ...], tensors: dict[str, TensorInfo],
+@dataclass(frozen=True)
+class TensorFacts:
+    """What ORT's planner reads of a graph's tensors, by tensor id: each one's info, reuse
+    class (``reuse_classes``) and bytes (-1: unknown); and per node its op's kind (view,
+    in place or neither). A caller that walks the same tensors many times makes them once."""
+
+    infos: list[TensorInfo | None]
+    reuse: list[int]
+    classes: int
+    sizes: list[int]
+    kinds: list[int]
+
+    def hiding(self, ids: Iterable[int]) -> TensorFacts:
+        """These facts with the tensors ``ids`` of unknown shape to ORT's planner
+        (``shapes.unknown_to_ort``): never reused, never written in place."""
+        infos, reuse = list(self.infos), list(self.reuse)
+        for t in ids:
+            info = infos[t]
+            if info is not None:
+                infos[t], reuse[t] = unknown_to_ort(info), -1
+        return replace(self, infos=infos, reuse=reuse)
+
+
+def tensor_facts(graph: Graph, tensors: dict[str, TensorInfo]) -> TensorFacts:
+    infos = [tensors.get(t) for t in graph.ids.names]
+    reuse, classes = reuse_classes(infos)
+    sizes = [info.nbytes if info is not None and info.nbytes is not None else -1 for info in infos]
+    return TensorFacts(infos, reuse, classes, sizes, [_OP_KINDS.get(n.op_type, 0) for n in graph.nodes])
+
+
+def plan_buffers(graph: Graph, order: list[int] | tuple[int, ...], tensors: dict[str, TensorInfo] | TensorFacts,
                  life: Lifetimes, reuse_buffers: bool = True) -> Buffers:
-    """The buffers ORT's planner gives the tensors of ``order`` (the rules in the module doc)."""
-    return _Walk(graph, tensors, life).run(order, reuse_buffers)
+    """The buffers ORT's planner gives the tensors of ``order`` (the rules in the module doc);
+    ``tensors`` as they are or their ``tensor_facts``."""
+    facts = tensors if isinstance(tensors, TensorFacts) else tensor_facts(graph, tensors)
+    return _Walk(graph, facts, life).run(order, reuse_buffers)
 
 
 class _Walk:
@@ -99,13 +132,11 @@ class _Walk:
     the reuse class of the tensor that allocated it and the uses not yet counted down (ORT's
     UseCount of the original); per reuse class its free list."""
 
-    def __init__(self, graph: Graph, tensors: dict[str, TensorInfo], life: Lifetimes) -> None:
+    def __init__(self, graph: Graph, facts: TensorFacts, life: Lifetimes) -> None:
         ids = graph.ids
         self.names, self.node_inputs, self.node_outputs = ids.names, ids.inputs, ids.outputs
-        self.infos = [tensors.get(t) for t in self.names]
-        self.reuse, n_classes = reuse_classes(self.infos)
-        self.sizes = [info.nbytes if info is not None and info.nbytes is not None else -1 for info in self.infos]
-        self.kinds = [_OP_KINDS.get(n.op_type, 0) for n in graph.nodes]
+        self.infos, self.reuse, self.sizes, self.kinds = facts.infos, facts.reuse, facts.sizes, facts.kinds
+        n_classes = facts.classes
         self.life = life
         self.resident = list(life.resident)  # views of resident tensors join them
         self.buffer_of = [-1] * len(self.names)

@@ -43,9 +43,10 @@ class RewriteResult:
     # (graph, its phases) as ``written_phases`` classified them: ``written`` classifies a
     # graph once (a walk of the whole graph); kept only while ``graph`` is that graph
     classified: tuple[Graph, Phases] | None = field(default=None, repr=False, compare=False)
-    # (graph, pin's guards of it without waits) as the schedule's DEFAULT-order check made
-    # them: ``pinned`` takes them instead of pinning again; kept only while ``graph`` is that graph
-    plain_pin: tuple[Graph, PinResult] | None = field(default=None, repr=False, compare=False)
+    # (graph, pin's guards of it without waits, their fresh tensors or None) as the
+    # schedule's DEFAULT-order check made them: ``pinned`` takes them instead of making them
+    # again; kept only while ``graph`` is that graph
+    plain_pin: tuple[Graph, PinResult, FreshResult | None] | None = field(default=None, repr=False, compare=False)
 
     @property
     def guard_nodes(self) -> int:
@@ -86,7 +87,8 @@ def rewrite(a: Analysis, plan: Plan | None, pin: bool = True, model_only: bool =
     flops = sum(a.costs[source[n.name]].flops for n in copies)
     result = RewriteResult(new, after, surgery.regions, len(copies), flops, chosen.mem_reuse,
                            decisions=_decisions(a, plan, surgery),
-                           plain_pin=(new, chosen.pin) if chosen.pin is not None and new is chosen.graph else None)
+                           plain_pin=(new, chosen.pin, chosen.fresh) if chosen.pin is not None and new is chosen.graph
+                           else None)
     return pinned(a, result) if pin else seeds_kept(a, result)
 
 
@@ -154,8 +156,9 @@ def _guarded(a: Analysis, result: RewriteResult, waits: bool) -> RewriteResult:
         return replace(result, pinned=PinResult(result.graph, result.after.tensors, 0, 0, 0, 0, skipped=why))
     forward_names = {n.name for n in a.graph.nodes if a.phases.is_forward[n.index]}
     ahead = result.plain_pin
+    made = None  # the fresh tensors of the guards taken ahead, where made with them
     if not waits and ahead is not None and ahead[0] is result.graph:
-        guarded = ahead[1]
+        guarded, made = ahead[1], ahead[2]
     else:
         guarded = pin_schedule(result.graph, result.after.tensors, forward_names, waits)
     if waits:
@@ -163,7 +166,7 @@ def _guarded(a: Analysis, result: RewriteResult, waits: bool) -> RewriteResult:
     if not guarded.guard_nodes:
         return replace(result, pinned=guarded)
     # Only with copies: buffers parked across the recompute gap are theirs to lose.
-    fresh = unshare(guarded.graph, guarded.tensors, result.mem_reuse, frozenset(forward_names))
+    fresh = made or unshare(guarded.graph, guarded.tensors, result.mem_reuse, frozenset(forward_names))
     assert fresh.profile is not None and fresh.arena is not None  # unshare sets both
     after = peak_model(fresh.graph, fresh.tensors, fresh.profile, result.mem_reuse, fresh.arena)
     return replace(result, graph=fresh.graph, after=after, pinned=guarded, fresh=fresh)

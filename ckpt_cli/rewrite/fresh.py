@@ -37,7 +37,7 @@ from ..analysis import schedules
 from ..analysis.arena import ArenaResult, predict_in_use
 from ..analysis.lifetimes import Lifetimes, lifetimes
 from ..analysis.memory import MemoryProfile, profile_of
-from ..analysis.planner import Buffers, plan_buffers
+from ..analysis.planner import Buffers, plan_buffers, tensor_facts
 from ..analysis.shapes import TensorInfo, unknown_to_ort
 from ..analysis.timeline import bytes_in_use, peak_of
 from ..graph import ABSENT, Graph, Node
@@ -138,19 +138,19 @@ def candidates(graph: Graph, tensors: dict[str, TensorInfo], orders: list[list[i
     first _PROBE_ROUNDS rounds lower that peak by under _PROBE_GAIN. ``first``: the first
     order's lifetimes and buffers with reuse on, when the caller has them."""
     names = graph.ids.names
+    hidden = tensor_facts(graph, tensors)  # each round hides a few more of them
     eligible = _eligible(graph, tensors, forward)
     lives = [first[0] if first is not None and k == 0 else lifetimes(graph, o) for k, o in enumerate(orders)]
     fresh: set[int] = set()
     rounds: list[tuple[int, set[int]]] = []
     rounds_allowed = max(2, min(_ROUNDS, _STEP_BUDGET // max(1, sum(len(o) for o in orders))))
     for _ in range(rounds_allowed):
-        infos = _hidden(tensors, names, fresh)
         worst: tuple[int, int, Buffers, Lifetimes] | None = None
         for order, life in zip(orders, lives):
             if first is not None and not fresh and order is orders[0]:
                 buffers = first[1]
             else:
-                buffers = plan_buffers(graph, order, infos, life, True)
+                buffers = plan_buffers(graph, order, hidden, life, True)
             peak, step = peak_of(bytes_in_use(buffers, len(order), 0), 0)
             if worst is None or peak > worst[0]:
                 worst = (peak, step, buffers, life)
@@ -171,13 +171,10 @@ def candidates(graph: Graph, tensors: dict[str, TensorInfo], orders: list[list[i
                 takers.add(after[0])
         if not takers - fresh:
             break
+        hidden = hidden.hiding(takers - fresh)
         fresh |= takers
     better = sorted((r for r in rounds if r[0] < rounds[0][0]), key=lambda r: (r[0], len(r[1])))
     return [{names[t] for t in chosen} for _, chosen in better]
-
-
-def _hidden(tensors: dict[str, TensorInfo], names: list[str], fresh: set[int]) -> dict[str, TensorInfo]:
-    return {**tensors, **{names[t]: unknown_to_ort(tensors[names[t]]) for t in fresh}}
 
 
 def _recorded_peak(graph: Graph, tensors: dict[str, TensorInfo], reuse: bool
@@ -289,11 +286,11 @@ def unshare(graph: Graph, tensors: dict[str, TensorInfo], recorded_reuse: bool =
 
 
 def unshared(graph: Graph, tensors: dict[str, TensorInfo], recorded_reuse: bool = True,
-             forward: frozenset[str] = frozenset()) -> tuple[Graph, dict[str, TensorInfo]]:
-    """``unshare``'s graph and tensors, for a caller that reads nothing else: a graph above
-    ``_GREEDY_NODES`` nodes stays as it is, without the simulation and arena replay of the
-    whole graph that ``unshare`` runs for its profile (two of each per large rewrite)."""
+             forward: frozenset[str] = frozenset()) -> FreshResult | None:
+    """``unshare``, for a caller that may do without it where it is slow: None for a graph
+    above ``_GREEDY_NODES`` nodes, which stays as it is, without the simulation and arena
+    replay of the whole graph that ``unshare`` runs for its profile (two of each per large
+    rewrite)."""
     if len(graph.nodes) > _GREEDY_NODES:
-        return graph, dict(tensors)
-    fresh = unshare(graph, tensors, recorded_reuse, forward)
-    return fresh.graph, fresh.tensors
+        return None
+    return unshare(graph, tensors, recorded_reuse, forward)

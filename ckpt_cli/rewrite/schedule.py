@@ -24,7 +24,7 @@ from ..analysis.phases import BACKWARD
 from ..graph import Graph
 from ..markers import PHASE_META
 from ..planning.evaluate import ScheduleMemo
-from .fresh import unshared
+from .fresh import FreshResult, unshared
 from .order import buffer_reads, executed_order, memory_aware, seedless
 from .pin import GUARD_MIN_OPSET, PinResult, pin
 
@@ -48,6 +48,9 @@ class Schedule:
     # pin's guards of ``graph`` (no waits, unsplit) where the DEFAULT-order check made them:
     # the written graph's own, not made again (a pin of a 100k-node graph takes a second)
     pin: PinResult | None = None
+    # and ``fresh.unshare`` of that pin where the same check made it (on graphs up to
+    # fresh's _GREEDY_NODES: its greedy simulates the whole graph tens of times)
+    fresh: FreshResult | None = None
 
 
 # A graph's nodes as a schedule cache key, and what it remembers: the chosen order (None:
@@ -123,8 +126,8 @@ def _choose(a: Analysis, new: Graph, tensors: dict[str, TensorInfo], copy_names:
     # two pinned graphs held at once would raise a large rewrite's peak). other is taken
     # only below chosen's peak: past it, its replay stops.
     other = _marked(other, forward_names)
-    other_peak, pinned = _default_order_peak(a, other, tensors, forward_names, not model_only, peak)
-    return Schedule(*chosen) if peak <= other_peak else Schedule(*other, pin=pinned)
+    other_peak, pinned, fresh = _default_order_peak(a, other, tensors, forward_names, not model_only, peak)
+    return Schedule(*chosen) if peak <= other_peak else Schedule(*other, pin=pinned, fresh=fresh)
 
 
 def _marked(chosen: Chosen, forward_names: set[str]) -> Chosen:
@@ -169,7 +172,8 @@ def _candidates(new: Graph, tensors: dict[str, TensorInfo], copy_names: set[str]
 
 
 def _default_order_peak(a: Analysis, chosen: Chosen, tensors: dict[str, TensorInfo], forward_names: set[str],
-                        arena: bool, above: int | None = None) -> tuple[int, PinResult | None]:
+                        arena: bool, above: int | None = None
+                        ) -> tuple[int, PinResult | None, FreshResult | None]:
     """The peak of ``chosen``'s graph as it is written (pinned, its fresh tensors made:
     ``rewrite/pin.py``, ``rewrite/fresh.py``) when a session runs it in ORT's DEFAULT order (a
     plain InferenceSession, the Module API untuned): the arena in use, or without ``arena``
@@ -178,20 +182,24 @@ def _default_order_peak(a: Analysis, chosen: Chosen, tensors: dict[str, TensorIn
     plain session measured 174 MB against 107 MB without it; the ORT example artifact's
     min cut: 10.0 MiB predicted in the Module API's session against 9.0). With ``arena``, a
     peak above ``above`` may come back as a lower figure still above it. Also pin's
-    guards of the graph (None below ``GUARD_MIN_OPSET``)."""
+    guards of the graph (None below ``GUARD_MIN_OPSET``) and their fresh tensors (None where
+    not made: no guards, or a graph above fresh's _GREEDY_NODES)."""
     graph, _, reuse, _ = chosen
-    pinned = None
+    pinned = fresh = None
     if (a.graph.opset("") or 0) >= GUARD_MIN_OPSET:
         pinned = pin(graph, tensors, forward_names)
         graph, tensors = pinned.graph, pinned.tensors
         if pinned.guard_nodes:
-            graph, tensors = unshared(graph, tensors, reuse, frozenset(forward_names))
+            fresh = unshared(graph, tensors, reuse, frozenset(forward_names))
+            if fresh is not None:
+                graph, tensors = fresh.graph, fresh.tensors
     profile = simulate(graph, schedules.ort_default(graph), tensors)
     if not arena:
-        return profile.peak_bytes, pinned
+        return profile.peak_bytes, pinned, fresh
     if above is not None and profile.activation_peak_bytes > above:
-        return profile.activation_peak_bytes, pinned  # the arena never has fewer bytes in use than the live tensors
-    return predict_in_use(graph, profile, tensors, above).peak_in_use_bytes, pinned
+        # the arena never has fewer bytes in use than the live tensors
+        return profile.activation_peak_bytes, pinned, fresh
+    return predict_in_use(graph, profile, tensors, above).peak_in_use_bytes, pinned, fresh
 
 
 class Judged:
