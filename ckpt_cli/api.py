@@ -39,6 +39,7 @@ from .verify.module_choice import Writer, judged_by_training, judged_in_module
 from .planning.decision import Decision
 from .options import AnalysisOptions, CheckOptions, PlanOptions, RewriteOptions
 from .planning.plan import Plan, Policy
+from .background import Background
 from .progress import stage
 from .report.model import (Options, Report, Source, check_report, inspect_report, plan_report, planning_section,
                            rewrite_report)
@@ -189,33 +190,53 @@ def inspect_model(model: ModelInput, options: AnalysisOptions | None = None, **k
 
 @dataclass(frozen=True)
 class Scaled:
-    """How the figures move with the symbolic dimensions (``scaling``), and the plan made
-    at twice their values (``again``), when the model has any."""
+    """How the figures move with the symbolic dimensions (``scaling``), and the regions of
+    the plan made at twice their values (``again``, its plan file's; None: no plan), when
+    the model has any."""
 
     scaling: Scaling
-    again: Planned | None
+    again: Any
     unreachable: str | None = None  # why no plan fits the budget at twice the dimensions
 
 
-def _scaled(scaled: Scaling | None, replan: Callable[[Analysis], Planned | None]) -> Scaled | None:
-    """``scaled`` with the plan ``replan`` makes at twice the dimensions. A budget in bytes
-    that the doubled sizes cannot meet is a fact about them, not a failure of the command."""
+Again = Background[tuple[Any, "str | None"]]  # ``again`` and ``unreachable``, planned beside the command
+
+
+def _again(scaled: Scaling | None, replan: Callable[[Analysis], Planned | None], names: list[str]) -> Again | None:
+    """The plan ``replan`` makes at twice the dimensions, started beside the command's own
+    plan (it takes as long). A budget in bytes that the doubled sizes cannot meet is a fact
+    about them, not a failure of the command."""
     if scaled is None:
         return None
-    try:
-        return Scaled(scaled, replan(scaled.doubled))
-    except BudgetUnreachable as e:
-        return Scaled(scaled, None, str(e))
+    doubled = scaled.doubled
+
+    def work() -> tuple[Any, str | None]:
+        try:
+            planned = replan(doubled)
+        except BudgetUnreachable as e:
+            return None, str(e)
+        return _regions(planned, names), None
+
+    return Background(work)
+
+
+def _scaled(scaled: Scaling | None, again: Again | None) -> Scaled | None:
+    if scaled is None or again is None:
+        return None
+    return Scaled(scaled, *again.result())
+
+
+def _regions(planned: Planned | None, names: list[str]) -> Any:
+    return planned.plan.to_json(names)["regions"] if planned and planned.plan else None
 
 
 def _scaling_report(a: Analysis, planned: Planned | None, scaled: Scaled | None) -> Report | None:
     """``scaled`` as the report says it: whether the plan made at twice the dimensions is this one."""
     if scaled is None:
         return None
-    names = [n.name for n in a.graph.nodes]
-    regions = [p.plan.to_json(names)["regions"] if p and p.plan else None for p in (planned, scaled.again)]
+    same = _regions(planned, [n.name for n in a.graph.nodes]) == scaled.again
     unreachable = {} if scaled.unreachable is None else {"budget_unreachable_at_doubled_dims": scaled.unreachable}
-    return {**scaled.scaling.to_json(), "same_plan_at_doubled_dims": regions[0] == regions[1], **unreachable}
+    return {**scaled.scaling.to_json(), "same_plan_at_doubled_dims": same, **unreachable}
 
 
 # ----------------------------------------------------------------------------- plan
@@ -282,12 +303,13 @@ def plan_model(model: ModelInput, options: PlanOptions | None = None, *, analysi
     _typed("python", python, str)
     as_rewritten = RewriteOptions(options, trainer=python).validate()
     scaled = scaling(a)
+    again = _again(scaled, lambda d: make_plan(d, options), [n.name for n in a.graph.nodes])
     writer = _writer(a, as_rewritten, analysis, scaled)
     planned = _judged_default(a, make_plan(a, options, progress=progress), as_rewritten, writer)
     result = rewrite_plan(a, planned, module_peaks=_module_peaks(a, as_rewritten, writer, planned.plan))
     planned = planned.settled()
-    run = PlanRun(loaded, a, planned, result, _scaled(scaled, lambda d: make_plan(d, options)),
-                  output, {**options.to_json(), **analysis.to_json()})
+    run = PlanRun(loaded, a, planned, result, _scaled(scaled, again), output,
+                  {**options.to_json(), **analysis.to_json()})
     report = _plan_report(run)
     if output is not None:
         write_text_atomic(Path(output), json.dumps(report["plan"], indent=2) + "\n")
@@ -578,9 +600,10 @@ def _rewritten(a: Analysis, loaded: Loaded, options: RewriteOptions, analysis: A
     """Plan, rewrite and write (when ``output``): the run, not yet checked."""
     replan: Callable[[Analysis], Planned | None] = (
         (lambda d: None) if options.no_recompute else (lambda d: make_plan(d, options.plan, pin=options.pin)))
+    scaled = scaling(a)
+    again = _again(scaled, replan, [n.name for n in a.graph.nodes])
     stage("planning")
     planned = None if options.no_recompute else make_plan(a, options.plan, progress=progress, pin=options.pin)
-    scaled = scaling(a)
     writer = _writer(a, options, analysis, scaled)
     if planned is not None:
         planned = _judged_default(a, planned, options, writer)
@@ -598,7 +621,7 @@ def _rewritten(a: Analysis, loaded: Loaded, options: RewriteOptions, analysis: A
     stage("writing the model" if options.ort_optimize is None else "optimizing on ORT, writing the model")
     written = _written(rewritten, result, a, loaded, options, output)
     return RewriteRun(loaded, a, planned, written, None, options, {**options.to_json(), **analysis.to_json()},
-                      _scaled(scaled, replan), tuple(notes))
+                      _scaled(scaled, again), tuple(notes))
 
 
 def _written(rewritten: onnx.ModelProto, result: RewriteResult, a: Analysis, loaded: Loaded,

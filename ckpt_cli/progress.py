@@ -25,3 +25,13 @@ def listening(listener: Callable[[str], None]) -> Iterator[None]:
         yield
     finally:
         _LISTENER.reset(token)
+
+
+@contextmanager
+def silenced() -> Iterator[None]:
+    """Within the block, no ``stage`` goes anywhere (work done beside the command's own)."""
+    token = _LISTENER.set(None)
+    try:
+        yield
+    finally:
+        _LISTENER.reset(token)

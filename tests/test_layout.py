@@ -18,7 +18,8 @@ PACKAGE = Path(ckpt_cli.__file__).parent
 STAGES: tuple[tuple[str, ...], ...] = (
     # vocabulary every stage shares; ort: ONNX Runtime's facts (the ops it registers, their
     # shapes and scratch, the functions it expands, what its session refuses, its settings)
-    ("errors", "units", "version", "progress", "fast", "graph", "ops", "markers", "ort", "io"),
+    # background: work beside a command (a forked child), for whichever stage asks
+    ("errors", "units", "version", "progress", "background", "fast", "graph", "ops", "markers", "ort", "io"),
     # serialize: the file bytes, read and written; session: the settings a written model records, read back
     ("io.load", "io.external", "io.serialize", "io.session"),
     ("analysis",),

@@ -139,3 +139,24 @@ def test_a_budget_the_doubled_dims_cannot_meet_still_plans_the_given_ones(tmp_pa
     code, stdout, _ = run(command, ZOO_LENET, "--budget", budget, *([] if command == "plan" else
                                                                      ["-o", tmp_path / "t.onnx"]))
     assert code == 0 and "no plan fits the budget at batch = 128" in stdout
+
+
+@pytest.mark.parametrize("command", ["plan", "rewrite"])
+def test_the_plan_at_doubled_dims_is_the_same_made_beside_the_command_or_after_it(tmp_path, command, monkeypatch):
+    """The plan at twice the dims is made in a forked child beside the command's own plan
+    (``ckpt_cli/background.py``) where one can run; ``CKPT_SERIAL=1`` makes it after it.
+    The reports are the same, the zoo GPT's plan holding at twice its batch among them."""
+    from ckpt_cli import background
+
+    reports = []
+    for serial in ("0", "1"):
+        monkeypatch.setenv("CKPT_SERIAL", serial)
+        made = []
+        monkeypatch.setattr(background, "_start", lambda work, start=background._start: made.append(1) or start(work))
+        out = ["-o", tmp_path / f"gpt{serial}.onnx"] if command == "rewrite" else []
+        code, stdout, stderr = run(command, ZOO_GPT, "--json", *out)
+        assert code == 0, stderr
+        assert made == ([1] if serial == "0" and background.can_fork() else [])
+        reports.append(json.loads(stdout)["scaling"])
+    assert reports[0] == reports[1]
+    assert reports[0]["same_plan_at_doubled_dims"] is True
