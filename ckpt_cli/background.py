@@ -1,5 +1,8 @@
 """Work that can run beside the main line of a command.
 
+``side_by_side(*calls)`` makes calls that each wait on a child process of their own at
+once, in threads, where there is more than one core.
+
 ``Background(work)`` starts ``work`` in a forked child where one can run beside this
 process: on Linux, with more than one core to run on. ``result()`` gives what it returned.
 Where no child runs (another system, one core, ``CKPT_SERIAL=1``) or the child gives
@@ -18,6 +21,7 @@ import sys
 import time
 import warnings
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Generic, TypeVar, cast
 
 from .progress import silenced
@@ -29,9 +33,27 @@ MIN_WAIT_S = 30.0
 
 def can_fork() -> bool:
     """Whether a forked child can run beside this process (``Background``'s conditions)."""
-    if sys.platform != "linux" or os.environ.get("CKPT_SERIAL", "") == "1":
+    return sys.platform == "linux" and side_by_side_allowed()
+
+
+def side_by_side_allowed() -> bool:
+    """Whether there is more than one core to run on and ``CKPT_SERIAL=1`` does not forbid it."""
+    if os.environ.get("CKPT_SERIAL", "") == "1":
         return False
-    return len(os.sched_getaffinity(0)) > 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return cores > 1
+
+
+def side_by_side(*calls: Callable[[], T]) -> list[T]:
+    """Each call's result, in order: the calls made at once, each in a thread of its own, where
+    ``side_by_side_allowed`` (for calls that wait on child processes: the GIL is free while
+    they wait), else one after the other. An error is raised as the first call that raised
+    it would raise it, one after the other."""
+    if len(calls) < 2 or not side_by_side_allowed():
+        return [call() for call in calls]
+    with ThreadPoolExecutor(len(calls)) as pool:
+        futures = [pool.submit(call) for call in calls]
+        return [f.result() for f in futures]
 
 
 class Background(Generic[T]):

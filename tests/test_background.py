@@ -106,3 +106,39 @@ def test_a_child_whose_result_nobody_asks_for_is_stopped():
     del work
     with pytest.raises(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)  # reaped already
+
+
+def test_calls_side_by_side_give_their_results_in_order():
+    assert background.side_by_side(lambda: 1, lambda: "two", lambda: [3]) == [1, "two", [3]]
+
+
+@pytest.mark.skipif(not background.side_by_side_allowed(), reason="one core")
+def test_calls_side_by_side_run_at_once(tmp_path):
+    """Each call waits for the other's mark: one after the other, the first would wait alone."""
+
+    def meet(mine: str, theirs: str) -> bool:
+        (tmp_path / mine).write_text("1")
+        deadline = time.monotonic() + 20
+        while not (tmp_path / theirs).exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return (tmp_path / theirs).exists()
+
+    assert background.side_by_side(lambda: meet("a", "b"), lambda: meet("b", "a")) == [True, True]
+
+
+def test_serial_makes_the_calls_one_after_the_other_here():
+    import threading
+
+    with mock.patch.dict(os.environ, {"CKPT_SERIAL": "1"}):
+        threads = background.side_by_side(threading.get_ident, threading.get_ident)
+    assert threads == [threading.get_ident()] * 2
+
+
+def test_of_calls_side_by_side_the_first_error_is_raised():
+    def fails(what: str):
+        def call() -> None:
+            raise ModelError(what)
+        return call
+
+    with pytest.raises(ModelError, match="first"):
+        background.side_by_side(lambda: 1, fails("first"), fails("second"))

@@ -23,6 +23,7 @@ from ckpt_cli.markers import MEM_ARENA_META
 from ckpt_cli.verify.records import ModuleRun
 from ckpt_cli.io.session import recorded_settings
 from ckpt_cli.rewrite import RewriteResult
+from ckpt_cli.background import side_by_side_allowed
 from ckpt_cli.verify import module_choice, rules
 
 ZOO_BERT = ROOT / "sample_models" / "zoo" / "bert" / "training_model.onnx"
@@ -50,7 +51,8 @@ def _fake_module(monkeypatch: pytest.MonkeyPatch, runs: dict[str, tuple]) -> lis
     peak and losses under the recorded settings (default: the same; a plan's unplanned
     writing, where not given, answers as its plain one, its shared writing as its
     unplanned one, and a writing recorded with the arena off as with it); returns the runs in order, ``stem`` untuned and ``stem/settings`` under
-    the settings."""
+    the settings. The runs of a trial are made one after the other (``CKPT_SERIAL``), in order."""
+    monkeypatch.setenv("CKPT_SERIAL", "1")
     trained: list[str] = []
 
     def run_module(training_model, files, feeds, settings, worker, steps):
@@ -499,3 +501,25 @@ def test_two_plans_close_untuned_are_told_apart_under_their_settings(monkeypatch
     m = _rewrite(artifact).report["planning"]["module_session"]
     taken = m["judged"][m["chosen"]]
     assert not taken["unplanned_shapes"] and taken["peak_bytes_under_settings"] == 30 << 20
+
+
+@pytest.mark.skipif(not side_by_side_allowed(), reason="one core")
+def test_a_trial_s_module_runs_are_made_at_once(monkeypatch, artifact):
+    """A trial trains its plan untuned and under its settings, and the original under those
+    settings, in three children at once: each measures its own process peak."""
+    import threading
+
+    _fake_module(monkeypatch, {"training_model": (ORIGINAL_PEAK, LOSSES), "plan0": (50 << 20, LOSSES)})
+    monkeypatch.delenv("CKPT_SERIAL")
+    fake = module_choice.run_module
+    threads: dict[str, int] = {}
+
+    def run_module(training_model, files, feeds, settings, worker, steps):
+        threads[f"{Path(training_model).stem}{'' if settings is None else '/settings'}"] = threading.get_ident()
+        return fake(training_model, files, feeds, settings, worker, steps)
+
+    monkeypatch.setattr(module_choice, "run_module", run_module)
+    out = _rewrite(artifact)
+    assert out.report["planning"]["module_session"]["chosen"] is not None
+    trial = [threads[k] for k in ("plan0", "plan0/settings", "training_model/settings")]
+    assert threading.get_ident() not in trial  # each in a thread of its own (idle ones are reused)
