@@ -96,10 +96,20 @@ def _read_until(read: int, deadline: float) -> bytes:
 
 
 def _start(work: Callable[[], object]) -> tuple[int, int] | None:
-    read, write = os.pipe()
+    """The child's pid and the read end of its pipe; None where no child could be made (no
+    process or descriptor left: the work is then done here)."""
+    try:
+        read, write = os.pipe()
+    except OSError:
+        return None
     for stream in (sys.stdout, sys.stderr):  # nothing buffered here is written twice
         stream.flush()
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(read)
+        os.close(write)
+        return None
     if pid == 0:  # the child: its result down the pipe, and out without any of the parent's exit work
         os.close(read)
         _run_child(work, write)

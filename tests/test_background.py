@@ -142,3 +142,12 @@ def test_of_calls_side_by_side_the_first_error_is_raised():
 
     with pytest.raises(ModelError, match="first"):
         background.side_by_side(lambda: 1, fails("first"), fails("second"))
+
+
+@forks
+def test_where_no_child_can_be_made_the_work_is_done_here(monkeypatch):
+    def no_fork() -> int:
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(os, "fork", no_fork)
+    assert Background(os.getpid).result() == os.getpid()

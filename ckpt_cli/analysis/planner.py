@@ -102,8 +102,8 @@ class TensorFacts:
     kinds: list[int]
 
     def hiding(self, ids: Iterable[int]) -> TensorFacts:
-        """These facts with the tensors ``ids`` of unknown shape to ORT's planner
-        (``shapes.unknown_to_ort``): never reused, never written in place."""
+        """These facts with the tensors ``ids`` made unknown to ORT's planner
+        (``shapes.unknown_to_ort``): it never reuses a buffer for them, nor writes them in place."""
         infos, reuse = list(self.infos), list(self.reuse)
         for t in ids:
             info = infos[t]
