@@ -24,7 +24,7 @@ import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Generic, TypeVar, cast
 
-from .progress import silenced
+from .progress import listening
 
 T = TypeVar("T")
 
@@ -127,7 +127,7 @@ def _run_child(work: Callable[[], object], write: int) -> None:
         os.dup2(quiet, 2)
         sys.stdout = sys.stderr = open(os.devnull, "w")
         warnings.simplefilter("ignore")
-        with silenced():
+        with listening(None):
             data = pickle.dumps((True, work()))
     except BaseException:  # noqa: BLE001 - the parent runs the work itself, where the error is raised
         data = pickle.dumps((False, None))

@@ -18,20 +18,12 @@ def stage(text: str) -> None:
 
 
 @contextmanager
-def listening(listener: Callable[[str], None]) -> Iterator[None]:
-    """Within the block, every ``stage`` goes to ``listener``."""
+def listening(listener: Callable[[str], None] | None) -> Iterator[None]:
+    """Within the block, every ``stage`` goes to ``listener`` (None: nowhere, as for work done
+    beside the command's own)."""
     token = _LISTENER.set(listener)
     try:
         yield
     finally:
         _LISTENER.reset(token)
 
-
-@contextmanager
-def silenced() -> Iterator[None]:
-    """Within the block, no ``stage`` goes anywhere (work done beside the command's own)."""
-    token = _LISTENER.set(None)
-    try:
-        yield
-    finally:
-        _LISTENER.reset(token)
