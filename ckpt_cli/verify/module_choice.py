@@ -402,7 +402,7 @@ def _train(save: Callable[[], bool], path: Path, files: dict[str, str], feeds: P
             return None
         settings = recorded_settings(path)
         # three children at once: each measures its own process peak, and no figure of a
-        # trial is a time (zoo unet's 13 trials, 2 cores: 58 s one after the other, 31 s)
+        # trial is a time
         untuned, tuned, base = side_by_side(lambda: run_module(path, files, feeds, None, worker, STEPS),
                                             lambda: run_module(path, files, feeds, settings, worker, STEPS),
                                             lambda: reference(settings))
