@@ -335,3 +335,20 @@ def test_sample_peak_within_5_percent_of_ort(sample, tmp_path):
         assert r["peak_bytes"] > r["peak_requested_bytes"]
         assert res.peak_in_use_bytes > res.peak_requested_bytes
         assert res.held_bytes >= res.peak_in_use_bytes
+
+
+def test_an_arena_state_tells_which_chunks_are_in_use():
+    # two arenas with the same chunks, the first or the second of two equal ones free: a
+    # later request lands in different places, so their states differ; equal histories
+    # give equal states
+    def arena(free_first: bool) -> BFCArena:
+        a = BFCArena()
+        first, second, _third = a.alloc(256 * 1024), a.alloc(256 * 1024), a.alloc(256 * 1024)
+        a.free(first if free_first else second)
+        return a
+
+    assert arena(True).state() != arena(False).state()
+    assert arena(True).state() == arena(True).state()
+    grown = arena(True)
+    grown.alloc(4 << 20)  # a new region
+    assert grown.state() != arena(True).state()

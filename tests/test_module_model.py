@@ -268,3 +268,37 @@ def test_symbols_only_the_fused_graph_has_are_bound_by_the_models_own_tensors(tm
     assert bound_symbols(graph, known, ort, {"batch": 4}) == {"batch": 4, "ckpt_unplanned_3": 4}
     made = module_tensors(path, known, ort, {"batch": 4})
     assert made is not None and made[1]["z"].nbytes == 128
+
+
+def test_the_replay_goes_on_until_the_arena_placements_settle():
+    # the free chunks one run leaves decide where the next run's land: here the fifth run's
+    # block lands where no run has been, 3 MiB more touched than after the third (as the
+    # zoo's mixer rewrite does at its fifth step, and pointnet up to its 77th); from the
+    # sixth run on the arena ends each run as it ended the fifth, so every later step adds nothing
+    x = 3 << 18  # floats: 3 MiB
+    nodes = [helper.make_node("Concat", ["x", "x"], ["t0"], axis=0, name="c0"),
+             helper.make_node("Relu", ["x"], ["t1"], name="r1"), helper.make_node("Relu", ["t1"], ["t2"], name="r2"),
+             helper.make_node("Relu", ["t2"], ["t3"], name="r3"),
+             helper.make_node("Concat", ["t2", "t2"], ["t4"], axis=0, name="c4"),
+             helper.make_node("Relu", ["t4"], ["t5"], name="r5")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [x])],
+                          [helper.make_tensor_value_info("t5", TensorProto.FLOAT, None)])
+    graph = Graph.from_model(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]))
+    p = predict_module(graph, infer_tensors(graph), list(range(6)), {"t1", "t2", "t4"})
+    assert p.settled and len(p.step_peaks) == 6
+    assert p.step_peaks[1] == p.step_peaks[2] == p.step_peaks[3] < p.step_peaks[4] == p.step_peaks[5] == p.peak_bytes
+    assert p.step_peaks[4] - p.step_peaks[3] == 3 * MIB
+    assert p.after(1) == p.step_peaks[0] and p.after(3) == p.step_peaks[2]
+    assert p.after(10) == p.after(10_000) == p.peak_bytes
+
+
+def test_the_replay_stops_at_its_bound_unsettled(monkeypatch):
+    import ckpt_cli.analysis.training_pattern as tp
+
+    g = _fork(1 << 20)
+    monkeypatch.setattr(tp, "MAX_RUNS", 1)
+    p = predict_module(g, infer_tensors(g), ORDER, {"a", "b", "c", "y"})
+    assert not p.settled and len(p.step_peaks) == 1 and p.peak_bytes == p.step_peaks[0]
+    monkeypatch.setattr(tp, "MAX_RUNS", 256)
+    monkeypatch.setattr(tp, "MAX_REPLAYED_REQUESTS", 2)  # a run replays the output's buffer and more
+    assert len(predict_module(g, infer_tensors(g), ORDER, set()).step_peaks) == 1

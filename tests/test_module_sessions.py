@@ -61,12 +61,41 @@ def test_the_module_figures_read_back_as_the_json_they_came_from():
         assert ModuleSessions.of(module).to_json() == module
 
 
+def _predicted(at_steps: dict, long_run: dict | None = None, settles: int | None = 5) -> dict:
+    """The check's untuned predictions per side: at its steps, and settled (the same unless given)."""
+    long_run = long_run or at_steps
+    return {"predicted_untuned": at_steps,
+            "predicted_untuned_long_run": {side: None if long_run[side] is None else
+                                           {"peak_bytes": long_run[side], "settles_after_steps": settles}
+                                           for side in at_steps}}
+
+
 def test_the_untuned_prediction_reads_back_with_its_error():
-    module = {**_sessions(), "predicted_untuned": {"original": 19 * MIB, "rewritten": None}}
+    module = {**_sessions(), **_predicted({"original": 19 * MIB, "rewritten": None})}
     out = ModuleSessions.of(module).to_json()
     assert out["predicted_untuned"] == {"original": 19 * MIB, "rewritten": None}
+    assert out["predicted_untuned_long_run"] == {"original": {"peak_bytes": 19 * MIB, "settles_after_steps": 5},
+                                                 "rewritten": None}
     assert out["prediction_error_untuned"] == {"original": 19 / 20 - 1, "rewritten": None}
     assert ModuleSessions.of(out).to_json() == out
+
+
+def test_a_rewrite_the_model_puts_above_the_original_in_the_long_run_fails_where_it_predicted_well():
+    # measured over the check's steps: 20 -> 12 MiB; the model agrees there, and once the
+    # arena's placements settle puts the rewrite at 21 MiB against the original's 20
+    long_run = {"original": 20 * MIB, "rewritten": 21 * MIB}
+    f = _judged({**_sessions(), **_predicted({"original": 20 * MIB, "rewritten": 12 * MIB}, long_run, 40)})
+    assert f.codes == ["module_session_long_run"] and not f.passed and not f.memory_lower
+    assert ("once the arena's placements settle (original after 40 steps, rewrite after 40 steps), puts the "
+            "rewrite's process peak (21.0 MiB) above the original's (20.0 MiB) by 1.0 MiB") in f.failures[0]
+    # a model 10% off over the steps measured: a note only
+    loose = _judged({**_sessions(), **_predicted({"original": 22 * MIB, "rewritten": 12 * MIB}, long_run, None)})
+    assert loose.passed and loose.codes == ["module_session_long_run_unconfirmed"]
+    assert "original still moving, rewrite still moving" in loose.notes[0]
+    # within max(64 KiB, 1%) of the original, or not predicted: nothing
+    near = {"original": 20 * MIB, "rewritten": 20 * MIB + 100 * 1024}
+    assert _judged({**_sessions(), **_predicted({"original": 20 * MIB, "rewritten": 12 * MIB}, near)}).codes == []
+    assert _judged({**_sessions(), **_predicted({"original": None, "rewritten": 12 * MIB})}).codes == []
 
 
 def test_the_check_text_shows_the_untuned_prediction():
@@ -75,11 +104,14 @@ def test_the_check_text_shows_the_untuned_prediction():
     from ckpt_cli.report.render import _render_module_sessions
 
     console = Console(record=True, width=200)
-    _render_module_sessions({**_sessions(), "predicted_untuned": {"original": 19 * MIB, "rewritten": 12 * MIB}},
-                            console)
+    _render_module_sessions({**_sessions(), **_predicted({"original": 19 * MIB, "rewritten": 12 * MIB})}, console)
     text = console.export_text()
     assert "untuned: process peak 20.0 MiB -> 12.0 MiB" in text
-    assert "ckpt's model of it 19.0 MiB -> 12.0 MiB" in text
+    assert "ckpt's model of it 19.0 MiB -> 12.0 MiB" in text and "from step" not in text  # settled already
+    later = Console(record=True, width=200)
+    _render_module_sessions({**_sessions(), **_predicted({"original": 19 * MIB, "rewritten": 12 * MIB},
+                                                         {"original": 21 * MIB, "rewritten": 13 * MIB}, 77)}, later)
+    assert "ckpt's model of it 19.0 MiB -> 12.0 MiB (21.0 MiB -> 13.0 MiB from step 77 on)" in later.export_text()
 
 
 def test_the_module_figures_of_a_good_rewrite_pass():
@@ -279,8 +311,9 @@ def test_the_module_child_seeds_ort_before_it_makes_the_sessions(tmp_path, monke
 
 
 def test_module_sessions_predict_the_untuned_runs_at_the_feeds_dims(tmp_path, monkeypatch, chain_path):
+    from ckpt_cli.analysis.training_pattern import ModulePrediction
     from ckpt_cli.verify import module_model, module_runs
-    from ckpt_cli.verify.records import ModuleRun
+    from ckpt_cli.verify.records import ModulePredicted, ModuleRun
 
     for name in ("checkpoint", "eval_model.onnx", "optimizer_model.onnx"):
         (tmp_path / name).write_bytes(b"")
@@ -289,16 +322,20 @@ def test_module_sessions_predict_the_untuned_runs_at_the_feeds_dims(tmp_path, mo
     monkeypatch.setattr(module_runs, "run_module", lambda model, *a, **k: ModuleRun(20 * MIB, tuple(LOSSES), 0.1))
     seen = []
 
-    class Predicted:
-        peak_bytes = 19 * MIB
+    # the model's peak after each step it replayed: it settles after 4, past the 3 steps measured
+    prediction = ModulePrediction(21 * MIB, 0, 0, 0, (), step_peaks=(17 * MIB, 19 * MIB, 19 * MIB, 21 * MIB))
 
     def predict(model, dims, python, timeout):
         seen.append((model.name, dims, python))
-        return Predicted() if model == original else None
+        return prediction if model == original else None
 
     monkeypatch.setattr(module_model, "predict_module_session", predict)
     worker = WorkerOptions("trainer", 60)
     m = module_runs.module_sessions(original, chain_path, tmp_path / "feeds.npz", worker, 3, dims={"batch": 8})
-    assert m.predicted == {"original": 19 * MIB, "rewritten": None}
+    assert m.predicted == {"original": ModulePredicted(19 * MIB, 21 * MIB, 4), "rewritten": None}
+    unsettled = replace(prediction, settled=False)
+    monkeypatch.setattr(module_model, "predict_module_session", lambda *a: unsettled)
+    m = module_runs.module_sessions(original, chain_path, tmp_path / "feeds.npz", worker, 3, dims={"batch": 8})
+    assert m.predicted["original"] == ModulePredicted(19 * MIB, 21 * MIB, None)
     assert seen == [("training_model.onnx", {"batch": 8}, "trainer"), (chain_path.name, {"batch": 8}, "trainer")]
     assert module_runs.module_sessions(original, chain_path, tmp_path / "feeds.npz", worker, 3).predicted == {}

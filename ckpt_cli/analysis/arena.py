@@ -130,6 +130,12 @@ class BFCArena:
         self.next[base] = None
         insort(self.free_chunks, (nbytes, base))
 
+    def state(self) -> tuple[object, ...]:
+        """What decides where later requests land: the chunks (address, size, in use) and
+        the next region's size. Equal states replay equal requests the same way."""
+        chunks = tuple((ptr, size, ptr in self.requested) for ptr, size in sorted(self.size.items()))
+        return chunks, self.curr_region_allocation_bytes
+
     # -- allocation -------------------------------------------------------------------
     def alloc(self, num_bytes: int) -> int | None:
         # Called twice per buffer per replayed run: attributes are read into locals once.

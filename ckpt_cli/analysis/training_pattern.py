@@ -27,10 +27,16 @@ frozen_backbone; a counter per holder gave up to 13% less.
 The arena, measured (1.19.2 CPU, process peak above the loaded state): the peak after one
 step is the block and what the first run allocated beside it; the second step adds a
 region for a second block (frozen_backbone at batch 64: 25.5 MiB after one step, 46.5 after
-two and after ten). The model replays ``RUNS`` runs: each allocates the block when its
+two and after ten). The model replays runs: each allocates the block when its
 frame is made, then its dynamic buffers and kernel temporaries, and frees the block with
 the frame; a later run's block can land in another free chunk than the first's (the best
-fit, the newer region of two equal ones), which is the second block measured. The loss a
+fit, the newer region of two equal ones), which is the second block measured. The free
+chunks a run leaves decide where the next one's chunks land, so placements can move for
+several runs before they settle (the zoo's mixer rewrite touches 4 MiB more at its fifth
+step, and none after): the replay goes on until the arena ends a run in a state
+it ended one in before. From there every run repeats runs already replayed, so the pages
+touched are those of any number of steps; past ``MAX_RUNS`` runs (or
+``MAX_REPLAYED_REQUESTS`` buffers and temporaries replayed) it stops where it is. The loss a
 run returns stays where it was allocated until the next run returns (a training loop holds
 it: ``loss = module(...)``), so a later block cannot take the region it sits in whole
 (measured on the zoo's llama: 89.2 MiB with the loss dropped at once, 97.0 MiB held). A region's
@@ -55,7 +61,10 @@ from .planner import Buffers, plan_buffers
 from .memory import mapped_bytes, order_scratch
 from .shapes import TensorInfo
 
-RUNS = 3  # the arena's placements repeat from the third run on (measured: 2, 3 and 10 steps agree)
+# Bounds on the replay only. Measured: most of the zoo settles within 13 runs; pointnet's
+# original after 77 (its process peak 172.1 MiB after 10 steps, 186.7 after 100).
+MAX_RUNS = 256
+MAX_REPLAYED_REQUESTS = 4_000_000
 MMAP_THRESHOLD = 65536  # the Module child's MALLOC_MMAP_THRESHOLD_: smaller heap blocks come from room the heap has
 # What the process adds beside ORT's allocators as the first step runs: the pages of ORT's
 # library its kernels run from for the first time (measured: 0.6-1.0 MiB of file-backed
@@ -99,12 +108,12 @@ class TouchingArena(BFCArena):
 
     def __init__(self) -> None:
         super().__init__()
-        self.handed: list[tuple[int, int]] = []
+        self.handed: set[tuple[int, int]] = set()  # a chunk handed out again in a later run counts once
 
     def alloc(self, num_bytes: int) -> int | None:
         ptr = super().alloc(num_bytes)
         if ptr is not None:
-            self.handed.append((ptr, ptr + num_bytes))  # a chunk's pages past the request stay untouched
+            self.handed.add((ptr, ptr + num_bytes))  # a chunk's pages past the request stay untouched
         return ptr
 
     def touched(self) -> int:
@@ -174,6 +183,16 @@ class ModulePrediction:
     regions: tuple[int, ...]
     scratch_bytes: int = 0  # the largest heap scratch one kernel maps while it runs
     handle_bytes: int = 0  # the bookkeeping of the regions the runs make
+    # the peak after each run replayed; ``peak_bytes`` is the last. Settled: the arena ended
+    # the last run in a state it ended one in before, so every later step keeps that peak
+    step_peaks: tuple[int, ...] = ()
+    settled: bool = True
+
+    def after(self, steps: int) -> int:
+        """The peak ``steps`` training steps reach (the last replayed run's for more steps)."""
+        if not self.step_peaks or steps < 1:
+            return self.peak_bytes
+        return self.step_peaks[min(steps, len(self.step_peaks)) - 1]
 
 
 # The kernels whose temporaries come from the temp-space allocator, the arena: the arena
@@ -219,10 +238,10 @@ def user_outputs(graph: Graph, buffers: Buffers) -> list[bool]:
 def predict_module(graph: Graph, tensors: dict[str, TensorInfo], order: list[int],
                    static: Collection[str] | None = None) -> ModulePrediction:
     """The untuned Module session's peak for ``order`` (the graph ORT runs, in the order it
-    runs it): the static block, then ``RUNS`` runs as the module doc describes, and the
-    largest heap scratch on top (the last run touches no new arena pages, so the scratch of
-    any of its kernels lands on the arena's final touched bytes). ``static``: as for
-    ``in_block``."""
+    runs it): the static block, then runs as the module doc describes until the arena's
+    placements settle, and the largest heap scratch on top (a settled run touches no new
+    arena pages, so the scratch of any of its kernels lands on the arena's final touched
+    bytes). ``static``: as for ``in_block``."""
     life = lifetimes(graph, order)
     buffers = plan_buffers(graph, order, tensors, life, True)
     held = in_block(graph, tensors, buffers, static)
@@ -236,22 +255,29 @@ def predict_module(graph: Graph, tensors: dict[str, TensorInfo], order: list[int
     arena = TouchingArena()
     loaded = [arena.alloc(n) for n in (session_bytes(graph, tensors), *gradient_buffers(graph, tensors))]
     base, loaded_regions = arena.touched(), len(arena.regions)
-    first = 0
+    scratch = heap_scratch(graph, tensors, order)
+    peaks: list[int] = []
+    first = handles = 0
     last_outputs: list[int | None] = []
-    for run in range(RUNS):
+    seen: set[tuple[object, ...]] = set()
+    settled = False
+    runs = max(1, min(MAX_RUNS, MAX_REPLAYED_REQUESTS // max(1, len(dynamic) + len(plans))))
+    while not settled and len(peaks) < runs:
         held_block = arena.alloc(block)  # by the frame, before any node runs
         outputs = run_holding(dynamic, steps, plans, arena, kept)
         arena.free(held_block)  # with the frame
         for chunk in last_outputs:  # the caller's loss of the run before, replaced as this one returns
             arena.free(chunk)
         last_outputs = outputs
-        if run == 0:
-            first = arena.touched() - base
+        handles = region_handles([size for _, size in arena.regions[loaded_regions:]])
+        first = first if peaks else arena.touched() - base
+        peaks.append(arena.touched() - base + handles + scratch + FIRST_STEP_PROCESS_BYTES)
+        state = (arena.state(), tuple(outputs))
+        settled = state in seen
+        seen.add(state)
     del loaded
-    scratch = heap_scratch(graph, tensors, order)
-    handles = region_handles([size for _, size in arena.regions[loaded_regions:]])
-    return ModulePrediction(arena.touched() - base + handles + scratch + FIRST_STEP_PROCESS_BYTES, block, first,
-                            len(dynamic), tuple(s for _, s in arena.regions), scratch, handles)
+    return ModulePrediction(peaks[-1], block, first, len(dynamic),
+                            tuple(s for _, s in arena.regions), scratch, handles, tuple(peaks), settled)
 
 
 __all__ = ["ARENA_TEMPORARIES", "FIRST_STEP_PROCESS_BYTES", "ModulePrediction", "gradient_buffers", "heap_scratch", "region_handles", "in_block", "predict_module",

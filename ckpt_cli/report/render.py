@@ -321,9 +321,22 @@ def _render_module_sessions(m: Json | None, console: Console) -> None:
         predicted = m.get("predicted_untuned") if session == "untuned" else None
         model = "" if not predicted else "; ckpt's model of it " + " -> ".join(
             human_bytes(predicted[side]) if predicted.get(side) is not None else "no prediction"
-            for side in ("original", "rewritten"))
+            for side in ("original", "rewritten")) + _long_run(m, predicted)
         console.print(f"Module API training, {m['steps']} steps, {label}: process peak {peaks}{change}; "
                       f"losses {losses}{model}")
+
+
+def _long_run(m: Json, predicted: Json) -> str:
+    """The model's figures once the arena's placements settle, where they differ from the
+    steps measured."""
+    long_run = m.get("predicted_untuned_long_run") or {}
+    later: list[Json] = [x for x in (long_run.get(side) for side in ("original", "rewritten")) if x is not None]
+    if len(later) < 2 or all(x["peak_bytes"] == predicted.get(side)
+                             for x, side in zip(later, ("original", "rewritten"))):
+        return ""
+    settle = max((x["settles_after_steps"] for x in later if x["settles_after_steps"]), default=None)
+    when = f"from step {settle} on" if settle and all(x["settles_after_steps"] for x in later) else "over a long run"
+    return f" ({' -> '.join(human_bytes(x['peak_bytes']) for x in later)} {when})"
 
 
 def render_check(r: Json, console: Console) -> None:

@@ -25,7 +25,7 @@ from ..errors import RunFailed
 from ..ort import child
 from . import module_child as _module_child
 from .driver import MODULE_CHILD_ENV, WorkerOptions, _child_env, _parse
-from .records import MODULE_SESSIONS, MODULE_SIDES, ModuleRun, ModuleSessions
+from .records import MODULE_SESSIONS, MODULE_SIDES, ModulePredicted, ModuleRun, ModuleSessions
 
 MODULE_CHILD_PATH = os.path.abspath(_module_child.__file__)
 # Enough for the optimizer's state to be in place, losses to move and the process peak to
@@ -110,12 +110,13 @@ def module_sessions(original: str | os.PathLike[str], rewritten: str | os.PathLi
                 if e.kind not in _MODEL_FAILURES:
                     raise
                 errors[key] = f"{e.kind}: {e.message}"
-    predicted = {} if dims is None else {side: _predicted(model, dims, worker)
+    predicted = {} if dims is None else {side: _predicted(model, dims, worker, steps)
                                          for side, model in zip(SIDES, (original, rewritten))}
     return ModuleSessions(None, steps, settings, runs, errors, predicted)
 
 
-def _predicted(model: str | os.PathLike[str], dims: Mapping[str, int], worker: WorkerOptions) -> int | None:
+def _predicted(model: str | os.PathLike[str], dims: Mapping[str, int], worker: WorkerOptions,
+               steps: int) -> ModulePredicted | None:
     from .module_model import predict_module_session
 
     try:
@@ -124,4 +125,7 @@ def _predicted(model: str | os.PathLike[str], dims: Mapping[str, int], worker: W
         if e.kind not in _MODEL_FAILURES:
             raise
         return None
-    return None if prediction is None else prediction.peak_bytes
+    if prediction is None:
+        return None
+    return ModulePredicted(prediction.after(steps), prediction.peak_bytes,
+                           len(prediction.step_peaks) if prediction.settled else None)

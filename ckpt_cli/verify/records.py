@@ -171,6 +171,28 @@ class ModuleRun:
         return {"peak_bytes": self.peak_bytes, "losses_hex": list(self.losses_hex), "time_s": self.time_s}
 
 
+@dataclass(frozen=True)
+class ModulePredicted:
+    """ckpt's model of the untuned Module session for one file (verify/module_model.py):
+    its process peak after the steps the check runs, and once the arena's placements
+    settle, which they can take tens of steps to do (``settles_after``: the step from which
+    every step repeats an earlier one; None: not within the replay's bound, the long-run
+    figure is then the last step replayed)."""
+
+    at_steps: int
+    long_run: int
+    settles_after: int | None
+
+    @classmethod
+    def of(cls, at_steps: int | None, long_run: Mapping[str, Any] | None) -> "ModulePredicted | None":
+        if at_steps is None or long_run is None:
+            return None
+        return cls(at_steps, long_run["peak_bytes"], long_run["settles_after_steps"])
+
+    def long_run_json(self) -> dict[str, Any]:
+        return {"peak_bytes": self.long_run, "settles_after_steps": self.settles_after}
+
+
 MODULE_SESSIONS = ("untuned", "settings")
 MODULE_SIDES = ("original", "rewritten")
 MODULE_RUN_KEYS = tuple(f"{side}_{session}" for session in MODULE_SESSIONS for side in MODULE_SIDES)
@@ -186,9 +208,8 @@ class ModuleSessions:
     settings: Mapping[str, Any] | None = None
     runs: Mapping[str, ModuleRun] = field(default_factory=dict)
     errors: Mapping[str, str] = field(default_factory=dict)
-    # ckpt's model of the untuned session (verify/module_model.py) per side: its predicted
-    # process peak, None where it predicts none
-    predicted: Mapping[str, int | None] = field(default_factory=dict)
+    # ckpt's model of the untuned session per side, None where it predicts none
+    predicted: Mapping[str, ModulePredicted | None] = field(default_factory=dict)
 
     @classmethod
     def of(cls, d: Mapping[str, Any]) -> "ModuleSessions":
@@ -196,12 +217,17 @@ class ModuleSessions:
             return cls(d["skipped"])
         runs = {k: ModuleRun(d[k]["peak_bytes"], tuple(d[k]["losses_hex"]), d[k]["time_s"])
                 for k in MODULE_RUN_KEYS if k in d}
-        return cls(None, d["steps"], d["settings"], runs, dict(d["errors"]), dict(d.get("predicted_untuned") or {}))
+        long_run = d.get("predicted_untuned_long_run") or {}
+        predicted = {side: ModulePredicted.of(p, long_run.get(side)) for side, p in (d.get("predicted_untuned") or {}).items()}
+        return cls(None, d["steps"], d["settings"], runs, dict(d["errors"]), predicted)
 
     def prediction_error(self, side: str) -> float | None:
-        """The untuned prediction against the untuned peak measured: predicted / measured - 1."""
+        """The untuned prediction against the untuned peak measured, over the same steps:
+        predicted / measured - 1."""
         predicted, run = self.predicted.get(side), self.runs.get(f"{side}_untuned")
-        return None if predicted is None or run is None or not run.peak_bytes else predicted / run.peak_bytes - 1
+        if predicted is None or run is None or not run.peak_bytes:
+            return None
+        return predicted.at_steps / run.peak_bytes - 1
 
     def losses_identical(self, session: str) -> bool | None:
         o, r = self.runs.get(f"original_{session}"), self.runs.get(f"rewritten_{session}")
@@ -214,6 +240,8 @@ class ModuleSessions:
                "errors": _frozen(self.errors),
                "losses_identical": {s: self.losses_identical(s) for s in MODULE_SESSIONS}}
         if self.predicted:
-            out["predicted_untuned"] = _frozen(self.predicted)
+            out["predicted_untuned"] = {side: p.at_steps if p else None for side, p in self.predicted.items()}
+            out["predicted_untuned_long_run"] = {side: p.long_run_json() if p else None
+                                                 for side, p in self.predicted.items()}
             out["prediction_error_untuned"] = {side: self.prediction_error(side) for side in MODULE_SIDES}
         return out
