@@ -356,6 +356,20 @@ def _module_error(row: dict, side: str) -> float | None:
     return None if not predicted or not measured else predicted / measured - 1
 
 
+def _long_run_cell(row: dict) -> str:
+    """ckpt's model of the untuned Module session once the arena's placements settle
+    (``module_sessions.predicted_untuned_long_run``): rewrite / original, and the step each
+    settles after ("-": still moving at the replay's bound)."""
+    module = ((row.get("check") or {}).get("module_sessions")) or {}
+    later = module.get("predicted_untuned_long_run") or {}
+    o, r = later.get("original"), later.get("rewritten")
+    if not o or not r or not o["peak_bytes"]:
+        return "-"
+    steps = " / ".join(str(x["settles_after_steps"] or "-") for x in (o, r))
+    return (f"{r['peak_bytes'] / o['peak_bytes']:.3f} ({_mib(r['peak_bytes'])} / {_mib(o['peak_bytes'])} MiB; "
+            f"settle after {steps})")
+
+
 def _finish(row: dict, t0: float) -> dict:
     row["model_seconds"] = round(time.monotonic() - t0, 2)
     row.update(derive(row))
@@ -504,7 +518,7 @@ def _same_cell(row: dict) -> str:
 def row_cells(row: dict) -> list[str]:
     gen = row.get("generate") or {}
     if gen.get("rc") != 0:
-        return [row["model"], f"generate failed: {_short(gen.get('error', ''))}"] + ["-"] * 8
+        return [row["model"], f"generate failed: {_short(gen.get('error', ''))}"] + ["-"] * (len(HEADERS) - 2)
     check = row.get("check") or {}
     if not check:
         verdict = "-"
@@ -522,13 +536,15 @@ def row_cells(row: dict) -> list[str]:
         _ratio_cell(row, "ratio_untuned", "rewrite/untuned", "original/untuned"),
         _ratio_cell(row, "ratio_settings", "rewrite/settings", "original/settings"),
         _ratio_cell(row, "ratio_cross", "rewrite/settings", "original/untuned"),
+        _long_run_cell(row),
     ]
 
 
 HEADERS = ["model", "inspect rc", "rewrite rc", "check verdict",
            "prediction error orig / rewrite", "untuned Module prediction error orig / rewrite", "Module losses bit-identical (untuned; settings)",
            "peak rewrite/original, untuned", "peak rewrite/original, under settings",
-           "rewrite with settings / original untuned"]
+           "rewrite with settings / original untuned",
+           "untuned Module once placements settle (predicted): rewrite/original"]
 
 
 def markdown(meta: dict, rows: list[dict]) -> str:
@@ -551,7 +567,10 @@ def markdown(meta: dict, rows: list[dict]) -> str:
         "relative difference). Prediction error: `ckpt check`'s, of its own settings' process peak; "
         "untuned Module: ckpt's model of that session, as the check predicts it "
         "(`module_sessions.predicted_untuned`, `ckpt_cli/verify/module_model.py`), against the untuned "
-        "peak measured here (predicted / measured - 1).",
+        "peak measured here (predicted / measured - 1). Once placements settle: the same model "
+        "replayed until the arena ends a step as it ended an earlier one "
+        "(`module_sessions.predicted_untuned_long_run`), the step each settles after (original / "
+        "rewrite; -: still moving at the replay's bound).",
         "",
         "| " + " | ".join(HEADERS) + " |",
         "|" + "---|" * len(HEADERS),
