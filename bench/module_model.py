@@ -9,8 +9,10 @@ that ``bench/zoo_train.py`` measures for ``Module(model, checkpoint, eval)`` unt
 steps at ``--batch`` (read from ``MODEL.meas.json`` beside the model when it is there and
 was measured at that batch, else measured now, in ``--python``), and ckpt's prediction
 (``ckpt_cli/verify/module_model.py``): the block of the training build's static memory
-pattern, the arena's touched bytes and the largest kernel heap scratch. Prints one table;
-the error is (predicted - measured) / measured. ``--predict``: the predictions alone, as JSON
+pattern, the arena's touched bytes and the largest kernel heap scratch, after the 10 steps
+measured; and once the arena's placements settle (``settled``, from the run ``after`` on; -:
+still moving at the replay's bound). Prints one table; the error is (predicted - measured) /
+measured. ``--predict``: the predictions alone, as JSON
 (``ckpt check --python`` makes the same prediction beside its Module runs).
 """
 
@@ -32,6 +34,7 @@ TRAIN_SCRIPT = ROOT / "bench" / "zoo_train.py"
 DEFAULT_PYTHON = str(ROOT.parent / "main" / ".venv-ort-training-full" / "bin" / "python")
 MODELS = ("training_model.onnx", "rw.onnx", "rwpy.onnx")
 MiB = 2**20
+STEPS = 10  # what zoo_train measures, and the prediction is read at
 
 
 def zoo_dims(folder: Path, model: Path, batch: int, seq: int | None = None) -> dict[str, int]:
@@ -56,7 +59,7 @@ def measured(folder: Path, model: Path, batch: int, python: str, seq: int | None
     cached = model.with_suffix(".meas.json")
     if cached.exists():
         got = json.loads(cached.read_text())
-        if got.get("batch") == batch and got.get("steps") == 10 and (seq is None or got.get("seq") == seq):
+        if got.get("batch") == batch and got.get("steps") == STEPS and (seq is None or got.get("seq") == seq):
             return int(got["peak_bytes"])
     done = subprocess.run([python, str(TRAIN_SCRIPT), str(folder), str(model), "--batch", str(batch),
                            *(("--seq", str(seq)) if seq else ())],
@@ -83,7 +86,7 @@ def predictions(zoo_dir: Path, names: list[str], files: list[str], batch: int, s
             model = zoo_dir / name / file
             if model.exists():
                 pred = predict_module_session(model, zoo_dims(zoo_dir / name, model, batch, seq), python)
-                out[f"{name}/{file}"] = None if pred is None else pred.peak_bytes
+                out[f"{name}/{file}"] = None if pred is None else pred.after(STEPS)
     return out
 
 
@@ -103,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     names = args.names or sorted(p.name for p in args.zoo_dir.iterdir() if (p / "zoo.json").exists())
     print(f"{'model':16} {'file':20} {'measured':>10} {'predicted':>10} {'error':>8} {'block':>9} "
-          f"{'1 step':>7} {'pred 1':>7}  (MiB)")
+          f"{'1 step':>7} {'pred 1':>7} {'settled':>8} {'after':>6}  (MiB)")
     errors = []
     for name in names:
         folder = args.zoo_dir / name
@@ -116,11 +119,14 @@ def main(argv: list[str] | None = None) -> int:
             if pred is None:
                 print(f"{name:16} {file:20} {meas / MiB:10.2f} {'-':>10} {'-':>8} {'-':>9}")
                 continue
-            err = (pred.peak_bytes - meas) / meas
+            at_steps = pred.after(STEPS)
+            err = (at_steps - meas) / meas
             errors.append(abs(err))
             one = _one_step(model)
-            print(f"{name:16} {file:20} {meas / MiB:10.2f} {pred.peak_bytes / MiB:10.2f} {100 * err:+7.1f}% "
-                  f"{pred.block_bytes / MiB:9.2f} {one:>7} {pred.first_run_bytes / MiB:7.2f}", flush=True)
+            after = str(len(pred.step_peaks)) if pred.settled else "-"
+            print(f"{name:16} {file:20} {meas / MiB:10.2f} {at_steps / MiB:10.2f} {100 * err:+7.1f}% "
+                  f"{pred.block_bytes / MiB:9.2f} {one:>7} {pred.first_run_bytes / MiB:7.2f} "
+                  f"{pred.peak_bytes / MiB:8.2f} {after:>6}", flush=True)
     if errors:
         print(f"largest |error| {100 * max(errors):.1f}% over {len(errors)} predictions")
     return 0

@@ -61,8 +61,7 @@ from .planner import Buffers, plan_buffers
 from .memory import mapped_bytes, order_scratch
 from .shapes import TensorInfo
 
-# Bounds on the replay only. Measured: most of the zoo settles within 13 runs; pointnet's
-# original after 77 (its process peak 172.1 MiB after 10 steps, 186.7 after 100).
+# Bounds on the replay only: placements can take tens of runs to settle (bench/MODULE_MODEL.md).
 MAX_RUNS = 256
 MAX_REPLAYED_REQUESTS = 4_000_000
 MMAP_THRESHOLD = 65536  # the Module child's MALLOC_MMAP_THRESHOLD_: smaller heap blocks come from room the heap has

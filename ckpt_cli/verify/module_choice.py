@@ -3,9 +3,8 @@
 Users of ``generate_artifacts``' output train through ``Module`` + ``Optimizer`` with ORT's
 defaults: ORT_ENABLE_ALL's fusions, DEFAULT order, the memory pattern, buffer reuse and the
 arena. ckpt's model of that session (``module_model.py``) comes within 4% of its process peak
-on all but one of the artifact zoo's 84 graphs, the one 12% under, but only a run shows
-whether a fusion treats a recompute copy unlike its original and rounds the loss
-differently. With an interpreter that has onnxruntime-training (``--python``), the default's
+on the artifact zoo's 84 graphs, but only a run shows whether a fusion treats a recompute
+copy unlike its original and rounds the loss differently. With an interpreter that has onnxruntime-training (``--python``), the default's
 plan and the plans with less recompute along its front are trained there instead, a few
 steps each from the artifact's checkpoint, lowest predicted peak first, untuned and under
 the settings ckpt records for it (the original too, under the same settings). A plan
