@@ -86,7 +86,22 @@ def test_the_default_plan_is_written_when_the_module_session_holds_it_lower(monk
     assert out.result.recompute_flops > 0 and out.result.no_gain is None
     # pinned with the waits for the readers' older inputs: the untuned session runs ORT's DEFAULT order
     assert out.result.pinned is not None and out.result.pinned.waits > 0
-    assert any("measures 50.0 MiB there (0.71x) and 50.0 MiB under ckpt's settings (0.71x)" in n for n in out.report["plan_notes"]), out.report["plan_notes"]
+    assert any("measures 50.0 MiB there (0.71x) and 50.0 MiB under ckpt's settings (0.71x), with the same losses; "
+               "the original under the same settings: 70.0 MiB" in n for n in out.report["plan_notes"]), out.report["plan_notes"]
+
+
+def test_a_plan_the_module_runs_took_is_not_overruled_by_the_model_of_ckpts_settings(monkeypatch, artifact):
+    # zoo capsules: no plan predicted below the original under ckpt's settings, but the
+    # Module runs take the default's plan written unplanned with the arena off (untuned as
+    # low as the original, 0.57x of it under its settings). What the runs measured is written
+    from ckpt_cli.rewrite import select
+
+    _fake_module(monkeypatch, {"training_model": (ORIGINAL_PEAK, LOSSES), "plan0": (50 << 20, LOSSES)})
+    monkeypatch.setattr(select, "original_floor", lambda alt: 0)
+    monkeypatch.setattr(select, "original_best", lambda a, alt: (1, "a stand-in order"))
+    out = _rewrite(artifact)
+    assert out.report["planning"]["module_session"]["chosen"] == 0
+    assert out.result.no_gain is None and out.result.recompute_flops > 0
 
 
 def test_a_plan_whose_losses_differ_is_passed_over_for_one_with_less_recompute(monkeypatch, artifact):

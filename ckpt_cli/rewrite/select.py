@@ -90,13 +90,15 @@ def empty_region_notes(result: RewriteResult) -> tuple[str, ...]:
 def never_worse(a: Analysis, planned: Planned | None, result: RewriteResult,
                 module_peaks: ModulePeaks | None = None) -> RewriteResult:
     """``result``, ``result`` with a warning (a user's plan), or the unchanged graph with the
-    reason in ``no_gain``. A budget is the user's own limit and is kept as it is. An
-    artifact no Module trial judged is judged by ``module_peaks`` (ckpt's model of the
+    reason in ``no_gain``. A budget is the user's own limit and is kept as it is. A plan
+    the Module trials took is written as taken. An artifact no Module trial judged is judged by ``module_peaks`` (ckpt's model of the
     untuned Module session) where it predicts both graphs, its figures kept in the notes."""
     if planned is None or planned.budget is not None:
         return result
-    if planned.module is not None and planned.module.chosen is None:
-        return _unchanged(a, planned.module.line(), result.notes)
+    if planned.module is not None:
+        # Trained in the user's session and under its settings beside the original under the
+        # same settings: what the runs measured stands over ckpt's model of its settings.
+        return result if planned.module.chosen is not None else _unchanged(a, planned.module.line(), result.notes)
     default = None  # ORT's DEFAULT order of the original, simulated once where it is read
     if not planned.user and planned.module is None and is_ort_artifact(a.graph):
         default = default_order(a)

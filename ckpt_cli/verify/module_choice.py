@@ -197,9 +197,11 @@ class ModuleChoice:
                          else "and buffer reuse; ") + f"{why}),")
         settings = (taken.peak_bytes_settings or 0) / max(1, self.original_peak_bytes)
         arena = "" if taken.arena else " (recorded with ORT's CPU arena off: with it, above the original there)"
+        beside = ("" if taken.original_peak_settings is None else
+                  f"; the original under the same settings: {human_bytes(taken.original_peak_settings)}")
         return (head + f"; {which} measures {human_bytes(taken.peak_bytes or 0)} there ({self.ratio(self.chosen):.2f}x)"
                 f" and {human_bytes(taken.peak_bytes_settings or 0)} under ckpt's settings ({settings:.2f}x){arena}, "
-                "with the same losses")
+                f"with the same losses{beside}")
 
     def _why_not(self) -> str:
         def one(j: ModuleJudged) -> str:
