@@ -63,7 +63,7 @@ from .shapes import TensorInfo
 
 # Bounds on the replay only: placements can take tens of runs to settle (bench/MODULE_MODEL.md).
 MAX_RUNS = 256
-MAX_REPLAYED_REQUESTS = 4_000_000
+MAX_REPLAYED_REQUESTS = 250_000  # about a second of replay
 MMAP_THRESHOLD = 65536  # the Module child's MALLOC_MMAP_THRESHOLD_: smaller heap blocks come from room the heap has
 # What the process adds beside ORT's allocators as the first step runs: the pages of ORT's
 # library its kernels run from for the first time (measured: 0.6-1.0 MiB of file-backed
