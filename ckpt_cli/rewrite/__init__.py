@@ -272,7 +272,8 @@ def module_shortfall(a: Analysis, result: RewriteResult, default: MemoryProfile 
         if after <= before * (1 - MODULE_MODEL_MARGIN):
             return None
         return (f"ckpt's model of the Module API's own session (ORT's defaults, untuned) predicts the rewrite's "
-                f"peak {human_bytes(after)}, not {MODULE_MODEL_MARGIN:.0%} below the original's {human_bytes(before)}")
+                f"peak {human_bytes(after)}, not {MODULE_MODEL_MARGIN:.0%} below the original's {human_bytes(before)}, once "
+                "the arena's placements settle")
     graph, tensors = result.graph, result.after.tensors
     after = predict_in_use(graph, simulate(graph, schedules.ort_default(graph), tensors), tensors).peak_in_use_bytes
     before = predict_in_use(a.graph, default or default_order(a), a.tensors).peak_in_use_bytes

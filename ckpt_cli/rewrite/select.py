@@ -127,7 +127,8 @@ def never_worse(a: Analysis, planned: Planned | None, result: RewriteResult,
 def module_line(peaks: tuple[int, int]) -> str:
     after, before = peaks
     return (f"ckpt's model of the Module API's own session (ORT's defaults, untuned) predicts the rewrite's peak "
-            f"{human_bytes(after)} against the original's {human_bytes(before)} ({after / before:.2f}x)")
+            f"{human_bytes(after)} against the original's {human_bytes(before)} ({after / before:.2f}x), once the arena's "
+            "placements settle")
 
 
 def _unchanged(a: Analysis, why: str, notes: tuple[str, ...]) -> RewriteResult:
