@@ -91,8 +91,9 @@ def never_worse(a: Analysis, planned: Planned | None, result: RewriteResult,
                 module_peaks: ModulePeaks | None = None) -> RewriteResult:
     """``result``, ``result`` with a warning (a user's plan), or the unchanged graph with the
     reason in ``no_gain``. A budget is the user's own limit and is kept as it is. A plan
-    the Module trials took is written as taken. An artifact no Module trial judged is judged by ``module_peaks`` (ckpt's model of the
-    untuned Module session) where it predicts both graphs, its figures kept in the notes."""
+    the Module trials took is written as taken. An artifact no Module trial judged is
+    judged by ``module_peaks`` (ckpt's model of the untuned Module session) where it
+    predicts both graphs, its figures kept in the notes."""
     if planned is None or planned.budget is not None:
         return result
     if planned.module is not None:

@@ -4,8 +4,9 @@ Users of ``generate_artifacts``' output train through ``Module`` + ``Optimizer``
 defaults: ORT_ENABLE_ALL's fusions, DEFAULT order, the memory pattern, buffer reuse and the
 arena. ckpt's model of that session (``module_model.py``) comes within 4% of its process peak
 on the artifact zoo's 84 graphs, but only a run shows whether a fusion treats a recompute
-copy unlike its original and rounds the loss differently. With an interpreter that has onnxruntime-training (``--python``), the default's
-plan and the plans with less recompute along its front are trained there instead, a few
+copy unlike its original and rounds the loss differently. With an interpreter that has
+onnxruntime-training (``--python``), the default's plan and the plans with less recompute
+along its front are trained there instead, a few
 steps each from the artifact's checkpoint, lowest predicted peak first, untuned and under
 the settings ckpt records for it (the original too, under the same settings). A plan
 passes when its process peak is not above the original's untuned, nor under its settings
