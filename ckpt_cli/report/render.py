@@ -334,8 +334,8 @@ def _long_run(m: Json, predicted: Json) -> str:
     if len(later) < 2 or all(x["peak_bytes"] == predicted.get(side)
                              for x, side in zip(later, ("original", "rewritten"))):
         return ""
-    settle = max((x["settles_after_steps"] for x in later if x["settles_after_steps"]), default=None)
-    when = f"from step {settle} on" if settle and all(x["settles_after_steps"] for x in later) else "over a long run"
+    settles = [x["settles_after_steps"] for x in later]
+    when = f"from step {max(settles)} on" if all(settles) else "over a long run"
     return f" ({' -> '.join(human_bytes(x['peak_bytes']) for x in later)} {when})"
 
 
