@@ -45,3 +45,38 @@ def test_folding_sizes_a_reshape_to_divided_shape():
     assert tensors["t"].shape == (4, 8) and tensors["y"].nbytes == 4 * 32
     assert not tensors["t"].static_shape  # ORT does no arithmetic on whole shapes before the run
     assert tensors["a"].static_shape
+
+
+def _graph(nodes, inputs, initializers=(), opsets=(("", 18),)):
+    g = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info(nodes[-1].output[0], TensorProto.FLOAT,
+                                                                             None)], list(initializers))
+    return Graph.from_model(helper.make_model(g, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets]))
+
+
+def test_a_shape_times_zero_is_known_whatever_the_other_factor():
+    """ckpt's order pins reshape a tensor by (sizes waited for) x 0: a slice bound behind such
+    a pin keeps its value, so the slice's output stays sized (zoo flow's recompute copies)."""
+    nodes = [helper.make_node("Size", ["x"], ["n"], name="n"), helper.make_node("Max", ["n", "n"], ["gate"], name="m"),
+             helper.make_node("Unsqueeze", ["gate", "axis0"], ["gate1"], name="u"),
+             helper.make_node("Mul", ["gate1", "zero"], ["shape"], name="z"),
+             helper.make_node("Reshape", ["end", "shape"], ["pinned"], name="p"),
+             helper.make_node("Slice", ["x", "start", "pinned", "axis1"], ["y"], name="y")]
+    ints = {"axis0": [0], "zero": [0], "end": [2], "start": [0], "axis1": [1]}
+    graph = _graph(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 5])],
+                   [numpy_helper.from_array(np.array(v, np.int64), k) for k, v in ints.items()])
+    tensors = infer_tensors(graph)
+    assert tensors["y"].shape == (3, 2) and tensors["y"].nbytes == 24
+    assert tensors["gate"].nbytes == 8  # sized, its value unknown: only the product is
+
+
+def test_a_chain_of_ort_and_onnx_ops_longer_than_the_rounds_is_sized():
+    """A backward chain alternating ORT's ops (ReluGrad) and ONNX's (Neg): each round of
+    whole-graph inference passes one ORT op, and 40 of them are past the rounds' cap."""
+    nodes, g = [], "g0"
+    for k in range(40):
+        nodes += [helper.make_node("ReluGrad", [g, "x"], [f"r{k}"], name=f"r{k}", domain="com.microsoft"),
+                  helper.make_node("Neg", [f"r{k}"], [f"g{k + 1}"], name=f"n{k}")]
+        g = f"g{k + 1}"
+    inputs = [helper.make_tensor_value_info(t, TensorProto.FLOAT, [4, 6]) for t in ("g0", "x")]
+    tensors = infer_tensors(_graph(nodes, inputs, opsets=(("", 18), ("com.microsoft", 1))))
+    assert all(tensors[t].shape == (4, 6) and tensors[t].nbytes == 96 for n in nodes for t in n.output)

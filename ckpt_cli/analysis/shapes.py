@@ -490,6 +490,7 @@ def _fill_ort_op_shapes(read: _Read, tensors: dict[str, TensorInfo]) -> list[str
     for i in read.order:
         rule = read.rules.get(i)
         if rule is None:
+            sized += _through_onnx_node(read, graph.nodes[i], tensors, value)
             continue
         node = graph.nodes[i]
         known = ort_shapes.RULES.ort_knows_outputs(node, read.constants.__contains__)
@@ -502,6 +503,42 @@ def _fill_ort_op_shapes(read: _Read, tensors: dict[str, TensorInfo]) -> list[str
                 tensors[out] = unknown_to_ort(tensors[out])
             if tensors[out].nbytes is not None:
                 sized.append(out)
+    return sized
+
+
+def _through_onnx_node(read: _Read, node: Node, tensors: dict[str, TensorInfo],
+                       value: Callable[[str], np.ndarray | None]) -> list[str]:
+    """Size an ONNX-domain node's unsized outputs by onnx's rule for that one node, where its
+    inputs are sized (what the next whole-graph round would find): a chain that alternates
+    ORT's ops and ONNX's (a backward pass: ReluGrad, Gemm, SliceGrad, Mul, ...) is then sized
+    in one walk instead of one round per ORT op. Outputs of inputs ORT cannot size before
+    the run stay unknown to it."""
+    if node.domain not in ("", "ai.onnx") or read.opset is None:
+        return []
+    outs = [t for t in node.outputs if t != ABSENT and (t not in tensors or tensors[t].nbytes is None)]
+    inputs = [tensors.get(t) for t in node.inputs if t != ABSENT]
+    if not outs or any(info is None or info.nbytes is None or not info.dtype for info in inputs):
+        return []
+    try:
+        schema = onnx.defs.get_schema(node.op_type, read.opset, "")
+        types = {t: helper.make_tensor_type_proto(tensors[t].dtype, list(tensors[t].shape or ()))
+                 for t in node.inputs if t != ABSENT}
+        data = {t: numpy_helper.from_array(v, t) for t in node.inputs
+                if t != ABSENT and (v := value(t)) is not None}
+        found = onnx.shape_inference.infer_node_outputs(
+            schema, node.proto, types, data, opset_imports=[helper.make_opsetid("", read.opset)])
+    except Exception:  # noqa: BLE001 - an op onnx cannot infer alone is left to the rounds
+        return []
+    blind = any(not tensors[t].static_shape for t in node.inputs if t != ABSENT)
+    sized = []
+    for t in outs:
+        if t not in found:
+            continue
+        info = _info(*_shape_of(found[t]))
+        if info.nbytes is None:
+            continue
+        tensors[t] = unknown_to_ort(info) if blind else info
+        sized.append(t)
     return sized
 
 
@@ -592,9 +629,29 @@ def _fold(read: _Read, tensors: dict[str, TensorInfo], ops: frozenset[str],
             continue
         else:
             value = _evaluate(node, values, tensors, opset)
+            if value is None and node.op_type == "Mul":
+                value = _times_zero(node, values, tensors)
         if value is not None and value.dtype.kind in "iub" and value.size <= _MAX_ELEMENTS:
             values[node.outputs[0]] = made[node.outputs[0]] = value
     return made
+
+
+def _times_zero(node: Node, values: dict[str, np.ndarray], tensors: dict[str, TensorInfo]) -> np.ndarray | None:
+    """A ``Mul`` by an integer tensor of zeros is zeros whatever the other factor holds, when
+    its shape is known: ckpt's order pins compute a shape as (sizes of the tensors waited
+    for) x 0, and a recompute copy's shape arithmetic behind such a pin stays computable."""
+    if len(node.inputs) != 2:
+        return None
+    for zero, other in (node.inputs, reversed(node.inputs)):
+        value, info = values.get(zero), tensors.get(other)
+        if (value is not None and value.dtype.kind in "iu" and not value.any() and info is not None
+                and info.shape is not None and all(isinstance(d, int) for d in info.shape)):
+            try:
+                shape = np.broadcast_shapes(value.shape, tuple(int(d) for d in info.shape))
+            except ValueError:
+                return None
+            return np.zeros(shape, value.dtype)
+    return None
 
 
 def _values_by_rule(rule: ort_shapes.ValueRule, node: Node, values: dict[str, np.ndarray], skip: frozenset[str]
