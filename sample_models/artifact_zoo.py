@@ -99,6 +99,11 @@ Model notes:
 - ``selective_scan``: a Mamba-style scan unrolled over the 32 tokens: every step slices its
   token's ``dt``, ``B``, ``C`` and input (``Gather``), so each sliced tensor's gradient is a
   ``Sum`` of 32 ``GatherGrad`` outputs, thousands of tensors of 2-16 KiB at batch 64.
+- ``densenet``: transitions pool with ``MaxPool``: an ``AveragePool``'s training graph kills the
+  process with SIGFPE on ORT 1.19.2 (the README's limits).
+- ``flow``: ``MeanLoss`` is an onnxblock loss of this file: the mean over the batch of the
+  output (each sample's negative log-likelihood) less ``target`` (zeros in training).
+- ``kan``: its LayerNormalization (opset 17) gets the Mean / InvStdDev outputs as bert17's.
 - ``lstm`` / ``gru``: regressors; ``generate_artifacts``' MSELoss adds a float ``target`` input
   shaped like the output.
 
@@ -1243,6 +1248,105 @@ class TimeConditionedUNet(nn.Module):
         return self.out(nn.functional.silu(self.up(torch.cat([up, h1], 1))))
 
 
+class DenseLayer(nn.Module):
+    """DenseNet-BC's layer: BN-ReLU-1x1 conv to 4 x growth, BN-ReLU-3x3 conv to ``growth``,
+    its output concatenated to its input (every earlier feature map stays an input)."""
+
+    def __init__(self, c: int, growth: int) -> None:
+        super().__init__()
+        self.f = nn.Sequential(nn.BatchNorm2d(c), nn.ReLU(), nn.Conv2d(c, 4 * growth, 1, bias=False),
+                               nn.BatchNorm2d(4 * growth), nn.ReLU(),
+                               nn.Conv2d(4 * growth, growth, 3, 1, 1, bias=False))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([x, self.f(x)], 1)
+
+
+class DenseNet(nn.Module):
+    """DenseNet-BC: three dense blocks of four layers (growth 12) with compressing transitions
+    (BN-ReLU-1x1 conv, 2 x 2 max pool: see the README on average pooling) between them: the concatenations keep every
+    feature map of a block alive to its end (the memory-efficient DenseNet's case)."""
+
+    def __init__(self, growth: int = 12, layers: int = 4) -> None:
+        super().__init__()
+        c = 2 * growth
+        parts: list[nn.Module] = [nn.Conv2d(3, c, 3, 1, 1, bias=False)]
+        for block in range(3):
+            for _ in range(layers):
+                parts.append(DenseLayer(c, growth))
+                c += growth
+            if block < 2:
+                parts += [nn.BatchNorm2d(c), nn.ReLU(), nn.Conv2d(c, c // 2, 1, bias=False), nn.MaxPool2d(2)]
+                c //= 2
+        self.features = nn.Sequential(*parts, nn.BatchNorm2d(c), nn.ReLU())
+        self.head = nn.Linear(c, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x).mean((2, 3)))
+
+
+class Coupling(nn.Module):
+    """RealNVP's affine coupling: half the features, through an MLP, give the other half's
+    log-scale (``tanh``-bounded) and shift; ``flip`` swaps the halves' roles."""
+
+    def __init__(self, d: int, hidden: int, flip: bool) -> None:
+        super().__init__()
+        self.flip = flip
+        self.net = nn.Sequential(nn.Linear(d // 2, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
+                                 nn.Linear(hidden, d))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        a, b = x.chunk(2, -1)
+        if self.flip:
+            a, b = b, a
+        log_s, t = self.net(a).chunk(2, -1)
+        log_s = torch.tanh(log_s)
+        b = b * torch.exp(log_s) + t
+        out = torch.cat([b, a] if self.flip else [a, b], -1)
+        return out, log_s.sum(-1)
+
+
+class RealNVP(nn.Module):
+    """A normalizing flow over 8 x 8 images flattened to 64 features: 12 affine couplings
+    with alternating halves; the output is each sample's negative log-likelihood under a
+    standard normal base (``0.5 * |z|^2 - log|det J|``, constants dropped)."""
+
+    def __init__(self, d: int = 64, hidden: int = 1024, couplings: int = 12) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(Coupling(d, hidden, k % 2 == 1) for k in range(couplings))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [b, 64]
+        log_det = torch.zeros(x.shape[0])
+        for layer in self.layers:
+            x, ld = layer(x)
+            log_det = log_det + ld
+        return (0.5 * (x * x).sum(-1) - log_det).unsqueeze(-1)
+
+
+class RBFKANLayer(nn.Module):
+    """A Kolmogorov-Arnold layer with radial basis functions: every input feature is spread
+    over ``grid`` Gaussian bumps (``exp(-((x - c) / h)^2)``, an [batch, in, grid] tensor) and
+    a linear map of all bumps, plus a SiLU base path, gives the outputs."""
+
+    def __init__(self, d_in: int, d_out: int, grid: int = 8) -> None:
+        super().__init__()
+        self.register_buffer("centers", torch.linspace(-2.0, 2.0, grid))
+        self.width = 4.0 / (grid - 1)
+        self.spline = nn.Linear(d_in * grid, d_out, bias=False)
+        self.base = nn.Linear(d_in, d_out)
+        self.norm = nn.LayerNorm(d_in)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.norm(x)
+        bumps = torch.exp(-((x.unsqueeze(-1) - self.centers) / self.width) ** 2)
+        return self.spline(bumps.flatten(1)) + self.base(x * torch.sigmoid(x))
+
+
+def kan() -> nn.Module:
+    """A three-layer RBF KAN classifier over 256 features."""
+    return nn.Sequential(RBFKANLayer(256, 128), RBFKANLayer(128, 128), RBFKANLayer(128, CLASSES))
+
+
 def keyword_net() -> nn.Module:
     """A keyword spotter over 40 x 128 audio features: Conv1d + GELU layers, mean pool.
     (With ``groups=4`` in its second Conv1d ORT 1.19.2 corrupts its heap: see the README.)"""
@@ -1277,7 +1381,26 @@ class KLDivLoss(blocks.Block):
         return node("ReduceMean", [per_row], keepdims=0)
 
 
-CUSTOM_LOSSES = {"KLDivLoss": KLDivLoss}  # onnxblock losses of this file, not a LossType
+class MeanLoss(blocks.Block):
+    """The mean over the batch of the output less ``target``: for a model whose output is
+    already each sample's loss (a flow's negative log-likelihood); ``target`` a per-sample
+    baseline, shaped like the output (zeros in training)."""
+
+    def build(self, output: str, target: str = "target") -> str:
+        if not _graph_utils.node_arg_exists(self.base, target):
+            target = blocks.InputLike(output)(target)
+        graph = self.base.graph
+        diff = _graph_utils.generate_graph_name("mean_loss.sub")
+        loss = _graph_utils.generate_graph_name("mean_loss.mean")
+        graph.node.append(onnx.helper.make_node("Sub", [output, target], [diff],
+                                                _graph_utils.generate_graph_name("mean_loss.Sub")))
+        graph.node.append(onnx.helper.make_node("ReduceMean", [diff], [loss],
+                                                _graph_utils.generate_graph_name("mean_loss.ReduceMean"),
+                                                keepdims=0))
+        return loss
+
+
+CUSTOM_LOSSES = {"KLDivLoss": KLDivLoss, "MeanLoss": MeanLoss}  # onnxblock losses of this file, not a LossType
 
 
 def specs() -> list[Spec]:
@@ -1352,6 +1475,9 @@ def specs() -> list[Spec]:
              ln_stats=True),
         Spec("selective_scan", 17, CE, SelectiveScanLM, ids, Tensor("logits", (f"batch*{SEQ}", CLASSES)), 16,
              ln_stats=True),
+        Spec("densenet", 17, CE, DenseNet, (Tensor("input", ("batch", 3, 32, 32)),), logits, 16),
+        Spec("flow", 17, "MeanLoss", RealNVP, (Tensor("input", ("batch", 64)),), Tensor("nll", ("batch", 1)), 128),
+        Spec("kan", 17, CE, kan, (Tensor("input", ("batch", 256)),), logits, 128, ln_stats=True),
     ]
 
 
