@@ -1347,6 +1347,87 @@ def kan() -> nn.Module:
     return nn.Sequential(RBFKANLayer(256, 128), RBFKANLayer(128, 128), RBFKANLayer(128, CLASSES))
 
 
+class GQALayer(nn.Module):
+    """A decoder layer with grouped-query attention (8 query heads share 2 key/value heads,
+    ``repeat_interleave``) and ALiBi: a fixed per-head linear distance penalty added to the
+    scores, with the causal mask, instead of position embeddings; pre-LN, a GELU MLP."""
+
+    def __init__(self, d: int, heads: int, kv_heads: int, alibi: torch.Tensor) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.dh = heads, kv_heads, d // heads
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.q = nn.Linear(d, d)
+        self.kv = nn.Linear(d, 2 * kv_heads * self.dh)
+        self.o = nn.Linear(d, d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+        self.alibi = alibi
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        h = self.ln1(x)
+        q = self.q(h).reshape(b, t, self.heads, self.dh).transpose(1, 2)
+        k, v = (y.reshape(b, t, self.kv_heads, self.dh).transpose(1, 2)
+                for y in self.kv(h).split(self.kv_heads * self.dh, dim=2))
+        group = self.heads // self.kv_heads
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        scores = q @ k.transpose(-1, -2) / self.dh ** 0.5 + self.alibi
+        y = scores.softmax(-1) @ v
+        x = x + self.o(y.transpose(1, 2).reshape(b, t, d))
+        return x + self.mlp(self.ln2(x))
+
+
+class GQADecoder(nn.Module):
+    """A decoder LM with grouped-query attention and ALiBi (a [heads, t, t] buffer: slopes
+    2^-(8k/heads) times the key's distance back, -inf ahead)."""
+
+    def __init__(self, d: int = 128, layers: int = 3, heads: int = 8, kv_heads: int = 2) -> None:
+        super().__init__()
+        slopes = torch.tensor([2.0 ** (-8.0 * (k + 1) / heads) for k in range(heads)])
+        pos = torch.arange(SEQ)
+        distance = (pos[None, :] - pos[:, None]).float()  # key - query: <= 0 behind
+        bias = slopes[:, None, None] * distance.clamp(max=0)
+        self.register_buffer("alibi", bias.masked_fill(distance > 0, float("-inf")))
+        self.tok = nn.Embedding(VOCAB, d)
+        self.layers = nn.ModuleList(GQALayer(d, heads, kv_heads, self.alibi) for _ in range(layers))
+        self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, VOCAB)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x = self.tok(input_ids)
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(self.ln(x)).reshape(-1, VOCAB)
+
+
+class ResNeXtBlock(nn.Module):
+    """A ResNeXt bottleneck: 1x1 conv, a grouped 3x3 conv (cardinality 8), 1x1 conv, each with
+    BatchNorm, ReLU between, the residual added before the last ReLU."""
+
+    def __init__(self, c: int, width: int, groups: int = 8) -> None:
+        super().__init__()
+        self.f = nn.Sequential(nn.Conv2d(c, width, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(),
+                               nn.Conv2d(width, width, 3, 1, 1, groups=groups, bias=False), nn.BatchNorm2d(width),
+                               nn.ReLU(), nn.Conv2d(width, c, 1, bias=False), nn.BatchNorm2d(c))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x + self.f(x))
+
+
+class ResNeXt(nn.Module):
+    """ResNeXt-style: a stem conv, two stages of two grouped-convolution bottlenecks with a
+    strided conv between them, global mean pool."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 64, 3, 1, 1, bias=False), nn.BatchNorm2d(64), nn.ReLU())
+        self.stage1 = nn.Sequential(ResNeXtBlock(64, 64), ResNeXtBlock(64, 64))
+        self.down = nn.Sequential(nn.Conv2d(64, 128, 3, 2, 1, bias=False), nn.BatchNorm2d(128), nn.ReLU())
+        self.stage2 = nn.Sequential(ResNeXtBlock(128, 128), ResNeXtBlock(128, 128))
+        self.head = nn.Linear(128, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.stage2(self.down(self.stage1(self.stem(x)))).mean((2, 3)))
+
+
 def keyword_net() -> nn.Module:
     """A keyword spotter over 40 x 128 audio features: Conv1d + GELU layers, mean pool.
     (With ``groups=4`` in its second Conv1d ORT 1.19.2 corrupts its heap: see the README.)"""
@@ -1478,6 +1559,8 @@ def specs() -> list[Spec]:
         Spec("densenet", 17, CE, DenseNet, (Tensor("input", ("batch", 3, 32, 32)),), logits, 16),
         Spec("flow", 17, "MeanLoss", RealNVP, (Tensor("input", ("batch", 64)),), Tensor("nll", ("batch", 1)), 128),
         Spec("kan", 17, CE, kan, (Tensor("input", ("batch", 256)),), logits, 128, ln_stats=True),
+        Spec("gqa", 17, CE, GQADecoder, ids, Tensor("logits", (f"batch*{SEQ}", VOCAB)), 16, ln_stats=True),
+        Spec("resnext", 17, CE, ResNeXt, (Tensor("input", ("batch", 3, 16, 16)),), logits, 16),
     ]
 
 
