@@ -141,6 +141,7 @@ from torch import nn
 HERE = os.path.dirname(os.path.abspath(__file__))
 VOCAB, SEQ, CLASSES = 1000, 32, 10
 TAGGER_SEQ, TAGS = 24, 9  # the tagger's symbolic sequence: its length in runs, other than any batch
+LONG_SEQ = 256  # long_context's tokens
 
 
 # ------------------------------------------------------------------ specs
@@ -1428,6 +1429,45 @@ class ResNeXt(nn.Module):
         return self.head(self.stage2(self.down(self.stage1(self.stem(x)))).mean((2, 3)))
 
 
+class LongContextEncoder(nn.Module):
+    """An encoder over 256 tokens (d 64, 4 heads, two post-LN layers): the [batch, 4, 256,
+    256] attention scores and probabilities outweigh every other activation, the case
+    FlashAttention-style recompute is for."""
+
+    def __init__(self, d: int = 64, layers: int = 2, heads: int = 4) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(VOCAB, d)
+        self.pos = nn.Parameter(0.02 * torch.randn(LONG_SEQ, d))
+        self.layers = nn.ModuleList(nn.TransformerEncoderLayer(d, heads, 2 * d, dropout=0.0, batch_first=True)
+                                    for _ in range(layers))
+        self.head = nn.Linear(d, CLASSES)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x = self.tok(input_ids) + self.pos
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x.mean(1))
+
+
+class UnrolledRNN(nn.Module):
+    """An Elman RNN written as its cell, unrolled over 64 steps (``h = tanh(x W + h U + b)``):
+    a chain as long as the sequence, the case of sqrt(n) checkpointing; the last state
+    through a linear readout."""
+
+    def __init__(self, d_in: int = 32, d: int = 128, steps: int = 64) -> None:
+        super().__init__()
+        self.steps = steps
+        self.inp, self.rec = nn.Linear(d_in, d), nn.Linear(d, d, bias=False)
+        self.head = nn.Linear(d, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [b, steps, d_in]
+        xs = self.inp(x)
+        h = torch.tanh(xs[:, 0])
+        for t in range(1, self.steps):
+            h = torch.tanh(xs[:, t] + self.rec(h))
+        return self.head(h)
+
+
 def keyword_net() -> nn.Module:
     """A keyword spotter over 40 x 128 audio features: Conv1d + GELU layers, mean pool.
     (With ``groups=4`` in its second Conv1d ORT 1.19.2 corrupts its heap: see the README.)"""
@@ -1561,6 +1601,10 @@ def specs() -> list[Spec]:
         Spec("kan", 17, CE, kan, (Tensor("input", ("batch", 256)),), logits, 128, ln_stats=True),
         Spec("gqa", 17, CE, GQADecoder, ids, Tensor("logits", (f"batch*{SEQ}", VOCAB)), 16, ln_stats=True),
         Spec("resnext", 17, CE, ResNeXt, (Tensor("input", ("batch", 3, 16, 16)),), logits, 16),
+        Spec("long_context", 17, CE, LongContextEncoder,
+             (Tensor("input_ids", ("batch", LONG_SEQ), "int64", VOCAB),), logits, 8, ln_stats=True),
+        Spec("unrolled_rnn", 17, MSE, UnrolledRNN, (Tensor("input", ("batch", 64, 32)),),
+             Tensor("pred", ("batch", 4)), 64),
     ]
 
 
