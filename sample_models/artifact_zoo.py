@@ -1468,6 +1468,43 @@ class UnrolledRNN(nn.Module):
         return self.head(h)
 
 
+class WavEncoder(nn.Module):
+    """A wav2vec-style feature encoder over 1 s of 16 kHz audio: five strided Conv1d (kernel
+    10, 3, 3, 3, 2; strides 5, 2, 2, 2, 2) with GELU, the first one's [batch, 64, 3199]
+    output the largest activation; LayerNorm over channels (``Transpose``), mean pool."""
+
+    def __init__(self, c: int = 64) -> None:
+        super().__init__()
+        shapes = ((1, 10, 5), (c, 3, 2), (c, 3, 2), (c, 3, 2), (c, 2, 2))
+        self.convs = nn.Sequential(*(m for c_in, k, stride in shapes
+                                     for m in (nn.Conv1d(c_in, c, k, stride), nn.GELU())))
+        self.ln, self.head = nn.LayerNorm(c), nn.Linear(c, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [b, 1, 16000]
+        return self.head(self.ln(self.convs(x).transpose(1, 2)).mean(1))
+
+
+class HyperNet(nn.Module):
+    """A hypernetwork: a context vector per sample generates the weights of the main
+    network's two layers (a [batch, 64, 64] tensor each, from ``Linear`` + ``Reshape``),
+    which a batched ``MatMul`` applies to that sample's features."""
+
+    def __init__(self, d: int = 64, ctx: int = 16) -> None:
+        super().__init__()
+        self.d = d
+        self.embed = nn.Linear(d, d)
+        self.gen = nn.ModuleList(nn.Sequential(nn.Linear(ctx, 128), nn.ReLU(), nn.Linear(128, d * d))
+                                 for _ in range(2))
+        self.head = nn.Linear(d, CLASSES)
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor) -> torch.Tensor:  # [b, 64], [b, 16]
+        h = torch.relu(self.embed(x)).unsqueeze(1)  # [b, 1, d]
+        for gen in self.gen:
+            w = gen(context).reshape(-1, self.d, self.d) / self.d ** 0.5
+            h = torch.relu(h @ w)
+        return self.head(h.squeeze(1))
+
+
 def keyword_net() -> nn.Module:
     """A keyword spotter over 40 x 128 audio features: Conv1d + GELU layers, mean pool.
     (With ``groups=4`` in its second Conv1d ORT 1.19.2 corrupts its heap: see the README.)"""
@@ -1605,6 +1642,9 @@ def specs() -> list[Spec]:
              (Tensor("input_ids", ("batch", LONG_SEQ), "int64", VOCAB),), logits, 8, ln_stats=True),
         Spec("unrolled_rnn", 17, MSE, UnrolledRNN, (Tensor("input", ("batch", 64, 32)),),
              Tensor("pred", ("batch", 4)), 64),
+        Spec("wav_encoder", 17, CE, WavEncoder, (Tensor("input", ("batch", 1, 16000)),), logits, 8, ln_stats=True),
+        Spec("hypernet", 17, CE, HyperNet, (Tensor("input", ("batch", 64)), Tensor("context", ("batch", 16))),
+             logits, 64),
     ]
 
 
