@@ -85,6 +85,18 @@ def test_artifact_rewrites_must_win_in_the_module_session(name, rewritten, tmp_p
         assert [n.name for n in written.graph.node] == [n.name for n in original.graph.node]
 
 
+
+@pytest.mark.parametrize("name", ["bert17", "embed_ln"])
+def test_an_artifact_judged_without_an_ort_training_interpreter_says_so(name):
+    """With no --python, the guard has only ckpt's arena model of the file's graph: the
+    report says so, and how to have the default judged by training it, whether the rewrite
+    is written (bert17) or not (embed_ln)."""
+    from ckpt_cli import rewrite_model
+    from ckpt_cli.rewrite.select import COARSE_MODULE_NOTE
+
+    assert COARSE_MODULE_NOTE in rewrite_model(ZOO / name / "training_model.onnx").report["plan_notes"]
+    assert COARSE_MODULE_NOTE not in rewrite_model(SAMPLES / "gpt.onnx").report["plan_notes"]  # no artifact
+
 def test_written_shapes_keep_the_symbolic_dims(tmp_path):
     """Shapes ckpt writes for its copies name the batch as the input does, and a multiple of
     it (gpt's flattened rows) as a product: never the value the sizes were taken at."""

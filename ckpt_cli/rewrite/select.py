@@ -93,7 +93,8 @@ def never_worse(a: Analysis, planned: Planned | None, result: RewriteResult,
     reason in ``no_gain``. A budget is the user's own limit and is kept as it is. A plan
     the Module trials took is written as taken. An artifact no Module trial judged is
     judged by ``module_peaks`` (ckpt's model of the untuned Module session) where it
-    predicts both graphs, its figures kept in the notes."""
+    predicts both graphs, its figures kept in the notes; without ``module_peaks`` (no ORT
+    training interpreter) by the coarser arena model, which the notes say."""
     if planned is None or planned.budget is not None:
         return result
     if planned.module is not None:
@@ -105,10 +106,10 @@ def never_worse(a: Analysis, planned: Planned | None, result: RewriteResult,
         default = default_order(a)
         peaks = module_peaks(result) if module_peaks is not None and planned.plan is not None else None
         shortfall = module_shortfall(a, result, default, peaks)
+        coarse = (COARSE_MODULE_NOTE,) if module_peaks is None and planned.plan is not None else ()
         if shortfall is not None:
-            return _unchanged(a, shortfall, result.notes)
-        if peaks is not None:
-            result = replace(result, notes=(*result.notes, module_line(peaks)))
+            return _unchanged(a, shortfall, (*result.notes, *coarse))
+        result = replace(result, notes=(*result.notes, *((module_line(peaks),) if peaks is not None else coarse)))
     if planned.plan is None:
         return result
     peak = result.after.arena_in_use(result.mem_reuse)
@@ -123,6 +124,15 @@ def never_worse(a: Analysis, planned: Planned | None, result: RewriteResult,
     if planned.user:
         return replace(result, warning=line)
     return _unchanged(a, line, result.notes)
+
+
+# Without an ORT training interpreter, the guard above has only ckpt's arena model of the
+# file's graph: ORT's fusions and its memory pattern are not in it, and on architectures the
+# zoo was not tuned to it misjudged the Module session both ways (a rewrite written that
+# trained above the original, rewrites left out that trained at a third of it).
+COARSE_MODULE_NOTE = ("judged for the Module API's untuned session by ckpt's arena model of this file's graph "
+                      "alone (ORT's fusions and memory pattern are not in it); --python PY, an interpreter with "
+                      "onnxruntime-training, judges the default by training it")
 
 
 def module_line(peaks: tuple[int, int]) -> str:
