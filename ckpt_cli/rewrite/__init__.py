@@ -9,6 +9,7 @@ from ..analysis import Analysis, PeakModel, analyse_written, default_order, peak
 from ..analysis.arena import predict_in_use
 from ..analysis.memory import MemoryProfile, simulate
 from ..analysis.phases import Phases, classify
+from ..analysis.training_pattern import predict_module
 from ..graph import Graph, gc_paused
 from ..units import human_bytes
 from ..planning.decision import Decision, region_decisions, settle
@@ -258,6 +259,14 @@ MODULE_MARGIN = 0.10
 # peak below needs 10%.
 MODULE_MODEL_MARGIN = 0.02
 
+# Without an ORT training interpreter, a rewrite the DEFAULT-order arena peak passes is still
+# left out where the Module session's model (its static memory pattern and arena replayed to
+# settle), run on the file's graph since ORT's fused graph cannot be had, puts it this much
+# above the original: that model misses ORT's fusions and can rank a transformer's rewrite
+# wrongly, while the arena peak misses the static block a rewrite's copies join. Only a
+# clear rise overrules the arena peak (the measurements are in the commit that set it).
+UNFUSED_MODULE_RISE = 0.05
+
 ModulePeaks = Callable[["RewriteResult"], "tuple[int, int] | None"]  # (rewrite's, original's) predicted peaks
 
 
@@ -275,12 +284,26 @@ def module_shortfall(a: Analysis, result: RewriteResult, default: MemoryProfile 
                 f"peak {human_bytes(after)}, not {MODULE_MODEL_MARGIN:.0%} below the original's {human_bytes(before)}, once "
                 "the arena's placements settle")
     graph, tensors = result.graph, result.after.tensors
-    after = predict_in_use(graph, simulate(graph, schedules.ort_default(graph), tensors), tensors).peak_in_use_bytes
-    before = predict_in_use(a.graph, default or default_order(a), a.tensors).peak_in_use_bytes
-    if after <= before * (1 - MODULE_MARGIN):
+    written_order = schedules.ort_default(graph)
+    original = default or default_order(a)
+    after = predict_in_use(graph, simulate(graph, written_order, tensors), tensors).peak_in_use_bytes
+    before = predict_in_use(a.graph, original, a.tensors).peak_in_use_bytes
+    if after > before * (1 - MODULE_MARGIN):
+        return (f"in the Module API's own session (ORT's defaults, DEFAULT order) the rewrite's predicted peak "
+                f"{human_bytes(after)} is not {MODULE_MARGIN:.0%} below the original's {human_bytes(before)}")
+    return _pattern_rise(a, result, written_order, list(original.order))
+
+
+def _pattern_rise(a: Analysis, result: RewriteResult, written_order: list[int], original_order: list[int]) -> str | None:
+    """Why the rewrite may be above the original in the Module session by its memory pattern
+    (``UNFUSED_MODULE_RISE``), modelled on the file's graph; None where it is not."""
+    after = predict_module(result.graph, result.after.tensors, written_order).peak_bytes
+    before = predict_module(a.graph, a.tensors, original_order).peak_bytes
+    if after <= before * (1 + UNFUSED_MODULE_RISE):
         return None
-    return (f"in the Module API's own session (ORT's defaults, DEFAULT order) the rewrite's predicted peak "
-            f"{human_bytes(after)} is not {MODULE_MARGIN:.0%} below the original's {human_bytes(before)}")
+    return (f"ckpt's model of the Module API's untuned session on this file's graph (its memory pattern and arena; "
+            f"ORT's fusions not simulated) predicts the rewrite's peak {human_bytes(after)}, above the original's "
+            f"{human_bytes(before)}")
 
 
 def original_floor(alt: Alternatives) -> int:
