@@ -538,3 +538,24 @@ def test_a_trial_s_module_runs_are_made_at_once(monkeypatch, artifact):
     assert out.report["planning"]["module_session"]["chosen"] is not None
     trial = [threads[k] for k in ("plan0", "plan0/settings", "training_model/settings")]
     assert threading.get_ident() not in trial  # each in a thread of its own (idle ones are reused)
+
+
+def test_a_hidden_tensor_ckpt_cannot_size_again_gets_its_declaration_back():
+    """``_sized_again``: a tensor whose only size is the file's declaration (made by an op
+    ckpt has no rule for) loses it when written with symbols of its own; ckpt's inference of
+    the file written would leave it unsized, so its declaration as written comes back."""
+    from onnx import TensorProto, helper
+
+    from ckpt_cli.io.written import _sized_again
+
+    nodes = [helper.make_node("Relu", ["x"], ["y"], name="r"),
+             helper.make_node("Opaque", ["y"], ["z"], name="o", domain="example.custom"),
+             helper.make_node("Neg", ["z"], ["out"], name="n")]
+    hidden = helper.make_tensor_value_info("z", TensorProto.FLOAT, [f"{UNPLANNED_SYMBOL}0", f"{UNPLANNED_SYMBOL}1"])
+    plain = helper.make_tensor_value_info("z", TensorProto.FLOAT, ["batch", 3])
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["batch", 3])], value_info=[hidden])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("example.custom", 1)])
+    assert _sized_again(model, {"z": hidden}, {"z": plain}, {"batch": 4}) == 2
+    assert [[d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
+            for v in model.graph.value_info if v.name == "z"] == [["batch", 3]]
