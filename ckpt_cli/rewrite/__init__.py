@@ -275,7 +275,8 @@ def module_shortfall(a: Analysis, result: RewriteResult, default: MemoryProfile 
     """Why ``result`` may not be lower than the original in the Module API's own session,
     or None: its predicted peak there (``peaks``: ckpt's model of that session, the
     rewrite's and the original's; else the arena peak in ORT's DEFAULT order) is not
-    MODULE_MODEL_MARGIN (MODULE_MARGIN) below the original's."""
+    MODULE_MODEL_MARGIN (MODULE_MARGIN) below the original's, or, without ``peaks``, that
+    session's model on the file's graph puts it UNFUSED_MODULE_RISE above."""
     if peaks is not None:
         after, before = peaks
         if after <= before * (1 - MODULE_MODEL_MARGIN):
