@@ -1449,25 +1449,6 @@ class LongContextEncoder(nn.Module):
         return self.head(x.mean(1))
 
 
-class UnrolledRNN(nn.Module):
-    """An Elman RNN written as its cell, unrolled over 64 steps (``h = tanh(x W + h U + b)``):
-    a chain as long as the sequence, the case of sqrt(n) checkpointing; the last state
-    through a linear readout."""
-
-    def __init__(self, d_in: int = 32, d: int = 128, steps: int = 64) -> None:
-        super().__init__()
-        self.steps = steps
-        self.inp, self.rec = nn.Linear(d_in, d), nn.Linear(d, d, bias=False)
-        self.head = nn.Linear(d, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [b, steps, d_in]
-        xs = self.inp(x)
-        h = torch.tanh(xs[:, 0])
-        for t in range(1, self.steps):
-            h = torch.tanh(xs[:, t] + self.rec(h))
-        return self.head(h)
-
-
 class WavEncoder(nn.Module):
     """A wav2vec-style feature encoder over 1 s of 16 kHz audio: five strided Conv1d (kernel
     10, 3, 3, 3, 2; strides 5, 2, 2, 2, 2) with GELU, the first one's [batch, 64, 3199]
@@ -1640,8 +1621,6 @@ def specs() -> list[Spec]:
         Spec("resnext", 17, CE, ResNeXt, (Tensor("input", ("batch", 3, 16, 16)),), logits, 16),
         Spec("long_context", 17, CE, LongContextEncoder,
              (Tensor("input_ids", ("batch", LONG_SEQ), "int64", VOCAB),), logits, 8, ln_stats=True),
-        Spec("unrolled_rnn", 17, MSE, UnrolledRNN, (Tensor("input", ("batch", 64, 32)),),
-             Tensor("pred", ("batch", 4)), 64),
         Spec("wav_encoder", 17, CE, WavEncoder, (Tensor("input", ("batch", 1, 16000)),), logits, 8, ln_stats=True),
         Spec("hypernet", 17, CE, HyperNet, (Tensor("input", ("batch", 64)), Tensor("context", ("batch", 16))),
              logits, 64),
