@@ -126,12 +126,12 @@ def never_worse(a: Analysis, planned: Planned | None, result: RewriteResult,
     return _unchanged(a, line, result.notes)
 
 
-# Without an ORT training interpreter, the guard above has only ckpt's arena model of the
-# file's graph: ORT's fusions and its memory pattern are not in it, and on architectures the
-# zoo was not tuned to it misjudged the Module session both ways (a rewrite written that
-# trained above the original, rewrites left out that trained at a third of it).
-COARSE_MODULE_NOTE = ("judged for the Module API's untuned session by ckpt's arena model of this file's graph "
-                      "alone (ORT's fusions and memory pattern are not in it); --python PY, an interpreter with "
+# Without an ORT training interpreter, the guard above has only ckpt's models of the file's
+# graph (its arena peak, and the memory pattern's rise): ORT's fusions are not in them, and on
+# architectures the zoo was not tuned to they misjudged the Module session both ways (a rewrite
+# written that trained above the original, rewrites left out that trained at a third of it).
+COARSE_MODULE_NOTE = ("judged for the Module API's untuned session by ckpt's models of this file's graph "
+                      "alone (ORT's fusions are not in them); --python PY, an interpreter with "
                       "onnxruntime-training, judges the default by training it")
 
 
