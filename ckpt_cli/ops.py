@@ -7,7 +7,7 @@ so an op moves between classes only with a new measurement.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -146,6 +146,13 @@ ALL_INPUT_SHAPES_OPS = frozenset({
     "MatMul", "Concat", "Gather"})
 
 
+# ORT training's CPU pooling gradients (MaxPoolGrad, AveragePoolGrad, onnxruntime-training
+# 1.19.2) size their output dX from the shape the graph declares for it, read in the kernel's
+# constructor: with no declared shape the constructor dereferences a null shape and the
+# process dies (SIGSEGV) while the session is made. MaxPoolGrad takes dX's first dimension
+# from dY at run time and every other one from the declaration; a symbolic dimension reads 0.
+SHAPE_FROM_DECLARATION_OPS = frozenset({"MaxPoolGrad", "AveragePoolGrad"})
+
 def is_recomputable(node: Node) -> bool:
     """Deterministic, without subgraphs, and a standard op or one of ORT's deterministic
     fused contrib ops: safe to run twice."""
@@ -190,18 +197,59 @@ def ort_may_fuse(producer_op: str, consumer_op: str) -> bool:
     return (producer_op, consumer_op) in ORT_FUSED_EDGES
 
 
-def ort_kernel_defects(nodes: Iterable[onnx.NodeProto]) -> list[str]:
-    """ONNX Runtime kernels in ``nodes`` known to compute wrongly, one line each. The CPU
-    ConvGrad of onnxruntime-training 1.19.2 over one spatial axis with ``group`` above 1
-    writes past its buffers: a one-node model of it, depthwise included, aborts the process
-    with the arena off, and with the arena and the memory pattern on the overflow lands in
-    other tensors' memory. The same node over two axes runs clean."""
+def ort_kernel_defects(nodes: Iterable[onnx.NodeProto],
+                       declared: Mapping[str, onnx.ValueInfoProto] | None = None) -> list[str]:
+    """ONNX Runtime kernels in ``nodes`` known to compute wrongly or crash, one line each;
+    ``declared``: the graph's value_info and outputs by name (the pooling gradients read
+    theirs, ``SHAPE_FROM_DECLARATION_OPS``). The CPU ConvGrad of onnxruntime-training 1.19.2
+    over one spatial axis with ``group`` above 1 writes past its buffers: a one-node model of
+    it, depthwise included, aborts the process with the arena off, and with the arena and the
+    memory pattern on the overflow lands in other tensors' memory. The same node over two
+    axes runs clean."""
+    nodes = list(nodes)
+    out = _pooling_declaration_defects(nodes, declared or {})
     grouped = [n for n in nodes if grouped_1d_conv_grad(n)]
-    if not grouped:
-        return []
-    return [f"{len(grouped)} grouped 1-D ConvGrad node(s) (group > 1): ONNX Runtime training 1.19.2's CPU kernel "
-            "writes past its buffers there (a one-node model of it crashes the process with the arena off); "
-            "losses and gradients of this model on that build are not trustworthy"]
+    if grouped:
+        out.append(f"{len(grouped)} grouped 1-D ConvGrad node(s) (group > 1): ONNX Runtime training 1.19.2's CPU "
+                   "kernel writes past its buffers there (a one-node model of it crashes the process with the "
+                   "arena off); losses and gradients of this model on that build are not trustworthy")
+    return out
+
+
+# The ops ``ort_kernel_defects`` judges (few in any graph: the rest need not be passed).
+KERNEL_DEFECT_OPS = SHAPE_FROM_DECLARATION_OPS | {"ConvGrad"}
+
+
+def declarations(graph: onnx.GraphProto) -> dict[str, onnx.ValueInfoProto]:
+    """The shapes ``graph`` declares for its tensors (value_info and outputs), by name."""
+    return {v.name: v for v in (*graph.value_info, *graph.output)}
+
+
+def _pooling_declaration_defects(nodes: list[onnx.NodeProto], declared: Mapping[str, onnx.ValueInfoProto]) -> list[str]:
+    """Pooling gradients whose output declaration their kernel cannot size dX from: none
+    (the session is never made), or a symbolic dimension it reads (as 0): AveragePoolGrad's
+    every dimension, MaxPoolGrad's past the first (that one it takes from dY)."""
+    missing, symbolic = [], []
+    for n in nodes:
+        if n.op_type not in SHAPE_FROM_DECLARATION_OPS or not n.output or not n.output[0]:
+            continue
+        v = declared.get(n.output[0])
+        t = v.type.tensor_type if v is not None and v.type.HasField("tensor_type") else None
+        if t is None or not t.HasField("shape"):
+            missing.append(n.name or n.output[0])
+        elif any(not d.HasField("dim_value") for d in t.shape.dim[(n.op_type == "MaxPoolGrad"):]):
+            symbolic.append(n.name or n.output[0])
+    out = []
+    if missing:
+        out.append(f"{len(missing)} pooling gradient node(s) with no shape declared for their output "
+                   f"({', '.join(missing[:3])}): ONNX Runtime training 1.19.2's CPU kernel reads that declaration "
+                   "when the session is made, and the process dies (SIGSEGV) without it")
+    if symbolic:
+        out.append(f"{len(symbolic)} pooling gradient node(s) whose output declares a symbolic dimension "
+                   f"({', '.join(symbolic[:3])}): ONNX Runtime training 1.19.2's CPU kernel sizes the gradient "
+                   "from the declaration and reads the symbol as 0 (an AveragePool's training graph with a "
+                   "symbolic batch dies with SIGFPE); declare those dimensions as numbers")
+    return out
 
 
 def grouped_1d_conv_grad(node: onnx.NodeProto) -> bool:

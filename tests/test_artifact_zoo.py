@@ -108,6 +108,40 @@ def test_a_rewrite_the_memory_pattern_model_puts_above_the_original_is_left_out(
     assert out.result.recompute_nodes == 0 and out.result.session == "ort_default"
     assert "memory pattern" in out.report["no_gain_reason"]
 
+def test_every_pooling_gradient_keeps_a_declared_shape():
+    """ORT's CPU MaxPoolGrad sizes dX from its declared shape when the session is made: zoo
+    pointnet's rewrite dropped the declaration with the file's inner symbol (``unk__1``), and
+    every session of it died with SIGSEGV. Each such output keeps its rank and sizes, the
+    inner symbol unnamed, the batch by the input's name."""
+    from ckpt_cli import rewrite_model
+
+    for name in ("pointnet", "lenet"):
+        out = rewrite_model(ZOO / name / "training_model.onnx")
+        declared = {v.name: v.type.tensor_type for v in out.model.graph.value_info}
+        pooled = [n.output[0] for n in out.model.graph.node if n.op_type == "MaxPoolGrad"]
+        assert pooled, name
+        for t in pooled:
+            assert declared[t].HasField("shape"), (name, t)
+            dims = declared[t].shape.dim
+            assert len(dims) == 3 if name == "pointnet" else len(dims) == 4
+            assert all(d.dim_value > 0 for d in dims[1:]) and not dims[0].dim_param.startswith("unk__")
+    assert out.result.recompute_nodes == 0  # lenet, written unchanged, keeps the file's declarations
+
+
+def test_the_pointnet_rewrite_makes_a_session(training_python, tmp_path):  # noqa: F811
+    """The crash itself: ORT training makes a session of zoo pointnet's default rewrite."""
+    import subprocess
+
+    from ckpt_cli import rewrite_model
+
+    out = tmp_path / "pointnet.onnx"
+    assert rewrite_model(ZOO / "pointnet" / "training_model.onnx", out).result.recompute_nodes > 0
+    made = subprocess.run([training_python, "-c", "import sys, onnxruntime as o; "
+                           "o.InferenceSession(sys.argv[1], providers=['CPUExecutionProvider']); print('made')",
+                           str(out)], capture_output=True, text=True, timeout=300)
+    assert made.returncode == 0 and "made" in made.stdout, (made.returncode, made.stderr[-500:])
+
+
 def test_written_shapes_keep_the_symbolic_dims(tmp_path):
     """Shapes ckpt writes for its copies name the batch as the input does, and a multiple of
     it (gpt's flattened rows) as a product: never the value the sizes were taken at."""

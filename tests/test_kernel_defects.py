@@ -42,6 +42,42 @@ def test_ungrouped_and_2d_conv_grads_are_not():
     assert ort_kernel_defects([plain]) == []
 
 
+def _pool_grad(op: str, name: str) -> onnx.NodeProto:
+    return helper.make_node(op, ["dY", "I"], [f"dX_{name}"], name=name, kernel_shape=[2, 2], strides=[2, 2])
+
+
+def test_pooling_gradients_need_numbers_where_their_kernel_reads_the_declaration():
+    """ORT's CPU MaxPoolGrad and AveragePoolGrad size dX from its declared shape: none kills
+    the session's making (SIGSEGV), a symbol reads as 0 (MaxPoolGrad's first dimension
+    aside, taken from dY at run time)."""
+    declared = {f"dX_{k}": helper.make_tensor_value_info(f"dX_{k}", onnx.TensorProto.FLOAT, dims) for k, dims in
+                {"batch_first": ["batch", 8, 16, 16], "static": [4, 8, 16, 16], "inner": [4, "unk__1", 16, 16]}.items()}
+    assert ort_kernel_defects([_pool_grad("MaxPoolGrad", k) for k in ("batch_first", "static")], declared) == []
+    assert ort_kernel_defects([_pool_grad("AveragePoolGrad", "static")], declared) == []
+    avg = ort_kernel_defects([_pool_grad("AveragePoolGrad", "batch_first")], declared)
+    assert len(avg) == 1 and avg[0].startswith("1 pooling gradient node(s) whose output declares a symbolic")
+    inner = ort_kernel_defects([_pool_grad("MaxPoolGrad", "inner"), _pool_grad("MaxPoolGrad", "none")], declared)
+    assert [line.split(" (")[0] for line in inner] == [
+        "1 pooling gradient node(s) with no shape declared for their output",
+        "1 pooling gradient node(s) whose output declares a symbolic dimension"]
+    assert "(none)" in inner[0] and "(inner)" in inner[1]
+
+
+def test_inspect_names_a_pooling_gradient_without_its_declaration(tmp_path):
+    from ckpt_cli import inspect_model
+
+    model = onnx.load(ROOT / "sample_models" / "zoo" / "lenet" / "training_model.onnx")
+    pooled = {n.output[0] for n in model.graph.node if n.op_type == "MaxPoolGrad"}
+    kept = [v for v in model.graph.value_info if v.name not in pooled]
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(kept)
+    onnx.save(model, tmp_path / "undeclared.onnx")
+    assert inspect_model(ROOT / "sample_models" / "zoo" / "lenet" / "training_model.onnx").to_json()[
+        "ort_kernel_defects"] == []
+    found = inspect_model(tmp_path / "undeclared.onnx").to_json()["ort_kernel_defects"]
+    assert len(found) == 1 and found[0].startswith(f"{len(pooled)} pooling gradient node(s) with no shape declared")
+
+
 def test_a_crash_of_such_a_model_names_the_cause(tmp_path):
     from ckpt_cli.errors import RunFailed
     from ckpt_cli.verify.stage import _known_cause

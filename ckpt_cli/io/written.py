@@ -8,6 +8,7 @@ import onnx
 
 from ..markers import (FRESH_META, GUARD_META, MEM_PATTERN_META, MEM_REUSE_META, PIN_META, PROVENANCE_PREFIX,
                        RECOMPUTE_META, SESSION_META, SessionPlan, is_recompute_copy)
+from ..ops import SHAPE_FROM_DECLARATION_OPS
 from .save import build_model
 
 if TYPE_CHECKING:
@@ -43,10 +44,10 @@ def to_model(result: RewriteResult, metadata: dict[str, str] | None = None,
         # leaves exactly the fresh tensors (and their guard views) unknown to it.
         del model.graph.value_info[:]
         model.graph.value_info.extend(_static_value_info(result, shapes))
-        return _without_inner_symbols(model, result)
-    model.graph.value_info.extend(_copy_value_info(result, shapes))
-    _guard_value_info(model, result, shapes)
-    return _without_inner_symbols(model, result)
+    else:
+        model.graph.value_info.extend(_copy_value_info(result, shapes))
+        _guard_value_info(model, result, shapes)
+    return _kernel_shapes_declared(_without_inner_symbols(model, result), result, shapes)
 
 
 def _guard_value_info(model: onnx.ModelProto, result: RewriteResult, shapes: SymbolicShapes) -> None:
@@ -75,14 +76,65 @@ def _without_inner_symbols(model: onnx.ModelProto, result: RewriteResult) -> onn
     if not result.recompute_nodes:
         return model
     g = model.graph
-    outer = {d.dim_param for v in (*g.input, *g.output) if v.type.HasField("tensor_type")
-             for d in v.type.tensor_type.shape.dim if d.dim_param}
+    outer = _outer_symbols(g)
     for v in g.value_info:
         t = v.type.tensor_type if v.type.HasField("tensor_type") else None
         if t is not None and t.HasField("shape") and any(d.dim_param and d.dim_param not in outer for d in t.shape.dim):
             t.ClearField("shape")
     return model
 
+
+
+def _outer_symbols(g: onnx.GraphProto) -> set[str]:
+    """The symbolic dimensions the graph's inputs and outputs name."""
+    return {d.dim_param for v in (*g.input, *g.output) if v.type.HasField("tensor_type")
+            for d in v.type.tensor_type.shape.dim if d.dim_param}
+
+
+def _kernel_shapes_declared(model: onnx.ModelProto, result: RewriteResult,
+                            shapes: SymbolicShapes) -> onnx.ModelProto:
+    """``model`` with a shape declared for every output whose ORT kernel sizes it from the
+    declaration (``ops.SHAPE_FROM_DECLARATION_OPS``: without one ORT crashes while making the
+    session): the declared or inferred shape, a symbol kept where the graph's inputs or
+    outputs name it and left unnamed otherwise (``_without_inner_symbols`` says why)."""
+    g = model.graph
+    ends = {o.name for o in g.output}
+    wanted = [n.outputs[0] for n in result.graph.nodes if n.op_type in SHAPE_FROM_DECLARATION_OPS
+              and n.outputs and n.outputs[0] and n.outputs[0] not in ends]
+    if not wanted:
+        return model
+    outer = _outer_symbols(g)
+    declared = {v.name: v for v in g.value_info}
+    for t in wanted:
+        info = result.after.tensors.get(t)
+        old = declared.get(t)
+        dims = _declared_dims(old) or _inferred_dims(info, shapes.get(t))
+        dtype = old.type.tensor_type.elem_type if old is not None else (info.dtype if info is not None else 0)
+        if dims is None or not dtype:
+            continue
+        kept = [d if isinstance(d, int) or d in outer else None for d in dims]
+        made = onnx.helper.make_tensor_value_info(t, dtype, kept)
+        if old is not None:
+            old.CopyFrom(made)
+        else:
+            g.value_info.append(made)
+    return model
+
+
+def _declared_dims(v: onnx.ValueInfoProto | None) -> list[int | str | None] | None:
+    if v is None or not v.type.HasField("tensor_type") or not v.type.tensor_type.HasField("shape"):
+        return None
+    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in v.type.tensor_type.shape.dim]
+
+
+def _inferred_dims(info: TensorInfo | None, symbolic: list[int | str | None] | None) -> list[int | str | None] | None:
+    if symbolic is not None:
+        return list(symbolic)
+    if info is None:
+        return None
+    if info.ort_shape is not None:
+        return list(info.ort_shape)
+    return list(info.shape) if info.static_shape and info.shape is not None else None
 
 # The symbols ``unplanned_shapes`` declares, one per dimension, numbered through the file.
 UNPLANNED_SYMBOL = "ckpt_unplanned_"

@@ -18,7 +18,7 @@ from ..analysis import Analysis, buffer_bytes, default_order, lowest_peak
 from ..analysis.scopes import UNSCOPED, top_scope
 from ..graph import gc_paused
 from ..markers import REGION_META, is_recompute_copy
-from ..ops import ort_kernel_defects, thread_racing_outputs
+from ..ops import KERNEL_DEFECT_OPS, declarations, ort_kernel_defects, thread_racing_outputs
 from ..ort.registry import ort_only_ops
 from ..planning.budget import Planned
 from ..rewrite import RewriteResult
@@ -201,9 +201,14 @@ def model_facts(a: Analysis) -> Report:
         "dims": {d: DimValue(value=v, source="default" if d in a.default_dims else "given") for d, v in a.dims},
         "ort_registered_ops": ort_only_ops(a.graph.model),
         "reduced_precision": reduced_precision(a),
-        "ort_kernel_defects": ort_kernel_defects(n.proto for n in a.graph.nodes if n.op_type == "ConvGrad"),
+        "ort_kernel_defects": _kernel_defects(a),
         "thread_racing_outputs": _racing_outputs(a),
     }
+
+
+def _kernel_defects(a: Analysis) -> list[str]:
+    nodes = [n.proto for n in a.graph.nodes if n.op_type in KERNEL_DEFECT_OPS]
+    return ort_kernel_defects(nodes, declarations(a.graph.model.graph) if nodes else None)
 
 
 def _racing_outputs(a: Analysis) -> list[str]:

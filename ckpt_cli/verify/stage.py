@@ -27,7 +27,7 @@ from ..errors import CheckFailed, RunFailed, RuntimeUnavailable, UsageError
 from ..graph import Graph
 from ..markers import SessionPlan
 from ..options import CheckOptions
-from ..ops import VIEW_OPS, ort_kernel_defects
+from ..ops import VIEW_OPS, declarations, ort_kernel_defects
 from . import driver
 from .feeds import prepare_feeds
 from .figures import (CheckFigures, Finding, MeasuredRuns, Measurement, OutputFigures, PlainPrediction,
@@ -89,18 +89,19 @@ def _run(original: Path, rewritten: Path, feeds: Path, options: driver.PairOptio
             # ckpt's validation had ORT load it with optimizations off: not the model's fault
             raise RunFailed(e.kind, f"ONNX Runtime could not load a model ckpt validated (ORT loads it with "
                                     f"optimizations off): {e.message}") from e
-        raise RunFailed(e.kind, f"ONNX Runtime failed ({e.kind}): {e.message}{_known_cause(original, e)}") from e
+        raise RunFailed(e.kind, f"ONNX Runtime failed ({e.kind}): {e.message}"
+                                f"{_known_cause(original, e) or _known_cause(rewritten, e)}") from e
 
 
-def _known_cause(original: Path, e: RunFailed) -> str:
-    """A crash's known cause in the model's kernels, as a clause of the message, or ''."""
+def _known_cause(path: Path, e: RunFailed) -> str:
+    """A crash's known cause in the kernels of the model at ``path``, as a clause of the message, or ''."""
     if e.kind != "crashed":
         return ""
     try:
-        nodes = onnx.load(str(original), load_external_data=False).graph.node
+        graph = onnx.load(str(path), load_external_data=False).graph
     except Exception:  # noqa: BLE001 - a model onnx cannot read: the crash is the message, a cause only a bonus
         return ""
-    defects = ort_kernel_defects(nodes)
+    defects = ort_kernel_defects(graph.node, declarations(graph))
     return f"; a known cause: {defects[0]}" if defects else ""
 
 
