@@ -91,3 +91,17 @@ def test_reduce_sum_training_by_computed_axes_has_no_shape_before_the_run(tmp_pa
     reduced = [t for n in a.graph.nodes if n.op_type == "ReduceSumTraining" for t in n.outputs]
     assert len(reduced) == 3 * 2 and all(a.tensors[t].nbytes for t in reduced)
     assert all(a.tensors[t].planner_shape is None for t in reduced)
+
+
+def test_a_dimension_onnx_names_itself_is_unknown_to_ort():
+    """ORT infers bert's weight-gradient views (Reshape of dY to [-1, 128]) as [None, 128]:
+    the rows there are a product of the file's ``unk__N`` and 32, which neither ORT nor onnx
+    names; onnx's inference names it with a symbol of its own (``unk__M`` past the file's).
+    ckpt takes such a dimension as ORT does: unknown before the run (no shape for its
+    planner), where the file's own symbols stay ORT's shape."""
+    tensors = inspect_model(ZOO / "bert" / "training_model.onnx").analysis.tensors
+    view = tensors["/blocks.1/mlp/mlp.2/MatMul_Grad/dY_reshape_2d"]
+    assert view.nbytes == 2048 * 128 * 4 and not view.static_shape and view.ort_shape is None
+    declared = tensors["/blocks.1/mlp/mlp.2/MatMul_output_0_grad"]
+    assert not declared.static_shape and declared.ort_shape is not None
+    assert str(declared.ort_shape[0]).startswith("unk__") and declared.ort_shape[1:] == (32, 128)

@@ -318,6 +318,10 @@ def _symbols_to_ort(unbound: onnx.ModelProto | None, tensors: dict[str, TensorIn
     carries symbols from inputs to outputs: onnx's inference without data propagation, on
     the file as it is, does the same (it has no rule for ORT's contrib ops nor reads ckpt's
     guard views: what ORT cannot size there stays unknown, unless the file declares it).
+    Where onnx names a dimension itself (``unk__N`` past the file's: a Reshape to [-1, 128]
+    of a tensor with a symbolic dimension) or leaves it unknown, ORT's own inference of the
+    same file leaves it unknown (onnxruntime-training 1.19.2 on the zoo's transformers): no
+    shape for its planner, not even by symbols.
     ``unbound``: the file's model with its ``symbols`` unbound (None: it declares none)."""
     if unbound is None:
         return
@@ -331,9 +335,12 @@ def _symbols_to_ort(unbound: onnx.ModelProto | None, tensors: dict[str, TensorIn
             continue
         bound = [dims.get(d, d) if isinstance(d, str) else d for d in shape]
         free = [d for d in bound if isinstance(d, str)]
-        if free and all(d in symbols for d in free) and all(
-                d == e for d, e in zip(bound, info.shape) if isinstance(d, int)):
+        if not free or not all(d == e for d, e in zip(bound, info.shape) if isinstance(d, int)):
+            continue
+        if all(d in symbols for d in free):
             tensors[v.name] = replace(info, static_shape=False, ort_shape=shape)
+        else:  # a dimension onnx named itself (unk__N past the file's) or left unknown: ORT has none
+            tensors[v.name] = unknown_to_ort(info)
 
 
 def infer_tied(graph: Graph, bound: dict[str, int], free: tuple[str, ...]) -> Shapes:
