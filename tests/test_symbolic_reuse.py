@@ -105,3 +105,17 @@ def test_a_dimension_onnx_names_itself_is_unknown_to_ort():
     declared = tensors["/blocks.1/mlp/mlp.2/MatMul_output_0_grad"]
     assert not declared.static_shape and declared.ort_shape is not None
     assert str(declared.ort_shape[0]).startswith("unk__") and declared.ort_shape[1:] == (32, 128)
+
+
+def test_weight_gradients_of_orts_ops_have_no_shape_before_the_run():
+    """ORT 1.19.2's inference gives ConvGrad's and BatchNormalizationGrad's weight gradients
+    no shape (their input gradients it sizes), nor GatherGrad's embedding gradient: ckpt
+    sizes them all, for ORT's planner none."""
+    resnet = inspect_model(ZOO / "resnet_block" / "training_model.onnx").analysis.tensors
+    for t in ("4.conv2.weight_grad", "4.bn2.weight_grad", "4.bn2.bias_grad"):
+        assert resnet[t].nbytes and not resnet[t].static_shape and resnet[t].ort_shape is None, t
+    known = resnet["/4/Relu_output_0_grad"]  # ConvGrad's dX
+    assert known.nbytes and (known.static_shape or known.ort_shape is not None)
+    gpt = inspect_model(ZOO / "gpt" / "training_model.onnx").analysis.tensors
+    assert gpt["tok.weight_grad"].nbytes == 1000 * 128 * 4 and gpt["tok.weight_grad"].ort_shape is None
+    assert not gpt["tok.weight_grad"].static_shape

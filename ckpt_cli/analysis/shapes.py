@@ -506,7 +506,7 @@ def _fill_ort_op_shapes(read: _Read, tensors: dict[str, TensorInfo]) -> list[str
             if out == ABSENT or shape is None or (out in tensors and tensors[out].nbytes is not None):
                 continue
             tensors[out] = _info(dtype or (tensors[out].dtype if out in tensors else 0), tuple(shape))
-            if not known:
+            if not known or not ort_shapes.RULES.ort_infers_output(node, pos):
                 tensors[out] = unknown_to_ort(tensors[out])
             if tensors[out].nbytes is not None:
                 sized.append(out)
