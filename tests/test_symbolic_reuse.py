@@ -119,3 +119,31 @@ def test_weight_gradients_of_orts_ops_have_no_shape_before_the_run():
     gpt = inspect_model(ZOO / "gpt" / "training_model.onnx").analysis.tensors
     assert gpt["tok.weight_grad"].nbytes == 1000 * 128 * 4 and gpt["tok.weight_grad"].ort_shape is None
     assert not gpt["tok.weight_grad"].static_shape
+
+
+@pytest.mark.parametrize("name", ["bert", "resnet_block", "conformer"])
+def test_what_ort_sizes_before_the_run_is_what_ckpt_says(name, training_python, tmp_path):  # noqa: F811
+    """Tensor by tensor against ORT's own inferred shapes of the file: every output of a node
+    ORT runs as written (its own ops' and onnx's) that ckpt takes as known to ORT's planner
+    (a static shape, or one by symbols) has a shape there with no unknown dimension, and the
+    reverse."""
+    import shutil
+
+    from ckpt_cli.verify.module_model import ort_shapes
+
+    src = ZOO / name / "training_model.onnx"
+    shutil.copy(src, tmp_path / "m.onnx")
+    ort = ort_shapes(tmp_path / "m.onnx", 600, training_python)
+    a = inspect_model(src).analysis
+    outputs = set(a.graph.outputs)
+    disagree = []
+    for node in a.graph.nodes:
+        for t in node.outputs:
+            if not t or t in outputs or t not in ort:
+                continue
+            info = a.tensors[t]
+            ours = info.static_shape or info.ort_shape is not None
+            theirs = ort[t] is not None and all(d is not None for d in ort[t])
+            if ours != theirs:
+                disagree.append((node.op_type, t, info.shape, ort[t]))
+    assert disagree == []
