@@ -84,7 +84,6 @@ def _without_inner_symbols(model: onnx.ModelProto, result: RewriteResult) -> onn
     return model
 
 
-
 def _outer_symbols(g: onnx.GraphProto) -> set[str]:
     """The symbolic dimensions the graph's inputs and outputs name."""
     return {d.dim_param for v in (*g.input, *g.output) if v.type.HasField("tensor_type")
