@@ -153,6 +153,7 @@ ALL_INPUT_SHAPES_OPS = frozenset({
 # from dY at run time and every other one from the declaration; a symbolic dimension reads 0.
 SHAPE_FROM_DECLARATION_OPS = frozenset({"MaxPoolGrad", "AveragePoolGrad"})
 
+
 def is_recomputable(node: Node) -> bool:
     """Deterministic, without subgraphs, and a standard op or one of ORT's deterministic
     fused contrib ops: safe to run twice."""
