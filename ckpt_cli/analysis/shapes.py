@@ -318,10 +318,6 @@ def _symbols_to_ort(unbound: onnx.ModelProto | None, tensors: dict[str, TensorIn
     carries symbols from inputs to outputs: onnx's inference without data propagation, on
     the file as it is, does the same (it has no rule for ORT's contrib ops nor reads ckpt's
     guard views: what ORT cannot size there stays unknown, unless the file declares it).
-    Where onnx names a dimension itself (``unk__N`` past the file's: a Reshape to [-1, 128]
-    of a tensor with a symbolic dimension) or leaves it unknown, ORT's own inference of the
-    same file leaves it unknown (onnxruntime-training 1.19.2 on the zoo's transformers): no
-    shape for its planner, not even by symbols.
     ``unbound``: the file's model with its ``symbols`` unbound (None: it declares none)."""
     if unbound is None:
         return
@@ -335,12 +331,9 @@ def _symbols_to_ort(unbound: onnx.ModelProto | None, tensors: dict[str, TensorIn
             continue
         bound = [dims.get(d, d) if isinstance(d, str) else d for d in shape]
         free = [d for d in bound if isinstance(d, str)]
-        if not free or not all(d == e for d, e in zip(bound, info.shape) if isinstance(d, int)):
-            continue
-        if all(d in symbols for d in free):
+        if free and all(d in symbols for d in free) and all(
+                d == e for d, e in zip(bound, info.shape) if isinstance(d, int)):
             tensors[v.name] = replace(info, static_shape=False, ort_shape=shape)
-        else:  # a dimension onnx named itself (unk__N past the file's) or left unknown: ORT has none
-            tensors[v.name] = unknown_to_ort(info)
 
 
 def infer_tied(graph: Graph, bound: dict[str, int], free: tuple[str, ...]) -> Shapes:
@@ -506,7 +499,7 @@ def _fill_ort_op_shapes(read: _Read, tensors: dict[str, TensorInfo]) -> list[str
             if out == ABSENT or shape is None or (out in tensors and tensors[out].nbytes is not None):
                 continue
             tensors[out] = _info(dtype or (tensors[out].dtype if out in tensors else 0), tuple(shape))
-            if not known or not ort_shapes.RULES.ort_infers_output(node, pos):
+            if not known:
                 tensors[out] = unknown_to_ort(tensors[out])
             if tensors[out].nbytes is not None:
                 sized.append(out)

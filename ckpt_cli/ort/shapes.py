@@ -358,15 +358,6 @@ ONNX_DOMAIN_RULES: dict[str, Rule] = {
 # otherwise): ORT's planner then knows no shape for them before the run.
 ORT_SIZES_FROM_CONSTANT: dict[str, int] = {"ReduceSumTraining": 1, "SplitTraining": 1}
 
-# Outputs ORT's own shape inference leaves without a shape, whatever the inputs (the weight
-# gradients of ConvGrad, BatchNormalizationGrad and SimplifiedLayerNormalizationGrad, the
-# embedding gradient of GatherGrad, BroadcastGradientArgs' axes, LSTMTraining's iofc): ORT
-# 1.19.2's inferred shapes of the zoo's 50 artifacts, output by output.
-ORT_UNINFERRED_OUTPUTS: dict[str, frozenset[int]] = {
-    "ConvGrad": frozenset({1, 2}), "BatchNormalizationGrad": frozenset({1, 2}), "GatherGrad": frozenset({0}),
-    "SimplifiedLayerNormalizationGrad": frozenset({1}), "BroadcastGradientArgs": frozenset({0, 1}),
-    "LSTMTraining": frozenset({3})}
-
 
 ValueRule = Callable[[Sequence[int], Sequence[int]], tuple[list[int], list[int]]]
 
@@ -384,7 +375,6 @@ class RuleTable:
     guard_view: Rule
     values: Mapping[str, ValueRule]
     sizes_from_constant: Mapping[str, int]
-    uninferred: Mapping[str, frozenset[int]]
 
     def contrib_rule(self, op_type: str) -> Optional[Rule]:
         rule = self.contrib.get(op_type)
@@ -403,11 +393,7 @@ class RuleTable:
         pos = self.sizes_from_constant.get(node.op_type)
         return pos is None or node.domain in ("", "ai.onnx") or (pos < len(node.inputs) and constant(node.inputs[pos]))
 
-    def ort_infers_output(self, node: Node, pos: int) -> bool:
-        """Whether ORT's shape inference can size output ``pos`` of ``node`` at all."""
-        return node.domain in ("", "ai.onnx") or pos not in self.uninferred.get(node.op_type, ())
-
 
 _SAME_AS_INPUT: Rule = _same_as({0: 0})
 RULES = RuleTable(CONTRIB_RULES, _ELEMENTWISE, ONNX_DOMAIN_RULES, GUARD_VIEW,
-                  {"BroadcastGradientArgs": broadcast_gradient_axes}, ORT_SIZES_FROM_CONSTANT, ORT_UNINFERRED_OUTPUTS)
+                  {"BroadcastGradientArgs": broadcast_gradient_axes}, ORT_SIZES_FROM_CONSTANT)
