@@ -25,7 +25,7 @@ from ckpt_cli.report.model import check_report
 from ckpt_cli.verify.driver import WorkerOptions
 from ckpt_cli.verify.module_runs import artifact_files, run_module
 from ckpt_cli.verify.records import ModuleSessions
-from ckpt_cli.verify.rules import MODULE_NOISE_BYTES, judge
+from ckpt_cli.verify.rules import PROCESS_PEAK_NOISE_BYTES, judge
 from test_ort_training import training_python  # noqa: F401 - the fixture
 from test_verdict_rule_figures import _figures
 
@@ -125,9 +125,9 @@ def test_module_session_not_raised_fails_a_rewrite_above_the_original_untuned():
     assert f.failures == ["trained by the Module API in its untuned session, the rewrite's process peak "
                           "(21.0 MiB) is above the original's (20.0 MiB) by 1.0 MiB"]
     assert not f.memory_lower
-    # within max(64 KiB, 1%) of the original: noise, not a finding
+    # within max(256 KiB, 1%) of the original: noise, not a finding
     assert _judged(_sessions(rewritten_untuned=_run(20 * MIB + 200 * 1024))).passed
-    small = _sessions(rewritten_untuned=_run(MIB + MODULE_NOISE_BYTES + 4096))
+    small = _sessions(rewritten_untuned=_run(MIB + PROCESS_PEAK_NOISE_BYTES + 4096))
     small["original_untuned"] = _run(MIB)
     assert not _judged(small).passed
     # above the original under the settings only: the untuned session is the one judged
@@ -339,3 +339,51 @@ def test_module_sessions_predict_the_untuned_runs_at_the_feeds_dims(tmp_path, mo
     assert m.predicted["original"] == ModulePredicted(19 * MIB, 21 * MIB, None)
     assert seen == [("training_model.onnx", {"batch": 8}, "trainer"), (chain_path.name, {"batch": 8}, "trainer")]
     assert module_runs.module_sessions(original, chain_path, tmp_path / "feeds.npz", worker, 3).predicted == {}
+
+
+def _artifact(tmp_path, chain_path):
+    for name in ("checkpoint", "eval_model.onnx", "optimizer_model.onnx"):
+        (tmp_path / name).write_bytes(b"")
+    original = tmp_path / "training_model.onnx"
+    original.write_bytes(chain_path.read_bytes())
+    return original
+
+
+@pytest.mark.parametrize("original_peaks, rewrite_peaks, passed", [
+    # noise on the first run only: trained again once, each side judged by its lowest peak
+    ([20480, 20480], [21504, 20480], True),
+    # 1 MiB above the original every time: REMEASURE more runs each, then the check fails
+    ([20480] * 3, [21504] * 3, False),
+    # within the noise at once: not trained again
+    ([20480], [20480], True),
+    # 300 KiB above at its lowest, but each file's own runs lay 330-400 KiB apart
+    ([4800, 5200], [5100, 5430], True),
+])
+def test_an_untuned_rewrite_measured_above_the_original_is_trained_again(tmp_path, monkeypatch, chain_path,
+                                                                        original_peaks, rewrite_peaks, passed):
+    """A high-water mark only gains from noise: the zoo's kan, written unchanged, measured
+    132 KiB above its original in CI and at par when trained again. Peaks in KiB."""
+    from ckpt_cli.verify import module_runs
+    from ckpt_cli.verify.records import ModuleRun
+
+    original = _artifact(tmp_path, chain_path)
+    queues = {"original": list(original_peaks), "rewritten": list(rewrite_peaks)}
+    trained = {"original": 0, "rewritten": 0}
+
+    def train(model, files, feeds, settings, worker, steps):
+        side = "original" if model == original else "rewritten"
+        if settings is not None:
+            return ModuleRun(20 * MIB, tuple(LOSSES), 0.1)
+        trained[side] += 1
+        return ModuleRun(queues[side].pop(0) * 1024, tuple(LOSSES), 0.1)
+
+    monkeypatch.setattr(module_runs, "run_module", train)
+    m = module_runs.module_sessions(original, chain_path, tmp_path / "feeds.npz", WorkerOptions("py", 60), 3)
+    assert trained == {"original": len(original_peaks), "rewritten": len(rewrite_peaks)}
+    o, r = m.runs["original_untuned"], m.runs["rewritten_untuned"]
+    again = len(rewrite_peaks) > 1
+    assert o.peak_runs == (tuple(p * 1024 for p in original_peaks) if again else ())
+    assert r.peak_runs == (tuple(p * 1024 for p in rewrite_peaks) if again else ())
+    assert (o.peak_bytes, r.peak_bytes) == (min(original_peaks) * 1024, min(rewrite_peaks) * 1024)
+    assert ModuleSessions.of(m.to_json()) == m  # the JSON keeps every run
+    assert ("module_session_not_raised" not in _judged(m.to_json()).codes) == passed

@@ -18,13 +18,14 @@ import statistics
 import sys
 import tempfile
 from pathlib import Path
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..errors import RunFailed
 from ..ort import child
 from . import module_child as _module_child
 from .driver import MODULE_CHILD_ENV, WorkerOptions, _child_env, _parse
+from .rules import module_rise_is_noise
 from .records import MODULE_SESSIONS, MODULE_SIDES, ModulePredicted, ModuleRun, ModuleSessions
 
 MODULE_CHILD_PATH = os.path.abspath(_module_child.__file__)
@@ -35,6 +36,12 @@ STEPS = 10
 ARTIFACT_FILES = {"checkpoint": "checkpoint", "eval_model": "eval_model.onnx",
                   "optimizer_model": "optimizer_model.onnx"}
 SESSIONS, SIDES = MODULE_SESSIONS, MODULE_SIDES
+# A process's high-water mark only gains from noise (pages the allocator touches as other
+# processes press on the CPUs): an untuned rewrite measured above the original is trained
+# again, both sides, up to this many more times, each side judged by its lowest peak. The
+# same file measured 4.83-5.04 MiB over five checks run two at a time (zoo kan).
+REMEASURE = 2
+UNTUNED = ("original_untuned", "rewritten_untuned")
 # A finding about the model (the child answered why ORT did not run it), not a child gone wrong.
 _MODEL_FAILURES = ("load_failed", "run_failed")
 
@@ -110,9 +117,23 @@ def module_sessions(original: str | os.PathLike[str], rewritten: str | os.PathLi
                 if e.kind not in _MODEL_FAILURES:
                     raise
                 errors[key] = f"{e.kind}: {e.message}"
+    runs = _remeasured(runs, lambda model: run_module(model, files, feeds_path, None, worker, steps),
+                       dict(zip(UNTUNED, (original, rewritten))))
     predicted = {} if dims is None else {side: _predicted(model, dims, worker, steps)
                                          for side, model in zip(SIDES, (original, rewritten))}
     return ModuleSessions(None, steps, settings, runs, errors, predicted)
+
+
+def _remeasured(runs: dict[str, ModuleRun], train: Callable[[str | os.PathLike[str]], ModuleRun],
+                models: Mapping[str, str | os.PathLike[str]]) -> dict[str, ModuleRun]:
+    """``runs`` with both untuned sides trained again while the rewrite stays above the
+    original beyond the noise (``rules.module_rise_is_noise``), at most ``REMEASURE`` times."""
+    for _ in range(REMEASURE):
+        o, r = (runs.get(k) for k in UNTUNED)
+        if o is None or r is None or module_rise_is_noise(o, r):
+            break
+        runs = {**runs, **{k: runs[k].again(train(models[k]).peak_bytes) for k in UNTUNED}}
+    return runs
 
 
 def _predicted(model: str | os.PathLike[str], dims: Mapping[str, int], worker: WorkerOptions,

@@ -8,7 +8,7 @@ The rules read fields; ``to_json()`` gives each record back as the keys ``ckpt c
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 
@@ -161,14 +161,28 @@ class RunToRun:
 
 @dataclass(frozen=True)
 class ModuleRun:
-    """One training model trained in the Module API: its process peak, losses, step time."""
+    """One training model trained in the Module API: its process peak, losses, step time;
+    ``peak_runs``: every peak measured when it was trained again (``peak_bytes`` is then
+    the lowest, noise only ever adding to a high-water mark)."""
 
     peak_bytes: int
     losses_hex: tuple[str, ...]
     time_s: float
+    peak_runs: tuple[int, ...] = ()
+
+    def again(self, peak_bytes: int) -> "ModuleRun":
+        """This run with the peak of one more run of the same file folded in."""
+        runs = (*(self.peak_runs or (self.peak_bytes,)), peak_bytes)
+        return replace(self, peak_bytes=min(runs), peak_runs=runs)
+
+    @property
+    def spread(self) -> int:
+        """How far this file's own peaks lay apart when trained again (0: trained once)."""
+        return max(self.peak_runs) - min(self.peak_runs) if self.peak_runs else 0
 
     def to_json(self) -> dict[str, Any]:
-        return {"peak_bytes": self.peak_bytes, "losses_hex": list(self.losses_hex), "time_s": self.time_s}
+        out = {"peak_bytes": self.peak_bytes, "losses_hex": list(self.losses_hex), "time_s": self.time_s}
+        return {**out, "peak_bytes_runs": list(self.peak_runs)} if self.peak_runs else out
 
 
 @dataclass(frozen=True)
@@ -215,7 +229,8 @@ class ModuleSessions:
     def of(cls, d: Mapping[str, Any]) -> "ModuleSessions":
         if "skipped" in d:
             return cls(d["skipped"])
-        runs = {k: ModuleRun(d[k]["peak_bytes"], tuple(d[k]["losses_hex"]), d[k]["time_s"])
+        runs = {k: ModuleRun(d[k]["peak_bytes"], tuple(d[k]["losses_hex"]), d[k]["time_s"],
+                             tuple(d[k].get("peak_bytes_runs", ())))
                 for k in MODULE_RUN_KEYS if k in d}
         long_run = d.get("predicted_untuned_long_run") or {}
         predicted = {side: ModulePredicted.of(p, long_run.get(side)) for side, p in (d.get("predicted_untuned") or {}).items()}

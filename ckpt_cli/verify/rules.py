@@ -15,11 +15,11 @@ from typing import Callable
 
 from ..units import human_bytes
 from .figures import CheckFigures, Finding, Measurement, failure, note
-from .records import MODULE_SIDES, Mismatch, RunToRun
+from .records import MODULE_SIDES, Mismatch, ModuleRun, RunToRun
 
 PROCESS_PEAK_NOISE_BYTES = 256 * 1024
-# A Module session's process peak (VmHWM, malloc's mmap threshold at 64 KiB): measured
-# the same twice within a page or two; a rise above this is the rewrite's.
+# What a plan the Module sessions measured may add to the original's peak and still be
+# chosen (verify/module_choice.py); the verdict allows a process peak's noise on top.
 MODULE_NOISE_BYTES = 64 * 1024
 MODULE_NOISE_SHARE = 0.01
 # How closely ckpt's model of the untuned Module session must have predicted the measured
@@ -152,6 +152,16 @@ def module_noise(reference: int) -> int:
     return max(MODULE_NOISE_BYTES, int(MODULE_NOISE_SHARE * reference))
 
 
+def module_rise_is_noise(original: ModuleRun, rewritten: ModuleRun) -> bool:
+    """The rewrite's untuned peak is not above the original's beyond the noise: that of a
+    process peak (the same floor as the plain check's), or the spread either file's own
+    peaks showed when trained again, whichever is wider. Its peaks are not one value plus
+    a page: zoo kan's file measured 4.83-5.05 MiB in two clusters, several runs in a row
+    in one, with ASLR off and malloc held to one arena."""
+    allowed = max(module_noise(original.peak_bytes), PROCESS_PEAK_NOISE_BYTES, original.spread, rewritten.spread)
+    return rewritten.peak_bytes <= original.peak_bytes + allowed
+
+
 def module_session_not_raised(f: CheckFigures, tolerant: bool) -> list[Finding]:
     """An ORT training artifact trained by the Module API in its untuned session, the one
     its users run: the rewrite's process peak there is not above the original's."""
@@ -162,9 +172,10 @@ def module_session_not_raised(f: CheckFigures, tolerant: bool) -> list[Finding]:
         return [note("module_session_not_raised_skipped", f"the Module API's training sessions were not run: "
                      f"{m.skipped}")]
     o, r = m.runs.get("original_untuned"), m.runs.get("rewritten_untuned")
-    if o is not None and r is not None and r.peak_bytes > o.peak_bytes + module_noise(o.peak_bytes):
+    if o is not None and r is not None and not module_rise_is_noise(o, r):
+        runs = f" (lowest of {len(r.peak_runs)} runs each)" if r.peak_runs else ""
         return [failure("module_session_not_raised", "trained by the Module API in its untuned session, the "
-                        f"rewrite's process peak {_above(r.peak_bytes, o.peak_bytes)}")]
+                        f"rewrite's process peak{runs} {_above(r.peak_bytes, o.peak_bytes)}")]
     return []
 
 
