@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 from collections import Counter
 
 import onnx
@@ -88,6 +89,26 @@ def test_a_crash_of_such_a_model_names_the_cause(tmp_path):
     crashed = _known_cause(path, RunFailed("crashed", "killed by SIGABRT"))
     assert crashed.startswith("; a known cause: 1 grouped 1-D ConvGrad node(s)")
     assert _known_cause(path, RunFailed("timeout", "ran past 600 s")) == ""
+
+
+def test_a_crash_names_the_rewrites_defect_where_the_original_has_none(tmp_path, monkeypatch):
+    """The pointnet crash: ckpt's rewrite had dropped a declaration the original made, so
+    the cause is in the rewritten file only."""
+    from ckpt_cli.errors import RunFailed
+    from ckpt_cli.verify import driver, stage
+
+    clean, defective = tmp_path / "original.onnx", tmp_path / "rewritten.onnx"
+    onnx.save(helper.make_model(helper.make_graph([], "g", [], [])), clean)
+    onnx.save(helper.make_model(helper.make_graph([_conv_grad(4)], "g", [], [])), defective)
+
+    def crash(*args):
+        raise RunFailed("crashed", "killed by SIGSEGV")
+
+    monkeypatch.setattr(driver, "check_pair", crash)
+    with pytest.raises(RunFailed) as e:
+        stage._run(clean, defective, tmp_path / "feeds.npz", types.SimpleNamespace(provider="cpu"))
+    assert e.value.message.startswith("ONNX Runtime failed (crashed): killed by SIGSEGV; "
+                                      "a known cause: 1 grouped 1-D ConvGrad node(s)")
 
 
 def test_inspect_warns_of_a_grouped_conv1d_artifact():
