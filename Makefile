@@ -20,10 +20,12 @@ demo: $(STAMP)
 	$(BIN)/ckpt inspect sample_models/gpt.onnx
 	$(BIN)/ckpt rewrite sample_models/gpt.onnx -o $(OUT)/gpt.ckpt.onnx --force --check
 
-## test: the whole suite (CPU; CUDA tests skip without a GPU), one worker per core (JOBS=1: in this process)
+## test: the whole suite (CPU; CUDA tests skip without a GPU), one worker per core (JOBS=1: in this process);
+## an idle worker takes tests queued for the other (worksteal): the slow ones come in a row
 JOBS ?= auto
+XDIST = $(if $(filter 1,$(JOBS)),,-n $(JOBS) --dist worksteal)
 test: $(STAMP)
-	$(BIN)/python -m pytest $(if $(filter 1,$(JOBS)),,-n $(JOBS))
+	$(BIN)/python -m pytest $(XDIST)
 
 ## lint: ruff's pyflakes and syntax rules over the package, tests, bench and examples; mypy over the package
 .PHONY: lint
@@ -39,7 +41,7 @@ mutate: $(STAMP)
 
 ## test-fast: the suite without the tests marked slow (those run ONNX Runtime in child processes)
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest $(if $(filter 1,$(JOBS)),,-n $(JOBS)) -m "not slow"
+	$(BIN)/python -m pytest $(XDIST) -m "not slow"
 
 ## compat-check: the wheel at every dependency's lower bound (samples rewritten, bit-identical in a
 ## plain session), and the rewrites loading on onnxruntime 1.28 (a release with a Reshape-fusion defect)

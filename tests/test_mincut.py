@@ -107,16 +107,16 @@ def test_budget_sweep_never_overshoots_and_recompute_is_monotone():
     assert reached == sorted(reached), "tighter budgets never recompute less"
 
 
-@pytest.mark.parametrize("sample, top, step", [("cnn", 94.0, 2.5), ("gpt", 80.0, 5.0)])
+@pytest.mark.parametrize("sample, top, step", [("cnn", 94.0, 4.5), ("gpt", 80.0, 8.75)])
 def test_budget_as_the_cli_plans_it_is_monotone(sample, top, step):
-    """``make_plan`` with ``--budget`` as the CLI runs it, at 8 budgets over the range where
+    """``make_plan`` with ``--budget`` as the CLI runs it, at 5 budgets over the range where
     plans change: never above the budget, and a tighter budget never recomputes less (on cnn
     it did: the other segmentations were ranked by the linear model's estimate under the
     budget, and a winner's polish stopped early). ``make bench`` sweeps 20 budgets."""
     a = analyse(load_graph(SAMPLES / f"{sample}.onnx"))
     base = a.ort_peak_bytes
     flops = []
-    for k in range(8):
+    for k in range(5):
         share = top - step * k
         planned = make_plan(a, budget=f"{share}%")
         assert planned.search.peak_bytes <= planned.budget == int(base * share / 100)
@@ -236,7 +236,7 @@ def test_the_front_dominates_pytorchs_min_cut_at_half_and_a_fifth(model):
         assert matmul_flops(a, cut.copied) <= point["recompute_matmul_flops"], point["budget"]
 
 
-@pytest.mark.parametrize("model,share", [("mlp", 90), ("gpt", 60), ("gpt", 50), ("cnn", 75), ("cnn", 80),
+@pytest.mark.parametrize("model,share", [("mlp", 90), ("gpt", 50), ("cnn", 80),
                                          ("ort_artifact/training_model", 92), ("resnet18", 90)])
 def test_budget_and_optimal_agree_within_3_percent(model, share):
     """gpt12 takes minutes under optimal: bench/agreement.py. On resnet18 no cut fits and
