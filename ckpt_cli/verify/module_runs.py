@@ -36,10 +36,10 @@ STEPS = 10
 ARTIFACT_FILES = {"checkpoint": "checkpoint", "eval_model": "eval_model.onnx",
                   "optimizer_model": "optimizer_model.onnx"}
 SESSIONS, SIDES = MODULE_SESSIONS, MODULE_SIDES
-# A process's high-water mark only gains from noise (pages the allocator touches as other
-# processes press on the CPUs): an untuned rewrite measured above the original is trained
-# again, both sides, up to this many more times, each side judged by its lowest peak. The
-# same file measured 4.83-5.04 MiB over five checks run two at a time (zoo kan).
+# A process's high-water mark only gains from noise: an untuned rewrite measured above the
+# original is trained again, both sides, up to this many more times, each side judged by
+# its lowest peak. Zoo kan's file measured 4.83-5.05 MiB in two clusters, run one at a
+# time or two at once, with ASLR off and malloc held to one arena alike.
 REMEASURE = 2
 UNTUNED = ("original_untuned", "rewritten_untuned")
 # A finding about the model (the child answered why ORT did not run it), not a child gone wrong.
