@@ -20,12 +20,13 @@ demo: $(STAMP)
 	$(BIN)/ckpt inspect sample_models/gpt.onnx
 	$(BIN)/ckpt rewrite sample_models/gpt.onnx -o $(OUT)/gpt.ckpt.onnx --force --check
 
-## test: the whole suite (CPU; CUDA tests skip without a GPU), one worker per core (JOBS=1: in this process);
-## an idle worker takes tests queued for the other (worksteal): the slow ones come in a row
+## test: the suite (CPU; CUDA tests skip without a GPU), one worker per core (JOBS=1: in this process);
+## an idle worker takes tests queued for the other (worksteal): the slow ones come in a row.
+## The tests that run onnxruntime-training (marked ort_training) run in test-ort-training.
 JOBS ?= auto
 XDIST = $(if $(filter 1,$(JOBS)),,-n $(JOBS) --dist worksteal)
 test: $(STAMP)
-	$(BIN)/python -m pytest $(XDIST)
+	$(BIN)/python -m pytest $(XDIST) -m "not ort_training"
 
 ## lint: ruff's pyflakes and syntax rules over the package, tests, bench and examples; mypy over the package
 .PHONY: lint
@@ -86,10 +87,12 @@ bench-models:
 	  "torch==2.13.0" "onnx==1.23.2" "onnxscript==0.7.2" "onnxruntime==1.31.1" numpy)
 	$(GEN)/bin/python -W ignore -m bench.models --out-dir $(OUT)/bench_models
 
-## test-ort-training: the ORT training artifact zoo end to end: generated with onnxruntime-training 1.19.2
+## test-ort-training: the tests marked ort_training (they build .venv-ort-training: onnxruntime-training
+## 1.19.2), then the ORT training artifact zoo end to end: generated with onnxruntime-training 1.19.2
 ## and torch CPU in their own venv, then inspect, rewrite, check --python and 10 Module steps per model
 ORT_TRAINING := .venv-ort-training-full
 test-ort-training: $(STAMP)
+	$(BIN)/python -m pytest $(XDIST) -m ort_training
 	test -x $(ORT_TRAINING)/bin/python || ($(PYTHON) -m venv $(ORT_TRAINING) && \
 	  $(ORT_TRAINING)/bin/pip install -q "onnxruntime-training-cpu==1.19.2" "numpy<2" "onnx==1.16.2" "torch==2.13.0")
 	mkdir -p $(OUT)

@@ -22,6 +22,15 @@ def chain_path(tmp_path):
     return path
 
 
+def pytest_collection_modifyitems(config, items):
+    """Every test that runs onnxruntime-training (the ``training_python`` fixture, directly
+    or through another fixture) is marked ``ort_training``: ``make test-ort-training`` runs
+    them beside the artifact zoo, ``make test`` the rest."""
+    for item in items:
+        if "training_python" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.ort_training)
+
+
 # Skips that say something about the machine, not about the code. Under CI (CI=true) any
 # other skip fails the run: a test that quietly stops running guards nothing.
 EXPECTED_SKIPS = ("root writes into read-only folders", "a GPU is available here", "a CUDA provider works here",
