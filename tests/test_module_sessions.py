@@ -386,4 +386,6 @@ def test_an_untuned_rewrite_measured_above_the_original_is_trained_again(tmp_pat
     assert r.peak_runs == (tuple(p * 1024 for p in rewrite_peaks) if again else ())
     assert (o.peak_bytes, r.peak_bytes) == (min(original_peaks) * 1024, min(rewrite_peaks) * 1024)
     assert ModuleSessions.of(m.to_json()) == m  # the JSON keeps every run
-    assert ("module_session_not_raised" not in _judged(m.to_json()).codes) == passed
+    judged = _judged(m.to_json())
+    assert ("module_session_not_raised" not in judged.codes) == passed
+    assert all(f.endswith(f"(each side's lowest of {len(rewrite_peaks)} runs)") for f in judged.failures)

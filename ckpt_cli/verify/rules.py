@@ -173,9 +173,9 @@ def module_session_not_raised(f: CheckFigures, tolerant: bool) -> list[Finding]:
                      f"{m.skipped}")]
     o, r = m.runs.get("original_untuned"), m.runs.get("rewritten_untuned")
     if o is not None and r is not None and not module_rise_is_noise(o, r):
-        runs = f" (lowest of {len(r.peak_runs)} runs each)" if r.peak_runs else ""
+        runs = f" (each side's lowest of {len(r.peak_runs)} runs)" if r.peak_runs else ""
         return [failure("module_session_not_raised", "trained by the Module API in its untuned session, the "
-                        f"rewrite's process peak{runs} {_above(r.peak_bytes, o.peak_bytes)}")]
+                        f"rewrite's process peak {_above(r.peak_bytes, o.peak_bytes)}{runs}")]
     return []
 
 
