@@ -1,11 +1,33 @@
-"""Whether the whole-graph passes take their numpy (vectorized) path or the plain-Python
-one they fall back to. Both give identical results (tests/test_fast_paths.py runs both);
-``CKPT_PURE_PYTHON=1`` forces the plain-Python path, to check or to bisect a difference."""
+"""Whether the whole-graph passes take their numpy (vectorized) or compiled (``native.py``)
+path or the plain-Python one they fall back to. Both give identical results
+(tests/test_fast_paths.py runs both); ``CKPT_PURE_PYTHON=1`` forces the plain-Python path,
+to check or to bisect a difference."""
 
 from __future__ import annotations
 
+import functools
+import importlib
 import os
+
+# Below this many steps a pass's plain-Python walk costs less than importing numba does
+# (a third of a second, once per process).
+NATIVE_MIN_STEPS = 20_000
 
 
 def vectorized() -> bool:
     return os.environ.get("CKPT_PURE_PYTHON", "") != "1"
+
+
+def native(steps: int) -> bool:
+    """Whether a pass over ``steps`` nodes takes its compiled kernel (``native.py``)."""
+    return steps >= NATIVE_MIN_STEPS and vectorized() and has_numba()
+
+
+@functools.cache
+def has_numba() -> bool:
+    """Whether numba imports: it is a dependency only where it has wheels (pyproject.toml)."""
+    try:
+        importlib.import_module("numba")
+    except ImportError:
+        return False
+    return True

@@ -14,9 +14,10 @@ from dataclasses import dataclass, field, replace
 from functools import wraps
 from itertools import chain
 from pathlib import Path
-from typing import Any, Callable, Iterable, ParamSpec, TypeVar, cast
+from typing import Any, Callable, Iterable, NamedTuple, ParamSpec, TypeVar, cast
 from sys import intern
 
+import numpy as np
 import onnx
 from onnx import numpy_helper
 
@@ -114,6 +115,23 @@ class TensorIds:
     outputs: list[tuple[int, ...]]  # per node, its output ids; ABSENT is -1
 
 
+class Csr(NamedTuple):
+    """Per node, its input and its output tensor ids (-1: absent), in compressed rows:
+    node ``i``'s inputs are ``in_ids[in_ptr[i]:in_ptr[i + 1]]`` (a compiled pass takes it
+    as one argument)."""
+
+    in_ptr: np.ndarray
+    in_ids: np.ndarray
+    out_ptr: np.ndarray
+    out_ids: np.ndarray
+
+
+def _rows(rows: list[tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray]:
+    ptr = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum(np.fromiter(map(len, rows), dtype=np.int64, count=len(rows)), out=ptr[1:])
+    return ptr, np.fromiter(chain.from_iterable(rows), dtype=np.int64, count=int(ptr[-1]))
+
+
 @dataclass(eq=False)
 class _Derived:
     """What a graph derives from its nodes on first use, kept (a Graph is not changed
@@ -122,6 +140,7 @@ class _Derived:
     preds: list[list[int]] | None = None
     succs: list[list[int]] | None = None
     ids: TensorIds | None = None
+    csr: Csr | None = None
     topological: list[int] | None = None
     symbolic: dict[bool, frozenset[str]] = field(default_factory=dict)  # symbolic_dims, by ``outputs``
 
@@ -312,6 +331,15 @@ class Graph:
         if self._derived.ids is None:
             self._derived.ids = self._intern_all()
         return self._derived.ids
+
+    @property
+    def csr(self) -> Csr:
+        """``ids``' node inputs and outputs as flat arrays, for the compiled passes
+        (``native.py``; computed once)."""
+        if self._derived.csr is None:
+            ids = self.ids
+            self._derived.csr = Csr(*_rows(ids.inputs), *_rows(ids.outputs))
+        return self._derived.csr
 
     def _intern_all(self) -> TensorIds:
         names = [t for t in dict.fromkeys(chain(self.resident, self.outputs, self.producer, self.consumers))

@@ -1,6 +1,7 @@
 """The vectorized passes against the plain-Python paths they fall back to
 (``CKPT_PURE_PYTHON=1``, ckpt_cli/fast.py): identical results on the samples and on
-random training graphs. Today: the min cut's blocking flows (``planning/maxflow.py``)."""
+random training graphs: the min cut's blocking flows (``planning/maxflow.py``), and the
+compiled kernels of ``native.py`` (ORT's planner walk, lifetimes, reuse taken apart)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ from randgraph import build_random_training_graph
 
 from conftest import SAMPLES
 from ckpt_cli.analysis import Analysis, analyse
+from ckpt_cli import fast
+from ckpt_cli.analysis.lifetimes import Lifetimes, lifetimes
+from ckpt_cli.analysis.planner import Buffers, FlatHolders, FlatTakes, plan_buffers, tensor_facts, without_reuse
 from ckpt_cli.fast import vectorized
 from ckpt_cli.graph import Graph
 from ckpt_cli.io.load import load_graph
@@ -63,3 +67,81 @@ def test_every_capacity_of_a_sample_cuts_the_same_both_ways():
             fast, pure = _both(lambda: net.source_side(caps))
         assert fast.tolist() == pure.tolist()
     assert arcs > 100
+
+
+# -- the compiled passes (ckpt_cli/native.py) ------------------------------------------------
+
+
+@pytest.fixture
+def compiled_everywhere(monkeypatch):
+    """Every pass takes its compiled kernel, however short the order (the samples are)."""
+    pytest.importorskip("numba")
+    monkeypatch.setattr(fast, "NATIVE_MIN_STEPS", 0)
+
+
+def _walks(a: Analysis) -> list[tuple[Lifetimes, Buffers, Buffers]]:
+    """Per order ORT may run (PRIORITY_BASED, the file's) and per planner facts (as they
+    are, and a third of the tensors hidden from ORT's reuse, as ``fresh`` hides them): the
+    lifetimes, the planner's buffers with reuse on and off, and ``without_reuse`` of them."""
+    g = a.graph
+    facts = tensor_facts(g, a.tensors)
+    hidden = facts.hiding(range(0, len(g.ids.names), 3))
+    out = []
+    for order in (list(a.priority.order), list(range(len(g.nodes)))):
+        life = lifetimes(g, order)
+        for f in (facts, hidden):
+            on = plan_buffers(g, order, f, life, True)
+            out.append((life, on, plan_buffers(g, order, f, life, False), without_reuse(on, life)))
+    return out
+
+
+def _assert_same_walks(a: Analysis) -> None:
+    compiled, pure = _both(lambda: _walks(a))
+    assert compiled == pure
+    _, on, off, apart = compiled[0]
+    assert isinstance(on.holders, FlatHolders) and isinstance(apart.takes, FlatTakes)  # the kernels ran
+    assert off == apart  # the shortcut for reuse off is the walk with reuse off
+    assert [list(h) for h in on.holders] == [list(h) for h in pure[0][1].holders]
+
+
+@pytest.mark.parametrize("sample", ["mlp", "cnn", "gpt", "resnet18", "gpt12"])
+def test_the_compiled_planner_walk_is_the_same_on_the_samples(sample, compiled_everywhere):
+    _assert_same_walks(analyse(load_graph(SAMPLES / f"{sample}.onnx")))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_compiled_planner_walk_is_the_same_on_random_graphs(seed, compiled_everywhere):
+    _assert_same_walks(analyse(Graph.from_model(build_random_training_graph(seed, 24))))
+
+
+def test_a_whole_analysis_is_the_same_compiled(compiled_everywhere):
+    """Every simulation an analysis runs, through the kernels: the same profiles."""
+    compiled, pure = _both(lambda: analyse(load_graph(SAMPLES / "gpt.onnx")))
+    for reuse in (True, False):
+        assert compiled.profile(reuse) == pure.profile(reuse)
+    assert compiled.arena_in_use(True) == pure.arena_in_use(True)
+
+
+def test_short_orders_stay_in_python(monkeypatch):
+    """Below ``NATIVE_MIN_STEPS`` (numba's import costs more than the walk) and without
+    numba, the plain walk runs."""
+    a = analyse(load_graph(SAMPLES / "gpt.onnx"))
+    order = list(a.priority.order)
+    life = lifetimes(a.graph, order)
+    assert isinstance(plan_buffers(a.graph, order, a.tensors, life).holders, list)
+    monkeypatch.setattr(fast, "NATIVE_MIN_STEPS", 0)
+    monkeypatch.setattr(fast, "has_numba", lambda: False)
+    assert not fast.native(10**6)
+    assert isinstance(plan_buffers(a.graph, order, a.tensors, life).holders, list)
+
+
+def test_flat_holders_read_as_the_lists_they_stand_for():
+    lists = [[(0, 7), (2, 9)], [], [(1, 8)]]
+    flat = FlatHolders(np.array([0, 2, 2, 3]), np.array([0, 2, 1]), np.array([7, 9, 8]))
+    assert len(flat) == 3 and list(flat) == lists and flat == lists and lists == flat
+    assert [flat[b] for b in range(3)] == lists and flat[-1] == [(1, 8)] and flat[1:] == lists[1:]
+    assert flat != [[(0, 7), (2, 9)], [], [(1, 9)]]
+    with pytest.raises(IndexError):
+        flat[3]
+    takes = FlatTakes(np.array([0, 1, 0]), np.array([0, 0, 2]))
+    assert takes == [(0, 0), (1, 0), (0, 2)] and takes[-1] == (0, 2) and takes[:1] == [(0, 0)] and len(takes) == 3
