@@ -9,9 +9,10 @@ import functools
 import importlib
 import os
 
-# Below this many steps a pass's plain-Python walk costs less than importing numba does
-# (a third of a second, once per process).
-NATIVE_MIN_STEPS = 20_000
+# Below this many steps the compiled passes do not repay their fixed cost: importing numba
+# and loading the cached kernels takes 0.6-0.7 s once per process, and a rewrite's kernels
+# save about 13 us per node (break-even near 50k nodes; measures in the commit that set it).
+NATIVE_MIN_STEPS = 50_000
 
 
 def vectorized() -> bool:

@@ -3,8 +3,8 @@ tensor ids the graph already builds (``graph.TensorIds``) laid out as flat array
 
 Each kernel here is the plain-Python pass it replaces, rule for rule, and gives the same
 result (tests/test_fast_paths.py runs both). Only ``fast.native`` decides that a pass
-takes a kernel: importing numba costs a third of a second, more than a small graph's
-passes take in Python. The compiled kernels are cached on disk (``cache=True``), so a
+takes a kernel: importing numba and loading the kernels costs 0.6-0.7 s, more than a
+small graph's passes take in Python. The compiled kernels are cached on disk (``cache=True``), so a
 process compiles each one once per install, not once per run.
 
 The kernels take their arrays in named tuples (``graph.Csr`` and those below: numba

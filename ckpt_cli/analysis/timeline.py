@@ -32,6 +32,7 @@ def peak_of(timeline: list[int], base: int) -> tuple[int, int]:
 
 def live_at(buffers: Buffers, step: int, names: list[str]) -> tuple[str, ...]:
     """The tensors holding the buffers live at ``step``, largest buffer first."""
-    live = sorted((b for b, (born, dies) in enumerate(zip(buffers.born, buffers.dies)) if born <= step <= dies),
-                  key=lambda b: -buffers.size[b])
+    born, dies = np.asarray(buffers.born, dtype=np.int64), np.asarray(buffers.dies, dtype=np.int64)
+    at = np.flatnonzero((born <= step) & (step <= dies))
+    live: list[int] = at[np.argsort(-np.asarray(buffers.size, dtype=np.int64)[at], kind="stable")].tolist()
     return tuple(names[next(t for k, t in reversed(buffers.holders[b]) if k <= step)] for b in live)
