@@ -1,7 +1,8 @@
 """The vectorized passes against the plain-Python paths they fall back to
 (``CKPT_PURE_PYTHON=1``, ckpt_cli/fast.py): identical results on the samples and on
 random training graphs: the min cut's blocking flows (``planning/maxflow.py``), and the
-compiled kernels of ``native.py`` (ORT's planner walk, lifetimes, reuse taken apart)."""
+compiled kernels of ``native.py`` (ORT's planner walk, lifetimes, reuse taken apart, the
+BFC arena's replay)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from randgraph import build_random_training_graph
 from conftest import SAMPLES
 from ckpt_cli.analysis import Analysis, analyse
 from ckpt_cli import fast
+from ckpt_cli.analysis import arena
+from ckpt_cli.analysis.arena import ArenaResult, arena_peak, kernel_plans, small_initializer_bytes
 from ckpt_cli.analysis.lifetimes import Lifetimes, lifetimes
 from ckpt_cli.analysis.planner import Buffers, FlatHolders, FlatTakes, plan_buffers, tensor_facts, without_reuse
 from ckpt_cli.fast import vectorized
@@ -145,3 +148,77 @@ def test_flat_holders_read_as_the_lists_they_stand_for():
         flat[3]
     takes = FlatTakes(np.array([0, 1, 0]), np.array([0, 0, 2]))
     assert takes == [(0, 0), (1, 0), (0, 2)] and takes[-1] == (0, 2) and takes[:1] == [(0, 0)] and len(takes) == 3
+
+
+def _arena_figures(a: Analysis) -> list[ArenaResult]:
+    """``arena_peak`` of both profiles, with the kernels' temporaries, whole and stopped
+    short above half and 90% of the peak."""
+    out = []
+    for reuse in (True, False):
+        profile = a.profile(reuse)
+        plans = kernel_plans(a.graph, profile.order, a.tensors)
+        base = small_initializer_bytes(a.graph, a.tensors)
+        whole = arena_peak(profile, base, plans=plans)
+        out += [whole, *(arena_peak(profile, base, plans=plans, give_up_above=int(whole.peak_in_use_bytes * share))
+                         for share in (0.5, 0.9))]
+    return out
+
+
+@pytest.mark.parametrize("sample", ["mlp", "cnn", "gpt", "resnet18", "gpt12"])
+def test_the_compiled_arena_replays_the_same_on_the_samples(sample, compiled_everywhere):
+    a = analyse(load_graph(SAMPLES / f"{sample}.onnx"))
+    compiled, pure = _both(lambda: _arena_figures(a))
+    assert compiled == pure
+    assert len(compiled[1].timeline_in_use) < len(compiled[0].timeline_in_use)  # stopped short
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_compiled_arena_replays_the_same_on_random_graphs(seed, compiled_everywhere):
+    a = analyse(Graph.from_model(build_random_training_graph(seed, 24)))
+    compiled, pure = _both(lambda: _arena_figures(a))
+    assert compiled == pure
+
+
+def test_the_compiled_arena_allocates_as_ort_s_bfc_arena():
+    """Random requests freed in random order, sizes across bins and past a region's
+    doubling, then every other one of 3,000 small chunks freed (a free set of blocks): every
+    address and figure as ``BFCArena``'s. A free set left too few blocks says so (its caller
+    runs the replay again with more)."""
+    native = pytest.importorskip("ckpt_cli.native")
+    rng = np.random.default_rng(7)
+    sizes = rng.choice([0, 1, 255, 256, 3000, 65536, 1 << 20, 3 << 20, 300 << 20], size=3000).tolist()
+    config = (arena.MIN_ALLOCATION_BYTES, arena.DEFAULT_MAX_DEAD_BYTES_PER_CHUNK,
+              arena.DEFAULT_MAX_POWER_OF_TWO_EXTEND_BYTES)
+    initial = arena.rounded_bytes(arena.DEFAULT_INITIAL_CHUNK_SIZE_BYTES)
+    made = native.new_arena(40000, 400, initial, arena._ADDRESS_TOP, config)
+    python = arena.BFCArena()
+    live: list[tuple[int | None, int]] = []
+
+    def both(n: int) -> None:
+        live.append((python.alloc(n), native.alloc(*made, n)))
+
+    def free_both(k: int) -> None:
+        ptr, c = live.pop(k)
+        python.free(ptr)
+        native.free(*made[:4], c)
+
+    for n in sizes:
+        both(n)
+        if rng.random() < 0.45:
+            free_both(int(rng.integers(len(live))))
+        assert made.stats[:3].tolist() == [python.in_use, python.requested_in_use, python.held]
+    for _ in range(3000):
+        both(512)
+    for k in range(len(live) - 1, len(live) - 3000, -2):
+        free_both(k)
+    for n in sizes[:500]:
+        both(n)
+    assert made.stats[:3].tolist() == [python.in_use, python.requested_in_use, python.held]
+    assert [None if c < 0 else int(made.chunks[c, 0]) for _, c in live] == [ptr for ptr, _ in live]
+    assert native.region_sizes(made).tolist() == [size for _, size in python.regions]
+    assert made.stats[8] > 20 and not native.overflowed(made)  # the free set split blocks
+    few = native.new_arena(40000, 2, initial, arena._ADDRESS_TOP, config)
+    chunks = [native.alloc(*few, 512) for _ in range(3000)]
+    for c in chunks[::2]:
+        native.free(*few[:4], c)
+    assert native.overflowed(few)

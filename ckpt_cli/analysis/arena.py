@@ -54,10 +54,14 @@ from bisect import bisect_left, insort
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Collection, Iterable, Sequence
 
+import numpy as np
+
+from ..fast import native
 from ..ort.scratch import variadic_temporaries
 from .shapes import sized_by
 
 if TYPE_CHECKING:
+    from ..native import Requests
     from ..graph import Graph, Node
     from .memory import MemoryProfile
     from .shapes import TensorInfo
@@ -419,6 +423,8 @@ def arena_peak(profile: MemoryProfile, small_initializer_bytes: int = 0, *, runs
     over it (higher than the bound, not the peak) and whose timelines stop there.
     """
     steps = len(profile.order)
+    if runs == 2 and arena is None and native(steps):
+        return _compiled_peak(profile, small_initializer_bytes, plans or {}, give_up_above)
     traces, arena = replay(profile.buffers, steps, runs=runs, small_initializer_bytes=small_initializer_bytes,
                            plans=plans, arena=arena, last_only=True, give_up_above=give_up_above)
     last = traces[-1]
@@ -432,6 +438,66 @@ def arena_peak(profile: MemoryProfile, small_initializer_bytes: int = 0, *, runs
                        timeline_in_use=tuple(tl), timeline_requested=tuple(last.requested),
                        held_bytes=arena.held + small_initializer_bytes,
                        regions=tuple(s for _, s in arena.regions))
+
+
+def _compiled_peak(profile: MemoryProfile, small_initializer_bytes: int, plans: dict[int, KernelPlan],
+                   give_up_above: int | None) -> ArenaResult:
+    """``arena_peak`` of a fresh arena, two runs, by ``native``'s kernels."""
+    from ..native import new_arena, overflowed, region_sizes, replay_twice
+
+    requests = _request_arrays(profile.buffers, len(profile.order), plans)
+    allocs = len(requests.alloc_ids) + int(np.count_nonzero(requests.plan_events[:, 0] == _EVENT_CODES["tmp"]))
+    config = (MIN_ALLOCATION_BYTES, DEFAULT_MAX_DEAD_BYTES_PER_CHUNK, DEFAULT_MAX_POWER_OF_TWO_EXTEND_BYTES)
+    stop = _NEVER if give_up_above is None else give_up_above - small_initializer_bytes
+    blocks = 16 + allocs // 256  # free chunks, by the hundred: a replay that runs out runs again with more
+    while True:
+        # a chunk per region and per split at most: one of each per allocation of the two runs
+        arena = new_arena(4 * allocs + 4, blocks, rounded_bytes(DEFAULT_INITIAL_CHUNK_SIZE_BYTES), _ADDRESS_TOP, config)
+        in_use, requested, _ = replay_twice(requests, arena, small_initializer_bytes, stop)
+        if not overflowed(arena):
+            break
+        blocks *= 4
+    peak, peak_step = (int(in_use.max()), int(in_use.argmax())) if len(in_use) else (small_initializer_bytes, 0)
+    regions = region_sizes(arena)
+    return ArenaResult(peak_in_use_bytes=peak, peak_step=peak_step, timeline_in_use=tuple(in_use.tolist()),
+                       timeline_requested=tuple(requested.tolist()),
+                       held_bytes=int(regions.sum()) + small_initializer_bytes, regions=tuple(regions.tolist()))
+
+
+_NEVER = 1 << 62  # a stop no arena reaches
+_EVENT_CODES = {"out": 0, "tmp": 1, "free_tmp": 2, "drop_tmp": 3}  # native.PLAN_*
+
+
+def _request_arrays(buffers: Sequence[tuple[int, int, int]], steps: int, plans: dict[int, KernelPlan]) -> Requests:
+    """``_requests`` and ``plans`` as ``native.Requests``: rows by step, buffer id order within one."""
+    from ..native import Requests
+
+    table = np.array(buffers, dtype=np.int64).reshape(-1, 3)
+    keep = np.flatnonzero(table[:, 0] > 0)
+    first = np.clip(table[keep, 1], 0, steps)
+    last = np.minimum(np.maximum(table[keep, 2], first), steps)
+    planned = np.array(sorted(plans), dtype=np.int64)
+    busy = np.unique(np.concatenate([first, last, planned]))
+    rows = np.array([(k, *_event(ev)) for k in sorted(plans) if k < steps for ev in plans[k]],
+                    dtype=np.int64).reshape(-1, 3)
+    return Requests(table[:, 0].copy(), *_by_step(first, keep, steps), *_by_step(last, keep, steps), busy[busy < steps],
+                    _by_step(rows[:, 0], np.arange(len(rows)), steps)[0], rows[:, 1:].copy())
+
+
+def _event(ev: tuple[str, *tuple[int, ...]]) -> tuple[int, int]:
+    """A kernel plan's event as (``native.PLAN_*`` kind, bytes)."""
+    if ev[0] == "tmp" and len(ev) == 2:
+        return _EVENT_CODES["tmp"], ev[1]
+    if ev[0] in _EVENT_CODES and ev[0] != "tmp":
+        return _EVENT_CODES[ev[0]], 0
+    raise ValueError(f"unknown kernel plan event {ev!r}")
+
+
+def _by_step(step: np.ndarray, ids: np.ndarray, steps: int) -> tuple[np.ndarray, np.ndarray]:
+    """``ids`` in rows by ``step`` (0 to ``steps``), their order kept within a row."""
+    ptr = np.zeros(steps + 2, dtype=np.int64)
+    np.cumsum(np.bincount(step, minlength=steps + 1), out=ptr[1:])
+    return ptr, ids[np.argsort(step, kind="stable")]
 
 
 # --------------------------------------------------------------------------- kernel plans
