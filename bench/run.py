@@ -55,7 +55,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import big_weights, data_walk, install, memory, plan_quality, speed
+from bench import big_weights, data_walk, install, memory, native, plan_quality, speed
 from bench.big_weights import bench_big_weights
 from bench.common import BENCH, ckpt_cmd, log, machine_info, nbytes, secs
 from bench.common import missing as _missing
@@ -98,6 +98,7 @@ def render_md(res: dict) -> str:
 
         render_agreement(res["agreement"], add)
     install.render(res.get("install"), add)
+    native.render(res.get("native"), add)
     data_walk.render(res.get("data_walk"), add)
     if res.get("notes"):
         add("## Notes")
@@ -227,6 +228,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--skip-peer", action="store_true", help="skip the comparison with PyTorch's partitioner")
     ap.add_argument("--skip-agreement", action="store_true", help="skip budget against optimal on every sample")
     ap.add_argument("--skip-install", action="store_true", help="skip the install section (needs PyPI)")
+    ap.add_argument("--skip-native", action="store_true", help="skip the compiled passes against plain Python")
     ap.add_argument("--out-dir", type=Path, default=BENCH, help="where RESULTS.md and results.json go")
     ap.add_argument("--keep", action="store_true", help="keep the scratch directory")
     ap.add_argument("--update", action="store_true",
@@ -311,6 +313,7 @@ def main(argv=None) -> int:
         ("agreement", a.skip_agreement, _agreement),
         ("peer", a.skip_peer, lambda: _peer(a.runs)),
         ("install", a.quick or a.skip_install, install.measure),
+        ("native", a.quick or a.skip_native, native.measure),
         ("data_walk", False, data_walk.measure),
     ]
     res, measured_at = _start_from_kept(a, res)

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from dataclasses import dataclass
+from itertools import chain
 from typing import TYPE_CHECKING, Collection, Iterable, Sequence
 
 import numpy as np
@@ -472,7 +473,7 @@ def _request_arrays(buffers: Sequence[tuple[int, int, int]], steps: int, plans: 
     """``_requests`` and ``plans`` as ``native.Requests``: rows by step, buffer id order within one."""
     from ..native import Requests
 
-    table = np.array(buffers, dtype=np.int64).reshape(-1, 3)
+    table = np.fromiter(chain.from_iterable(buffers), dtype=np.int64, count=3 * len(buffers)).reshape(-1, 3)
     keep = np.flatnonzero(table[:, 0] > 0)
     first = np.clip(table[keep, 1], 0, steps)
     last = np.minimum(np.maximum(table[keep, 2], first), steps)

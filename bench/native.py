@@ -1,0 +1,146 @@
+"""The compiled passes (``ckpt_cli/native.py``) against the plain-Python paths they replace.
+
+    python -m bench.native                 # a 100k-node synthetic transformer, best of 3
+    python -m bench.native --layers 70     # 10k nodes
+
+Each pass runs in this process on the same analysed graph, best of ``--repeats``, plain
+(``CKPT_PURE_PYTHON=1``) and compiled (``fast.NATIVE_MIN_STEPS`` lifted), its inputs made
+beforehand in each mode, with its conversions to and from the lists the rest of ckpt reads;
+the two results must be equal.
+numba's fixed cost is measured in fresh interpreters: ``import numba`` after onnx, and the
+first call of the cached kernels (an analysis of the mlp sample).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from bench.common import BENCH, log
+
+ROOT = BENCH.parent
+FIXED_COST = """
+import time
+import onnx, numpy
+t = time.perf_counter(); import numba; imported = time.perf_counter() - t
+from ckpt_cli import fast; fast.NATIVE_MIN_STEPS = 0
+from ckpt_cli.analysis import analyse
+from ckpt_cli.io.load import load_graph
+g = load_graph("sample_models/mlp.onnx")
+t = time.perf_counter(); analyse(g); first = time.perf_counter() - t
+t = time.perf_counter(); analyse(g); again = time.perf_counter() - t
+print(imported, first - again)
+"""
+
+
+def _passes(g, a) -> dict[str, Callable[[], Any]]:
+    """Each pass, its inputs made beforehand in the mode set now (plain or compiled)."""
+    from ckpt_cli.analysis.arena import arena_peak, kernel_plans, small_initializer_bytes
+    from ckpt_cli.analysis.lifetimes import lifetimes
+    from ckpt_cli.analysis.planner import plan_buffers, tensor_facts, without_reuse
+
+    order = list(a.priority.order)
+    facts, life = tensor_facts(g, a.tensors), lifetimes(g, order)
+    walked = plan_buffers(g, order, facts, life, True)
+    base = small_initializer_bytes(g, a.tensors)
+    on, off = a.profile(True), a.profile(False)
+    plans = {p.order: kernel_plans(g, p.order, a.tensors) for p in (on, off)}
+    return {"lifetimes": lambda: lifetimes(g, order),
+            "ORT's planner walk (plan_buffers, reuse on)": lambda: plan_buffers(g, order, facts, life, True),
+            "without_reuse": lambda: without_reuse(walked, life),
+            "arena_peak, reuse on": lambda: arena_peak(on, base, plans=plans[on.order]),
+            "arena_peak, reuse off": lambda: arena_peak(off, base, plans=plans[off.order])}
+
+
+def _best(make: Callable[[], Any], repeats: int) -> tuple[float, Any]:
+    best, out = float("inf"), None
+    for _ in range(repeats):
+        t = time.perf_counter()
+        out = make()
+        best = min(best, time.perf_counter() - t)
+    return best, out
+
+
+def measure(layers: int = 704, repeats: int = 3) -> dict:
+    """The passes' times both ways on a ``layers``-layer ``bench.synthetic`` transformer."""
+    try:
+        import numba
+    except ImportError:
+        return {"error": "numba is not installed (pip install 'onnx-ckpt[fast]')"}
+    from bench.synthetic import save_transformer
+    from ckpt_cli import fast
+    from ckpt_cli.analysis import analyse
+    from ckpt_cli.io.load import load_graph
+
+    with tempfile.TemporaryDirectory(prefix="ckpt_native_") as tmp:
+        info = save_transformer(str(Path(tmp) / "g.onnx"), layers=layers)
+        g = load_graph(info["path"])
+    a = analyse(g)
+    rows = []
+    fast.NATIVE_MIN_STEPS, kept = 0, fast.NATIVE_MIN_STEPS
+    try:
+        os.environ["CKPT_PURE_PYTHON"] = "1"
+        plain_passes = _passes(g, a)
+        os.environ["CKPT_PURE_PYTHON"] = "0"
+        for name, run in _passes(g, a).items():
+            os.environ["CKPT_PURE_PYTHON"] = "1"
+            plain, expected = _best(plain_passes[name], repeats)
+            os.environ["CKPT_PURE_PYTHON"] = "0"
+            compiled, got = _best(run, repeats)
+            rows.append({"pass": name, "plain_s": plain, "compiled_s": compiled, "same": got == expected})
+            log(f"native: {name}: {plain * 1e3:.1f} -> {compiled * 1e3:.1f} ms")
+    finally:
+        fast.NATIVE_MIN_STEPS = kept
+        os.environ.pop("CKPT_PURE_PYTHON", None)
+    fixed = subprocess.run([sys.executable, "-c", FIXED_COST], cwd=ROOT, capture_output=True, text=True, check=True)
+    imported, loaded = (float(x) for x in fixed.stdout.split())
+    return {"nodes": len(g.nodes), "repeats": repeats, "numba": numba.__version__, "passes": rows,
+            "import_s": imported, "first_call_s": loaded, "threshold": fast.NATIVE_MIN_STEPS}
+
+
+def render(res: dict | None, add) -> None:
+    add("## 9. Compiled passes")
+    add("")
+    if not res or "error" in res:
+        add(f"Not measured: {(res or {}).get('error', 'not run')}.")
+        add("")
+        return
+    add(f"`python -m bench.native`: each whole-graph pass on a {res['nodes']:,}-node `bench.synthetic` "
+        f"transformer, plain Python against the numba {res['numba']} kernel of `ckpt_cli/native.py` "
+        f"(`pip install 'onnx-ckpt[fast]'`), best of {res['repeats']} in one process, conversions included; "
+        "both give equal results. Issue 47's target: at least 5x.")
+    add("")
+    add("| pass | plain | compiled | × faster | same result |")
+    add("|---|---|---|---|---|")
+    for r in res["passes"]:
+        add(f"| {r['pass']} | {r['plain_s'] * 1e3:.1f} ms | {r['compiled_s'] * 1e3:.1f} ms | "
+            f"{r['plain_s'] / r['compiled_s']:.1f}× | {'yes' if r['same'] else '**no**'} |")
+    add("")
+    add(f"Fixed cost, once per process: `import numba` {res['import_s']:.2f} s, the cached kernels' first calls "
+        f"{res['first_call_s']:.2f} s more. ckpt compiles passes of {res['threshold']:,} steps and more "
+        "(`fast.NATIVE_MIN_STEPS`), where they repay it.")
+    add("")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--layers", type=int, default=704, help="synthetic transformer layers (704: 100,016 nodes)")
+    ap.add_argument("--repeats", type=int, default=3)
+    a = ap.parse_args(argv)
+    res = measure(a.layers, a.repeats)
+    lines: list[str] = []
+    render(res, lines.append)
+    print("\n".join(lines))
+    print(json.dumps(res, indent=1))
+    return 0 if "error" in res or all(r["same"] for r in res["passes"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
