@@ -12,6 +12,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[test]'
 	$(BIN)/python -m compileall -q ckpt_cli > /dev/null  # as a pip install does: every command starts 0.2 s sooner
+	# numba compiles ckpt_cli/native.py's kernels into its cache once here (10-12 s), not in each test worker
+	$(BIN)/python -c 'from ckpt_cli import fast; fast.NATIVE_MIN_STEPS = 0; from ckpt_cli.analysis import analyse; \
+	  from ckpt_cli.io.load import load_graph; analyse(load_graph("sample_models/gpt.onnx"))'
 	touch $@
 
 ## demo: install ckpt and rewrite the GPT sample, checked on ONNX Runtime
