@@ -12,9 +12,12 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[test]'
 	$(BIN)/python -m compileall -q ckpt_cli > /dev/null  # as a pip install does: every command starts 0.2 s sooner
-	# numba compiles ckpt_cli/native.py's kernels into its cache once here (10-12 s), not in each test worker
+	# numba compiles the kernels of ckpt_cli/native*.py into its cache once here (15-20 s), not in each test worker
 	$(BIN)/python -c 'from ckpt_cli import fast; fast.NATIVE_MIN_STEPS = 0; from ckpt_cli.analysis import analyse; \
-	  from ckpt_cli.io.load import load_graph; analyse(load_graph("sample_models/gpt.onnx"))'
+	  from ckpt_cli.io.load import load_graph; from ckpt_cli.analysis.memory import buffer_roots; \
+	  from ckpt_cli.rewrite.order import buffer_reads, memory_aware; g = analyse(load_graph("sample_models/gpt.onnx")).graph; \
+	  memory_aware(g, buffer_reads(g, {}, buffer_roots(g)), [True] * len(g.nodes)); \
+	  from ckpt_cli.analysis.schedules import ort_default; ort_default(g)'
 	touch $@
 
 ## demo: install ckpt and rewrite the GPT sample, checked on ONNX Runtime

@@ -1,4 +1,4 @@
-"""The compiled passes (``ckpt_cli/native.py``) against the plain-Python paths they replace.
+"""The compiled passes (``ckpt_cli/native.py``, ``native_orders.py``) against the plain-Python paths they replace.
 
     python -m bench.native                 # a 100k-node synthetic transformer, best of 3
     python -m bench.native --layers 70     # 10k nodes
@@ -44,7 +44,10 @@ def _passes(g, a) -> dict[str, Callable[[], Any]]:
     """Each pass, its inputs made beforehand in the mode set now (plain or compiled)."""
     from ckpt_cli.analysis.arena import arena_peak, kernel_plans, small_initializer_bytes
     from ckpt_cli.analysis.lifetimes import lifetimes
+    from ckpt_cli.analysis.memory import buffer_roots
     from ckpt_cli.analysis.planner import plan_buffers, tensor_facts, without_reuse
+    from ckpt_cli.analysis.schedules import ort_default, priority_based
+    from ckpt_cli.rewrite.order import buffer_reads, memory_aware
 
     order = list(a.priority.order)
     facts, life = tensor_facts(g, a.tensors), lifetimes(g, order)
@@ -52,11 +55,29 @@ def _passes(g, a) -> dict[str, Callable[[], Any]]:
     base = small_initializer_bytes(g, a.tensors)
     on, off = a.profile(True), a.profile(False)
     plans = {p.order: kernel_plans(g, p.order, a.tensors) for p in (on, off)}
-    return {"lifetimes": lambda: lifetimes(g, order),
+    sizes, roots = {t: info.nbytes for t, info in a.tensors.items() if info.nbytes}, buffer_roots(g)
+    reads, written = buffer_reads(g, sizes, roots), list(range(len(g.nodes)))
+    backward = [not a.phases.is_forward[n.index] for n in g.nodes]
+    return {"ORT's PRIORITY_BASED order, of the file reversed (Kahn's queue)": lambda: priority_based(g, written[::-1]),
+            "ORT's DEFAULT order": lambda: ort_default(g),
+            "buffer_reads": lambda: buffer_reads(g, sizes, roots),
+            "memory_aware order (backward movable)": lambda: memory_aware(g, reads, backward),
+            "lifetimes": lambda: lifetimes(g, order),
             "ORT's planner walk (plan_buffers, reuse on)": lambda: plan_buffers(g, order, facts, life, True),
             "without_reuse": lambda: without_reuse(walked, life),
             "arena_peak, reuse on": lambda: arena_peak(on, base, plans=plans[on.order]),
             "arena_peak, reuse off": lambda: arena_peak(off, base, plans=plans[off.order])}
+
+
+def _listed(reads: Any) -> tuple[list[list[int]], list[int], list[int], list[list[int]]]:
+    """``buffer_reads``' figures as lists whichever way they were made (a node's buffers sorted:
+    the plain pass gives them in a set's order), for the comparison (not timed)."""
+    if hasattr(reads, "read_ptr"):
+        def rows(ptr: Any, idx: Any) -> list[list[int]]:
+            return [sorted(idx[ptr[i]:ptr[i + 1]].tolist()) for i in range(len(ptr) - 1)]
+        return (rows(reads.read_ptr, reads.read_idx), reads.allocs.tolist(), reads.size.tolist(),
+                rows(reads.reader_ptr, reads.reader_idx))
+    return [sorted(r) for r in reads.reads], list(reads.allocs), list(reads.size), [sorted(r) for r in reads.readers]
 
 
 def _best(make: Callable[[], Any], repeats: int) -> tuple[float, Any]:
@@ -94,7 +115,8 @@ def measure(layers: int = 704, repeats: int = 3) -> dict:
             plain, expected = _best(plain_passes[name], repeats)
             os.environ["CKPT_PURE_PYTHON"] = "0"
             compiled, got = _best(run, repeats)
-            rows.append({"pass": name, "plain_s": plain, "compiled_s": compiled, "same": got == expected})
+            same = _listed(got) == _listed(expected) if name == "buffer_reads" else got == expected
+            rows.append({"pass": name, "plain_s": plain, "compiled_s": compiled, "same": same})
             log(f"native: {name}: {plain * 1e3:.1f} -> {compiled * 1e3:.1f} ms")
     finally:
         fast.NATIVE_MIN_STEPS = kept
@@ -114,7 +136,7 @@ def render(res: dict | None, add) -> None:
         return
     add(f"`python -m bench.native`: each whole-graph pass on a {res['nodes']:,}-node `bench.synthetic` "
         f"transformer, plain Python against the numba {res['numba']} kernel of `ckpt_cli/native.py` "
-        f"(`pip install 'onnx-ckpt[fast]'`), best of {res['repeats']} in one process, conversions included; "
+        f"or `ckpt_cli/native_orders.py` (`pip install 'onnx-ckpt[fast]'`), best of {res['repeats']} in one process, conversions included; "
         "both give equal results. Issue 47's target: at least 5x.")
     add("")
     add("| pass | plain | compiled | × faster | same result |")

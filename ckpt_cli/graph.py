@@ -126,6 +126,35 @@ class Csr(NamedTuple):
     out_ids: np.ndarray
 
 
+class Edges(NamedTuple):
+    """``preds`` and ``succs`` in compressed rows (node ``i``'s producers are
+    ``pred_idx[pred_ptr[i]:pred_ptr[i + 1]]``; one entry per read, as the lists have them),
+    for the compiled orders (``native_orders.py``)."""
+
+    pred_ptr: np.ndarray
+    pred_idx: np.ndarray
+    succ_ptr: np.ndarray
+    succ_idx: np.ndarray
+
+
+def _edges(rows: Csr, count: int) -> Edges:
+    """``Edges`` from the tensor ids' rows, in numpy: each read of a tensor some node makes
+    is an edge from that node; a node's successors come by ascending reader."""
+    n = len(rows.in_ptr) - 1
+    producer = np.full(count + 1, -1, dtype=np.int64)  # the last slot answers the absent id -1
+    made = rows.out_ids >= 0
+    producer[rows.out_ids[made]] = np.repeat(np.arange(n, dtype=np.int64), np.diff(rows.out_ptr))[made]
+    reader = np.repeat(np.arange(n, dtype=np.int64), np.diff(rows.in_ptr))
+    source = producer[rows.in_ids]
+    edge = source >= 0
+    pred_idx, reader = source[edge], reader[edge]
+    pred_ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(reader, minlength=n), out=pred_ptr[1:])
+    succ_ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(pred_idx, minlength=n), out=succ_ptr[1:])
+    return Edges(pred_ptr, pred_idx, succ_ptr, reader[np.argsort(pred_idx, kind="stable")])
+
+
 def _rows(rows: list[tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray]:
     ptr = np.zeros(len(rows) + 1, dtype=np.int64)
     np.cumsum(np.fromiter(map(len, rows), dtype=np.int64, count=len(rows)), out=ptr[1:])
@@ -141,6 +170,7 @@ class _Derived:
     succs: list[list[int]] | None = None
     ids: TensorIds | None = None
     csr: Csr | None = None
+    edges: Edges | None = None
     topological: list[int] | None = None
     symbolic: dict[bool, frozenset[str]] = field(default_factory=dict)  # symbolic_dims, by ``outputs``
 
@@ -340,6 +370,13 @@ class Graph:
             ids = self.ids
             self._derived.csr = Csr(*_rows(ids.inputs), *_rows(ids.outputs))
         return self._derived.csr
+
+    @property
+    def edges(self) -> Edges:
+        """``preds`` and ``succs`` as flat arrays, for the compiled orders (computed once)."""
+        if self._derived.edges is None:
+            self._derived.edges = _edges(self.csr, len(self.ids.names))
+        return self._derived.edges
 
     def _intern_all(self) -> TensorIds:
         names = [t for t in dict.fromkeys(chain(self.resident, self.outputs, self.producer, self.consumers))

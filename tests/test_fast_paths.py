@@ -2,7 +2,7 @@
 (``CKPT_PURE_PYTHON=1``, ckpt_cli/fast.py): identical results on the samples and on
 random training graphs: the min cut's blocking flows (``planning/maxflow.py``), and the
 compiled kernels of ``native.py`` (ORT's planner walk, lifetimes, reuse taken apart, the
-BFC arena's replay)."""
+BFC arena's replay) and of ``native_orders.py`` (ORT's two node orders, the memory-aware one)."""
 
 from __future__ import annotations
 
@@ -22,8 +22,11 @@ from ckpt_cli.analysis.lifetimes import Lifetimes, lifetimes
 from ckpt_cli.analysis.planner import Buffers, FlatHolders, FlatTakes, plan_buffers, tensor_facts, without_reuse
 from ckpt_cli.fast import vectorized
 from ckpt_cli.graph import Graph
+from ckpt_cli.analysis import schedules
+from ckpt_cli.analysis.memory import buffer_roots
 from ckpt_cli.io.load import load_graph
 from ckpt_cli.planning import maxflow, mincut
+from ckpt_cli.rewrite import order as orders
 
 
 def _both(make):
@@ -123,6 +126,46 @@ def test_a_whole_analysis_is_the_same_compiled(compiled_everywhere):
     for reuse in (True, False):
         assert compiled.profile(reuse) == pure.profile(reuse)
     assert compiled.arena_in_use(True) == pure.arena_in_use(True)
+
+
+def _orders(a: Analysis, seed: int) -> list[list[int]]:
+    """ORT's PRIORITY_BASED order of the file and of the file shuffled (Kahn's queue then
+    works), its DEFAULT order, and the memory-aware order with random movable nodes, with
+    and without random lazy ones, over the analysis's sizes and the views' shared buffers."""
+    g = a.graph
+    rng = np.random.default_rng(seed)
+    shuffled = rng.permutation(len(g.nodes)).tolist()
+    sizes = {t: info.nbytes for t, info in a.tensors.items() if info.nbytes}
+    reads = orders.buffer_reads(g, sizes, buffer_roots(g))
+    movable, lazy = (rng.random(len(g.nodes)) < 0.6).tolist(), (rng.random(len(g.nodes)) < 0.3).tolist()
+    return [schedules.priority_based(g), schedules.priority_based(g, shuffled), schedules.ort_default(g),
+            orders.memory_aware(g, reads, movable), orders.memory_aware(g, reads, movable, lazy),
+            orders.memory_aware(g, reads, [True] * len(g.nodes), lazy)]
+
+
+def _assert_same_orders(a: Analysis, seed: int) -> None:
+    compiled, pure = _both(lambda: _orders(a, seed))
+    assert compiled == pure
+    assert all(sorted(o) == list(range(len(a.graph.nodes))) for o in compiled)  # each runs every node once
+    assert compiled[1] != list(range(len(a.graph.nodes)))  # the shuffled file went through the queue
+
+
+@pytest.mark.parametrize("sample", ["mlp", "cnn", "gpt", "resnet18", "gpt12"])
+def test_the_compiled_orders_are_the_same_on_the_samples(sample, compiled_everywhere):
+    _assert_same_orders(analyse(load_graph(SAMPLES / f"{sample}.onnx")), 0)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_compiled_orders_are_the_same_on_random_graphs(seed, compiled_everywhere):
+    _assert_same_orders(analyse(Graph.from_model(build_random_training_graph(seed, 24))), seed)
+
+
+def test_the_edges_are_the_graphs_predecessors_and_successors():
+    g = load_graph(SAMPLES / "gpt12.onnx")
+    e = g.edges
+    assert [e.pred_idx[e.pred_ptr[i]:e.pred_ptr[i + 1]].tolist() for i in range(len(g.nodes))] == g.preds
+    assert ([sorted(e.succ_idx[e.succ_ptr[i]:e.succ_ptr[i + 1]].tolist()) for i in range(len(g.nodes))]
+            == [sorted(s) for s in g.succs])
 
 
 def test_short_orders_stay_in_python(monkeypatch):

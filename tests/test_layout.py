@@ -19,7 +19,7 @@ STAGES: tuple[tuple[str, ...], ...] = (
     # vocabulary every stage shares; ort: ONNX Runtime's facts (the ops it registers, their
     # shapes and scratch, the functions it expands, what its session refuses, its settings)
     # background: work beside a command (a forked child), for whichever stage asks
-    ("errors", "units", "version", "progress", "background", "fast", "native", "graph", "ops", "markers", "ort", "io"),
+    ("errors", "units", "version", "progress", "background", "fast", "native", "native_orders", "graph", "ops", "markers", "ort", "io"),
     # serialize: the file bytes, read and written; session: the settings a written model records, read back
     ("io.load", "io.external", "io.serialize", "io.session"),
     ("analysis",),

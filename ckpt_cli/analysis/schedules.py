@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import heapq
 
+import numpy as np
+
+from ..fast import native
 from ..graph import Graph
 from ..ops import HIGH_PRIORITY_OPS
 
@@ -20,7 +23,11 @@ def priority_based(graph: Graph, file_order: list[int] | None = None) -> list[in
 
     With ``file_order``, the order for the graph written with its nodes in that order
     (still as indices into ``graph.nodes``)."""
+    if file_order is None and not graph.inlined and native(len(graph.nodes)):
+        return _compiled_priority(graph, np.arange(len(graph.nodes), dtype=np.int64))
     at = ort_numbering(graph) if file_order is None else list(file_order)  # ORT's node index -> node
+    if native(len(at)):
+        return _compiled_priority(graph, np.asarray(at, dtype=np.int64))
     n = len(at)
     position = [0] * n
     for p, i in enumerate(at):
@@ -45,6 +52,15 @@ def priority_based(graph: Graph, file_order: list[int] | None = None) -> list[in
             indegree[j] -= 1
             if indegree[j] == 0:
                 push(ready, key[j])
+    return order
+
+
+def _compiled_priority(graph: Graph, at: np.ndarray) -> list[int]:
+    from .. import native_orders
+
+    high = np.fromiter((node.op_type in HIGH_PRIORITY_OPS for node in graph.nodes), dtype=np.bool_,
+                       count=len(graph.nodes))
+    order: list[int] = native_orders.priority_based(at, graph.edges, high).tolist()
     return order
 
 
@@ -81,6 +97,11 @@ def ort_default(graph: Graph) -> list[int]:
     been emitted (post-order). This is ``Graph::ReverseDFSFrom`` with ``NodeCompare``,
     checked against the order ORT's profiler reports.
     """
+    if native(len(graph.nodes)):
+        from .. import native_orders
+
+        walked: list[int] = native_orders.ort_default(graph.edges).tolist()
+        return walked
     preds = graph.preds
     has_consumer = [False] * len(preds)
     for ps in preds:

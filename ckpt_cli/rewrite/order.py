@@ -10,9 +10,16 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
 
 from ..analysis import schedules
+from ..fast import native
 from ..graph import ABSENT, Graph, Node
+
+if TYPE_CHECKING:
+    from ..native_orders import Reads
 
 
 def interleave(forward: list[Node], backward: list[Node], blocks: list[tuple[int, list[Node]]]) -> list[Node]:
@@ -67,8 +74,9 @@ class BufferReads:
     readers: list[list[int]]
 
 
-def buffer_reads(graph: Graph, sizes: dict[str, int], roots: dict[str, str]) -> BufferReads:
-    """``graph``'s ``BufferReads``, tensors of ``sizes`` bytes sharing the buffers of ``roots``."""
+def buffer_reads(graph: Graph, sizes: dict[str, int], roots: dict[str, str]) -> BufferReads | Reads:
+    """``graph``'s ``BufferReads``, tensors of ``sizes`` bytes sharing the buffers of ``roots``
+    (as arrays, ``native_orders.Reads``, where its orders are compiled)."""
     # Buffers as ints: a tensor's id is its own buffer's (roots naming no tensor come after).
     ids = graph.ids
     buffer_id = dict(ids.of)
@@ -77,8 +85,13 @@ def buffer_reads(graph: Graph, sizes: dict[str, int], roots: dict[str, str]) -> 
     for t in set(graph.outputs) | set(graph.resident):  # protected: never freed
         if roots.get(t, t) in buffer_id:
             size[buffer_id[roots.get(t, t)]] = 0
-    reads = [tuple({root[t] for t in ts if t >= 0}) for ts in ids.inputs]
     own_bytes = [sizes.get(t, 0) for t in ids.names]
+    if native(len(graph.nodes)):
+        from .. import native_orders
+
+        return native_orders.buffer_reads(graph.csr, np.asarray(root, dtype=np.int64),
+                                          np.asarray(own_bytes, dtype=np.int64), np.asarray(size, dtype=np.int64))
+    reads = [tuple({root[t] for t in ts if t >= 0}) for ts in ids.inputs]
     allocs = [sum([own_bytes[t] for t in ts if t >= 0 and root[t] == t]) for ts in ids.outputs]
     readers: list[list[int]] = [[] for _ in size]
     for i, bufs in enumerate(reads):
@@ -87,7 +100,8 @@ def buffer_reads(graph: Graph, sizes: dict[str, int], roots: dict[str, str]) -> 
     return BufferReads(reads, allocs, size, readers)
 
 
-def memory_aware(graph: Graph, buffers: BufferReads, movable: list[bool], lazy: list[bool] | None = None) -> list[int]:
+def memory_aware(graph: Graph, buffers: BufferReads | Reads, movable: list[bool],
+                 lazy: list[bool] | None = None) -> list[int]:
     """A topological order that runs movable nodes as soon as running them frees memory
     (``buffers``: ``buffer_reads`` of ``graph``).
 
@@ -99,6 +113,8 @@ def memory_aware(graph: Graph, buffers: BufferReads, movable: list[bool], lazy: 
     as other readers of its inputs run, so a lazy heap with two classes keeps this
     O(n log n).
     """
+    if not isinstance(buffers, BufferReads):
+        return _compiled_memory_aware(graph, buffers, movable, lazy)
     nodes = graph.nodes
     preds, succs = graph.preds, graph.succs
     key = list(range(len(nodes)))
@@ -142,6 +158,16 @@ def memory_aware(graph: Graph, buffers: BufferReads, movable: list[bool], lazy: 
         for j in touched:
             if indegree[j] == 0 and not done[j]:
                 heapq.heappush(heap, (klass(j), key[j], j))
+    return order
+
+
+def _compiled_memory_aware(graph: Graph, buffers: Reads, movable: list[bool], lazy: list[bool] | None) -> list[int]:
+    from .. import native_orders
+
+    n = len(graph.nodes)
+    lazy_nodes = np.zeros(n, dtype=np.bool_) if lazy is None else np.asarray(lazy, dtype=np.bool_)
+    order: list[int] = native_orders.memory_aware(graph.edges, buffers, np.asarray(movable, dtype=np.bool_),
+                                                  lazy_nodes).tolist()
     return order
 
 
