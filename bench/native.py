@@ -8,7 +8,9 @@ Each pass runs in this process on the same analysed graph, best of ``--repeats``
 beforehand in each mode, with its conversions to and from the lists the rest of ckpt reads;
 the two results must be equal.
 numba's fixed cost is measured in fresh interpreters: ``import numba`` after onnx, and the
-first call of the cached kernels (an analysis of the mlp sample).
+first call of the cached kernels (an analysis of the mlp sample). End to end, ``ckpt rewrite``
+of the same graph runs in fresh processes, plain and compiled in turn, ``--rewrites`` times
+each (0: not run); the medians, the peak RSS and whether the written files are identical.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from bench.common import BENCH, log
+from bench.common import BENCH, ckpt_cmd, log, run_measured
 
 ROOT = BENCH.parent
 FIXED_COST = """
@@ -89,8 +91,26 @@ def _best(make: Callable[[], Any], repeats: int) -> tuple[float, Any]:
     return best, out
 
 
-def measure(layers: int = 704, repeats: int = 3) -> dict:
-    """The passes' times both ways on a ``layers``-layer ``bench.synthetic`` transformer."""
+def _rewrites(src: Path, work: Path, runs: int) -> dict[str, Any]:
+    """``ckpt rewrite`` of ``src`` in fresh processes, plain (``CKPT_PURE_PYTHON=1``) and
+    compiled in turn: per mode the wall times and peak RSS of each run, and whether both
+    modes wrote the same bytes."""
+    times: dict[str, list[dict]] = {"plain": [], "compiled": []}
+    for _ in range(runs):
+        for mode in times:
+            os.environ["CKPT_PURE_PYTHON"] = "1" if mode == "plain" else "0"
+            try:
+                r = run_measured([*ckpt_cmd(), "rewrite", str(src), "-o", str(work / f"{mode}.onnx"), "--force"])
+            finally:
+                os.environ.pop("CKPT_PURE_PYTHON", None)
+            times[mode].append({"wall_s": r["wall_s"], "max_rss_bytes": r.get("max_rss_bytes"), "rc": r.get("rc")})
+    same = (work / "plain.onnx").read_bytes() == (work / "compiled.onnx").read_bytes()
+    return {"runs": runs, **times, "same_output": same}
+
+
+def measure(layers: int = 704, repeats: int = 3, rewrites: int = 3) -> dict:
+    """The passes' times both ways on a ``layers``-layer ``bench.synthetic`` transformer, and
+    ``rewrites`` end-to-end rewrites of it each way."""
     try:
         import numba
     except ImportError:
@@ -103,6 +123,7 @@ def measure(layers: int = 704, repeats: int = 3) -> dict:
     with tempfile.TemporaryDirectory(prefix="ckpt_native_") as tmp:
         info = save_transformer(str(Path(tmp) / "g.onnx"), layers=layers)
         g = load_graph(info["path"])
+        end_to_end = _rewrites(Path(info["path"]), Path(tmp), rewrites) if rewrites else None
     a = analyse(g)
     rows = []
     fast.NATIVE_MIN_STEPS, kept = 0, fast.NATIVE_MIN_STEPS
@@ -124,7 +145,8 @@ def measure(layers: int = 704, repeats: int = 3) -> dict:
     fixed = subprocess.run([sys.executable, "-c", FIXED_COST], cwd=ROOT, capture_output=True, text=True, check=True)
     imported, loaded = (float(x) for x in fixed.stdout.split())
     return {"nodes": len(g.nodes), "repeats": repeats, "numba": numba.__version__, "passes": rows,
-            "import_s": imported, "first_call_s": loaded, "threshold": fast.NATIVE_MIN_STEPS}
+            "import_s": imported, "first_call_s": loaded, "threshold": fast.NATIVE_MIN_STEPS,
+            "end_to_end": end_to_end}
 
 
 def render(res: dict | None, add) -> None:
@@ -149,19 +171,38 @@ def render(res: dict | None, add) -> None:
         f"{res['first_call_s']:.2f} s more. ckpt compiles passes of {res['threshold']:,} steps and more "
         "(`fast.NATIVE_MIN_STEPS`), where they repay it.")
     add("")
+    _render_end_to_end(res.get("end_to_end"), add)
+
+
+def _render_end_to_end(e: dict | None, add: Callable[[str], None]) -> None:
+    if not e:
+        return
+    def median(mode: str, key: str) -> float:
+        values = sorted(r[key] or 0 for r in e[mode])
+        return values[len(values) // 2]
+
+    add(f"End to end, `ckpt rewrite F -o OUT --force` of the same graph in fresh processes, plain "
+        f"(`CKPT_PURE_PYTHON=1`) and compiled in turn, {e['runs']} runs each (median): "
+        f"{median('plain', 'wall_s'):.2f} s plain, {median('compiled', 'wall_s'):.2f} s compiled "
+        f"({median('plain', 'wall_s') / median('compiled', 'wall_s'):.2f}x); peak RSS "
+        f"{median('plain', 'max_rss_bytes') / 2**20:.0f} MiB plain, {median('compiled', 'max_rss_bytes') / 2**20:.0f} MiB "
+        f"compiled; the written files {'byte-identical' if e['same_output'] else '**differ**'}.")
+    add("")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", type=int, default=704, help="synthetic transformer layers (704: 100,016 nodes)")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--rewrites", type=int, default=3, help="end-to-end rewrites each way (0: none)")
     a = ap.parse_args(argv)
-    res = measure(a.layers, a.repeats)
+    res = measure(a.layers, a.repeats, a.rewrites)
     lines: list[str] = []
     render(res, lines.append)
     print("\n".join(lines))
     print(json.dumps(res, indent=1))
-    return 0 if "error" in res or all(r["same"] for r in res["passes"]) else 1
+    same = all(r["same"] for r in res.get("passes", [])) and (res.get("end_to_end") or {}).get("same_output", True)
+    return 0 if "error" in res or same else 1
 
 
 if __name__ == "__main__":
