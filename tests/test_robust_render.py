@@ -70,3 +70,26 @@ def test_piped_text_keeps_each_sentence_on_one_line_without_padding(tmp_path):
     assert len(knee) == 1 and knee[0].endswith("with the fewest recompute FLOPs"), knee
     pinned = next(line for line in lines if line.startswith("Order pinned:"))
     assert pinned.endswith("under any execution order and optimization level."), pinned
+
+
+def test_a_plan_of_many_regions_lists_twenty_and_sums_the_rest(tmp_path):
+    """A 25-layer transformer's default plan has a region a layer and more: the terminal lists
+    the first 20 in graph order and one row summing the others; --json keeps every region."""
+    from synthetic import save_transformer
+
+    src = save_transformer(str(tmp_path / "t.onnx"), layers=25)["path"]
+    runner = CliRunner()
+    shown = runner.invoke(main, ["rewrite", src, "-o", str(tmp_path / "a.onnx")])
+    report = runner.invoke(main, ["rewrite", src, "-o", str(tmp_path / "b.onnx"), "--json"])
+    assert shown.exit_code == 0 and report.exit_code == 0, shown.output
+    import json
+
+    regions = json.loads(report.output)["regions"]
+    rest = regions[20:]
+    assert len(rest) >= 5
+    assert f"Regions ({len(regions)}; the first 20 shown, all in --json)" in shown.output
+    listed = [r["name"] for r in regions if f"\n{r['name']} " in shown.output]
+    assert listed == [r["name"] for r in regions[:20]]
+    summed = next(line for line in shown.output.splitlines() if line.startswith(f"... {len(rest)} more"))
+    cells = [c.strip() for c in summed.split("|")]
+    assert cells[1:3] == [str(sum(r["nodes"] for r in rest)), str(sum(r["recompute_nodes"] for r in rest))]

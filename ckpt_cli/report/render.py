@@ -57,6 +57,9 @@ def make_console(quiet: bool = False, file: IO[str] | None = None) -> Console:
                     soft_wrap=False, quiet=quiet, emoji=False)
 
 
+MAX_REGION_ROWS = 20  # regions listed one per row in the terminal; the rest are summed in one
+
+
 def _table(title: str, console: Console, *columns: tuple[str, str]) -> Table:
     plain = console.no_color
     t = Table(title=title, box=box.ASCII2 if plain else box.SIMPLE_HEAVY, title_justify="left",
@@ -254,12 +257,20 @@ def _before_after_table(r: Json, console: Console) -> Table:
 
 
 def _regions_table(regions: list[Json], console: Console) -> Table:
-    t = _table(f"Regions ({len(regions)})", console, ("region", "left"), ("nodes", "right"),
-               ("recomputed", "right"), ("no longer stashed", "right"), ("recompute FLOPs", "right"),
-               ("notes", "left"))
-    for row in regions:
+    """The regions in graph order; past ``MAX_REGION_ROWS``, the rest summed in one row
+    (a 700-layer plan printed 700 lines, and rendering them took most of a second)."""
+    shown, rest = regions[:MAX_REGION_ROWS], regions[MAX_REGION_ROWS:]
+    title = f"Regions ({len(regions)}{f'; the first {len(shown)} shown, all in --json' if rest else ''})"
+    t = _table(title, console, ("region", "left"), ("nodes", "right"), ("recomputed", "right"),
+               ("no longer stashed", "right"), ("recompute FLOPs", "right"), ("notes", "left"))
+    for row in shown:
         t.add_row(safe(row["name"]), str(row["nodes"]), str(row["recompute_nodes"]), human_bytes(row["freed_bytes"]),
                   human_flops(row["recompute_flops"]), _region_notes(row))
+    if rest:
+        noted = sum(1 for row in rest if _region_notes(row))
+        t.add_row(f"... {len(rest)} more", str(sum(r["nodes"] for r in rest)),
+                  str(sum(r["recompute_nodes"] for r in rest)), human_bytes(sum(r["freed_bytes"] for r in rest)),
+                  human_flops(sum(r["recompute_flops"] for r in rest)), f"{noted} with notes" if noted else "")
     return t
 
 
