@@ -168,6 +168,14 @@ def test_the_edges_are_the_graphs_predecessors_and_successors():
             == [sorted(s) for s in g.succs])
 
 
+def test_the_arenas_event_codes_are_the_kernels():
+    """arena.py names kernel-plan events by the codes native.py's replay reads; it keeps its
+    own copy (importing native.py imports numba), so the two must agree."""
+    native = pytest.importorskip("ckpt_cli.native")
+    assert arena._EVENT_CODES == {"out": native.PLAN_OUT, "tmp": native.PLAN_TMP,
+                                  "free_tmp": native.PLAN_FREE_TMP, "drop_tmp": native.PLAN_DROP_TMP}
+
+
 def test_short_orders_stay_in_python(monkeypatch):
     """Below ``NATIVE_MIN_STEPS`` (numba's import costs more than the walk) and without
     numba, the plain walk runs."""

@@ -466,7 +466,8 @@ def _compiled_peak(profile: MemoryProfile, small_initializer_bytes: int, plans: 
 
 
 _NEVER = 1 << 62  # a stop no arena reaches
-_EVENT_CODES = {"out": 0, "tmp": 1, "free_tmp": 2, "drop_tmp": 3}  # native.PLAN_*
+# native.PLAN_*, copied: importing native.py loads numba (tests/test_fast_paths.py keeps them equal)
+_EVENT_CODES = {"out": 0, "tmp": 1, "free_tmp": 2, "drop_tmp": 3}
 
 
 def _request_arrays(buffers: Sequence[tuple[int, int, int]], steps: int, plans: dict[int, KernelPlan]) -> Requests:
