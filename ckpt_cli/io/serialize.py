@@ -76,7 +76,7 @@ def _write_graph(graph: onnx.GraphProto, write: Write) -> None:
         if field.number in _STREAMED_FIELDS:
             tag = _tag(field.number)
             sizes = [t.ByteSize() for t in value]
-            size += sum(len(tag) + len(_varint(n)) + n for n in sizes)
+            size += len(tag) * len(sizes) + sum(sizes) + _varint_bytes(sizes)
             parts.append((tag, value, sizes))
         else:
             data = _field_bytes(graph, field, value)
@@ -95,6 +95,7 @@ def _write_elements(tag: bytes, elements: Any, sizes: list[int], write: Write) -
     gathered into pieces of about _PIECE_BYTES, a write per element being slow."""
     pending: list[bytes] = []
     held = 0
+    heads: dict[int, bytes] = {}  # the tag and length prefix, by length: most nodes share a few lengths
     for t, n in zip(elements, sizes, strict=True):
         data = t.SerializeToString(deterministic=True)
         if len(data) != n:  # the prefix already written would lie about the graph's length
@@ -106,7 +107,9 @@ def _write_elements(tag: bytes, elements: Any, sizes: list[int], write: Write) -
             write(tag + _varint(n))
             write(data)
             continue
-        head = tag + _varint(n)
+        head = heads.get(n)
+        if head is None:
+            head = heads[n] = tag + _varint(n)
         pending += (head, data)
         held += len(head) + n
         if held >= _PIECE_BYTES:
@@ -134,6 +137,15 @@ def _has_unknown_fields(message: Message) -> bool:
 
 def _tag(number: int) -> bytes:
     return _varint(number << 3 | _LENGTH_DELIMITED)
+
+
+def _varint_bytes(values: list[int]) -> int:
+    """The bytes of the varints of ``values`` (non-negative): one per started 7 bits."""
+    count, rest = 0, values
+    while rest:
+        count += len(rest)
+        rest = [v >> 7 for v in rest if v >> 7]
+    return count
 
 
 def _varint(n: int) -> bytes:
