@@ -9,8 +9,9 @@ beforehand in each mode, with its conversions to and from the lists the rest of 
 the two results must be equal.
 numba's fixed cost is measured in fresh interpreters: ``import numba`` after onnx, and the
 first call of the cached kernels (an analysis of the mlp sample). End to end, ``ckpt rewrite``
-of the same graph runs in fresh processes, plain and compiled in turn, ``--rewrites`` times
-each (0: not run); the medians, the peak RSS and whether the written files are identical.
+of the same graph runs in fresh processes, as without numba (no pass compiled) and with it, in
+turn, ``--rewrites`` times each (0: not run); the medians, the peak RSS and whether the written
+files are identical.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from bench.common import BENCH, ckpt_cmd, log, run_measured
+from bench.common import BENCH, log, run_measured
 
 ROOT = BENCH.parent
 FIXED_COST = """
@@ -91,18 +92,22 @@ def _best(make: Callable[[], Any], repeats: int) -> tuple[float, Any]:
     return best, out
 
 
+_REWRITE = ("import sys; from ckpt_cli import fast; fast.NATIVE_MIN_STEPS = int(sys.argv[1]); "
+            "sys.argv = ['ckpt', *sys.argv[2:]]; from ckpt_cli.cli import main; main()")
+
+
 def _rewrites(src: Path, work: Path, runs: int) -> dict[str, Any]:
-    """``ckpt rewrite`` of ``src`` in fresh processes, plain (``CKPT_PURE_PYTHON=1``) and
-    compiled in turn: per mode the wall times and peak RSS of each run, and whether both
-    modes wrote the same bytes."""
+    """``ckpt rewrite`` of ``src`` in fresh processes, as a user without numba runs it (no pass
+    compiled: ``fast.NATIVE_MIN_STEPS`` out of reach) and as ckpt runs with it, in turn: per
+    mode the wall time and peak RSS of each run, and whether both wrote the same bytes."""
     times: dict[str, list[dict]] = {"plain": [], "compiled": []}
+    from ckpt_cli import fast
+
     for _ in range(runs):
         for mode in times:
-            os.environ["CKPT_PURE_PYTHON"] = "1" if mode == "plain" else "0"
-            try:
-                r = run_measured([*ckpt_cmd(), "rewrite", str(src), "-o", str(work / f"{mode}.onnx"), "--force"])
-            finally:
-                os.environ.pop("CKPT_PURE_PYTHON", None)
+            threshold = 2**62 if mode == "plain" else fast.NATIVE_MIN_STEPS
+            r = run_measured([sys.executable, "-c", _REWRITE, str(threshold), "rewrite", str(src),
+                              "-o", str(work / f"{mode}.onnx"), "--force"])
             times[mode].append({"wall_s": r["wall_s"], "max_rss_bytes": r.get("max_rss_bytes"), "rc": r.get("rc")})
     same = (work / "plain.onnx").read_bytes() == (work / "compiled.onnx").read_bytes()
     return {"runs": runs, **times, "same_output": same}
@@ -181,12 +186,13 @@ def _render_end_to_end(e: dict | None, add: Callable[[str], None]) -> None:
         values = sorted(r[key] or 0 for r in e[mode])
         return values[len(values) // 2]
 
-    add(f"End to end, `ckpt rewrite F -o OUT --force` of the same graph in fresh processes, plain "
-        f"(`CKPT_PURE_PYTHON=1`) and compiled in turn, {e['runs']} runs each (median): "
-        f"{median('plain', 'wall_s'):.2f} s plain, {median('compiled', 'wall_s'):.2f} s compiled "
+    add(f"End to end, `ckpt rewrite F -o OUT --force` of the same graph in fresh processes, without the "
+        f"kernels (as without numba: numpy's paths, no pass compiled) and with them, in turn, {e['runs']} runs "
+        "each (median): "
+        f"{median('plain', 'wall_s'):.2f} s without, {median('compiled', 'wall_s'):.2f} s with "
         f"({median('plain', 'wall_s') / median('compiled', 'wall_s'):.2f}x); peak RSS "
-        f"{median('plain', 'max_rss_bytes') / 2**20:.0f} MiB plain, {median('compiled', 'max_rss_bytes') / 2**20:.0f} MiB "
-        f"compiled; the written files {'byte-identical' if e['same_output'] else '**differ**'}.")
+        f"{median('plain', 'max_rss_bytes') / 2**20:.0f} MiB without, {median('compiled', 'max_rss_bytes') / 2**20:.0f} MiB "
+        f"with; the written files {'byte-identical' if e['same_output'] else '**differ**'}.")
     add("")
 
 
