@@ -35,10 +35,14 @@ ORIGINAL_PEAK = 70 << 20
 def artifact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The zoo's BERT training model beside stand-ins of its checkpoint and other models; its
     default's plans are the front's (without the peak descent, whose plan the front's own choice
-    follows though it recomputes more, and which the model of the Module session accepts)."""
+    follows though it recomputes more, and which the model of the Module session accepts).
+    The plan at twice the dimensions is not made (``api._again``): the choice here never
+    reads it, and serial runs (``CKPT_SERIAL``) made it in line, half of each test's time
+    (tests/test_scaling_dims.py covers it)."""
     from ckpt_cli.planning import cutsearch
 
     monkeypatch.setattr(cutsearch, "descend", lambda *args, **kwargs: [])
+    monkeypatch.setattr(api, "_again", lambda *args, **kwargs: None)
     model = tmp_path / "training_model.onnx"
     shutil.copy(ZOO_BERT, model)
     for name in ("checkpoint", "eval_model.onnx", "optimizer_model.onnx"):
