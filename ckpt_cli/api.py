@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import os
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, TypeVar, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar, Union
 
 import onnx
 
@@ -30,7 +31,7 @@ from .errors import BudgetUnreachable, CkptError, ModelError, UsageError
 from .ort.expand import expand_functions
 from .graph import Graph
 from .markers import PROVENANCE_PREFIX
-from .io.load import load_graph
+from .io.load import Acceptance, load_graph, open_graph
 from .planning.budget import Planned
 from .rewrite.select import judged_rewrite, make_plan, plan_notes, plan_rows, planned_rewrite, rewrite_plan
 from .verify.plain_choice import judged_in_plain
@@ -69,6 +70,8 @@ class Loaded:
     source: Source
     path: Path | None  # the file, when the input was one
     data_dir: Path | None  # folder external-data locations are relative to
+    # onnx's checker and ORT's load of the file, decided beside the analysis (``analyse_input``)
+    acceptance: Acceptance = field(default_factory=Acceptance)
 
 
 def _typed(name: str, value: T, cls: type | tuple[type, ...]) -> T:
@@ -97,12 +100,31 @@ def load_input(model: ModelInput) -> Loaded:
         graph = expand_functions(graph)  # plan on the nodes ORT runs
         return Loaded(graph, Source.of_proto(model), None, Path("."))
     path = Path(model)
-    graph = load_graph(path)
-    return Loaded(graph, Source.of_file(path), path, path.parent)
+    graph, acceptance = open_graph(path)
+    return Loaded(graph, Source.of_file(path), path, path.parent, acceptance)
+
+
+@contextmanager
+def _refusal_first(loaded: Loaded) -> Iterator[None]:
+    """An error the block raises comes after the refusal of ``loaded``'s file by onnx's
+    checker or ORT, as when those checks ran before it."""
+    try:
+        yield
+    except Exception:
+        loaded.acceptance.confirm()
+        raise
 
 
 def analyse_input(loaded: Loaded, analysis: AnalysisOptions | None = None) -> Analysis:
-    """``analyse`` with the option checks every command shares."""
+    """``analyse`` with the option checks every command shares; the file's refusal by
+    onnx's checker or ORT (``Loaded.acceptance``) comes first."""
+    with _refusal_first(loaded):
+        a = _analysed_input(loaded, analysis)
+    loaded.acceptance.confirm()
+    return a
+
+
+def _analysed_input(loaded: Loaded, analysis: AnalysisOptions | None) -> Analysis:
     analysis = (_typed("analysis", analysis, AnalysisOptions) or AnalysisOptions()).validate()
     dims = dict(analysis.dims)
     known = symbolic_dims(loaded.graph)  # cheap: reads the graph's inputs and outputs only
@@ -515,10 +537,11 @@ def rewrite_model(model: ModelInput, output: str | Path | None = None, options: 
     _typed("output", output, _PATH)
     stage("reading the model")
     loaded = load_input(model)
-    if output is not None:
-        check_output_path(Path(output), loaded.path, force)
-    if options.work_around_ort_defects:
-        loaded = _worked_around(loaded)
+    with _refusal_first(loaded):
+        if output is not None:
+            check_output_path(Path(output), loaded.path, force)
+        if options.work_around_ort_defects:
+            loaded = _worked_around(loaded)
     stage("analysing the graph")
     a = analyse_input(loaded, analysis)
     refuse_unsized(a, options.plan.allow_unsized)

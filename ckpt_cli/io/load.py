@@ -6,6 +6,7 @@ shapes, and the writer streams them from the source file when it saves.
 
 from __future__ import annotations
 
+import os
 from itertools import chain
 from operator import attrgetter
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Iterator
 import onnx
 from google.protobuf.message import DecodeError
 
+from ..background import Background, can_fork
 from ..errors import ModelError
 from ..ort.expand import expand_functions
 from .external import check_embedded, check_external, external_tensors
@@ -46,7 +48,21 @@ def loaded_data_files() -> set[Path]:
     return set().union(*_data_files.values())
 
 
-@gc_paused
+class Acceptance:
+    """Whether onnx's checker and ONNX Runtime's CPU session accept a loaded file, decided
+    in a forked child (``Background``) while the caller goes on; ``confirm()`` waits for
+    the decision and raises the refusal (ModelError)."""
+
+    def __init__(self, pending: Background[str | None] | None = None) -> None:
+        self._pending = pending
+
+    def confirm(self) -> None:
+        pending, self._pending = self._pending, None
+        refusal = pending.result() if pending is not None else None
+        if refusal is not None:
+            raise ModelError(refusal)
+
+
 def load_graph(path: str | Path) -> Graph:
     """Load an ONNX model file (with or without external data) and index it.
 
@@ -54,7 +70,19 @@ def load_graph(path: str | Path) -> Graph:
     truncated file, a graph onnx.checker or ckpt's own checks refuse, external data
     outside the model's folder, or a graph with a cycle.
     """
-    path = Path(path)
+    return _opened(Path(path), beside=False)[0]
+
+
+def open_graph(path: str | Path) -> tuple[Graph, Acceptance]:
+    """``load_graph``, with onnx's checker and ORT's load of the file left to run beside
+    the caller's next work where a child process can (their refusal then comes from
+    ``Acceptance.confirm``). ORT's load holds the interpreter's lock, so a thread would not
+    overlap it; the child also keeps the session's memory out of this process."""
+    return _opened(Path(path), beside=True)
+
+
+@gc_paused
+def _opened(path: Path, beside: bool) -> tuple[Graph, Acceptance]:
     if not path.exists():
         raise ModelError(f"{path}: no such file")
     if path.is_dir():
@@ -83,13 +111,47 @@ def load_graph(path: str | Path) -> Graph:
     graph = Graph.from_model(model, path=path)
     check_graph(graph, path)
     order = graph.topological_order()  # raises on a cycle
+    acceptance = Acceptance()
     if len(model.graph.node) <= _CHECKER_MAX_NODES:
-        _run_checker(model, path, order, external)
-        check_on_ort(graph, path, order)
+        acceptance = _accepted(graph, path, order, external, beside)
     _data_files[path.resolve()] = files
     graph = expand_functions(graph)  # plan on the nodes ORT runs
     graph.topological_order()
-    return graph
+    return graph, acceptance
+
+
+def _accepted(graph: Graph, path: Path, order: list[int], external: list[onnx.TensorProto],
+              beside: bool) -> Acceptance:
+    """onnx's checker and ORT's load of ``graph``: run here (raising the refusal), or with
+    ``beside`` in a forked child where one can run."""
+    if not (beside and can_fork()):
+        _refuse_unaccepted(graph, path, order, external)
+        return Acceptance()
+    parent = os.getpid()
+
+    def refusal() -> str | None:
+        # The child sees the graph as it was at the fork. The parent runs this only when no
+        # child answered, after expanding the graph in place (its model is spent): it reads
+        # the file again.
+        g, o, ext = (graph, order, external) if os.getpid() != parent else _reread(path)
+        try:
+            _refuse_unaccepted(g, path, o, ext)
+        except ModelError as e:
+            return str(e)
+        return None
+
+    return Acceptance(Background(refusal))
+
+
+def _refuse_unaccepted(graph: Graph, path: Path, order: list[int], external: list[onnx.TensorProto]) -> None:
+    _run_checker(graph.model, path, order, external)
+    check_on_ort(graph, path, order)
+
+
+def _reread(path: Path) -> tuple[Graph, list[int], list[onnx.TensorProto]]:
+    model = read_model(path)
+    graph = Graph.from_model(model, path=path)
+    return graph, graph.topological_order(), external_tensors(model)
 
 
 def _checked_copy(model: onnx.ModelProto, order: list[int]) -> onnx.ModelProto:
