@@ -1,11 +1,14 @@
 """onnx's checker and ORT's load of a file run in a forked child while the command analyses
 it (``io.load.open_graph``): the same refusals as when they run in line, given before any
 error that came after them, and the parent's own check, on the file read again, where the
-child gives nothing back."""
+child gives nothing back. ORT's expansion of function ops is asked in a child too: a
+command that needs ORT for nothing else never imports it."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -116,3 +119,14 @@ def test_the_refusal_comes_before_an_output_error(tmp_path):
     result = CliRunner().invoke(main, ["rewrite", str(path), "-o", str(taken)])
     assert result.exit_code == 2 and REFUSED_WORDS in result.output, result.output
 
+
+@pytest.mark.skipif(not can_fork(), reason="children run beside the command on Linux with more than one core")
+@pytest.mark.parametrize("model", ["gpt.onnx", "zoo/capsules/training_model.onnx"])
+def test_the_command_leaves_ort_to_its_children(model):
+    """capsules' SoftmaxCrossEntropyLoss goes to ORT to be expanded; both files to ORT to be
+    accepted: ORT's import, environment and sessions stay out of the command's process."""
+    script = ("import sys\nfrom ckpt_cli.cli import main\ntry:\n    main(sys.argv[1:], standalone_mode=False)\n"
+              "except SystemExit:\n    pass\nprint('onnxruntime' in sys.modules)")
+    run = subprocess.run([sys.executable, "-c", script, "inspect", str(SAMPLES / model), "--json"],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and run.stdout.strip().endswith("False"), run.stderr[-2000:]

@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 import onnx
 
+from ..background import Background
 from ..graph import ABSENT, Graph, Node, embedded_bytes, weightless_copy
 from . import ort_module
 from .contrib_functions import contrib_expansion
@@ -63,7 +64,14 @@ def _has_function(op_type: str, domain: str, opset: int) -> bool:
 
 
 def _resolved(model: onnx.ModelProto) -> onnx.ModelProto | None:
-    """The graph ORT runs at ORT_DISABLE_ALL on the CPU provider, or None if it cannot load it."""
+    """The graph ORT runs at ORT_DISABLE_ALL on the CPU provider, or None if it cannot load
+    it: asked in a forked child where one can run, so that ORT's import, environment and
+    session (0.15 s and 18 MiB at least) stay out of this process, which then may never
+    need ORT (the file's acceptance is decided in a child too: ``io.load.open_graph``)."""
+    return Background(lambda: _resolved_here(model)).result()
+
+
+def _resolved_here(model: onnx.ModelProto) -> onnx.ModelProto | None:
     ort = ort_module()
     with tempfile.TemporaryDirectory(prefix="ckpt_expand_") as tmp:
         src, out = Path(tmp) / "model.onnx", Path(tmp) / "resolved.onnx"
