@@ -45,7 +45,8 @@ from .progress import stage
 from .report.model import (Options, Report, Source, check_report, inspect_report, plan_report, planning_section,
                            rewrite_report)
 from .report.headline import check_headline
-from .rewrite import ModulePeaks, RewriteResult, rewrite, without_mem_pattern, written as analysed_written
+from .rewrite import (ModulePeaks, RewriteResult, rewrite, with_pattern_advice, without_mem_pattern,
+                      written as analysed_written)
 from .rewrite.mem_pattern import is_ort_artifact
 from .verify.module_model import module_peaks
 from .io.save import check_output_path, save_model
@@ -575,7 +576,8 @@ def _worked_around(loaded: Loaded) -> Loaded:
 def _writer(a: Analysis, options: RewriteOptions, analysis: AnalysisOptions, scaled: Scaling | None) -> Writer:
     """How ``rewrite`` writes a plan's result with these options: the finish (the memory
     pattern's input) and the file's model (provenance, symbolic shapes)."""
-    finish = without_mem_pattern if options.pin and not options.keep_mem_pattern else None
+    finish = (with_pattern_advice if options.keep_mem_pattern else
+              without_mem_pattern if options.pin else None)
     recorded = {**options.to_json(), **analysis.to_json()}
     probes = probe_tensors(a) if scaled else None  # one shape inference, however many plans are written
 

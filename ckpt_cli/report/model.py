@@ -23,6 +23,7 @@ from ..ort.registry import ort_only_ops
 from ..planning.budget import Planned
 from ..rewrite import RewriteResult
 from ..rewrite.fresh import FreshResult
+from ..rewrite.mem_pattern import PatternOff
 from ..rewrite.pin import PinResult
 from ..version import __version__
 from .headline import check_headline, headline
@@ -412,6 +413,7 @@ def rewrite_report(before: Analysis, source: Source | None, result: RewriteResul
         "enable_mem_reuse": result.mem_reuse,
         "pin": _pin_row(result.pinned, result.fresh),
         "mem_pattern_off": result.pattern_off.to_json() if result.pattern_off is not None else None,
+        "mem_pattern_advice": _advice(result.pattern_advice),
         "no_gain_reason": result.no_gain_reason,
         "warning": result.warning,
         "plan": plan_json,
@@ -483,6 +485,13 @@ def plan_report(a: Analysis, source: Source | None, planned: Planned, result: Re
         "no_gain_reason": result.no_gain_reason,
         "unsized": unsized_rows(a),
     }
+
+
+def _advice(advice: PatternOff | None) -> Report | None:
+    """The memory pattern's predicted cost for a graph written unchanged (no input written)."""
+    if advice is None:
+        return None
+    return {k: v for k, v in advice.to_json().items() if k != "input"}
 
 
 def session_report(model: Path, provider: str, settings: Report, undone: str | None) -> Report:

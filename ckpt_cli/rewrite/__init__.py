@@ -35,6 +35,9 @@ class RewriteResult:
     pinned: PinResult | None = None  # the guards that hold the order (None: --no-pin)
     fresh: FreshResult | None = None  # tensors hidden from ORT's buffer reuse (with --pin)
     pattern_off: PatternOff | None = None  # the input that turns ORT's memory pattern off (written.py adds it)
+    # for a graph written unchanged with the model's inputs kept: the memory pattern's predicted
+    # cost in a plain session, where turning it off is predicted to lower its peak (advice only)
+    pattern_advice: PatternOff | None = None
     no_gain: str | None = None  # why the plan was dropped for the unchanged graph (it lowered nothing)
     warning: str | None = None  # set when a user's plan raises the predicted peak
     session: str = "ckpt"  # the session the written graph is for: "ckpt" settings, or "ort_default"
@@ -191,6 +194,24 @@ def _runs_split(result: RewriteResult, guarded: PinResult, forward: set[str]) ->
     return split if peak(split) < (1 - SPLIT_GAIN) * peak(guarded) else guarded
 
 
+def with_pattern_advice(result: RewriteResult) -> RewriteResult:
+    """``result``, where it is the graph written unchanged for ORT's defaults and ckpt predicts
+    ORT's memory pattern raises a plain session's peak, with that advice recorded and noted.
+    The reason it was written unchanged compares the original run without the pattern, which
+    ORT's defaults do not do: the note says what they hold and how to turn the pattern off."""
+    if result.no_gain is None or result.session != "ort_default" or result.pattern_off is not None:
+        return result
+    off = pattern_off(result.graph, result.after.tensors)
+    if off is None:
+        return result
+    line = (f"ORT's memory pattern raises this graph's peak in a plain session: ckpt's model of the file's graph "
+            f"(ORT's fusions not simulated) predicts {human_bytes(off.with_pattern_bytes)} with it, "
+            f"{human_bytes(off.without_pattern_bytes)} without; run it with so.enable_mem_pattern = False, or "
+            "write it with --mem-pattern-off (an optional input nobody feeds turns the pattern off in every "
+            "session) and --check to measure it")
+    return replace(result, pattern_advice=off, notes=(*result.notes, line))
+
+
 def without_mem_pattern(result: RewriteResult) -> RewriteResult:
     """``result``, to be written with the input that turns ORT's memory pattern off where
     ckpt predicts that lowers a plain session's peak (``rewrite/mem_pattern.py``)."""
@@ -314,4 +335,5 @@ def original_floor(alt: Alternatives) -> int:
                alt.default.activation_peak_bytes)
 
 
-__all__ = ["ModulePeaks", "MODULE_MODEL_MARGIN", "rewrite", "pinned", "written", "written_phases", "without_mem_pattern", "RewriteResult", "RegionResult", "PatternOff"]
+__all__ = ["ModulePeaks", "MODULE_MODEL_MARGIN", "rewrite", "pinned", "written", "written_phases", "with_pattern_advice",
+           "without_mem_pattern", "RewriteResult", "RegionResult", "PatternOff"]
