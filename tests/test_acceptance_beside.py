@@ -22,7 +22,9 @@ from ckpt_cli.api import inspect_model
 from ckpt_cli.background import can_fork
 from ckpt_cli.cli import main
 from ckpt_cli.errors import ModelError
-from ckpt_cli.io.load import load_graph
+from ckpt_cli.io import load
+from ckpt_cli.io.load import load_graph, open_graph
+from ckpt_cli.ort import expand
 from conftest import SAMPLES
 
 # Its SoftmaxCrossEntropyLoss is expanded in place after loading (221 -> 309 nodes): the
@@ -51,6 +53,14 @@ def _inspect(*args: str) -> tuple[int, str]:
 
 
 @pytest.fixture
+def beside(monkeypatch) -> None:
+    """ORT's work goes to children here too, though this process has imported ORT (which
+    keeps it in line otherwise: ``ort.asked_in_a_child``)."""
+    monkeypatch.setattr(load, "asked_in_a_child", background.can_fork)
+    monkeypatch.setattr(expand, "asked_in_a_child", background.can_fork)
+
+
+@pytest.fixture
 def children(monkeypatch) -> list[int]:
     """The children started beside the command, counted."""
     started: list[int] = []
@@ -69,7 +79,7 @@ def test_the_model_loads_as_it_did_in_line():
     assert len(load_graph(EXPANDED).nodes) > len(onnx.load(EXPANDED).graph.node)
 
 
-def test_a_refusal_is_the_same_from_the_child_and_in_line(tmp_path, monkeypatch, children):
+def test_a_refusal_is_the_same_from_the_child_and_in_line(tmp_path, monkeypatch, beside, children):
     path = _refused(tmp_path)
     beside = _inspect(str(path))
     assert children or not can_fork()
@@ -79,7 +89,7 @@ def test_a_refusal_is_the_same_from_the_child_and_in_line(tmp_path, monkeypatch,
     assert beside[0] == 2 and REFUSED_WORDS in beside[1] and "ln_axis" in beside[1], beside
 
 
-def test_the_library_raises_the_refusal(tmp_path):
+def test_the_library_raises_the_refusal(tmp_path, beside):
     with pytest.raises(ModelError, match=REFUSED_WORDS):
         inspect_model(_refused(tmp_path))
 
@@ -96,7 +106,7 @@ def _reversed(folder: Path) -> Path:
 
 
 @pytest.mark.parametrize("refused", [False, True])
-def test_a_silent_child_leaves_the_check_to_the_parent(tmp_path, monkeypatch, refused):
+def test_a_silent_child_leaves_the_check_to_the_parent(tmp_path, monkeypatch, beside, refused):
     """A child that dies without a word: the parent checks the file, read again (its own
     graph was expanded in place, and its sorted order no longer fits it), and decides as
     the child would have."""
@@ -107,12 +117,12 @@ def test_a_silent_child_leaves_the_check_to_the_parent(tmp_path, monkeypatch, re
     assert expected[0] == (2 if refused else 0), expected
 
 
-def test_the_refusal_comes_before_an_analysis_error(tmp_path):
+def test_the_refusal_comes_before_an_analysis_error(tmp_path, beside):
     code, out = _inspect(str(_refused(tmp_path)), "--dim", "nosuch=3")
     assert code == 2 and REFUSED_WORDS in out and "no such symbolic dimension" not in out, out
 
 
-def test_the_refusal_comes_before_an_output_error(tmp_path):
+def test_the_refusal_comes_before_an_output_error(tmp_path, beside):
     path = _refused(tmp_path)
     taken = tmp_path / "out.onnx"
     taken.write_bytes(b"")
@@ -130,3 +140,15 @@ def test_the_command_leaves_ort_to_its_children(model):
     run = subprocess.run([sys.executable, "-c", script, "inspect", str(SAMPLES / model), "--json"],
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0 and run.stdout.strip().endswith("False"), run.stderr[-2000:]
+
+
+def test_a_process_that_imported_ort_keeps_the_work_in_line(tmp_path, children):
+    """Where ORT is imported already (as in this test process) nothing forks: the refusal
+    comes from the load itself, the expansion is asked here."""
+    import onnxruntime  # noqa: F401 - the premise: ORT is in this process
+
+    with pytest.raises(ModelError, match=REFUSED_WORDS):
+        open_graph(_refused(tmp_path))
+    graph, acceptance = open_graph(EXPANDED)
+    acceptance.confirm()
+    assert children == [] and len(graph.nodes) > len(onnx.load(EXPANDED).graph.node)

@@ -15,12 +15,13 @@ from typing import Iterator
 import onnx
 from google.protobuf.message import DecodeError
 
-from ..background import Background, can_fork
+from ..background import Background
 from ..errors import ModelError
 from ..ort.expand import expand_functions
 from .external import check_embedded, check_external, external_tensors
 from ..graph import ABSENT, Graph, Node, embedded_bytes, gc_paused, weightless_copy
 from ..ort.registry import ort_only_nodes
+from ..ort import asked_in_a_child
 from ..ort.validate import check_on_ort
 from .serialize import read_model
 
@@ -124,7 +125,7 @@ def _accepted(graph: Graph, path: Path, order: list[int], external: list[onnx.Te
               beside: bool) -> Acceptance:
     """onnx's checker and ORT's load of ``graph``: run here (raising the refusal), or with
     ``beside`` in a forked child where one can run."""
-    if not (beside and can_fork()):
+    if not (beside and asked_in_a_child()):
         _refuse_unaccepted(graph, path, order, external)
         return Acceptance()
     parent = os.getpid()

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import sys
 from types import ModuleType
 
 import onnx
 
+from ..background import can_fork
 from ..errors import RuntimeUnavailable
 
 # ORT 1.31 refuses IR versions above 13; onnx 1.23 writes IR 14 by default.
@@ -24,6 +26,14 @@ def ort_module() -> ModuleType:
         raise RuntimeUnavailable("provider_unavailable", _INSTALL.format(why=e)) from e
     module: ModuleType = onnxruntime  # untyped to mypy (no stubs): a module all the same
     return module
+
+
+def asked_in_a_child() -> bool:
+    """Whether ORT's work (a session to load or resolve a graph) goes to a forked child
+    (``background.Background``): where one can run and this process has not imported ORT.
+    A process that has holds ORT's environment and maybe its threads, whose locks a forked
+    child could find held; and it pays nothing more to ask here."""
+    return can_fork() and "onnxruntime" not in sys.modules
 
 
 def output_ir_version(model: onnx.ModelProto) -> int:

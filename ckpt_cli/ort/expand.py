@@ -28,7 +28,7 @@ import onnx
 
 from ..background import Background
 from ..graph import ABSENT, Graph, Node, embedded_bytes, weightless_copy
-from . import ort_module
+from . import asked_in_a_child, ort_module
 from .contrib_functions import contrib_expansion
 
 _INLINE_LIMIT = 1024  # initializers above this many bytes are passed to ORT as inputs
@@ -68,6 +68,8 @@ def _resolved(model: onnx.ModelProto) -> onnx.ModelProto | None:
     it: asked in a forked child where one can run, so that ORT's import, environment and
     session (0.15 s and 18 MiB at least) stay out of this process, which then may never
     need ORT (the file's acceptance is decided in a child too: ``io.load.open_graph``)."""
+    if not asked_in_a_child():
+        return _resolved_here(model)
     return Background(lambda: _resolved_here(model)).result()
 
 
