@@ -66,8 +66,8 @@ def _has_function(op_type: str, domain: str, opset: int) -> bool:
 def _resolved(model: onnx.ModelProto) -> onnx.ModelProto | None:
     """The graph ORT runs at ORT_DISABLE_ALL on the CPU provider, or None if it cannot load
     it: asked in a forked child where one can run, so that ORT's import, environment and
-    session (0.15 s and 18 MiB at least) stay out of this process, which then may never
-    need ORT (the file's acceptance is decided in a child too: ``io.load.open_graph``)."""
+    session stay out of this process, which then may never need ORT (the file's acceptance
+    is decided in a child too: ``io.load.open_graph``)."""
     if not asked_in_a_child():
         return _resolved_here(model)
     return Background(lambda: _resolved_here(model)).result()
