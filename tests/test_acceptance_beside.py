@@ -81,12 +81,12 @@ def test_the_model_loads_as_it_did_in_line():
 
 def test_a_refusal_is_the_same_from_the_child_and_in_line(tmp_path, monkeypatch, beside, children):
     path = _refused(tmp_path)
-    beside = _inspect(str(path))
+    from_child = _inspect(str(path))
     assert children or not can_fork()
     monkeypatch.setenv("CKPT_SERIAL", "1")
     in_line = _inspect(str(path))
-    assert beside == in_line
-    assert beside[0] == 2 and REFUSED_WORDS in beside[1] and "ln_axis" in beside[1], beside
+    assert from_child == in_line
+    assert from_child[0] == 2 and REFUSED_WORDS in from_child[1] and "ln_axis" in from_child[1], from_child
 
 
 def test_the_library_raises_the_refusal(tmp_path, beside):
