@@ -157,6 +157,26 @@ def test_a_resnet_nobody_here_wrote_exports_and_rewrites_bit_identically(torch_p
     assert all(o["bit_identical"] for o in report["check"]["outputs"].values())
 
 
+def test_tied_weights_and_a_scalar_assigned_to_a_slice_export(torch_python, tmp_path):
+    """As Hugging Face builds GPT-2, BERT and T5: the output layer's weight is the embedding's
+    (AOTAutograd lifts each of its names apart: one graph input and one gradient, the sum, named
+    as named_parameters() names it), and the decoder's inputs are the targets shifted right
+    with a scalar assigned to a slice (torch.onnx writes that copy without broadcasting it)."""
+    out = tmp_path / "tied.onnx"
+    r = _run(torch_python, "export", f"{MODELS}:tied_seq2seq", "-o", out)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "max difference from eager PyTorch" in r.stdout, r.stdout  # the summed gradient compared too
+    model = onnx.load(out)
+    onnx.checker.check_model(model, full_check=True)
+    inputs = [i.name for i in model.graph.input]
+    outputs = [o.name for o in model.graph.output]
+    assert inputs.count("embed.weight") == 1 and "lm_head.weight" not in inputs, inputs
+    assert outputs.count("embed.weight_grad") == 1 and "lm_head.weight_grad" not in outputs, outputs
+    code, out_text, err = _invoke("inspect", out, "--json")
+    assert code == 0, err
+    assert json.loads(out_text)["gradient_outputs"] == len([o for o in outputs if o.endswith("_grad")])
+
+
 @pytest.mark.slow
 def test_a_factory_that_brings_its_inputs(torch_python, tmp_path):
     """gated_mlp returns (model, inputs) and its forward returns the loss; names from forward.

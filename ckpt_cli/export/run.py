@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
+import onnx
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -142,6 +143,10 @@ def export(model: nn.Module, inputs: Inputs, path: Path, names: list[str], loss:
         raise
     except Exception as e:
         raise ExportFailed(f"torch could not export the model: {_export_error(e)}") from e
+    try:  # ORT runs graphs onnx's checker refuses (a graph output without a type): ckpt's load would not
+        onnx.checker.check_model(proto)
+    except onnx.checker.ValidationError as e:
+        raise ExportFailed(f"the exported graph is not valid ONNX: {one_line(e)}") from e
     save_model(proto, path)
     init_path = init_path_of(path)
     state = {n: v.numpy() for n, v in feeds.items() if n not in names and n != TANGENT}

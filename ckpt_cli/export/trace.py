@@ -222,19 +222,35 @@ def _module_stack(model: nn.Module, path: str) -> dict[str, tuple[str, str]]:
     return stack
 
 
+def _state_by_name(traced: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Every parameter and buffer under each name that reaches it, and the name each of those
+    names is known by. A tied weight (a language model's output layer sharing the embedding's
+    matrix) has several names, and AOTAutograd may describe it by any of them; the graph names
+    it as ``named_parameters()`` does (its first name), so that gradients map back to the
+    parameters an optimizer is given."""
+    state: dict[str, torch.Tensor] = {}
+    known_as: dict[str, str] = {}
+    for named in (traced.named_parameters, traced.named_buffers):
+        first = {id(t): name for name, t in named()}
+        for name, t in named(remove_duplicate=False):
+            state[name] = t
+            known_as[name] = first[id(t)]
+    return state, known_as
+
+
 def _names(gm: torch.fx.GraphModule, traced: nn.Module, prefix: str, example_inputs: Sequence[torch.Tensor],
            input_names: Sequence[str]) -> tuple[list[str], list[torch.Tensor], list[int], list[str]]:
     """Graph input names/values and kept output indices/names, from AOTAutograd's descriptors
     (parameter and buffer names without ``prefix``, the loss wrapper's)."""
     from torch._functorch._aot_autograd import descriptors as D
 
-    state = {**dict(traced.named_parameters()), **dict(traced.named_buffers())}
+    state, known_as = _state_by_name(traced)
     in_names: list[str] = []
     in_values: list[torch.Tensor] = []
     for node in gm.graph.find_nodes(op="placeholder"):
         desc = node.meta["desc"]
         if isinstance(desc, (D.ParamAOTInput, D.BufferAOTInput)):
-            in_names.append(desc.target.removeprefix(prefix))
+            in_names.append(known_as[desc.target].removeprefix(prefix))
             in_values.append(state[desc.target].detach().clone())
         elif isinstance(desc, D.PlainAOTInput):
             in_names.append(input_names[desc.idx])
@@ -253,9 +269,9 @@ def _names(gm: torch.fx.GraphModule, traced: nn.Module, prefix: str, example_inp
         if isinstance(desc, D.PlainAOTOutput):
             name = "loss"
         elif isinstance(desc, D.GradAOTOutput):
-            name = f"{desc.grad_of.target.removeprefix(prefix)}_grad"
+            name = f"{known_as[desc.grad_of.target].removeprefix(prefix)}_grad"
         elif isinstance(desc, D.InputMutationAOTOutput):
-            name = f"{desc.mutated_input.target.removeprefix(prefix)}_updated"
+            name = f"{known_as[desc.mutated_input.target].removeprefix(prefix)}_updated"
         else:
             raise NotImplementedError(f"graph output {desc!r}")
         keep.append(i)
@@ -320,9 +336,8 @@ def _finish(model: onnx_ir.Model, in_names: list[str], out_names: list[str]) -> 
     graph = model.graph
     for value, name in zip(graph.inputs, in_names):
         value.name = name
-    outputs = list(graph.outputs)
-    for value, name in zip(outputs, out_names):
-        value.name = name
+    _tied_inputs_merged(graph)
+    outputs, out_names = _tied_gradients_summed(graph, list(graph.outputs), out_names)
     graph.outputs.clear()
     for i in sorted(range(len(outputs)), key=lambda i: (
             out_names[i] != "loss", not out_names[i].endswith("_grad"), i)):
@@ -335,11 +350,71 @@ def _finish(model: onnx_ir.Model, in_names: list[str], out_names: list[str]) -> 
     return proto
 
 
+def _broadcast_copies(gm: torch.fx.GraphModule) -> None:
+    """Give each ``aten.copy(self, src)`` whose ``src`` broadcasts (a scalar assigned to a
+    slice: T5's shift of the decoder's inputs) ``src`` expanded to ``self``'s shape.
+    torch.onnx writes the copy as ``CastLike(src, self)``, which keeps ``src``'s shape: the
+    graph it wrote then failed ORT's shape inference."""
+    for node in list(gm.graph.find_nodes(op="call_function", target=torch.ops.aten.copy.default)):
+        dst, src = node.args[0], node.args[1]
+        if not isinstance(src, torch.fx.Node) or "val" not in src.meta or "val" not in dst.meta:
+            continue
+        shape = list(dst.meta["val"].shape)
+        if list(src.meta["val"].shape) == shape:
+            continue
+        with gm.graph.inserting_before(node):
+            expanded = gm.graph.call_function(torch.ops.aten.expand.default, (src, shape))
+        expanded.meta = {**src.meta, "val": src.meta["val"].expand(shape)}
+        node.args = (dst, expanded, *node.args[2:])
+    gm.recompile()
+
+
+def _tied_inputs_merged(graph: onnx_ir.Graph) -> None:
+    """One graph input per tied weight: AOTAutograd lifts each name of it apart, and the
+    graph names them alike (``_state_by_name``); the later inputs' readers read the first."""
+    import onnx_ir as ir
+
+    first: dict[str | None, onnx_ir.Value] = {}
+    for value in list(graph.inputs):
+        if value.name not in first:
+            first[value.name] = value
+            continue
+        ir.convenience.replace_all_uses_with(value, first[value.name])
+        graph.inputs.remove(value)
+
+
+def _tied_gradients_summed(graph: onnx_ir.Graph, outputs: list[onnx_ir.Value], names: list[str]
+                           ) -> tuple[list[onnx_ir.Value], list[str]]:
+    """The outputs named ``names``, where a tied weight's gradients (one per name AOTAutograd
+    lifted) become their sum: the gradient of the one weight, as eager PyTorch gives it."""
+    import onnx_ir as ir
+
+    groups: dict[str, list[int]] = {}
+    for i, name in enumerate(names):
+        groups.setdefault(name, []).append(i)
+    kept_values: list[onnx_ir.Value] = []
+    kept_names: list[str] = []
+    for name, at in groups.items():
+        total = outputs[at[0]]
+        for k, i in enumerate(at):
+            outputs[i].name = f"{name}_part{k}" if len(at) > 1 else name
+            if k:
+                node = ir.Node("", "Add", [total, outputs[i]], num_outputs=1, name=f"{name}_sum{k}")
+                graph.append(node)
+                node.outputs[0].type, node.outputs[0].shape = total.type, total.shape
+                total = node.outputs[0]
+        total.name = name
+        kept_values.append(total)
+        kept_names.append(name)
+    return kept_values, kept_names
+
+
 def export_joint(traced: nn.Module, named: nn.Module, prefix: str, example_inputs: Sequence[torch.Tensor],
                  input_names: Sequence[str]) -> tuple[onnx.ModelProto, dict[str, torch.Tensor]]:
     """(ONNX ModelProto, {graph input name: tensor}) of ``traced``'s training step."""
     traced.train()
     gm = _trace_joint(traced, named, example_inputs)
+    _broadcast_copies(gm)
     in_names, in_values, keep, out_names = _names(gm, traced, prefix, example_inputs, input_names)
     proto = _finish(_to_onnx(gm, named, in_values, keep), in_names, out_names)
     return proto, dict(zip(in_names, in_values))
