@@ -178,6 +178,35 @@ def test_tied_weights_and_a_scalar_assigned_to_a_slice_export(torch_python, tmp_
 
 
 @pytest.mark.slow
+def test_a_convnext_whose_knee_a_plain_session_holds_for_more_is_written_unchanged(torch_python, tmp_path,
+                                                                                  monkeypatch):
+    """A ConvNeXt-style joint graph: its knee saves under ckpt's settings, but in a plain
+    InferenceSession (ORT's defaults) the rewrite's memory-pattern block takes a larger arena
+    region than the original's, as ckpt predicts from ORT's fused graph. The default is then
+    written unchanged with the reason; ORT measures the knee's rewrite above the original there."""
+    from sessions import make_feeds, measure
+    from ckpt_cli.verify import plain_choice
+
+    src = tmp_path / "convnext.onnx"
+    r = _run(torch_python, "export", f"{MODELS}:convnext_like", "-o", src, "-q")
+    assert r.returncode == 0, r.stderr[-2000:]
+    code, out, err = _invoke("rewrite", src, "-o", tmp_path / "default.onnx", "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    plain = report["planning"]["plain_session"]
+    assert plain["chosen"] is None and report["recompute_nodes"] == 0, plain
+    assert "above it there" in report["no_gain_reason"], report["no_gain_reason"]
+    monkeypatch.setattr(plain_choice, "_not_above", lambda predicted, base, chosen: chosen)  # the knee as before
+    code, out, err = _invoke("rewrite", src, "-o", tmp_path / "knee.onnx", "--json")
+    assert code == 0 and json.loads(out)["recompute_nodes"] > 0, err
+    feeds = tmp_path / "feeds.npz"
+    make_feeds(src, feeds)
+    original, knee = (measure(p, "plain", feeds)["peak_bytes"] for p in (src, tmp_path / "knee.onnx"))
+    assert knee == plain["judged"][0]["plain_peak_bytes"] and knee > original * 1.01, (knee, original)
+    assert measure(tmp_path / "default.onnx", "plain", feeds)["peak_bytes"] == original
+
+
+@pytest.mark.slow
 def test_a_factory_that_brings_its_inputs(torch_python, tmp_path):
     """gated_mlp returns (model, inputs) and its forward returns the loss; names from forward.
     Its attention (a fused CPU kernel) exports as the ops it is made of; its dropout draws

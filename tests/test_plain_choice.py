@@ -148,3 +148,58 @@ def test_one_ort_child_optimizes_the_original_and_every_candidate(tmp_path, monk
     assert len({j["plain_peak_bytes"] for j in plain["judged"]}) > 1
     jobs = json.loads(starts[0][-1])
     assert len(jobs) == 1 + len(plain["judged"]) and Path(jobs[0]["model"]) == SAMPLES / "gpt.onnx"
+
+
+def test_a_plan_above_the_original_in_a_plain_session_gives_way_to_one_that_is_not():
+    """The knee rule on plain peaks, then never above the original there: the first plan
+    judged (least recompute first) within max(64 KiB, 1%) of the original is taken instead,
+    and none at all where every one is above it."""
+    from ckpt_cli.verify.plain_choice import PLAIN_SLACK_BYTES, _not_above
+
+    base = 10 << 20
+    slack = max(PLAIN_SLACK_BYTES, base // 100)
+    assert _not_above([base + slack], base, 0) == 0  # within the slack: not above
+    assert _not_above([base + slack + 1, base - 1, base - 2], base, 0) == 1
+    assert _not_above([base + slack + 1, base * 2], base, 1) is None
+    judged = (PlainJudged(10, 40, 130), PlainJudged(200, 30, 120))
+    choice = PlainChoice(100, judged, None, 1000)
+    assert not choice.moved
+    assert choice.to_json()["chosen"] is None and choice.to_json()["chosen_plain_ratio"] is None
+    line = choice.line()
+    assert "1.30x the original's" in line and "the 1 plans past it at least 1.20x" in line, line
+    assert "--auto min-peak" in line
+
+
+def _above_the_original(monkeypatch, factor: float) -> None:
+    """ckpt's predictions of the plain session, every candidate's scaled by ``factor`` against
+    the original's (the ORT child still optimizes each one)."""
+    from ckpt_cli.verify import plain_choice
+
+    real = plain_choice._fused_peaks
+
+    def scaled(models):
+        base, *peaks = real(models)
+        return [base, *(None if p is None else int(base * factor) for p in peaks)]
+    monkeypatch.setattr(plain_choice, "_fused_peaks", scaled)
+
+
+def test_a_default_above_the_original_in_a_plain_session_is_written_unchanged(monkeypatch, tmp_path):
+    """The knee of the cnn sample is its lowest peak: no plan past it. Judged above the original
+    in a plain session, the graph is written unchanged, with both figures in the reason and
+    the choice of none in the report; just under the slack, the rewrite stands."""
+    _above_the_original(monkeypatch, 1.10)
+    report = _rewrite("cnn", tmp_path / "above.onnx")
+    plain = report["planning"]["plain_session"]
+    assert plain["chosen"] is None and len(plain["judged"]) == 1, plain
+    assert report["no_gain_reason"].startswith("in a plain InferenceSession (ORT's defaults) the knee's rewrite "
+                                               "is predicted at"), report["no_gain_reason"]
+    assert "1.10x the original's" in report["no_gain_reason"]
+    assert report["recompute_nodes"] == 0 and report["session_settings"] is not None
+    original = onnx.load(str(SAMPLES / "cnn.onnx"))
+    written = onnx.load(str(tmp_path / "above.onnx"))
+    assert [n.name for n in written.graph.node] == [n.name for n in original.graph.node]
+
+    _above_the_original(monkeypatch, 1.005)
+    kept = _rewrite("cnn", tmp_path / "within.onnx")
+    assert kept["no_gain_reason"] is None and kept["recompute_nodes"] > 0
+    assert kept["planning"]["plain_session"]["chosen"] == 0

@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import Any, Callable, cast
 
 from ..analysis import Analysis, default_order
+from ..analysis.memory import MemoryProfile
 from ..graph import gc_paused
 from ..options import PlanOptions
 from ..planning import Plan
@@ -112,18 +113,26 @@ def never_worse(a: Analysis, planned: Planned | None, result: RewriteResult,
         result = replace(result, notes=(*result.notes, *((module_line(peaks),) if peaks is not None else coarse)))
     if planned.plan is None:
         return result
+    line = _not_lower(a, result, default)
+    if line is not None and planned.user:
+        return replace(result, warning=line)
+    if line is None and planned.plain is not None and planned.plain.chosen is None:
+        line = planned.plain.line()  # lower under its settings, above the original in a plain session
+    return result if line is None else _unchanged(a, line, result.notes)
+
+
+def _not_lower(a: Analysis, result: RewriteResult, default: MemoryProfile | None) -> str | None:
+    """Why ``result``'s predicted peak under its settings is not below the original's best
+    (``alternatives``: its orders and settings); None where it is."""
     peak = result.after.arena_in_use(result.mem_reuse)
     alt = alternatives(a, default)
     if peak < original_floor(alt):  # below the original however it runs: no replay of it needed
-        return result
+        return None
     best, how = original_best(a, alt)
     if peak < best:
-        return result
-    line = (f"the plan's predicted peak {human_bytes(peak)} is not below the original's "
+        return None
+    return (f"the plan's predicted peak {human_bytes(peak)} is not below the original's "
             f"{human_bytes(best)} under {how}")
-    if planned.user:
-        return replace(result, warning=line)
-    return _unchanged(a, line, result.notes)
 
 
 # Without an ORT training interpreter, the guard above has only ckpt's models of the file's

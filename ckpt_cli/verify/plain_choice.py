@@ -8,7 +8,11 @@ the original there, when its block lands in the same region. ckpt predicts that 
 from ORT's own fused graph of the written file (``verify/plain_model.py``), so the knee's
 rewrite and the front's hull vertices past it are judged by it, and the knee rule is
 applied again on those predictions: the default moves along the front while a step's
-recompute buys at least as much plain-session peak. The choice is recorded on the plan.
+recompute buys at least as much plain-session peak. A plan predicted above the original
+there (beyond the measurement's noise, ``PLAIN_SLACK_BYTES`` or ``PLAIN_SLACK_SHARE``) gives
+way to the first judged plan that is not; where none is, the graph is written unchanged
+with the figures in one line (``rewrite/select.never_worse``). The choice is recorded on the
+plan.
 """
 
 from __future__ import annotations
@@ -35,6 +39,11 @@ Finish = Callable[[RewriteResult], RewriteResult]
 # graphs or weights the default is not held up for it.
 MAX_JUDGED_NODES = 5_000
 MAX_JUDGED_WEIGHT_BYTES = 256 << 20
+# A plan is above the original in a plain session where its predicted peak exceeds the
+# original's by more than the larger of these: the slack the Module API's done-when allows
+# a measured process peak.
+PLAIN_SLACK_BYTES = 64 << 10
+PLAIN_SLACK_SHARE = 0.01
 
 
 @dataclass(frozen=True)
@@ -53,26 +62,37 @@ class PlainJudged:
 @dataclass(frozen=True)
 class PlainChoice:
     """The default's choice in a plain session: the original's predicted peak there, the
-    plans judged (the knee first, then the hull vertices past it) and the one taken."""
+    plans judged (the knee first, then the hull vertices past it) and the one taken (None:
+    every one is above the original there, and the graph is written unchanged)."""
 
     original_plain_bytes: int
     judged: tuple[PlainJudged, ...]
-    chosen: int
+    chosen: int | None
     step_flops: int
 
     @property
     def moved(self) -> bool:
-        return self.chosen != 0
+        return self.chosen is not None and self.chosen != 0
 
     def ratio(self, i: int) -> float:
         return self.judged[i].plain_peak_bytes / max(1, self.original_plain_bytes)
 
     def line(self) -> str:
-        knee, taken = self.judged[0], self.judged[self.chosen]
+        knee = self.judged[0]
         head = (f"in a plain InferenceSession (ORT's defaults) the knee's rewrite is predicted at "
                 f"{human_bytes(knee.plain_peak_bytes)}, {self.ratio(0):.2f}x the original's "
                 f"{human_bytes(self.original_plain_bytes)}")
+        if self.chosen is None:
+            past = (f" and the {len(self.judged) - 1} plans past it at least "
+                    f"{min(j.plain_peak_bytes for j in self.judged[1:]) / max(1, self.original_plain_bytes):.2f}x"
+                    if len(self.judged) > 1 else "")
+            return (head + f"{past}, above it there (under ckpt's settings the knee would hold "
+                    f"{human_bytes(knee.settings_peak_bytes)}: --auto min-peak or a plan of your own writes a "
+                    "rewrite for those settings)")
+        taken = self.judged[self.chosen]
         if not self.moved:
+            if len(self.judged) == 1:
+                return head
             return head + f"; none of the {len(self.judged) - 1} plans past it buys more there for its recompute"
         extra = (taken.recompute_flops - knee.recompute_flops) / max(1, self.step_flops)
         return (head + f"; the default takes the plan {self.chosen} hull step(s) further: "
@@ -83,7 +103,7 @@ class PlainChoice:
         return {"session": "InferenceSession(path), no options", "max_slope": MAX_SLOPE,
                 "original_plain_peak_bytes": self.original_plain_bytes,
                 "judged": [j.to_json() for j in self.judged], "chosen": self.chosen, "moved": self.moved,
-                "chosen_plain_ratio": round(self.ratio(self.chosen), 6)}
+                "chosen_plain_ratio": None if self.chosen is None else round(self.ratio(self.chosen), 6)}
 
 
 def judged_here(a: Analysis) -> str | None:
@@ -128,16 +148,25 @@ def choose_in_plain(a: Analysis, candidates: Sequence[RewriteResult], settings_p
     predicted = cast(list[int], peaks)  # none is None: checked above
     step = a.forward_flops + a.backward_flops
     points = [Point(p, f) for p, f in zip(predicted, recompute)]
-    chosen = knee_index(points, base, step)
+    chosen = _not_above(predicted, base, knee_index(points, base, step))
     judged = tuple(PlainJudged(f, s, p) for f, s, p in zip(recompute, settings_peaks, predicted))
     return PlainChoice(base, judged, chosen, step)
+
+
+def _not_above(predicted: Sequence[int], base: int, chosen: int) -> int | None:
+    """``chosen``, or where its plain-session peak is above the original's ``base`` the first
+    of ``predicted`` (least recompute first) that is not; None where every one is."""
+    limit = base + max(PLAIN_SLACK_BYTES, int(base * PLAIN_SLACK_SHARE))
+    if predicted[chosen] <= limit:
+        return chosen
+    return next((i for i, p in enumerate(predicted) if p <= limit), None)
 
 
 def plain_judgement(a: Analysis, written: Callable[[int], RewriteResult], count: int,
                     settings_peaks: Sequence[int], recompute: Sequence[int]) -> PlainChoice | None:
     """``choose_in_plain`` over ``count`` candidates written by ``written(i)``, or None
     where ``a`` is not judged (``judged_here``)."""
-    if judged_here(a) is not None or count < 2:
+    if judged_here(a) is not None or count < 1:
         return None
     return choose_in_plain(a, [written(i) for i in range(count)], settings_peaks, recompute)
 
@@ -145,15 +174,19 @@ def plain_judgement(a: Analysis, written: Callable[[int], RewriteResult], count:
 def judged_in_plain(a: Analysis, knee: Planned, finish: Finish | None = None) -> Planned:
     """The default's knee, or a hull vertex past it that a plain ``InferenceSession`` holds
     for less, with the judgement recorded; ``knee`` as it is where there is nothing to judge
-    (no vertex past it: ``make_plan`` records them on the default's knee only).
-    ``finish`` turns a pinned rewrite into the one written (the memory-pattern input)."""
-    if not knee.beyond or knee.written is None or knee.knee_cost is None or knee.plan is None:
+    (not the default's knee, or a knee without its cost: ``make_plan`` records the cost, and
+    the vertices past the knee where it is not the lowest peak);
+    with ``plain`` recording a choice of none where every plan judged is above the original
+    there (``never_worse`` then writes the original unchanged). ``finish`` turns a pinned
+    rewrite into the one written (the memory-pattern input)."""
+    cost = knee.knee_cost if knee.knee_cost is not None else knee.cost
+    if knee.plan is None or knee.knee is None or knee.user or cost is None:
         return knee
     finish = finish or (lambda r: r)
     plans = [knee.plan, *(p for p, _, _ in knee.beyond)]
-    costs = [knee.knee_cost, *(c for _, c, _ in knee.beyond)]
+    costs = [cost, *(c for _, c, _ in knee.beyond)]
     unpinned = [knee.result, *(r for _, _, r in knee.beyond)]
-    written: dict[int, RewriteResult] = {0: knee.written}
+    written: dict[int, RewriteResult] = {0: knee.written} if knee.written is not None else {}
 
     def write(i: int) -> RewriteResult:
         if i not in written:
@@ -163,12 +196,14 @@ def judged_in_plain(a: Analysis, knee: Planned, finish: Finish | None = None) ->
     choice = plain_judgement(a, write, len(plans), [c.peak_bytes for c in costs], [c.recompute_flops for c in costs])
     if choice is None:
         return knee
+    if choice.chosen is None:
+        return replace(knee, plain=choice)
     taken = plans[choice.chosen]
     if choice.moved and knee.knee is not None:
         taken.notes.append(knee.knee.line())
     taken.notes.append(choice.line())
     if not choice.moved:
-        return replace(knee, plain=choice)
+        return replace(knee, plain=choice, written=written.get(0, knee.written))
     return Planned(taken, result=unpinned[choice.chosen], knee=knee.knee, written=written[choice.chosen],
                    plain=choice)
 
