@@ -603,7 +603,7 @@ def _judged_default(a: Analysis, planned: Planned, options: RewriteOptions, writ
         worker = WorkerOptions(options.trainer, options.timeout)
         return judged_in_module(a, planned, a.graph.model, worker, writer)
     stage("judging the default in a plain session")
-    return judged_in_plain(a, planned, writer.finish)
+    return judged_in_plain(a, planned, writer.finish, options.timeout)
 
 
 def _module_peaks(a: Analysis, options: RewriteOptions, writer: Writer, plan: Plan | None) -> ModulePeaks | None:

@@ -177,8 +177,8 @@ def _above_the_original(monkeypatch, factor: float) -> None:
 
     real = plain_choice._fused_peaks
 
-    def scaled(models):
-        base, *peaks = real(models)
+    def scaled(models, *rest):
+        base, *peaks = real(models, *rest)
         return [base, *(None if p is None else int(base * factor) for p in peaks)]
     monkeypatch.setattr(plain_choice, "_fused_peaks", scaled)
 
@@ -203,3 +203,28 @@ def test_a_default_above_the_original_in_a_plain_session_is_written_unchanged(mo
     kept = _rewrite("cnn", tmp_path / "within.onnx")
     assert kept["no_gain_reason"] is None and kept["recompute_nodes"] > 0
     assert kept["planning"]["plain_session"]["chosen"] == 0
+
+
+def test_the_judgement_runs_ort_under_the_users_timeout(monkeypatch, tmp_path):
+    """The plain-session judgement's ORT child (the original and the knee's rewrite) stops at
+    --timeout, per model, as every ORT child ckpt starts does."""
+    import time
+
+    from ckpt_cli import optimize
+
+    monkeypatch.setattr(optimize, "_CHILD", "import time\ntime.sleep(120)\n")
+    started = time.monotonic()
+    done = CliRunner().invoke(main, ["rewrite", str(SAMPLES / "cnn.onnx"), "-o", str(tmp_path / "o.onnx"),
+                                     "--timeout", "2"])
+    assert done.exit_code == 5 and "optimization ran past the 4 s timeout" in done.stderr, done.stderr
+    assert time.monotonic() - started < 60 and not (tmp_path / "o.onnx").exists()
+
+
+def test_models_with_external_data_are_not_judged(tmp_path):
+    """Each candidate would be saved with a copy of the weights: --force over an identical
+    output reads them once (tests/test_datafile.py)."""
+    from synthetic import save_transformer
+
+    src = tmp_path / "m.onnx"
+    save_transformer(str(src), layers=1, d_model=32, heads=2, embed_weights=True, external_data=True)
+    assert judged_here(analyse(load_graph(src))) == "models with external data are not judged in a plain session"

@@ -178,8 +178,9 @@ def test_ort_optimize_honours_the_timeout_and_kills_its_group(chain_path, tmp_pa
             f"open({str(pid_file)!r}, 'w').write(str(p.pid))\ntime.sleep(120)\n")
     monkeypatch.setattr(optimize, "_CHILD", hang)
     started = time.monotonic()
+    # --auto min-peak: the default's plain-session judgement would run ORT's optimizer first
     r = CliRunner().invoke(main, ["rewrite", str(chain_path), "-o", str(tmp_path / "out.onnx"), "--ort-optimize",
-                                  "cpu", "--timeout", "2"])
+                                  "cpu", "--timeout", "2", "--auto", "min-peak"])
     line = one_error_line(r.output)
     assert r.exit_code == 5 and "optimization ran past the 2 s timeout (--timeout)" in line, line
     assert time.monotonic() - started < 60

@@ -25,11 +25,13 @@ from typing import Any, Callable, Mapping, Sequence, cast
 from ..analysis import Analysis
 from ..analysis.shapes import TensorInfo
 from ..errors import CkptError
+from ..io.external import external_tensors
 from ..io.save import save_model
 from ..io.written import to_model
 from ..planning.budget import Planned
 from ..planning.knee import MAX_SLOPE, Point, knee_index
 from ..rewrite import RewriteResult, pinned, rewrite, unchanged
+from ..options import DEFAULT_TIMEOUT_S
 from ..units import human_bytes
 from .plain_model import fused_plains
 
@@ -113,6 +115,11 @@ def judged_here(a: Analysis) -> str | None:
     weights = sum(a.tensors[t].nbytes or 0 for t in a.graph.initializers if t in a.tensors)
     if weights > MAX_JUDGED_WEIGHT_BYTES:
         return f"models above {human_bytes(MAX_JUDGED_WEIGHT_BYTES)} of weights are not judged in a plain session"
+    if external_tensors(a.graph.model):
+        # each candidate would be saved with a copy of the weights (ORT refuses a link to data
+        # outside the model's folder, and a hard link touches the input's inode): --force over
+        # an identical output reads them once
+        return "models with external data are not judged in a plain session"
     return None
 
 
@@ -127,22 +134,23 @@ def _written(a: Analysis, result: RewriteResult, folder: Path, name: str) -> Pat
     return path
 
 
-def _fused_peaks(models: Sequence[tuple[Path, Mapping[str, TensorInfo]]]) -> list[int | None]:
-    return [f.peak_in_use_bytes if f is not None else None for f in fused_plains(models)]
+def _fused_peaks(models: Sequence[tuple[Path, Mapping[str, TensorInfo]]],
+                 timeout: float | None = DEFAULT_TIMEOUT_S) -> list[int | None]:
+    return [f.peak_in_use_bytes if f is not None else None for f in fused_plains(models, timeout)]
 
 
 def choose_in_plain(a: Analysis, candidates: Sequence[RewriteResult], settings_peaks: Sequence[int],
-                    recompute: Sequence[int]) -> PlainChoice | None:
+                    recompute: Sequence[int], timeout: float | None = DEFAULT_TIMEOUT_S) -> PlainChoice | None:
     """The knee rule again, over the plain-session predictions of ``candidates`` (the knee's
     rewrite first); None when a prediction cannot be made. The original and every candidate
-    are optimized by one ORT child."""
+    are optimized by one ORT child, which may run ``timeout`` seconds (``--timeout``)."""
     results = [unchanged(a) if a.graph.path is None else None, *candidates]
     with tempfile.TemporaryDirectory(prefix="ckpt_plain_") as tmp:
         paths = [a.graph.path if r is None else _written(a, r, Path(tmp), f"plan{k}") for k, r in enumerate(results)]
         if any(p is None for p in paths):
             return None
         known = [a.tensors if r is None else r.after.tensors for r in results]
-        base, *peaks = _fused_peaks([(cast(Path, p), k) for p, k in zip(paths, known)])
+        base, *peaks = _fused_peaks([(cast(Path, p), k) for p, k in zip(paths, known)], timeout)
     if base is None or any(p is None for p in peaks):
         return None
     predicted = cast(list[int], peaks)  # none is None: checked above
@@ -163,22 +171,24 @@ def _not_above(predicted: Sequence[int], base: int, chosen: int) -> int | None:
 
 
 def plain_judgement(a: Analysis, written: Callable[[int], RewriteResult], count: int,
-                    settings_peaks: Sequence[int], recompute: Sequence[int]) -> PlainChoice | None:
+                    settings_peaks: Sequence[int], recompute: Sequence[int],
+                    timeout: float | None = DEFAULT_TIMEOUT_S) -> PlainChoice | None:
     """``choose_in_plain`` over ``count`` candidates written by ``written(i)``, or None
     where ``a`` is not judged (``judged_here``)."""
     if judged_here(a) is not None or count < 1:
         return None
-    return choose_in_plain(a, [written(i) for i in range(count)], settings_peaks, recompute)
+    return choose_in_plain(a, [written(i) for i in range(count)], settings_peaks, recompute, timeout)
 
 
-def judged_in_plain(a: Analysis, knee: Planned, finish: Finish | None = None) -> Planned:
+def judged_in_plain(a: Analysis, knee: Planned, finish: Finish | None = None,
+                    timeout: float | None = DEFAULT_TIMEOUT_S) -> Planned:
     """The default's knee, or a hull vertex past it that a plain ``InferenceSession`` holds
     for less, with the judgement recorded; ``knee`` as it is where there is nothing to judge
     (not the default's knee, or a knee without its cost: ``make_plan`` records the cost, and
     the vertices past the knee where it is not the lowest peak);
     with ``plain`` recording a choice of none where every plan judged is above the original
     there (``never_worse`` then writes the original unchanged). ``finish`` turns a pinned
-    rewrite into the one written (the memory-pattern input)."""
+    rewrite into the one written (the memory-pattern input); ``timeout``: ``--timeout``."""
     cost = knee.knee_cost if knee.knee_cost is not None else knee.cost
     if knee.plan is None or knee.knee is None or knee.user or cost is None:
         return knee
@@ -193,7 +203,8 @@ def judged_in_plain(a: Analysis, knee: Planned, finish: Finish | None = None) ->
             written[i] = pinned(a, unpinned[i]) if unpinned[i] is not None else rewrite(a, plans[i], True)
         return finish(written[i])
 
-    choice = plain_judgement(a, write, len(plans), [c.peak_bytes for c in costs], [c.recompute_flops for c in costs])
+    choice = plain_judgement(a, write, len(plans), [c.peak_bytes for c in costs], [c.recompute_flops for c in costs],
+                             timeout)
     if choice is None:
         return knee
     if choice.chosen is None:
