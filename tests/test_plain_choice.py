@@ -199,6 +199,7 @@ def test_a_default_above_the_original_in_a_plain_session_is_written_unchanged(mo
     written = onnx.load(str(tmp_path / "above.onnx"))
     assert [n.name for n in written.graph.node] == [n.name for n in original.graph.node]
 
+    monkeypatch.undo()
     _above_the_original(monkeypatch, 1.005)
     kept = _rewrite("cnn", tmp_path / "within.onnx")
     assert kept["no_gain_reason"] is None and kept["recompute_nodes"] > 0

@@ -183,12 +183,12 @@ def plain_judgement(a: Analysis, written: Callable[[int], RewriteResult], count:
 def judged_in_plain(a: Analysis, knee: Planned, finish: Finish | None = None,
                     timeout: float | None = DEFAULT_TIMEOUT_S) -> Planned:
     """The default's knee, or a hull vertex past it that a plain ``InferenceSession`` holds
-    for less, with the judgement recorded; ``knee`` as it is where there is nothing to judge
-    (not the default's knee, or a knee without its cost: ``make_plan`` records the cost, and
-    the vertices past the knee where it is not the lowest peak);
-    with ``plain`` recording a choice of none where every plan judged is above the original
-    there (``never_worse`` then writes the original unchanged). ``finish`` turns a pinned
-    rewrite into the one written (the memory-pattern input); ``timeout``: ``--timeout``."""
+    for less, with the judgement recorded (a choice of none where every plan judged is above
+    the original there: ``never_worse`` then writes the original unchanged). ``knee`` as it
+    is where there is nothing to judge: not the default's knee, or a knee without its cost
+    (``make_plan`` records it, and the hull vertices past the knee where there are any).
+    ``finish`` turns a pinned rewrite into the one written (the memory-pattern input);
+    ``timeout``: ``--timeout``."""
     cost = knee.knee_cost if knee.knee_cost is not None else knee.cost
     if knee.plan is None or knee.knee is None or knee.user or cost is None:
         return knee
@@ -207,14 +207,12 @@ def judged_in_plain(a: Analysis, knee: Planned, finish: Finish | None = None,
                              timeout)
     if choice is None:
         return knee
-    if choice.chosen is None:
-        return replace(knee, plain=choice)
-    taken = plans[choice.chosen]
-    if choice.moved and knee.knee is not None:
-        taken.notes.append(knee.knee.line())
-    taken.notes.append(choice.line())
-    if not choice.moved:
+    if choice.chosen is None or not choice.moved:  # the knee stays, or none is taken
+        if choice.chosen is not None:
+            knee.plan.notes.append(choice.line())
         return replace(knee, plain=choice, written=written.get(0, knee.written))
+    taken = plans[choice.chosen]
+    taken.notes.extend((knee.knee.line(), choice.line()))
     return Planned(taken, result=unpinned[choice.chosen], knee=knee.knee, written=written[choice.chosen],
                    plain=choice)
 
